@@ -1,0 +1,33 @@
+# zerone: two commands do everything on a fresh Debian machine.
+#   make train   set-up (missing apt packages) + build + train the default model
+#   make test    set-up + build + the whole test suite
+BUILD_DIR ?= build
+BUILD_TYPE ?= Release
+JOBS ?= $(shell nproc)
+
+.PHONY: all setup configure build train test bench clean
+
+all: build
+
+setup:
+	@bash scripts/setup.sh
+
+$(BUILD_DIR)/CMakeCache.txt:
+	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE)
+
+configure: setup $(BUILD_DIR)/CMakeCache.txt
+
+build: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS)
+
+train: build
+	$(BUILD_DIR)/zerone train
+
+test: build
+	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
+
+bench: build
+	bash bench/run_all.sh
+
+clean:
+	rm -rf $(BUILD_DIR)

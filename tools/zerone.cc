@@ -1,0 +1,150 @@
+// The `zerone` command-line program: parse, validate, call the libraries. Nothing else lives here.
+#include <mpi.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+
+#include "zerone/core/error.h"
+#include "zerone/core/sysinfo.h"
+#include "zerone/io/prepare.h"
+#include "zerone/kernels/cpu/matmul.h"
+#include "zerone/train/config.h"
+#include "zerone/train/metrics.h"
+#include "zerone/train/sample.h"
+#include "zerone/train/trainer.h"
+#if ZERONE_HAVE_CUDA
+#include "zerone/kernels/cuda/device.h"
+#endif
+
+namespace {
+
+using namespace zerone;
+
+void add_train_flags(CLI::App& cmd, train::TrainConfig& c, std::string& config_path) {
+  cmd.add_option("--config", config_path, "JSON config (DeepSpeed-style keys); flags override it");
+  cmd.add_option("--model", c.model, "preset (gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b) or gpt2:layers=..,dim=..,heads=..,vocab=..,ctx=..");
+  cmd.add_option("--init", c.init, "llm.c GPT-2 checkpoint to start from (v3 f32 or v5 bf16)");
+  cmd.add_option("--data", c.data, "glob of llm.c token shards; without it, the built-in Markov corpus");
+  cmd.add_option("--val-data", c.val_data, "glob of validation token shards");
+  cmd.add_option("--save", c.save, "write an llm.c checkpoint here at the end");
+  cmd.add_option("--micro-batch", c.micro_batch, "sequences per micro-step (B)");
+  cmd.add_option("--seq", c.seq, "tokens per sequence (T)");
+  cmd.add_option("--grad-accum", c.grad_accum, "micro-steps per optimizer step");
+  cmd.add_option("--steps", c.steps, "optimizer steps");
+  cmd.add_option("--lr", c.lr, "peak learning rate");
+  cmd.add_option("--warmup", c.warmup, "linear warmup steps");
+  cmd.add_option("--lr-schedule", c.lr_schedule, "constant or cosine");
+  cmd.add_option("--min-lr-frac", c.min_lr_frac, "cosine floor as a fraction of --lr");
+  cmd.add_option("--weight-decay", c.weight_decay, "AdamW weight decay (matrices and embeddings)");
+  cmd.add_option("--beta1", c.beta1, "AdamW beta1");
+  cmd.add_option("--beta2", c.beta2, "AdamW beta2");
+  cmd.add_option("--eps", c.eps, "AdamW epsilon");
+  cmd.add_option("--grad-clip", c.grad_clip, "clip the global gradient norm to this (0: off)");
+  cmd.add_option("--precision", c.precision, "fp32 or bf16 (default: bf16 where the CPU has it)");
+  cmd.add_option("--zero-stage", c.zero_stage, "ZeRO stage 0..3");
+  cmd.add_option("--seed", c.seed, "seed for initialisation and shuffling");
+  cmd.add_flag("--no-shuffle", c.no_shuffle, "read batches in order (llm.c's layout)");
+  cmd.add_option("--metrics", c.metrics, "write one JSON line per step here");
+  cmd.add_option("--threads", c.threads, "OpenMP threads (0: all cores)");
+  cmd.add_option("--val-every", c.val_every, "validate every N steps (0: at the end)");
+  cmd.add_option("--val-batches", c.val_batches, "batches per validation");
+}
+
+int cmd_info() {
+  CpuInfo cpu = cpu_info();
+  auto yes = [](bool b) { return b ? "yes" : "no"; };
+  std::printf("zerone %s\n", "0.1.0");
+  std::printf("cpu          %s (%d logical cores)\n", cpu.model_name.c_str(), cpu.logical_cores);
+  std::printf("  avx2       %s\n  avx512f    %s\n  avx512_bf16 %s\n  amx_tile   %s\n  amx_bf16   %s\n", yes(cpu.avx2),
+              yes(cpu.avx512f), yes(cpu.avx512_bf16), yes(cpu.amx_tile), yes(cpu.amx_bf16));
+  std::printf("memory       %s\n", train::human_bytes(static_cast<double>(physical_memory_bytes())).c_str());
+  std::printf("oneDNN       %s\n", kernels::cpu::onednn_version_string());
+  std::printf("default precision %s\n", dtype_name(train::resolve_precision("")));
+  char mpi_version[MPI_MAX_LIBRARY_VERSION_STRING];
+  int len = 0;
+  MPI_Get_library_version(mpi_version, &len);
+  std::string mpi(mpi_version, len);
+  std::printf("MPI          %s\n", mpi.substr(0, mpi.find_first_of("\n,")).c_str());
+#if ZERONE_HAVE_CUDA
+  std::printf("CUDA         compiled in (%s)\n", cuda::version_string().c_str());
+  auto devs = cuda::devices();
+  if (devs.empty()) std::printf("  devices    none found (GPU kernels will be skipped)\n");
+  for (const auto& d : devs)
+    std::printf("  device %d   %s, sm_%d%d, %d SMs, %s\n", d.index, d.name.c_str(), d.compute_major, d.compute_minor,
+                d.multiprocessors, train::human_bytes(static_cast<double>(d.total_memory_bytes)).c_str());
+#else
+  std::printf("CUDA         not compiled in\n");
+#endif
+  std::printf("NCCL         not compiled in\n");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"zerone: train transformer language models with ZeRO memory optimizations"};
+  app.require_subcommand(1);
+
+  train::TrainConfig train_cfg;
+  std::string config_path;
+  CLI::App* train_cmd = app.add_subcommand("train", "train a model (no arguments: the default run)");
+  add_train_flags(*train_cmd, train_cfg, config_path);
+
+  std::vector<std::string> text_files;
+  std::string out_prefix;
+  double val_fraction = 0.1;
+  CLI::App* prepare_cmd = app.add_subcommand("prepare", "tokenize text files (byte-level) into llm.c shards");
+  prepare_cmd->add_option("--text", text_files, "text files (one document each)")->required();
+  prepare_cmd->add_option("--out", out_prefix, "output prefix: writes PREFIX_train.bin and PREFIX_val.bin")->required();
+  prepare_cmd->add_option("--val-fraction", val_fraction, "fraction of tokens held out for validation");
+
+  train::SampleOptions sample_opts;
+  CLI::App* sample_cmd = app.add_subcommand("sample", "generate text from an llm.c checkpoint");
+  sample_cmd->add_option("--init", sample_opts.init, "llm.c checkpoint")->required();
+  sample_cmd->add_option("--prompt", sample_opts.prompt, "prompt text (byte-level models)");
+  sample_cmd->add_option("--prompt-tokens", sample_opts.prompt_tokens, "prompt as token ids")->delimiter(',');
+  sample_cmd->add_option("--tokenizer", sample_opts.tokenizer, "llm.c tokenizer file for decoding (GPT-2 vocab)");
+  sample_cmd->add_option("--tokens", sample_opts.num_tokens, "tokens to generate");
+  sample_cmd->add_option("--temperature", sample_opts.temperature, "sampling temperature (0: greedy)");
+  sample_cmd->add_option("--top-k", sample_opts.top_k, "sample among the k most likely (0: all)");
+  sample_cmd->add_option("--seed", sample_opts.seed, "sampling seed");
+  sample_cmd->add_option("--precision", sample_opts.precision, "fp32 or bf16");
+
+  CLI::App* info_cmd = app.add_subcommand("info", "what this build and machine offer");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  try {
+    if (train_cmd->parsed()) {
+      if (!config_path.empty()) {
+        train::apply_json_config(config_path, train_cfg,
+                                 [&](const std::string& flag) { return train_cmd->count(flag) > 0; });
+      }
+      train::run_training(train_cfg);
+    } else if (prepare_cmd->parsed()) {
+      io::PrepareResult r = io::prepare_text_shards(text_files, out_prefix, val_fraction);
+      std::printf("wrote %s (%zu tokens) and %s (%zu tokens)\n", r.train_path.c_str(), r.train_tokens,
+                  r.val_path.c_str(), r.val_tokens);
+      std::printf("train with: zerone train --data %s --val-data %s --model gpt2:layers=4,dim=256,heads=4,vocab=257,ctx=256\n",
+                  r.train_path.c_str(), r.val_path.c_str());
+    } else if (sample_cmd->parsed()) {
+      train::sample(sample_opts, [](const std::string& piece) {
+        std::fwrite(piece.data(), 1, piece.size(), stdout);
+        std::fflush(stdout);
+      });
+      std::printf("\n");
+    } else if (info_cmd->parsed()) {
+      return cmd_info();
+    }
+  } catch (const zerone::Error& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "zerone: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,98 @@
+#include "zerone/core/memory.h"
+
+#include <sys/resource.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "zerone/core/error.h"
+
+namespace zerone {
+
+const char* mem_category_name(MemCategory category) {
+  static const char* names[] = {"param", "grad", "master", "optim", "activation", "comm", "scratch"};
+  ZERONE_ASSERT(category < MemCategory::kCount);
+  return names[static_cast<size_t>(category)];
+}
+
+const char* mem_place_name(MemPlace place) {
+  static const char* names[] = {"device", "host", "nvme"};
+  ZERONE_ASSERT(place < MemPlace::kCount);
+  return names[static_cast<size_t>(place)];
+}
+
+MemoryLedger& MemoryLedger::global() {
+  static MemoryLedger ledger;
+  return ledger;
+}
+
+void MemoryLedger::add(MemPlace place, MemCategory category, int64_t bytes) {
+  Slot& s = slot(place, category);
+  int64_t now = s.current.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  int64_t prev = s.peak.load(std::memory_order_relaxed);
+  while (now > prev && !s.peak.compare_exchange_weak(prev, now, std::memory_order_relaxed)) {
+  }
+}
+
+void MemoryLedger::sub(MemPlace place, MemCategory category, int64_t bytes) {
+  int64_t now = slot(place, category).current.fetch_sub(bytes, std::memory_order_relaxed) - bytes;
+  ZERONE_ASSERT(now >= 0, "ledger underflow for ", mem_place_name(place), ".", mem_category_name(category));
+}
+
+int64_t MemoryLedger::current(MemPlace place, MemCategory category) const {
+  return slot(place, category).current.load(std::memory_order_relaxed);
+}
+
+int64_t MemoryLedger::peak(MemPlace place, MemCategory category) const {
+  return slot(place, category).peak.load(std::memory_order_relaxed);
+}
+
+int64_t MemoryLedger::current_total(MemPlace place) const {
+  int64_t total = 0;
+  for (size_t c = 0; c < kCategories; ++c) total += current(place, static_cast<MemCategory>(c));
+  return total;
+}
+
+void MemoryLedger::reset_peaks() {
+  for (auto& s : slots_) s.peak.store(s.current.load());
+}
+
+int64_t peak_rss_bytes() {
+  struct rusage usage;
+  if (getrusage(RUSAGE_SELF, &usage) != 0) return 0;
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+Buffer::Buffer(size_t bytes, MemCategory category, MemPlace place)
+    : bytes_(bytes), category_(category), place_(place) {
+  if (bytes == 0) return;
+  size_t rounded = (bytes + 63) / 64 * 64;
+  data_ = std::aligned_alloc(64, rounded);
+  ZERONE_CHECK(data_ != nullptr, "out of memory: could not allocate ", bytes, " bytes for ",
+               mem_category_name(category), " (try a smaller model, micro-batch or sequence length)");
+  std::memset(data_, 0, rounded);
+  MemoryLedger::global().add(place_, category_, static_cast<int64_t>(bytes_));
+}
+
+Buffer::~Buffer() { reset(); }
+
+Buffer& Buffer::operator=(Buffer&& other) noexcept {
+  if (this != &other) {
+    reset();
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+    category_ = other.category_;
+    place_ = other.place_;
+  }
+  return *this;
+}
+
+void Buffer::reset() {
+  if (data_ == nullptr) return;
+  std::free(data_);
+  MemoryLedger::global().sub(place_, category_, static_cast<int64_t>(bytes_));
+  data_ = nullptr;
+  bytes_ = 0;
+}
+
+}  // namespace zerone

@@ -1,0 +1,94 @@
+// Memory ledger and tagged buffers.
+//
+// Every byte the engine allocates for training state goes through a Buffer, which is tagged with a
+// category (what it holds) and a place (where it lives). The process-wide MemoryLedger keeps the
+// current and peak bytes for each (place, category); the trainer reports them per step in the
+// metrics `mem` field and `zerone estimate` predicts the same figures from the same arithmetic
+// (DESIGN §2).
+//
+// Thread-safety: the ledger is safe to update and read from any thread (atomics). A Buffer is a
+// plain owning handle: one owner, movable, not copyable; its memory is not synchronized.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "zerone/core/dtype.h"
+
+namespace zerone {
+
+enum class MemCategory : uint8_t { param, grad, master, optim, activation, comm, scratch, kCount };
+enum class MemPlace : uint8_t { device, host, nvme, kCount };
+
+const char* mem_category_name(MemCategory category);
+const char* mem_place_name(MemPlace place);
+
+class MemoryLedger {
+ public:
+  static constexpr size_t kCategories = static_cast<size_t>(MemCategory::kCount);
+  static constexpr size_t kPlaces = static_cast<size_t>(MemPlace::kCount);
+
+  // The process-wide ledger.
+  static MemoryLedger& global();
+
+  void add(MemPlace place, MemCategory category, int64_t bytes);
+  void sub(MemPlace place, MemCategory category, int64_t bytes);
+  int64_t current(MemPlace place, MemCategory category) const;
+  int64_t peak(MemPlace place, MemCategory category) const;
+  // Sum of current bytes over all categories of `place`.
+  int64_t current_total(MemPlace place) const;
+  // Forgets peaks (sets them to the current values). Used between benchmark phases.
+  void reset_peaks();
+
+ private:
+  struct Slot {
+    std::atomic<int64_t> current{0};
+    std::atomic<int64_t> peak{0};
+  };
+  Slot& slot(MemPlace place, MemCategory category) {
+    return slots_[static_cast<size_t>(place) * kCategories + static_cast<size_t>(category)];
+  }
+  const Slot& slot(MemPlace place, MemCategory category) const {
+    return slots_[static_cast<size_t>(place) * kCategories + static_cast<size_t>(category)];
+  }
+  std::array<Slot, kCategories * kPlaces> slots_;
+};
+
+// Peak resident set size of this process in bytes (getrusage), or 0 if unknown.
+int64_t peak_rss_bytes();
+
+// An owning, 64-byte aligned host allocation recorded in the global ledger. Zero-initialized.
+// Allocation failure throws Error naming the size and category (an out-of-memory is a user-facing
+// condition: the model or batch is too large for this machine).
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(size_t bytes, MemCategory category, MemPlace place = MemPlace::host);
+  ~Buffer();
+  Buffer(Buffer&& other) noexcept { *this = std::move(other); }
+  Buffer& operator=(Buffer&& other) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  void* data() { return data_; }
+  const void* data() const { return data_; }
+  template <typename T> T* as() { return static_cast<T*>(data_); }
+  template <typename T> const T* as() const { return static_cast<const T*>(data_); }
+  size_t bytes() const { return bytes_; }
+  MemCategory category() const { return category_; }
+  bool empty() const { return data_ == nullptr; }
+  // Frees the memory now (the ledger drops it); the buffer becomes empty.
+  void reset();
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  MemCategory category_ = MemCategory::scratch;
+  MemPlace place_ = MemPlace::host;
+};
+
+}  // namespace zerone

@@ -1,0 +1,43 @@
+// Deterministic random numbers.
+//
+// A counter-based generator: value i of stream (seed, stream_id) is a pure function of its inputs,
+// so initialisation and data shuffling give the same numbers whatever the thread count, world size
+// or order of calls. Thread-safety: Rng objects are not shared; the free functions are pure.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+namespace zerone {
+
+// SplitMix64 finalizer: a strong 64-bit mixing function.
+inline uint64_t mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+class Rng {
+ public:
+  explicit Rng(uint64_t seed, uint64_t stream = 0) : key_(mix64(seed ^ mix64(stream + 0x632be59bd9b4e019ull))) {}
+  uint64_t next_u64() { return mix64(key_ + counter_++ * 0xd1b54a32d192ed03ull); }
+  // Uniform in [0, 1) with 53 random bits.
+  double uniform() { return static_cast<double>(next_u64() >> 11) * 0x1.0p-53; }
+  // Uniform integer in [0, n). n > 0.
+  uint64_t below(uint64_t n) { return static_cast<uint64_t>(uniform() * static_cast<double>(n)) % n; }
+  // Standard normal (Box-Muller, one value per call).
+  double normal() {
+    double u1 = uniform(), u2 = uniform();
+    if (u1 < 1e-300) u1 = 1e-300;
+    return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+  }
+  // Moves to element `index` of this stream (random access).
+  void seek(uint64_t index) { counter_ = index; }
+
+ private:
+  uint64_t key_;
+  uint64_t counter_ = 0;
+};
+
+}  // namespace zerone

@@ -1,0 +1,23 @@
+// Facts about the machine this process runs on (for `zerone info` and kernel dispatch).
+// Thread-safety: pure queries, safe from any thread.
+#pragma once
+
+#include <string>
+
+namespace zerone {
+
+struct CpuInfo {
+  std::string model_name;
+  int logical_cores = 0;
+  bool avx2 = false;
+  bool avx512f = false;
+  bool avx512_bf16 = false;
+  bool amx_tile = false;
+  bool amx_bf16 = false;
+};
+
+CpuInfo cpu_info();
+// Physical memory in bytes (0 if unknown).
+long long physical_memory_bytes();
+
+}  // namespace zerone

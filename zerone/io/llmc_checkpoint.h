@@ -1,0 +1,29 @@
+// llm.c GPT-2 checkpoints (train_gpt2.c's format).
+//
+// Header: 256 int32 — [0] magic 20240326, [1] version (3: f32 parameters, 5: bf16 parameters),
+// [2] maxT, [3] V, [4] L, [5] NH, [6] C, [7] Vp. Then the 16 parameter tensors, each concatenated
+// over layers: wte, wpe, ln1w, ln1b, qkvw, qkvb, attprojw, attprojb, ln2w, ln2b, fcw, fcb, fcprojw,
+// fcprojb, lnfw, lnfb. zerone's units hold the same tensors per layer; these functions scatter and
+// gather between the two layouts and convert f32 <-> bf16 (RNE) as needed.
+//
+// Thread-safety: independent calls are safe; a model must not be in use while loaded into.
+#pragma once
+
+#include <string>
+
+#include "zerone/core/dtype.h"
+#include "zerone/nn/gpt2.h"
+
+namespace zerone::io {
+
+inline constexpr int32_t kLlmcCheckpointMagic = 20240326;
+
+// Reads and validates the header (Error naming the path for a missing file, bad magic/version,
+// inconsistent sizes or a truncated file). Returns the model shape it describes.
+nn::GPT2Config read_llmc_config(const std::string& path);
+// Loads parameters into `model`, whose config must equal the file's (Error otherwise).
+void load_llmc_checkpoint(const std::string& path, nn::GPT2& model);
+// Writes `model`'s parameters as version 3 (f32) or 5 (bf16), atomically.
+void save_llmc_checkpoint(const std::string& path, const nn::GPT2& model, DType file_dtype);
+
+}  // namespace zerone::io

@@ -1,0 +1,128 @@
+#include "zerone/io/token_shards.h"
+
+#include <cstring>
+
+#include "zerone/core/error.h"
+#include "zerone/core/rng.h"
+
+namespace zerone::io {
+
+TokenDataset::TokenDataset(const std::string& pattern, const std::string& what) {
+  for (const std::string& path : glob_files(pattern, what)) {
+    MappedFile file(path);
+    const size_t header_bytes = kShardHeaderInts * sizeof(int32_t);
+    ZERONE_CHECK(file.size() >= header_bytes, "token shard '", path, "' is truncated: ", file.size(),
+                 " bytes, expected at least the ", header_bytes, "-byte header");
+    int32_t header[kShardHeaderInts];
+    std::memcpy(header, file.data(), header_bytes);
+    int bytes_per_token = 0;
+    if (header[0] == kShardMagicU16) {
+      ZERONE_CHECK(header[1] == 1, "token shard '", path, "': version ", header[1], " with magic 20240520, expected 1");
+      bytes_per_token = 2;
+    } else if (header[0] == kShardMagicU32) {
+      ZERONE_CHECK(header[1] == 7, "token shard '", path, "': version ", header[1], " with magic 20240801, expected 7");
+      bytes_per_token = 4;
+    } else {
+      throw Error(str_cat("'", path, "' is not an llm.c token shard: magic ", header[0],
+                          ", expected 20240520 (uint16 tokens) or 20240801 (uint32 tokens)"));
+    }
+    ZERONE_CHECK(header[2] >= 0, "token shard '", path, "': negative token count ", header[2]);
+    size_t n = static_cast<size_t>(header[2]);
+    size_t expected = header_bytes + n * bytes_per_token;
+    ZERONE_CHECK(file.size() == expected, "token shard '", path, "' is ", file.size() < expected ? "truncated" : "too long",
+                 ": header says ", n, " tokens (", expected, " bytes), the file has ", file.size(), " bytes");
+    files_.push_back(Shard{std::move(file), total_tokens_, n, bytes_per_token});
+    total_tokens_ += n;
+  }
+}
+
+void TokenDataset::read(size_t offset, size_t count, int32_t* out, int vocab_size) const {
+  ZERONE_ASSERT(offset + count <= total_tokens_, "read past the dataset end");
+  // Find the shard holding `offset` (few shards: linear scan is fine).
+  size_t s = 0;
+  while (s + 1 < files_.size() && files_[s].first_token + files_[s].num_tokens <= offset) ++s;
+  size_t done = 0;
+  while (done < count) {
+    const Shard& shard = files_[s];
+    size_t local = offset + done - shard.first_token;
+    size_t take = std::min(count - done, shard.num_tokens - local);
+    const uint8_t* base = shard.file.data() + kShardHeaderInts * sizeof(int32_t);
+    for (size_t i = 0; i < take; ++i) {
+      uint32_t tok;
+      if (shard.bytes_per_token == 2) {
+        uint16_t t16;
+        std::memcpy(&t16, base + (local + i) * 2, 2);
+        tok = t16;
+      } else {
+        std::memcpy(&tok, base + (local + i) * 4, 4);
+      }
+      ZERONE_CHECK(tok < static_cast<uint32_t>(vocab_size), "token shard '", shard.file.path(), "': token ", tok,
+                   " at position ", local + i, " is out of range for the model's vocabulary of ", vocab_size);
+      out[done + i] = static_cast<int32_t>(tok);
+    }
+    done += take;
+    ++s;
+  }
+}
+
+void InMemoryTokens::read(size_t offset, size_t count, int32_t* out, int vocab_size) const {
+  ZERONE_ASSERT(offset + count <= tokens_.size(), "read past the end of ", name_);
+  for (size_t i = 0; i < count; ++i) {
+    int32_t tok = tokens_[offset + i];
+    ZERONE_CHECK(tok >= 0 && tok < vocab_size, name_, ": token ", tok, " at position ", offset + i,
+                 " is out of range for the model's vocabulary of ", vocab_size);
+    out[i] = tok;
+  }
+}
+
+void write_token_shard(const std::string& path, const std::vector<int32_t>& tokens, bool force_u32) {
+  bool u16 = !force_u32;
+  for (int32_t t : tokens) {
+    ZERONE_CHECK(t >= 0, "write_token_shard: negative token id ", t);
+    if (t > 0xffff) u16 = false;
+  }
+  ZERONE_CHECK(tokens.size() <= 0x7fffffffu, "write_token_shard: ", tokens.size(), " tokens do not fit one shard");
+  int32_t header[kShardHeaderInts] = {};
+  header[0] = u16 ? kShardMagicU16 : kShardMagicU32;
+  header[1] = u16 ? 1 : 7;
+  header[2] = static_cast<int32_t>(tokens.size());
+  write_file_atomically(path, [&](std::FILE* f) {
+    write_all(f, header, sizeof header, path);
+    if (u16) {
+      std::vector<uint16_t> t16(tokens.begin(), tokens.end());
+      write_all(f, t16.data(), t16.size() * 2, path);
+    } else {
+      write_all(f, tokens.data(), tokens.size() * 4, path);
+    }
+  });
+}
+
+DataLoader::DataLoader(const TokenSource& data, int B, int T, int vocab_size, bool shuffle, uint64_t seed)
+    : data_(data), B_(B), T_(T), vocab_size_(vocab_size), shuffle_(shuffle), seed_(seed) {
+  ZERONE_ASSERT(B > 0 && T > 0);
+  size_t bt = static_cast<size_t>(B) * T;
+  ZERONE_CHECK(data.num_tokens() >= bt + 1, "dataset has ", data.num_tokens(), " tokens, fewer than one batch of ",
+               "micro-batch x seq + 1 = ", bt + 1);
+  num_chunks_ = (data.num_tokens() - 1) / bt;
+  buffer_.resize(bt + 1);
+}
+
+void DataLoader::load(uint64_t chunk, int32_t* inputs, int32_t* targets) {
+  uint64_t epoch = chunk / num_chunks_, index = chunk % num_chunks_;
+  if (shuffle_) {
+    if (static_cast<int64_t>(epoch) != perm_epoch_) {
+      perm_.resize(num_chunks_);
+      for (uint64_t i = 0; i < num_chunks_; ++i) perm_[i] = i;
+      Rng rng(seed_, 0x5eed0000ull + epoch);
+      for (uint64_t i = num_chunks_; i > 1; --i) std::swap(perm_[i - 1], perm_[rng.below(i)]);
+      perm_epoch_ = static_cast<int64_t>(epoch);
+    }
+    index = perm_[index];
+  }
+  size_t bt = static_cast<size_t>(B_) * T_;
+  data_.read(index * bt, bt + 1, buffer_.data(), vocab_size_);
+  std::memcpy(inputs, buffer_.data(), bt * sizeof(int32_t));
+  std::memcpy(targets, buffer_.data() + 1, bt * sizeof(int32_t));
+}
+
+}  // namespace zerone::io

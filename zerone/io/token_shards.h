@@ -1,0 +1,96 @@
+// llm.c token shards and the batch loader.
+//
+// Shard format (llm.c): a header of 256 int32 — [0] magic, [1] version, [2] number of tokens —
+// then the tokens: magic 20240520 version 1 stores uint16 tokens; magic 20240801 version 7 stores
+// uint32 tokens. A dataset is the concatenation, in sorted path order, of every file matching a glob.
+//
+// Batches (DESIGN §4, issue 2): the loader addresses "chunks" of B*T+1 tokens; chunk c starts at
+// token (c mod n_chunks) * B*T of the concatenation, with n_chunks = (tokens - 1) / (B*T). Inputs
+// are the first B*T tokens, targets the same shifted by one. Without shuffling, step s reads chunk s
+// (as llm.c does); with shuffling, the chunks of each epoch are visited in a permutation drawn from
+// (seed, epoch). Every token id is checked against the vocabulary when read.
+//
+// Thread-safety: a TokenDataset is immutable after construction and may be shared; a DataLoader
+// caches the current epoch's permutation and is for one thread.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "zerone/io/file.h"
+
+namespace zerone::io {
+
+inline constexpr int32_t kShardMagicU16 = 20240520;  // version 1, uint16 tokens
+inline constexpr int32_t kShardMagicU32 = 20240801;  // version 7, uint32 tokens
+inline constexpr size_t kShardHeaderInts = 256;
+
+// A sequence of token ids addressed by position. Implementations are immutable once built.
+class TokenSource {
+ public:
+  virtual ~TokenSource() = default;
+  virtual size_t num_tokens() const = 0;
+  // Copies tokens [offset, offset+count) into out, checking each < vocab_size (Error naming where
+  // the bad token is otherwise). Requires offset + count <= num_tokens().
+  virtual void read(size_t offset, size_t count, int32_t* out, int vocab_size) const = 0;
+};
+
+// Tokens held in memory (the built-in corpus, tests).
+class InMemoryTokens : public TokenSource {
+ public:
+  explicit InMemoryTokens(std::vector<int32_t> tokens, std::string name = "in-memory tokens")
+      : tokens_(std::move(tokens)), name_(std::move(name)) {}
+  size_t num_tokens() const override { return tokens_.size(); }
+  void read(size_t offset, size_t count, int32_t* out, int vocab_size) const override;
+
+ private:
+  std::vector<int32_t> tokens_;
+  std::string name_;
+};
+
+class TokenDataset : public TokenSource {
+ public:
+  // Opens every file matching `pattern`. Throws Error for no match, bad magic or version, or a
+  // size that disagrees with the header's token count. `what` names the flag for messages.
+  explicit TokenDataset(const std::string& pattern, const std::string& what = "--data");
+
+  size_t num_tokens() const override { return total_tokens_; }
+  size_t num_files() const { return files_.size(); }
+  void read(size_t offset, size_t count, int32_t* out, int vocab_size) const override;
+
+ private:
+  struct Shard {
+    MappedFile file;
+    size_t first_token;  // position of this shard's first token in the concatenation
+    size_t num_tokens;
+    int bytes_per_token;
+  };
+  std::vector<Shard> files_;
+  size_t total_tokens_ = 0;
+};
+
+// Writes tokens as one llm.c shard (atomically). Version 1 (uint16) when every id < 65536 and
+// `force_u32` is false, else version 7 (uint32).
+void write_token_shard(const std::string& path, const std::vector<int32_t>& tokens, bool force_u32 = false);
+
+class DataLoader {
+ public:
+  // B, T > 0. Throws Error when the dataset holds fewer than B*T+1 tokens.
+  DataLoader(const TokenSource& data, int B, int T, int vocab_size, bool shuffle, uint64_t seed);
+  // Fills inputs (B,T) and targets (B,T) from chunk `chunk` (any non-negative index; wraps by epoch).
+  void load(uint64_t chunk, int32_t* inputs, int32_t* targets);
+  uint64_t chunks_per_epoch() const { return num_chunks_; }
+
+ private:
+  const TokenSource& data_;
+  int B_, T_, vocab_size_;
+  bool shuffle_;
+  uint64_t seed_;
+  uint64_t num_chunks_;
+  int64_t perm_epoch_ = -1;
+  std::vector<uint64_t> perm_;
+  std::vector<int32_t> buffer_;
+};
+
+}  // namespace zerone::io

@@ -1,0 +1,36 @@
+// AdamW update over flat f32 arrays: one fused, bandwidth-bound pass.
+//
+// For each element i (PyTorch's AdamW, decoupled weight decay):
+//   g        = grad[i] * grad_scale                  (grad_scale folds in clipping / loss scale)
+//   master  *= 1 - lr * weight_decay
+//   m        = beta1 m + (1 - beta1) g
+//   v        = beta2 v + (1 - beta2) g^2
+//   master  -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps)   with bc_k = 1 - beta_k^step
+//   param[i] = master rounded to `param_dtype` (RNE), when param is non-null
+//
+// Memory traffic per element: read master, m, v, grad; write master, m, v (+ param): 28 bytes,
+// 30 with a bf16 param copy. Thread-safety: one caller at a time; uses the OpenMP team.
+#pragma once
+
+#include <cstddef>
+
+#include "zerone/core/dtype.h"
+
+namespace zerone::kernels::cpu {
+
+struct AdamWHyper {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  int step = 1;             // 1-based step number, for bias correction
+  float grad_scale = 1.0f;  // multiplies every gradient before use
+};
+
+// `param` may be null (f32 training keeps the master as the parameter) or point at n elements of
+// `param_dtype`. master, m, v and grad must not overlap.
+void adamw_update(float* master, float* m, float* v, const float* grad, void* param, DType param_dtype, size_t n,
+                  const AdamWHyper& hyper);
+
+}  // namespace zerone::kernels::cpu

@@ -1,0 +1,26 @@
+// Dense matrix multiplication on the CPU through oneDNN.
+//
+//   C (M, N) = op(A) (M, K) @ op(B) (K, N) [+ bias (N)] [+ C if accumulate]
+//
+// All matrices are row-major and contiguous. op(A) = A when A is stored (M, K), or A^T when
+// trans_a and A is stored (K, M); likewise for B. A and B have the same element type `dtype`
+// (f32, or bf16 which oneDNN runs on AVX512-BF16/AMX with f32 accumulation); C and bias are f32.
+//
+// Primitives are created once per shape and cached (creation costs milliseconds, execution of the
+// small GEMMs here tens of microseconds). Thread-safety: safe to call from several threads; the
+// cache is locked, each call runs on oneDNN's own OpenMP team.
+#pragma once
+
+#include <cstdint>
+
+#include "zerone/core/dtype.h"
+
+namespace zerone::kernels::cpu {
+
+void matmul(const void* a, bool trans_a, const void* b, bool trans_b, float* c, int64_t m, int64_t n,
+            int64_t k, DType dtype, bool accumulate, const float* bias = nullptr);
+
+// Version string of the oneDNN library in use, e.g. "2.6.3 (cpu runtime: OpenMP, isa: ...)".
+const char* onednn_version_string();
+
+}  // namespace zerone::kernels::cpu

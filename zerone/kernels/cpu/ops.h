@@ -1,0 +1,69 @@
+// CPU kernels for the GPT family, each with its forward and backward (the executable spec, after
+// llm.c). Shapes are written inline: B batch, T time, C channels, NH heads, V vocabulary, Vp padded
+// vocabulary, N = B*T rows.
+//
+// Conventions:
+//  - Activations and gradients are f32. Parameters are read in their storage dtype (`param_dtype`:
+//    f32 or bf16) and widened to f32 inside the kernel; matmuls run in `param_dtype` (bf16 inputs
+//    are rounded from the f32 activations, f32 accumulation), like PyTorch autocast.
+//  - Parameter gradients always accumulate (+=), so gradient accumulation over micro-steps is free.
+//  - Input gradients overwrite (=) except where a kernel says it accumulates (layernorm_backward,
+//    which adds into the residual stream's gradient).
+//  - Kernels are OpenMP-parallel and allocate nothing on the hot path except a per-thread scratch
+//    arena that grows to the largest request and is recorded in the memory ledger.
+// Thread-safety: call from one thread at a time (each call uses the whole OpenMP team).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "zerone/core/dtype.h"
+
+namespace zerone::kernels::cpu {
+
+// out (B,T,C) = wte[tokens] (Vp,C) + wpe[t] (maxT,C). Token ids must already be validated < V.
+void embedding_forward(float* out, const int32_t* tokens, const void* wte, const void* wpe, DType param_dtype,
+                       int B, int T, int C);
+// dwte (Vp,C) += scatter of dout; dwpe (maxT,C) += sum over batch of dout.
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C);
+
+// out (N,C) = (inp - mean) * rstd * weight + bias; mean, rstd (N) saved for backward. eps = 1e-5.
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const void* weight,
+                       const void* bias, DType param_dtype, int N, int C);
+// dinp (N,C) += ..., dweight (C) += ..., dbias (C) += ...
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const void* weight, DType param_dtype, const float* mean, const float* rstd, int N,
+                        int C);
+
+// out (N,OC) = inp (N,C) @ weight^T (OC,C) + bias (OC); bias may be null.
+void linear_forward(float* out, const float* inp, const void* weight, const void* bias, DType param_dtype, int N,
+                    int C, int OC);
+// dinp (N,C) = dout @ weight (overwrite; skipped when dinp is null); dweight (OC,C) += dout^T @ inp;
+// dbias (OC) += column sums of dout (skipped when null).
+void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const void* weight, DType param_dtype, int N, int C, int OC);
+
+// Causal multi-head self-attention. qkv (B,T,3C) holds q, k, v per token; out (B,T,C);
+// att (B,NH,T,T) saves the softmax probabilities (row t uses columns 0..t) for backward.
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
+// dqkv (B,T,3C) = gradient wrt qkv (overwrite).
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
+                        int NH);
+
+// GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+void gelu_forward(float* out, const float* inp, size_t n);
+// dinp = dout * gelu'(inp) (overwrite; dinp may alias dout).
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);
+
+// out = a + b (n elements). Backward is the identity into both inputs, done by the caller.
+void residual_forward(float* out, const float* a, const float* b, size_t n);
+
+// Softmax cross-entropy over the first V of Vp columns (the padded columns are ignored).
+// losses (N) = logsumexp(logits[:V]) - logits[target]; lse (N) saves logsumexp for backward.
+void crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets, int N, int V,
+                          int Vp);
+// dlogits (N,Vp) = (softmax - onehot(target)) * dloss, 0 in padded columns. May alias logits.
+void crossentropy_backward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
+                           float dloss, int N, int V, int Vp);
+
+}  // namespace zerone::kernels::cpu

@@ -1,0 +1,34 @@
+#include "zerone/kernels/cuda/check.h"
+#include "zerone/kernels/cuda/device.h"
+
+namespace zerone::cuda {
+
+int device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no device" / "no driver" status
+    return 0;
+  }
+  return count;
+}
+
+std::vector<DeviceInfo> devices() {
+  std::vector<DeviceInfo> out;
+  for (int i = 0, n = device_count(); i < n; ++i) {
+    cudaDeviceProp prop;
+    ZERONE_CUDA_CHECK(cudaGetDeviceProperties(&prop, i));
+    out.push_back(DeviceInfo{i, prop.name, static_cast<long long>(prop.totalGlobalMem), prop.major, prop.minor,
+                             prop.multiProcessorCount});
+  }
+  return out;
+}
+
+std::string version_string() {
+  int runtime = 0, driver = 0;
+  cudaRuntimeGetVersion(&runtime);
+  bool have_driver = cudaDriverGetVersion(&driver) == cudaSuccess && driver > 0;
+  return str_cat("runtime ", runtime / 1000, ".", runtime % 1000 / 10, ", driver ",
+                 have_driver ? str_cat(driver / 1000, ".", driver % 1000 / 10) : std::string("none"));
+}
+
+}  // namespace zerone::cuda

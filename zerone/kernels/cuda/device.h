@@ -1,0 +1,27 @@
+// The CUDA device layer: discovery and checked calls. Compiled only when nvcc is found; every
+// function is safe to call on a machine without a GPU (device_count() returns 0 and the rest
+// throw Error saying no device is present).
+// Thread-safety: all functions may be called from any thread.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace zerone::cuda {
+
+struct DeviceInfo {
+  int index = 0;
+  std::string name;
+  long long total_memory_bytes = 0;
+  int compute_major = 0, compute_minor = 0;
+  int multiprocessors = 0;
+};
+
+// Number of usable CUDA devices; 0 when there is no driver or no GPU (never throws).
+int device_count();
+// Facts about every device (empty without a GPU).
+std::vector<DeviceInfo> devices();
+// CUDA runtime and driver versions as "runtime X.Y, driver X.Y" (driver "none" without one).
+std::string version_string();
+
+}  // namespace zerone::cuda

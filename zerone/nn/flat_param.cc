@@ -1,0 +1,29 @@
+#include "zerone/nn/flat_param.h"
+
+#include <cstring>
+
+#include "zerone/core/error.h"
+
+namespace zerone::nn {
+
+size_t TensorSpec::numel() const {
+  size_t n = 1;
+  for (int64_t d : shape) n *= static_cast<size_t>(d);
+  return n;
+}
+
+FlatParam::FlatParam(std::string unit_name, std::vector<TensorSpec> tensors, DType dtype, size_t align_numel)
+    : name_(std::move(unit_name)), tensors_(std::move(tensors)), dtype_(dtype) {
+  ZERONE_ASSERT(align_numel > 0);
+  for (TensorSpec& t : tensors_) {
+    t.offset = numel_;
+    numel_ += t.numel();
+  }
+  padded_numel_ = (numel_ + align_numel - 1) / align_numel * align_numel;
+  params_ = Buffer(padded_numel_ * dtype_size(dtype_), MemCategory::param);
+  grads_ = Buffer(padded_numel_ * sizeof(float), MemCategory::grad);
+}
+
+void FlatParam::zero_grad() { std::memset(grads_.data(), 0, grads_.bytes()); }
+
+}  // namespace zerone::nn

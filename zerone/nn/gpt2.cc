@@ -1,0 +1,294 @@
+#include "zerone/nn/gpt2.h"
+
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+#include "zerone/core/error.h"
+#include "zerone/core/rng.h"
+#include "zerone/kernels/cpu/ops.h"
+
+namespace zerone::nn {
+
+namespace k = kernels::cpu;
+
+int pad_vocab(int vocab_size) { return (vocab_size + 127) / 128 * 128; }
+
+size_t GPT2Config::num_parameters() const {
+  size_t C = channels, L = num_layers;
+  size_t block = 2 * C + 3 * C * C + 3 * C + C * C + C + 2 * C + 4 * C * C + 4 * C + 4 * C * C + C;
+  return static_cast<size_t>(padded_vocab_size) * C + static_cast<size_t>(max_seq_len) * C + L * block + 2 * C;
+}
+
+std::string GPT2Config::to_string() const {
+  std::string s = str_cat("gpt2:layers=", num_layers, ",dim=", channels, ",heads=", num_heads, ",vocab=", vocab_size,
+                          ",ctx=", max_seq_len);
+  if (padded_vocab_size != pad_vocab(vocab_size)) s += str_cat(",padded_vocab=", padded_vocab_size);
+  return s;
+}
+
+GPT2Config parse_model_spec(const std::string& spec) {
+  GPT2Config c;  // 124M defaults
+  auto preset = [&](int L, int C, int NH) {
+    c.num_layers = L;
+    c.channels = C;
+    c.num_heads = NH;
+  };
+  if (spec == "gpt2-124m" || spec == "gpt2") return c;
+  if (spec == "gpt2-350m") { preset(24, 1024, 16); return c; }
+  if (spec == "gpt2-774m") { preset(36, 1280, 20); return c; }
+  if (spec == "gpt2-1.5b") { preset(48, 1600, 25); return c; }
+  const std::string prefix = "gpt2:";
+  ZERONE_CHECK(spec.rfind(prefix, 0) == 0, "--model '", spec,
+               "': expected a preset (gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b) or a spec such as "
+               "gpt2:layers=4,dim=128,heads=4,vocab=512,ctx=256");
+  bool padded_given = false;
+  std::stringstream items(spec.substr(prefix.size()));
+  for (std::string item; std::getline(items, item, ',');) {
+    auto eq = item.find('=');
+    ZERONE_CHECK(eq != std::string::npos, "--model '", spec, "': '", item, "' is not key=value");
+    std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    long long v = 0;
+    size_t used = 0;
+    try {
+      v = std::stoll(value, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    ZERONE_CHECK(used == value.size() && !value.empty() && v > 0 && v <= (1 << 24), "--model '", spec, "': ", key,
+                 "=", value, " is not a positive integer (at most 16777216)");
+    int iv = static_cast<int>(v);
+    if (key == "layers") c.num_layers = iv;
+    else if (key == "dim") c.channels = iv;
+    else if (key == "heads") c.num_heads = iv;
+    else if (key == "vocab") c.vocab_size = iv;
+    else if (key == "ctx") c.max_seq_len = iv;
+    else if (key == "padded_vocab") { c.padded_vocab_size = iv; padded_given = true; }
+    else ZERONE_CHECK(false, "--model '", spec, "': unknown key '", key,
+                      "' (expected layers, dim, heads, vocab, ctx, padded_vocab)");
+  }
+  if (!padded_given) c.padded_vocab_size = pad_vocab(c.vocab_size);
+  ZERONE_CHECK(c.channels % c.num_heads == 0, "--model '", spec, "': dim=", c.channels,
+               " is not divisible by heads=", c.num_heads);
+  ZERONE_CHECK(c.padded_vocab_size >= c.vocab_size, "--model '", spec, "': padded_vocab=", c.padded_vocab_size,
+               " is smaller than vocab=", c.vocab_size);
+  return c;
+}
+
+GPT2::GPT2(const GPT2Config& config, DType compute_dtype, size_t align_numel) : config_(config), dtype_(compute_dtype) {
+  ZERONE_CHECK(compute_dtype == DType::f32 || compute_dtype == DType::bf16, "precision ", dtype_name(compute_dtype),
+               " is not supported on the CPU: expected fp32 or bf16");
+  const int64_t C = config.channels, Vp = config.padded_vocab_size, maxT = config.max_seq_len;
+  units_.reserve(config.num_layers + 2);
+  units_.emplace_back("embedding",
+                      std::vector<TensorSpec>{{"wte", {Vp, C}, true}, {"wpe", {maxT, C}, true}}, dtype_, align_numel);
+  for (int l = 0; l < config.num_layers; ++l) {
+    units_.emplace_back(str_cat("block.", l),
+                        std::vector<TensorSpec>{{"ln1w", {C}, false},
+                                                {"ln1b", {C}, false},
+                                                {"qkvw", {3 * C, C}, true},
+                                                {"qkvb", {3 * C}, false},
+                                                {"attprojw", {C, C}, true},
+                                                {"attprojb", {C}, false},
+                                                {"ln2w", {C}, false},
+                                                {"ln2b", {C}, false},
+                                                {"fcw", {4 * C, C}, true},
+                                                {"fcb", {4 * C}, false},
+                                                {"fcprojw", {C, 4 * C}, true},
+                                                {"fcprojb", {C}, false}},
+                        dtype_, align_numel);
+  }
+  units_.emplace_back("final", std::vector<TensorSpec>{{"lnfw", {C}, false}, {"lnfb", {C}, false}}, dtype_,
+                      align_numel);
+}
+
+void GPT2::init_weights(uint64_t seed) {
+  const double std_base = 0.02, std_proj = 0.02 / std::sqrt(2.0 * config_.num_layers);
+  std::vector<float> values;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    FlatParam& unit = units_[u];
+    for (size_t t = 0; t < unit.tensors().size(); ++t) {
+      const TensorSpec& spec = unit.tensors()[t];
+      values.assign(spec.numel(), 0.0f);
+      bool is_norm_weight = spec.name == "ln1w" || spec.name == "ln2w" || spec.name == "lnfw";
+      if (is_norm_weight) {
+        std::fill(values.begin(), values.end(), 1.0f);
+      } else if (spec.shape.size() == 2) {
+        double stddev = (spec.name == "attprojw" || spec.name == "fcprojw") ? std_proj : std_base;
+        size_t rows = spec.shape[0], cols = spec.shape[1];
+        if (spec.name == "wte") rows = config_.vocab_size;  // padded rows stay 0
+        Rng rng(seed, u * 64 + t);
+        for (size_t i = 0; i < rows * cols; ++i) values[i] = static_cast<float>(rng.normal() * stddev);
+      }
+      convert_from_f32(values.data(), unit.param(t), dtype_, values.size());
+    }
+  }
+}
+
+void GPT2::zero_grad() {
+  for (FlatParam& unit : units_) unit.zero_grad();
+}
+
+void GPT2::ensure_activations(int B, int T) {
+  Activations& a = acts_;
+  if (a.B == B && a.T == T) return;
+  a = Activations{};
+  a.B = B;
+  a.T = T;
+  const size_t L = config_.num_layers, C = config_.channels, NH = config_.num_heads, Vp = config_.padded_vocab_size;
+  const size_t BT = static_cast<size_t>(B) * T;
+  auto f32 = [](size_t n) { return Buffer(n * sizeof(float), MemCategory::activation); };
+  a.encoded = f32(BT * C);
+  a.ln1 = f32(L * BT * C);
+  a.ln1_mean = f32(L * BT);
+  a.ln1_rstd = f32(L * BT);
+  a.qkv = f32(L * BT * 3 * C);
+  a.atty = f32(L * BT * C);
+  a.att = f32(L * B * NH * T * T);
+  a.residual2 = f32(L * BT * C);
+  a.ln2 = f32(L * BT * C);
+  a.ln2_mean = f32(L * BT);
+  a.ln2_rstd = f32(L * BT);
+  a.fch = f32(L * BT * 4 * C);
+  a.fch_gelu = f32(L * BT * 4 * C);
+  a.residual3 = f32(L * BT * C);
+  a.lnf = f32(BT * C);
+  a.lnf_mean = f32(BT);
+  a.lnf_rstd = f32(BT);
+  a.logits = f32(BT * Vp);
+  a.losses = f32(BT);
+  a.lse = f32(BT);
+  a.tmp_c = f32(BT * C);
+  a.dresidual = f32(BT * C);
+  a.dbuf_c = f32(BT * C);
+  a.dqkv = f32(BT * 3 * C);
+  a.dfch = f32(BT * 4 * C);
+  a.inputs = Buffer(BT * sizeof(int32_t), MemCategory::activation);
+  a.targets = Buffer(BT * sizeof(int32_t), MemCategory::activation);
+}
+
+float GPT2::forward(const int32_t* inputs, const int32_t* targets, int B, int T) {
+  ZERONE_CHECK(T >= 1 && T <= config_.max_seq_len, "sequence length ", T, " is outside 1..", config_.max_seq_len,
+               " (the model's context length)");
+  ZERONE_CHECK(B >= 1, "batch size must be at least 1, got ", B);
+  ensure_activations(B, T);
+  Activations& a = acts_;
+  const int L = config_.num_layers, C = config_.channels, NH = config_.num_heads;
+  const int V = config_.vocab_size, Vp = config_.padded_vocab_size, N = B * T;
+  const size_t BTC = static_cast<size_t>(N) * C;
+  std::memcpy(a.inputs.data(), inputs, sizeof(int32_t) * N);
+  have_targets_ = targets != nullptr;
+  if (have_targets_) std::memcpy(a.targets.data(), targets, sizeof(int32_t) * N);
+
+  hooks_->before_forward(0);
+  k::embedding_forward(a.encoded.as<float>(), inputs, p(0, kWte), p(0, kWpe), dtype_, B, T, C);  // (B,T,C)
+  hooks_->after_forward(0);
+
+  for (int l = 0; l < L; ++l) {
+    const int u = 1 + l;
+    hooks_->before_forward(u);
+    const float* residual = l == 0 ? a.encoded.as<float>() : a.residual3.as<float>() + (l - 1) * BTC;
+    float* ln1 = a.ln1.as<float>() + l * BTC;                       // (B,T,C)
+    float* ln1_mean = a.ln1_mean.as<float>() + static_cast<size_t>(l) * N;  // (B,T)
+    float* ln1_rstd = a.ln1_rstd.as<float>() + static_cast<size_t>(l) * N;
+    float* qkv = a.qkv.as<float>() + l * BTC * 3;                   // (B,T,3C)
+    float* atty = a.atty.as<float>() + l * BTC;                     // (B,T,C)
+    float* att = a.att.as<float>() + static_cast<size_t>(l) * B * NH * T * T;  // (B,NH,T,T)
+    float* residual2 = a.residual2.as<float>() + l * BTC;
+    float* ln2 = a.ln2.as<float>() + l * BTC;
+    float* ln2_mean = a.ln2_mean.as<float>() + static_cast<size_t>(l) * N;
+    float* ln2_rstd = a.ln2_rstd.as<float>() + static_cast<size_t>(l) * N;
+    float* fch = a.fch.as<float>() + l * BTC * 4;                   // (B,T,4C)
+    float* fch_gelu = a.fch_gelu.as<float>() + l * BTC * 4;
+    float* residual3 = a.residual3.as<float>() + l * BTC;
+    float* tmp = a.tmp_c.as<float>();
+
+    k::layernorm_forward(ln1, ln1_mean, ln1_rstd, residual, p(u, kLn1w), p(u, kLn1b), dtype_, N, C);
+    k::linear_forward(qkv, ln1, p(u, kQkvw), p(u, kQkvb), dtype_, N, C, 3 * C);
+    k::attention_forward(atty, att, qkv, B, T, C, NH);
+    k::linear_forward(tmp, atty, p(u, kAttprojw), p(u, kAttprojb), dtype_, N, C, C);
+    k::residual_forward(residual2, residual, tmp, BTC);
+    k::layernorm_forward(ln2, ln2_mean, ln2_rstd, residual2, p(u, kLn2w), p(u, kLn2b), dtype_, N, C);
+    k::linear_forward(fch, ln2, p(u, kFcw), p(u, kFcb), dtype_, N, C, 4 * C);
+    k::gelu_forward(fch_gelu, fch, BTC * 4);
+    k::linear_forward(tmp, fch_gelu, p(u, kFcprojw), p(u, kFcprojb), dtype_, N, 4 * C, C);
+    k::residual_forward(residual3, residual2, tmp, BTC);
+    hooks_->after_forward(u);
+  }
+
+  const int uf = L + 1;
+  hooks_->before_forward(uf);  // the head also reads wte (unit 0): the engine keeps it available
+  const float* last = L == 0 ? a.encoded.as<float>() : a.residual3.as<float>() + (L - 1) * BTC;
+  k::layernorm_forward(a.lnf.as<float>(), a.lnf_mean.as<float>(), a.lnf_rstd.as<float>(), last, p(uf, kLnfw),
+                       p(uf, kLnfb), dtype_, N, C);
+  k::linear_forward(a.logits.as<float>(), a.lnf.as<float>(), p(0, kWte), nullptr, dtype_, N, C, Vp);  // (B,T,Vp)
+  hooks_->after_forward(uf);
+  if (!have_targets_) return 0.0f;
+  k::crossentropy_forward(a.losses.as<float>(), a.lse.as<float>(), a.logits.as<float>(), targets, N, V, Vp);
+  double sum = 0.0;
+  for (int i = 0; i < N; ++i) sum += a.losses.as<float>()[i];
+  return static_cast<float>(sum / N);
+}
+
+void GPT2::backward(float grad_scale) {
+  ZERONE_ASSERT(have_targets_ && acts_.B > 0, "backward() needs a forward() with targets first");
+  Activations& a = acts_;
+  const int B = a.B, T = a.T, L = config_.num_layers, C = config_.channels, NH = config_.num_heads;
+  const int V = config_.vocab_size, Vp = config_.padded_vocab_size, N = B * T;
+  const size_t BTC = static_cast<size_t>(N) * C;
+  const int32_t* inputs = a.inputs.as<int32_t>();
+  const int32_t* targets = a.targets.as<int32_t>();
+  float* dresidual = a.dresidual.as<float>();  // (B,T,C) gradient wrt the residual stream
+  float* dbuf = a.dbuf_c.as<float>();          // (B,T,C)
+
+  const int uf = L + 1;
+  hooks_->before_backward(uf);
+  float* dlogits = a.logits.as<float>();  // in place: (B,T,Vp)
+  k::crossentropy_backward(dlogits, a.logits.as<float>(), a.lse.as<float>(), targets, grad_scale / N, N, V, Vp);
+  k::linear_backward(dbuf, g(0, kWte), nullptr, dlogits, a.lnf.as<float>(), p(0, kWte), dtype_, N, C, Vp);
+  const float* last = L == 0 ? a.encoded.as<float>() : a.residual3.as<float>() + (L - 1) * BTC;
+  std::memset(dresidual, 0, BTC * sizeof(float));
+  k::layernorm_backward(dresidual, g(uf, kLnfw), g(uf, kLnfb), dbuf, last, p(uf, kLnfw), dtype_,
+                        a.lnf_mean.as<float>(), a.lnf_rstd.as<float>(), N, C);
+  hooks_->after_backward(uf);
+
+  for (int l = L - 1; l >= 0; --l) {
+    const int u = 1 + l;
+    hooks_->before_backward(u);
+    const float* residual = l == 0 ? a.encoded.as<float>() : a.residual3.as<float>() + (l - 1) * BTC;
+    const float* ln1 = a.ln1.as<float>() + l * BTC;
+    const float* ln1_mean = a.ln1_mean.as<float>() + static_cast<size_t>(l) * N;
+    const float* ln1_rstd = a.ln1_rstd.as<float>() + static_cast<size_t>(l) * N;
+    const float* qkv = a.qkv.as<float>() + l * BTC * 3;
+    const float* atty = a.atty.as<float>() + l * BTC;
+    const float* att = a.att.as<float>() + static_cast<size_t>(l) * B * NH * T * T;
+    const float* residual2 = a.residual2.as<float>() + l * BTC;
+    const float* ln2 = a.ln2.as<float>() + l * BTC;
+    const float* ln2_mean = a.ln2_mean.as<float>() + static_cast<size_t>(l) * N;
+    const float* ln2_rstd = a.ln2_rstd.as<float>() + static_cast<size_t>(l) * N;
+    const float* fch = a.fch.as<float>() + l * BTC * 4;
+    const float* fch_gelu = a.fch_gelu.as<float>() + l * BTC * 4;
+    float* dfch = a.dfch.as<float>();  // (B,T,4C)
+    float* dqkv = a.dqkv.as<float>();  // (B,T,3C)
+
+    // residual3 = residual2 + fcproj: dresidual flows to both unchanged.
+    k::linear_backward(dfch, g(u, kFcprojw), g(u, kFcprojb), dresidual, fch_gelu, p(u, kFcprojw), dtype_, N, 4 * C, C);
+    k::gelu_backward(dfch, fch, dfch, BTC * 4);
+    k::linear_backward(dbuf, g(u, kFcw), g(u, kFcb), dfch, ln2, p(u, kFcw), dtype_, N, C, 4 * C);
+    k::layernorm_backward(dresidual, g(u, kLn2w), g(u, kLn2b), dbuf, residual2, p(u, kLn2w), dtype_, ln2_mean,
+                          ln2_rstd, N, C);
+    // residual2 = residual + attproj
+    k::linear_backward(dbuf, g(u, kAttprojw), g(u, kAttprojb), dresidual, atty, p(u, kAttprojw), dtype_, N, C, C);
+    k::attention_backward(dqkv, dbuf, qkv, att, B, T, C, NH);
+    k::linear_backward(dbuf, g(u, kQkvw), g(u, kQkvb), dqkv, ln1, p(u, kQkvw), dtype_, N, C, 3 * C);
+    k::layernorm_backward(dresidual, g(u, kLn1w), g(u, kLn1b), dbuf, residual, p(u, kLn1w), dtype_, ln1_mean,
+                          ln1_rstd, N, C);
+    hooks_->after_backward(u);
+  }
+
+  hooks_->before_backward(0);
+  k::embedding_backward(g(0, kWte), g(0, kWpe), dresidual, inputs, B, T, C);
+  hooks_->after_backward(0);
+}
+
+}  // namespace zerone::nn

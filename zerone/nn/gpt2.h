@@ -1,0 +1,118 @@
+// GPT-2: token + position embedding, L pre-norm transformer blocks, final LayerNorm, a language
+// model head tied to the token embedding. The layer arithmetic follows llm.c's train_gpt2.c (the
+// readable spec); the parameters live in FlatParam units:
+//
+//   unit 0        "embedding"  wte (Vp, C), wpe (maxT, C)
+//   unit 1..L     "block.l"    ln1w, ln1b (C), qkvw (3C, C), qkvb (3C), attprojw (C, C), attprojb (C),
+//                              ln2w, ln2b (C), fcw (4C, C), fcb (4C), fcprojw (C, 4C), fcprojb (C)
+//   unit L+1      "final"      lnfw, lnfb (C)      (the head reads wte from unit 0)
+//
+// Precision: parameters are stored in `compute_dtype` (f32 or bf16); activations and gradients are
+// f32; matmuls run in the compute dtype with f32 accumulation (see kernels/cpu/ops.h).
+//
+// UnitHooks let the ZeRO engine act around each unit (gather parameters before use, release them,
+// reduce a unit's gradients as soon as they are complete). Thread-safety: one thread drives a model.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "zerone/core/dtype.h"
+#include "zerone/core/memory.h"
+#include "zerone/nn/flat_param.h"
+
+namespace zerone::nn {
+
+struct GPT2Config {
+  int max_seq_len = 1024;         // maxT, the context length
+  int vocab_size = 50257;         // V
+  int padded_vocab_size = 50304;  // Vp, V rounded up to a multiple of 128
+  int num_layers = 12;            // L
+  int num_heads = 12;             // NH
+  int channels = 768;             // C
+
+  // Total trainable parameters (padded vocabulary rows included, FlatParam padding excluded).
+  size_t num_parameters() const;
+  std::string to_string() const;  // the spec string that parses back to this config
+  bool operator==(const GPT2Config&) const = default;
+};
+
+// Parses a model spec: a preset ("gpt2-124m", "gpt2-350m", "gpt2-774m", "gpt2-1.5b") or
+// "gpt2:layers=4,dim=128,heads=4,vocab=512,ctx=256" (keys may be omitted: defaults are the 124M
+// values; "padded_vocab" overrides the rounding). Throws Error naming the bad part.
+GPT2Config parse_model_spec(const std::string& spec);
+int pad_vocab(int vocab_size);
+
+// Callbacks around each unit's use. Default: do nothing (a single rank owns everything).
+class UnitHooks {
+ public:
+  virtual ~UnitHooks() = default;
+  virtual void before_forward(int unit) {}
+  virtual void after_forward(int unit) {}
+  virtual void before_backward(int unit) {}
+  // The unit's gradients are complete for this micro-step.
+  virtual void after_backward(int unit) {}
+};
+
+// Tensor indices inside a block unit.
+enum BlockTensor { kLn1w, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb, kLn2w, kLn2b, kFcw, kFcb, kFcprojw, kFcprojb,
+                   kBlockTensors };
+enum EmbeddingTensor { kWte, kWpe };
+enum FinalTensor { kLnfw, kLnfb };
+
+class GPT2 {
+ public:
+  // align_numel: FlatParam padding granularity (world_size * 64).
+  GPT2(const GPT2Config& config, DType compute_dtype, size_t align_numel = 64);
+
+  const GPT2Config& config() const { return config_; }
+  DType compute_dtype() const { return dtype_; }
+  std::vector<FlatParam>& units() { return units_; }
+  const std::vector<FlatParam>& units() const { return units_; }
+  int num_units() const { return static_cast<int>(units_.size()); }
+  void set_hooks(UnitHooks* hooks) { hooks_ = hooks ? hooks : &default_hooks_; }
+
+  // GPT-2 initialisation, deterministic in (seed, unit, tensor, element): N(0, 0.02) for matrices
+  // and embeddings, N(0, 0.02/sqrt(2L)) for the residual projections (attprojw, fcprojw), zero biases,
+  // LayerNorm weights 1, padded vocabulary rows 0. Values are rounded to the compute dtype; the
+  // optimizer's f32 master weights start from these stored values (as DeepSpeed's bf16 optimizer).
+  void init_weights(uint64_t seed);
+
+  // Forward pass over inputs (B,T) (token ids < V, validated by the caller). With targets (B,T)
+  // returns the mean cross-entropy loss over B*T and keeps what backward needs; without targets
+  // computes logits only and returns 0. B, T may change between calls (buffers are resized).
+  float forward(const int32_t* inputs, const int32_t* targets, int B, int T);
+  // Logits (B,T,Vp) of the last forward (valid until backward, which overwrites them).
+  const float* logits() const { return acts_.logits.as<float>(); }
+  // Per-token losses (B,T) of the last forward with targets.
+  const float* losses() const { return acts_.losses.as<float>(); }
+
+  // Backward of the last forward with targets. Accumulates into every unit's gradient the
+  // gradient of (grad_scale * mean loss), so grad accumulation uses grad_scale = 1/accum.
+  void backward(float grad_scale);
+  void zero_grad();
+
+ private:
+  struct Activations {
+    int B = 0, T = 0;
+    Buffer encoded, ln1, ln1_mean, ln1_rstd, qkv, atty, att, residual2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu,
+        residual3, lnf, lnf_mean, lnf_rstd, logits, losses, lse, tmp_c;
+    Buffer dresidual, dbuf_c, dqkv, dfch;  // backward temporaries
+    Buffer inputs, targets;                // copies of the last forward's token ids
+  };
+  void ensure_activations(int B, int T);
+  const void* p(int unit, int tensor) const { return units_[unit].param(tensor); }
+  float* g(int unit, int tensor) { return units_[unit].grad(tensor); }
+
+  GPT2Config config_;
+  DType dtype_;
+  std::vector<FlatParam> units_;
+  Activations acts_;
+  bool have_targets_ = false;
+  UnitHooks default_hooks_;
+  UnitHooks* hooks_ = &default_hooks_;
+};
+
+}  // namespace zerone::nn

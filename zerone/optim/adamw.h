@@ -1,0 +1,66 @@
+// AdamW over flat f32 shards (DESIGN §2: "fp32 master shard + optimizer state owned by the
+// optimizer").
+//
+// The optimizer is given the shards it owns: for each, the parameter slice in the compute dtype,
+// the matching f32 gradient slice, and which sub-ranges are weight-decayed. It allocates the f32
+// master copy (category `master`; none for f32 training, where the parameters are the master) and
+// the first/second moments (category `optim`). step() updates master, m and v and writes the
+// parameters back rounded to the compute dtype (RNE). At world size 1 the shard is the whole unit;
+// the ZeRO engine hands in each rank's slice, so the same code serves every stage.
+//
+// Thread-safety: one thread at a time. Pointers handed in must outlive the optimizer.
+#pragma once
+
+#include <cstddef>
+#include <utility>
+#include <vector>
+
+#include "zerone/core/dtype.h"
+#include "zerone/core/memory.h"
+#include "zerone/kernels/cpu/adamw.h"
+
+namespace zerone::optim {
+
+struct ShardRef {
+  void* param = nullptr;         // numel elements of param_dtype, read at construction, written by step()
+  const float* grad = nullptr;   // numel f32 gradients (already reduced / averaged)
+  size_t numel = 0;
+  // [begin, end) element ranges of this shard that get weight decay; the rest get none.
+  std::vector<std::pair<size_t, size_t>> decay_ranges;
+};
+
+struct AdamWOptions {
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.0f;
+};
+
+class AdamW {
+ public:
+  AdamW(std::vector<ShardRef> shards, DType param_dtype, const AdamWOptions& options);
+
+  // One update with learning rate `lr`; every gradient is multiplied by grad_scale first
+  // (clipping factor / inverse loss scale). Increments the step count.
+  void step(float lr, float grad_scale);
+  int steps_taken() const { return step_; }
+
+  size_t num_shards() const { return shards_.size(); }
+  // f32 master, m and v of shard i (numel elements each).
+  float* master(size_t i);
+  float* m(size_t i) { return state_[i].m.as<float>(); }
+  float* v(size_t i) { return state_[i].v.as<float>(); }
+  // Overwrite the step counter (checkpoint restore).
+  void set_steps_taken(int step) { step_ = step; }
+  // Copies master weights back into the compute-dtype parameters (after loading master state).
+  void write_params();
+
+ private:
+  struct State {
+    Buffer master, m, v;
+  };
+  std::vector<ShardRef> shards_;
+  std::vector<State> state_;
+  DType param_dtype_;
+  AdamWOptions options_;
+  int step_ = 0;
+};
+
+}  // namespace zerone::optim

@@ -1,0 +1,160 @@
+#include "zerone/train/config.h"
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "zerone/core/error.h"
+
+namespace zerone::train {
+
+using json = nlohmann::json;
+
+namespace {
+
+// DeepSpeed keys that do not change training here; accepted so existing configs load.
+const std::set<std::string> kIgnoredKeys = {"steps_per_print", "wall_clock_breakdown", "train_batch_size",
+                                            "prescale_gradients", "gradient_predivide_factor", "comment"};
+
+template <typename T>
+T get_as(const json& value, const std::string& path, const std::string& key, const char* expected) {
+  try {
+    return value.get<T>();
+  } catch (const json::exception&) {
+    throw Error(str_cat("config '", path, "': key '", key, "' is ", value.dump(), ", expected ", expected));
+  }
+}
+
+}  // namespace
+
+void apply_json_config(const std::string& path, TrainConfig& cfg,
+                       const std::function<bool(const std::string&)>& flag_given) {
+  std::ifstream in(path);
+  ZERONE_CHECK(in.good(), "cannot open config '", path, "'");
+  json root;
+  try {
+    root = json::parse(in, nullptr, true, /*ignore_comments=*/true);
+  } catch (const json::parse_error& e) {
+    throw Error(str_cat("config '", path, "' is not valid JSON: ", e.what()));
+  }
+  ZERONE_CHECK(root.is_object(), "config '", path, "': expected a JSON object at the top level");
+
+  auto set_int = [&](const json& v, const std::string& key, const char* flag, int& field) {
+    if (!flag_given(flag)) field = get_as<int>(v, path, key, "an integer");
+  };
+  auto set_float = [&](const json& v, const std::string& key, const char* flag, float& field) {
+    if (!flag_given(flag)) field = get_as<float>(v, path, key, "a number");
+  };
+  auto set_string = [&](const json& v, const std::string& key, const char* flag, std::string& field) {
+    if (!flag_given(flag)) field = get_as<std::string>(v, path, key, "a string");
+  };
+  auto object_of = [&](const json& v, const std::string& key) -> const json& {
+    ZERONE_CHECK(v.is_object(), "config '", path, "': key '", key, "' must be an object");
+    return v;
+  };
+
+  for (auto& [key, v] : root.items()) {
+    if (key == "train_micro_batch_size_per_gpu") set_int(v, key, "--micro-batch", cfg.micro_batch);
+    else if (key == "gradient_accumulation_steps") set_int(v, key, "--grad-accum", cfg.grad_accum);
+    else if (key == "gradient_clipping") set_float(v, key, "--grad-clip", cfg.grad_clip);
+    else if (key == "model") set_string(v, key, "--model", cfg.model);
+    else if (key == "init") set_string(v, key, "--init", cfg.init);
+    else if (key == "data") set_string(v, key, "--data", cfg.data);
+    else if (key == "val_data") set_string(v, key, "--val-data", cfg.val_data);
+    else if (key == "save") set_string(v, key, "--save", cfg.save);
+    else if (key == "metrics") set_string(v, key, "--metrics", cfg.metrics);
+    else if (key == "precision") set_string(v, key, "--precision", cfg.precision);
+    else if (key == "seq" || key == "seq_len") set_int(v, key, "--seq", cfg.seq);
+    else if (key == "steps" || key == "train_iters") set_int(v, key, "--steps", cfg.steps);
+    else if (key == "seed") {
+      if (!flag_given("--seed")) cfg.seed = get_as<uint64_t>(v, path, key, "a non-negative integer");
+    } else if (key == "no_shuffle") {
+      if (!flag_given("--no-shuffle")) cfg.no_shuffle = get_as<bool>(v, path, key, "true or false");
+    } else if (key == "threads") set_int(v, key, "--threads", cfg.threads);
+    else if (key == "val_every") set_int(v, key, "--val-every", cfg.val_every);
+    else if (key == "val_batches") set_int(v, key, "--val-batches", cfg.val_batches);
+    else if (key == "bf16" || key == "fp16") {
+      const json& o = object_of(v, key);
+      if (o.contains("enabled") && get_as<bool>(o["enabled"], path, key + ".enabled", "true or false") &&
+          !flag_given("--precision"))
+        cfg.precision = key;
+    } else if (key == "optimizer") {
+      const json& o = object_of(v, key);
+      if (o.contains("type")) {
+        std::string type = get_as<std::string>(o["type"], path, "optimizer.type", "a string");
+        ZERONE_CHECK(type == "AdamW" || type == "Adam" || type == "adamw", "config '", path, "': optimizer.type '",
+                     type, "' is not supported, expected AdamW");
+      }
+      if (o.contains("params")) {
+        const json& p = object_of(o["params"], "optimizer.params");
+        for (auto& [pk, pv] : p.items()) {
+          std::string full = "optimizer.params." + pk;
+          if (pk == "lr") set_float(pv, full, "--lr", cfg.lr);
+          else if (pk == "eps") set_float(pv, full, "--eps", cfg.eps);
+          else if (pk == "weight_decay") set_float(pv, full, "--weight-decay", cfg.weight_decay);
+          else if (pk == "betas") {
+            ZERONE_CHECK(pv.is_array() && pv.size() == 2, "config '", path, "': key '", full,
+                         "' must be a list of two numbers");
+            if (!flag_given("--beta1")) cfg.beta1 = get_as<float>(pv[0], path, full, "a number");
+            if (!flag_given("--beta2")) cfg.beta2 = get_as<float>(pv[1], path, full, "a number");
+          } else ZERONE_CHECK(false, "config '", path, "': unknown key '", full, "' (expected lr, betas, eps, weight_decay)");
+        }
+      }
+    } else if (key == "scheduler") {
+      const json& o = object_of(v, key);
+      if (o.contains("params")) {
+        const json& p = object_of(o["params"], "scheduler.params");
+        if (p.contains("warmup_num_steps")) set_int(p["warmup_num_steps"], "scheduler.params.warmup_num_steps", "--warmup", cfg.warmup);
+      }
+    } else if (key == "zero_optimization") {
+      const json& o = object_of(v, key);
+      if (o.contains("stage")) set_int(o["stage"], "zero_optimization.stage", "--zero-stage", cfg.zero_stage);
+    } else if (kIgnoredKeys.count(key) == 0) {
+      throw Error(str_cat("config '", path, "': unknown key '", key, "'"));
+    }
+  }
+}
+
+void validate(const TrainConfig& c) {
+  auto finite = [](float x) { return std::isfinite(x); };
+  ZERONE_CHECK(c.micro_batch >= 1 && c.micro_batch <= 65536, "--micro-batch ", c.micro_batch, " is out of range: expected 1..65536");
+  ZERONE_CHECK(c.seq >= 1 && c.seq <= 1048576, "--seq ", c.seq, " is out of range: expected 1..1048576");
+  ZERONE_CHECK(c.grad_accum >= 1 && c.grad_accum <= 1048576, "--grad-accum ", c.grad_accum, " is out of range: expected >= 1");
+  ZERONE_CHECK(c.steps >= 0, "--steps ", c.steps, " is negative");
+  ZERONE_CHECK(finite(c.lr) && c.lr > 0.0f && c.lr <= 10.0f, "--lr ", c.lr, " is out of range: expected 0 < lr <= 10");
+  ZERONE_CHECK(c.warmup >= 0, "--warmup ", c.warmup, " is negative");
+  ZERONE_CHECK(c.lr_schedule == "constant" || c.lr_schedule == "cosine", "--lr-schedule '", c.lr_schedule,
+               "': expected constant or cosine");
+  ZERONE_CHECK(finite(c.min_lr_frac) && c.min_lr_frac >= 0.0f && c.min_lr_frac <= 1.0f, "--min-lr-frac ", c.min_lr_frac,
+               " is out of range: expected 0..1");
+  ZERONE_CHECK(finite(c.weight_decay) && c.weight_decay >= 0.0f && c.weight_decay < 10.0f, "--weight-decay ",
+               c.weight_decay, " is out of range: expected 0 <= wd < 10");
+  ZERONE_CHECK(finite(c.beta1) && c.beta1 >= 0.0f && c.beta1 < 1.0f, "--beta1 ", c.beta1, " is out of range: expected 0 <= beta1 < 1");
+  ZERONE_CHECK(finite(c.beta2) && c.beta2 >= 0.0f && c.beta2 < 1.0f, "--beta2 ", c.beta2, " is out of range: expected 0 <= beta2 < 1");
+  ZERONE_CHECK(finite(c.eps) && c.eps > 0.0f && c.eps < 1.0f, "--eps ", c.eps, " is out of range: expected 0 < eps < 1");
+  ZERONE_CHECK(finite(c.grad_clip) && c.grad_clip >= 0.0f, "--grad-clip ", c.grad_clip, " is out of range: expected >= 0 (0 disables)");
+  ZERONE_CHECK(c.threads >= 0 && c.threads <= 4096, "--threads ", c.threads, " is out of range: expected 0..4096");
+  ZERONE_CHECK(c.val_every >= 0, "--val-every ", c.val_every, " is negative");
+  ZERONE_CHECK(c.val_batches >= 1, "--val-batches ", c.val_batches, " must be at least 1");
+  ZERONE_CHECK(c.precision.empty() || c.precision == "fp32" || c.precision == "bf16" || c.precision == "fp16",
+               "--precision '", c.precision, "': expected fp32, bf16 or fp16");
+  ZERONE_CHECK(c.precision != "fp16", "--precision fp16 is not available on the CPU backend (no f16 GEMM); use bf16, "
+                                      "which needs no loss scaling");
+  ZERONE_CHECK(c.zero_stage >= 0 && c.zero_stage <= 3, "--zero-stage ", c.zero_stage, " is out of range: expected 0..3");
+  ZERONE_CHECK(c.zero_stage == 0, "--zero-stage ", c.zero_stage,
+               " needs the ZeRO engine, which this build does not have yet; only stage 0 (one rank) runs");
+}
+
+float learning_rate(const TrainConfig& c, int step, int total) {
+  if (c.warmup > 0 && step <= c.warmup) return c.lr * static_cast<float>(step) / static_cast<float>(c.warmup);
+  if (c.lr_schedule == "cosine" && total > c.warmup) {
+    double progress = static_cast<double>(step - c.warmup) / static_cast<double>(total - c.warmup);
+    double coeff = 0.5 * (1.0 + std::cos(3.14159265358979323846 * progress));
+    double min_lr = c.lr * c.min_lr_frac;
+    return static_cast<float>(min_lr + coeff * (c.lr - min_lr));
+  }
+  return c.lr;
+}
+
+}  // namespace zerone::train

@@ -1,0 +1,56 @@
+// Training configuration: the flags of DESIGN §4, also settable from a JSON file whose keys follow
+// DeepSpeed's (train_micro_batch_size_per_gpu, gradient_accumulation_steps, gradient_clipping,
+// bf16.enabled, fp16.enabled, optimizer.params.{lr,betas,eps,weight_decay},
+// scheduler.params.warmup_num_steps, zero_optimization.stage) plus zerone's own keys for the rest
+// ("model", "init", "data", "val_data", "steps", "seq", "seed", ...). A flag given on the command line
+// wins over the file.
+//
+// Thread-safety: plain values.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+namespace zerone::train {
+
+struct TrainConfig {
+  std::string model;            // spec or preset; empty: from --init, or the default run's model
+  std::string init;             // llm.c checkpoint to start from
+  std::string data;             // glob of token shards; empty: the built-in Markov corpus
+  std::string val_data;         // glob; empty: none (built-in corpus: a held-out stream)
+  std::string save;             // write an llm.c checkpoint here at the end
+  std::string metrics;          // JSONL file, one line per optimizer step
+  std::string precision;        // fp32 | bf16; empty: bf16 where the CPU has native bf16, else fp32
+  int micro_batch = 4;
+  int seq = 64;
+  int grad_accum = 1;
+  int steps = 0;                // 0: the default run's step count, or 100 with --data
+  float lr = 3e-4f;
+  int warmup = 0;
+  std::string lr_schedule = "constant";  // constant | cosine (decays to lr * min_lr_frac at the last step)
+  float min_lr_frac = 0.0f;
+  float weight_decay = 0.0f;
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+  float grad_clip = 0.0f;       // 0: no clipping
+  uint64_t seed = 1337;
+  bool no_shuffle = false;
+  int threads = 0;              // 0: OpenMP's default
+  int val_every = 0;            // steps between validations; 0: only at the end
+  int val_batches = 8;
+  int zero_stage = 0;
+};
+
+// Fills `cfg` from the JSON file at `path`, skipping keys whose flag `flag_given(name)` reports as
+// given on the command line. Throws Error naming the file and key for unreadable JSON, unknown keys
+// or wrongly typed values.
+void apply_json_config(const std::string& path, TrainConfig& cfg, const std::function<bool(const std::string&)>& flag_given);
+
+// Checks every value's range; throws Error naming the flag and what was expected.
+void validate(const TrainConfig& cfg);
+
+// Learning rate at 1-based `step` of `total` steps: linear warmup over cfg.warmup steps, then
+// constant or cosine decay to lr * min_lr_frac.
+float learning_rate(const TrainConfig& cfg, int step, int total);
+
+}  // namespace zerone::train

@@ -1,0 +1,26 @@
+// Text generation from a trained model (`zerone sample`). Thread-safety: one call at a time.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace zerone::train {
+
+struct SampleOptions {
+  std::string init;                    // llm.c checkpoint (required)
+  std::string prompt;                  // text, byte-level encoded (needs a model with vocab >= 256)
+  std::vector<int32_t> prompt_tokens;  // or token ids directly
+  std::string tokenizer;               // llm.c tokenizer file for decoding; empty: byte-level
+  int num_tokens = 256;
+  float temperature = 1.0f;            // 0: greedy
+  int top_k = 0;                       // 0: no truncation
+  uint64_t seed = 1337;
+  std::string precision;               // empty: as training would choose
+};
+
+// Generates and streams decoded text to `emit` as it goes. Throws Error for bad input.
+void sample(const SampleOptions& options, const std::function<void(const std::string&)>& emit);
+
+}  // namespace zerone::train

@@ -1,0 +1,33 @@
+// The training loop (one rank): builds the model, the data, the optimizer; runs optimizer steps of
+// `grad_accum` micro-steps; clips, steps AdamW, validates, reports metrics and progress.
+//
+// With no --data the run is the default run (DESIGN §4): a small GPT on the built-in Markov
+// corpus, ending with "final loss L nats/token; source entropy H nats/token".
+// Thread-safety: one run per process at a time (kernels use the whole OpenMP team).
+#pragma once
+
+#include <optional>
+
+#include "zerone/nn/gpt2.h"
+#include "zerone/train/config.h"
+
+namespace zerone::train {
+
+struct TrainResult {
+  int steps = 0;
+  float final_train_loss = 0.0f;
+  std::optional<float> final_val_loss;
+  std::optional<double> source_entropy;  // the default run's floor
+};
+
+// The default run's settings, applied to fields the user left at their defaults.
+TrainConfig default_run_config(TrainConfig cfg);
+
+// Runs training; prints progress to stdout. Throws Error for bad input (files, flags, values).
+TrainResult run_training(TrainConfig cfg);
+
+// Chooses the compute dtype: cfg.precision if set, else bf16 where the CPU has native bf16 dot
+// products (AVX512-BF16 or AMX), else fp32.
+DType resolve_precision(const std::string& precision);
+
+}  // namespace zerone::train

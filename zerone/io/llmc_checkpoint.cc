@@ -69,17 +69,46 @@ void load_llmc_checkpoint(const std::string& path, nn::GPT2& model) {
   Header header = parse_header(file);
   ZERONE_CHECK(header.config == model.config(), "checkpoint '", path, "' holds model ", header.config.to_string(),
                " but the run's model is ", model.config().to_string());
-  const uint8_t* cursor = file.data() + kHeaderInts * sizeof(int32_t);
-  const size_t file_elem = dtype_size(header.dtype);
+  scatter_llmc_order(file.data() + kHeaderInts * sizeof(int32_t), header.dtype, model);
+}
+
+void scatter_llmc_order(const void* values, DType dtype, nn::GPT2& model) {
+  const uint8_t* cursor = static_cast<const uint8_t*>(values);
   std::vector<float> tmp;
   for (int j = 0; j < kNumTensors; ++j) {
     for_each_slice(model.config(), j, [&](int u, int t) {
       nn::FlatParam& unit = model.units()[u];
       size_t n = unit.tensors()[t].numel();
       tmp.resize(n);
-      convert_to_f32(cursor, header.dtype, tmp.data(), n);
+      convert_to_f32(cursor, dtype, tmp.data(), n);
       convert_from_f32(tmp.data(), unit.param(t), unit.dtype(), n);
-      cursor += n * file_elem;
+      cursor += n * dtype_size(dtype);
+    });
+  }
+}
+
+void gather_llmc_order(const nn::GPT2& model, DType dtype, void* values) {
+  uint8_t* cursor = static_cast<uint8_t*>(values);
+  std::vector<float> tmp;
+  for (int j = 0; j < kNumTensors; ++j) {
+    for_each_slice(model.config(), j, [&](int u, int t) {
+      const nn::FlatParam& unit = model.units()[u];
+      size_t n = unit.tensors()[t].numel();
+      tmp.resize(n);
+      convert_to_f32(unit.param(t), unit.dtype(), tmp.data(), n);
+      convert_from_f32(tmp.data(), cursor, dtype, n);
+      cursor += n * dtype_size(dtype);
+    });
+  }
+}
+
+void gather_llmc_order_f32(const nn::GPT2& model, const std::vector<const float*>& unit_buffers, float* out) {
+  ZERONE_ASSERT(unit_buffers.size() == model.units().size());
+  for (int j = 0; j < kNumTensors; ++j) {
+    for_each_slice(model.config(), j, [&](int u, int t) {
+      const nn::TensorSpec& spec = model.units()[u].tensors()[t];
+      std::memcpy(out, unit_buffers[u] + spec.offset, spec.numel() * sizeof(float));
+      out += spec.numel();
     });
   }
 }
@@ -97,21 +126,11 @@ void save_llmc_checkpoint(const std::string& path, const nn::GPT2& model, DType 
   header[5] = c.num_heads;
   header[6] = c.channels;
   header[7] = c.padded_vocab_size;
+  std::vector<uint8_t> body(c.num_parameters() * dtype_size(file_dtype));
+  gather_llmc_order(model, file_dtype, body.data());
   write_file_atomically(path, [&](std::FILE* f) {
     write_all(f, header, sizeof header, path);
-    std::vector<float> tmp;
-    std::vector<uint8_t> out;
-    for (int j = 0; j < kNumTensors; ++j) {
-      for_each_slice(c, j, [&](int u, int t) {
-        const nn::FlatParam& unit = model.units()[u];
-        size_t n = unit.tensors()[t].numel();
-        tmp.resize(n);
-        out.resize(n * dtype_size(file_dtype));
-        convert_to_f32(unit.param(t), unit.dtype(), tmp.data(), n);
-        convert_from_f32(tmp.data(), out.data(), file_dtype, n);
-        write_all(f, out.data(), out.size(), path);
-      });
-    }
+    write_all(f, body.data(), body.size(), path);
   });
 }
 

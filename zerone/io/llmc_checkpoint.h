@@ -10,6 +10,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "zerone/core/dtype.h"
 #include "zerone/nn/gpt2.h"
@@ -25,5 +26,13 @@ nn::GPT2Config read_llmc_config(const std::string& path);
 void load_llmc_checkpoint(const std::string& path, nn::GPT2& model);
 // Writes `model`'s parameters as version 3 (f32) or 5 (bf16), atomically.
 void save_llmc_checkpoint(const std::string& path, const nn::GPT2& model, DType file_dtype);
+
+// The body of a checkpoint without the header: config.num_parameters() values of `dtype` in llm.c
+// order. scatter copies them into the model's units (converting to its dtype); gather is the inverse.
+void scatter_llmc_order(const void* values, DType dtype, nn::GPT2& model);
+void gather_llmc_order(const nn::GPT2& model, DType dtype, void* values);
+// Same for f32 buffers laid out like `model`'s units (e.g. gradients): unit_buffers[u] points at
+// unit u's flat buffer; writes num_parameters() floats in llm.c order into `out`.
+void gather_llmc_order_f32(const nn::GPT2& model, const std::vector<const float*>& unit_buffers, float* out);
 
 }  // namespace zerone::io

@@ -45,6 +45,19 @@ double grad_sq_norm(nn::GPT2& model) {
   return total;
 }
 
+float evaluate(nn::GPT2& model, io::DataLoader& loader, int batches, int B, int T) {
+  std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(inputs.size());
+  double sum = 0.0;
+  int n = static_cast<int>(std::min<uint64_t>(batches, loader.chunks_per_epoch()));
+  for (int i = 0; i < n; ++i) {
+    loader.load(i, inputs.data(), targets.data());
+    sum += model.forward(inputs.data(), targets.data(), B, T);
+  }
+  return static_cast<float>(sum / n);
+}
+
+}  // namespace
+
 std::vector<optim::ShardRef> whole_unit_shards(nn::GPT2& model) {
   std::vector<optim::ShardRef> shards;
   for (nn::FlatParam& unit : model.units()) {
@@ -58,19 +71,6 @@ std::vector<optim::ShardRef> whole_unit_shards(nn::GPT2& model) {
   }
   return shards;
 }
-
-float evaluate(nn::GPT2& model, io::DataLoader& loader, int batches, int B, int T) {
-  std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(inputs.size());
-  double sum = 0.0;
-  int n = static_cast<int>(std::min<uint64_t>(batches, loader.chunks_per_epoch()));
-  for (int i = 0; i < n; ++i) {
-    loader.load(i, inputs.data(), targets.data());
-    sum += model.forward(inputs.data(), targets.data(), B, T);
-  }
-  return static_cast<float>(sum / n);
-}
-
-}  // namespace
 
 DType resolve_precision(const std::string& precision) {
   if (!precision.empty()) return parse_dtype(precision);

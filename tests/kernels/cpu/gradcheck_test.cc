@@ -1,0 +1,168 @@
+// Every CPU kernel against an independent double-precision reference (tests/reference_ops.h):
+//  1. forward: the f32 kernel matches the double reference;
+//  2. backward: the f32 kernel's gradients match central finite differences of the double
+//     reference of L = sum(out * w) for a fixed random w (the oracle of DESIGN §7.1).
+// Tolerances: f32 kernels carry ~1e-6 relative rounding per op; finite differences in double with
+// h = 1e-6 are accurate to ~1e-9. We require max |a - b| <= 1e-4 * max(1, max|b|).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <vector>
+
+#include "tests/reference_ops.h"
+#include "zerone/core/rng.h"
+#include "zerone/kernels/cpu/ops.h"
+
+namespace zerone::kernels::cpu {
+namespace {
+
+using ref::Vec;
+
+std::vector<float> randn(size_t n, uint64_t seed, double scale = 1.0) {
+  Rng rng(seed);
+  std::vector<float> v(n);
+  for (auto& x : v) x = static_cast<float>(rng.normal() * scale);
+  return v;
+}
+Vec to_double(const std::vector<float>& v) { return Vec(v.begin(), v.end()); }
+
+void expect_close(const std::vector<float>& got, const Vec& want, const char* what, double rel = 1e-4) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double scale = 1.0, worst = 0.0;
+  size_t worst_i = 0;
+  for (double w : want) scale = std::max(scale, std::abs(w));
+  for (size_t i = 0; i < got.size(); ++i) {
+    double err = std::abs(got[i] - want[i]);
+    if (err > worst) worst = err, worst_i = i;
+  }
+  EXPECT_LE(worst, rel * scale) << what << ": worst at " << worst_i << " got " << got[worst_i] << " want "
+                                << want[worst_i];
+}
+
+// Central differences of loss(x) = sum(f(x) * w) with respect to x.
+Vec numeric_grad(Vec x, const std::function<Vec(const Vec&)>& f, const Vec& w) {
+  const double h = 1e-6;
+  Vec g(x.size());
+  auto loss = [&](const Vec& xx) {
+    Vec y = f(xx);
+    double s = 0;
+    for (size_t i = 0; i < y.size(); ++i) s += y[i] * w[i];
+    return s;
+  };
+  for (size_t i = 0; i < x.size(); ++i) {
+    double keep = x[i];
+    x[i] = keep + h;
+    double up = loss(x);
+    x[i] = keep - h;
+    double down = loss(x);
+    x[i] = keep;
+    g[i] = (up - down) / (2 * h);
+  }
+  return g;
+}
+
+TEST(GradCheck, Linear) {
+  const int N = 6, C = 5, OC = 7;
+  auto inp = randn(N * C, 1), w = randn(OC * C, 2), b = randn(OC, 3), dout = randn(N * OC, 4);
+  std::vector<float> out(N * OC);
+  linear_forward(out.data(), inp.data(), w.data(), b.data(), DType::f32, N, C, OC);
+  expect_close(out, ref::linear(to_double(inp), to_double(w), to_double(b), N, C, OC), "linear forward");
+
+  std::vector<float> dinp(N * C), dw(OC * C, 0.5f), db(OC, 0.25f);  // dw, db accumulate onto 0.5, 0.25
+  linear_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), DType::f32, N, C, OC);
+  Vec W = to_double(w), Bv = to_double(b), X = to_double(inp), D = to_double(dout);
+  expect_close(dinp, numeric_grad(X, [&](const Vec& x) { return ref::linear(x, W, Bv, N, C, OC); }, D), "dinp");
+  Vec gw = numeric_grad(W, [&](const Vec& ww) { return ref::linear(X, ww, Bv, N, C, OC); }, D);
+  for (double& x : gw) x += 0.5;
+  expect_close(dw, gw, "dweight");
+  Vec gb = numeric_grad(Bv, [&](const Vec& bb) { return ref::linear(X, W, bb, N, C, OC); }, D);
+  for (double& x : gb) x += 0.25;
+  expect_close(db, gb, "dbias");
+}
+
+TEST(GradCheck, LinearBf16MatchesRoundedInputs) {
+  // bf16 matmul = f32 matmul of bf16-rounded operands, f32 accumulation.
+  const int N = 8, C = 16, OC = 12;
+  auto inp = randn(N * C, 5), w = randn(OC * C, 6);
+  std::vector<bf16_t> w16(w.size());
+  convert_f32_to_bf16(w.data(), w16.data(), w.size());
+  std::vector<float> out(N * OC);
+  linear_forward(out.data(), inp.data(), w16.data(), nullptr, DType::bf16, N, C, OC);
+  Vec xr(inp.size()), wr(w.size()), zero(OC, 0.0);
+  for (size_t i = 0; i < inp.size(); ++i) xr[i] = bf16_to_f32(f32_to_bf16(inp[i]));
+  for (size_t i = 0; i < w.size(); ++i) wr[i] = bf16_to_f32(w16[i]);
+  expect_close(out, ref::linear(xr, wr, zero, N, C, OC), "bf16 linear", 1e-5);
+}
+
+TEST(GradCheck, LayerNorm) {
+  const int N = 5, C = 12;
+  auto inp = randn(N * C, 7, 2.0), w = randn(C, 8), b = randn(C, 9), dout = randn(N * C, 10);
+  std::vector<float> out(N * C), mean(N), rstd(N);
+  layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), DType::f32, N, C);
+  Vec X = to_double(inp), W = to_double(w), Bv = to_double(b), D = to_double(dout);
+  expect_close(out, ref::layernorm(X, W, Bv, N, C), "layernorm forward");
+  std::vector<float> dinp(N * C, 1.0f), dw(C), db(C);  // dinp accumulates onto 1.0
+  layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), DType::f32, mean.data(),
+                     rstd.data(), N, C);
+  Vec gx = numeric_grad(X, [&](const Vec& x) { return ref::layernorm(x, W, Bv, N, C); }, D);
+  for (double& x : gx) x += 1.0;
+  expect_close(dinp, gx, "layernorm dinp");
+  expect_close(dw, numeric_grad(W, [&](const Vec& ww) { return ref::layernorm(X, ww, Bv, N, C); }, D), "layernorm dw");
+  expect_close(db, numeric_grad(Bv, [&](const Vec& bb) { return ref::layernorm(X, W, bb, N, C); }, D), "layernorm db");
+}
+
+TEST(GradCheck, Attention) {
+  const int B = 2, T = 5, C = 8, NH = 2;
+  auto qkv = randn(B * T * 3 * C, 11), dout = randn(B * T * C, 12);
+  std::vector<float> out(B * T * C), att(B * NH * T * T), dqkv(B * T * 3 * C);
+  attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+  Vec Q = to_double(qkv), D = to_double(dout);
+  expect_close(out, ref::attention(Q, B, T, C, NH), "attention forward");
+  attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH);
+  expect_close(dqkv, numeric_grad(Q, [&](const Vec& q) { return ref::attention(q, B, T, C, NH); }, D), "attention dqkv");
+}
+
+TEST(GradCheck, Gelu) {
+  const int n = 40;
+  auto inp = randn(n, 13, 2.0), dout = randn(n, 14);
+  std::vector<float> out(n), dinp(n);
+  gelu_forward(out.data(), inp.data(), n);
+  Vec X = to_double(inp), D = to_double(dout);
+  expect_close(out, ref::gelu(X), "gelu forward");
+  gelu_backward(dinp.data(), inp.data(), dout.data(), n);
+  expect_close(dinp, numeric_grad(X, [&](const Vec& x) { return ref::gelu(x); }, D), "gelu dinp");
+}
+
+TEST(GradCheck, Embedding) {
+  const int B = 2, T = 3, C = 4, V = 5, maxT = 4;
+  std::vector<int32_t> tokens = {1, 4, 1, 0, 2, 1};  // repeats: the scatter must add
+  auto wte = randn(V * C, 15), wpe = randn(maxT * C, 16), dout = randn(B * T * C, 17);
+  std::vector<float> out(B * T * C), dwte(V * C), dwpe(maxT * C);
+  embedding_forward(out.data(), tokens.data(), wte.data(), wpe.data(), DType::f32, B, T, C);
+  Vec E = to_double(wte), P = to_double(wpe), D = to_double(dout);
+  expect_close(out, ref::embedding(tokens, E, P, B, T, C), "embedding forward");
+  embedding_backward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C);
+  expect_close(dwte, numeric_grad(E, [&](const Vec& e) { return ref::embedding(tokens, e, P, B, T, C); }, D), "dwte");
+  expect_close(dwpe, numeric_grad(P, [&](const Vec& p) { return ref::embedding(tokens, E, p, B, T, C); }, D), "dwpe");
+}
+
+TEST(GradCheck, CrossEntropyIgnoresPaddedColumns) {
+  const int N = 4, V = 6, Vp = 8;
+  auto logits = randn(N * Vp, 18, 3.0);
+  for (int n = 0; n < N; ++n) logits[n * Vp + 6] = logits[n * Vp + 7] = 100.0f;  // padding must not count
+  std::vector<int32_t> targets = {0, 5, 2, 2};
+  std::vector<float> losses(N), lse(N), dlogits(N * Vp);
+  crossentropy_forward(losses.data(), lse.data(), logits.data(), targets.data(), N, V, Vp);
+  Vec L = to_double(logits);
+  expect_close(losses, ref::crossentropy(L, targets, N, V, Vp), "crossentropy forward", 1e-5);
+  const float dloss = 0.3f;
+  crossentropy_backward(dlogits.data(), logits.data(), lse.data(), targets.data(), dloss, N, V, Vp);
+  Vec w(N, dloss);
+  expect_close(dlogits, numeric_grad(L, [&](const Vec& l) { return ref::crossentropy(l, targets, N, V, Vp); }, w),
+               "crossentropy dlogits");
+  for (int n = 0; n < N; ++n) EXPECT_EQ(dlogits[n * Vp + 6], 0.0f);
+}
+
+}  // namespace
+}  // namespace zerone::kernels::cpu

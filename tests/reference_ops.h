@@ -1,0 +1,91 @@
+// Double-precision reference implementations of the GPT-2 layers: the simplest loops that say
+// what each kernel computes, written independently of zerone/kernels (no shared code), used as the
+// oracle for forward values and, through finite differences, for gradients.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace zerone::ref {
+
+using Vec = std::vector<double>;
+
+// out (N,OC) = inp (N,C) @ w^T (OC,C) + b
+inline Vec linear(const Vec& inp, const Vec& w, const Vec& b, int N, int C, int OC) {
+  Vec out(static_cast<size_t>(N) * OC);
+  for (int n = 0; n < N; ++n)
+    for (int o = 0; o < OC; ++o) {
+      double s = b.empty() ? 0.0 : b[o];
+      for (int c = 0; c < C; ++c) s += inp[n * C + c] * w[o * C + c];
+      out[n * OC + o] = s;
+    }
+  return out;
+}
+
+inline Vec layernorm(const Vec& inp, const Vec& w, const Vec& b, int N, int C) {
+  Vec out(inp.size());
+  for (int n = 0; n < N; ++n) {
+    double m = 0, v = 0;
+    for (int c = 0; c < C; ++c) m += inp[n * C + c];
+    m /= C;
+    for (int c = 0; c < C; ++c) v += (inp[n * C + c] - m) * (inp[n * C + c] - m);
+    v /= C;
+    double s = 1.0 / std::sqrt(v + 1e-5);
+    for (int c = 0; c < C; ++c) out[n * C + c] = (inp[n * C + c] - m) * s * w[c] + b[c];
+  }
+  return out;
+}
+
+// qkv (B,T,3C) -> out (B,T,C), causal softmax attention per head.
+inline Vec attention(const Vec& qkv, int B, int T, int C, int NH) {
+  int hs = C / NH;
+  Vec out(static_cast<size_t>(B) * T * C, 0.0);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < NH; ++h)
+      for (int t = 0; t < T; ++t) {
+        std::vector<double> score(t + 1);
+        double mx = -1e300;
+        for (int u = 0; u <= t; ++u) {
+          double d = 0;
+          for (int i = 0; i < hs; ++i) d += qkv[(b * T + t) * 3 * C + h * hs + i] * qkv[(b * T + u) * 3 * C + C + h * hs + i];
+          score[u] = d / std::sqrt(static_cast<double>(hs));
+          mx = std::max(mx, score[u]);
+        }
+        double z = 0;
+        for (double& s : score) z += (s = std::exp(s - mx));
+        for (int u = 0; u <= t; ++u)
+          for (int i = 0; i < hs; ++i)
+            out[(b * T + t) * C + h * hs + i] += score[u] / z * qkv[(b * T + u) * 3 * C + 2 * C + h * hs + i];
+      }
+  return out;
+}
+
+inline Vec gelu(const Vec& x) {
+  Vec out(x.size());
+  const double k = std::sqrt(2.0 / M_PI);
+  for (size_t i = 0; i < x.size(); ++i) out[i] = 0.5 * x[i] * (1.0 + std::tanh(k * (x[i] + 0.044715 * x[i] * x[i] * x[i])));
+  return out;
+}
+
+inline Vec embedding(const std::vector<int32_t>& tokens, const Vec& wte, const Vec& wpe, int B, int T, int C) {
+  Vec out(static_cast<size_t>(B) * T * C);
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t)
+      for (int c = 0; c < C; ++c) out[(b * T + t) * C + c] = wte[tokens[b * T + t] * C + c] + wpe[t * C + c];
+  return out;
+}
+
+// Per-row losses over the first V of Vp columns.
+inline Vec crossentropy(const Vec& logits, const std::vector<int32_t>& targets, int N, int V, int Vp) {
+  Vec out(N);
+  for (int n = 0; n < N; ++n) {
+    double mx = -1e300, z = 0;
+    for (int v = 0; v < V; ++v) mx = std::max(mx, logits[n * Vp + v]);
+    for (int v = 0; v < V; ++v) z += std::exp(logits[n * Vp + v] - mx);
+    out[n] = mx + std::log(z) - logits[n * Vp + targets[n]];
+  }
+  return out;
+}
+
+}  // namespace zerone::ref

@@ -121,10 +121,9 @@ int main(int argc, char** argv) {
 
   try {
     if (train_cmd->parsed()) {
-      if (!config_path.empty()) {
-        train::apply_json_config(config_path, train_cfg,
-                                 [&](const std::string& flag) { return train_cmd->count(flag) > 0; });
-      }
+      for (const CLI::Option* opt : train_cmd->get_options())
+        if (opt->count() > 0) train_cfg.given.insert(opt->get_name());
+      if (!config_path.empty()) train::apply_json_config(config_path, train_cfg);
       train::run_training(train_cfg);
     } else if (prepare_cmd->parsed()) {
       io::PrepareResult r = io::prepare_text_shards(text_files, out_prefix, val_fraction);

@@ -28,8 +28,15 @@ T get_as(const json& value, const std::string& path, const std::string& key, con
 
 }  // namespace
 
-void apply_json_config(const std::string& path, TrainConfig& cfg,
-                       const std::function<bool(const std::string&)>& flag_given) {
+void apply_json_config(const std::string& path, TrainConfig& cfg) {
+  const std::set<std::string> on_command_line = cfg.given;
+  // Whether the command line set `flag` (then the file's value is ignored); otherwise the file
+  // sets it, so it counts as given from here on.
+  auto flag_given = [&](const std::string& flag) {
+    if (on_command_line.count(flag)) return true;
+    cfg.given.insert(flag);
+    return false;
+  };
   std::ifstream in(path);
   ZERONE_CHECK(in.good(), "cannot open config '", path, "'");
   json root;
@@ -121,7 +128,7 @@ void validate(const TrainConfig& c) {
   ZERONE_CHECK(c.micro_batch >= 1 && c.micro_batch <= 65536, "--micro-batch ", c.micro_batch, " is out of range: expected 1..65536");
   ZERONE_CHECK(c.seq >= 1 && c.seq <= 1048576, "--seq ", c.seq, " is out of range: expected 1..1048576");
   ZERONE_CHECK(c.grad_accum >= 1 && c.grad_accum <= 1048576, "--grad-accum ", c.grad_accum, " is out of range: expected >= 1");
-  ZERONE_CHECK(c.steps >= 0, "--steps ", c.steps, " is negative");
+  ZERONE_CHECK(c.steps >= 1 && c.steps <= 100000000, "--steps ", c.steps, " is out of range: expected 1..100000000");
   ZERONE_CHECK(finite(c.lr) && c.lr > 0.0f && c.lr <= 10.0f, "--lr ", c.lr, " is out of range: expected 0 < lr <= 10");
   ZERONE_CHECK(c.warmup >= 0, "--warmup ", c.warmup, " is negative");
   ZERONE_CHECK(c.lr_schedule == "constant" || c.lr_schedule == "cosine", "--lr-schedule '", c.lr_schedule,

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <set>
 #include <string>
 
 namespace zerone::train {
@@ -39,12 +40,18 @@ struct TrainConfig {
   int val_every = 0;            // steps between validations; 0: only at the end
   int val_batches = 8;
   int zero_stage = 0;
+
+  // Flags the user set (on the command line or through the JSON file), by flag name ("--lr").
+  // Defaults that depend on the kind of run (the default run's model, batch and schedule) fill
+  // only the settings not named here.
+  std::set<std::string> given;
+  bool is_given(const std::string& flag) const { return given.count(flag) > 0; }
 };
 
-// Fills `cfg` from the JSON file at `path`, skipping keys whose flag `flag_given(name)` reports as
-// given on the command line. Throws Error naming the file and key for unreadable JSON, unknown keys
-// or wrongly typed values.
-void apply_json_config(const std::string& path, TrainConfig& cfg, const std::function<bool(const std::string&)>& flag_given);
+// Fills `cfg` from the JSON file at `path`, skipping keys whose flag is already in cfg.given (set
+// on the command line, which wins) and adding the flags it sets to cfg.given. Throws Error naming
+// the file and key for unreadable JSON, unknown keys or wrongly typed values.
+void apply_json_config(const std::string& path, TrainConfig& cfg);
 
 // Checks every value's range; throws Error naming the flag and what was expected.
 void validate(const TrainConfig& cfg);

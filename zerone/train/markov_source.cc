@@ -8,9 +8,12 @@
 
 namespace zerone::train {
 
-MarkovSource::MarkovSource(uint64_t seed, double sharpness) : alphabet_("abcdefghijklmnopqrstuvwxyz .,;!?") {
+MarkovSource::MarkovSource(uint64_t seed, int order, double sharpness) : alphabet_("abcdefghijklmnopqrstuvwxyz .,;!?") {
   K_ = static_cast<int>(alphabet_.size());
-  const int K = K_, S = K * K;
+  ZERONE_CHECK(order >= 1 && order <= 3, "Markov source order ", order, " is out of range: expected 1..3");
+  S_ = 1;
+  for (int i = 0; i < order; ++i) S_ *= K_;
+  const int K = K_, S = S_;
   probs_.resize(static_cast<size_t>(S) * K);
   cdf_.resize(probs_.size());
   Rng rng(seed, 0x3a7c0f);
@@ -26,13 +29,12 @@ MarkovSource::MarkovSource(uint64_t seed, double sharpness) : alphabet_("abcdefg
       cdf_[static_cast<size_t>(ctx) * K + j] = acc += row[j];
     }
   }
-  // Stationary law of the pair chain (a, b) -> (b, c) by power iteration.
+  // Stationary law of the context chain (.., a, b) -> (.., b, c) by power iteration.
   std::vector<double> pi(S, 1.0 / S), next(S);
   for (int iter = 0; iter < 10000; ++iter) {
     std::fill(next.begin(), next.end(), 0.0);
     for (int ctx = 0; ctx < S; ++ctx) {
-      int b = ctx % K;
-      for (int c = 0; c < K; ++c) next[b * K + c] += pi[ctx] * probs_[static_cast<size_t>(ctx) * K + c];
+      for (int c = 0; c < K; ++c) next[(ctx * K + c) % S] += pi[ctx] * probs_[static_cast<size_t>(ctx) * K + c];
     }
     double diff = 0.0;
     for (int i = 0; i < S; ++i) diff += std::abs(next[i] - pi[i]);
@@ -59,7 +61,7 @@ std::vector<int32_t> MarkovSource::generate(size_t n, uint64_t stream) const {
     double u = rng.uniform() * cdf[count - 1];
     return static_cast<int>(std::upper_bound(cdf, cdf + count, u) - cdf) % count;
   };
-  // Start from the stationary law over pairs.
+  // Start from the stationary law over contexts.
   std::vector<double> pi_cdf(stationary_.size());
   double acc = 0.0;
   for (size_t i = 0; i < stationary_.size(); ++i) pi_cdf[i] = acc += stationary_[i];
@@ -68,7 +70,7 @@ std::vector<int32_t> MarkovSource::generate(size_t n, uint64_t stream) const {
   for (size_t i = 0; i < n; ++i) {
     int c = draw(&cdf_[static_cast<size_t>(ctx) * K], K);
     out[i] = static_cast<unsigned char>(alphabet_[c]);
-    ctx = (ctx % K) * K + c;
+    ctx = (ctx * K + c) % S_;
   }
   return out;
 }

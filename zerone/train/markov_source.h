@@ -1,10 +1,11 @@
-// The built-in corpus of the default run: a seeded second-order Markov chain over 32 printable
-// bytes whose entropy rate is known exactly, so a run can be judged against the true floor
-// (no model can do better than H nats/token on average).
+// The built-in corpus of the default run: a seeded Markov chain of order 1 or more over 32
+// printable bytes whose entropy rate is known exactly, so a run can be judged against the true
+// floor (no model can do better than H nats/token on average).
 //
-// Transition rows are softmax(sharpness * z) with z ~ N(0, 1) from the seed, so every transition
-// has positive probability: the pair chain is irreducible and aperiodic, its stationary law is
-// unique and found by power iteration, and H = sum_ctx pi(ctx) * entropy(row ctx).
+// The context is the last `order` symbols (K^order contexts). Transition rows are
+// softmax(sharpness * z) with z ~ N(0, 1) from the seed, so every transition has positive
+// probability: the context chain is irreducible and aperiodic, its stationary law is unique and
+// found by power iteration, and H = sum_ctx pi(ctx) * entropy(row ctx).
 // Thread-safety: immutable after construction.
 #pragma once
 
@@ -16,7 +17,7 @@ namespace zerone::train {
 
 class MarkovSource {
  public:
-  MarkovSource(uint64_t seed, double sharpness = 2.5);
+  explicit MarkovSource(uint64_t seed, int order = 1, double sharpness = 2.5);
 
   // The symbols as byte values (token ids of the byte-level tokenizer).
   const std::string& alphabet() const { return alphabet_; }
@@ -26,11 +27,11 @@ class MarkovSource {
   std::vector<int32_t> generate(size_t n, uint64_t stream) const;
 
  private:
-  int K_;
+  int K_, S_;  // symbols, contexts (K^order)
   std::string alphabet_;
-  std::vector<double> probs_;  // (K*K contexts, K next symbols)
+  std::vector<double> probs_;  // (S contexts, K next symbols)
   std::vector<double> cdf_;    // cumulative rows, for sampling
-  std::vector<double> stationary_;  // (K*K)
+  std::vector<double> stationary_;  // (S)
   double entropy_rate_ = 0.0;
 };
 

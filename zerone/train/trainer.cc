@@ -79,15 +79,14 @@ DType resolve_precision(const std::string& precision) {
 }
 
 TrainConfig default_run_config(TrainConfig cfg) {
-  const TrainConfig defaults;
-  if (cfg.model.empty() && cfg.init.empty()) cfg.model = kDefaultModel;
-  if (cfg.steps == 0) cfg.steps = kDefaultSteps;
-  if (cfg.micro_batch == defaults.micro_batch) cfg.micro_batch = kDefaultMicroBatch;
-  if (cfg.seq == defaults.seq) cfg.seq = kDefaultSeq;
-  if (cfg.lr == defaults.lr) cfg.lr = kDefaultLr;
-  if (cfg.warmup == defaults.warmup) cfg.warmup = kDefaultWarmup;
-  if (cfg.lr_schedule == defaults.lr_schedule) cfg.lr_schedule = "cosine";
-  if (cfg.min_lr_frac == defaults.min_lr_frac) cfg.min_lr_frac = 0.1f;
+  if (!cfg.is_given("--model") && !cfg.is_given("--init")) cfg.model = kDefaultModel;
+  if (!cfg.is_given("--steps")) cfg.steps = kDefaultSteps;
+  if (!cfg.is_given("--micro-batch")) cfg.micro_batch = kDefaultMicroBatch;
+  if (!cfg.is_given("--seq")) cfg.seq = kDefaultSeq;
+  if (!cfg.is_given("--lr")) cfg.lr = kDefaultLr;
+  if (!cfg.is_given("--warmup")) cfg.warmup = kDefaultWarmup;
+  if (!cfg.is_given("--lr-schedule")) cfg.lr_schedule = "cosine";
+  if (!cfg.is_given("--min-lr-frac")) cfg.min_lr_frac = 0.1f;
   return cfg;
 }
 
@@ -95,7 +94,7 @@ TrainResult run_training(TrainConfig cfg) {
   const bool default_run = cfg.data.empty();
   ZERONE_CHECK(!(default_run && !cfg.val_data.empty()), "--val-data given without --data");
   if (default_run) cfg = default_run_config(cfg);
-  if (cfg.steps == 0) cfg.steps = 100;
+  else if (!cfg.is_given("--steps")) cfg.steps = 100;
   validate(cfg);
   if (cfg.threads > 0) omp_set_num_threads(cfg.threads);
   const DType dtype = resolve_precision(cfg.precision);

@@ -49,6 +49,7 @@ void add_train_flags(CLI::App& cmd, train::TrainConfig& c, std::string& config_p
   cmd.add_option("--threads", c.threads, "OpenMP threads (0: all cores)");
   cmd.add_option("--val-every", c.val_every, "validate every N steps (0: at the end)");
   cmd.add_option("--val-batches", c.val_batches, "batches per validation");
+  cmd.add_flag("--profile", c.profile, "report where step time goes (after the first step)");
 }
 
 int cmd_info() {

@@ -1,6 +1,7 @@
 #include "zerone/optim/adamw.h"
 
 #include "zerone/core/error.h"
+#include "zerone/core/profiler.h"
 
 namespace zerone::optim {
 
@@ -24,7 +25,8 @@ float* AdamW::master(size_t i) {
   return param_dtype_ == DType::f32 ? static_cast<float*>(shards_[i].param) : state_[i].master.as<float>();
 }
 
-void AdamW::step(float lr, float grad_scale) {
+double AdamW::step(float lr, float grad_scale) {
+  ProfileScope profile(ProfileCategory::optimizer);
   ++step_;
   kernels::cpu::AdamWHyper h;
   h.lr = lr;
@@ -33,6 +35,8 @@ void AdamW::step(float lr, float grad_scale) {
   h.eps = options_.eps;
   h.step = step_;
   h.grad_scale = grad_scale;
+  h.zero_grad = true;
+  double sumsq = 0.0;
   for (size_t i = 0; i < shards_.size(); ++i) {
     const ShardRef& s = shards_[i];
     float* master_i = master(i);
@@ -43,8 +47,8 @@ void AdamW::step(float lr, float grad_scale) {
       if (end <= begin) return;
       h.weight_decay = wd;
       void* p = param_out ? static_cast<char*>(param_out) + begin * dtype_size(param_dtype_) : nullptr;
-      kernels::cpu::adamw_update(master_i + begin, m(i) + begin, v(i) + begin, s.grad + begin, p, param_dtype_,
-                                 end - begin, h);
+      sumsq += kernels::cpu::adamw_update(master_i + begin, m(i) + begin, v(i) + begin, s.grad + begin, p,
+                                          param_dtype_, end - begin, h);
     };
     for (auto [b, e] : s.decay_ranges) {
       run(pos, b, 0.0f);
@@ -53,6 +57,7 @@ void AdamW::step(float lr, float grad_scale) {
     }
     run(pos, s.numel, 0.0f);
   }
+  return sumsq;
 }
 
 void AdamW::write_params() {

@@ -23,7 +23,7 @@ namespace zerone::optim {
 
 struct ShardRef {
   void* param = nullptr;         // numel elements of param_dtype, read at construction, written by step()
-  const float* grad = nullptr;   // numel f32 gradients (already reduced / averaged)
+  float* grad = nullptr;         // numel f32 gradients (already reduced / averaged); zeroed by step()
   size_t numel = 0;
   // [begin, end) element ranges of this shard that get weight decay; the rest get none.
   std::vector<std::pair<size_t, size_t>> decay_ranges;
@@ -38,8 +38,11 @@ class AdamW {
   AdamW(std::vector<ShardRef> shards, DType param_dtype, const AdamWOptions& options);
 
   // One update with learning rate `lr`; every gradient is multiplied by grad_scale first
-  // (clipping factor / inverse loss scale). Increments the step count.
-  void step(float lr, float grad_scale);
+  // (clipping factor / inverse loss scale). Leaves the gradients zeroed for the next accumulation
+  // (Note [Fused optimizer pass] in kernels/cpu/adamw.h). Increments the step count. Returns the
+  // sum of squares of the gradients it consumed (unscaled), so that callers that do not clip get
+  // the gradient norm without another pass.
+  double step(float lr, float grad_scale);
   int steps_taken() const { return step_; }
 
   size_t num_shards() const { return shards_.size(); }

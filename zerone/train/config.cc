@@ -78,6 +78,8 @@ void apply_json_config(const std::string& path, TrainConfig& cfg) {
       if (!flag_given("--seed")) cfg.seed = get_as<uint64_t>(v, path, key, "a non-negative integer");
     } else if (key == "no_shuffle") {
       if (!flag_given("--no-shuffle")) cfg.no_shuffle = get_as<bool>(v, path, key, "true or false");
+    } else if (key == "profile") {
+      if (!flag_given("--profile")) cfg.profile = get_as<bool>(v, path, key, "true or false");
     } else if (key == "threads") set_int(v, key, "--threads", cfg.threads);
     else if (key == "val_every") set_int(v, key, "--val-every", cfg.val_every);
     else if (key == "val_batches") set_int(v, key, "--val-batches", cfg.val_batches);

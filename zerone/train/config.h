@@ -40,6 +40,7 @@ struct TrainConfig {
   int val_every = 0;            // steps between validations; 0: only at the end
   int val_batches = 8;
   int zero_stage = 0;
+  bool profile = false;         // report where step time goes (GEMM, attention, ...)
 
   // Flags the user set (on the command line or through the JSON file), by flag name ("--lr").
   // Defaults that depend on the kind of run (the default run's model, batch and schedule) fill

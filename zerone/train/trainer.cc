@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "zerone/core/error.h"
+#include "zerone/core/profiler.h"
 #include "zerone/core/sysinfo.h"
 #include "zerone/io/llmc_checkpoint.h"
 #include "zerone/io/token_shards.h"
@@ -33,6 +34,7 @@ constexpr uint64_t kDefaultSourceSeed = 42;
 
 // Sum of squared gradients over every unit (double accumulation: this is the clipping norm).
 double grad_sq_norm(nn::GPT2& model) {
+  ProfileScope profile(ProfileCategory::optimizer);
   double total = 0.0;
   for (nn::FlatParam& unit : model.units()) {
     const float* g = unit.grad();
@@ -148,24 +150,41 @@ TrainResult run_training(TrainConfig cfg) {
 
   std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(inputs.size());
   TrainResult result;
+  Profiler::set_enabled(cfg.profile);
+  double profiled_wall_s = 0.0;  // steps 2.. (the first step creates the GEMM primitives)
   for (int step = 1; step <= cfg.steps; ++step) {
+    if (step == 2) Profiler::reset();
     auto t0 = std::chrono::steady_clock::now();
-    model.zero_grad();
-    double loss_sum = 0.0;
+    double loss_sum = 0.0;  // gradients start at zero: the optimizer step zeroes them
     for (int micro = 0; micro < cfg.grad_accum; ++micro) {
       uint64_t chunk = static_cast<uint64_t>(step - 1) * cfg.grad_accum + micro;
-      train_loader.load(chunk, inputs.data(), targets.data());
+      {
+        ProfileScope profile(ProfileCategory::data);
+        train_loader.load(chunk, inputs.data(), targets.data());
+      }
       loss_sum += model.forward(inputs.data(), targets.data(), B, T);
       model.backward(1.0f / static_cast<float>(cfg.grad_accum));
     }
     float loss = static_cast<float>(loss_sum / cfg.grad_accum);
-    double norm = std::sqrt(grad_sq_norm(model));
-    ZERONE_CHECK(std::isfinite(loss) && std::isfinite(norm), "training diverged at step ", step, ": loss ", loss,
-                 ", gradient norm ", norm, " (try a lower --lr or --grad-clip)");
-    float scale = (cfg.grad_clip > 0.0f && norm > cfg.grad_clip) ? static_cast<float>(cfg.grad_clip / norm) : 1.0f;
+    auto diverged = [&](double norm) {
+      return Error(str_cat("training diverged at step ", step, ": loss ", loss, ", gradient norm ", norm,
+                           " (try a lower --lr or --grad-clip)"));
+    };
+    if (!std::isfinite(loss)) throw diverged(NAN);
     float lr = learning_rate(cfg, step, cfg.steps);
-    optimizer.step(lr, scale);
+    double norm;
+    if (cfg.grad_clip > 0.0f) {
+      // Clipping needs the norm before the update: one extra read of the gradients.
+      norm = std::sqrt(grad_sq_norm(model));
+      if (!std::isfinite(norm)) throw diverged(norm);
+      float scale = norm > cfg.grad_clip ? static_cast<float>(cfg.grad_clip / norm) : 1.0f;
+      optimizer.step(lr, scale);
+    } else {
+      norm = std::sqrt(optimizer.step(lr, 1.0f));  // the fused pass measures the norm
+      if (!std::isfinite(norm)) throw diverged(norm);
+    }
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (step >= 2) profiled_wall_s += ms / 1000.0;
 
     StepRecord record;
     record.step = step;
@@ -185,6 +204,11 @@ TrainResult run_training(TrainConfig cfg) {
     if (record.val_loss) result.final_val_loss = record.val_loss;
   }
   progress.finish();
+  if (cfg.profile && cfg.steps >= 2) {
+    progress.message(str_cat("time per step ", 1000.0 * profiled_wall_s / (cfg.steps - 1), " ms: ",
+                             Profiler::report(profiled_wall_s, cfg.steps - 1)));
+  }
+  Profiler::set_enabled(false);
   if (!cfg.save.empty()) {
     io::save_llmc_checkpoint(cfg.save, model, dtype);
     progress.message(str_cat("saved llm.c checkpoint '", cfg.save, "'"));

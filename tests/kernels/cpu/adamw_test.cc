@@ -42,6 +42,21 @@ TEST(AdamW, MatchesPyTorchFormulaOverSeveralSteps) {
   }
 }
 
+TEST(AdamW, FusedPassReturnsSumOfSquaresAndZeroesGradients) {
+  std::vector<float> master(300, 1.0f), m(300), v(300), grad(300);
+  double want = 0.0;
+  for (size_t i = 0; i < grad.size(); ++i) {
+    grad[i] = 0.01f * static_cast<float>(i) - 1.0f;
+    want += static_cast<double>(grad[i]) * grad[i];
+  }
+  AdamWHyper h;
+  h.grad_scale = 0.25f;  // the returned sum is of the unscaled gradients
+  h.zero_grad = true;
+  double got = adamw_update(master.data(), m.data(), v.data(), grad.data(), nullptr, DType::f32, grad.size(), h);
+  EXPECT_NEAR(got, want, 1e-9 * want);
+  for (float g : grad) ASSERT_EQ(g, 0.0f);
+}
+
 TEST(AdamW, F32WithoutParamCopyUpdatesMasterOnly) {
   std::vector<float> master = {1.0f, -2.0f}, m(2), v(2), grad = {0.5f, -0.5f};
   AdamWHyper h;

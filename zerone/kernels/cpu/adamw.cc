@@ -7,9 +7,9 @@
 namespace zerone::kernels::cpu {
 namespace {
 
-template <typename P, bool kWriteParam>
-void update(float* __restrict master, float* __restrict m, float* __restrict v, const float* __restrict grad,
-            P* __restrict param, size_t n, const AdamWHyper& h) {
+template <typename P, bool kWriteParam, bool kZeroGrad>
+double update(float* __restrict master, float* __restrict m, float* __restrict v, float* __restrict grad,
+              P* __restrict param, size_t n, const AdamWHyper& h) {
   const float b1 = h.beta1, b2 = h.beta2, one_b1 = 1.0f - h.beta1, one_b2 = 1.0f - h.beta2;
   const float decay = 1.0f - h.lr * h.weight_decay;
   const double bc1 = 1.0 - std::pow(static_cast<double>(h.beta1), h.step);
@@ -17,9 +17,13 @@ void update(float* __restrict master, float* __restrict m, float* __restrict v, 
   const float step_size = static_cast<float>(h.lr / bc1);
   const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
   const float eps = h.eps, gs = h.grad_scale;
-#pragma omp parallel for simd schedule(static)
+  double sumsq = 0.0;
+#pragma omp parallel for simd schedule(static) reduction(+ : sumsq)
   for (size_t i = 0; i < n; ++i) {
-    float g = grad[i] * gs;
+    float raw = grad[i];
+    sumsq += static_cast<double>(raw) * raw;
+    if constexpr (kZeroGrad) grad[i] = 0.0f;
+    float g = raw * gs;
     float mi = b1 * m[i] + one_b1 * g;
     float vi = b2 * v[i] + one_b2 * g * g;
     float p = master[i] * decay - step_size * mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps);
@@ -34,23 +38,34 @@ void update(float* __restrict master, float* __restrict m, float* __restrict v, 
       }
     }
   }
+  return sumsq;
+}
+
+template <bool kWriteParam, bool kZeroGrad>
+double dispatch_param(float* master, float* m, float* v, float* grad, void* param, DType param_dtype, size_t n,
+                      const AdamWHyper& h) {
+  if constexpr (!kWriteParam) {
+    return update<float, false, kZeroGrad>(master, m, v, grad, nullptr, n, h);
+  } else {
+    switch (param_dtype) {
+      case DType::f32: return update<float, true, kZeroGrad>(master, m, v, grad, static_cast<float*>(param), n, h);
+      case DType::bf16: return update<bf16_t, true, kZeroGrad>(master, m, v, grad, static_cast<bf16_t*>(param), n, h);
+      case DType::f16: break;
+    }
+    throw Error("AdamW: fp16 parameter copies are not supported on the CPU; use bf16 or fp32");
+  }
 }
 
 }  // namespace
 
-void adamw_update(float* master, float* m, float* v, const float* grad, void* param, DType param_dtype, size_t n,
-                  const AdamWHyper& hyper) {
+double adamw_update(float* master, float* m, float* v, float* grad, void* param, DType param_dtype, size_t n,
+                    const AdamWHyper& hyper) {
   ZERONE_ASSERT(hyper.step >= 1, "AdamW step must be 1-based, got ", hyper.step);
-  if (param == nullptr) {
-    update<float, false>(master, m, v, grad, nullptr, n, hyper);
-    return;
-  }
-  switch (param_dtype) {
-    case DType::f32: update<float, true>(master, m, v, grad, static_cast<float*>(param), n, hyper); return;
-    case DType::bf16: update<bf16_t, true>(master, m, v, grad, static_cast<bf16_t*>(param), n, hyper); return;
-    case DType::f16: break;
-  }
-  throw Error("AdamW: fp16 parameter copies are not supported on the CPU; use bf16 or fp32");
+  bool write_param = param != nullptr;
+  if (write_param && hyper.zero_grad) return dispatch_param<true, true>(master, m, v, grad, param, param_dtype, n, hyper);
+  if (write_param) return dispatch_param<true, false>(master, m, v, grad, param, param_dtype, n, hyper);
+  if (hyper.zero_grad) return dispatch_param<false, true>(master, m, v, grad, param, param_dtype, n, hyper);
+  return dispatch_param<false, false>(master, m, v, grad, param, param_dtype, n, hyper);
 }
 
 }  // namespace zerone::kernels::cpu

@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "zerone/core/error.h"
+#include "zerone/core/profiler.h"
 
 namespace zerone::kernels::cpu {
 namespace {
@@ -69,6 +70,7 @@ Entry& lookup(const Key& key) {
 
 void matmul(const void* a, bool trans_a, const void* b, bool trans_b, float* c, int64_t m, int64_t n,
             int64_t k, DType dtype, bool accumulate, const float* bias) {
+  ProfileScope profile(ProfileCategory::gemm);
   ZERONE_ASSERT(m > 0 && n > 0 && k > 0, "matmul dims ", m, "x", n, "x", k);
   Entry& e = lookup(Key{m, n, k, trans_a, trans_b, dtype, accumulate, bias != nullptr});
   Context& ctx = context();

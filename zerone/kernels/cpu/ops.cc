@@ -14,6 +14,7 @@
 
 #include "zerone/core/error.h"
 #include "zerone/core/memory.h"
+#include "zerone/core/profiler.h"
 #include "zerone/kernels/cpu/matmul.h"
 
 namespace zerone::kernels::cpu {
@@ -59,6 +60,7 @@ const void* as_matmul_operand(const float* src, size_t n, DType dtype, ScratchSl
 
 void embedding_forward(float* out, const int32_t* tokens, const void* wte, const void* wpe, DType param_dtype,
                        int B, int T, int C) {
+  ProfileScope profile(ProfileCategory::elementwise);
   with_param_type(param_dtype, [&](auto tag) {
     using P = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
     const P* wte_p = static_cast<const P*>(wte);
@@ -77,6 +79,7 @@ void embedding_forward(float* out, const int32_t* tokens, const void* wte, const
 }
 
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C) {
+  ProfileScope profile(ProfileCategory::elementwise);
   // Parallel over channel blocks: tokens repeat, so rows of dwte would race; columns never do.
 #pragma omp parallel
   {
@@ -102,6 +105,7 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const void* weight,
                        const void* bias, DType param_dtype, int N, int C) {
+  ProfileScope profile(ProfileCategory::elementwise);
   const float eps = 1e-5f;
   with_param_type(param_dtype, [&](auto tag) {
     using P = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
@@ -130,6 +134,7 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const void* weight, DType param_dtype, const float* mean, const float* rstd, int N,
                         int C) {
+  ProfileScope profile(ProfileCategory::elementwise);
   int max_threads = omp_get_max_threads();
   // Per-thread partial sums of dweight and dbias, reduced at the end: (threads, 2C)
   float* partials = static_cast<float*>(scratch(kScratchPartials, sizeof(float) * 2 * C * max_threads));
@@ -184,6 +189,7 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 
 void linear_forward(float* out, const float* inp, const void* weight, const void* bias, DType param_dtype, int N,
                     int C, int OC) {
+  ProfileScope profile(ProfileCategory::elementwise);
   const float* bias_f32 = nullptr;
   if (bias != nullptr) {
     if (param_dtype == DType::f32) {
@@ -201,6 +207,7 @@ void linear_forward(float* out, const float* inp, const void* weight, const void
 
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const void* weight, DType param_dtype, int N, int C, int OC) {
+  ProfileScope profile(ProfileCategory::elementwise);
   const void* dout_c = as_matmul_operand(dout, static_cast<size_t>(N) * OC, param_dtype, kScratchA);
   if (dinp != nullptr) {
     matmul(dout_c, false, weight, false, dinp, N, C, OC, param_dtype, /*accumulate=*/false);  // (N,OC)@(OC,C)
@@ -225,6 +232,7 @@ void linear_backward(float* dinp, float* dweight, float* dbias, const float* dou
 // ---------------------------------------------------------------- attention
 
 void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+  ProfileScope profile(ProfileCategory::attention);
   const int hs = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const size_t C3 = static_cast<size_t>(C) * 3;
@@ -269,6 +277,7 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
                         int NH) {
+  ProfileScope profile(ProfileCategory::attention);
   const int hs = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const size_t C3 = static_cast<size_t>(C) * 3;
@@ -319,6 +328,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
 static constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
 
 void gelu_forward(float* out, const float* inp, size_t n) {
+  ProfileScope profile(ProfileCategory::elementwise);
 #pragma omp parallel for simd schedule(static)
   for (size_t i = 0; i < n; ++i) {
     float x = inp[i];
@@ -328,6 +338,7 @@ void gelu_forward(float* out, const float* inp, size_t n) {
 }
 
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
+  ProfileScope profile(ProfileCategory::elementwise);
 #pragma omp parallel for simd schedule(static)
   for (size_t i = 0; i < n; ++i) {
     float x = inp[i];
@@ -340,6 +351,7 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
 }
 
 void residual_forward(float* out, const float* a, const float* b, size_t n) {
+  ProfileScope profile(ProfileCategory::elementwise);
 #pragma omp parallel for simd schedule(static)
   for (size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
@@ -348,6 +360,7 @@ void residual_forward(float* out, const float* a, const float* b, size_t n) {
 
 void crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets, int N, int V,
                           int Vp) {
+  ProfileScope profile(ProfileCategory::elementwise);
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
     const float* row = logits + static_cast<size_t>(n) * Vp;  // (Vp), only [0, V) counts
@@ -365,6 +378,7 @@ void crossentropy_forward(float* losses, float* lse, const float* logits, const 
 
 void crossentropy_backward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
                            float dloss, int N, int V, int Vp) {
+  ProfileScope profile(ProfileCategory::elementwise);
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
     const float* row = logits + static_cast<size_t>(n) * Vp;

@@ -26,7 +26,7 @@ struct TrainConfig {
   int micro_batch = 4;
   int seq = 64;
   int grad_accum = 1;
-  int steps = 0;                // 0: the default run's step count, or 100 with --data
+  int steps = 100;              // the default run uses its own count unless --steps is given
   float lr = 3e-4f;
   int warmup = 0;
   std::string lr_schedule = "constant";  // constant | cosine (decays to lr * min_lr_frac at the last step)

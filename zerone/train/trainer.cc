@@ -96,7 +96,6 @@ TrainResult run_training(TrainConfig cfg) {
   const bool default_run = cfg.data.empty();
   ZERONE_CHECK(!(default_run && !cfg.val_data.empty()), "--val-data given without --data");
   if (default_run) cfg = default_run_config(cfg);
-  else if (!cfg.is_given("--steps")) cfg.steps = 100;
   validate(cfg);
   if (cfg.threads > 0) omp_set_num_threads(cfg.threads);
   const DType dtype = resolve_precision(cfg.precision);

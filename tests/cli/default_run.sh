@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# `zerone train` with no arguments: finishes, ends with the required line, and reaches within 10%
+# of the built-in source's entropy.
+set -euo pipefail
+Z="$1"
+log=$(mktemp); trap 'rm -f "$log"' EXIT
+start=$(date +%s)
+"$Z" train | tee "$log"
+elapsed=$(( $(date +%s) - start ))
+last=$(tail -n 1 "$log")
+echo "$last" | grep -Eq '^final loss [0-9.]+ nats/token; source entropy [0-9.]+ nats/token$'
+loss=$(echo "$last" | awk '{print $3}')
+entropy=$(echo "$last" | awk '{print $7}')
+python3 -c "import sys; l, h = float('$loss'), float('$entropy'); print(f'loss/entropy = {l/h:.4f}, {$elapsed} s'); sys.exit(0 if l <= 1.10 * h else 1)"
+[ "$elapsed" -le 120 ] || { echo "default run took $elapsed s, more than 2 minutes"; exit 1; }

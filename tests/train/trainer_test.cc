@@ -1,0 +1,104 @@
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "tests/test_util.h"
+#include "zerone/io/llmc_checkpoint.h"
+#include "zerone/io/token_shards.h"
+#include "zerone/train/markov_source.h"
+#include "zerone/train/trainer.h"
+
+namespace zerone::train {
+namespace {
+
+using zerone::testing::expect_error;
+using zerone::testing::TempDir;
+
+TrainConfig tiny(const TempDir& dir) {
+  io::write_token_shard(dir.file("train.bin"), MarkovSource(5).generate(20000, 1));
+  io::write_token_shard(dir.file("val.bin"), MarkovSource(5).generate(4000, 2));
+  TrainConfig c;
+  c.model = "gpt2:layers=2,dim=32,heads=2,vocab=257,ctx=32";
+  c.data = dir.file("train.bin");
+  c.val_data = dir.file("val.bin");
+  c.micro_batch = 4;
+  c.seq = 16;
+  c.steps = 30;
+  c.lr = 3e-3f;
+  c.precision = "fp32";
+  c.given = {"--model", "--data", "--steps"};
+  return c;
+}
+
+TEST(Trainer, LearnsAndWritesMetricsPerStep) {
+  TempDir dir;
+  TrainConfig c = tiny(dir);
+  c.metrics = dir.file("m.jsonl");
+  TrainResult r = run_training(c);
+  ASSERT_TRUE(r.final_val_loss.has_value());
+  EXPECT_LT(*r.final_val_loss, 4.5f) << "starts near ln(257) = 5.55";
+  std::ifstream in(c.metrics);
+  int lines = 0;
+  for (std::string line; std::getline(in, line); ++lines) {
+    auto j = nlohmann::json::parse(line);
+    EXPECT_EQ(j["step"], lines + 1);
+    for (const char* key : {"loss", "lr", "grad_norm", "ms", "tokens_per_s", "mem"}) EXPECT_TRUE(j.contains(key)) << key;
+    EXPECT_GT(j["mem"]["host.param"].get<int64_t>(), 0);
+    EXPECT_GT(j["mem"]["host.optim"].get<int64_t>(), 0);
+    EXPECT_GT(j["mem"]["peak_rss"].get<int64_t>(), 0);
+  }
+  EXPECT_EQ(lines, 30);
+}
+
+TEST(Trainer, SameSeedSameTrajectoryAndResumeFromSavedModel) {
+  TempDir dir;
+  TrainConfig c = tiny(dir);
+  c.steps = 5;
+  c.save = dir.file("out.bin");
+  TrainResult a = run_training(c);
+  c.save.clear();
+  TrainResult b = run_training(c);
+  EXPECT_EQ(a.final_train_loss, b.final_train_loss) << "runs are deterministic";
+  // --init takes the shape from the file; training continues from the saved weights.
+  TrainConfig from = tiny(dir);
+  from.model.clear();
+  from.given.erase("--model");
+  from.init = dir.file("out.bin");
+  from.steps = 1;
+  TrainResult r = run_training(from);
+  EXPECT_LT(r.final_train_loss, 5.0f);
+}
+
+TEST(Trainer, BadInputsAreClearErrors) {
+  TempDir dir;
+  TrainConfig c = tiny(dir);
+  c.seq = 64;  // > ctx 32
+  expect_error([&] { run_training(c); }, "exceeds the model's context length");
+  c = tiny(dir);
+  c.model = "gpt2:layers=2,dim=32,heads=2,vocab=100,ctx=32";  // bytes >= 100 in the data
+  expect_error([&] { run_training(c); }, "out of range for the model's vocabulary of 100");
+  c = tiny(dir);
+  c.data = dir.file("nothing_*.bin");
+  expect_error([&] { run_training(c); }, "no file matches");
+  c = tiny(dir);
+  io::write_token_shard(dir.file("m.bin"), std::vector<int32_t>(10, 1));
+  c.init = dir.file("m.bin");  // a token shard is not a checkpoint
+  expect_error([&] { run_training(c); }, "not an llm.c GPT-2 checkpoint");
+}
+
+TEST(MarkovSource, EntropyMatchesEmpiricalCrossEntropyOfTheTrueModel) {
+  // Order-1 chain: the empirical conditional entropy of a long sample approaches H.
+  MarkovSource s(42);
+  auto t = s.generate(400000, 9);
+  std::vector<double> counts(256 * 256, 0.0), totals(256, 0.0);
+  for (size_t i = 1; i < t.size(); ++i) counts[t[i - 1] * 256 + t[i]] += 1, totals[t[i - 1]] += 1;
+  double h = 0;
+  for (int a = 0; a < 256; ++a)
+    for (int b = 0; b < 256; ++b)
+      if (counts[a * 256 + b] > 0) h -= counts[a * 256 + b] / (t.size() - 1) * std::log(counts[a * 256 + b] / totals[a]);
+  EXPECT_NEAR(h, s.entropy_rate(), 0.01);
+}
+
+}  // namespace
+}  // namespace zerone::train

@@ -83,6 +83,47 @@ void matmul(const void* a, bool trans_a, const void* b, bool trans_b, float* c, 
   ctx.stream.wait();
 }
 
+void batched_matmul(int64_t batch0, int64_t batch1, int64_t m, int64_t n, int64_t k, const void* a, Strides4 as,
+                    const void* b, Strides4 bs, float* c, Strides4 cs, DType dtype, float alpha, bool accumulate) {
+  // No profile scope of its own: the time counts to the caller's (attention).
+  ZERONE_ASSERT(batch0 > 0 && batch1 > 0 && m > 0 && n > 0 && k > 0);
+  using BKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, Strides4, Strides4, Strides4, DType, float, bool>;
+  struct BEntry {
+    dnnl::matmul primitive;
+    memory::desc a_md, b_md, c_md;
+  };
+  static std::mutex mutex;
+  static std::map<BKey, BEntry> cache;
+  BKey key{batch0, batch1, m, n, k, as, bs, cs, dtype, alpha, accumulate};
+  BEntry* e;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = cache.find(key);
+    if (it == cache.end()) {
+      memory::data_type dt = to_dnnl(dtype);
+      memory::desc a_md({batch0, batch1, m, k}, dt, {as.batch0, as.batch1, as.row, as.col});
+      memory::desc b_md({batch0, batch1, k, n}, dt, {bs.batch0, bs.batch1, bs.row, bs.col});
+      memory::desc c_md({batch0, batch1, m, n}, memory::data_type::f32, {cs.batch0, cs.batch1, cs.row, cs.col});
+      dnnl::primitive_attr attr;
+      if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+      if (accumulate) {
+        dnnl::post_ops ops;
+        ops.append_sum(1.0f);
+        attr.set_post_ops(ops);
+      }
+      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, context().engine);
+      it = cache.emplace(key, BEntry{dnnl::matmul(pd), a_md, b_md, c_md}).first;
+    }
+    e = &it->second;
+  }
+  Context& ctx = context();
+  memory a_mem(e->a_md, ctx.engine, const_cast<void*>(a));
+  memory b_mem(e->b_md, ctx.engine, const_cast<void*>(b));
+  memory c_mem(e->c_md, ctx.engine, c);
+  e->primitive.execute(ctx.stream, {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}});
+  ctx.stream.wait();
+}
+
 const char* onednn_version_string() {
   static std::string text = [] {
     const dnnl_version_t* v = dnnl_version();

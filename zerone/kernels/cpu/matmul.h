@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <tuple>
 
 #include "zerone/core/dtype.h"
 
@@ -19,6 +20,21 @@ namespace zerone::kernels::cpu {
 
 void matmul(const void* a, bool trans_a, const void* b, bool trans_b, float* c, int64_t m, int64_t n,
             int64_t k, DType dtype, bool accumulate, const float* bias = nullptr);
+
+// Batched matmul with explicit strides: for every (i, j) in [0, batch0) x [0, batch1),
+//   C[i,j] (M, N) = alpha * A[i,j] (M, K) @ B[i,j] (K, N) [+ C[i,j] if accumulate]
+// Each operand is described by four element strides {batch0, batch1, row, column}, so views into
+// interleaved layouts (the heads of a (B, T, 3C) qkv buffer, a transposed probability matrix) need
+// no copies. A and B have `dtype`; C is f32.
+struct Strides4 {
+  int64_t batch0, batch1, row, col;
+  bool operator<(const Strides4& o) const {
+    return std::tie(batch0, batch1, row, col) < std::tie(o.batch0, o.batch1, o.row, o.col);
+  }
+};
+void batched_matmul(int64_t batch0, int64_t batch1, int64_t m, int64_t n, int64_t k, const void* a, Strides4 a_strides,
+                    const void* b, Strides4 b_strides, float* c, Strides4 c_strides, DType dtype, float alpha,
+                    bool accumulate);
 
 // Version string of the oneDNN library in use, e.g. "2.6.3 (cpu runtime: OpenMP, isa: ...)".
 const char* onednn_version_string();

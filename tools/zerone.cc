@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "zerone/comm/communicator.h"
 #include "zerone/core/error.h"
 #include "zerone/core/sysinfo.h"
 #include "zerone/io/prepare.h"
@@ -43,6 +44,11 @@ void add_train_flags(CLI::App& cmd, train::TrainConfig& c, std::string& config_p
   cmd.add_option("--grad-clip", c.grad_clip, "clip the global gradient norm to this (0: off)");
   cmd.add_option("--precision", c.precision, "fp32 or bf16 (default: bf16 where the CPU has it)");
   cmd.add_option("--zero-stage", c.zero_stage, "ZeRO stage 0..3");
+  cmd.add_option("--reduce-bucket-size", c.reduce_bucket_size, "elements per gradient all-reduce bucket (stage 0)");
+  cmd.add_option("--allgather-bucket-size", c.allgather_bucket_size, "elements per parameter all-gather bucket");
+  cmd.add_option("--stage3-prefetch-bucket-size", c.stage3_prefetch_bucket_size, "elements of units prefetched ahead (stage 3)");
+  cmd.add_option("--stage3-param-persistence-threshold", c.stage3_param_persistence_threshold,
+                 "units smaller than this many elements stay whole (stage 3)");
   cmd.add_option("--seed", c.seed, "seed for initialisation and shuffling");
   cmd.add_flag("--no-shuffle", c.no_shuffle, "read batches in order (llm.c's layout)");
   cmd.add_option("--metrics", c.metrics, "write one JSON line per step here");
@@ -120,12 +126,16 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
 
+  // Note [Errors under MPI]: a rank that fails must not leave its peers waiting in a collective
+  // forever, so with more than one rank an error ends the whole job (MPI_Abort) after printing.
+  std::unique_ptr<comm::Communicator> communicator;
   try {
     if (train_cmd->parsed()) {
+      communicator = comm::make_communicator();
       for (const CLI::Option* opt : train_cmd->get_options())
         if (opt->count() > 0) train_cfg.given.insert(opt->get_name());
       if (!config_path.empty()) train::apply_json_config(config_path, train_cfg);
-      train::run_training(train_cfg);
+      train::run_training(train_cfg, *communicator);
     } else if (prepare_cmd->parsed()) {
       io::PrepareResult r = io::prepare_text_shards(text_files, out_prefix, val_fraction);
       std::printf("wrote %s (%zu tokens) and %s (%zu tokens)\n", r.train_path.c_str(), r.train_tokens,
@@ -143,6 +153,11 @@ int main(int argc, char** argv) {
     }
   } catch (const zerone::Error& e) {
     std::fflush(stdout);
+    if (communicator && communicator->world_size() > 1) {
+      std::fprintf(stderr, "zerone: error (rank %d of %d): %s\n", communicator->rank(), communicator->world_size(), e.what());
+      std::fflush(stderr);
+      communicator->abort_job(1);
+    }
     std::fprintf(stderr, "zerone: error: %s\n", e.what());
     return 1;
   }

@@ -20,10 +20,20 @@ FlatParam::FlatParam(std::string unit_name, std::vector<TensorSpec> tensors, DTy
     numel_ += t.numel();
   }
   padded_numel_ = (numel_ + align_numel - 1) / align_numel * align_numel;
-  params_ = Buffer(padded_numel_ * dtype_size(dtype_), MemCategory::param);
-  grads_ = Buffer(padded_numel_ * sizeof(float), MemCategory::grad);
+  allocate_params();
+  allocate_grads();
 }
 
-void FlatParam::zero_grad() { std::memset(grads_.data(), 0, grads_.bytes()); }
+void FlatParam::allocate_params() {
+  if (params_.empty()) params_ = Buffer(param_bytes(), MemCategory::param);
+}
+
+void FlatParam::allocate_grads() {
+  if (grads_.empty()) grads_ = Buffer(padded_numel_ * sizeof(float), MemCategory::grad);
+}
+
+void FlatParam::zero_grad() {
+  if (!grads_.empty()) std::memset(grads_.data(), 0, grads_.bytes());
+}
 
 }  // namespace zerone::nn

@@ -5,8 +5,11 @@
 // and the total is padded to a multiple of `align_numel` (world_size * 64) so that rank r owns the
 // equal shard [r*S, (r+1)*S). Padding elements are zero and never change.
 //
-// The FlatParam owns the parameter storage (compute dtype, category `param`) and the gradient
-// storage (f32, category `grad`). Thread-safety: none; one owner.
+// The FlatParam owns the full parameter storage (compute dtype, category `param`) and the full
+// gradient storage (f32, category `grad`) while they are allocated. At world size 1 and ZeRO stages
+// 0-1 both live for the whole run; the ZeRO engine releases the full gradients between uses at
+// stage 2 and the full parameters too at stage 3 (it keeps the rank's shard elsewhere).
+// Thread-safety: none; one owner.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +31,7 @@ struct TensorSpec {
 
 class FlatParam {
  public:
+  // Lays out the tensors and allocates the full parameter and gradient buffers (zeroed).
   FlatParam(std::string unit_name, std::vector<TensorSpec> tensors, DType dtype, size_t align_numel);
 
   const std::string& name() const { return name_; }
@@ -46,6 +50,16 @@ class FlatParam {
   float* grad(size_t i) { return grad() + tensors_[i].offset; }
 
   void zero_grad();
+
+  // Storage control for the ZeRO engine. allocate_* gives zeroed buffers; release_* frees them
+  // (param()/grad() must not be used until allocated again).
+  bool has_params() const { return !params_.empty(); }
+  bool has_grads() const { return !grads_.empty(); }
+  void allocate_params();
+  void release_params() { params_.reset(); }
+  void allocate_grads();
+  void release_grads() { grads_.reset(); }
+  size_t param_bytes() const { return padded_numel_ * dtype_size(dtype_); }
 
  private:
   std::string name_;

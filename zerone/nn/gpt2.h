@@ -89,6 +89,12 @@ class GPT2 {
   // Per-token losses (B,T) of the last forward with targets.
   const float* losses() const { return acts_.losses.as<float>(); }
 
+  // The units whose parameters (and gradients) unit `u`'s forward/backward touches: {u}, and for
+  // the final unit also the embedding (the tied head reads wte and accumulates its gradient).
+  std::vector<int> units_touched(int u) const {
+    return u == num_units() - 1 ? std::vector<int>{u, 0} : std::vector<int>{u};
+  }
+
   // Backward of the last forward with targets. Accumulates into every unit's gradient the
   // gradient of (grad_scale * mean loss), so grad accumulation uses grad_scale = 1/accum.
   void backward(float grad_scale);

@@ -46,6 +46,8 @@ class AdamW {
   int steps_taken() const { return step_; }
 
   size_t num_shards() const { return shards_.size(); }
+  size_t numel(size_t i) const { return shards_[i].numel; }
+  const float* grad(size_t i) const { return shards_[i].grad; }
   // f32 master, m and v of shard i (numel elements each).
   float* master(size_t i);
   float* m(size_t i) { return state_[i].m.as<float>(); }

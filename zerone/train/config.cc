@@ -118,7 +118,24 @@ void apply_json_config(const std::string& path, TrainConfig& cfg) {
       }
     } else if (key == "zero_optimization") {
       const json& o = object_of(v, key);
-      if (o.contains("stage")) set_int(o["stage"], "zero_optimization.stage", "--zero-stage", cfg.zero_stage);
+      for (auto& [zk, zv] : o.items()) {
+        std::string full = "zero_optimization." + zk;
+        auto set_i64 = [&](const char* flag, int64_t& field) {
+          if (!flag_given(flag)) field = get_as<int64_t>(zv, path, full, "an integer");
+        };
+        if (zk == "stage") set_int(zv, full, "--zero-stage", cfg.zero_stage);
+        else if (zk == "reduce_bucket_size") set_i64("--reduce-bucket-size", cfg.reduce_bucket_size);
+        else if (zk == "allgather_bucket_size") set_i64("--allgather-bucket-size", cfg.allgather_bucket_size);
+        else if (zk == "stage3_prefetch_bucket_size") set_i64("--stage3-prefetch-bucket-size", cfg.stage3_prefetch_bucket_size);
+        else if (zk == "stage3_param_persistence_threshold")
+          set_i64("--stage3-param-persistence-threshold", cfg.stage3_param_persistence_threshold);
+        else if (zk == "overlap_comm" || zk == "contiguous_gradients" || zk == "reduce_scatter" ||
+                 zk == "allgather_partitions" || zk == "round_robin_gradients")
+          continue;  // always on in zerone
+        else if (zk == "offload_optimizer" || zk == "offload_param")
+          ZERONE_CHECK(false, "config '", path, "': ", full, " is not available in this build yet");
+        else ZERONE_CHECK(false, "config '", path, "': unknown key '", full, "'");
+      }
     } else if (kIgnoredKeys.count(key) == 0) {
       throw Error(str_cat("config '", path, "': unknown key '", key, "'"));
     }
@@ -151,8 +168,23 @@ void validate(const TrainConfig& c) {
   ZERONE_CHECK(c.precision != "fp16", "--precision fp16 is not available on the CPU backend (no f16 GEMM); use bf16, "
                                       "which needs no loss scaling");
   ZERONE_CHECK(c.zero_stage >= 0 && c.zero_stage <= 3, "--zero-stage ", c.zero_stage, " is out of range: expected 0..3");
-  ZERONE_CHECK(c.zero_stage == 0, "--zero-stage ", c.zero_stage,
-               " needs the ZeRO engine, which this build does not have yet; only stage 0 (one rank) runs");
+  ZERONE_CHECK(c.reduce_bucket_size >= 1 && c.reduce_bucket_size <= (int64_t{1} << 31) - 1, "--reduce-bucket-size ",
+               c.reduce_bucket_size, " is out of range: expected 1..2147483647 elements");
+  ZERONE_CHECK(c.allgather_bucket_size >= 1 && c.allgather_bucket_size <= (int64_t{1} << 31) - 1,
+               "--allgather-bucket-size ", c.allgather_bucket_size, " is out of range: expected 1..2147483647 elements");
+  ZERONE_CHECK(c.stage3_prefetch_bucket_size >= 0, "--stage3-prefetch-bucket-size ", c.stage3_prefetch_bucket_size,
+               " is negative");
+  ZERONE_CHECK(c.stage3_param_persistence_threshold >= 0, "--stage3-param-persistence-threshold ",
+               c.stage3_param_persistence_threshold, " is negative");
+}
+
+std::string consistency_key(const TrainConfig& c) {
+  return str_cat(c.model, '|', c.init, '|', c.data, '|', c.val_data, '|', c.precision, '|', c.micro_batch, '|', c.seq,
+                 '|', c.grad_accum, '|', c.steps, '|', c.lr, '|', c.warmup, '|', c.lr_schedule, '|', c.min_lr_frac, '|',
+                 c.weight_decay, '|', c.beta1, '|', c.beta2, '|', c.eps, '|', c.grad_clip, '|', c.seed, '|',
+                 c.no_shuffle, '|', c.val_every, '|', c.val_batches, '|', c.zero_stage, '|', c.reduce_bucket_size, '|',
+                 c.allgather_bucket_size, '|', c.stage3_prefetch_bucket_size, '|',
+                 c.stage3_param_persistence_threshold);
 }
 
 float learning_rate(const TrainConfig& c, int step, int total) {

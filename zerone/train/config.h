@@ -40,6 +40,11 @@ struct TrainConfig {
   int val_every = 0;            // steps between validations; 0: only at the end
   int val_batches = 8;
   int zero_stage = 0;
+  // ZeRO buckets and stage-3 knobs, in elements (DeepSpeed's names and defaults).
+  int64_t reduce_bucket_size = 500'000'000;
+  int64_t allgather_bucket_size = 500'000'000;
+  int64_t stage3_prefetch_bucket_size = 50'000'000;
+  int64_t stage3_param_persistence_threshold = 100'000;
   bool profile = false;         // report where step time goes (GEMM, attention, ...)
 
   // Flags the user set (on the command line or through the JSON file), by flag name ("--lr").
@@ -56,6 +61,10 @@ void apply_json_config(const std::string& path, TrainConfig& cfg);
 
 // Checks every value's range; throws Error naming the flag and what was expected.
 void validate(const TrainConfig& cfg);
+
+// A stable text of every setting that must agree across ranks (everything but output paths), for
+// the start-up consistency check.
+std::string consistency_key(const TrainConfig& cfg);
 
 // Learning rate at 1-based `step` of `total` steps: linear warmup over cfg.warmup steps, then
 // constant or cosine decay to lr * min_lr_frac.

@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -16,11 +17,12 @@
 #include "zerone/optim/adamw.h"
 #include "zerone/train/markov_source.h"
 #include "zerone/train/metrics.h"
+#include "zerone/zero/engine.h"
 
 namespace zerone::train {
 namespace {
 
-// Note [Default run]: a byte-level GPT (vocab 257) on the second-order Markov corpus. Tuned to
+// Note [Default run]: a byte-level GPT (vocab 257) on the order-1 Markov corpus. Tuned to
 // finish in well under 2 minutes on 2 cores and to end within 10% of the source entropy.
 constexpr const char* kDefaultModel = "gpt2:layers=4,dim=256,heads=4,vocab=257,ctx=64";
 constexpr int kDefaultSteps = 300;
@@ -32,21 +34,8 @@ constexpr size_t kDefaultTrainTokens = 2'000'000;
 constexpr size_t kDefaultValTokens = 100'000;
 constexpr uint64_t kDefaultSourceSeed = 42;
 
-// Sum of squared gradients over every unit (double accumulation: this is the clipping norm).
-double grad_sq_norm(nn::GPT2& model) {
-  ProfileScope profile(ProfileCategory::optimizer);
-  double total = 0.0;
-  for (nn::FlatParam& unit : model.units()) {
-    const float* g = unit.grad();
-    size_t n = unit.padded_numel();
-    double s = 0.0;
-#pragma omp parallel for reduction(+ : s) schedule(static)
-    for (size_t i = 0; i < n; ++i) s += static_cast<double>(g[i]) * g[i];
-    total += s;
-  }
-  return total;
-}
-
+// Mean loss over the first `batches` chunks of the validation data. Collective at stage 3 (the
+// forward gathers parameters), so every rank runs it.
 float evaluate(nn::GPT2& model, io::DataLoader& loader, int batches, int B, int T) {
   std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(inputs.size());
   double sum = 0.0;
@@ -56,6 +45,39 @@ float evaluate(nn::GPT2& model, io::DataLoader& loader, int batches, int B, int 
     sum += model.forward(inputs.data(), targets.data(), B, T);
   }
   return static_cast<float>(sum / n);
+}
+
+// Note [Threads per rank]: several ranks on one host must share its cores, or OpenMP teams
+// oversubscribe them and every collective waits for the slowest rank. Unless --threads is given,
+// each rank takes cores / ranks-on-this-host.
+int default_threads_per_rank() {
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "MPICH_LOCAL_SIZE"}) {
+    if (const char* v = std::getenv(var)) {
+      int local = std::atoi(v);
+      if (local > 1) return std::max(1, omp_get_num_procs() / local);
+    }
+  }
+  return 0;
+}
+
+// FNV-1a over the consistency key and the model shape; all ranks must agree (Note [Same config]).
+uint64_t config_hash(const std::string& text) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+void check_same_config_everywhere(const std::string& key, comm::Communicator& comm) {
+  if (comm.world_size() == 1) return;
+  uint64_t mine = config_hash(key);
+  std::vector<uint64_t> all(comm.world_size());
+  comm.all_gather(&mine, all.data(), sizeof mine);
+  std::string differing;
+  for (int r = 0; r < comm.world_size(); ++r)
+    if (all[r] != all[0]) differing += str_cat(differing.empty() ? "" : ", ", r);
+  // Every rank sees the same hashes, so every rank fails together: no hang, one message each.
+  ZERONE_CHECK(differing.empty(), "ranks ", differing, " run a different configuration or model than rank 0: every rank of ",
+               "a job must be started with the same flags, config file and model");
 }
 
 }  // namespace
@@ -93,11 +115,19 @@ TrainConfig default_run_config(TrainConfig cfg) {
 }
 
 TrainResult run_training(TrainConfig cfg) {
+  comm::SingleProcessCommunicator single;
+  return run_training(std::move(cfg), single);
+}
+
+TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
+  const int world = comm.world_size(), rank = comm.rank();
+  const bool lead = rank == 0;
   const bool default_run = cfg.data.empty();
   ZERONE_CHECK(!(default_run && !cfg.val_data.empty()), "--val-data given without --data");
   if (default_run) cfg = default_run_config(cfg);
   validate(cfg);
   if (cfg.threads > 0) omp_set_num_threads(cfg.threads);
+  else if (int t = default_threads_per_rank(); t > 0) omp_set_num_threads(t);
   const DType dtype = resolve_precision(cfg.precision);
 
   // Model shape: --model, else the --init file's header; both given must agree.
@@ -115,6 +145,7 @@ TrainResult run_training(TrainConfig cfg) {
   }
   ZERONE_CHECK(cfg.seq <= model_config.max_seq_len, "--seq ", cfg.seq, " exceeds the model's context length ",
                model_config.max_seq_len);
+  check_same_config_everywhere(str_cat(consistency_key(cfg), '|', model_config.to_string(), '|', dtype_name(dtype)), comm);
 
   // Data.
   std::unique_ptr<io::TokenSource> train_tokens, val_tokens;
@@ -133,19 +164,28 @@ TrainResult run_training(TrainConfig cfg) {
   std::unique_ptr<io::DataLoader> val_loader;
   if (val_tokens) val_loader = std::make_unique<io::DataLoader>(*val_tokens, B, T, model_config.vocab_size, false, 0);
 
-  // Model and optimizer.
-  nn::GPT2 model(model_config, dtype);
+  // Model (every rank initializes the same full model, then the engine keeps its part).
+  nn::GPT2 model(model_config, dtype, zero::kShardAlign * world);
   if (cfg.init.empty()) model.init_weights(cfg.seed);
   else io::load_llmc_checkpoint(cfg.init, model);
-  optim::AdamW optimizer(whole_unit_shards(model), dtype,
-                         optim::AdamWOptions{cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay});
+  zero::ZeroConfig zcfg;
+  zcfg.stage = cfg.zero_stage;
+  zcfg.reduce_bucket_numel = static_cast<size_t>(cfg.reduce_bucket_size);
+  zcfg.allgather_bucket_numel = static_cast<size_t>(cfg.allgather_bucket_size);
+  zcfg.prefetch_numel = static_cast<size_t>(cfg.stage3_prefetch_bucket_size);
+  zcfg.persistence_threshold = static_cast<size_t>(cfg.stage3_param_persistence_threshold);
+  zero::ZeroEngine engine(model, comm, zcfg, optim::AdamWOptions{cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay});
 
   Progress progress;
-  progress.message(str_cat("zerone: model ", model_config.to_string(), " (", model_config.num_parameters(),
-                           " parameters), ", dtype_name(dtype), ", micro-batch ", B, " x seq ", T, " x accum ",
-                           cfg.grad_accum, ", ", cfg.steps, " steps, ", omp_get_max_threads(), " threads",
-                           default_run ? str_cat("; built-in Markov corpus, entropy ", *entropy, " nats/token") : ""));
-  MetricsWriter metrics(cfg.metrics);
+  if (lead) {
+    progress.message(str_cat("zerone: model ", model_config.to_string(), " (", model_config.num_parameters(),
+                             " parameters), ", dtype_name(dtype), ", micro-batch ", B, " x seq ", T, " x accum ",
+                             cfg.grad_accum, " x world ", world, ", ZeRO stage ", cfg.zero_stage, ", ", cfg.steps,
+                             " steps, ", omp_get_max_threads(), " threads/rank",
+                             world > 1 ? str_cat(", ", comm.description()) : "",
+                             default_run ? str_cat("; built-in Markov corpus, entropy ", *entropy, " nats/token") : ""));
+  }
+  MetricsWriter metrics(lead ? cfg.metrics : "");
 
   std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(inputs.size());
   TrainResult result;
@@ -156,32 +196,21 @@ TrainResult run_training(TrainConfig cfg) {
     auto t0 = std::chrono::steady_clock::now();
     double loss_sum = 0.0;  // gradients start at zero: the optimizer step zeroes them
     for (int micro = 0; micro < cfg.grad_accum; ++micro) {
-      uint64_t chunk = static_cast<uint64_t>(step - 1) * cfg.grad_accum + micro;
+      // Chunk (s*accum + k)*world + r: every world size sees the same global batch (issue 3).
+      uint64_t chunk = (static_cast<uint64_t>(step - 1) * cfg.grad_accum + micro) * world + rank;
       {
         ProfileScope profile(ProfileCategory::data);
         train_loader.load(chunk, inputs.data(), targets.data());
       }
       loss_sum += model.forward(inputs.data(), targets.data(), B, T);
+      engine.set_last_micro_step(micro == cfg.grad_accum - 1);
       model.backward(1.0f / static_cast<float>(cfg.grad_accum));
     }
-    float loss = static_cast<float>(loss_sum / cfg.grad_accum);
-    auto diverged = [&](double norm) {
-      return Error(str_cat("training diverged at step ", step, ": loss ", loss, ", gradient norm ", norm,
-                           " (try a lower --lr or --grad-clip)"));
-    };
-    if (!std::isfinite(loss)) throw diverged(NAN);
+    // The reported loss is the mean over the global batch.
+    float loss = static_cast<float>(comm.all_reduce_sum(loss_sum) / (static_cast<double>(cfg.grad_accum) * world));
+    ZERONE_CHECK(std::isfinite(loss), "training diverged at step ", step, ": loss ", loss, " (try a lower --lr or --grad-clip)");
     float lr = learning_rate(cfg, step, cfg.steps);
-    double norm;
-    if (cfg.grad_clip > 0.0f) {
-      // Clipping needs the norm before the update: one extra read of the gradients.
-      norm = std::sqrt(grad_sq_norm(model));
-      if (!std::isfinite(norm)) throw diverged(norm);
-      float scale = norm > cfg.grad_clip ? static_cast<float>(cfg.grad_clip / norm) : 1.0f;
-      optimizer.step(lr, scale);
-    } else {
-      norm = std::sqrt(optimizer.step(lr, 1.0f));  // the fused pass measures the norm
-      if (!std::isfinite(norm)) throw diverged(norm);
-    }
+    double norm = engine.step(lr, cfg.grad_clip);
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (step >= 2) profiled_wall_s += ms / 1000.0;
 
@@ -192,25 +221,29 @@ TrainResult run_training(TrainConfig cfg) {
     record.lr = lr;
     record.grad_norm = static_cast<float>(norm);
     record.ms = ms;
-    record.tokens_per_s = static_cast<double>(B) * T * cfg.grad_accum / (ms / 1000.0);
+    record.tokens_per_s = static_cast<double>(B) * T * cfg.grad_accum * world / (ms / 1000.0);
     bool validate_now = val_loader && ((cfg.val_every > 0 && step % cfg.val_every == 0) || step == cfg.steps);
     if (validate_now) record.val_loss = evaluate(model, *val_loader, cfg.val_batches, B, T);
-    progress.step(record);
-    if (record.val_loss && step != cfg.steps) progress.message(str_cat("step ", step, ": val loss ", *record.val_loss));
+    if (lead) {
+      progress.step(record);
+      if (record.val_loss && step != cfg.steps) progress.message(str_cat("step ", step, ": val loss ", *record.val_loss));
+    }
     metrics.write(record);
     result.steps = step;
     result.final_train_loss = loss;
     if (record.val_loss) result.final_val_loss = record.val_loss;
   }
   progress.finish();
-  if (cfg.profile && cfg.steps >= 2) {
+  if (cfg.profile && cfg.steps >= 2 && lead) {
     progress.message(str_cat("time per step ", 1000.0 * profiled_wall_s / (cfg.steps - 1), " ms: ",
                              Profiler::report(profiled_wall_s, cfg.steps - 1)));
   }
   Profiler::set_enabled(false);
   if (!cfg.save.empty()) {
-    io::save_llmc_checkpoint(cfg.save, model, dtype);
-    progress.message(str_cat("saved llm.c checkpoint '", cfg.save, "'"));
+    engine.with_full_params([&] {
+      if (lead) io::save_llmc_checkpoint(cfg.save, model, dtype);
+    });
+    if (lead) progress.message(str_cat("saved llm.c checkpoint '", cfg.save, "'"));
   }
   result.source_entropy = entropy;
   float final_loss = result.final_val_loss.value_or(result.final_train_loss);
@@ -221,7 +254,7 @@ TrainResult run_training(TrainConfig cfg) {
     std::snprintf(line, sizeof line, "final loss %.4f nats/token (%s)", final_loss,
                   result.final_val_loss ? "validation" : "last training step");
   }
-  progress.message(line);
+  if (lead) progress.message(line);
   return result;
 }
 

@@ -8,6 +8,7 @@
 
 #include <optional>
 
+#include "zerone/comm/communicator.h"
 #include "zerone/nn/gpt2.h"
 #include "zerone/optim/adamw.h"
 #include "zerone/train/config.h"
@@ -24,7 +25,11 @@ struct TrainResult {
 // The default run's settings, applied to fields the user left at their defaults.
 TrainConfig default_run_config(TrainConfig cfg);
 
-// Runs training; prints progress to stdout. Throws Error for bad input (files, flags, values).
+// Runs training on this rank of `comm` (every rank calls it with the same config); rank 0 prints
+// progress and writes metrics and checkpoints. Throws Error for bad input (files, flags, values, a
+// configuration that differs between ranks).
+TrainResult run_training(TrainConfig cfg, comm::Communicator& comm);
+// The same at world size 1.
 TrainResult run_training(TrainConfig cfg);
 
 // One optimizer shard per unit covering the whole unit (world size 1), with weight decay on the

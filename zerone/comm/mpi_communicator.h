@@ -1,0 +1,47 @@
+// The MPI communicator (OpenMPI or MPICH): one communication thread runs every collective in
+// submission order (Note [Communication thread] in communicator.h). MPI is initialized with
+// MPI_THREAD_SERIALIZED: the training thread initializes and finalizes, the communication thread
+// makes every call in between. Errors return codes (MPI_ERRORS_RETURN) that become Error naming the
+// call, file and line.
+// Thread-safety: as Communicator.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "zerone/comm/communicator.h"
+
+namespace zerone::comm {
+
+class MpiCommunicator : public Communicator {
+ public:
+  MpiCommunicator();  // MPI_Init_thread; throws Error if MPI cannot start
+  ~MpiCommunicator() override;
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_; }
+  std::string description() const override { return library_; }
+  Work all_reduce_sum_async(float* data, size_t n) override;
+  Work all_reduce_sum_async(double* data, size_t n) override;
+  Work reduce_scatter_sum_async(const float* in, float* out, size_t shard_n) override;
+  Work all_gather_async(const void* in, void* out, size_t shard_bytes) override;
+  Work broadcast_async(void* data, size_t bytes, int root) override;
+  Work barrier_async() override;
+  void abort_job(int exit_code) override;
+
+ private:
+  Work submit(std::function<void()> op);
+  void loop();
+
+  int rank_ = 0, world_ = 1;
+  std::string library_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::packaged_task<void()>> queue_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace zerone::comm

@@ -1,0 +1,262 @@
+#include "zerone/zero/engine.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "zerone/core/error.h"
+#include "zerone/core/profiler.h"
+
+namespace zerone::zero {
+
+ZeroEngine::ZeroEngine(nn::GPT2& model, comm::Communicator& comm, const ZeroConfig& config,
+                       const optim::AdamWOptions& adam)
+    : model_(model),
+      comm_(comm),
+      config_(config),
+      world_(comm.world_size()),
+      rank_(comm.rank()),
+      num_units_(model.num_units()),
+      dsize_(dtype_size(model.compute_dtype())) {
+  ZERONE_CHECK(config.stage >= 0 && config.stage <= 3, "--zero-stage ", config.stage, " is out of range: expected 0..3");
+  ZERONE_CHECK(config.reduce_bucket_numel >= 1 && config.allgather_bucket_numel >= 1,
+               "reduce_bucket_size and allgather_bucket_size must be at least 1 element");
+  units_.resize(num_units_);
+  std::vector<optim::ShardRef> shards;
+  for (int u = 0; u < num_units_; ++u) {
+    nn::FlatParam& unit = model.units()[u];
+    UnitState& st = units_[u];
+    st.shard = unit_shard(unit.numel(), world_, rank_, config_);
+    ZERONE_ASSERT(st.shard.padded_numel == unit.padded_numel(), "model built with the wrong alignment for world ", world_);
+    const size_t begin = config_.stage == 0 ? 0 : st.shard.shard_begin;
+    const size_t numel = config_.stage == 0 ? unit.numel() : st.shard.shard_numel;
+
+    optim::ShardRef ref;
+    ref.numel = numel;
+    if (params_sharded(u)) {
+      st.shard_params = Buffer(st.shard.shard_numel * dsize_, MemCategory::param);
+      std::memcpy(st.shard_params.data(), static_cast<char*>(unit.data()) + begin * dsize_, numel * dsize_);
+      ref.param = st.shard_params.data();
+    } else {
+      ref.param = static_cast<char*>(unit.data()) + begin * dsize_;
+    }
+    if (config_.stage >= 2) {
+      st.shard_grads = Buffer(st.shard.shard_numel * sizeof(float), MemCategory::grad);
+      ref.grad = st.shard_grads.as<float>();
+    } else {
+      ref.grad = unit.grad();  // stage 1: the reduce-scatter is in place, the shard lands at offset 0
+    }
+    for (const nn::TensorSpec& t : unit.tensors()) {
+      if (!t.weight_decay) continue;
+      size_t b = std::max(t.offset, begin), e = std::min(t.offset + t.numel(), begin + numel);
+      if (b < e) ref.decay_ranges.emplace_back(b - begin, e - begin);
+    }
+    shards.push_back(std::move(ref));
+  }
+  optimizer_ = std::make_unique<optim::AdamW>(std::move(shards), model.compute_dtype(), adam);
+  for (int u = 0; u < num_units_; ++u) {
+    if (config_.stage >= 2) model.units()[u].release_grads();
+    if (params_sharded(u)) model.units()[u].release_params();
+  }
+  model.set_hooks(this);
+}
+
+ZeroEngine::~ZeroEngine() {
+  // Never leave the communication thread writing into freed buffers.
+  for (UnitState& st : units_) {
+    try {
+      for (comm::Work& w : st.reduce_work) w.wait();
+      st.gather_work.wait();
+    } catch (...) {
+    }
+  }
+  model_.set_hooks(nullptr);
+}
+
+// ---------------------------------------------------------------- parameters (stage 3)
+
+void ZeroEngine::start_gather(int u) {
+  UnitState& st = units_[u];
+  nn::FlatParam& unit = model_.units()[u];
+  if (!params_sharded(u) || unit.has_params() || st.gather_pending) return;
+  unit.allocate_params();
+  ProfileScope profile(ProfileCategory::comm);
+  st.gather_work = comm_.all_gather_async(st.shard_params.data(), unit.data(), st.shard.shard_numel * dsize_);
+  st.gather_pending = true;
+}
+
+void ZeroEngine::ensure_gathered(int u) {
+  start_gather(u);
+  UnitState& st = units_[u];
+  if (st.gather_pending) {
+    ProfileScope profile(ProfileCategory::comm);
+    st.gather_work.wait();
+    st.gather_pending = false;
+  }
+}
+
+void ZeroEngine::release(int u) {
+  if (!params_sharded(u)) return;
+  UnitState& st = units_[u];
+  if (st.gather_pending) {
+    st.gather_work.wait();
+    st.gather_pending = false;
+  }
+  model_.units()[u].release_params();
+}
+
+std::vector<int> ZeroEngine::touched_at(int access) const {
+  if (access < 0 || access >= 2 * num_units_) return {};
+  int u = access < num_units_ ? access : 2 * num_units_ - 1 - access;
+  return model_.units_touched(u);
+}
+
+void ZeroEngine::prefetch_after(int access) {
+  size_t budget = config_.prefetch_numel;
+  for (int next = access + 1; next < 2 * num_units_; ++next) {
+    for (int x : touched_at(next)) {
+      if (!params_sharded(x) || model_.units()[x].has_params()) continue;
+      size_t need = units_[x].shard.padded_numel;
+      if (need > budget) return;
+      budget -= need;
+      start_gather(x);
+    }
+  }
+}
+
+void ZeroEngine::release_after(int access) {
+  std::vector<int> next = touched_at(access + 1);
+  for (int x : touched_at(access))
+    if (std::find(next.begin(), next.end(), x) == next.end()) release(x);
+}
+
+void ZeroEngine::before_forward(int u) {
+  if (config_.stage < 3) return;
+  for (int x : model_.units_touched(u)) ensure_gathered(x);
+  prefetch_after(access_index(false, u));
+}
+
+void ZeroEngine::after_forward(int u) {
+  if (config_.stage < 3) return;
+  // After the last forward access the backward of the same unit follows: keep it.
+  release_after(access_index(false, u));
+}
+
+// ---------------------------------------------------------------- gradients
+
+void ZeroEngine::before_backward(int u) {
+  if (config_.stage >= 2) {
+    for (int x : model_.units_touched(u)) model_.units()[x].allocate_grads();  // zeroed
+  }
+  if (config_.stage == 3) {
+    for (int x : model_.units_touched(u)) ensure_gathered(x);
+    prefetch_after(access_index(true, u));
+  }
+}
+
+void ZeroEngine::after_backward(int u) {
+  if (config_.stage == 3) release_after(access_index(true, u));
+  if (config_.stage >= 2 || last_micro_step_) launch_reduction(u);
+  // Stages 2-3: complete the previous unit's reduction now, overlapping this one with the next
+  // unit's backward, and free its full gradient buffer.
+  if (config_.stage >= 2 && u + 1 < num_units_) finish_reduction(u + 1);
+  if (config_.stage >= 2 && u == 0) {
+    for (int x = 0; x < num_units_; ++x) finish_reduction(x);
+  }
+}
+
+void ZeroEngine::launch_reduction(int u) {
+  UnitState& st = units_[u];
+  nn::FlatParam& unit = model_.units()[u];
+  ProfileScope profile(ProfileCategory::comm);
+  const size_t P = st.shard.padded_numel, S = st.shard.shard_numel;
+  if (config_.stage == 0) {
+    // All-reduce in buckets of at most reduce_bucket_numel elements.
+    for (size_t off = 0; off < P; off += config_.reduce_bucket_numel)
+      st.reduce_work.push_back(comm_.all_reduce_sum_async(unit.grad() + off, std::min(config_.reduce_bucket_numel, P - off)));
+  } else if (config_.stage == 1) {
+    st.reduce_work.push_back(comm_.reduce_scatter_sum_async(unit.grad(), unit.grad(), S));
+  } else {
+    st.reduce_out = Buffer(S * sizeof(float), MemCategory::comm);
+    st.reduce_work.push_back(comm_.reduce_scatter_sum_async(unit.grad(), st.reduce_out.as<float>(), S));
+  }
+}
+
+void ZeroEngine::finish_reduction(int u) {
+  UnitState& st = units_[u];
+  if (st.reduce_work.empty()) return;
+  {
+    ProfileScope profile(ProfileCategory::comm);
+    for (comm::Work& w : st.reduce_work) w.wait();
+  }
+  st.reduce_work.clear();
+  if (config_.stage >= 2) {
+    // Accumulate this micro-step's reduced shard and free the full gradients.
+    float* acc = st.shard_grads.as<float>();
+    const float* in = st.reduce_out.as<float>();
+    const size_t S = st.shard.shard_numel;
+#pragma omp parallel for simd schedule(static) if (S > 65536)
+    for (size_t i = 0; i < S; ++i) acc[i] += in[i];
+    st.reduce_out.reset();
+    model_.units()[u].release_grads();
+  }
+}
+
+double ZeroEngine::reduce_grad_norm_sq(double local_sumsq) const {
+  // Stage 0: every rank holds the whole reduced gradient. Otherwise each holds its shard.
+  double total = config_.stage == 0 ? local_sumsq : comm_.all_reduce_sum(local_sumsq);
+  return total / (static_cast<double>(world_) * world_);  // gradients are sums over ranks
+}
+
+double ZeroEngine::step(float lr, float grad_clip) {
+  for (int u = 0; u < num_units_; ++u) finish_reduction(u);
+  const float mean_scale = 1.0f / static_cast<float>(world_);
+  double norm;
+  if (grad_clip > 0.0f) {
+    double local = 0.0;
+    for (size_t i = 0; i < optimizer_->num_shards(); ++i) {
+      const float* g = optimizer_->grad(i);
+      size_t n = optimizer_->numel(i);
+#pragma omp parallel for reduction(+ : local) schedule(static)
+      for (size_t k = 0; k < n; ++k) local += static_cast<double>(g[k]) * g[k];
+    }
+    norm = std::sqrt(reduce_grad_norm_sq(local));
+    ZERONE_CHECK(std::isfinite(norm), "gradient norm is ", norm, ": training diverged (try a lower --lr)");
+    float clip = norm > grad_clip ? static_cast<float>(grad_clip / norm) : 1.0f;
+    optimizer_->step(lr, mean_scale * clip);
+  } else {
+    norm = std::sqrt(reduce_grad_norm_sq(optimizer_->step(lr, mean_scale)));
+    ZERONE_CHECK(std::isfinite(norm), "gradient norm is ", norm, ": training diverged (try a lower --lr or --grad-clip)");
+  }
+  // Bring parameters up to date everywhere.
+  ProfileScope profile(ProfileCategory::comm);
+  std::vector<comm::Work> gathers;
+  for (int u = 0; u < num_units_; ++u) {
+    nn::FlatParam& unit = model_.units()[u];
+    UnitState& st = units_[u];
+    if (config_.stage == 1) std::memset(unit.grad(), 0, unit.padded_numel() * sizeof(float));
+    if (config_.stage == 0) continue;
+    if (params_sharded(u)) {
+      release(u);  // a gathered copy is stale now
+    } else {
+      char* full = static_cast<char*>(unit.data());
+      gathers.push_back(comm_.all_gather_async(full + st.shard.shard_begin * dsize_, full, st.shard.shard_numel * dsize_));
+    }
+  }
+  for (comm::Work& w : gathers) w.wait();
+  return norm;
+}
+
+void ZeroEngine::with_full_params(const std::function<void()>& fn) {
+  std::vector<int> gathered;
+  for (int u = 0; u < num_units_; ++u) {
+    if (params_sharded(u) && !model_.units()[u].has_params()) gathered.push_back(u);
+    ensure_gathered(u);
+  }
+  fn();
+  for (int u : gathered) release(u);
+}
+
+}  // namespace zerone::zero

@@ -1,0 +1,101 @@
+// The ZeRO engine: data parallelism over a Communicator with stages 0-3 (DESIGN §3), used for every
+// run (world size 1 is stage 0 over the single-process communicator).
+//
+//   stage 0  full params, full grads; each unit's grads are all-reduced (in buckets) as soon as its
+//            backward of the last micro-step finishes; every rank updates the whole model.
+//   stage 1  as 0, but the unit's grads are reduce-scattered in place at the accumulation boundary;
+//            each rank updates its shard and the shards are all-gathered back.
+//   stage 2  full grads exist only while a unit's backward runs: after every micro-step's backward
+//            of a unit its grads are reduce-scattered, added into the rank's f32 shard accumulator
+//            and the full buffer is freed.
+//   stage 3  as 2, and parameters are sharded too: a unit is all-gathered before its forward and
+//            again before its backward, released after use, and the next units are prefetched
+//            (stage3_prefetch_bucket_size); units below stage3_param_persistence_threshold stay whole.
+//
+// Reductions are sums; the division by world size is folded into the optimizer's gradient scale,
+// so one fused pass updates, zeroes and measures the gradients (kernels/cpu/adamw.h).
+//
+// Thread-safety: driven by the training thread; communication runs on the communicator's thread.
+// Errors from a collective (a dead peer) are rethrown as Error from the hook or step() that waits.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "zerone/comm/communicator.h"
+#include "zerone/core/memory.h"
+#include "zerone/nn/gpt2.h"
+#include "zerone/optim/adamw.h"
+#include "zerone/zero/partition.h"
+
+namespace zerone::zero {
+
+class ZeroEngine : public nn::UnitHooks {
+ public:
+  // Takes over the model's storage: releases what the stage does not keep (stage 2: full grads,
+  // stage 3: full params of non-persistent units after copying this rank's shard). The model's
+  // parameters must already hold their initial values (identical on every rank).
+  ZeroEngine(nn::GPT2& model, comm::Communicator& comm, const ZeroConfig& config, const optim::AdamWOptions& adam);
+  ~ZeroEngine() override;
+  ZeroEngine(const ZeroEngine&) = delete;
+  ZeroEngine& operator=(const ZeroEngine&) = delete;
+
+  // Declares whether the coming backward is the last micro-step of the optimizer step (stages 0
+  // and 1 reduce only then).
+  void set_last_micro_step(bool last) { last_micro_step_ = last; }
+
+  // Finishes the step: waits for every reduction, clips to `grad_clip` (0: off), updates with
+  // `lr`, and brings every rank's parameters up to date. Returns the global gradient norm of the
+  // averaged gradients before clipping. Throws Error if it is not finite (nothing is updated then
+  // when clipping; without clipping the norm is measured in the update pass itself).
+  double step(float lr, float grad_clip);
+
+  // Runs `fn` with every unit's full parameters present (stage 3 gathers them first and releases
+  // them after), e.g. to write a checkpoint. Collective: every rank must call it.
+  void with_full_params(const std::function<void()>& fn);
+
+  const ZeroConfig& config() const { return config_; }
+  const UnitShard& shard(int unit) const { return units_[unit].shard; }
+  optim::AdamW& optimizer() { return *optimizer_; }
+
+  void before_forward(int unit) override;
+  void after_forward(int unit) override;
+  void before_backward(int unit) override;
+  void after_backward(int unit) override;
+
+ private:
+  struct UnitState {
+    UnitShard shard;
+    Buffer shard_params;  // stage 3, non-persistent: this rank's parameter shard (compute dtype)
+    Buffer shard_grads;   // stages 2-3: this rank's f32 gradient accumulator
+    Buffer reduce_out;    // stages 2-3: reduce-scatter landing buffer while a reduction is pending
+    std::vector<comm::Work> reduce_work;
+    comm::Work gather_work;
+    bool gather_pending = false;
+  };
+
+  bool params_sharded(int u) const { return config_.stage == 3 && !units_[u].shard.persistent; }
+  void launch_reduction(int u);
+  void finish_reduction(int u);
+  void ensure_gathered(int u);
+  void start_gather(int u);
+  void release(int u);
+  // Position of (phase, unit) in one micro-step's access order: forward 0..U-1, then backward U-1..0.
+  int access_index(bool backward, int u) const { return backward ? 2 * num_units_ - 1 - u : u; }
+  std::vector<int> touched_at(int access) const;
+  void prefetch_after(int access);
+  void release_after(int access);
+  double reduce_grad_norm_sq(double local_sumsq) const;
+
+  nn::GPT2& model_;
+  comm::Communicator& comm_;
+  ZeroConfig config_;
+  int world_, rank_, num_units_;
+  size_t dsize_;
+  std::vector<UnitState> units_;
+  std::unique_ptr<optim::AdamW> optimizer_;
+  bool last_micro_step_ = true;
+};
+
+}  // namespace zerone::zero

@@ -14,6 +14,8 @@
 #include "zerone/train/metrics.h"
 #include "zerone/train/sample.h"
 #include "zerone/train/trainer.h"
+#include "zerone/zero/estimate.h"
+#include <nlohmann/json.hpp>
 #if ZERONE_HAVE_CUDA
 #include "zerone/kernels/cuda/device.h"
 #endif
@@ -87,6 +89,64 @@ int cmd_info() {
   return 0;
 }
 
+struct EstimateArgs {
+  std::string model, precision;
+  int world = 1, stage = 0, micro_batch = 4, seq = 64;
+  double device_mem_gib = 0.0;
+  int64_t persistence_threshold = 100'000;
+  bool json = false;
+};
+
+int cmd_estimate(const EstimateArgs& a, bool stage_given) {
+  nn::GPT2Config model = nn::parse_model_spec(a.model);
+  DType dtype = train::resolve_precision(a.precision);
+  ZERONE_CHECK(dtype != DType::f16, "--precision fp16 is not available on the CPU backend");
+  ZERONE_CHECK(a.device_mem_gib >= 0.0, "--device-mem ", a.device_mem_gib, " is negative");
+  ZERONE_CHECK(a.persistence_threshold >= 0, "--stage3-param-persistence-threshold is negative");
+  zero::ZeroConfig base;
+  base.persistence_threshold = static_cast<size_t>(a.persistence_threshold);
+  auto rows = zero::estimate(model, a.world, dtype, a.micro_batch, std::min(a.seq, model.max_seq_len), base,
+                             stage_given ? std::optional<int>(a.stage) : std::nullopt);
+  const double limit = a.device_mem_gib * 1024.0 * 1024.0 * 1024.0;
+  if (a.json) {
+    nlohmann::ordered_json j;
+    j["model"] = model.to_string();
+    j["parameters"] = model.num_parameters();
+    j["world"] = a.world;
+    j["precision"] = dtype_name(dtype);
+    j["micro_batch"] = a.micro_batch;
+    j["seq"] = std::min(a.seq, model.max_seq_len);
+    for (const auto& r : rows) {
+      nlohmann::ordered_json s;
+      s["stage"] = r.stage;
+      s["param"] = r.model_state.param;
+      s["grad"] = r.model_state.grad;
+      s["master"] = r.model_state.master;
+      s["optim"] = r.model_state.optim;
+      s["model_state"] = r.model_state.total();
+      s["activation"] = r.activations;
+      s["total"] = r.total();
+      if (limit > 0) s["fits"] = static_cast<double>(r.total()) <= limit;
+      j["stages"].push_back(s);
+    }
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("model %s (%zu parameters), world %d, %s, micro-batch %d x seq %d; bytes per rank:\n",
+              model.to_string().c_str(), model.num_parameters(), a.world, dtype_name(dtype), a.micro_batch,
+              std::min(a.seq, model.max_seq_len));
+  std::printf("%-6s %12s %12s %12s %12s %12s %12s %12s%s\n", "stage", "param", "grad", "master", "optim", "model",
+              "activation", "total", limit > 0 ? "  fits" : "");
+  auto h = [](int64_t b) { return train::human_bytes(static_cast<double>(b)); };
+  for (const auto& r : rows) {
+    std::printf("%-6d %12s %12s %12s %12s %12s %12s %12s%s\n", r.stage, h(r.model_state.param).c_str(),
+                h(r.model_state.grad).c_str(), h(r.model_state.master).c_str(), h(r.model_state.optim).c_str(),
+                h(r.model_state.total()).c_str(), h(r.activations).c_str(), h(r.total()).c_str(),
+                limit > 0 ? (static_cast<double>(r.total()) <= limit ? "  yes" : "  no") : "");
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -120,6 +180,19 @@ int main(int argc, char** argv) {
 
   CLI::App* info_cmd = app.add_subcommand("info", "what this build and machine offer");
 
+  EstimateArgs est;
+  CLI::App* estimate_cmd = app.add_subcommand("estimate", "per-rank memory of each ZeRO stage, before running");
+  estimate_cmd->add_option("--model", est.model, "preset or spec (as for train)")->required();
+  estimate_cmd->add_option("--world", est.world, "data-parallel ranks")->required();
+  estimate_cmd->add_option("--zero-stage", est.stage, "only this stage (default: all)");
+  estimate_cmd->add_option("--precision", est.precision, "fp32 or bf16 (default as train)");
+  estimate_cmd->add_option("--micro-batch", est.micro_batch, "for activations (default 4)");
+  estimate_cmd->add_option("--seq", est.seq, "for activations (default 64)");
+  estimate_cmd->add_option("--device-mem", est.device_mem_gib, "memory per rank in GiB: say which stages fit");
+  estimate_cmd->add_option("--stage3-param-persistence-threshold", est.persistence_threshold,
+                           "as for train (elements)");
+  estimate_cmd->add_flag("--json", est.json, "machine-readable output");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -150,6 +223,8 @@ int main(int argc, char** argv) {
       std::printf("\n");
     } else if (info_cmd->parsed()) {
       return cmd_info();
+    } else if (estimate_cmd->parsed()) {
+      return cmd_estimate(est, estimate_cmd->count("--zero-stage") > 0);
     }
   } catch (const zerone::Error& e) {
     std::fflush(stdout);

@@ -1,6 +1,8 @@
 #include "zerone/nn/gpt2.h"
 
+#include <array>
 #include <cmath>
+#include <tuple>
 #include <cstring>
 #include <sstream>
 
@@ -129,42 +131,50 @@ void GPT2::zero_grad() {
   for (FlatParam& unit : units_) unit.zero_grad();
 }
 
+namespace {
+
+// Element counts of every activation buffer, in the order of GPT2::Activations' members. The last
+// two are int32 token ids; the rest are f32.
+std::array<size_t, 27> activation_numels(const GPT2Config& c, int B, int T) {
+  const size_t L = c.num_layers, C = c.channels, NH = c.num_heads, Vp = c.padded_vocab_size;
+  const size_t BT = static_cast<size_t>(B) * T;
+  return {BT * C,         L * BT * C, L * BT,     L * BT,     L * BT * 3 * C, L * BT * C,
+          L * B * NH * T * T, L * BT * C, L * BT * C, L * BT,     L * BT,         L * BT * 4 * C,
+          L * BT * 4 * C, L * BT * C, BT * C,     BT,         BT,             BT * Vp,
+          BT,             BT,         BT * C,     BT * C,     BT * C,         BT * 3 * C,
+          BT * 4 * C,     BT,         BT};
+}
+
+}  // namespace
+
+size_t GPT2::activation_bytes(const GPT2Config& config, int B, int T) {
+  size_t total = 0;
+  for (size_t n : activation_numels(config, B, T)) total += n * 4;  // f32 and int32 alike
+  return total;
+}
+
+std::vector<size_t> GPT2::unit_numels(const GPT2Config& c) {
+  const size_t C = c.channels;
+  std::vector<size_t> out;
+  out.push_back(static_cast<size_t>(c.padded_vocab_size) * C + static_cast<size_t>(c.max_seq_len) * C);
+  for (int l = 0; l < c.num_layers; ++l) out.push_back(12 * C * C + 13 * C);
+  out.push_back(2 * C);
+  return out;
+}
+
 void GPT2::ensure_activations(int B, int T) {
   Activations& a = acts_;
   if (a.B == B && a.T == T) return;
   a = Activations{};
   a.B = B;
   a.T = T;
-  const size_t L = config_.num_layers, C = config_.channels, NH = config_.num_heads, Vp = config_.padded_vocab_size;
-  const size_t BT = static_cast<size_t>(B) * T;
-  auto f32 = [](size_t n) { return Buffer(n * sizeof(float), MemCategory::activation); };
-  a.encoded = f32(BT * C);
-  a.ln1 = f32(L * BT * C);
-  a.ln1_mean = f32(L * BT);
-  a.ln1_rstd = f32(L * BT);
-  a.qkv = f32(L * BT * 3 * C);
-  a.atty = f32(L * BT * C);
-  a.att = f32(L * B * NH * T * T);
-  a.residual2 = f32(L * BT * C);
-  a.ln2 = f32(L * BT * C);
-  a.ln2_mean = f32(L * BT);
-  a.ln2_rstd = f32(L * BT);
-  a.fch = f32(L * BT * 4 * C);
-  a.fch_gelu = f32(L * BT * 4 * C);
-  a.residual3 = f32(L * BT * C);
-  a.lnf = f32(BT * C);
-  a.lnf_mean = f32(BT);
-  a.lnf_rstd = f32(BT);
-  a.logits = f32(BT * Vp);
-  a.losses = f32(BT);
-  a.lse = f32(BT);
-  a.tmp_c = f32(BT * C);
-  a.dresidual = f32(BT * C);
-  a.dbuf_c = f32(BT * C);
-  a.dqkv = f32(BT * 3 * C);
-  a.dfch = f32(BT * 4 * C);
-  a.inputs = Buffer(BT * sizeof(int32_t), MemCategory::activation);
-  a.targets = Buffer(BT * sizeof(int32_t), MemCategory::activation);
+  auto sizes = activation_numels(config_, B, T);
+  Buffer* buffers[] = {&a.encoded, &a.ln1,      &a.ln1_mean, &a.ln1_rstd, &a.qkv,    &a.atty,   &a.att,
+                       &a.residual2, &a.ln2,    &a.ln2_mean, &a.ln2_rstd, &a.fch,    &a.fch_gelu, &a.residual3,
+                       &a.lnf,     &a.lnf_mean, &a.lnf_rstd, &a.logits,   &a.losses, &a.lse,    &a.tmp_c,
+                       &a.dresidual, &a.dbuf_c, &a.dqkv,     &a.dfch,     &a.inputs, &a.targets};
+  static_assert(sizeof(buffers) / sizeof(buffers[0]) == std::tuple_size_v<decltype(sizes)>);
+  for (size_t i = 0; i < sizes.size(); ++i) *buffers[i] = Buffer(sizes[i] * 4, MemCategory::activation);
 }
 
 float GPT2::forward(const int32_t* inputs, const int32_t* targets, int B, int T) {

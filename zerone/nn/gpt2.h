@@ -100,6 +100,12 @@ class GPT2 {
   void backward(float grad_scale);
   void zero_grad();
 
+  // Bytes of activations (and backward temporaries) that forward/backward at (B, T) allocate;
+  // the same table sizes the buffers, so `zerone estimate` and the ledger agree.
+  static size_t activation_bytes(const GPT2Config& config, int B, int T);
+  // Real elements of each unit, in unit order (no allocation).
+  static std::vector<size_t> unit_numels(const GPT2Config& config);
+
  private:
   struct Activations {
     int B = 0, T = 0;

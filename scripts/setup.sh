@@ -12,6 +12,7 @@ packages=(
   libcli11-dev
   libgtest-dev libgmock-dev
   libbenchmark-dev
+  python3                  # test scripts compare runs and parse metrics
 )
 
 missing=()

@@ -1,5 +1,6 @@
 #include "zerone/core/memory.h"
 
+#include <malloc.h>
 #include <sys/resource.h>
 
 #include <cstdlib>
@@ -63,8 +64,16 @@ int64_t peak_rss_bytes() {
   return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
+// Note [Returning memory]: ZeRO frees gathered parameters and full gradients as soon as they are
+// used, and the point is that the process shrinks. glibc raises its mmap threshold dynamically
+// after large frees, after which such blocks come from the heap and stay resident. Pinning the
+// threshold keeps every large buffer in its own mapping, returned to the system on free, so RSS
+// follows the ledger.
+static const bool kMmapThresholdPinned = [] { return mallopt(M_MMAP_THRESHOLD, 1 << 20) == 1; }();
+
 Buffer::Buffer(size_t bytes, MemCategory category, MemPlace place)
     : bytes_(bytes), category_(category), place_(place) {
+  (void)kMmapThresholdPinned;
   if (bytes == 0) return;
   size_t rounded = (bytes + 63) / 64 * 64;
   data_ = std::aligned_alloc(64, rounded);

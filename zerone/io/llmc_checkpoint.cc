@@ -64,21 +64,25 @@ Header parse_header(const MappedFile& file) {
 
 nn::GPT2Config read_llmc_config(const std::string& path) { return parse_header(MappedFile(path)).config; }
 
-void load_llmc_checkpoint(const std::string& path, nn::GPT2& model) {
+void load_llmc_checkpoint(const std::string& path, nn::GPT2& model, int only_unit) {
   MappedFile file(path);
   Header header = parse_header(file);
   ZERONE_CHECK(header.config == model.config(), "checkpoint '", path, "' holds model ", header.config.to_string(),
                " but the run's model is ", model.config().to_string());
-  scatter_llmc_order(file.data() + kHeaderInts * sizeof(int32_t), header.dtype, model);
+  scatter_llmc_order(file.data() + kHeaderInts * sizeof(int32_t), header.dtype, model, only_unit);
 }
 
-void scatter_llmc_order(const void* values, DType dtype, nn::GPT2& model) {
+void scatter_llmc_order(const void* values, DType dtype, nn::GPT2& model, int only_unit) {
   const uint8_t* cursor = static_cast<const uint8_t*>(values);
   std::vector<float> tmp;
   for (int j = 0; j < kNumTensors; ++j) {
     for_each_slice(model.config(), j, [&](int u, int t) {
       nn::FlatParam& unit = model.units()[u];
       size_t n = unit.tensors()[t].numel();
+      if (only_unit >= 0 && u != only_unit) {
+        cursor += n * dtype_size(dtype);
+        return;
+      }
       tmp.resize(n);
       convert_to_f32(cursor, dtype, tmp.data(), n);
       convert_from_f32(tmp.data(), unit.param(t), unit.dtype(), n);

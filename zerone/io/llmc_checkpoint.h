@@ -22,14 +22,15 @@ inline constexpr int32_t kLlmcCheckpointMagic = 20240326;
 // Reads and validates the header (Error naming the path for a missing file, bad magic/version,
 // inconsistent sizes or a truncated file). Returns the model shape it describes.
 nn::GPT2Config read_llmc_config(const std::string& path);
-// Loads parameters into `model`, whose config must equal the file's (Error otherwise).
-void load_llmc_checkpoint(const std::string& path, nn::GPT2& model);
+// Loads parameters into `model`, whose config must equal the file's (Error otherwise). With
+// only_unit >= 0, loads that unit alone (its storage must be allocated); the rest are untouched.
+void load_llmc_checkpoint(const std::string& path, nn::GPT2& model, int only_unit = -1);
 // Writes `model`'s parameters as version 3 (f32) or 5 (bf16), atomically.
 void save_llmc_checkpoint(const std::string& path, const nn::GPT2& model, DType file_dtype);
 
 // The body of a checkpoint without the header: config.num_parameters() values of `dtype` in llm.c
 // order. scatter copies them into the model's units (converting to its dtype); gather is the inverse.
-void scatter_llmc_order(const void* values, DType dtype, nn::GPT2& model);
+void scatter_llmc_order(const void* values, DType dtype, nn::GPT2& model, int only_unit = -1);
 void gather_llmc_order(const nn::GPT2& model, DType dtype, void* values);
 // Same for f32 buffers laid out like `model`'s units (e.g. gradients): unit_buffers[u] points at
 // unit u's flat buffer; writes num_parameters() floats in llm.c order into `out`.

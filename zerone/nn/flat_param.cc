@@ -12,7 +12,8 @@ size_t TensorSpec::numel() const {
   return n;
 }
 
-FlatParam::FlatParam(std::string unit_name, std::vector<TensorSpec> tensors, DType dtype, size_t align_numel)
+FlatParam::FlatParam(std::string unit_name, std::vector<TensorSpec> tensors, DType dtype, size_t align_numel,
+                     bool allocate)
     : name_(std::move(unit_name)), tensors_(std::move(tensors)), dtype_(dtype) {
   ZERONE_ASSERT(align_numel > 0);
   for (TensorSpec& t : tensors_) {
@@ -20,8 +21,10 @@ FlatParam::FlatParam(std::string unit_name, std::vector<TensorSpec> tensors, DTy
     numel_ += t.numel();
   }
   padded_numel_ = (numel_ + align_numel - 1) / align_numel * align_numel;
-  allocate_params();
-  allocate_grads();
+  if (allocate) {
+    allocate_params();
+    allocate_grads();
+  }
 }
 
 void FlatParam::allocate_params() {

@@ -31,8 +31,9 @@ struct TensorSpec {
 
 class FlatParam {
  public:
-  // Lays out the tensors and allocates the full parameter and gradient buffers (zeroed).
-  FlatParam(std::string unit_name, std::vector<TensorSpec> tensors, DType dtype, size_t align_numel);
+  // Lays out the tensors and, when `allocate`, the full parameter and gradient buffers (zeroed).
+  FlatParam(std::string unit_name, std::vector<TensorSpec> tensors, DType dtype, size_t align_numel,
+            bool allocate = true);
 
   const std::string& name() const { return name_; }
   const std::vector<TensorSpec>& tensors() const { return tensors_; }

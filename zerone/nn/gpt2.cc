@@ -77,13 +77,15 @@ GPT2Config parse_model_spec(const std::string& spec) {
   return c;
 }
 
-GPT2::GPT2(const GPT2Config& config, DType compute_dtype, size_t align_numel) : config_(config), dtype_(compute_dtype) {
+GPT2::GPT2(const GPT2Config& config, DType compute_dtype, size_t align_numel, bool allocate)
+    : config_(config), dtype_(compute_dtype) {
   ZERONE_CHECK(compute_dtype == DType::f32 || compute_dtype == DType::bf16, "precision ", dtype_name(compute_dtype),
                " is not supported on the CPU: expected fp32 or bf16");
   const int64_t C = config.channels, Vp = config.padded_vocab_size, maxT = config.max_seq_len;
   units_.reserve(config.num_layers + 2);
   units_.emplace_back("embedding",
-                      std::vector<TensorSpec>{{"wte", {Vp, C}, true}, {"wpe", {maxT, C}, true}}, dtype_, align_numel);
+                      std::vector<TensorSpec>{{"wte", {Vp, C}, true}, {"wpe", {maxT, C}, true}}, dtype_, align_numel,
+                      allocate);
   for (int l = 0; l < config.num_layers; ++l) {
     units_.emplace_back(str_cat("block.", l),
                         std::vector<TensorSpec>{{"ln1w", {C}, false},
@@ -98,17 +100,22 @@ GPT2::GPT2(const GPT2Config& config, DType compute_dtype, size_t align_numel) : 
                                                 {"fcb", {4 * C}, false},
                                                 {"fcprojw", {C, 4 * C}, true},
                                                 {"fcprojb", {C}, false}},
-                        dtype_, align_numel);
+                        dtype_, align_numel, allocate);
   }
   units_.emplace_back("final", std::vector<TensorSpec>{{"lnfw", {C}, false}, {"lnfb", {C}, false}}, dtype_,
-                      align_numel);
+                      align_numel, allocate);
 }
 
 void GPT2::init_weights(uint64_t seed) {
+  for (int u = 0; u < num_units(); ++u) init_unit(u, seed);
+}
+
+void GPT2::init_unit(int u, uint64_t seed) {
   const double std_base = 0.02, std_proj = 0.02 / std::sqrt(2.0 * config_.num_layers);
   std::vector<float> values;
-  for (size_t u = 0; u < units_.size(); ++u) {
+  {
     FlatParam& unit = units_[u];
+    ZERONE_ASSERT(unit.has_params(), "init_unit on a unit without storage");
     for (size_t t = 0; t < unit.tensors().size(); ++t) {
       const TensorSpec& spec = unit.tensors()[t];
       values.assign(spec.numel(), 0.0f);

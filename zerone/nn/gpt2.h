@@ -64,8 +64,10 @@ enum FinalTensor { kLnfw, kLnfb };
 
 class GPT2 {
  public:
-  // align_numel: FlatParam padding granularity (world_size * 64).
-  GPT2(const GPT2Config& config, DType compute_dtype, size_t align_numel = 64);
+  // align_numel: FlatParam padding granularity (world_size * 64). Without `allocate` the units
+  // hold no storage yet: the ZeRO engine materializes them one at a time (Note [Materializing
+  // units] in zero/engine.h), so no rank ever holds the whole model at stage 3.
+  GPT2(const GPT2Config& config, DType compute_dtype, size_t align_numel = 64, bool allocate = true);
 
   const GPT2Config& config() const { return config_; }
   DType compute_dtype() const { return dtype_; }
@@ -79,6 +81,8 @@ class GPT2 {
   // LayerNorm weights 1, padded vocabulary rows 0. Values are rounded to the compute dtype; the
   // optimizer's f32 master weights start from these stored values (as DeepSpeed's bf16 optimizer).
   void init_weights(uint64_t seed);
+  // The same for one unit, whose parameters must be allocated.
+  void init_unit(int unit, uint64_t seed);
 
   // Forward pass over inputs (B,T) (token ids < V, validated by the caller). With targets (B,T)
   // returns the mean cross-entropy loss over B*T and keeps what backward needs; without targets

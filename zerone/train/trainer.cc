@@ -164,17 +164,21 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   std::unique_ptr<io::DataLoader> val_loader;
   if (val_tokens) val_loader = std::make_unique<io::DataLoader>(*val_tokens, B, T, model_config.vocab_size, false, 0);
 
-  // Model (every rank initializes the same full model, then the engine keeps its part).
-  nn::GPT2 model(model_config, dtype, zero::kShardAlign * world);
-  if (cfg.init.empty()) model.init_weights(cfg.seed);
-  else io::load_llmc_checkpoint(cfg.init, model);
+  // Model: the engine materializes it unit by unit (from the seed or the --init file), keeping
+  // only what its stage needs (Note [Materializing units]).
+  nn::GPT2 model(model_config, dtype, zero::kShardAlign * world, /*allocate=*/false);
+  auto materialize = [&](int u) {
+    if (cfg.init.empty()) model.init_unit(u, cfg.seed);
+    else io::load_llmc_checkpoint(cfg.init, model, u);
+  };
   zero::ZeroConfig zcfg;
   zcfg.stage = cfg.zero_stage;
   zcfg.reduce_bucket_numel = static_cast<size_t>(cfg.reduce_bucket_size);
   zcfg.allgather_bucket_numel = static_cast<size_t>(cfg.allgather_bucket_size);
   zcfg.prefetch_numel = static_cast<size_t>(cfg.stage3_prefetch_bucket_size);
   zcfg.persistence_threshold = static_cast<size_t>(cfg.stage3_param_persistence_threshold);
-  zero::ZeroEngine engine(model, comm, zcfg, optim::AdamWOptions{cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay});
+  zero::ZeroEngine engine(model, comm, zcfg, optim::AdamWOptions{cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay},
+                          materialize);
 
   Progress progress;
   if (lead) {

@@ -12,7 +12,7 @@
 namespace zerone::zero {
 
 ZeroEngine::ZeroEngine(nn::GPT2& model, comm::Communicator& comm, const ZeroConfig& config,
-                       const optim::AdamWOptions& adam)
+                       const optim::AdamWOptions& adam, const Materialize& materialize)
     : model_(model),
       comm_(comm),
       config_(config),
@@ -32,6 +32,13 @@ ZeroEngine::ZeroEngine(nn::GPT2& model, comm::Communicator& comm, const ZeroConf
     ZERONE_ASSERT(st.shard.padded_numel == unit.padded_numel(), "model built with the wrong alignment for world ", world_);
     const size_t begin = config_.stage == 0 ? 0 : st.shard.shard_begin;
     const size_t numel = config_.stage == 0 ? unit.numel() : st.shard.shard_numel;
+    if (!unit.has_params()) {
+      ZERONE_ASSERT(materialize, "unit ", u, " has no parameters and no way to materialize them");
+      unit.allocate_params();
+      materialize(u);
+    }
+    if (config_.stage <= 1) unit.allocate_grads();
+    else unit.release_grads();
 
     optim::ShardRef ref;
     ref.numel = numel;
@@ -54,12 +61,9 @@ ZeroEngine::ZeroEngine(nn::GPT2& model, comm::Communicator& comm, const ZeroConf
       if (b < e) ref.decay_ranges.emplace_back(b - begin, e - begin);
     }
     shards.push_back(std::move(ref));
+    if (params_sharded(u)) unit.release_params();
   }
   optimizer_ = std::make_unique<optim::AdamW>(std::move(shards), model.compute_dtype(), adam);
-  for (int u = 0; u < num_units_; ++u) {
-    if (config_.stage >= 2) model.units()[u].release_grads();
-    if (params_sharded(u)) model.units()[u].release_params();
-  }
   model.set_hooks(this);
 }
 

@@ -33,10 +33,15 @@ namespace zerone::zero {
 
 class ZeroEngine : public nn::UnitHooks {
  public:
-  // Takes over the model's storage: releases what the stage does not keep (stage 2: full grads,
-  // stage 3: full params of non-persistent units after copying this rank's shard). The model's
-  // parameters must already hold their initial values (identical on every rank).
-  ZeroEngine(nn::GPT2& model, comm::Communicator& comm, const ZeroConfig& config, const optim::AdamWOptions& adam);
+  // Note [Materializing units]: takes over the model's storage one unit at a time. A unit without
+  // parameter storage is allocated and filled by `materialize(u)` (initialization or a checkpoint;
+  // identical on every rank); then the engine keeps what the stage needs (stage 3: only this rank's
+  // shard of non-persistent units) and frees the rest before the next unit, so no rank ever holds
+  // the whole model when the stage does not require it (DeepSpeed's zero.Init). Full gradients
+  // are allocated for stages 0-1 only.
+  using Materialize = std::function<void(int unit)>;
+  ZeroEngine(nn::GPT2& model, comm::Communicator& comm, const ZeroConfig& config, const optim::AdamWOptions& adam,
+             const Materialize& materialize = nullptr);
   ~ZeroEngine() override;
   ZeroEngine(const ZeroEngine&) = delete;
   ZeroEngine& operator=(const ZeroEngine&) = delete;

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Memory (issue 3): at world 4, for each stage, the ledger's model-state bytes (metrics "mem") equal
+# `zerone estimate` exactly and follow the ZeRO formulas up to padding; stage 3 lowers peak RSS.
+set -euo pipefail
+Z="$(readlink -f "$1")"
+d=$(mktemp -d); trap 'rm -rf "$d"' EXIT
+MPI=(mpiexec --allow-run-as-root --oversubscribe --bind-to none -n 4)
+export OMPI_MCA_mpi_yield_when_idle=1
+printf 'Memory is the treasury and guardian of all things. %.0s' $(seq 1 200) > "$d/t.txt"
+"$Z" prepare --text "$d/t.txt" --out "$d/c" --val-fraction 0 >/dev/null
+# ~10M parameters so that model state dominates the process (peak RSS comparison).
+model=gpt2:layers=4,dim=448,heads=7,vocab=257,ctx=16
+for precision in bf16 fp32; do
+  for stage in 0 1 2 3; do
+    "${MPI[@]}" "$Z" train --model $model --data "$d/c_train.bin" --micro-batch 1 --seq 16 --steps 2 --threads 1 \
+      --precision $precision --zero-stage $stage --stage3-param-persistence-threshold 0 \
+      --stage3-prefetch-bucket-size 3000000 \
+      --metrics "$d/${precision}_s$stage.jsonl" > "$d/${precision}_s$stage.log" 2>&1 || { cat "$d/${precision}_s$stage.log"; exit 1; }
+  done
+  "$Z" estimate --model $model --world 4 --precision $precision --micro-batch 1 --seq 16 \
+    --stage3-param-persistence-threshold 0 --json > "$d/${precision}_estimate.json"
+done
+python3 - "$d" <<'PY'
+import json, sys
+d = sys.argv[1]
+failed = False
+for precision in ("bf16", "fp32"):
+    est = {s["stage"]: s for s in json.load(open(f"{d}/{precision}_estimate.json"))["stages"]}
+    params = json.load(open(f"{d}/{precision}_estimate.json"))["parameters"]
+    N, ds = 4, 2 if precision == "bf16" else 4
+    P, G, O = ds * params, 4 * params, (12 if precision == "bf16" else 8) * params
+    formula = {0: P + G + O, 1: P + G + O / N, 2: P + (G + O) / N, 3: (P + G + O) / N}
+    rss = {}
+    for stage in range(4):
+        mem = json.loads(open(f"{d}/{precision}_s{stage}.jsonl").readlines()[-1])["mem"]
+        got = {k: mem.get(f"host.{k}", 0) for k in ("param", "grad", "master", "optim")}
+        want = {k: est[stage][k] for k in ("param", "grad", "master", "optim")}
+        total = sum(got.values())
+        # Padding: each unit rounds up to a multiple of world*64 elements.
+        pad_slack = 6 * N * 64 * (ds + 4 + 12)
+        ok = got == want and abs(total - formula[stage]) <= pad_slack and mem.get("host.comm", 0) == 0
+        failed |= not ok
+        rss[stage] = mem["peak_rss"]
+        print(f"{'ok  ' if ok else 'FAIL'} {precision} stage {stage}: ledger {got} estimate {want} "
+              f"total {total} formula {formula[stage]:.0f}")
+    # Stage 3 saves the model-state difference, less its working set: at most 4 of the largest units
+    # in flight (the current and the prefetched unit's parameters, the current and the pending
+    # unit's full gradients), the rest of the process being the same.
+    largest_unit = 12 * 448 * 448 + 13 * 448
+    working_set = 4 * largest_unit * (ds + 4)
+    bound = rss[0] - (formula[0] - formula[3]) + working_set
+    ok = rss[3] <= bound
+    failed |= not ok
+    print(f"{'ok  ' if ok else 'FAIL'} {precision} peak RSS stage 0 {rss[0]}, stage 3 {rss[3]} <= {bound:.0f} "
+          f"(stage 0 less the model-state saving {formula[0] - formula[3]:.0f}, plus the working set {working_set})")
+sys.exit(1 if failed else 0)
+PY

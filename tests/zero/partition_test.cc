@@ -1,0 +1,74 @@
+#include <gtest/gtest.h>
+
+#include "zerone/comm/communicator.h"
+#include "zerone/nn/gpt2.h"
+#include "zerone/train/trainer.h"
+#include "zerone/zero/engine.h"
+#include "zerone/zero/estimate.h"
+
+namespace zerone::zero {
+namespace {
+
+TEST(Partition, ShardsCoverThePaddedUnitEqually) {
+  ZeroConfig config;
+  for (int world : {1, 2, 3, 4, 7}) {
+    for (size_t numel : {size_t{1}, size_t{63}, size_t{64}, size_t{1000}, size_t{19720}}) {
+      size_t covered = 0;
+      for (int r = 0; r < world; ++r) {
+        UnitShard s = unit_shard(numel, world, r, config);
+        EXPECT_EQ(s.padded_numel % (64 * world), 0u);
+        EXPECT_GE(s.padded_numel, numel);
+        EXPECT_LT(s.padded_numel - numel, 64u * world);
+        EXPECT_EQ(s.shard_begin, covered);
+        covered += s.shard_numel;
+      }
+      EXPECT_EQ(covered, padded_numel(numel, world));
+    }
+  }
+}
+
+TEST(Partition, ModelStateFollowsTheZeroFormulas) {
+  // Psi parameters, bf16: P = 2 Psi, G = 4 Psi, O = 12 Psi (master + m + v), N = 4.
+  std::vector<size_t> units = {256 * 1000, 256 * 2000};
+  const double psi = 256 * 3000, N = 4;
+  ZeroConfig config;
+  config.persistence_threshold = 0;
+  double P = 2 * psi, G = 4 * psi, O = 12 * psi;
+  double want[4] = {P + G + O, P + G + O / N, P + (G + O) / N, (P + G + O) / N};
+  for (int stage = 0; stage <= 3; ++stage) {
+    config.stage = stage;
+    EXPECT_DOUBLE_EQ(static_cast<double>(model_state_bytes(units, 4, 0, DType::bf16, config).total()), want[stage])
+        << "stage " << stage;
+  }
+}
+
+TEST(Engine, EveryStageMatchesTheLedgerAndEstimateAtWorldOne) {
+  // In process at world 1: the ledger after a step equals estimate's model-state bytes.
+  nn::GPT2Config c = nn::parse_model_spec("gpt2:layers=2,dim=40,heads=4,vocab=100,ctx=16");
+  for (int stage = 0; stage <= 3; ++stage) {
+    MemoryLedger& ledger = MemoryLedger::global();
+    auto before = [&](MemCategory cat) { return ledger.current(MemPlace::host, cat); };
+    int64_t p0 = before(MemCategory::param), g0 = before(MemCategory::grad), m0 = before(MemCategory::master),
+            o0 = before(MemCategory::optim);
+    {
+      comm::SingleProcessCommunicator single;
+      nn::GPT2 model(c, DType::bf16, 64, /*allocate=*/false);
+      ZeroConfig config;
+      config.stage = stage;
+      config.persistence_threshold = 0;
+      ZeroEngine engine(model, single, config, optim::AdamWOptions{}, [&](int u) { model.init_unit(u, 1); });
+      std::vector<int32_t> x(2 * 16, 3), y(2 * 16, 4);
+      model.forward(x.data(), y.data(), 2, 16);
+      model.backward(1.0f);
+      engine.step(1e-3f, 0.0f);
+      auto want = estimate(c, 1, DType::bf16, 2, 16, config, stage)[0].model_state;
+      EXPECT_EQ(before(MemCategory::param) - p0, want.param) << "stage " << stage;
+      EXPECT_EQ(before(MemCategory::grad) - g0, want.grad) << "stage " << stage;
+      EXPECT_EQ(before(MemCategory::master) - m0, want.master) << "stage " << stage;
+      EXPECT_EQ(before(MemCategory::optim) - o0, want.optim) << "stage " << stage;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace zerone::zero

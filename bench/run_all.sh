@@ -42,3 +42,6 @@ fi
 # ---- GEMM limit for the W1 shapes
 build/bench/bench_matmul --benchmark_counters_tabular=true 2>/dev/null | grep -E '^BM_' | tee -a "$out"
 echo "results in $out"
+
+# ---- W3: ZeRO scaling, per-rank memory beside the formula and PyTorch DDP / ZeroRedundancyOptimizer
+bash bench/w3_zero_scaling.sh | tee -a "$out"

@@ -19,7 +19,8 @@
 #include "zerone/io/llmc_checkpoint.h"
 #include "zerone/nn/gpt2.h"
 #include "zerone/optim/adamw.h"
-#include "zerone/train/trainer.h"
+#include "zerone/comm/communicator.h"
+#include "zerone/zero/engine.h"
 
 namespace zerone {
 namespace {
@@ -118,16 +119,16 @@ void run_golden(DType dtype, double loss_tol, double logits_tol, double grad_tol
   io::gather_llmc_order_f32(model, grad_units, grads.data());
   EXPECT_LE(worst_tensor_error(model, grads, g.grads, grad_l2), grad_tol) << "gradients";
 
-  // AdamW steps from the same start.
+  // AdamW steps from the same start, through the engine the trainer uses (world 1, stage 0).
   nn::GPT2 trained(g.config, dtype);
   io::scatter_llmc_order(g.params.data(), DType::f32, trained);
-  optim::AdamW opt(train::whole_unit_shards(trained), dtype, optim::AdamWOptions{g.beta1, g.beta2, g.eps, g.wd});
+  comm::SingleProcessCommunicator single;
+  zero::ZeroEngine engine(trained, single, zero::ZeroConfig{}, optim::AdamWOptions{g.beta1, g.beta2, g.eps, g.wd});
   for (int s = 0; s < g.steps; ++s) {
-    trained.zero_grad();
     float l = trained.forward(g.inputs.data(), g.targets.data(), g.B, g.T);
     EXPECT_NEAR(l, g.step_losses[s], step_tol * g.step_losses[s]) << "loss before step " << s + 1;
     trained.backward(1.0f);
-    opt.step(g.lr, 1.0f);
+    engine.step(g.lr, 0.0f);
   }
   std::vector<float> final_params(g.config.num_parameters());
   io::gather_llmc_order(trained, DType::f32, final_params.data());

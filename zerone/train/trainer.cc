@@ -82,20 +82,6 @@ void check_same_config_everywhere(const std::string& key, comm::Communicator& co
 
 }  // namespace
 
-std::vector<optim::ShardRef> whole_unit_shards(nn::GPT2& model) {
-  std::vector<optim::ShardRef> shards;
-  for (nn::FlatParam& unit : model.units()) {
-    optim::ShardRef s;
-    s.param = unit.data();
-    s.grad = unit.grad();
-    s.numel = unit.numel();
-    for (const nn::TensorSpec& t : unit.tensors())
-      if (t.weight_decay) s.decay_ranges.emplace_back(t.offset, t.offset + t.numel());
-    shards.push_back(std::move(s));
-  }
-  return shards;
-}
-
 DType resolve_precision(const std::string& precision) {
   if (!precision.empty()) return parse_dtype(precision);
   CpuInfo cpu = cpu_info();

@@ -10,7 +10,6 @@
 
 #include "zerone/comm/communicator.h"
 #include "zerone/nn/gpt2.h"
-#include "zerone/optim/adamw.h"
 #include "zerone/train/config.h"
 
 namespace zerone::train {
@@ -31,10 +30,6 @@ TrainConfig default_run_config(TrainConfig cfg);
 TrainResult run_training(TrainConfig cfg, comm::Communicator& comm);
 // The same at world size 1.
 TrainResult run_training(TrainConfig cfg);
-
-// One optimizer shard per unit covering the whole unit (world size 1), with weight decay on the
-// tensors that take it (matrices and embeddings).
-std::vector<optim::ShardRef> whole_unit_shards(nn::GPT2& model);
 
 // Chooses the compute dtype: cfg.precision if set, else bf16 where the CPU has native bf16 dot
 // products (AVX512-BF16 or AMX), else fp32.

@@ -44,7 +44,12 @@ void add_train_flags(CLI::App& cmd, train::TrainConfig& c, std::string& config_p
   cmd.add_option("--beta2", c.beta2, "AdamW beta2");
   cmd.add_option("--eps", c.eps, "AdamW epsilon");
   cmd.add_option("--grad-clip", c.grad_clip, "clip the global gradient norm to this (0: off)");
-  cmd.add_option("--precision", c.precision, "fp32 or bf16 (default: bf16 where the CPU has it)");
+  cmd.add_option("--precision", c.precision, "fp32, bf16 or fp16 (default: bf16 where the CPU has it)");
+  cmd.add_option("--loss-scale", c.loss_scale, "fp16: static loss scale (0: dynamic, the default)");
+  cmd.add_option("--initial-scale-power", c.initial_scale_power, "fp16: dynamic scale starts at 2^N (16)");
+  cmd.add_option("--loss-scale-window", c.loss_scale_window, "fp16: steps without overflow before doubling (1000)");
+  cmd.add_option("--hysteresis", c.hysteresis, "fp16: overflows tolerated before halving (2)");
+  cmd.add_option("--min-loss-scale", c.min_loss_scale, "fp16: lowest dynamic scale (1)");
   cmd.add_option("--zero-stage", c.zero_stage, "ZeRO stage 0..3");
   cmd.add_option("--reduce-bucket-size", c.reduce_bucket_size, "elements per gradient all-reduce bucket (stage 0)");
   cmd.add_option("--allgather-bucket-size", c.allgather_bucket_size, "elements per parameter all-gather bucket");
@@ -100,7 +105,6 @@ struct EstimateArgs {
 int cmd_estimate(const EstimateArgs& a, bool stage_given) {
   nn::GPT2Config model = nn::parse_model_spec(a.model);
   DType dtype = train::resolve_precision(a.precision);
-  ZERONE_CHECK(dtype != DType::f16, "--precision fp16 is not available on the CPU backend");
   ZERONE_CHECK(a.device_mem_gib >= 0.0, "--device-mem ", a.device_mem_gib, " is negative");
   ZERONE_CHECK(a.persistence_threshold >= 0, "--stage3-param-persistence-threshold is negative");
   zero::ZeroConfig base;

@@ -107,9 +107,6 @@ TEST(GPT2, SequenceLongerThanContextIsAnError) {
   EXPECT_THROW(model.forward(x.data(), x.data(), 1, 5), Error);
 }
 
-TEST(GPT2, Fp16IsRefusedOnCpu) {
-  EXPECT_THROW(GPT2(parse_model_spec("gpt2:layers=1,dim=16,heads=2,vocab=10,ctx=4"), DType::f16), Error);
-}
 
 }  // namespace
 }  // namespace zerone::nn

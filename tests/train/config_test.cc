@@ -18,7 +18,8 @@ TEST(Config, DeepSpeedKeysFillTheConfigAndFlagsWin) {
   TempDir dir;
   write_text(dir.file("ds.json"), R"({
     "train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 4, "gradient_clipping": 1.0,
-    "bf16": {"enabled": true}, "steps_per_print": 10,
+    "bf16": {"enabled": false}, "fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 12,
+    "loss_scale_window": 500, "hysteresis": 3, "min_loss_scale": 2}, "steps_per_print": 10,
     "optimizer": {"type": "AdamW", "params": {"lr": 6e-4, "betas": [0.8, 0.95], "eps": 1e-6, "weight_decay": 0.1}},
     "scheduler": {"params": {"warmup_num_steps": 50}},
     "zero_optimization": {"stage": 0},
@@ -30,7 +31,11 @@ TEST(Config, DeepSpeedKeysFillTheConfigAndFlagsWin) {
   EXPECT_EQ(c.micro_batch, 2);
   EXPECT_EQ(c.grad_accum, 4);
   EXPECT_FLOAT_EQ(c.grad_clip, 1.0f);
-  EXPECT_EQ(c.precision, "bf16");
+  EXPECT_EQ(c.precision, "fp16");
+  EXPECT_EQ(c.initial_scale_power, 12);
+  EXPECT_EQ(c.loss_scale_window, 500);
+  EXPECT_EQ(c.hysteresis, 3);
+  EXPECT_EQ(c.min_loss_scale, 2.0);
   EXPECT_FLOAT_EQ(c.lr, 6e-4f);
   EXPECT_FLOAT_EQ(c.beta1, 0.8f);
   EXPECT_FLOAT_EQ(c.beta2, 0.95f);
@@ -68,7 +73,9 @@ TEST(Config, AbsurdValuesAreRejectedByName) {
   bad([](TrainConfig& c) { c.grad_accum = 0; }, "--grad-accum");
   bad([](TrainConfig& c) { c.steps = -3; }, "--steps");
   bad([](TrainConfig& c) { c.precision = "int4"; }, "--precision 'int4'");
-  bad([](TrainConfig& c) { c.precision = "fp16"; }, "fp16");
+  bad([](TrainConfig& c) { c.loss_scale = -1; }, "--loss-scale -1");
+  bad([](TrainConfig& c) { c.hysteresis = 0; }, "--hysteresis 0");
+  bad([](TrainConfig& c) { c.initial_scale_power = 99; }, "--initial-scale-power 99");
   bad([](TrainConfig& c) { c.zero_stage = 7; }, "--zero-stage 7");
   bad([](TrainConfig& c) { c.lr_schedule = "linear"; }, "--lr-schedule");
 }

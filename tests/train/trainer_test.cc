@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -98,6 +99,41 @@ TEST(MarkovSource, EntropyMatchesEmpiricalCrossEntropyOfTheTrueModel) {
     for (int b = 0; b < 256; ++b)
       if (counts[a * 256 + b] > 0) h -= counts[a * 256 + b] / (t.size() - 1) * std::log(counts[a * 256 + b] / totals[a]);
   EXPECT_NEAR(h, s.entropy_rate(), 0.01);
+}
+
+}  // namespace
+}  // namespace zerone::train
+
+namespace zerone::train {
+namespace {
+
+TEST(Trainer, Fp16OverflowSkipsStepsLowersTheScaleThenLearns) {
+  // A loss scale of 2^40 makes the scaled output gradients overflow fp16 (max 65504): those steps
+  // must be skipped (parameters untouched, "skipped" in the metrics) and the scale must fall, by
+  // half per overflow once the hysteresis (2) is used up, until training proceeds.
+  TempDir dir;
+  TrainConfig c = tiny(dir);
+  c.precision = "fp16";
+  c.initial_scale_power = 40;
+  c.steps = 40;
+  c.metrics = dir.file("m.jsonl");
+  TrainResult r = run_training(c);
+  std::ifstream in(c.metrics);
+  std::vector<nlohmann::json> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(lines.size(), 40u);
+  EXPECT_TRUE(lines[0].value("skipped", false));
+  EXPECT_EQ(lines[0]["loss_scale"].get<double>(), std::ldexp(1.0, 40));
+  EXPECT_EQ(lines[1]["loss_scale"].get<double>(), std::ldexp(1.0, 40)) << "hysteresis absorbs the first overflow";
+  EXPECT_EQ(lines[2]["loss_scale"].get<double>(), std::ldexp(1.0, 39));
+  int skipped = 0;
+  for (auto& l : lines) skipped += l.value("skipped", false);
+  EXPECT_GE(skipped, 3);
+  EXPECT_LT(skipped, 30);
+  EXPECT_FALSE(lines.back().value("skipped", false));
+  EXPECT_LT(lines.back()["loss_scale"].get<double>(), std::ldexp(1.0, 30));
+  ASSERT_TRUE(r.final_val_loss.has_value());
+  EXPECT_LT(*r.final_val_loss, 5.0f) << "learns once the scale fits";
 }
 
 }  // namespace

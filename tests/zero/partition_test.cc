@@ -72,3 +72,53 @@ TEST(Engine, EveryStageMatchesTheLedgerAndEstimateAtWorldOne) {
 
 }  // namespace
 }  // namespace zerone::zero
+
+#include "zerone/core/error.h"
+#include "zerone/zero/loss_scaler.h"
+
+namespace zerone::zero {
+namespace {
+
+TEST(LossScaler, DeepSpeedDefaultsHysteresisWindowAndFloor) {
+  LossScaler s(LossScaleConfig{});  // 2^16, window 1000, hysteresis 2, min 1
+  EXPECT_EQ(s.scale(), 65536.0);
+  s.update(true);  // first overflow uses up the hysteresis
+  EXPECT_EQ(s.scale(), 65536.0);
+  s.update(true);  // second halves
+  EXPECT_EQ(s.scale(), 32768.0);
+  s.update(true);  // hysteresis stays spent until a window passes: halves again
+  EXPECT_EQ(s.scale(), 16384.0);
+  for (int i = 0; i < 999; ++i) s.update(false);
+  EXPECT_EQ(s.scale(), 16384.0);
+  s.update(false);  // 1000 clean steps since the last overflow: doubles, hysteresis restored
+  EXPECT_EQ(s.scale(), 32768.0);
+  s.update(true);
+  EXPECT_EQ(s.scale(), 32768.0);
+
+  LossScaleConfig floor;
+  floor.initial_scale_power = 1;
+  floor.hysteresis = 1;
+  LossScaler f(floor);
+  for (int i = 0; i < 5; ++i) f.update(true);
+  EXPECT_EQ(f.scale(), 1.0);  // never below min_scale
+
+  LossScaleConfig fixed;
+  fixed.dynamic = false;
+  fixed.static_scale = 128.0;
+  LossScaler st(fixed);
+  st.update(true);
+  for (int i = 0; i < 2000; ++i) st.update(false);
+  EXPECT_EQ(st.scale(), 128.0);
+}
+
+TEST(LossScaler, BadSettingsAreErrors) {
+  LossScaleConfig c;
+  c.window = 0;
+  EXPECT_THROW(LossScaler{c}, zerone::Error);
+  c = LossScaleConfig{};
+  c.min_scale = 0;
+  EXPECT_THROW(LossScaler{c}, zerone::Error);
+}
+
+}  // namespace
+}  // namespace zerone::zero

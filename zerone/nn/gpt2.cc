@@ -79,8 +79,6 @@ GPT2Config parse_model_spec(const std::string& spec) {
 
 GPT2::GPT2(const GPT2Config& config, DType compute_dtype, size_t align_numel, bool allocate)
     : config_(config), dtype_(compute_dtype) {
-  ZERONE_CHECK(compute_dtype == DType::f32 || compute_dtype == DType::bf16, "precision ", dtype_name(compute_dtype),
-               " is not supported on the CPU: expected fp32 or bf16");
   const int64_t C = config.channels, Vp = config.padded_vocab_size, maxT = config.max_seq_len;
   units_.reserve(config.num_layers + 2);
   units_.emplace_back("embedding",

@@ -1,5 +1,7 @@
 #include "zerone/optim/adamw.h"
 
+#include <cstring>
+
 #include "zerone/core/error.h"
 #include "zerone/core/profiler.h"
 
@@ -58,6 +60,10 @@ double AdamW::step(float lr, float grad_scale) {
     run(pos, s.numel, 0.0f);
   }
   return sumsq;
+}
+
+void AdamW::zero_grads() {
+  for (const ShardRef& s : shards_) std::memset(s.grad, 0, s.numel * sizeof(float));
 }
 
 void AdamW::write_params() {

@@ -54,6 +54,8 @@ class AdamW {
   float* v(size_t i) { return state_[i].v.as<float>(); }
   // Overwrite the step counter (checkpoint restore).
   void set_steps_taken(int step) { step_ = step; }
+  // Zeroes every shard's gradients (a skipped step).
+  void zero_grads();
   // Copies master weights back into the compute-dtype parameters (after loading master state).
   void write_params();
 

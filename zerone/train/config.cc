@@ -85,9 +85,23 @@ void apply_json_config(const std::string& path, TrainConfig& cfg) {
     else if (key == "val_batches") set_int(v, key, "--val-batches", cfg.val_batches);
     else if (key == "bf16" || key == "fp16") {
       const json& o = object_of(v, key);
-      if (o.contains("enabled") && get_as<bool>(o["enabled"], path, key + ".enabled", "true or false") &&
-          !flag_given("--precision"))
-        cfg.precision = key;
+      for (auto& [fk, fv] : o.items()) {
+        std::string full = key + "." + fk;
+        if (fk == "enabled") {
+          if (get_as<bool>(fv, path, full, "true or false") && !flag_given("--precision")) cfg.precision = key;
+        } else if (key == "fp16" && fk == "loss_scale") {
+          if (!flag_given("--loss-scale")) cfg.loss_scale = get_as<double>(fv, path, full, "a number");
+        } else if (key == "fp16" && fk == "initial_scale_power") set_int(fv, full, "--initial-scale-power", cfg.initial_scale_power);
+        else if (key == "fp16" && fk == "loss_scale_window") set_int(fv, full, "--loss-scale-window", cfg.loss_scale_window);
+        else if (key == "fp16" && fk == "hysteresis") set_int(fv, full, "--hysteresis", cfg.hysteresis);
+        else if (key == "fp16" && fk == "min_loss_scale") {
+          if (!flag_given("--min-loss-scale")) cfg.min_loss_scale = get_as<double>(fv, path, full, "a number");
+        } else if (fk == "auto_cast" || fk == "immediate_grad_update") {
+          continue;  // no effect here
+        } else {
+          throw Error(str_cat("config '", path, "': unknown key '", full, "'"));
+        }
+      }
     } else if (key == "optimizer") {
       const json& o = object_of(v, key);
       if (o.contains("type")) {
@@ -165,8 +179,14 @@ void validate(const TrainConfig& c) {
   ZERONE_CHECK(c.val_batches >= 1, "--val-batches ", c.val_batches, " must be at least 1");
   ZERONE_CHECK(c.precision.empty() || c.precision == "fp32" || c.precision == "bf16" || c.precision == "fp16",
                "--precision '", c.precision, "': expected fp32, bf16 or fp16");
-  ZERONE_CHECK(c.precision != "fp16", "--precision fp16 is not available on the CPU backend (no f16 GEMM); use bf16, "
-                                      "which needs no loss scaling");
+  ZERONE_CHECK(std::isfinite(c.loss_scale) && c.loss_scale >= 0, "--loss-scale ", c.loss_scale,
+               " is out of range: expected >= 0 (0 selects dynamic scaling)");
+  ZERONE_CHECK(c.initial_scale_power >= 0 && c.initial_scale_power <= 64, "--initial-scale-power ",
+               c.initial_scale_power, " is out of range: expected 0..64");
+  ZERONE_CHECK(c.loss_scale_window >= 1, "--loss-scale-window ", c.loss_scale_window, " must be at least 1");
+  ZERONE_CHECK(c.hysteresis >= 1, "--hysteresis ", c.hysteresis, " must be at least 1");
+  ZERONE_CHECK(std::isfinite(c.min_loss_scale) && c.min_loss_scale > 0, "--min-loss-scale ", c.min_loss_scale,
+               " must be positive");
   ZERONE_CHECK(c.zero_stage >= 0 && c.zero_stage <= 3, "--zero-stage ", c.zero_stage, " is out of range: expected 0..3");
   ZERONE_CHECK(c.reduce_bucket_size >= 1 && c.reduce_bucket_size <= (int64_t{1} << 31) - 1, "--reduce-bucket-size ",
                c.reduce_bucket_size, " is out of range: expected 1..2147483647 elements");
@@ -184,7 +204,8 @@ std::string consistency_key(const TrainConfig& c) {
                  c.weight_decay, '|', c.beta1, '|', c.beta2, '|', c.eps, '|', c.grad_clip, '|', c.seed, '|',
                  c.no_shuffle, '|', c.val_every, '|', c.val_batches, '|', c.zero_stage, '|', c.reduce_bucket_size, '|',
                  c.allgather_bucket_size, '|', c.stage3_prefetch_bucket_size, '|',
-                 c.stage3_param_persistence_threshold);
+                 c.stage3_param_persistence_threshold, '|', c.loss_scale, '|', c.initial_scale_power, '|',
+                 c.loss_scale_window, '|', c.hysteresis, '|', c.min_loss_scale);
 }
 
 float learning_rate(const TrainConfig& c, int step, int total) {

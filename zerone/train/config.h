@@ -45,6 +45,12 @@ struct TrainConfig {
   int64_t allgather_bucket_size = 500'000'000;
   int64_t stage3_prefetch_bucket_size = 50'000'000;
   int64_t stage3_param_persistence_threshold = 100'000;
+  // fp16 loss scaling (DeepSpeed's fp16.* keys): loss_scale 0 = dynamic.
+  double loss_scale = 0.0;
+  int initial_scale_power = 16;
+  int loss_scale_window = 1000;
+  int hysteresis = 2;
+  double min_loss_scale = 1.0;
   bool profile = false;         // report where step time goes (GEMM, attention, ...)
 
   // Flags the user set (on the command line or through the JSON file), by flag name ("--lr").

@@ -48,6 +48,8 @@ void MetricsWriter::write(const StepRecord& r) {
   line["tokens_per_s"] = r.tokens_per_s;
   line["mem"] = nlohmann::ordered_json::parse(memory_json());
   if (r.val_loss) line["val_loss"] = *r.val_loss;
+  if (r.loss_scale) line["loss_scale"] = *r.loss_scale;
+  if (r.skipped) line["skipped"] = true;
   std::string text = line.dump() + "\n";
   ZERONE_CHECK(std::fputs(text.c_str(), file_) >= 0 && std::fflush(file_) == 0, "--metrics: write to '", path_,
                "' failed: ", std::strerror(errno));
@@ -71,11 +73,13 @@ void Progress::step(const StepRecord& r) {
   elapsed_s_ += r.ms / 1000.0;
   double eta_s = r.step > 0 ? elapsed_s_ / r.step * (r.total_steps - r.step) : 0.0;
   int eta = static_cast<int>(std::lround(eta_s));
-  char line[256];
-  std::snprintf(line, sizeof line, "step %*d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f ms | %.0f tok/s | ETA %dm%02ds | mem %s",
+  char line[320];
+  std::snprintf(line, sizeof line, "step %*d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f ms | %.0f tok/s | ETA %dm%02ds | mem %s%s",
                 static_cast<int>(std::to_string(r.total_steps).size()), r.step, r.total_steps, r.loss, r.lr,
                 r.grad_norm, r.ms, r.tokens_per_s, eta / 60, eta % 60,
-                human_bytes(static_cast<double>(MemoryLedger::global().current_total(MemPlace::host))).c_str());
+                human_bytes(static_cast<double>(MemoryLedger::global().current_total(MemPlace::host))).c_str(),
+                r.skipped ? str_cat(" | overflow: step skipped, loss scale ", *r.loss_scale).c_str()
+                          : (r.loss_scale ? str_cat(" | scale ", *r.loss_scale).c_str() : ""));
   if (live_) {
     std::printf("\r\033[K%s", line);
     line_open_ = true;

@@ -22,6 +22,8 @@ struct StepRecord {
   double ms = 0.0;
   double tokens_per_s = 0.0;
   std::optional<float> val_loss;
+  std::optional<double> loss_scale;  // fp16: the scale this step's backward used
+  bool skipped = false;              // fp16: gradients overflowed, no update
 };
 
 class MetricsWriter {

@@ -18,6 +18,7 @@
 #include "zerone/train/markov_source.h"
 #include "zerone/train/metrics.h"
 #include "zerone/zero/engine.h"
+#include "zerone/zero/loss_scaler.h"
 
 namespace zerone::train {
 namespace {
@@ -177,6 +178,12 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   }
   MetricsWriter metrics(lead ? cfg.metrics : "");
 
+  // fp16: dynamic (or static) loss scaling; bf16 and fp32 need none.
+  const bool scaled = dtype == DType::f16;
+  zero::LossScaler scaler(zero::LossScaleConfig{cfg.loss_scale == 0.0, cfg.loss_scale == 0.0 ? 1.0 : cfg.loss_scale,
+                                                cfg.initial_scale_power, cfg.loss_scale_window, cfg.hysteresis,
+                                                cfg.min_loss_scale});
+
   std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(inputs.size());
   TrainResult result;
   Profiler::set_enabled(cfg.profile);
@@ -185,6 +192,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     if (step == 2) Profiler::reset();
     auto t0 = std::chrono::steady_clock::now();
     double loss_sum = 0.0;  // gradients start at zero: the optimizer step zeroes them
+    const double loss_scale = scaled ? scaler.scale() : 1.0;
     for (int micro = 0; micro < cfg.grad_accum; ++micro) {
       // Chunk (s*accum + k)*world + r: every world size sees the same global batch (issue 3).
       uint64_t chunk = (static_cast<uint64_t>(step - 1) * cfg.grad_accum + micro) * world + rank;
@@ -194,13 +202,14 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
       }
       loss_sum += model.forward(inputs.data(), targets.data(), B, T);
       engine.set_last_micro_step(micro == cfg.grad_accum - 1);
-      model.backward(1.0f / static_cast<float>(cfg.grad_accum));
+      model.backward(static_cast<float>(loss_scale / cfg.grad_accum));
     }
     // The reported loss is the mean over the global batch.
     float loss = static_cast<float>(comm.all_reduce_sum(loss_sum) / (static_cast<double>(cfg.grad_accum) * world));
     ZERONE_CHECK(std::isfinite(loss), "training diverged at step ", step, ": loss ", loss, " (try a lower --lr or --grad-clip)");
     float lr = learning_rate(cfg, step, cfg.steps);
-    double norm = engine.step(lr, cfg.grad_clip);
+    zero::ZeroEngine::StepResult stepped = engine.step(lr, cfg.grad_clip, loss_scale, scaled);
+    if (scaled) scaler.update(stepped.overflow);
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (step >= 2) profiled_wall_s += ms / 1000.0;
 
@@ -209,7 +218,9 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     record.total_steps = cfg.steps;
     record.loss = loss;
     record.lr = lr;
-    record.grad_norm = static_cast<float>(norm);
+    record.grad_norm = static_cast<float>(stepped.norm);
+    if (scaled) record.loss_scale = loss_scale;
+    record.skipped = stepped.overflow;
     record.ms = ms;
     record.tokens_per_s = static_cast<double>(B) * T * cfg.grad_accum * world / (ms / 1000.0);
     bool validate_now = val_loader && ((cfg.val_every > 0 && step % cfg.val_every == 0) || step == cfg.steps);
@@ -231,7 +242,8 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   Profiler::set_enabled(false);
   if (!cfg.save.empty()) {
     engine.with_full_params([&] {
-      if (lead) io::save_llmc_checkpoint(cfg.save, model, dtype);
+      // llm.c has no fp16 checkpoint version: fp16 parameters widen exactly to f32 (v3).
+      if (lead) io::save_llmc_checkpoint(cfg.save, model, dtype == DType::f16 ? DType::f32 : dtype);
     });
     if (lead) progress.message(str_cat("saved llm.c checkpoint '", cfg.save, "'"));
   }

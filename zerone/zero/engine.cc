@@ -214,11 +214,13 @@ double ZeroEngine::reduce_grad_norm_sq(double local_sumsq) const {
   return total / (static_cast<double>(world_) * world_);  // gradients are sums over ranks
 }
 
-double ZeroEngine::step(float lr, float grad_clip) {
+ZeroEngine::StepResult ZeroEngine::step(float lr, float grad_clip, double loss_scale, bool skip_on_overflow) {
   for (int u = 0; u < num_units_; ++u) finish_reduction(u);
-  const float mean_scale = 1.0f / static_cast<float>(world_);
-  double norm;
-  if (grad_clip > 0.0f) {
+  // Gradients are sums over ranks of loss_scale-scaled gradients.
+  const double unscale = 1.0 / (static_cast<double>(world_) * loss_scale);
+  StepResult result;
+  if (grad_clip > 0.0f || skip_on_overflow) {
+    // The norm must be known before the update: one extra read of the gradient shards.
     double local = 0.0;
     for (size_t i = 0; i < optimizer_->num_shards(); ++i) {
       const float* g = optimizer_->grad(i);
@@ -226,13 +228,21 @@ double ZeroEngine::step(float lr, float grad_clip) {
 #pragma omp parallel for reduction(+ : local) schedule(static)
       for (size_t k = 0; k < n; ++k) local += static_cast<double>(g[k]) * g[k];
     }
-    norm = std::sqrt(reduce_grad_norm_sq(local));
-    ZERONE_CHECK(std::isfinite(norm), "gradient norm is ", norm, ": training diverged (try a lower --lr)");
-    float clip = norm > grad_clip ? static_cast<float>(grad_clip / norm) : 1.0f;
-    optimizer_->step(lr, mean_scale * clip);
+    result.norm = std::sqrt(reduce_grad_norm_sq(local)) / loss_scale;
+    if (!std::isfinite(result.norm)) {
+      ZERONE_CHECK(skip_on_overflow, "gradient norm is ", result.norm, ": training diverged (try a lower --lr)");
+      result.overflow = true;
+      optimizer_->zero_grads();
+      for (int u = 0; u < num_units_; ++u)
+        if (config_.stage <= 1) model_.units()[u].zero_grad();
+      return result;
+    }
+    float clip = (grad_clip > 0.0f && result.norm > grad_clip) ? static_cast<float>(grad_clip / result.norm) : 1.0f;
+    optimizer_->step(lr, static_cast<float>(unscale) * clip);
   } else {
-    norm = std::sqrt(reduce_grad_norm_sq(optimizer_->step(lr, mean_scale)));
-    ZERONE_CHECK(std::isfinite(norm), "gradient norm is ", norm, ": training diverged (try a lower --lr or --grad-clip)");
+    result.norm = std::sqrt(reduce_grad_norm_sq(optimizer_->step(lr, static_cast<float>(unscale)))) / loss_scale;
+    ZERONE_CHECK(std::isfinite(result.norm), "gradient norm is ", result.norm,
+                 ": training diverged (try a lower --lr or --grad-clip)");
   }
   // Bring parameters up to date everywhere.
   ProfileScope profile(ProfileCategory::comm);
@@ -240,7 +250,7 @@ double ZeroEngine::step(float lr, float grad_clip) {
   for (int u = 0; u < num_units_; ++u) {
     nn::FlatParam& unit = model_.units()[u];
     UnitState& st = units_[u];
-    if (config_.stage == 1) std::memset(unit.grad(), 0, unit.padded_numel() * sizeof(float));
+    if (config_.stage == 1) unit.zero_grad();
     if (config_.stage == 0) continue;
     if (params_sharded(u)) {
       release(u);  // a gathered copy is stale now
@@ -250,7 +260,7 @@ double ZeroEngine::step(float lr, float grad_clip) {
     }
   }
   for (comm::Work& w : gathers) w.wait();
-  return norm;
+  return result;
 }
 
 void ZeroEngine::with_full_params(const std::function<void()>& fn) {

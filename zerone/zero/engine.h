@@ -51,10 +51,16 @@ class ZeroEngine : public nn::UnitHooks {
   void set_last_micro_step(bool last) { last_micro_step_ = last; }
 
   // Finishes the step: waits for every reduction, clips to `grad_clip` (0: off), updates with
-  // `lr`, and brings every rank's parameters up to date. Returns the global gradient norm of the
-  // averaged gradients before clipping. Throws Error if it is not finite (nothing is updated then
-  // when clipping; without clipping the norm is measured in the update pass itself).
-  double step(float lr, float grad_clip);
+  // `lr`, and brings every rank's parameters up to date. The gradients were computed on the loss
+  // times `loss_scale`, which is divided out. With `skip_on_overflow` (fp16 loss scaling) a
+  // non-finite gradient norm skips the update, zeroes the gradients and reports overflow;
+  // otherwise it throws Error (training diverged). `norm` is the global norm of the averaged,
+  // unscaled gradients before clipping.
+  struct StepResult {
+    double norm = 0.0;
+    bool overflow = false;
+  };
+  StepResult step(float lr, float grad_clip, double loss_scale = 1.0, bool skip_on_overflow = false);
 
   // Runs `fn` with every unit's full parameters present (stage 3 gathers them first and releases
   // them after), e.g. to write a checkpoint. Collective: every rank must call it.

@@ -1,15 +1,18 @@
 #include "zerone/kernels/cpu/adamw.h"
 
 #include <cmath>
+#include <type_traits>
 
 #include "zerone/core/error.h"
 
 namespace zerone::kernels::cpu {
 namespace {
 
-template <typename P, bool kWriteParam, bool kZeroGrad>
+template <DType D, bool kWriteParam, bool kZeroGrad>
 double update(float* __restrict master, float* __restrict m, float* __restrict v, float* __restrict grad,
-              P* __restrict param, size_t n, const AdamWHyper& h) {
+              void* __restrict param_out, size_t n, const AdamWHyper& h) {
+  using P = std::conditional_t<D == DType::f32, float, uint16_t>;
+  P* __restrict param = static_cast<P*>(param_out);
   const float b1 = h.beta1, b2 = h.beta2, one_b1 = 1.0f - h.beta1, one_b2 = 1.0f - h.beta2;
   const float decay = 1.0f - h.lr * h.weight_decay;
   const double bc1 = 1.0 - std::pow(static_cast<double>(h.beta1), h.step);
@@ -31,11 +34,9 @@ double update(float* __restrict master, float* __restrict m, float* __restrict v
     v[i] = vi;
     master[i] = p;
     if constexpr (kWriteParam) {
-      if constexpr (std::is_same_v<P, float>) {
-        param[i] = p;
-      } else {
-        param[i] = f32_to_bf16(p);
-      }
+      if constexpr (D == DType::f32) param[i] = p;
+      else if constexpr (D == DType::bf16) param[i] = f32_to_bf16(p);
+      else param[i] = f32_to_f16(p);
     }
   }
   return sumsq;
@@ -45,14 +46,14 @@ template <bool kWriteParam, bool kZeroGrad>
 double dispatch_param(float* master, float* m, float* v, float* grad, void* param, DType param_dtype, size_t n,
                       const AdamWHyper& h) {
   if constexpr (!kWriteParam) {
-    return update<float, false, kZeroGrad>(master, m, v, grad, nullptr, n, h);
+    return update<DType::f32, false, kZeroGrad>(master, m, v, grad, nullptr, n, h);
   } else {
     switch (param_dtype) {
-      case DType::f32: return update<float, true, kZeroGrad>(master, m, v, grad, static_cast<float*>(param), n, h);
-      case DType::bf16: return update<bf16_t, true, kZeroGrad>(master, m, v, grad, static_cast<bf16_t*>(param), n, h);
-      case DType::f16: break;
+      case DType::f32: return update<DType::f32, true, kZeroGrad>(master, m, v, grad, param, n, h);
+      case DType::bf16: return update<DType::bf16, true, kZeroGrad>(master, m, v, grad, param, n, h);
+      case DType::f16: return update<DType::f16, true, kZeroGrad>(master, m, v, grad, param, n, h);
     }
-    throw Error("AdamW: fp16 parameter copies are not supported on the CPU; use bf16 or fp32");
+    ZERONE_ASSERT(false);
   }
 }
 

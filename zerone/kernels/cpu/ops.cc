@@ -20,23 +20,35 @@
 namespace zerone::kernels::cpu {
 namespace {
 
-inline float ld(const float* p, size_t i) { return p[i]; }
-inline float ld(const bf16_t* p, size_t i) { return bf16_to_f32(p[i]); }
+// Parameter storage by dtype: the C++ type and how to widen an element to f32. (bf16 and f16 share
+// uint16_t storage, so the dtype, not the C++ type, selects the conversion.)
+template <DType D> struct Param;
+template <> struct Param<DType::f32> {
+  using type = float;
+  static float load(const float* p, size_t i) { return p[i]; }
+};
+template <> struct Param<DType::bf16> {
+  using type = uint16_t;
+  static float load(const uint16_t* p, size_t i) { return bf16_to_f32(p[i]); }
+};
+template <> struct Param<DType::f16> {
+  using type = uint16_t;
+  static float load(const uint16_t* p, size_t i) { return f16_to_f32(p[i]); }
+};
 
-// Runs `body` with P = the C++ type of `dtype`'s parameters.
+// Runs `body` with a Param<dtype> tag.
 template <typename Body>
 void with_param_type(DType dtype, Body&& body) {
   switch (dtype) {
-    case DType::f32: body(static_cast<const float*>(nullptr)); return;
-    case DType::bf16: body(static_cast<const bf16_t*>(nullptr)); return;
-    case DType::f16: break;
+    case DType::f32: body(Param<DType::f32>{}); return;
+    case DType::bf16: body(Param<DType::bf16>{}); return;
+    case DType::f16: body(Param<DType::f16>{}); return;
   }
-  throw Error("fp16 parameters are not supported by the CPU kernels: use --precision bf16 or fp32");
 }
 
 // Note [Scratch arena]: kernels need temporaries (bf16 copies of matmul inputs, per-thread partial
 // sums). Each slot keeps one buffer that only grows, so after the first step nothing is allocated.
-enum ScratchSlot { kScratchA, kScratchB, kScratchBias, kScratchPartials, kScratchSlots };
+enum ScratchSlot { kScratchA, kScratchB, kScratchBias, kScratchPartials, kScratchWeight, kScratchSlots };
 
 void* scratch(ScratchSlot slot, size_t bytes) {
   static Buffer buffers[kScratchSlots];
@@ -45,13 +57,45 @@ void* scratch(ScratchSlot slot, size_t bytes) {
   return buf.data();
 }
 
-// Returns `src` (n f32 values) as `dtype` for a matmul operand: src itself for f32, else a
-// rounded copy in scratch `slot`.
-const void* as_matmul_operand(const float* src, size_t n, DType dtype, ScratchSlot slot) {
-  if (dtype == DType::f32) return src;
-  void* dst = scratch(slot, n * dtype_size(dtype));
-  convert_from_f32(src, dst, dtype, n);
-  return dst;
+// Note [fp16 on the CPU]: oneDNN 2.6 has no f16 matmul on CPUs without AVX512-FP16, so fp16 runs
+// its GEMMs in f32 on operands rounded to f16: the weights are f16 already (widened exactly), the
+// activation and gradient operands are rounded to f16 and back. The rounding, the range and so
+// the overflow behaviour that loss scaling exists for are those of fp16; only the speed is not.
+
+// A matmul operand: its data and the dtype the GEMM reads it in.
+struct Operand {
+  const void* data;
+  DType dtype;
+};
+
+// The GEMM dtype for parameters stored as `param_dtype`.
+DType gemm_dtype(DType param_dtype) { return param_dtype == DType::f16 ? DType::f32 : param_dtype; }
+
+// `src` (n f32 activations or gradients) as a matmul operand for `param_dtype`.
+Operand activation_operand(const float* src, size_t n, DType param_dtype, ScratchSlot slot) {
+  switch (param_dtype) {
+    case DType::f32: return {src, DType::f32};
+    case DType::bf16: {
+      void* dst = scratch(slot, n * 2);
+      convert_f32_to_bf16(src, static_cast<bf16_t*>(dst), n);
+      return {dst, DType::bf16};
+    }
+    case DType::f16: {
+      float* dst = static_cast<float*>(scratch(slot, n * 4));
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+      for (size_t i = 0; i < n; ++i) dst[i] = f16_to_f32(f32_to_f16(src[i]));
+      return {dst, DType::f32};
+    }
+  }
+  ZERONE_ASSERT(false);
+}
+
+// A weight (n elements stored as `param_dtype`) as a matmul operand.
+Operand weight_operand(const void* weight, size_t n, DType param_dtype) {
+  if (param_dtype != DType::f16) return {weight, param_dtype};
+  float* dst = static_cast<float*>(scratch(kScratchWeight, n * 4));
+  convert_f16_to_f32(static_cast<const f16_t*>(weight), dst, n);
+  return {dst, DType::f32};
 }
 
 }  // namespace
@@ -62,7 +106,8 @@ void embedding_forward(float* out, const int32_t* tokens, const void* wte, const
                        int B, int T, int C) {
   ProfileScope profile(ProfileCategory::elementwise);
   with_param_type(param_dtype, [&](auto tag) {
-    using P = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
+    using PT = decltype(tag);
+    using P = typename PT::type;
     const P* wte_p = static_cast<const P*>(wte);
     const P* wpe_p = static_cast<const P*>(wpe);
 #pragma omp parallel for collapse(2) schedule(static)
@@ -72,7 +117,7 @@ void embedding_forward(float* out, const int32_t* tokens, const void* wte, const
         size_t tok_off = static_cast<size_t>(tokens[b * T + t]) * C;
         size_t pos_off = static_cast<size_t>(t) * C;
 #pragma omp simd
-        for (int i = 0; i < C; ++i) out_bt[i] = ld(wte_p, tok_off + i) + ld(wpe_p, pos_off + i);
+        for (int i = 0; i < C; ++i) out_bt[i] = PT::load(wte_p, tok_off + i) + PT::load(wpe_p, pos_off + i);
       }
     }
   });
@@ -108,7 +153,8 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
   ProfileScope profile(ProfileCategory::elementwise);
   const float eps = 1e-5f;
   with_param_type(param_dtype, [&](auto tag) {
-    using P = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
+    using PT = decltype(tag);
+    using P = typename PT::type;
     const P* w = static_cast<const P*>(weight);
     const P* bs = static_cast<const P*>(bias);
 #pragma omp parallel for schedule(static)
@@ -124,7 +170,7 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
       float s = 1.0f / std::sqrt(var / C + eps);
       float* o = out + static_cast<size_t>(n) * C;
 #pragma omp simd
-      for (int i = 0; i < C; ++i) o[i] = (x[i] - m) * s * ld(w, i) + ld(bs, i);
+      for (int i = 0; i < C; ++i) o[i] = (x[i] - m) * s * PT::load(w, i) + PT::load(bs, i);
       mean[n] = m;
       rstd[n] = s;
     }
@@ -141,7 +187,8 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
   std::memset(partials, 0, sizeof(float) * 2 * C * max_threads);
   int used_threads = 1;
   with_param_type(param_dtype, [&](auto tag) {
-    using P = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
+    using PT = decltype(tag);
+    using P = typename PT::type;
     const P* w = static_cast<const P*>(weight);
 #pragma omp parallel
     {
@@ -159,7 +206,7 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 #pragma omp simd reduction(+ : dnorm_mean, dnorm_norm_mean)
         for (int i = 0; i < C; ++i) {
           float norm = (x[i] - m) * s;
-          float dnorm = ld(w, i) * dy[i];
+          float dnorm = PT::load(w, i) * dy[i];
           dnorm_mean += dnorm;
           dnorm_norm_mean += dnorm * norm;
         }
@@ -168,7 +215,7 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 #pragma omp simd
         for (int i = 0; i < C; ++i) {
           float norm = (x[i] - m) * s;
-          float dnorm = ld(w, i) * dy[i];
+          float dnorm = PT::load(w, i) * dy[i];
           db_part[i] += dy[i];
           dw_part[i] += norm * dy[i];
           dx[i] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
@@ -200,20 +247,23 @@ void linear_forward(float* out, const float* inp, const void* weight, const void
       bias_f32 = tmp;
     }
   }
-  const void* inp_c = as_matmul_operand(inp, static_cast<size_t>(N) * C, param_dtype, kScratchA);
+  Operand x = activation_operand(inp, static_cast<size_t>(N) * C, param_dtype, kScratchA);
+  Operand w = weight_operand(weight, static_cast<size_t>(OC) * C, param_dtype);
   // weight is stored (OC, C): op(B) = weight^T (C, OC)
-  matmul(inp_c, false, weight, true, out, N, OC, C, param_dtype, /*accumulate=*/false, bias_f32);
+  matmul(x.data, false, w.data, true, out, N, OC, C, gemm_dtype(param_dtype), /*accumulate=*/false, bias_f32);
 }
 
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const void* weight, DType param_dtype, int N, int C, int OC) {
   ProfileScope profile(ProfileCategory::elementwise);
-  const void* dout_c = as_matmul_operand(dout, static_cast<size_t>(N) * OC, param_dtype, kScratchA);
+  const DType gemm = gemm_dtype(param_dtype);
+  Operand dy = activation_operand(dout, static_cast<size_t>(N) * OC, param_dtype, kScratchA);
   if (dinp != nullptr) {
-    matmul(dout_c, false, weight, false, dinp, N, C, OC, param_dtype, /*accumulate=*/false);  // (N,OC)@(OC,C)
+    Operand w = weight_operand(weight, static_cast<size_t>(OC) * C, param_dtype);
+    matmul(dy.data, false, w.data, false, dinp, N, C, OC, gemm, /*accumulate=*/false);  // (N,OC)@(OC,C)
   }
-  const void* inp_c = as_matmul_operand(inp, static_cast<size_t>(N) * C, param_dtype, kScratchB);
-  matmul(dout_c, true, inp_c, false, dweight, OC, C, N, param_dtype, /*accumulate=*/true);  // (OC,N)@(N,C)
+  Operand x = activation_operand(inp, static_cast<size_t>(N) * C, param_dtype, kScratchB);
+  matmul(dy.data, true, x.data, false, dweight, OC, C, N, gemm, /*accumulate=*/true);  // (OC,N)@(N,C)
   if (dbias != nullptr) {
 #pragma omp parallel
     {

@@ -182,6 +182,10 @@ void ZeroEngine::launch_reduction(int u) {
       st.reduce_work.push_back(comm_.all_reduce_sum_async(unit.grad() + off, std::min(config_.reduce_bucket_numel, P - off)));
   } else if (config_.stage == 1) {
     st.reduce_work.push_back(comm_.reduce_scatter_sum_async(unit.grad(), unit.grad(), S));
+  } else if (st.accumulator_zero) {
+    // First micro-step of the step: the accumulator is zero, so the shard can land in it directly.
+    st.reduce_work.push_back(comm_.reduce_scatter_sum_async(unit.grad(), st.shard_grads.as<float>(), S));
+    st.accumulator_zero = false;
   } else {
     st.reduce_out = Buffer(S * sizeof(float), MemCategory::comm);
     st.reduce_work.push_back(comm_.reduce_scatter_sum_async(unit.grad(), st.reduce_out.as<float>(), S));
@@ -197,13 +201,16 @@ void ZeroEngine::finish_reduction(int u) {
   }
   st.reduce_work.clear();
   if (config_.stage >= 2) {
-    // Accumulate this micro-step's reduced shard and free the full gradients.
-    float* acc = st.shard_grads.as<float>();
-    const float* in = st.reduce_out.as<float>();
-    const size_t S = st.shard.shard_numel;
+    // Accumulate this micro-step's reduced shard (unless it landed in the accumulator directly)
+    // and free the full gradients.
+    if (!st.reduce_out.empty()) {
+      float* acc = st.shard_grads.as<float>();
+      const float* in = st.reduce_out.as<float>();
+      const size_t S = st.shard.shard_numel;
 #pragma omp parallel for simd schedule(static) if (S > 65536)
-    for (size_t i = 0; i < S; ++i) acc[i] += in[i];
-    st.reduce_out.reset();
+      for (size_t i = 0; i < S; ++i) acc[i] += in[i];
+      st.reduce_out.reset();
+    }
     model_.units()[u].release_grads();
   }
 }
@@ -233,6 +240,7 @@ ZeroEngine::StepResult ZeroEngine::step(float lr, float grad_clip, double loss_s
       ZERONE_CHECK(skip_on_overflow, "gradient norm is ", result.norm, ": training diverged (try a lower --lr)");
       result.overflow = true;
       optimizer_->zero_grads();
+      for (UnitState& st : units_) st.accumulator_zero = true;
       for (int u = 0; u < num_units_; ++u)
         if (config_.stage <= 1) model_.units()[u].zero_grad();
       return result;
@@ -244,6 +252,7 @@ ZeroEngine::StepResult ZeroEngine::step(float lr, float grad_clip, double loss_s
     ZERONE_CHECK(std::isfinite(result.norm), "gradient norm is ", result.norm,
                  ": training diverged (try a lower --lr or --grad-clip)");
   }
+  for (UnitState& st : units_) st.accumulator_zero = true;  // the update pass zeroed them
   // Bring parameters up to date everywhere.
   ProfileScope profile(ProfileCategory::comm);
   std::vector<comm::Work> gathers;

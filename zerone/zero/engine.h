@@ -81,6 +81,7 @@ class ZeroEngine : public nn::UnitHooks {
     Buffer shard_params;  // stage 3, non-persistent: this rank's parameter shard (compute dtype)
     Buffer shard_grads;   // stages 2-3: this rank's f32 gradient accumulator
     Buffer reduce_out;    // stages 2-3: reduce-scatter landing buffer while a reduction is pending
+    bool accumulator_zero = true;  // stages 2-3: shard_grads holds nothing yet this step
     std::vector<comm::Work> reduce_work;
     comm::Work gather_work;
     bool gather_pending = false;

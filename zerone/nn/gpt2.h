@@ -7,7 +7,7 @@
 //                              ln2w, ln2b (C), fcw (4C, C), fcb (4C), fcprojw (C, 4C), fcprojb (C)
 //   unit L+1      "final"      lnfw, lnfb (C)      (the head reads wte from unit 0)
 //
-// Precision: parameters are stored in `compute_dtype` (f32 or bf16); activations and gradients are
+// Precision: parameters are stored in `compute_dtype` (f32, bf16 or f16); activations and gradients are
 // f32; matmuls run in the compute dtype with f32 accumulation (see kernels/cpu/ops.h).
 //
 // UnitHooks let the ZeRO engine act around each unit (gather parameters before use, release them,

@@ -194,7 +194,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     double loss_sum = 0.0;  // gradients start at zero: the optimizer step zeroes them
     const double loss_scale = scaled ? scaler.scale() : 1.0;
     for (int micro = 0; micro < cfg.grad_accum; ++micro) {
-      // Chunk (s*accum + k)*world + r: every world size sees the same global batch (issue 3).
+      // Chunk (s*accum + k)*world + r: every world size sees the same global batch.
       uint64_t chunk = (static_cast<uint64_t>(step - 1) * cfg.grad_accum + micro) * world + rank;
       {
         ProfileScope profile(ProfileCategory::data);

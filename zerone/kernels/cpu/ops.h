@@ -4,8 +4,9 @@
 //
 // Conventions:
 //  - Activations and gradients are f32. Parameters are read in their storage dtype (`param_dtype`:
-//    f32 or bf16) and widened to f32 inside the kernel; matmuls run in `param_dtype` (bf16 inputs
-//    are rounded from the f32 activations, f32 accumulation), like PyTorch autocast.
+//    f32, bf16 or f16) and widened to f32 inside the kernel; matmuls run in bf16 for bf16 (inputs
+//    rounded from the f32 activations, f32 accumulation, like PyTorch autocast), in f32 for f32,
+//    and in f32 on f16-rounded operands for f16 (Note [fp16 on the CPU] in ops.cc).
 //  - Parameter gradients always accumulate (+=), so gradient accumulation over micro-steps is free.
 //  - Input gradients overwrite (=) except where a kernel says it accumulates (layernorm_backward,
 //    which adds into the residual stream's gradient).

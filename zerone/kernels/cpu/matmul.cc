@@ -24,8 +24,6 @@ Context& context() {
   return ctx;
 }
 
-using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, DType, bool, bool>;
-
 memory::data_type to_dnnl(DType dtype) {
   switch (dtype) {
     case DType::f32: return memory::data_type::f32;
@@ -35,35 +33,59 @@ memory::data_type to_dnnl(DType dtype) {
   ZERONE_ASSERT(false);
 }
 
+// Everything that shapes a primitive. A 2-D matmul is the 1 x 1 batch.
+struct Shape {
+  int64_t batch0, batch1, m, n, k;
+  Strides4 a, b, c;
+  DType dtype;
+  float alpha;
+  bool accumulate, has_bias;
+  auto tie() const {
+    return std::tie(batch0, batch1, m, n, k, a, b, c, dtype, alpha, accumulate, has_bias);
+  }
+  bool operator<(const Shape& o) const { return tie() < o.tie(); }
+};
+
 struct Entry {
   dnnl::matmul primitive;
   memory::desc a_md, b_md, c_md, bias_md;
 };
 
-Entry& lookup(const Key& key) {
+// Creates the primitive for `s` once (milliseconds) and caches it; locked, so callers may race.
+Entry& lookup(const Shape& s) {
   static std::mutex mutex;
-  static std::map<Key, Entry> cache;
+  static std::map<Shape, Entry> cache;
   std::lock_guard<std::mutex> lock(mutex);
-  auto it = cache.find(key);
+  auto it = cache.find(s);
   if (it != cache.end()) return it->second;
-  auto [m, n, k, trans_a, trans_b, dtype, accumulate, has_bias] = key;
-  memory::data_type dt = to_dnnl(dtype);
-  // Strides express the transposes: A^T stored (K, M) is the (M, K) matrix with strides {1, M}.
-  memory::desc a_md({m, k}, dt, trans_a ? memory::dims{1, m} : memory::dims{k, 1});
-  memory::desc b_md({k, n}, dt, trans_b ? memory::dims{1, k} : memory::dims{n, 1});
-  memory::desc c_md({m, n}, memory::data_type::f32, memory::dims{n, 1});
+  memory::data_type dt = to_dnnl(s.dtype);
+  memory::desc a_md({s.batch0, s.batch1, s.m, s.k}, dt, {s.a.batch0, s.a.batch1, s.a.row, s.a.col});
+  memory::desc b_md({s.batch0, s.batch1, s.k, s.n}, dt, {s.b.batch0, s.b.batch1, s.b.row, s.b.col});
+  memory::desc c_md({s.batch0, s.batch1, s.m, s.n}, memory::data_type::f32, {s.c.batch0, s.c.batch1, s.c.row, s.c.col});
   memory::desc bias_md;
-  if (has_bias) bias_md = memory::desc({1, n}, memory::data_type::f32, memory::dims{n, 1});
+  if (s.has_bias) bias_md = memory::desc({1, 1, 1, s.n}, memory::data_type::f32, {s.n, s.n, s.n, 1});
   dnnl::primitive_attr attr;
-  if (accumulate) {
+  if (s.alpha != 1.0f) attr.set_output_scales(0, {s.alpha});
+  if (s.accumulate) {
     dnnl::post_ops ops;
     ops.append_sum(1.0f);
     attr.set_post_ops(ops);
   }
-  auto desc = has_bias ? dnnl::matmul::desc(a_md, b_md, bias_md, c_md) : dnnl::matmul::desc(a_md, b_md, c_md);
+  auto desc = s.has_bias ? dnnl::matmul::desc(a_md, b_md, bias_md, c_md) : dnnl::matmul::desc(a_md, b_md, c_md);
   dnnl::matmul::primitive_desc pd(desc, attr, context().engine);
-  auto [pos, inserted] = cache.emplace(key, Entry{dnnl::matmul(pd), a_md, b_md, c_md, bias_md});
-  return pos->second;
+  return cache.emplace(s, Entry{dnnl::matmul(pd), a_md, b_md, c_md, bias_md}).first->second;
+}
+
+void execute(const Shape& s, const void* a, const void* b, float* c, const float* bias) {
+  ZERONE_ASSERT(s.batch0 > 0 && s.batch1 > 0 && s.m > 0 && s.n > 0 && s.k > 0, "matmul dims ", s.m, "x", s.n, "x", s.k);
+  Entry& e = lookup(s);
+  Context& ctx = context();
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, memory(e.a_md, ctx.engine, const_cast<void*>(a))},
+                                       {DNNL_ARG_WEIGHTS, memory(e.b_md, ctx.engine, const_cast<void*>(b))},
+                                       {DNNL_ARG_DST, memory(e.c_md, ctx.engine, c)}};
+  if (bias) args.emplace(DNNL_ARG_BIAS, memory(e.bias_md, ctx.engine, const_cast<float*>(bias)));
+  e.primitive.execute(ctx.stream, args);
+  ctx.stream.wait();
 }
 
 }  // namespace
@@ -71,57 +93,17 @@ Entry& lookup(const Key& key) {
 void matmul(const void* a, bool trans_a, const void* b, bool trans_b, float* c, int64_t m, int64_t n,
             int64_t k, DType dtype, bool accumulate, const float* bias) {
   ProfileScope profile(ProfileCategory::gemm);
-  ZERONE_ASSERT(m > 0 && n > 0 && k > 0, "matmul dims ", m, "x", n, "x", k);
-  Entry& e = lookup(Key{m, n, k, trans_a, trans_b, dtype, accumulate, bias != nullptr});
-  Context& ctx = context();
-  memory a_mem(e.a_md, ctx.engine, const_cast<void*>(a));
-  memory b_mem(e.b_md, ctx.engine, const_cast<void*>(b));
-  memory c_mem(e.c_md, ctx.engine, c);
-  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}};
-  if (bias) args.emplace(DNNL_ARG_BIAS, memory(e.bias_md, ctx.engine, const_cast<float*>(bias)));
-  e.primitive.execute(ctx.stream, args);
-  ctx.stream.wait();
+  // Strides express the transposes: A^T stored (K, M) is the (M, K) matrix with strides {1, M}.
+  Strides4 as = trans_a ? Strides4{m * k, m * k, 1, m} : Strides4{m * k, m * k, k, 1};
+  Strides4 bs = trans_b ? Strides4{k * n, k * n, 1, k} : Strides4{k * n, k * n, n, 1};
+  Strides4 cs{m * n, m * n, n, 1};
+  execute(Shape{1, 1, m, n, k, as, bs, cs, dtype, 1.0f, accumulate, bias != nullptr}, a, b, c, bias);
 }
 
 void batched_matmul(int64_t batch0, int64_t batch1, int64_t m, int64_t n, int64_t k, const void* a, Strides4 as,
                     const void* b, Strides4 bs, float* c, Strides4 cs, DType dtype, float alpha, bool accumulate) {
   // No profile scope of its own: the time counts to the caller's (attention).
-  ZERONE_ASSERT(batch0 > 0 && batch1 > 0 && m > 0 && n > 0 && k > 0);
-  using BKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, Strides4, Strides4, Strides4, DType, float, bool>;
-  struct BEntry {
-    dnnl::matmul primitive;
-    memory::desc a_md, b_md, c_md;
-  };
-  static std::mutex mutex;
-  static std::map<BKey, BEntry> cache;
-  BKey key{batch0, batch1, m, n, k, as, bs, cs, dtype, alpha, accumulate};
-  BEntry* e;
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    auto it = cache.find(key);
-    if (it == cache.end()) {
-      memory::data_type dt = to_dnnl(dtype);
-      memory::desc a_md({batch0, batch1, m, k}, dt, {as.batch0, as.batch1, as.row, as.col});
-      memory::desc b_md({batch0, batch1, k, n}, dt, {bs.batch0, bs.batch1, bs.row, bs.col});
-      memory::desc c_md({batch0, batch1, m, n}, memory::data_type::f32, {cs.batch0, cs.batch1, cs.row, cs.col});
-      dnnl::primitive_attr attr;
-      if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
-      if (accumulate) {
-        dnnl::post_ops ops;
-        ops.append_sum(1.0f);
-        attr.set_post_ops(ops);
-      }
-      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, context().engine);
-      it = cache.emplace(key, BEntry{dnnl::matmul(pd), a_md, b_md, c_md}).first;
-    }
-    e = &it->second;
-  }
-  Context& ctx = context();
-  memory a_mem(e->a_md, ctx.engine, const_cast<void*>(a));
-  memory b_mem(e->b_md, ctx.engine, const_cast<void*>(b));
-  memory c_mem(e->c_md, ctx.engine, c);
-  e->primitive.execute(ctx.stream, {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}});
-  ctx.stream.wait();
+  execute(Shape{batch0, batch1, m, n, k, as, bs, cs, dtype, alpha, accumulate, false}, a, b, c, nullptr);
 }
 
 const char* onednn_version_string() {

@@ -32,8 +32,6 @@ class Rng {
     if (u1 < 1e-300) u1 = 1e-300;
     return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
   }
-  // Moves to element `index` of this stream (random access).
-  void seek(uint64_t index) { counter_ = index; }
 
  private:
   uint64_t key_;

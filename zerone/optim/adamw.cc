@@ -66,10 +66,4 @@ void AdamW::zero_grads() {
   for (const ShardRef& s : shards_) std::memset(s.grad, 0, s.numel * sizeof(float));
 }
 
-void AdamW::write_params() {
-  if (param_dtype_ == DType::f32) return;
-  for (size_t i = 0; i < shards_.size(); ++i)
-    convert_from_f32(state_[i].master.as<float>(), shards_[i].param, param_dtype_, shards_[i].numel);
-}
-
 }  // namespace zerone::optim

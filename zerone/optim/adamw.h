@@ -43,7 +43,6 @@ class AdamW {
   // sum of squares of the gradients it consumed (unscaled), so that callers that do not clip get
   // the gradient norm without another pass.
   double step(float lr, float grad_scale);
-  int steps_taken() const { return step_; }
 
   size_t num_shards() const { return shards_.size(); }
   size_t numel(size_t i) const { return shards_[i].numel; }
@@ -52,12 +51,8 @@ class AdamW {
   float* master(size_t i);
   float* m(size_t i) { return state_[i].m.as<float>(); }
   float* v(size_t i) { return state_[i].v.as<float>(); }
-  // Overwrite the step counter (checkpoint restore).
-  void set_steps_taken(int step) { step_ = step; }
   // Zeroes every shard's gradients (a skipped step).
   void zero_grads();
-  // Copies master weights back into the compute-dtype parameters (after loading master state).
-  void write_params();
 
  private:
   struct State {

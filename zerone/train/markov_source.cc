@@ -14,11 +14,11 @@ MarkovSource::MarkovSource(uint64_t seed, int order, double sharpness) : alphabe
   S_ = 1;
   for (int i = 0; i < order; ++i) S_ *= K_;
   const int K = K_, S = S_;
-  probs_.resize(static_cast<size_t>(S) * K);
-  cdf_.resize(probs_.size());
+  std::vector<double> probs(static_cast<size_t>(S) * K);  // (S contexts, K next symbols)
+  cdf_.resize(probs.size());
   Rng rng(seed, 0x3a7c0f);
   for (int ctx = 0; ctx < S; ++ctx) {
-    double* row = &probs_[static_cast<size_t>(ctx) * K];
+    double* row = &probs[static_cast<size_t>(ctx) * K];
     double maxz = -1e300;
     for (int j = 0; j < K; ++j) maxz = std::max(maxz, row[j] = sharpness * rng.normal());
     double sum = 0.0;
@@ -34,7 +34,7 @@ MarkovSource::MarkovSource(uint64_t seed, int order, double sharpness) : alphabe
   for (int iter = 0; iter < 10000; ++iter) {
     std::fill(next.begin(), next.end(), 0.0);
     for (int ctx = 0; ctx < S; ++ctx) {
-      for (int c = 0; c < K; ++c) next[(ctx * K + c) % S] += pi[ctx] * probs_[static_cast<size_t>(ctx) * K + c];
+      for (int c = 0; c < K; ++c) next[(ctx * K + c) % S] += pi[ctx] * probs[static_cast<size_t>(ctx) * K + c];
     }
     double diff = 0.0;
     for (int i = 0; i < S; ++i) diff += std::abs(next[i] - pi[i]);
@@ -46,7 +46,7 @@ MarkovSource::MarkovSource(uint64_t seed, int order, double sharpness) : alphabe
   for (int ctx = 0; ctx < S; ++ctx) {
     double row_h = 0.0;
     for (int j = 0; j < K; ++j) {
-      double p = probs_[static_cast<size_t>(ctx) * K + j];
+      double p = probs[static_cast<size_t>(ctx) * K + j];
       if (p > 0) row_h -= p * std::log(p);
     }
     h += pi[ctx] * row_h;

@@ -29,7 +29,6 @@ class MarkovSource {
  private:
   int K_, S_;  // symbols, contexts (K^order)
   std::string alphabet_;
-  std::vector<double> probs_;  // (S contexts, K next symbols)
   std::vector<double> cdf_;    // cumulative rows, for sampling
   std::vector<double> stationary_;  // (S)
   double entropy_rate_ = 0.0;

@@ -22,7 +22,10 @@ MetricsWriter::~MetricsWriter() {
   if (file_ != nullptr) std::fclose(file_);
 }
 
-std::string memory_json() {
+namespace {
+
+// The "mem" object of a metrics line, from the global ledger and peak RSS.
+nlohmann::ordered_json memory_object() {
   nlohmann::ordered_json mem = nlohmann::ordered_json::object();
   const MemoryLedger& ledger = MemoryLedger::global();
   for (size_t p = 0; p < MemoryLedger::kPlaces; ++p) {
@@ -34,8 +37,10 @@ std::string memory_json() {
     }
   }
   mem["peak_rss"] = peak_rss_bytes();
-  return mem.dump();
+  return mem;
 }
+
+}  // namespace
 
 void MetricsWriter::write(const StepRecord& r) {
   if (file_ == nullptr) return;
@@ -46,7 +51,7 @@ void MetricsWriter::write(const StepRecord& r) {
   line["grad_norm"] = r.grad_norm;
   line["ms"] = r.ms;
   line["tokens_per_s"] = r.tokens_per_s;
-  line["mem"] = nlohmann::ordered_json::parse(memory_json());
+  line["mem"] = memory_object();
   if (r.val_loss) line["val_loss"] = *r.val_loss;
   if (r.loss_scale) line["loss_scale"] = *r.loss_scale;
   if (r.skipped) line["skipped"] = true;

@@ -40,8 +40,6 @@ class MetricsWriter {
   std::string path_;
 };
 
-// The "mem" object of a metrics line, from the global ledger and peak RSS.
-std::string memory_json();
 // Bytes as "12.3 MiB".
 std::string human_bytes(double bytes);
 

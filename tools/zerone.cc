@@ -51,7 +51,7 @@ void add_train_flags(CLI::App& cmd, train::TrainConfig& c, std::string& config_p
   cmd.add_option("--hysteresis", c.hysteresis, "fp16: overflows tolerated before halving (2)");
   cmd.add_option("--min-loss-scale", c.min_loss_scale, "fp16: lowest dynamic scale (1)");
   cmd.add_option("--zero-stage", c.zero_stage, "ZeRO stage 0..3");
-  cmd.add_option("--reduce-bucket-size", c.reduce_bucket_size, "elements per gradient all-reduce bucket (stage 0)");
+  cmd.add_option("--reduce-bucket-size", c.reduce_bucket_size, "gradient elements per all-reduce bucket (stage 0) / in flight before waiting (stages 2-3)");
   cmd.add_option("--allgather-bucket-size", c.allgather_bucket_size, "elements per parameter all-gather bucket");
   cmd.add_option("--stage3-prefetch-bucket-size", c.stage3_prefetch_bucket_size, "elements of units prefetched ahead (stage 3)");
   cmd.add_option("--stage3-param-persistence-threshold", c.stage3_param_persistence_threshold,
@@ -99,6 +99,7 @@ struct EstimateArgs {
   int world = 1, stage = 0, micro_batch = 4, seq = 64;
   double device_mem_gib = 0.0;
   int64_t persistence_threshold = 100'000;
+  int64_t reduce_bucket_numel = 500'000'000, prefetch_numel = 50'000'000;
   bool json = false;
 };
 
@@ -107,8 +108,13 @@ int cmd_estimate(const EstimateArgs& a, bool stage_given) {
   DType dtype = train::resolve_precision(a.precision);
   ZERONE_CHECK(a.device_mem_gib >= 0.0, "--device-mem ", a.device_mem_gib, " is negative");
   ZERONE_CHECK(a.persistence_threshold >= 0, "--stage3-param-persistence-threshold is negative");
+  ZERONE_CHECK(a.reduce_bucket_numel >= 1, "--reduce-bucket-size ", a.reduce_bucket_numel,
+               " must be at least 1 element");
+  ZERONE_CHECK(a.prefetch_numel >= 0, "--stage3-prefetch-bucket-size ", a.prefetch_numel, " is negative");
   zero::ZeroConfig base;
   base.persistence_threshold = static_cast<size_t>(a.persistence_threshold);
+  base.reduce_bucket_numel = static_cast<size_t>(a.reduce_bucket_numel);
+  base.prefetch_numel = static_cast<size_t>(a.prefetch_numel);
   auto rows = zero::estimate(model, a.world, dtype, a.micro_batch, std::min(a.seq, model.max_seq_len), base,
                              stage_given ? std::optional<int>(a.stage) : std::nullopt);
   const double limit = a.device_mem_gib * 1024.0 * 1024.0 * 1024.0;
@@ -128,6 +134,8 @@ int cmd_estimate(const EstimateArgs& a, bool stage_given) {
       s["master"] = r.model_state.master;
       s["optim"] = r.model_state.optim;
       s["model_state"] = r.model_state.total();
+      s["working_set"] = {{"param", r.working_set.param}, {"grad", r.working_set.grad}, {"comm", r.working_set.comm},
+                          {"total", r.working_set.total()}};
       s["activation"] = r.activations;
       s["total"] = r.total();
       if (limit > 0) s["fits"] = static_cast<double>(r.total()) <= limit;
@@ -139,13 +147,14 @@ int cmd_estimate(const EstimateArgs& a, bool stage_given) {
   std::printf("model %s (%zu parameters), world %d, %s, micro-batch %d x seq %d; bytes per rank:\n",
               model.to_string().c_str(), model.num_parameters(), a.world, dtype_name(dtype), a.micro_batch,
               std::min(a.seq, model.max_seq_len));
-  std::printf("%-6s %12s %12s %12s %12s %12s %12s %12s%s\n", "stage", "param", "grad", "master", "optim", "model",
-              "activation", "total", limit > 0 ? "  fits" : "");
+  std::printf("%-6s %12s %12s %12s %12s %12s %12s %12s %12s%s\n", "stage", "param", "grad", "master", "optim", "model",
+              "working set", "activation", "total", limit > 0 ? "  fits" : "");
   auto h = [](int64_t b) { return train::human_bytes(static_cast<double>(b)); };
   for (const auto& r : rows) {
-    std::printf("%-6d %12s %12s %12s %12s %12s %12s %12s%s\n", r.stage, h(r.model_state.param).c_str(),
+    std::printf("%-6d %12s %12s %12s %12s %12s %12s %12s %12s%s\n", r.stage, h(r.model_state.param).c_str(),
                 h(r.model_state.grad).c_str(), h(r.model_state.master).c_str(), h(r.model_state.optim).c_str(),
-                h(r.model_state.total()).c_str(), h(r.activations).c_str(), h(r.total()).c_str(),
+                h(r.model_state.total()).c_str(), h(r.working_set.total()).c_str(), h(r.activations).c_str(),
+                h(r.total()).c_str(),
                 limit > 0 ? (static_cast<double>(r.total()) <= limit ? "  yes" : "  no") : "");
   }
   return 0;
@@ -195,6 +204,10 @@ int main(int argc, char** argv) {
   estimate_cmd->add_option("--device-mem", est.device_mem_gib, "memory per rank in GiB: say which stages fit");
   estimate_cmd->add_option("--stage3-param-persistence-threshold", est.persistence_threshold,
                            "as for train (elements)");
+  estimate_cmd->add_option("--reduce-bucket-size", est.reduce_bucket_numel,
+                           "as for train (elements): bounds stages 2-3's gradients in flight");
+  estimate_cmd->add_option("--stage3-prefetch-bucket-size", est.prefetch_numel,
+                           "as for train (elements): bounds stage 3's prefetched parameters");
   estimate_cmd->add_flag("--json", est.json, "machine-readable output");
 
   try {

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "zerone/core/error.h"
 #include "zerone/core/memory.h"
 
@@ -28,6 +30,47 @@ TEST(Buffer, ZeroInitializedAndAligned) {
   Buffer b(4096, MemCategory::scratch);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(b.data()) % 64, 0u);
   for (size_t i = 0; i < 4096; ++i) ASSERT_EQ(b.as<unsigned char>()[i], 0);
+}
+
+TEST(BufferPool, ReusesExactSizesRetagsAndKeepsNoMoreThanItsCapacity) {
+  MemoryLedger& ledger = MemoryLedger::global();
+  auto now = [&](MemCategory c) { return ledger.current(MemPlace::host, c); };
+  const int64_t grad0 = now(MemCategory::grad), comm0 = now(MemCategory::comm);
+  {
+    BufferPool pool(3000, MemCategory::comm);
+    Buffer a = pool.acquire(1024, MemCategory::grad, true);
+    std::memset(a.data(), 7, 1024);
+    void* a_memory = a.data();
+    EXPECT_EQ(now(MemCategory::grad) - grad0, 1024);
+    pool.release(std::move(a));
+    EXPECT_TRUE(a.empty());
+    EXPECT_EQ(now(MemCategory::grad) - grad0, 0);  // idle bytes move to the pool's category
+    EXPECT_EQ(now(MemCategory::comm) - comm0, 1024);
+    EXPECT_EQ(pool.idle_bytes(), 1024u);
+
+    Buffer other = pool.acquire(512, MemCategory::grad, true);  // another size: a new buffer
+    EXPECT_EQ(pool.idle_bytes(), 1024u);
+    Buffer b = pool.acquire(1024, MemCategory::param, true);   // same size: the kept one, zeroed
+    EXPECT_EQ(b.data(), a_memory);
+    EXPECT_EQ(b.category(), MemCategory::param);
+    for (size_t i = 0; i < 1024; ++i) ASSERT_EQ(b.as<unsigned char>()[i], 0);
+    std::memset(b.data(), 9, 1024);
+    pool.release(std::move(b));
+    Buffer c = pool.acquire(1024, MemCategory::param, /*zeroed=*/false);  // contents as left
+    EXPECT_EQ(c.as<unsigned char>()[100], 9);
+
+    Buffer big(2048, MemCategory::grad);
+    pool.release(std::move(c));      // 1024 idle
+    pool.release(std::move(other));  // 1536 idle
+    pool.release(std::move(big));    // would be 3584 > 3000: freed instead
+    EXPECT_EQ(pool.idle_bytes(), 1536u);
+    EXPECT_EQ(now(MemCategory::comm) - comm0, 1536);
+    pool.release(Buffer());  // empty: nothing
+    pool.clear();
+    EXPECT_EQ(now(MemCategory::comm) - comm0, 0);
+  }
+  EXPECT_EQ(now(MemCategory::grad), grad0);
+  EXPECT_EQ(now(MemCategory::comm), comm0);
 }
 
 TEST(Buffer, AbsurdSizeThrowsInsteadOfCrashing) {

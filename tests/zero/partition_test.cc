@@ -42,6 +42,34 @@ TEST(Partition, ModelStateFollowsTheZeroFormulas) {
   }
 }
 
+TEST(Partition, WorkingSetBoundFollowsTheBucketsAndTheLargestUnits) {
+  // Units of 4096, 8192 and 1024 elements at world 2 (already multiples of 128: P = numel).
+  std::vector<size_t> units = {4096, 8192, 1024};
+  ZeroConfig config;
+  config.persistence_threshold = 2000;  // the 1024-element unit stays whole at stage 3
+  config.reduce_bucket_numel = 100;     // below the largest unit: max(B, P_1) = 8192
+  config.prefetch_numel = 5000;
+  for (int stage : {0, 1}) {
+    config.stage = stage;
+    EXPECT_EQ(working_set_bytes(units, 2, DType::bf16, config).total(), 0) << "stage " << stage;
+  }
+  config.stage = 2;
+  WorkingSetBytes w = working_set_bytes(units, 2, DType::bf16, config);
+  EXPECT_EQ(w.param, 0);
+  EXPECT_EQ(w.grad, int64_t{13312} * 4);        // min(13312, 8192 + 8192 + 4096)
+  EXPECT_EQ(w.comm, int64_t{13312} / 2 * 4);    // min(13312, 8192 + 8192) / 2
+  config.stage = 3;
+  w = working_set_bytes(units, 2, DType::bf16, config);
+  EXPECT_EQ(w.param, int64_t{12288} * 2);       // sharded units only: min(12288, 8192 + 4096 + 5000)
+  config.reduce_bucket_numel = 1000;
+  config.prefetch_numel = 0;
+  units = {64 * 1000, 64 * 10, 64 * 10, 64 * 10};
+  config.persistence_threshold = 0;
+  w = working_set_bytes(units, 1, DType::f32, config);
+  EXPECT_EQ(w.param, int64_t{64 * 1010} * 4);  // the two largest, no prefetch
+  EXPECT_EQ(w.grad, int64_t{64 * 1030} * 4);   // everything (< max(B, P_1) + P_1 + P_2)
+}
+
 TEST(Engine, EveryStageMatchesTheLedgerAndEstimateAtWorldOne) {
   // In process at world 1: the ledger after a step equals estimate's model-state bytes.
   nn::GPT2Config c = nn::parse_model_spec("gpt2:layers=2,dim=40,heads=4,vocab=100,ctx=16");
@@ -49,7 +77,7 @@ TEST(Engine, EveryStageMatchesTheLedgerAndEstimateAtWorldOne) {
     MemoryLedger& ledger = MemoryLedger::global();
     auto before = [&](MemCategory cat) { return ledger.current(MemPlace::host, cat); };
     int64_t p0 = before(MemCategory::param), g0 = before(MemCategory::grad), m0 = before(MemCategory::master),
-            o0 = before(MemCategory::optim);
+            o0 = before(MemCategory::optim), c0 = before(MemCategory::comm);
     {
       comm::SingleProcessCommunicator single;
       nn::GPT2 model(c, DType::bf16, 64, /*allocate=*/false);
@@ -58,15 +86,24 @@ TEST(Engine, EveryStageMatchesTheLedgerAndEstimateAtWorldOne) {
       config.persistence_threshold = 0;
       ZeroEngine engine(model, single, config, optim::AdamWOptions{}, [&](int u) { model.init_unit(u, 1); });
       std::vector<int32_t> x(2 * 16, 3), y(2 * 16, 4);
-      model.forward(x.data(), y.data(), 2, 16);
-      model.backward(1.0f);
-      engine.step(1e-3f, 0.0f);
-      auto want = estimate(c, 1, DType::bf16, 2, 16, config, stage)[0].model_state;
+      for (int step = 0; step < 2; ++step) {
+        model.forward(x.data(), y.data(), 2, 16);
+        model.backward(1.0f);
+        engine.step(1e-3f, 0.0f);
+      }
+      StageEstimate e = estimate(c, 1, DType::bf16, 2, 16, config, stage)[0];
+      auto want = e.model_state;
+      // Stages 2-3 keep their working set pooled (idle buffers under `comm`), within the bound.
+      EXPECT_LE(before(MemCategory::comm) - c0, e.working_set.total()) << "stage " << stage;
+      if (stage >= 2) {
+        EXPECT_GT(before(MemCategory::comm) - c0, 0) << "stage " << stage;
+      }
       EXPECT_EQ(before(MemCategory::param) - p0, want.param) << "stage " << stage;
       EXPECT_EQ(before(MemCategory::grad) - g0, want.grad) << "stage " << stage;
       EXPECT_EQ(before(MemCategory::master) - m0, want.master) << "stage " << stage;
       EXPECT_EQ(before(MemCategory::optim) - o0, want.optim) << "stage " << stage;
     }
+    EXPECT_EQ(before(MemCategory::comm), c0) << "stage " << stage << ": the pool returns everything";
   }
 }
 

@@ -1,5 +1,6 @@
 #include "zerone/comm/communicator.h"
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 
@@ -9,6 +10,10 @@ namespace zerone::comm {
 
 void Work::wait() {
   if (done_.valid()) done_.get();
+}
+
+bool Work::ready() const {
+  return !done_.valid() || done_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
 }
 
 namespace {

@@ -33,6 +33,8 @@ class Work {
   explicit Work(std::shared_future<void> done) : done_(std::move(done)) {}
   void wait();
   bool valid() const { return done_.valid(); }
+  // True when wait() would not block (an empty Work is ready).
+  bool ready() const;
 
  private:
   std::shared_future<void> done_;

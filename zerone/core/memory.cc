@@ -104,4 +104,38 @@ void Buffer::reset() {
   bytes_ = 0;
 }
 
+void Buffer::retag(MemCategory category) {
+  if (data_ != nullptr && category != category_) {
+    MemoryLedger::global().add(place_, category, static_cast<int64_t>(bytes_));
+    MemoryLedger::global().sub(place_, category_, static_cast<int64_t>(bytes_));
+  }
+  category_ = category;
+}
+
+BufferPool::BufferPool(size_t capacity_bytes, MemCategory idle_category)
+    : capacity_bytes_(capacity_bytes), idle_category_(idle_category) {}
+
+Buffer BufferPool::acquire(size_t bytes, MemCategory category, bool zeroed) {
+  auto it = idle_.find(bytes);
+  if (it == idle_.end()) return Buffer(bytes, category);
+  Buffer buffer = std::move(it->second);
+  idle_.erase(it);
+  idle_bytes_ -= bytes;
+  buffer.retag(category);
+  if (zeroed) std::memset(buffer.data(), 0, bytes);
+  return buffer;
+}
+
+void BufferPool::release(Buffer&& buffer) {
+  if (buffer.empty()) return;
+  if (idle_bytes_ + buffer.bytes() > capacity_bytes_) {
+    buffer.reset();
+    return;
+  }
+  buffer.retag(idle_category_);
+  idle_bytes_ += buffer.bytes();
+  const size_t bytes = buffer.bytes();
+  idle_.emplace(bytes, std::move(buffer));
+}
+
 }  // namespace zerone

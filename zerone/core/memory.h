@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 
@@ -83,12 +84,46 @@ class Buffer {
   bool empty() const { return data_ == nullptr; }
   // Frees the memory now (the ledger drops it); the buffer becomes empty.
   void reset();
+  // Moves the buffer's bytes to another category in the ledger (same memory, new purpose).
+  void retag(MemCategory category);
 
  private:
   void* data_ = nullptr;
   size_t bytes_ = 0;
   MemCategory category_ = MemCategory::scratch;
   MemPlace place_ = MemPlace::host;
+};
+
+// Note [Working-set pool]: ZeRO stages 2-3 hold a unit's full gradients and gathered parameters
+// only while the unit is used, several times per micro-step. Allocating them fresh each time costs
+// a new mapping, a page fault and kernel zeroing per 4 KiB page, and an unmap (Note [Returning
+// memory]); on a small model that was 10-20% of the step. The pool keeps released buffers for
+// reuse, keyed by exact size (units of one model come in few sizes), up to `capacity_bytes`: the
+// engine sets it to its working-set bound, so a burst (a checkpoint gathering every unit) is
+// returned to the system instead of pinned. Idle buffers stay in the ledger under `idle_category`.
+//
+// Thread-safety: none; one owner (the training thread).
+class BufferPool {
+ public:
+  BufferPool(size_t capacity_bytes, MemCategory idle_category);
+  BufferPool(const BufferPool&) = delete;
+  BufferPool& operator=(const BufferPool&) = delete;
+
+  // A buffer of exactly `bytes` tagged `category`: a kept one if there is one (zero-filled first
+  // when `zeroed`), else a new (zeroed) one. Throws Error like Buffer when memory runs out.
+  Buffer acquire(size_t bytes, MemCategory category, bool zeroed);
+  // Takes `buffer` back for reuse, or frees it if that would exceed the capacity. Empty: no-op.
+  void release(Buffer&& buffer);
+  // Frees every idle buffer.
+  void clear() { idle_.clear(), idle_bytes_ = 0; }
+  size_t idle_bytes() const { return idle_bytes_; }
+  size_t capacity_bytes() const { return capacity_bytes_; }
+
+ private:
+  size_t capacity_bytes_;
+  MemCategory idle_category_;
+  std::multimap<size_t, Buffer> idle_;  // by bytes
+  size_t idle_bytes_ = 0;
 };
 
 }  // namespace zerone

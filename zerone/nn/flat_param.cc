@@ -32,7 +32,19 @@ void FlatParam::allocate_params() {
 }
 
 void FlatParam::allocate_grads() {
-  if (grads_.empty()) grads_ = Buffer(padded_numel_ * sizeof(float), MemCategory::grad);
+  if (grads_.empty()) grads_ = Buffer(grad_bytes(), MemCategory::grad);
+}
+
+void FlatParam::set_params(Buffer params) {
+  ZERONE_ASSERT(params_.empty() && params.bytes() == param_bytes(), "unit ", name_, ": parameter buffer of ",
+                params.bytes(), " bytes, expected ", param_bytes());
+  params_ = std::move(params);
+}
+
+void FlatParam::set_grads(Buffer grads) {
+  ZERONE_ASSERT(grads_.empty() && grads.bytes() == grad_bytes(), "unit ", name_, ": gradient buffer of ",
+                grads.bytes(), " bytes, expected ", grad_bytes());
+  grads_ = std::move(grads);
 }
 
 void FlatParam::zero_grad() {

@@ -60,7 +60,15 @@ class FlatParam {
   void release_params() { params_.reset(); }
   void allocate_grads();
   void release_grads() { grads_.reset(); }
+  // The same with storage the caller provides and takes back (the engine's working-set pool,
+  // Note [Working-set pool]): set_* adopts a buffer of exactly param_bytes() / grad_bytes()
+  // (contents as given); take_* hands the storage out and leaves the unit without it.
+  void set_params(Buffer params);
+  Buffer take_params() { return std::move(params_); }
+  void set_grads(Buffer grads);
+  Buffer take_grads() { return std::move(grads_); }
   size_t param_bytes() const { return padded_numel_ * dtype_size(dtype_); }
+  size_t grad_bytes() const { return padded_numel_ * sizeof(float); }
 
  private:
   std::string name_;

@@ -27,7 +27,7 @@ float* AdamW::master(size_t i) {
   return param_dtype_ == DType::f32 ? static_cast<float*>(shards_[i].param) : state_[i].master.as<float>();
 }
 
-double AdamW::step(float lr, float grad_scale) {
+double AdamW::step(float lr, float grad_scale, const std::function<void(size_t shard)>& shard_done) {
   ProfileScope profile(ProfileCategory::optimizer);
   ++step_;
   kernels::cpu::AdamWHyper h;
@@ -58,6 +58,7 @@ double AdamW::step(float lr, float grad_scale) {
       pos = e;
     }
     run(pos, s.numel, 0.0f);
+    if (shard_done) shard_done(i);
   }
   return sumsq;
 }

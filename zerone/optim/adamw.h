@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -41,8 +42,10 @@ class AdamW {
   // (clipping factor / inverse loss scale). Leaves the gradients zeroed for the next accumulation
   // (Note [Fused optimizer pass] in kernels/cpu/adamw.h). Increments the step count. Returns the
   // sum of squares of the gradients it consumed (unscaled), so that callers that do not clip get
-  // the gradient norm without another pass.
-  double step(float lr, float grad_scale);
+  // the gradient norm without another pass. Shards are updated in order; `shard_done(i)`, when
+  // given, runs as soon as shard i's parameters are written (the ZeRO engine starts gathering
+  // them while the later shards update).
+  double step(float lr, float grad_scale, const std::function<void(size_t shard)>& shard_done = nullptr);
 
   size_t num_shards() const { return shards_.size(); }
   size_t numel(size_t i) const { return shards_[i].numel; }

@@ -19,7 +19,10 @@ ZeroEngine::ZeroEngine(nn::GPT2& model, comm::Communicator& comm, const ZeroConf
       world_(comm.world_size()),
       rank_(comm.rank()),
       num_units_(model.num_units()),
-      dsize_(dtype_size(model.compute_dtype())) {
+      dsize_(dtype_size(model.compute_dtype())),
+      pool_(static_cast<size_t>(
+                working_set_bytes(nn::GPT2::unit_numels(model.config()), world_, model.compute_dtype(), config).total()),
+            MemCategory::comm) {
   ZERONE_CHECK(config.stage >= 0 && config.stage <= 3, "--zero-stage ", config.stage, " is out of range: expected 0..3");
   ZERONE_CHECK(config.reduce_bucket_numel >= 1 && config.allgather_bucket_numel >= 1,
                "reduce_bucket_size and allgather_bucket_size must be at least 1 element");
@@ -79,36 +82,41 @@ ZeroEngine::~ZeroEngine() {
   model_.set_hooks(nullptr);
 }
 
-// ---------------------------------------------------------------- parameters (stage 3)
+// ---------------------------------------------------------------- parameters
+
+// Note [Gathers overlap the next forward]: after the update, stages 1-2 (and stage 3's persistent
+// units) must all-gather every unit's updated shards. Each unit's gather starts as soon as the
+// optimizer has written its shard (so it overlaps the later shards' updates) and is waited for
+// only when the unit is next used: its forward, or with_full_params(). Nothing else reads
+// parameters between steps, so the all-gather hides behind compute instead of ending the step.
 
 void ZeroEngine::start_gather(int u) {
   UnitState& st = units_[u];
   nn::FlatParam& unit = model_.units()[u];
   if (!params_sharded(u) || unit.has_params() || st.gather_pending) return;
-  unit.allocate_params();
+  unit.set_params(pool_.acquire(unit.param_bytes(), MemCategory::param, /*zeroed=*/false));
   ProfileScope profile(ProfileCategory::comm);
   st.gather_work = comm_.all_gather_async(st.shard_params.data(), unit.data(), st.shard.shard_numel * dsize_);
   st.gather_pending = true;
 }
 
-void ZeroEngine::ensure_gathered(int u) {
-  start_gather(u);
+void ZeroEngine::wait_gather(int u) {
   UnitState& st = units_[u];
-  if (st.gather_pending) {
-    ProfileScope profile(ProfileCategory::comm);
-    st.gather_work.wait();
-    st.gather_pending = false;
-  }
+  if (!st.gather_pending) return;
+  ProfileScope profile(ProfileCategory::comm);
+  st.gather_work.wait();
+  st.gather_pending = false;
+}
+
+void ZeroEngine::ensure_params(int u) {
+  start_gather(u);
+  wait_gather(u);
 }
 
 void ZeroEngine::release(int u) {
   if (!params_sharded(u)) return;
-  UnitState& st = units_[u];
-  if (st.gather_pending) {
-    st.gather_work.wait();
-    st.gather_pending = false;
-  }
-  model_.units()[u].release_params();
+  wait_gather(u);
+  pool_.release(model_.units()[u].take_params());
 }
 
 std::vector<int> ZeroEngine::touched_at(int access) const {
@@ -118,10 +126,14 @@ std::vector<int> ZeroEngine::touched_at(int access) const {
 }
 
 void ZeroEngine::prefetch_after(int access) {
+  // The window of upcoming units, gathered or in flight, holds at most prefetch_numel elements
+  // (Note [Working-set bound]); units already present count against it.
   size_t budget = config_.prefetch_numel;
+  std::vector<int> seen = touched_at(access);
   for (int next = access + 1; next < 2 * num_units_; ++next) {
     for (int x : touched_at(next)) {
-      if (!params_sharded(x) || model_.units()[x].has_params()) continue;
+      if (!params_sharded(x) || std::find(seen.begin(), seen.end(), x) != seen.end()) continue;
+      seen.push_back(x);
       size_t need = units_[x].shard.padded_numel;
       if (need > budget) return;
       budget -= need;
@@ -137,9 +149,9 @@ void ZeroEngine::release_after(int access) {
 }
 
 void ZeroEngine::before_forward(int u) {
-  if (config_.stage < 3) return;
-  for (int x : model_.units_touched(u)) ensure_gathered(x);
-  prefetch_after(access_index(false, u));
+  if (config_.stage == 0) return;
+  for (int x : model_.units_touched(u)) ensure_params(x);
+  if (config_.stage == 3) prefetch_after(access_index(false, u));
 }
 
 void ZeroEngine::after_forward(int u) {
@@ -152,10 +164,15 @@ void ZeroEngine::after_forward(int u) {
 
 void ZeroEngine::before_backward(int u) {
   if (config_.stage >= 2) {
-    for (int x : model_.units_touched(u)) model_.units()[x].allocate_grads();  // zeroed
+    for (int x : model_.units_touched(u)) {
+      nn::FlatParam& unit = model_.units()[x];
+      if (unit.has_grads()) continue;
+      finish_reduction(x);  // the previous micro-step's reduction of this unit, if still in flight
+      unit.set_grads(pool_.acquire(unit.grad_bytes(), MemCategory::grad, /*zeroed=*/true));
+    }
   }
   if (config_.stage == 3) {
-    for (int x : model_.units_touched(u)) ensure_gathered(x);
+    for (int x : model_.units_touched(u)) ensure_params(x);
     prefetch_after(access_index(true, u));
   }
 }
@@ -163,12 +180,7 @@ void ZeroEngine::before_backward(int u) {
 void ZeroEngine::after_backward(int u) {
   if (config_.stage == 3) release_after(access_index(true, u));
   if (config_.stage >= 2 || last_micro_step_) launch_reduction(u);
-  // Stages 2-3: complete the previous unit's reduction now, overlapping this one with the next
-  // unit's backward, and free its full gradient buffer.
-  if (config_.stage >= 2 && u + 1 < num_units_) finish_reduction(u + 1);
-  if (config_.stage >= 2 && u == 0) {
-    for (int x = 0; x < num_units_; ++x) finish_reduction(x);
-  }
+  if (config_.stage >= 2) retire_reductions();
 }
 
 void ZeroEngine::launch_reduction(int u) {
@@ -180,15 +192,38 @@ void ZeroEngine::launch_reduction(int u) {
     // All-reduce in buckets of at most reduce_bucket_numel elements.
     for (size_t off = 0; off < P; off += config_.reduce_bucket_numel)
       st.reduce_work.push_back(comm_.all_reduce_sum_async(unit.grad() + off, std::min(config_.reduce_bucket_numel, P - off)));
-  } else if (config_.stage == 1) {
+    return;
+  }
+  if (config_.stage == 1) {
     st.reduce_work.push_back(comm_.reduce_scatter_sum_async(unit.grad(), unit.grad(), S));
-  } else if (st.accumulator_zero) {
+    return;
+  }
+  ZERONE_ASSERT(st.reduce_work.empty(), "unit ", u, " reduced twice in one micro-step");
+  st.reduce_src = unit.take_grads();
+  float* out;
+  if (st.accumulator_zero) {
     // First micro-step of the step: the accumulator is zero, so the shard can land in it directly.
-    st.reduce_work.push_back(comm_.reduce_scatter_sum_async(unit.grad(), st.shard_grads.as<float>(), S));
+    out = st.shard_grads.as<float>();
     st.accumulator_zero = false;
   } else {
-    st.reduce_out = Buffer(S * sizeof(float), MemCategory::comm);
-    st.reduce_work.push_back(comm_.reduce_scatter_sum_async(unit.grad(), st.reduce_out.as<float>(), S));
+    st.reduce_out = pool_.acquire(S * sizeof(float), MemCategory::comm, /*zeroed=*/false);
+    out = st.reduce_out.as<float>();
+  }
+  st.reduce_work.push_back(comm_.reduce_scatter_sum_async(st.reduce_src.as<float>(), out, S));
+  reducing_.push_back(u);
+  reducing_numel_ += P;
+}
+
+void ZeroEngine::retire_reductions() {
+  // Reductions the communication thread has finished free their buffers now; beyond
+  // reduce_bucket_size elements in flight the oldest are waited for (Note [Working-set bound]).
+  // The newest always stays in flight to overlap the next unit's backward.
+  while (!reducing_.empty()) {
+    const int oldest = reducing_.front();
+    const bool done = std::all_of(units_[oldest].reduce_work.begin(), units_[oldest].reduce_work.end(),
+                                  [](const comm::Work& w) { return w.ready(); });
+    if (!done && (reducing_.size() == 1 || reducing_numel_ <= config_.reduce_bucket_numel)) break;
+    finish_reduction(oldest);
   }
 }
 
@@ -200,19 +235,22 @@ void ZeroEngine::finish_reduction(int u) {
     for (comm::Work& w : st.reduce_work) w.wait();
   }
   st.reduce_work.clear();
-  if (config_.stage >= 2) {
-    // Accumulate this micro-step's reduced shard (unless it landed in the accumulator directly)
-    // and free the full gradients.
-    if (!st.reduce_out.empty()) {
-      float* acc = st.shard_grads.as<float>();
-      const float* in = st.reduce_out.as<float>();
-      const size_t S = st.shard.shard_numel;
+  if (config_.stage < 2) return;
+  // Accumulate this micro-step's reduced shard (unless it landed in the accumulator directly)
+  // and give the full gradients back to the pool.
+  if (!st.reduce_out.empty()) {
+    float* acc = st.shard_grads.as<float>();
+    const float* in = st.reduce_out.as<float>();
+    const size_t S = st.shard.shard_numel;
 #pragma omp parallel for simd schedule(static) if (S > 65536)
-      for (size_t i = 0; i < S; ++i) acc[i] += in[i];
-      st.reduce_out.reset();
-    }
-    model_.units()[u].release_grads();
+    for (size_t i = 0; i < S; ++i) acc[i] += in[i];
+    pool_.release(std::move(st.reduce_out));
   }
+  pool_.release(std::move(st.reduce_src));
+  auto it = std::find(reducing_.begin(), reducing_.end(), u);
+  ZERONE_ASSERT(it != reducing_.end(), "unit ", u, " finished a reduction it never launched");
+  reducing_.erase(it);
+  reducing_numel_ -= st.shard.padded_numel;
 }
 
 double ZeroEngine::reduce_grad_norm_sq(double local_sumsq) const {
@@ -226,6 +264,7 @@ ZeroEngine::StepResult ZeroEngine::step(float lr, float grad_clip, double loss_s
   // Gradients are sums over ranks of loss_scale-scaled gradients.
   const double unscale = 1.0 / (static_cast<double>(world_) * loss_scale);
   StepResult result;
+  float clip = 1.0f;
   if (grad_clip > 0.0f || skip_on_overflow) {
     // The norm must be known before the update: one extra read of the gradient shards.
     double local = 0.0;
@@ -245,38 +284,42 @@ ZeroEngine::StepResult ZeroEngine::step(float lr, float grad_clip, double loss_s
         if (config_.stage <= 1) model_.units()[u].zero_grad();
       return result;
     }
-    float clip = (grad_clip > 0.0f && result.norm > grad_clip) ? static_cast<float>(grad_clip / result.norm) : 1.0f;
-    optimizer_->step(lr, static_cast<float>(unscale) * clip);
-  } else {
-    result.norm = std::sqrt(reduce_grad_norm_sq(optimizer_->step(lr, static_cast<float>(unscale)))) / loss_scale;
+    if (grad_clip > 0.0f && result.norm > grad_clip) clip = static_cast<float>(grad_clip / result.norm);
+  }
+  // Stage 3: gathered copies of sharded units go stale with the update.
+  for (int u = 0; u < num_units_; ++u) release(u);
+  const double sumsq = optimizer_->step(lr, static_cast<float>(unscale) * clip,
+                                        [this](size_t shard) { on_shard_updated(static_cast<int>(shard)); });
+  for (UnitState& st : units_) st.accumulator_zero = true;  // the update pass zeroed them
+  if (grad_clip <= 0.0f && !skip_on_overflow) {
+    result.norm = std::sqrt(reduce_grad_norm_sq(sumsq)) / loss_scale;
     ZERONE_CHECK(std::isfinite(result.norm), "gradient norm is ", result.norm,
                  ": training diverged (try a lower --lr or --grad-clip)");
   }
-  for (UnitState& st : units_) st.accumulator_zero = true;  // the update pass zeroed them
-  // Bring parameters up to date everywhere.
-  ProfileScope profile(ProfileCategory::comm);
-  std::vector<comm::Work> gathers;
-  for (int u = 0; u < num_units_; ++u) {
-    nn::FlatParam& unit = model_.units()[u];
-    UnitState& st = units_[u];
-    if (config_.stage == 1) unit.zero_grad();
-    if (config_.stage == 0) continue;
-    if (params_sharded(u)) {
-      release(u);  // a gathered copy is stale now
-    } else {
-      char* full = static_cast<char*>(unit.data());
-      gathers.push_back(comm_.all_gather_async(full + st.shard.shard_begin * dsize_, full, st.shard.shard_numel * dsize_));
-    }
-  }
-  for (comm::Work& w : gathers) w.wait();
   return result;
+}
+
+void ZeroEngine::on_shard_updated(int u) {
+  // Shards map one to one to units (constructor). Note [Gathers overlap the next forward].
+  nn::FlatParam& unit = model_.units()[u];
+  UnitState& st = units_[u];
+  if (config_.stage == 0 || params_sharded(u)) return;
+  if (config_.stage == 1) {
+    // The update zeroed the reduced shard at the front of the buffer (the in-place reduce-scatter
+    // lands it there); the rest still holds this rank's unreduced gradients.
+    std::memset(unit.grad() + st.shard.shard_numel, 0, (st.shard.padded_numel - st.shard.shard_numel) * sizeof(float));
+  }
+  ProfileScope profile(ProfileCategory::comm);
+  char* full = static_cast<char*>(unit.data());
+  st.gather_work = comm_.all_gather_async(full + st.shard.shard_begin * dsize_, full, st.shard.shard_numel * dsize_);
+  st.gather_pending = true;
 }
 
 void ZeroEngine::with_full_params(const std::function<void()>& fn) {
   std::vector<int> gathered;
   for (int u = 0; u < num_units_; ++u) {
     if (params_sharded(u) && !model_.units()[u].has_params()) gathered.push_back(u);
-    ensure_gathered(u);
+    ensure_params(u);
   }
   fn();
   for (int u : gathered) release(u);

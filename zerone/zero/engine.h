@@ -4,10 +4,12 @@
 //   stage 0  full params, full grads; each unit's grads are all-reduced (in buckets) as soon as its
 //            backward of the last micro-step finishes; every rank updates the whole model.
 //   stage 1  as 0, but the unit's grads are reduce-scattered in place at the accumulation boundary;
-//            each rank updates its shard and the shards are all-gathered back.
-//   stage 2  full grads exist only while a unit's backward runs: after every micro-step's backward
-//            of a unit its grads are reduce-scattered, added into the rank's f32 shard accumulator
-//            and the full buffer is freed.
+//            each rank updates its shard and the shards are all-gathered back, overlapping the
+//            later shards' updates and the next forward.
+//   stage 2  full grads exist only while a unit's backward runs and while they are reduced: after
+//            every micro-step's backward of a unit its grads are reduce-scattered into the rank's
+//            f32 shard accumulator and the full buffer goes back to the pool once reduced (at the
+//            latest when more than reduce_bucket_size elements are in flight).
 //   stage 3  as 2, and parameters are sharded too: a unit is all-gathered before its forward and
 //            again before its backward, released after use, and the next units are prefetched
 //            (stage3_prefetch_bucket_size); units below stage3_param_persistence_threshold stay whole.
@@ -19,6 +21,7 @@
 // Errors from a collective (a dead peer) are rethrown as Error from the hook or step() that waits.
 #pragma once
 
+#include <deque>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -80,9 +83,13 @@ class ZeroEngine : public nn::UnitHooks {
     UnitShard shard;
     Buffer shard_params;  // stage 3, non-persistent: this rank's parameter shard (compute dtype)
     Buffer shard_grads;   // stages 2-3: this rank's f32 gradient accumulator
-    Buffer reduce_out;    // stages 2-3: reduce-scatter landing buffer while a reduction is pending
+    Buffer reduce_src;    // stages 2-3: the unit's full gradients while they are reduce-scattered
+    Buffer reduce_out;    // stages 2-3: the landing shard when the accumulator already holds a sum
     bool accumulator_zero = true;  // stages 2-3: shard_grads holds nothing yet this step
     std::vector<comm::Work> reduce_work;
+    // A gather into the unit's full parameters is in flight: stage 3 from the shard into a pooled
+    // buffer; stages 1-2 (and persistent stage-3 units) in place after the update, waited for
+    // just before the unit's next use (Note [Gathers overlap the next forward]).
     comm::Work gather_work;
     bool gather_pending = false;
   };
@@ -90,8 +97,10 @@ class ZeroEngine : public nn::UnitHooks {
   bool params_sharded(int u) const { return config_.stage == 3 && !units_[u].shard.persistent; }
   void launch_reduction(int u);
   void finish_reduction(int u);
-  void ensure_gathered(int u);
+  void retire_reductions();
+  void ensure_params(int u);
   void start_gather(int u);
+  void wait_gather(int u);
   void release(int u);
   // Position of (phase, unit) in one micro-step's access order: forward 0..U-1, then backward U-1..0.
   int access_index(bool backward, int u) const { return backward ? 2 * num_units_ - 1 - u : u; }
@@ -99,6 +108,7 @@ class ZeroEngine : public nn::UnitHooks {
   void prefetch_after(int access);
   void release_after(int access);
   double reduce_grad_norm_sq(double local_sumsq) const;
+  void on_shard_updated(int u);
 
   nn::GPT2& model_;
   comm::Communicator& comm_;
@@ -108,6 +118,9 @@ class ZeroEngine : public nn::UnitHooks {
   std::vector<UnitState> units_;
   std::unique_ptr<optim::AdamW> optimizer_;
   bool last_micro_step_ = true;
+  BufferPool pool_;            // stages 2-3: full gradients, gathered parameters, landing shards
+  std::deque<int> reducing_;   // stages 2-3: units whose reduce-scatter is in flight, oldest first
+  size_t reducing_numel_ = 0;  // their padded elements
 };
 
 }  // namespace zerone::zero

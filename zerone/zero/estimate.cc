@@ -21,6 +21,7 @@ std::vector<StageEstimate> estimate(const nn::GPT2Config& model, int world, DTyp
     StageEstimate e;
     e.stage = stage;
     e.model_state = model_state_bytes(numels, world, 0, dtype, config);
+    e.working_set = working_set_bytes(numels, world, dtype, config);
     e.activations = static_cast<int64_t>(nn::GPT2::activation_bytes(model, micro_batch, seq));
     out.push_back(e);
   }

@@ -15,8 +15,9 @@ namespace zerone::zero {
 struct StageEstimate {
   int stage = 0;
   ModelStateBytes model_state;  // per rank, at the end of a step
+  WorkingSetBytes working_set;  // per rank, bound on transient buffers (Note [Working-set bound])
   int64_t activations = 0;      // per rank, for one micro-batch (live through backward)
-  int64_t total() const { return model_state.total() + activations; }
+  int64_t total() const { return model_state.total() + working_set.total() + activations; }
 };
 
 // One row per stage (or only `only_stage`), for rank 0 (all ranks hold equal shards).

@@ -1,5 +1,8 @@
 #include "zerone/zero/partition.h"
 
+#include <algorithm>
+#include <utility>
+
 #include "zerone/core/error.h"
 
 namespace zerone::zero {
@@ -34,6 +37,33 @@ ModelStateBytes model_state_bytes(const std::vector<size_t>& unit_numels, int wo
     b.master += has_master ? opt_numel * 4 : 0;
     b.optim += 2 * opt_numel * 4;
   }
+  return b;
+}
+
+WorkingSetBytes working_set_bytes(const std::vector<size_t>& unit_numels, int world, DType dtype,
+                                  const ZeroConfig& config) {
+  WorkingSetBytes b;
+  if (config.stage < 2) return b;
+  // The two largest padded units, over all units and over those whose parameters are sharded.
+  size_t top1 = 0, top2 = 0, sharded1 = 0, sharded2 = 0, sum_p = 0, sum_sharded_p = 0;
+  auto rank_two = [](size_t v, size_t& first, size_t& second) {
+    if (v > first) second = std::exchange(first, v);
+    else if (v > second) second = v;
+  };
+  for (size_t numel : unit_numels) {
+    UnitShard s = unit_shard(numel, world, 0, config);
+    rank_two(s.padded_numel, top1, top2);
+    sum_p += s.padded_numel;
+    if (config.stage == 3 && !s.persistent) {
+      rank_two(s.padded_numel, sharded1, sharded2);
+      sum_sharded_p += s.padded_numel;
+    }
+  }
+  const size_t reducing = std::max(config.reduce_bucket_numel, top1);
+  const int64_t ds = static_cast<int64_t>(dtype_size(dtype));
+  b.param = static_cast<int64_t>(std::min(sum_sharded_p, sharded1 + sharded2 + config.prefetch_numel)) * ds;
+  b.grad = static_cast<int64_t>(std::min(sum_p, reducing + top1 + top2)) * 4;
+  b.comm = static_cast<int64_t>(std::min(sum_p, reducing + top1) / static_cast<size_t>(world)) * 4;
   return b;
 }
 

@@ -52,4 +52,25 @@ struct ModelStateBytes {
 ModelStateBytes model_state_bytes(const std::vector<size_t>& unit_numels, int world, int rank, DType dtype,
                                   const ZeroConfig& config);
 
+// Note [Working-set bound]: stages 2-3 also hold transient buffers while a step runs (the engine
+// pools them, Note [Working-set pool] in core/memory.h). With P_1 >= P_2 the two largest units
+// (a unit's backward touches at most two: the head reads the tied embedding) and B, F the reduce
+// and prefetch bucket sizes in elements, per rank:
+//   param (stage 3, compute dtype): gathered units = the units in use (<= P_1 + P_2) plus the
+//          prefetch window (<= F, counting units already gathered): min(sum P, P_1 + P_2 + F).
+//   grad (f32): full gradients of the units in backward (<= P_1 + P_2) plus those still being
+//          reduce-scattered (the engine waits while they exceed max(B, P_1)):
+//          min(sum P, max(B, P_1) + P_1 + P_2).
+//   comm (f32): a landing shard for each unit being reduced after the first micro-step:
+//          min(sum S, (max(B, P_1) + P_1) / world).
+// Stages 0-1 have none (their full buffers are model state). Sums run over non-persistent units
+// for `param`. A bound, not a prediction: the ledger's `comm` (idle pooled buffers) at the end of
+// a step stays at or below `total()`.
+struct WorkingSetBytes {
+  int64_t param = 0, grad = 0, comm = 0;
+  int64_t total() const { return param + grad + comm; }
+};
+WorkingSetBytes working_set_bytes(const std::vector<size_t>& unit_numels, int world, DType dtype,
+                                  const ZeroConfig& config);
+
 }  // namespace zerone::zero

@@ -2,7 +2,8 @@
 # ZeRO invariance (issue 3): stages 0-3 at world 1, 2, 3 and 4 reproduce the single-rank trajectory.
 # The global batch is 12 micro-batches per step: world w runs grad-accum 12/w, and with --no-shuffle
 # micro-step k of step s on rank r reads chunk (s*accum + k)*world + r, so every run sees the same
-# data. Unit sizes do not divide evenly by world*64 (padding is exercised).
+# data. Unit sizes do not divide evenly by world*64 (padding is exercised); buckets are smaller than
+# units (sliced all-gathers, reductions waited for beyond the bucket).
 #   f32: losses within 1e-5 relative over 20 steps, final parameters within 1e-5.
 #   bf16: over 10 steps (bf16 trajectories drift apart chaotically, see compare_runs.py), losses
 #   within 2e-3 and parameters within one bf16 ulp in relative L2.
@@ -17,7 +18,8 @@ printf 'In the beginning the Universe was created. This has made a lot of people
 steps=20; [ "$PRECISION" = fp32 ] || steps=10
 common=(train --model gpt2:layers=2,dim=40,heads=4,vocab=257,ctx=16 --data "$d/c_train.bin" --micro-batch 2 --seq 16
         --steps $steps --lr 1e-3 --weight-decay 0.1 --grad-clip 1.0 --no-shuffle --precision "$PRECISION" --threads 1
-        --reduce-bucket-size 5000 --stage3-prefetch-bucket-size 30000 --stage3-param-persistence-threshold 1000)
+        --reduce-bucket-size 5000 --allgather-bucket-size 3000 --stage3-prefetch-bucket-size 30000
+        --stage3-param-persistence-threshold 1000)
 runs=()
 for world in 1 2 3 4; do
   for stage in 0 1 2 3; do

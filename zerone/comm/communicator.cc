@@ -34,8 +34,8 @@ Work SingleProcessCommunicator::reduce_scatter_sum_async(const float* in, float*
   if (in != out) std::memmove(out, in, shard_n * sizeof(float));  // rank 0's shard is the start
   return done();
 }
-Work SingleProcessCommunicator::all_gather_async(const void* in, void* out, size_t shard_bytes) {
-  if (in != out) std::memmove(out, in, shard_bytes);
+Work SingleProcessCommunicator::all_gather_strided_async(const void* in, void* out, size_t bytes, size_t) {
+  if (in != out) std::memmove(out, in, bytes);
   return done();
 }
 Work SingleProcessCommunicator::broadcast_async(void*, size_t, int root) {

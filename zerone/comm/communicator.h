@@ -54,9 +54,16 @@ class Communicator {
   // out (shard_n) = sum over ranks of in[rank*shard_n, (rank+1)*shard_n); in holds world*shard_n.
   // In place when out == in: the reduced shard lands at the start of the buffer.
   virtual Work reduce_scatter_sum_async(const float* in, float* out, size_t shard_n) = 0;
+  // out + r*stride_bytes receives rank r's `in` (bytes), for every rank r. With stride_bytes equal
+  // to bytes this is the plain all-gather of shards; with stride_bytes the shard size and `in`,
+  // `out` offset into the shard, it gathers one slice of every rank's shard (the engine gathers a
+  // unit in allgather_bucket_size slices). In place when in == out + rank*stride_bytes (this
+  // rank's part already sits in its slot).
+  virtual Work all_gather_strided_async(const void* in, void* out, size_t bytes, size_t stride_bytes) = 0;
   // out (world*shard_bytes) = every rank's `in` (shard_bytes) in rank order.
-  // In place when in == out + rank*shard_bytes (this rank's shard already sits in its slot).
-  virtual Work all_gather_async(const void* in, void* out, size_t shard_bytes) = 0;
+  Work all_gather_async(const void* in, void* out, size_t shard_bytes) {
+    return all_gather_strided_async(in, out, shard_bytes, shard_bytes);
+  }
   virtual Work broadcast_async(void* data, size_t bytes, int root) = 0;
   virtual Work barrier_async() = 0;
 
@@ -84,7 +91,7 @@ class SingleProcessCommunicator : public Communicator {
   Work all_reduce_sum_async(float* data, size_t n) override;
   Work all_reduce_sum_async(double* data, size_t n) override;
   Work reduce_scatter_sum_async(const float* in, float* out, size_t shard_n) override;
-  Work all_gather_async(const void* in, void* out, size_t shard_bytes) override;
+  Work all_gather_strided_async(const void* in, void* out, size_t bytes, size_t stride_bytes) override;
   Work broadcast_async(void* data, size_t bytes, int root) override;
   Work barrier_async() override;
 };

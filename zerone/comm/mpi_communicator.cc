@@ -3,6 +3,7 @@
 #include <mpi.h>
 
 #include <climits>
+#include <vector>
 
 #include "zerone/core/error.h"
 
@@ -101,12 +102,25 @@ Work MpiCommunicator::reduce_scatter_sum_async(const float* in, float* out, size
   });
 }
 
-Work MpiCommunicator::all_gather_async(const void* in, void* out, size_t shard_bytes) {
-  int count = checked_count(shard_bytes, "all-gather");
-  const bool in_place = in == static_cast<const char*>(out) + static_cast<size_t>(rank_) * shard_bytes;
+Work MpiCommunicator::all_gather_strided_async(const void* in, void* out, size_t bytes, size_t stride_bytes) {
+  ZERONE_ASSERT(stride_bytes >= bytes, "all-gather slots of ", stride_bytes, " bytes cannot hold ", bytes);
+  int count = checked_count(bytes, "all-gather");
+  const bool in_place = in == static_cast<const char*>(out) + static_cast<size_t>(rank_) * stride_bytes;
   const void* send = in_place ? MPI_IN_PLACE : in;
-  return submit([=] {
-    ZERONE_MPI_CHECK(MPI_Allgather(send, in_place ? 0 : count, MPI_BYTE, out, count, MPI_BYTE, MPI_COMM_WORLD));
+  if (stride_bytes == bytes) {
+    return submit([=] {
+      ZERONE_MPI_CHECK(MPI_Allgather(send, in_place ? 0 : count, MPI_BYTE, out, count, MPI_BYTE, MPI_COMM_WORLD));
+    });
+  }
+  // Slots apart: MPI_Allgatherv places rank r's bytes at displacement r*stride.
+  const size_t span = static_cast<size_t>(world_ - 1) * stride_bytes + bytes;
+  ZERONE_CHECK(span <= static_cast<size_t>(INT_MAX), "a sliced all-gather spans ", span,
+               " bytes, beyond MPI's int displacements; raise allgather_bucket_size to gather whole units");
+  std::vector<int> counts(world_, count), displs(world_);
+  for (int r = 0; r < world_; ++r) displs[r] = static_cast<int>(static_cast<size_t>(r) * stride_bytes);
+  return submit([=, counts = std::move(counts), displs = std::move(displs)] {
+    ZERONE_MPI_CHECK(MPI_Allgatherv(send, in_place ? 0 : count, MPI_BYTE, out, counts.data(), displs.data(), MPI_BYTE,
+                                    MPI_COMM_WORLD));
   });
 }
 

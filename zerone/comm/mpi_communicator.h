@@ -26,7 +26,7 @@ class MpiCommunicator : public Communicator {
   Work all_reduce_sum_async(float* data, size_t n) override;
   Work all_reduce_sum_async(double* data, size_t n) override;
   Work reduce_scatter_sum_async(const float* in, float* out, size_t shard_n) override;
-  Work all_gather_async(const void* in, void* out, size_t shard_bytes) override;
+  Work all_gather_strided_async(const void* in, void* out, size_t bytes, size_t stride_bytes) override;
   Work broadcast_async(void* data, size_t bytes, int root) override;
   Work barrier_async() override;
   void abort_job(int exit_code) override;

@@ -75,7 +75,7 @@ ZeroEngine::~ZeroEngine() {
   for (UnitState& st : units_) {
     try {
       for (comm::Work& w : st.reduce_work) w.wait();
-      st.gather_work.wait();
+      for (comm::Work& w : st.gather_work) w.wait();
     } catch (...) {
     }
   }
@@ -95,8 +95,20 @@ void ZeroEngine::start_gather(int u) {
   nn::FlatParam& unit = model_.units()[u];
   if (!params_sharded(u) || unit.has_params() || st.gather_pending) return;
   unit.set_params(pool_.acquire(unit.param_bytes(), MemCategory::param, /*zeroed=*/false));
+  launch_gather(u, st.shard_params.as<char>(), static_cast<char*>(unit.data()));
+}
+
+void ZeroEngine::launch_gather(int u, const char* shard, char* full) {
+  // In slices of at most allgather_bucket_size elements of each rank's shard: slice k of every
+  // rank lands at its offset in that rank's slot of the full buffer.
+  UnitState& st = units_[u];
+  ZERONE_ASSERT(!st.gather_pending, "unit ", u, " gathered twice at once");
   ProfileScope profile(ProfileCategory::comm);
-  st.gather_work = comm_.all_gather_async(st.shard_params.data(), unit.data(), st.shard.shard_numel * dsize_);
+  const size_t S = st.shard.shard_numel;
+  for (size_t off = 0; off < S; off += config_.allgather_bucket_numel) {
+    const size_t n = std::min(config_.allgather_bucket_numel, S - off);
+    st.gather_work.push_back(comm_.all_gather_strided_async(shard + off * dsize_, full + off * dsize_, n * dsize_, S * dsize_));
+  }
   st.gather_pending = true;
 }
 
@@ -104,7 +116,8 @@ void ZeroEngine::wait_gather(int u) {
   UnitState& st = units_[u];
   if (!st.gather_pending) return;
   ProfileScope profile(ProfileCategory::comm);
-  st.gather_work.wait();
+  for (comm::Work& w : st.gather_work) w.wait();
+  st.gather_work.clear();
   st.gather_pending = false;
 }
 
@@ -309,10 +322,8 @@ void ZeroEngine::on_shard_updated(int u) {
     // lands it there); the rest still holds this rank's unreduced gradients.
     std::memset(unit.grad() + st.shard.shard_numel, 0, (st.shard.padded_numel - st.shard.shard_numel) * sizeof(float));
   }
-  ProfileScope profile(ProfileCategory::comm);
   char* full = static_cast<char*>(unit.data());
-  st.gather_work = comm_.all_gather_async(full + st.shard.shard_begin * dsize_, full, st.shard.shard_numel * dsize_);
-  st.gather_pending = true;
+  launch_gather(u, full + st.shard.shard_begin * dsize_, full);
 }
 
 void ZeroEngine::with_full_params(const std::function<void()>& fn) {

@@ -90,7 +90,7 @@ class ZeroEngine : public nn::UnitHooks {
     // A gather into the unit's full parameters is in flight: stage 3 from the shard into a pooled
     // buffer; stages 1-2 (and persistent stage-3 units) in place after the update, waited for
     // just before the unit's next use (Note [Gathers overlap the next forward]).
-    comm::Work gather_work;
+    std::vector<comm::Work> gather_work;  // one per allgather_bucket_size slice
     bool gather_pending = false;
   };
 
@@ -100,6 +100,7 @@ class ZeroEngine : public nn::UnitHooks {
   void retire_reductions();
   void ensure_params(int u);
   void start_gather(int u);
+  void launch_gather(int u, const char* shard, char* full);
   void wait_gather(int u);
   void release(int u);
   // Position of (phase, unit) in one micro-step's access order: forward 0..U-1, then backward U-1..0.

@@ -87,6 +87,11 @@ int main(int argc, char** argv) {
        [&](MPI_Request* r) {
          MPI_Ireduce_scatter_block(grads.data(), shard.data(), shard_n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, r);
        }},
+      {"reduce-scatter f32 in place",
+       [&] { return comm->reduce_scatter_sum_async(grads.data(), grads.data(), n / world); },
+       [&](MPI_Request* r) {
+         MPI_Ireduce_scatter_block(MPI_IN_PLACE, grads.data(), shard_n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, r);
+       }},
       {"all-gather bf16",
        [&] { return comm->all_gather_async(params.data() + rank * (n / world), params.data(), n / world * 2); },
        [&](MPI_Request* r) {
@@ -101,7 +106,7 @@ int main(int argc, char** argv) {
 
   if (rank == 0) {
     std::printf("world %d, %.1f MiB of f32 gradients per collective (%s)\n", world, mib, comm->description().c_str());
-    std::printf("%-20s %-6s %-20s %9s %9s %9s %8s\n", "collective", "work", "progress", "comm ms", "work ms", "both ms",
+    std::printf("%-28s %-6s %-20s %9s %9s %9s %8s\n", "collective", "work", "progress", "comm ms", "work ms", "both ms",
                 "hidden");
   }
   for (const Op& op : ops) {
@@ -132,7 +137,7 @@ int main(int argc, char** argv) {
       });
       if (rank == 0) {
         auto row = [&](const char* how, double both) {
-          std::printf("%-20s %-6s %-20s %9.2f %9.2f %9.2f %7.0f%%\n", op.name, busy ? "busy" : "sleep", how, comm_s * 1e3,
+          std::printf("%-28s %-6s %-20s %9.2f %9.2f %9.2f %7.0f%%\n", op.name, busy ? "busy" : "sleep", how, comm_s * 1e3,
                       work_s * 1e3, both * 1e3, 100.0 * (comm_s + work_s - both) / comm_s);
         };
         row("zerone comm thread", thread_s);

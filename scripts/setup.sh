@@ -7,6 +7,7 @@ packages=(
   build-essential cmake pkg-config
   libdnnl-dev              # oneDNN 2.6: matmul (f32, bf16 on AVX512-BF16 / AMX)
   libopenmpi-dev openmpi-bin
+  libmpich-dev mpich       # tests also build and run zerone against MPICH (Open MPI stays the default)
   liburing-dev
   nlohmann-json3-dev
   libcli11-dev

@@ -1,5 +1,4 @@
 // The `zerone` command-line program: parse, validate, call the libraries. Nothing else lives here.
-#include <mpi.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -75,11 +74,7 @@ int cmd_info() {
   std::printf("memory       %s\n", train::human_bytes(static_cast<double>(physical_memory_bytes())).c_str());
   std::printf("oneDNN       %s\n", kernels::cpu::onednn_version_string());
   std::printf("default precision %s\n", dtype_name(train::resolve_precision("")));
-  char mpi_version[MPI_MAX_LIBRARY_VERSION_STRING];
-  int len = 0;
-  MPI_Get_library_version(mpi_version, &len);
-  std::string mpi(mpi_version, len);
-  std::printf("MPI          %s\n", mpi.substr(0, mpi.find_first_of("\n,")).c_str());
+  std::printf("MPI          %s\n", comm::mpi_library_version().c_str());
 #if ZERONE_HAVE_CUDA
   std::printf("CUDA         compiled in (%s)\n", cuda::version_string().c_str());
   auto devs = cuda::devices();

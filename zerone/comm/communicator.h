@@ -100,6 +100,10 @@ class SingleProcessCommunicator : public Communicator {
 // PMIx each leave an environment variable behind.
 bool launched_by_mpi();
 
+// The MPI library this build is linked with, one line: "Open MPI v4.1.4", "MPICH Version: 4.0.2".
+// Callable whether or not MPI is initialized.
+std::string mpi_library_version();
+
 // The communicator for this process: MPI when launched by mpiexec, else single-process. The MPI
 // one initializes MPI (MPI_THREAD_SERIALIZED) and finalizes it when destroyed.
 std::unique_ptr<Communicator> make_communicator();

@@ -30,6 +30,21 @@ int checked_count(size_t n, const char* what) {
 
 }  // namespace
 
+std::string mpi_library_version() {
+  char version[MPI_MAX_LIBRARY_VERSION_STRING];
+  int len = 0;
+  MPI_Get_library_version(version, &len);
+  // The first line, up to a comma: "Open MPI v4.1.4", "MPICH Version:\t4.0.2" (tabs as spaces).
+  std::string first(version, static_cast<size_t>(len));
+  first = first.substr(0, first.find_first_of("\n,"));
+  std::string out;
+  for (char c : first) {
+    if (c == '\t') c = ' ';
+    if (c != ' ' || (!out.empty() && out.back() != ' ')) out += c;
+  }
+  return out;
+}
+
 MpiCommunicator::MpiCommunicator() {
   int initialized = 0;
   MPI_Initialized(&initialized);
@@ -41,11 +56,7 @@ MpiCommunicator::MpiCommunicator() {
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &world_);
-  char version[MPI_MAX_LIBRARY_VERSION_STRING];
-  int len = 0;
-  MPI_Get_library_version(version, &len);
-  library_ = std::string(version, len);
-  library_ = library_.substr(0, library_.find_first_of("\n,"));
+  library_ = mpi_library_version();
   thread_ = std::thread([this] { loop(); });
 }
 

@@ -45,3 +45,7 @@ echo "results in $out"
 
 # ---- W3: ZeRO scaling, per-rank memory beside the formula and PyTorch DDP / ZeroRedundancyOptimizer
 bash bench/w3_zero_scaling.sh | tee -a "$out"
+
+# ---- Communication overlap: the communication thread vs MPI_I* + MPI_Wait, world 2
+OMPI_MCA_mpi_yield_when_idle=1 mpiexec --allow-run-as-root --oversubscribe --bind-to none -n 2 \
+  build/bench/bench_comm_overlap 16 | tee -a "$out"

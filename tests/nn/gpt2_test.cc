@@ -101,6 +101,37 @@ TEST(GPT2, GradientAccumulationEqualsFullBatch) {
   }
 }
 
+TEST(GPT2, FreshGradientBuffersFullOfGarbageGiveTheSameGradients) {
+  // Note [Fresh gradients]: buffers handed in with `fresh` are not zeroed; backward must overwrite
+  // or zero every element, padding included. NaN garbage would poison anything left behind.
+  GPT2Config c = parse_model_spec("gpt2:layers=2,dim=32,heads=2,vocab=40,ctx=16");
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    GPT2 zeroed(c, dtype, 128), fresh(c, dtype, 128);  // align 128: every unit has padding
+    zeroed.init_weights(3);
+    fresh.init_weights(3);
+    const int B = 2, T = 8;
+    Rng rng(5);
+    std::vector<int32_t> x(B * T), y(B * T);
+    for (int i = 0; i < B * T; ++i) x[i] = static_cast<int32_t>(rng.below(40)), y[i] = static_cast<int32_t>(rng.below(40));
+    zeroed.zero_grad();
+    zeroed.forward(x.data(), y.data(), B, T);
+    zeroed.backward(1.0f);
+    for (FlatParam& unit : fresh.units()) {
+      unit.release_grads();
+      Buffer garbage(unit.grad_bytes(), MemCategory::grad);
+      for (size_t i = 0; i < unit.padded_numel(); ++i) garbage.as<float>()[i] = std::nanf("");
+      unit.set_grads(std::move(garbage), /*fresh=*/true);
+    }
+    fresh.forward(x.data(), y.data(), B, T);
+    fresh.backward(1.0f);
+    for (size_t u = 0; u < fresh.units().size(); ++u) {
+      EXPECT_FALSE(fresh.units()[u].grads_fresh());
+      ASSERT_EQ(std::memcmp(fresh.units()[u].grad(), zeroed.units()[u].grad(), fresh.units()[u].grad_bytes()), 0)
+          << "unit " << u << " " << dtype_name(dtype);
+    }
+  }
+}
+
 TEST(GPT2, SequenceLongerThanContextIsAnError) {
   GPT2 model(parse_model_spec("gpt2:layers=1,dim=16,heads=2,vocab=10,ctx=4"), DType::f32);
   std::vector<int32_t> x(5, 1);

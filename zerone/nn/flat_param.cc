@@ -41,10 +41,11 @@ void FlatParam::set_params(Buffer params) {
   params_ = std::move(params);
 }
 
-void FlatParam::set_grads(Buffer grads) {
+void FlatParam::set_grads(Buffer grads, bool fresh) {
   ZERONE_ASSERT(grads_.empty() && grads.bytes() == grad_bytes(), "unit ", name_, ": gradient buffer of ",
                 grads.bytes(), " bytes, expected ", grad_bytes());
   grads_ = std::move(grads);
+  grads_fresh_ = fresh;
 }
 
 void FlatParam::zero_grad() {

@@ -59,14 +59,22 @@ class FlatParam {
   void allocate_params();
   void release_params() { params_.reset(); }
   void allocate_grads();
-  void release_grads() { grads_.reset(); }
+  void release_grads() { grads_.reset(); grads_fresh_ = false; }
   // The same with storage the caller provides and takes back (the engine's working-set pool,
   // Note [Working-set pool]): set_* adopts a buffer of exactly param_bytes() / grad_bytes()
   // (contents as given); take_* hands the storage out and leaves the unit without it.
   void set_params(Buffer params);
   Buffer take_params() { return std::move(params_); }
-  void set_grads(Buffer grads);
-  Buffer take_grads() { return std::move(grads_); }
+  // Note [Fresh gradients]: a gradient buffer set with `fresh` holds garbage; the model's next
+  // backward overwrites the gradients its GEMMs produce and zeroes the rest (and the padding)
+  // before accumulating, then calls mark_grads_written(). Saves zeroing the whole buffer first.
+  void set_grads(Buffer grads, bool fresh = false);
+  Buffer take_grads() {
+    grads_fresh_ = false;
+    return std::move(grads_);
+  }
+  bool grads_fresh() const { return grads_fresh_; }
+  void mark_grads_written() { grads_fresh_ = false; }
   size_t param_bytes() const { return padded_numel_ * dtype_size(dtype_); }
   size_t grad_bytes() const { return padded_numel_ * sizeof(float); }
 
@@ -76,6 +84,7 @@ class FlatParam {
   DType dtype_;
   size_t numel_ = 0, padded_numel_ = 0;
   Buffer params_, grads_;
+  bool grads_fresh_ = false;
 };
 
 }  // namespace zerone::nn

@@ -1,5 +1,6 @@
 #include "zerone/nn/gpt2.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <tuple>
@@ -245,6 +246,18 @@ float GPT2::forward(const int32_t* inputs, const int32_t* targets, int B, int T)
   return static_cast<float>(sum / N);
 }
 
+bool GPT2::accumulate_grads(int u, std::initializer_list<int> overwritten) {
+  FlatParam& unit = units_[u];
+  if (!unit.grads_fresh()) return true;
+  for (size_t t = 0; t < unit.tensors().size(); ++t) {
+    if (std::find(overwritten.begin(), overwritten.end(), static_cast<int>(t)) == overwritten.end())
+      std::memset(unit.grad(t), 0, unit.tensors()[t].numel() * sizeof(float));
+  }
+  std::memset(unit.grad() + unit.numel(), 0, (unit.padded_numel() - unit.numel()) * sizeof(float));
+  unit.mark_grads_written();
+  return false;
+}
+
 void GPT2::backward(float grad_scale) {
   ZERONE_ASSERT(have_targets_ && acts_.B > 0, "backward() needs a forward() with targets first");
   Activations& a = acts_;
@@ -260,7 +273,11 @@ void GPT2::backward(float grad_scale) {
   hooks_->before_backward(uf);
   float* dlogits = a.logits.as<float>();  // in place: (B,T,Vp)
   k::crossentropy_backward(dlogits, a.logits.as<float>(), a.lse.as<float>(), targets, grad_scale / N, N, V, Vp);
-  k::linear_backward(dbuf, g(0, kWte), nullptr, dlogits, a.lnf.as<float>(), p(0, kWte), dtype_, N, C, Vp);
+  accumulate_grads(uf, {});
+  // The tied head writes wte's gradient first; the embedding's backward adds to it below.
+  const bool accumulate_wte = accumulate_grads(0, {kWte});
+  k::linear_backward(dbuf, g(0, kWte), nullptr, dlogits, a.lnf.as<float>(), p(0, kWte), dtype_, N, C, Vp,
+                     accumulate_wte);
   const float* last = L == 0 ? a.encoded.as<float>() : a.residual3.as<float>() + (L - 1) * BTC;
   std::memset(dresidual, 0, BTC * sizeof(float));
   k::layernorm_backward(dresidual, g(uf, kLnfw), g(uf, kLnfb), dbuf, last, p(uf, kLnfw), dtype_,
@@ -285,17 +302,20 @@ void GPT2::backward(float grad_scale) {
     const float* fch_gelu = a.fch_gelu.as<float>() + l * BTC * 4;
     float* dfch = a.dfch.as<float>();  // (B,T,4C)
     float* dqkv = a.dqkv.as<float>();  // (B,T,3C)
+    const bool acc = accumulate_grads(u, {kQkvw, kQkvb, kAttprojw, kAttprojb, kFcw, kFcb, kFcprojw, kFcprojb});
 
     // residual3 = residual2 + fcproj: dresidual flows to both unchanged.
-    k::linear_backward(dfch, g(u, kFcprojw), g(u, kFcprojb), dresidual, fch_gelu, p(u, kFcprojw), dtype_, N, 4 * C, C);
+    k::linear_backward(dfch, g(u, kFcprojw), g(u, kFcprojb), dresidual, fch_gelu, p(u, kFcprojw), dtype_, N, 4 * C, C,
+                       acc);
     k::gelu_backward(dfch, fch, dfch, BTC * 4);
-    k::linear_backward(dbuf, g(u, kFcw), g(u, kFcb), dfch, ln2, p(u, kFcw), dtype_, N, C, 4 * C);
+    k::linear_backward(dbuf, g(u, kFcw), g(u, kFcb), dfch, ln2, p(u, kFcw), dtype_, N, C, 4 * C, acc);
     k::layernorm_backward(dresidual, g(u, kLn2w), g(u, kLn2b), dbuf, residual2, p(u, kLn2w), dtype_, ln2_mean,
                           ln2_rstd, N, C);
     // residual2 = residual + attproj
-    k::linear_backward(dbuf, g(u, kAttprojw), g(u, kAttprojb), dresidual, atty, p(u, kAttprojw), dtype_, N, C, C);
+    k::linear_backward(dbuf, g(u, kAttprojw), g(u, kAttprojb), dresidual, atty, p(u, kAttprojw), dtype_, N, C, C,
+                       acc);
     k::attention_backward(dqkv, dbuf, qkv, att, B, T, C, NH);
-    k::linear_backward(dbuf, g(u, kQkvw), g(u, kQkvb), dqkv, ln1, p(u, kQkvw), dtype_, N, C, 3 * C);
+    k::linear_backward(dbuf, g(u, kQkvw), g(u, kQkvb), dqkv, ln1, p(u, kQkvw), dtype_, N, C, 3 * C, acc);
     k::layernorm_backward(dresidual, g(u, kLn1w), g(u, kLn1b), dbuf, residual, p(u, kLn1w), dtype_, ln1_mean,
                           ln1_rstd, N, C);
     hooks_->after_backward(u);

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <initializer_list>
 #include <vector>
 
 #include "zerone/core/dtype.h"
@@ -121,6 +122,10 @@ class GPT2 {
   void ensure_activations(int B, int T);
   const void* p(int unit, int tensor) const { return units_[unit].param(tensor); }
   float* g(int unit, int tensor) { return units_[unit].grad(tensor); }
+  // Note [Fresh gradients]: when unit u's gradient buffer is fresh, zeroes every tensor's gradient
+  // but those in `overwritten` (which the caller's GEMMs will write) and the padding, and returns
+  // false: the GEMMs must overwrite. Otherwise returns true (accumulate).
+  bool accumulate_grads(int u, std::initializer_list<int> overwritten);
 
   GPT2Config config_;
   DType dtype_;

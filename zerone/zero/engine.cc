@@ -107,7 +107,8 @@ void ZeroEngine::launch_gather(int u, const char* shard, char* full) {
   const size_t S = st.shard.shard_numel;
   for (size_t off = 0; off < S; off += config_.allgather_bucket_numel) {
     const size_t n = std::min(config_.allgather_bucket_numel, S - off);
-    st.gather_work.push_back(comm_.all_gather_strided_async(shard + off * dsize_, full + off * dsize_, n * dsize_, S * dsize_));
+    st.gather_work.push_back(
+        comm_.all_gather_strided_async(shard + off * dsize_, full + off * dsize_, n * dsize_, S * dsize_));
   }
   st.gather_pending = true;
 }
@@ -181,7 +182,8 @@ void ZeroEngine::before_backward(int u) {
       nn::FlatParam& unit = model_.units()[x];
       if (unit.has_grads()) continue;
       finish_reduction(x);  // the previous micro-step's reduction of this unit, if still in flight
-      unit.set_grads(pool_.acquire(unit.grad_bytes(), MemCategory::grad, /*zeroed=*/true));
+      // Unzeroed: the backward overwrites or zeroes every element (Note [Fresh gradients]).
+      unit.set_grads(pool_.acquire(unit.grad_bytes(), MemCategory::grad, /*zeroed=*/false), /*fresh=*/true);
     }
   }
   if (config_.stage == 3) {

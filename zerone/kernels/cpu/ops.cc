@@ -254,7 +254,7 @@ void linear_forward(float* out, const float* inp, const void* weight, const void
 }
 
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const void* weight, DType param_dtype, int N, int C, int OC) {
+                     const void* weight, DType param_dtype, int N, int C, int OC, bool accumulate_param_grads) {
   ProfileScope profile(ProfileCategory::elementwise);
   const DType gemm = gemm_dtype(param_dtype);
   Operand dy = activation_operand(dout, static_cast<size_t>(N) * OC, param_dtype, kScratchA);
@@ -263,8 +263,9 @@ void linear_backward(float* dinp, float* dweight, float* dbias, const float* dou
     matmul(dy.data, false, w.data, false, dinp, N, C, OC, gemm, /*accumulate=*/false);  // (N,OC)@(OC,C)
   }
   Operand x = activation_operand(inp, static_cast<size_t>(N) * C, param_dtype, kScratchB);
-  matmul(dy.data, true, x.data, false, dweight, OC, C, N, gemm, /*accumulate=*/true);  // (OC,N)@(N,C)
+  matmul(dy.data, true, x.data, false, dweight, OC, C, N, gemm, accumulate_param_grads);  // (OC,N)@(N,C)
   if (dbias != nullptr) {
+    if (!accumulate_param_grads) std::memset(dbias, 0, static_cast<size_t>(OC) * sizeof(float));
 #pragma omp parallel
     {
       int nthreads = omp_get_num_threads(), tid = omp_get_thread_num();

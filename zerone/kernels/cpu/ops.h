@@ -40,9 +40,10 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 void linear_forward(float* out, const float* inp, const void* weight, const void* bias, DType param_dtype, int N,
                     int C, int OC);
 // dinp (N,C) = dout @ weight (overwrite; skipped when dinp is null); dweight (OC,C) += dout^T @ inp;
-// dbias (OC) += column sums of dout (skipped when null).
+// dbias (OC) += column sums of dout (skipped when null). With accumulate_param_grads false,
+// dweight and dbias are overwritten (= instead of +=; Note [Fresh gradients] in nn/flat_param.h).
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const void* weight, DType param_dtype, int N, int C, int OC);
+                     const void* weight, DType param_dtype, int N, int C, int OC, bool accumulate_param_grads = true);
 
 // Causal multi-head self-attention. qkv (B,T,3C) holds q, k, v per token; out (B,T,C);
 // att (B,NH,T,T) saves the softmax probabilities (row t uses columns 0..t) for backward.

@@ -49,6 +49,7 @@ void FlatParam::set_grads(Buffer grads, bool fresh) {
 }
 
 void FlatParam::zero_grad() {
+  grads_fresh_ = false;
   if (!grads_.empty()) std::memset(grads_.data(), 0, grads_.bytes());
 }
 

@@ -75,6 +75,8 @@ class FlatParam {
   }
   bool grads_fresh() const { return grads_fresh_; }
   void mark_grads_written() { grads_fresh_ = false; }
+  // The gradients were consumed (an optimizer step): the next backward overwrites them.
+  void mark_grads_fresh() { grads_fresh_ = has_grads(); }
   size_t param_bytes() const { return padded_numel_ * dtype_size(dtype_); }
   size_t grad_bytes() const { return padded_numel_ * sizeof(float); }
 

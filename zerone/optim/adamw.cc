@@ -1,6 +1,5 @@
 #include "zerone/optim/adamw.h"
 
-#include <cstring>
 
 #include "zerone/core/error.h"
 #include "zerone/core/profiler.h"
@@ -37,7 +36,7 @@ double AdamW::step(float lr, float grad_scale, const std::function<void(size_t s
   h.eps = options_.eps;
   h.step = step_;
   h.grad_scale = grad_scale;
-  h.zero_grad = true;
+  h.zero_grad = false;  // see step()'s contract
   double sumsq = 0.0;
   for (size_t i = 0; i < shards_.size(); ++i) {
     const ShardRef& s = shards_[i];
@@ -61,10 +60,6 @@ double AdamW::step(float lr, float grad_scale, const std::function<void(size_t s
     if (shard_done) shard_done(i);
   }
   return sumsq;
-}
-
-void AdamW::zero_grads() {
-  for (const ShardRef& s : shards_) std::memset(s.grad, 0, s.numel * sizeof(float));
 }
 
 }  // namespace zerone::optim

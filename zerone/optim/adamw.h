@@ -39,8 +39,9 @@ class AdamW {
   AdamW(std::vector<ShardRef> shards, DType param_dtype, const AdamWOptions& options);
 
   // One update with learning rate `lr`; every gradient is multiplied by grad_scale first
-  // (clipping factor / inverse loss scale). Leaves the gradients zeroed for the next accumulation
-  // (Note [Fused optimizer pass] in kernels/cpu/adamw.h). Increments the step count. Returns the
+  // (clipping factor / inverse loss scale). Reads the gradients and leaves them as they were: the
+  // caller overwrites them next (Note [Fresh gradients] in nn/flat_param.h), so zeroing them would
+  // be a wasted write stream. Increments the step count. Returns the
   // sum of squares of the gradients it consumed (unscaled), so that callers that do not clip get
   // the gradient norm without another pass. Shards are updated in order; `shard_done(i)`, when
   // given, runs as soon as shard i's parameters are written (the ZeRO engine starts gathering
@@ -54,8 +55,6 @@ class AdamW {
   float* master(size_t i);
   float* m(size_t i) { return state_[i].m.as<float>(); }
   float* v(size_t i) { return state_[i].v.as<float>(); }
-  // Zeroes every shard's gradients (a skipped step).
-  void zero_grads();
 
  private:
   struct State {

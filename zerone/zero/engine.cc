@@ -292,11 +292,10 @@ ZeroEngine::StepResult ZeroEngine::step(float lr, float grad_clip, double loss_s
     result.norm = std::sqrt(reduce_grad_norm_sq(local)) / loss_scale;
     if (!std::isfinite(result.norm)) {
       ZERONE_CHECK(skip_on_overflow, "gradient norm is ", result.norm, ": training diverged (try a lower --lr)");
-      result.overflow = true;
-      optimizer_->zero_grads();
+      result.overflow = true;  // skipped: the gradients are dropped as after an update
       for (UnitState& st : units_) st.accumulator_zero = true;
       for (int u = 0; u < num_units_; ++u)
-        if (config_.stage <= 1) model_.units()[u].zero_grad();
+        if (config_.stage <= 1) model_.units()[u].mark_grads_fresh();
       return result;
     }
     if (grad_clip > 0.0f && result.norm > grad_clip) clip = static_cast<float>(grad_clip / result.norm);
@@ -305,7 +304,10 @@ ZeroEngine::StepResult ZeroEngine::step(float lr, float grad_clip, double loss_s
   for (int u = 0; u < num_units_; ++u) release(u);
   const double sumsq = optimizer_->step(lr, static_cast<float>(unscale) * clip,
                                         [this](size_t shard) { on_shard_updated(static_cast<int>(shard)); });
-  for (UnitState& st : units_) st.accumulator_zero = true;  // the update pass zeroed them
+  // The update consumed the gradients without zeroing them (a write stream saved): stages 0-1's
+  // full buffers are overwritten by the next backward, stages 2-3's accumulators by the next
+  // step's first reduce-scatter (Note [Fresh gradients]).
+  for (UnitState& st : units_) st.accumulator_zero = true;
   if (grad_clip <= 0.0f && !skip_on_overflow) {
     result.norm = std::sqrt(reduce_grad_norm_sq(sumsq)) / loss_scale;
     ZERONE_CHECK(std::isfinite(result.norm), "gradient norm is ", result.norm,
@@ -318,12 +320,8 @@ void ZeroEngine::on_shard_updated(int u) {
   // Shards map one to one to units (constructor). Note [Gathers overlap the next forward].
   nn::FlatParam& unit = model_.units()[u];
   UnitState& st = units_[u];
+  if (config_.stage <= 1) unit.mark_grads_fresh();
   if (config_.stage == 0 || params_sharded(u)) return;
-  if (config_.stage == 1) {
-    // The update zeroed the reduced shard at the front of the buffer (the in-place reduce-scatter
-    // lands it there); the rest still holds this rank's unreduced gradients.
-    std::memset(unit.grad() + st.shard.shard_numel, 0, (st.shard.padded_numel - st.shard.shard_numel) * sizeof(float));
-  }
   char* full = static_cast<char*>(unit.data());
   launch_gather(u, full + st.shard.shard_begin * dsize_, full);
 }

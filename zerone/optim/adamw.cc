@@ -1,6 +1,5 @@
 #include "zerone/optim/adamw.h"
 
-
 #include "zerone/core/error.h"
 #include "zerone/core/profiler.h"
 

@@ -75,16 +75,26 @@ TEST(GPT2, InitIsDeterministicAndHasGpt2Statistics) {
   EXPECT_EQ(wte[100 * 64], 0.0f) << "padded vocabulary rows start at zero";
 }
 
+// Two twin models of the small test spec with the same weights, and n random (input, target) ids.
+struct Twins {
+  GPT2Config config = parse_model_spec("gpt2:layers=2,dim=32,heads=2,vocab=40,ctx=16");
+  GPT2 a, b;
+  std::vector<int32_t> x, y;
+  Twins(DType dtype, size_t align, int n) : a(config, dtype, align), b(config, dtype, align), x(n), y(n) {
+    a.init_weights(3);
+    b.init_weights(3);
+    Rng rng(5);
+    for (int i = 0; i < n; ++i) x[i] = static_cast<int32_t>(rng.below(40)), y[i] = static_cast<int32_t>(rng.below(40));
+  }
+};
+
 TEST(GPT2, GradientAccumulationEqualsFullBatch) {
   // Two micro-batches of 2 with grad_scale 1/2 give the gradient of one batch of 4.
-  GPT2Config c = parse_model_spec("gpt2:layers=2,dim=32,heads=2,vocab=40,ctx=16");
-  GPT2 full(c, DType::f32), accum(c, DType::f32);
-  full.init_weights(3);
-  accum.init_weights(3);
   const int B = 4, T = 8;
-  Rng rng(5);
-  std::vector<int32_t> x(B * T), y(B * T);
-  for (int i = 0; i < B * T; ++i) x[i] = static_cast<int32_t>(rng.below(40)), y[i] = static_cast<int32_t>(rng.below(40));
+  Twins twins(DType::f32, 64, B * T);
+  GPT2 &full = twins.a, &accum = twins.b;
+  const std::vector<int32_t>& x = twins.x;
+  const std::vector<int32_t>& y = twins.y;
   full.zero_grad();
   float loss_full = full.forward(x.data(), y.data(), B, T);
   full.backward(1.0f);
@@ -104,15 +114,12 @@ TEST(GPT2, GradientAccumulationEqualsFullBatch) {
 TEST(GPT2, FreshGradientBuffersFullOfGarbageGiveTheSameGradients) {
   // Note [Fresh gradients]: buffers handed in with `fresh` are not zeroed; backward must overwrite
   // or zero every element, padding included. NaN garbage would poison anything left behind.
-  GPT2Config c = parse_model_spec("gpt2:layers=2,dim=32,heads=2,vocab=40,ctx=16");
   for (DType dtype : {DType::f32, DType::bf16}) {
-    GPT2 zeroed(c, dtype, 128), fresh(c, dtype, 128);  // align 128: every unit has padding
-    zeroed.init_weights(3);
-    fresh.init_weights(3);
     const int B = 2, T = 8;
-    Rng rng(5);
-    std::vector<int32_t> x(B * T), y(B * T);
-    for (int i = 0; i < B * T; ++i) x[i] = static_cast<int32_t>(rng.below(40)), y[i] = static_cast<int32_t>(rng.below(40));
+    Twins twins(dtype, 128, B * T);  // align 128: every unit has padding
+    GPT2 &zeroed = twins.a, &fresh = twins.b;
+    const std::vector<int32_t>& x = twins.x;
+  const std::vector<int32_t>& y = twins.y;
     zeroed.zero_grad();
     zeroed.forward(x.data(), y.data(), B, T);
     zeroed.backward(1.0f);

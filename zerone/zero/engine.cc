@@ -93,7 +93,7 @@ ZeroEngine::~ZeroEngine() {
 void ZeroEngine::start_gather(int u) {
   UnitState& st = units_[u];
   nn::FlatParam& unit = model_.units()[u];
-  if (!params_sharded(u) || unit.has_params() || st.gather_pending) return;
+  if (!params_sharded(u) || unit.has_params()) return;  // present, or its gather is in flight
   unit.set_params(pool_.acquire(unit.param_bytes(), MemCategory::param, /*zeroed=*/false));
   launch_gather(u, st.shard_params.as<char>(), static_cast<char*>(unit.data()));
 }
@@ -102,7 +102,7 @@ void ZeroEngine::launch_gather(int u, const char* shard, char* full) {
   // In slices of at most allgather_bucket_size elements of each rank's shard: slice k of every
   // rank lands at its offset in that rank's slot of the full buffer.
   UnitState& st = units_[u];
-  ZERONE_ASSERT(!st.gather_pending, "unit ", u, " gathered twice at once");
+  ZERONE_ASSERT(st.gather_work.empty(), "unit ", u, " gathered twice at once");
   ProfileScope profile(ProfileCategory::comm);
   const size_t S = st.shard.shard_numel;
   for (size_t off = 0; off < S; off += config_.allgather_bucket_numel) {
@@ -110,16 +110,14 @@ void ZeroEngine::launch_gather(int u, const char* shard, char* full) {
     st.gather_work.push_back(
         comm_.all_gather_strided_async(shard + off * dsize_, full + off * dsize_, n * dsize_, S * dsize_));
   }
-  st.gather_pending = true;
 }
 
 void ZeroEngine::wait_gather(int u) {
   UnitState& st = units_[u];
-  if (!st.gather_pending) return;
+  if (st.gather_work.empty()) return;
   ProfileScope profile(ProfileCategory::comm);
   for (comm::Work& w : st.gather_work) w.wait();
   st.gather_work.clear();
-  st.gather_pending = false;
 }
 
 void ZeroEngine::ensure_params(int u) {

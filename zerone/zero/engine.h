@@ -90,8 +90,7 @@ class ZeroEngine : public nn::UnitHooks {
     // A gather into the unit's full parameters is in flight: stage 3 from the shard into a pooled
     // buffer; stages 1-2 (and persistent stage-3 units) in place after the update, waited for
     // just before the unit's next use (Note [Gathers overlap the next forward]).
-    std::vector<comm::Work> gather_work;  // one per allgather_bucket_size slice
-    bool gather_pending = false;
+    std::vector<comm::Work> gather_work;  // one per allgather_bucket_size slice; empty: none pending
   };
 
   bool params_sharded(int u) const { return config_.stage == 3 && !units_[u].shard.persistent; }

@@ -35,22 +35,21 @@ BENCHMARK(BM_Triad)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
 
 void BM_AdamW(benchmark::State& state) {
   const size_t n = kParams;
-  const bool bf16_param = state.range(0) != 0, zero_grad = state.range(1) != 0;
+  const bool bf16_param = state.range(0) != 0;
   Buffer master(n * 4, MemCategory::master), m(n * 4, MemCategory::optim), v(n * 4, MemCategory::optim),
       grad(n * 4, MemCategory::grad), param(n * 2, MemCategory::param);
   kernels::cpu::AdamWHyper h;
-  h.zero_grad = zero_grad;
   for (auto _ : state) {
     kernels::cpu::adamw_update(master.as<float>(), m.as<float>(), v.as<float>(), grad.as<float>(),
                                bf16_param ? param.data() : nullptr, DType::bf16, n, h);
     ++h.step;
     benchmark::ClobberMemory();
   }
-  double bytes = 28.0 + (bf16_param ? 2 : 0) + (zero_grad ? 4 : 0);
+  double bytes = 28.0 + (bf16_param ? 2 : 0);
   state.counters["Gparam/s"] = benchmark::Counter(static_cast<double>(n) / 1e9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["GB/s"] = benchmark::Counter(static_cast<double>(n) * bytes, benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_AdamW)->ArgNames({"bf16_param", "zero_grad"})->Args({1, 1})->Args({1, 0})->Args({0, 0})
+BENCHMARK(BM_AdamW)->ArgNames({"bf16_param"})->Args({1})->Args({0})
     ->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
 
 }  // namespace

@@ -115,7 +115,10 @@ class BufferPool {
   // Takes `buffer` back for reuse, or frees it if that would exceed the capacity. Empty: no-op.
   void release(Buffer&& buffer);
   // Frees every idle buffer.
-  void clear() { idle_.clear(), idle_bytes_ = 0; }
+  void clear() {
+    idle_.clear();
+    idle_bytes_ = 0;
+  }
   size_t idle_bytes() const { return idle_bytes_; }
   size_t capacity_bytes() const { return capacity_bytes_; }
 

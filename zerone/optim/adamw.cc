@@ -35,7 +35,6 @@ double AdamW::step(float lr, float grad_scale, const std::function<void(size_t s
   h.eps = options_.eps;
   h.step = step_;
   h.grad_scale = grad_scale;
-  h.zero_grad = false;  // see step()'s contract
   double sumsq = 0.0;
   for (size_t i = 0; i < shards_.size(); ++i) {
     const ShardRef& s = shards_[i];

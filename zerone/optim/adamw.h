@@ -24,7 +24,7 @@ namespace zerone::optim {
 
 struct ShardRef {
   void* param = nullptr;         // numel elements of param_dtype, read at construction, written by step()
-  float* grad = nullptr;         // numel f32 gradients (already reduced / averaged); zeroed by step()
+  const float* grad = nullptr;   // numel f32 gradients (already reduced / averaged); read by step()
   size_t numel = 0;
   // [begin, end) element ranges of this shard that get weight decay; the rest get none.
   std::vector<std::pair<size_t, size_t>> decay_ranges;

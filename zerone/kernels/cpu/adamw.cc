@@ -8,8 +8,8 @@
 namespace zerone::kernels::cpu {
 namespace {
 
-template <DType D, bool kWriteParam, bool kZeroGrad>
-double update(float* __restrict master, float* __restrict m, float* __restrict v, float* __restrict grad,
+template <DType D, bool kWriteParam>
+double update(float* __restrict master, float* __restrict m, float* __restrict v, const float* __restrict grad,
               void* __restrict param_out, size_t n, const AdamWHyper& h) {
   using P = std::conditional_t<D == DType::f32, float, uint16_t>;
   P* __restrict param = static_cast<P*>(param_out);
@@ -25,7 +25,6 @@ double update(float* __restrict master, float* __restrict m, float* __restrict v
   for (size_t i = 0; i < n; ++i) {
     float raw = grad[i];
     sumsq += static_cast<double>(raw) * raw;
-    if constexpr (kZeroGrad) grad[i] = 0.0f;
     float g = raw * gs;
     float mi = b1 * m[i] + one_b1 * g;
     float vi = b2 * v[i] + one_b2 * g * g;
@@ -42,31 +41,18 @@ double update(float* __restrict master, float* __restrict m, float* __restrict v
   return sumsq;
 }
 
-template <bool kWriteParam, bool kZeroGrad>
-double dispatch_param(float* master, float* m, float* v, float* grad, void* param, DType param_dtype, size_t n,
-                      const AdamWHyper& h) {
-  if constexpr (!kWriteParam) {
-    return update<DType::f32, false, kZeroGrad>(master, m, v, grad, nullptr, n, h);
-  } else {
-    switch (param_dtype) {
-      case DType::f32: return update<DType::f32, true, kZeroGrad>(master, m, v, grad, param, n, h);
-      case DType::bf16: return update<DType::bf16, true, kZeroGrad>(master, m, v, grad, param, n, h);
-      case DType::f16: return update<DType::f16, true, kZeroGrad>(master, m, v, grad, param, n, h);
-    }
-    ZERONE_ASSERT(false);
-  }
-}
-
 }  // namespace
 
-double adamw_update(float* master, float* m, float* v, float* grad, void* param, DType param_dtype, size_t n,
+double adamw_update(float* master, float* m, float* v, const float* grad, void* param, DType param_dtype, size_t n,
                     const AdamWHyper& hyper) {
   ZERONE_ASSERT(hyper.step >= 1, "AdamW step must be 1-based, got ", hyper.step);
-  bool write_param = param != nullptr;
-  if (write_param && hyper.zero_grad) return dispatch_param<true, true>(master, m, v, grad, param, param_dtype, n, hyper);
-  if (write_param) return dispatch_param<true, false>(master, m, v, grad, param, param_dtype, n, hyper);
-  if (hyper.zero_grad) return dispatch_param<false, true>(master, m, v, grad, param, param_dtype, n, hyper);
-  return dispatch_param<false, false>(master, m, v, grad, param, param_dtype, n, hyper);
+  if (param == nullptr) return update<DType::f32, false>(master, m, v, grad, nullptr, n, hyper);
+  switch (param_dtype) {
+    case DType::f32: return update<DType::f32, true>(master, m, v, grad, param, n, hyper);
+    case DType::bf16: return update<DType::bf16, true>(master, m, v, grad, param, n, hyper);
+    case DType::f16: return update<DType::f16, true>(master, m, v, grad, param, n, hyper);
+  }
+  ZERONE_ASSERT(false, "unknown parameter dtype");
 }
 
 }  // namespace zerone::kernels::cpu

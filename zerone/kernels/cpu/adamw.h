@@ -7,14 +7,14 @@
 //   v        = beta2 v + (1 - beta2) g^2
 //   master  -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps)   with bc_k = 1 - beta_k^step
 //   param[i] = master rounded to `param_dtype` (RNE), when param is non-null
-//   grad[i]  = 0, when zero_grad (the next step accumulates from zero)
-// and returns sum_i grad[i]^2 of the incoming (unscaled) gradients, in double.
+// and returns sum_i grad[i]^2 of the (unscaled) gradients, in double. The gradients are only read:
+// the next backward overwrites them (Note [Fresh gradients] in nn/flat_param.h), so zeroing them
+// here would be a wasted write stream.
 //
-// Note [Fused optimizer pass]: the step is bound by memory bandwidth, so zeroing the gradients and
-// measuring their norm ride along in the same sweep instead of costing two more passes over the
-// gradient buffer (~8 bytes/param of extra traffic on 28-30).
-// Memory traffic per element: read master, m, v, grad; write master, m, v (+ param, + grad):
-// 28 bytes, 30 with a bf16 param copy, +4 when zeroing. Thread-safety: one caller at a time.
+// Note [Fused optimizer pass]: the step is bound by memory bandwidth, so measuring the gradient
+// norm rides along in the same sweep instead of costing another pass over the gradients.
+// Memory traffic per element: read master, m, v, grad; write master, m, v (+ param): 28 bytes,
+// 30 with a bf16 param copy. Thread-safety: one caller at a time.
 #pragma once
 
 #include <cstddef>
@@ -31,12 +31,11 @@ struct AdamWHyper {
   float weight_decay = 0.0f;
   int step = 1;             // 1-based step number, for bias correction
   float grad_scale = 1.0f;  // multiplies every gradient before use
-  bool zero_grad = false;   // write 0 into grad after reading it
 };
 
 // `param` may be null (f32 training keeps the master as the parameter) or point at n elements of
 // `param_dtype`. master, m, v and grad must not overlap.
-double adamw_update(float* master, float* m, float* v, float* grad, void* param, DType param_dtype, size_t n,
+double adamw_update(float* master, float* m, float* v, const float* grad, void* param, DType param_dtype, size_t n,
                     const AdamWHyper& hyper);
 
 }  // namespace zerone::kernels::cpu

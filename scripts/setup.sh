@@ -6,6 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake pkg-config
   libdnnl-dev              # oneDNN 2.6: matmul (f32, bf16 on AVX512-BF16 / AMX)
+  ocl-icd-opencl-dev       # libdnnl-dev only recommends it, but its CMake package (DNNLConfig) needs OpenCL
   libopenmpi-dev openmpi-bin
   libmpich-dev mpich       # tests also build and run zerone against MPICH (Open MPI stays the default)
   liburing-dev

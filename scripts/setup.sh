@@ -15,6 +15,7 @@ packages=(
   libgtest-dev libgmock-dev
   libbenchmark-dev
   python3                  # test scripts compare runs and parse metrics
+  strace                   # tests/cli/errors_are_errors.sh checks the fsync/rename order of atomic writes
 )
 
 missing=()

@@ -1,7 +1,10 @@
 // The `zerone` command-line program: parse, validate, call the libraries. Nothing else lives here.
 
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <cstdio>
+#include <new>
+#include <system_error>
 #include <iostream>
 
 #include "zerone/comm/communicator.h"
@@ -101,7 +104,8 @@ struct EstimateArgs {
 int cmd_estimate(const EstimateArgs& a, bool stage_given) {
   nn::GPT2Config model = nn::parse_model_spec(a.model);
   DType dtype = train::resolve_precision(a.precision);
-  ZERONE_CHECK(a.device_mem_gib >= 0.0, "--device-mem ", a.device_mem_gib, " is negative");
+  ZERONE_CHECK(std::isfinite(a.device_mem_gib) && a.device_mem_gib >= 0.0, "--device-mem ", a.device_mem_gib,
+               " is out of range: expected a finite number of GiB >= 0");
   ZERONE_CHECK(a.persistence_threshold >= 0, "--stage3-param-persistence-threshold is negative");
   ZERONE_CHECK(a.reduce_bucket_numel >= 1, "--reduce-bucket-size ", a.reduce_bucket_numel,
                " must be at least 1 element");
@@ -207,20 +211,43 @@ int main(int argc, char** argv) {
 
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // One line with the usual prefix and exit 1, like every other bad input (README).
+    std::fprintf(stderr, "zerone: error: %s (zerone %s--help lists the options)\n", e.what(),
+                 train_cmd->parsed() ? "train " : sample_cmd->parsed() ? "sample " : prepare_cmd->parsed() ? "prepare "
+                 : estimate_cmd->parsed() ? "estimate " : "");
+    return 1;
   }
 
   // Note [Errors under MPI]: a rank that fails must not leave its peers waiting in a collective
   // forever, so with more than one rank an error ends the whole job (MPI_Abort) after printing.
+  // Everything is caught here, not only zerone::Error: an exception escaping main would end in
+  // std::terminate without a message and, under MPI, without ending the other ranks.
   std::unique_ptr<comm::Communicator> communicator;
+  auto fail = [&](const std::string& message) {
+    train::end_status_line();
+    std::fflush(stdout);
+    if (communicator && communicator->world_size() > 1) {
+      std::fprintf(stderr, "zerone: error (rank %d of %d): %s\n", communicator->rank(), communicator->world_size(),
+                   message.c_str());
+      std::fflush(stderr);
+      communicator->abort_job(1);
+    }
+    std::fprintf(stderr, "zerone: error: %s\n", message.c_str());
+    return 1;
+  };
   try {
     if (train_cmd->parsed()) {
       communicator = comm::make_communicator();
       for (const CLI::Option* opt : train_cmd->get_options())
         if (opt->count() > 0) train_cfg.given.insert(opt->get_name());
       if (!config_path.empty()) train::apply_json_config(config_path, train_cfg);
-      train::run_training(train_cfg, *communicator);
+      train::TrainResult result = train::run_training(train_cfg, *communicator);
+      if (result.interrupted_by != 0) return 128 + result.interrupted_by;
     } else if (prepare_cmd->parsed()) {
       io::PrepareResult r = io::prepare_text_shards(text_files, out_prefix, val_fraction);
       std::printf("wrote %s (%zu tokens) and %s (%zu tokens)\n", r.train_path.c_str(), r.train_tokens,
@@ -239,14 +266,15 @@ int main(int argc, char** argv) {
       return cmd_estimate(est, estimate_cmd->count("--zero-stage") > 0);
     }
   } catch (const zerone::Error& e) {
-    std::fflush(stdout);
-    if (communicator && communicator->world_size() > 1) {
-      std::fprintf(stderr, "zerone: error (rank %d of %d): %s\n", communicator->rank(), communicator->world_size(), e.what());
-      std::fflush(stderr);
-      communicator->abort_job(1);
-    }
-    std::fprintf(stderr, "zerone: error: %s\n", e.what());
-    return 1;
+    return fail(e.what());
+  } catch (const std::bad_alloc&) {
+    return fail("out of memory (a buffer could not be allocated); zerone estimate shows what a run needs");
+  } catch (const std::system_error& e) {
+    return fail(str_cat("system error: ", e.what()));
+  } catch (const std::exception& e) {
+    return fail(str_cat("unexpected failure: ", e.what()));
+  } catch (...) {
+    return fail("unexpected failure (unknown exception)");
   }
   return 0;
 }

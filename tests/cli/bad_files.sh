@@ -29,7 +29,7 @@ check "m_trunc.bin' is truncated" "$Z" train --init "$d/m_trunc.bin" --data "$d/
 check "disagrees with --init" "$Z" train --init "$d/m.bin" --model gpt2:layers=2,dim=32,heads=2,vocab=257,ctx=32 --data "$d/c_train.bin" --steps 1
 check "m_trunc.bin' is truncated" "$Z" sample --init "$d/m_trunc.bin"
 # Saving into a missing directory fails cleanly and leaves no partial file.
-check "cannot create" "$Z" train --model "$model" --data "$d/c_train.bin" --seq 16 --steps 1 --save "$d/missing/m.bin"
+check "does not exist: create it first" "$Z" train --model "$model" --data "$d/c_train.bin" --seq 16 --steps 1 --save "$d/missing/m.bin"
 if ls "$d"/missing* >/dev/null 2>&1; then echo "FAIL: partial output left"; fail=1; fi
 printf '{"train_micro_batch_size_per_gpu": 4,' > "$d/broken.json"
 check "broken.json' is not valid JSON" "$Z" train --config "$d/broken.json"

@@ -49,7 +49,7 @@ TEST(Config, DeepSpeedKeysFillTheConfigAndFlagsWin) {
 
 TEST(Config, BrokenFilesNameTheProblem) {
   TempDir dir;
-  expect_error([&] { TrainConfig c; apply_json_config(dir.file("missing.json"), c); }, "cannot open config");
+  expect_error([&] { TrainConfig c; apply_json_config(dir.file("missing.json"), c); }, "--config: cannot open");
   write_text(dir.file("bad.json"), "{\"steps\": 3,");
   expect_error([&] { TrainConfig c; apply_json_config(dir.file("bad.json"), c); }, "not valid JSON");
   write_text(dir.file("unknown.json"), "{\"stpes\": 3}");

@@ -25,10 +25,17 @@ expect() {  # expect NAME REGEX MAX_SECONDS CMD...
 }
 
 # Ranks started with different settings: all of them stop at start-up with the same message.
-expect config_mismatch "run a different configuration or model than rank 0" 60 \
+# The message names the setting that differs.
+expect config_mismatch "ranks disagree with rank 0 on: --lr \(rank 1\)" 60 \
   "${MPI[@]}" -n 1 "$Z" "${base[@]}" --steps 5 --lr 1e-3 : -n 1 "$Z" "${base[@]}" --steps 5 --lr 2e-3
-expect stage_mismatch "ranks 1 run a different configuration" 60 \
+expect stage_mismatch "ranks disagree with rank 0 on: --zero-stage \(rank 1\)" 60 \
   "${MPI[@]}" -n 1 "$Z" "${base[@]}" --steps 5 --zero-stage 2 : -n 1 "$Z" "${base[@]}" --steps 5 --zero-stage 3
+# Output flags too: --save given to rank 1 alone used to write nothing and exit 0.
+expect save_one_rank "ranks disagree with rank 0 on: --save \(rank 1\)" 60 \
+  "${MPI[@]}" -n 1 "$Z" "${base[@]}" --steps 2 : -n 1 "$Z" "${base[@]}" --steps 2 --save "$d/only1.bin"
+[ -e "$d/only1.bin" ] && { echo "FAIL save_one_rank: a file was written"; fail=1; }
+expect metrics_one_rank "ranks disagree with rank 0 on: --metrics \(rank 1\)" 60 \
+  "${MPI[@]}" -n 1 "$Z" "${base[@]}" --steps 2 : -n 1 "$Z" "${base[@]}" --steps 2 --metrics "$d/only1.jsonl"
 
 # A rank that dies mid-training (SIGKILL after 4 s of a long run): the job ends, no hang.
 expect rank_killed "(exited on signal|terminated|exited with non-zero|aborted|killed)" 60 \
@@ -43,6 +50,21 @@ head -c 1500 "$d/c_train.bin" > "$d/r1/data.bin"
 rel=("${base[@]/$d\/c_train.bin/data.bin}")
 expect one_rank_error "rank 1 of 2.*data.bin' is truncated" 60 \
   "${MPI[@]}" -n 1 -wdir "$d/r0" "$Z" "${rel[@]}" --steps 100000 : -n 1 -wdir "$d/r1" "$Z" "${rel[@]}" --steps 100000
+
+# SIGTERM to one rank (as a scheduler or mpiexec would send it): every rank stops at the same step
+# boundary (the flag rides on the loss all-reduce), the job exits 143 and says what was kept.
+"${MPI[@]}" -n 2 "$Z" "${base[@]}" --steps 100000 --zero-stage 3 --metrics "$d/term.jsonl" > "$d/term.out" 2>&1 &
+job=$!
+for _ in $(seq 1 100); do [ -s "$d/term.jsonl" ] && break; sleep 0.1; done
+kill -TERM "$(pgrep -P $job | tail -n 1)"  # one rank (a child of mpiexec), not the launcher
+wait $job; rc=$?
+if [ $rc -ne 143 ] || ! grep -qE "stopped by (SIGTERM|a signal on another rank) during step [0-9]+" "$d/term.out"; then
+  echo "FAIL sigterm_one_rank: exit $rc"; tail -n 20 "$d/term.out"; fail=1
+elif ! python3 -c "import json,sys; [json.loads(l) for l in open(sys.argv[1])]" "$d/term.jsonl"; then
+  echo "FAIL sigterm_one_rank: metrics file holds a broken line"; fail=1
+else
+  echo "ok   sigterm_one_rank: exit $rc: $(grep -m1 -E 'stopped by' "$d/term.out")"
+fi
 
 # Bad values.
 expect bad_stage "--zero-stage 4 is out of range" 30 "$Z" "${base[@]}" --zero-stage 4

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <string>
 
 namespace zerone {
 
@@ -33,6 +34,35 @@ CpuInfo cpu_info() {
 long long physical_memory_bytes() {
   long pages = sysconf(_SC_PHYS_PAGES), page_size = sysconf(_SC_PAGE_SIZE);
   return pages > 0 && page_size > 0 ? static_cast<long long>(pages) * page_size : 0;
+}
+
+namespace {
+
+// The first number in `path` (e.g. "max" gives none), or -1.
+long long read_number(const char* path) {
+  std::ifstream in(path);
+  long long value = -1;
+  if (in >> value) return value;
+  return -1;
+}
+
+}  // namespace
+
+long long available_memory_bytes() {
+  long long available = 0;
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string line; std::getline(meminfo, line);) {
+    if (line.rfind("MemAvailable:", 0) == 0) {
+      available = std::stoll(line.substr(13)) * 1024;  // "MemAvailable:   123456 kB"
+      break;
+    }
+  }
+  long long limit = read_number("/sys/fs/cgroup/memory.max"), used = read_number("/sys/fs/cgroup/memory.current");
+  if (limit > 0 && used >= 0) {
+    long long room = limit > used ? limit - used : 0;
+    if (available == 0 || room < available) available = room;
+  }
+  return available;
 }
 
 }  // namespace zerone

@@ -19,5 +19,8 @@ struct CpuInfo {
 CpuInfo cpu_info();
 // Physical memory in bytes (0 if unknown).
 long long physical_memory_bytes();
+// Memory this process could still take, in bytes: /proc/meminfo's MemAvailable, lowered to the
+// room left under a cgroup v2 limit (memory.max - memory.current) when one is set. 0 if unknown.
+long long available_memory_bytes();
 
 }  // namespace zerone

@@ -1,8 +1,13 @@
-// File helpers shared by every reader and writer in zerone/io.
+// File helpers shared by every reader and writer in zerone/io (and the trainer's outputs).
 //
-// Readers map files read-only and report problems as Error naming the path. Writers never leave a
-// half-written file: they write to "<path>.tmp.<pid>", fsync, and rename over the destination.
-// Thread-safety: independent calls on different paths are safe.
+// Readers check the file type before opening (a FIFO would block forever, a directory or a device
+// is not data) and report problems as Error naming the path. Token shards are read with pread, not
+// mapped, so a file that shrinks under a run is an error, not SIGBUS (Note [No mmap for data]).
+// Writers never leave a half-written file and never replace anything but a regular file: they write
+// to "<path>.tmp.<pid>", fsync it, rename it over the destination and fsync the directory
+// (Note [Atomic writes]). A temporary being written is registered so that a second SIGINT/SIGTERM
+// (signals.h) can remove it before the process dies.
+// Thread-safety: independent calls on different paths are safe; the temporary registry is locked.
 #pragma once
 
 #include <cstddef>
@@ -13,10 +18,40 @@
 
 namespace zerone::io {
 
-// A read-only memory mapping of a whole file (RAII). Throws Error if the file cannot be opened.
+// An owned file descriptor (RAII); -1 when empty.
+class FileDescriptor {
+ public:
+  FileDescriptor() = default;
+  explicit FileDescriptor(int fd) : fd_(fd) {}
+  ~FileDescriptor();
+  FileDescriptor(FileDescriptor&& other) noexcept;
+  FileDescriptor& operator=(FileDescriptor&& other) noexcept;
+  FileDescriptor(const FileDescriptor&) = delete;
+  FileDescriptor& operator=(const FileDescriptor&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  int fd_ = -1;
+};
+
+// Opens `path` read-only after checking it is a regular file, without ever blocking (a FIFO is
+// refused before it is opened). `what` names the flag or role ("--data", "config") for messages.
+// Throws Error naming `what`, the path and what it is instead (missing, a directory, a FIFO, ...).
+// `size_bytes` (optional) receives the file's size.
+FileDescriptor open_regular_file(const std::string& path, const std::string& what, size_t* size_bytes = nullptr);
+
+// The whole of a regular file as text (configs). Throws Error as open_regular_file, or on a read error.
+std::string read_text_file(const std::string& path, const std::string& what);
+
+// Reads exactly `bytes` at `offset` (pread, retrying short reads). Throws Error naming `path` when
+// the file ends early (it shrank since it was opened) or the read fails.
+void read_exactly(int fd, void* out, size_t bytes, uint64_t offset, const std::string& path);
+
+// A read-only memory mapping of a whole regular file (RAII), for files read once at start-up
+// (checkpoints, tokenizers). Throws Error if the file cannot be opened or is not a regular file.
 class MappedFile {
  public:
-  explicit MappedFile(const std::string& path);
+  explicit MappedFile(const std::string& path, const std::string& what = "");
   ~MappedFile();
   MappedFile(MappedFile&& other) noexcept;
   MappedFile& operator=(MappedFile&&) = delete;
@@ -35,12 +70,26 @@ class MappedFile {
 // Files matching a shell glob, sorted. Throws Error (naming the pattern) if none match.
 std::vector<std::string> glob_files(const std::string& pattern, const std::string& what);
 
+// Start-up check of an output that will be written with write_file_atomically: the directory must
+// exist and be writable, and `path` must not exist or be a regular file (never a directory,
+// symlink, device node, FIFO or socket, which the rename would replace). Throws Error naming
+// `what` (the flag) and the path.
+void check_atomic_output(const std::string& path, const std::string& what);
+
+// Two paths name the same existing file (same device and inode), or are equal as strings.
+bool same_file(const std::string& a, const std::string& b);
+
 // Atomically writes a file: `write` receives a FILE* opened on a temporary in the same directory;
-// on success the temporary is fsync'd and renamed to `path`. On any failure the temporary is
-// removed, `path` is untouched and Error is thrown.
+// on success the temporary is fsync'd, renamed to `path` and the directory fsync'd. Refuses (before
+// writing) a destination that is not a regular file (check_atomic_output's rules). On any failure
+// the temporary is removed, `path` is untouched and Error is thrown.
 void write_file_atomically(const std::string& path, const std::function<void(std::FILE*)>& write);
 
 // fwrite that throws Error naming `path` on a short write.
 void write_all(std::FILE* file, const void* data, size_t bytes, const std::string& path);
+
+// Removes every temporary that write_file_atomically is writing right now. Async-signal-safe
+// (unlink only, no locks, no allocation): for the signal handler that ends the process.
+void remove_temporaries_in_flight() noexcept;
 
 }  // namespace zerone::io

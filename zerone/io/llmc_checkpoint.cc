@@ -29,13 +29,14 @@ struct Header {
   DType dtype;
 };
 
-Header parse_header(const MappedFile& file) {
-  const std::string& path = file.path();
+// Reads and checks the header of the open checkpoint `fd` of `file_bytes` bytes. Each rule gets
+// its own message, so a broken header says which rule it breaks.
+Header parse_header(int fd, size_t file_bytes, const std::string& path) {
   const size_t header_bytes = kHeaderInts * sizeof(int32_t);
-  ZERONE_CHECK(file.size() >= header_bytes, "checkpoint '", path, "' is truncated: ", file.size(),
+  ZERONE_CHECK(file_bytes >= header_bytes, "checkpoint '", path, "' is truncated: ", file_bytes,
                " bytes, expected at least the ", header_bytes, "-byte header");
   int32_t h[kHeaderInts];
-  std::memcpy(h, file.data(), header_bytes);
+  read_exactly(fd, h, header_bytes, 0, path);
   ZERONE_CHECK(h[0] == kLlmcCheckpointMagic, "'", path, "' is not an llm.c GPT-2 checkpoint: magic ", h[0],
                ", expected 20240326");
   ZERONE_CHECK(h[1] == 3 || h[1] == 5, "checkpoint '", path, "': version ", h[1], ", expected 3 (f32) or 5 (bf16)");
@@ -48,28 +49,58 @@ Header parse_header(const MappedFile& file) {
   c.num_heads = h[5];
   c.channels = h[6];
   c.padded_vocab_size = h[7];
-  ZERONE_CHECK(c.max_seq_len > 0 && c.vocab_size > 0 && c.num_layers > 0 && c.num_heads > 0 && c.channels > 0 &&
-                   c.padded_vocab_size >= c.vocab_size && c.channels % c.num_heads == 0 && c.channels <= (1 << 16) &&
-                   c.num_layers <= 4096 && c.max_seq_len <= (1 << 20) && c.padded_vocab_size <= (1 << 24),
-               "checkpoint '", path, "': implausible header (maxT=", c.max_seq_len, " V=", c.vocab_size,
-               " L=", c.num_layers, " NH=", c.num_heads, " C=", c.channels, " Vp=", c.padded_vocab_size, ")");
+  auto rule = [&](bool ok, const char* field, int value, const char* expected) {
+    ZERONE_CHECK(ok, "checkpoint '", path, "': header field ", field, " = ", value, " breaks the rule ", expected);
+  };
+  rule(c.max_seq_len >= 1 && c.max_seq_len <= (1 << 20), "maxT (header[2])", c.max_seq_len, "1 <= maxT <= 1048576");
+  rule(c.vocab_size >= 1 && c.vocab_size <= (1 << 24), "V (header[3])", c.vocab_size, "1 <= V <= 16777216");
+  rule(c.num_layers >= 1 && c.num_layers <= 4096, "L (header[4])", c.num_layers, "1 <= L <= 4096");
+  rule(c.num_heads >= 1 && c.num_heads <= 4096, "NH (header[5])", c.num_heads, "1 <= NH <= 4096");
+  rule(c.channels >= 1 && c.channels <= (1 << 16), "C (header[6])", c.channels, "1 <= C <= 65536");
+  rule(c.channels % c.num_heads == 0, "C (header[6])", c.channels, "C divisible by NH (header[5])");
+  rule(c.padded_vocab_size >= c.vocab_size && c.padded_vocab_size <= (1 << 24), "Vp (header[7])",
+       c.padded_vocab_size, "V <= Vp <= 16777216");
   size_t expected = header_bytes + c.num_parameters() * dtype_size(out.dtype);
-  ZERONE_CHECK(file.size() == expected, "checkpoint '", path, "' is ", file.size() < expected ? "truncated" : "too long",
+  ZERONE_CHECK(file_bytes == expected, "checkpoint '", path, "' is ", file_bytes < expected ? "truncated" : "too long",
                ": its header describes ", c.num_parameters(), " ", dtype_name(out.dtype), " parameters (", expected,
-               " bytes), the file has ", file.size(), " bytes");
+               " bytes), the file has ", file_bytes, " bytes");
   return out;
 }
 
 }  // namespace
 
-nn::GPT2Config read_llmc_config(const std::string& path) { return parse_header(MappedFile(path)).config; }
+nn::GPT2Config read_llmc_config(const std::string& path) {
+  size_t bytes = 0;
+  FileDescriptor fd = open_regular_file(path, "", &bytes);
+  return parse_header(fd.get(), bytes, path).config;
+}
 
 void load_llmc_checkpoint(const std::string& path, nn::GPT2& model, int only_unit) {
-  MappedFile file(path);
-  Header header = parse_header(file);
+  size_t bytes = 0;
+  FileDescriptor fd = open_regular_file(path, "", &bytes);
+  Header header = parse_header(fd.get(), bytes, path);
   ZERONE_CHECK(header.config == model.config(), "checkpoint '", path, "' holds model ", header.config.to_string(),
                " but the run's model is ", model.config().to_string());
-  scatter_llmc_order(file.data() + kHeaderInts * sizeof(int32_t), header.dtype, model, only_unit);
+  // Read slice by slice (pread): only the requested unit's bytes, and a file that shrinks while
+  // being read is an Error, not SIGBUS (Note [No mmap for data]).
+  const size_t value_bytes = dtype_size(header.dtype);
+  uint64_t offset = kHeaderInts * sizeof(int32_t);
+  std::vector<uint8_t> raw;
+  std::vector<float> tmp;
+  for (int j = 0; j < kNumTensors; ++j) {
+    for_each_slice(model.config(), j, [&](int u, int t) {
+      nn::FlatParam& unit = model.units()[u];
+      size_t n = unit.tensors()[t].numel();
+      if (only_unit < 0 || u == only_unit) {
+        raw.resize(n * value_bytes);
+        read_exactly(fd.get(), raw.data(), raw.size(), offset, path);
+        tmp.resize(n);
+        convert_to_f32(raw.data(), header.dtype, tmp.data(), n);
+        convert_from_f32(tmp.data(), unit.param(t), unit.dtype(), n);
+      }
+      offset += n * value_bytes;
+    });
+  }
 }
 
 void scatter_llmc_order(const void* values, DType dtype, nn::GPT2& model, int only_unit) {

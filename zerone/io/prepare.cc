@@ -1,11 +1,7 @@
 #include "zerone/io/prepare.h"
 
-#include <cerrno>
-#include <cstring>
-#include <fstream>
-#include <sstream>
-
 #include "zerone/core/error.h"
+#include "zerone/io/file.h"
 #include "zerone/io/token_shards.h"
 #include "zerone/io/tokenizer.h"
 
@@ -18,11 +14,7 @@ PrepareResult prepare_text_shards(const std::vector<std::string>& text_files, co
   ZERONE_CHECK(val_fraction >= 0.0 && val_fraction <= 0.5, "--val-fraction ", val_fraction, " is out of range: expected 0..0.5");
   std::vector<int32_t> tokens;
   for (const std::string& path : text_files) {
-    std::ifstream in(path, std::ios::binary);
-    ZERONE_CHECK(in.good(), "--text: cannot open '", path, "': ", std::strerror(errno));
-    std::stringstream text;
-    text << in.rdbuf();
-    std::vector<int32_t> doc = byte_encode(text.str());
+    std::vector<int32_t> doc = byte_encode(read_text_file(path, "--text"));
     if (!tokens.empty()) tokens.push_back(kByteEot);
     tokens.insert(tokens.end(), doc.begin(), doc.end());
   }

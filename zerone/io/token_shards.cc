@@ -1,5 +1,6 @@
 #include "zerone/io/token_shards.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "zerone/core/error.h"
@@ -9,12 +10,13 @@ namespace zerone::io {
 
 TokenDataset::TokenDataset(const std::string& pattern, const std::string& what) {
   for (const std::string& path : glob_files(pattern, what)) {
-    MappedFile file(path);
+    size_t size = 0;
+    FileDescriptor fd = open_regular_file(path, what, &size);
     const size_t header_bytes = kShardHeaderInts * sizeof(int32_t);
-    ZERONE_CHECK(file.size() >= header_bytes, "token shard '", path, "' is truncated: ", file.size(),
+    ZERONE_CHECK(size >= header_bytes, "token shard '", path, "' is truncated: ", size,
                  " bytes, expected at least the ", header_bytes, "-byte header");
     int32_t header[kShardHeaderInts];
-    std::memcpy(header, file.data(), header_bytes);
+    read_exactly(fd.get(), header, header_bytes, 0, path);
     int bytes_per_token = 0;
     if (header[0] == kShardMagicU16) {
       ZERONE_CHECK(header[1] == 1, "token shard '", path, "': version ", header[1], " with magic 20240520, expected 1");
@@ -29,40 +31,78 @@ TokenDataset::TokenDataset(const std::string& pattern, const std::string& what) 
     ZERONE_CHECK(header[2] >= 0, "token shard '", path, "': negative token count ", header[2]);
     size_t n = static_cast<size_t>(header[2]);
     size_t expected = header_bytes + n * bytes_per_token;
-    ZERONE_CHECK(file.size() == expected, "token shard '", path, "' is ", file.size() < expected ? "truncated" : "too long",
-                 ": header says ", n, " tokens (", expected, " bytes), the file has ", file.size(), " bytes");
-    files_.push_back(Shard{std::move(file), total_tokens_, n, bytes_per_token});
+    ZERONE_CHECK(size == expected, "token shard '", path, "' is ", size < expected ? "truncated" : "too long",
+                 ": header says ", n, " tokens (", expected, " bytes), the file has ", size, " bytes");
+    files_.push_back(Shard{path, std::move(fd), total_tokens_, n, bytes_per_token});
     total_tokens_ += n;
   }
 }
 
+size_t TokenDataset::shard_of(size_t position) const {
+  // Few shards: a linear scan is fine.
+  size_t s = 0;
+  while (s + 1 < files_.size() && files_[s].first_token + files_[s].num_tokens <= position) ++s;
+  return s;
+}
+
+void TokenDataset::read_raw(const Shard& shard, size_t local, size_t count, uint32_t* out) const {
+  const uint64_t offset = kShardHeaderInts * sizeof(int32_t) + static_cast<uint64_t>(local) * shard.bytes_per_token;
+  if (shard.bytes_per_token == 4) {
+    read_exactly(shard.fd.get(), out, count * 4, offset, shard.path);
+    return;
+  }
+  // uint16: read into the upper half of `out` (bytes [2*count, 4*count)), then widen front to back:
+  // writing out[i] ends at byte 4i+3, below the next unread input at 2*count+2i+2.
+  auto* narrow = reinterpret_cast<uint16_t*>(out) + count;
+  read_exactly(shard.fd.get(), narrow, count * 2, offset, shard.path);
+  for (size_t i = 0; i < count; ++i) out[i] = narrow[i];
+}
+
 void TokenDataset::read(size_t offset, size_t count, int32_t* out, int vocab_size) const {
   ZERONE_ASSERT(offset + count <= total_tokens_, "read past the dataset end");
-  // Find the shard holding `offset` (few shards: linear scan is fine).
-  size_t s = 0;
-  while (s + 1 < files_.size() && files_[s].first_token + files_[s].num_tokens <= offset) ++s;
+  size_t s = shard_of(offset);
   size_t done = 0;
   while (done < count) {
     const Shard& shard = files_[s];
     size_t local = offset + done - shard.first_token;
     size_t take = std::min(count - done, shard.num_tokens - local);
-    const uint8_t* base = shard.file.data() + kShardHeaderInts * sizeof(int32_t);
+    auto* tokens = reinterpret_cast<uint32_t*>(out + done);
+    read_raw(shard, local, take, tokens);
     for (size_t i = 0; i < take; ++i) {
-      uint32_t tok;
-      if (shard.bytes_per_token == 2) {
-        uint16_t t16;
-        std::memcpy(&t16, base + (local + i) * 2, 2);
-        tok = t16;
-      } else {
-        std::memcpy(&tok, base + (local + i) * 4, 4);
-      }
-      ZERONE_CHECK(tok < static_cast<uint32_t>(vocab_size), "token shard '", shard.file.path(), "': token ", tok,
+      ZERONE_CHECK(tokens[i] < static_cast<uint32_t>(vocab_size), "token shard '", shard.path, "': token ", tokens[i],
                    " at position ", local + i, " is out of range for the model's vocabulary of ", vocab_size);
-      out[done + i] = static_cast<int32_t>(tok);
     }
     done += take;
     ++s;
   }
+}
+
+std::optional<size_t> TokenDataset::find_token_outside(int vocab_size, size_t begin, size_t end) const {
+  ZERONE_ASSERT(begin <= end && end <= total_tokens_);
+  constexpr size_t kBlockTokens = size_t{1} << 18;  // 1 MiB of uint32 per read
+  std::vector<uint32_t> block(kBlockTokens);
+  size_t pos = begin;
+  while (pos < end) {
+    const Shard& shard = files_[shard_of(pos)];
+    size_t local = pos - shard.first_token;
+    size_t take = std::min({end - pos, shard.num_tokens - local, kBlockTokens});
+    read_raw(shard, local, take, block.data());
+    uint32_t max_id = 0;
+    for (size_t i = 0; i < take; ++i) max_id = std::max(max_id, block[i]);
+    if (max_id >= static_cast<uint32_t>(vocab_size)) {
+      for (size_t i = 0; i < take; ++i)
+        if (block[i] >= static_cast<uint32_t>(vocab_size)) return pos + i;
+    }
+    pos += take;
+  }
+  return std::nullopt;
+}
+
+std::string TokenDataset::describe(size_t position) const {
+  const Shard& shard = files_[shard_of(position)];
+  uint32_t token = 0;
+  read_raw(shard, position - shard.first_token, 1, &token);
+  return str_cat("token ", token, " at position ", position - shard.first_token, " of '", shard.path, "'");
 }
 
 void InMemoryTokens::read(size_t offset, size_t count, int32_t* out, int vocab_size) const {
@@ -73,6 +113,17 @@ void InMemoryTokens::read(size_t offset, size_t count, int32_t* out, int vocab_s
                  " is out of range for the model's vocabulary of ", vocab_size);
     out[i] = tok;
   }
+}
+
+std::optional<size_t> InMemoryTokens::find_token_outside(int vocab_size, size_t begin, size_t end) const {
+  ZERONE_ASSERT(begin <= end && end <= tokens_.size());
+  for (size_t i = begin; i < end; ++i)
+    if (tokens_[i] < 0 || tokens_[i] >= vocab_size) return i;
+  return std::nullopt;
+}
+
+std::string InMemoryTokens::describe(size_t position) const {
+  return str_cat("token ", tokens_[position], " at position ", position, " of the ", name_);
 }
 
 void write_token_shard(const std::string& path, const std::vector<int32_t>& tokens, bool force_u32) {

@@ -8,13 +8,19 @@
 // token (c mod n_chunks) * B*T of the concatenation, with n_chunks = (tokens - 1) / (B*T). Inputs
 // are the first B*T tokens, targets the same shifted by one. Without shuffling, step s reads chunk s
 // (as llm.c does); with shuffling, the chunks of each epoch are visited in a permutation drawn from
-// (seed, epoch). Every token id is checked against the vocabulary when read.
+// (seed, epoch). Every token id is checked against the vocabulary when read, and the trainer scans
+// every token once at start-up (find_token_outside) so a bad id is found before the first step.
 //
-// Thread-safety: a TokenDataset is immutable after construction and may be shared; a DataLoader
-// caches the current epoch's permutation and is for one thread.
+// Note [No mmap for data]: shards are read with pread, not mapped. A mapped file that shrinks or is
+// truncated under a running job kills it with SIGBUS; a short pread is an Error naming the file.
+// A shard replaced by rename keeps being read from the file that was opened.
+//
+// Thread-safety: a TokenDataset is immutable after construction and may be shared (pread needs no
+// file position); a DataLoader caches the current epoch's permutation and is for one thread.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +40,10 @@ class TokenSource {
   // Copies tokens [offset, offset+count) into out, checking each < vocab_size (Error naming where
   // the bad token is otherwise). Requires offset + count <= num_tokens().
   virtual void read(size_t offset, size_t count, int32_t* out, int vocab_size) const = 0;
+  // The position of the first token in [begin, end) whose id is >= vocab_size, if any.
+  virtual std::optional<size_t> find_token_outside(int vocab_size, size_t begin, size_t end) const = 0;
+  // "token 70000 at position 12 of 'x.bin'": where the token at global `position` is and what it holds.
+  virtual std::string describe(size_t position) const = 0;
 };
 
 // Tokens held in memory (the built-in corpus, tests).
@@ -43,6 +53,8 @@ class InMemoryTokens : public TokenSource {
       : tokens_(std::move(tokens)), name_(std::move(name)) {}
   size_t num_tokens() const override { return tokens_.size(); }
   void read(size_t offset, size_t count, int32_t* out, int vocab_size) const override;
+  std::optional<size_t> find_token_outside(int vocab_size, size_t begin, size_t end) const override;
+  std::string describe(size_t position) const override;
 
  private:
   std::vector<int32_t> tokens_;
@@ -58,14 +70,21 @@ class TokenDataset : public TokenSource {
   size_t num_tokens() const override { return total_tokens_; }
   size_t num_files() const { return files_.size(); }
   void read(size_t offset, size_t count, int32_t* out, int vocab_size) const override;
+  std::optional<size_t> find_token_outside(int vocab_size, size_t begin, size_t end) const override;
+  std::string describe(size_t position) const override;
 
  private:
   struct Shard {
-    MappedFile file;
+    std::string path;
+    FileDescriptor fd;
     size_t first_token;  // position of this shard's first token in the concatenation
     size_t num_tokens;
     int bytes_per_token;
   };
+  // Index of the shard holding global token `position` (< num_tokens()).
+  size_t shard_of(size_t position) const;
+  // Reads `count` raw tokens of `shard` from its token `local` on, widened to uint32.
+  void read_raw(const Shard& shard, size_t local, size_t count, uint32_t* out) const;
   std::vector<Shard> files_;
   size_t total_tokens_ = 0;
 };

@@ -1,11 +1,13 @@
 #include "zerone/train/config.h"
 
 #include <cmath>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <utility>
+#include <vector>
 
 #include "zerone/core/error.h"
+#include "zerone/io/file.h"
 
 namespace zerone::train {
 
@@ -37,11 +39,10 @@ void apply_json_config(const std::string& path, TrainConfig& cfg) {
     cfg.given.insert(flag);
     return false;
   };
-  std::ifstream in(path);
-  ZERONE_CHECK(in.good(), "cannot open config '", path, "'");
+  const std::string text = io::read_text_file(path, "--config");
   json root;
   try {
-    root = json::parse(in, nullptr, true, /*ignore_comments=*/true);
+    root = json::parse(text, nullptr, true, /*ignore_comments=*/true);
   } catch (const json::parse_error& e) {
     throw Error(str_cat("config '", path, "' is not valid JSON: ", e.what()));
   }
@@ -160,7 +161,7 @@ void validate(const TrainConfig& c) {
   auto finite = [](float x) { return std::isfinite(x); };
   ZERONE_CHECK(c.micro_batch >= 1 && c.micro_batch <= 65536, "--micro-batch ", c.micro_batch, " is out of range: expected 1..65536");
   ZERONE_CHECK(c.seq >= 1 && c.seq <= 1048576, "--seq ", c.seq, " is out of range: expected 1..1048576");
-  ZERONE_CHECK(c.grad_accum >= 1 && c.grad_accum <= 1048576, "--grad-accum ", c.grad_accum, " is out of range: expected >= 1");
+  ZERONE_CHECK(c.grad_accum >= 1 && c.grad_accum <= 1048576, "--grad-accum ", c.grad_accum, " is out of range: expected 1..1048576");
   ZERONE_CHECK(c.steps >= 1 && c.steps <= 100000000, "--steps ", c.steps, " is out of range: expected 1..100000000");
   ZERONE_CHECK(finite(c.lr) && c.lr > 0.0f && c.lr <= 10.0f, "--lr ", c.lr, " is out of range: expected 0 < lr <= 10");
   ZERONE_CHECK(c.warmup >= 0, "--warmup ", c.warmup, " is negative");
@@ -198,14 +199,41 @@ void validate(const TrainConfig& c) {
                c.stage3_param_persistence_threshold, " is negative");
 }
 
-std::string consistency_key(const TrainConfig& c) {
-  return str_cat(c.model, '|', c.init, '|', c.data, '|', c.val_data, '|', c.precision, '|', c.micro_batch, '|', c.seq,
-                 '|', c.grad_accum, '|', c.steps, '|', c.lr, '|', c.warmup, '|', c.lr_schedule, '|', c.min_lr_frac, '|',
-                 c.weight_decay, '|', c.beta1, '|', c.beta2, '|', c.eps, '|', c.grad_clip, '|', c.seed, '|',
-                 c.no_shuffle, '|', c.val_every, '|', c.val_batches, '|', c.zero_stage, '|', c.reduce_bucket_size, '|',
-                 c.allgather_bucket_size, '|', c.stage3_prefetch_bucket_size, '|',
-                 c.stage3_param_persistence_threshold, '|', c.loss_scale, '|', c.initial_scale_power, '|',
-                 c.loss_scale_window, '|', c.hysteresis, '|', c.min_loss_scale);
+std::vector<std::pair<std::string, std::string>> consistency_settings(const TrainConfig& c) {
+  return {{"--model", c.model},
+          {"--init", c.init},
+          {"--data", c.data},
+          {"--val-data", c.val_data},
+          {"--save", c.save},
+          {"--metrics", c.metrics},
+          {"--precision", c.precision},
+          {"--micro-batch", str_cat(c.micro_batch)},
+          {"--seq", str_cat(c.seq)},
+          {"--grad-accum", str_cat(c.grad_accum)},
+          {"--steps", str_cat(c.steps)},
+          {"--lr", str_cat(c.lr)},
+          {"--warmup", str_cat(c.warmup)},
+          {"--lr-schedule", c.lr_schedule},
+          {"--min-lr-frac", str_cat(c.min_lr_frac)},
+          {"--weight-decay", str_cat(c.weight_decay)},
+          {"--beta1", str_cat(c.beta1)},
+          {"--beta2", str_cat(c.beta2)},
+          {"--eps", str_cat(c.eps)},
+          {"--grad-clip", str_cat(c.grad_clip)},
+          {"--seed", str_cat(c.seed)},
+          {"--no-shuffle", str_cat(c.no_shuffle)},
+          {"--val-every", str_cat(c.val_every)},
+          {"--val-batches", str_cat(c.val_batches)},
+          {"--zero-stage", str_cat(c.zero_stage)},
+          {"--reduce-bucket-size", str_cat(c.reduce_bucket_size)},
+          {"--allgather-bucket-size", str_cat(c.allgather_bucket_size)},
+          {"--stage3-prefetch-bucket-size", str_cat(c.stage3_prefetch_bucket_size)},
+          {"--stage3-param-persistence-threshold", str_cat(c.stage3_param_persistence_threshold)},
+          {"--loss-scale", str_cat(c.loss_scale)},
+          {"--initial-scale-power", str_cat(c.initial_scale_power)},
+          {"--loss-scale-window", str_cat(c.loss_scale_window)},
+          {"--hysteresis", str_cat(c.hysteresis)},
+          {"--min-loss-scale", str_cat(c.min_loss_scale)}};
 }
 
 float learning_rate(const TrainConfig& c, int step, int total) {

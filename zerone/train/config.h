@@ -12,6 +12,8 @@
 #include <functional>
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace zerone::train {
 
@@ -68,9 +70,10 @@ void apply_json_config(const std::string& path, TrainConfig& cfg);
 // Checks every value's range; throws Error naming the flag and what was expected.
 void validate(const TrainConfig& cfg);
 
-// A stable text of every setting that must agree across ranks (everything but output paths), for
-// the start-up consistency check.
-std::string consistency_key(const TrainConfig& cfg);
+// Every setting that must agree across ranks, as (flag, value) pairs in a fixed order, for the
+// start-up consistency check. Output paths are included: only rank 0 writes them, so a flag given
+// to another rank alone would silently do nothing.
+std::vector<std::pair<std::string, std::string>> consistency_settings(const TrainConfig& cfg);
 
 // Learning rate at 1-based `step` of `total` steps: linear warmup over cfg.warmup steps, then
 // constant or cosine decay to lr * min_lr_frac.

@@ -1,25 +1,62 @@
 #include "zerone/train/metrics.h"
 
+#include <fcntl.h>
+#include <libgen.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <atomic>
 
 #include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "zerone/comm/communicator.h"
 #include "zerone/core/error.h"
 #include "zerone/core/memory.h"
 
 namespace zerone::train {
 
+namespace {
+
+// Whether the live status line is open (Note [Metrics never cost a run]); global so that the
+// top-level error printer can end it.
+std::atomic<bool> g_status_line_open{false};
+
+}  // namespace
+
+void end_status_line() {
+  if (g_status_line_open.exchange(false)) {
+    std::fputs("\n", stdout);
+    std::fflush(stdout);
+  }
+}
+
+void MetricsWriter::check_path(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0) {
+    ZERONE_CHECK(S_ISREG(st.st_mode) || S_ISCHR(st.st_mode), "--metrics '", path, "' is ",
+                 S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a named pipe" : "not a regular file",
+                 ", expected a file to write JSON lines to");
+    ZERONE_CHECK(::access(path.c_str(), W_OK) == 0, "--metrics '", path, "' is not writable: ", std::strerror(errno));
+    return;
+  }
+  ZERONE_CHECK(errno == ENOENT, "--metrics: cannot use '", path, "': ", std::strerror(errno));
+  std::string copy = path;
+  const std::string dir = ::dirname(copy.data());
+  ZERONE_CHECK(::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), "--metrics: directory '", dir, "' of '", path,
+               "' does not exist: create it first");
+  ZERONE_CHECK(::access(dir.c_str(), W_OK | X_OK) == 0, "--metrics: directory '", dir, "' of '", path,
+               "' is not writable: ", std::strerror(errno));
+}
+
 MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
-  if (path.empty()) return;
-  file_ = std::fopen(path.c_str(), "w");
-  ZERONE_CHECK(file_ != nullptr, "--metrics: cannot create '", path, "': ", std::strerror(errno));
+  if (!path.empty()) check_path(path);
 }
 
 MetricsWriter::~MetricsWriter() {
-  if (file_ != nullptr) std::fclose(file_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 namespace {
@@ -42,8 +79,8 @@ nlohmann::ordered_json memory_object() {
 
 }  // namespace
 
-void MetricsWriter::write(const StepRecord& r) {
-  if (file_ == nullptr) return;
+std::optional<std::string> MetricsWriter::write(const StepRecord& r) {
+  if (path_.empty()) return std::nullopt;
   nlohmann::ordered_json line;
   line["step"] = r.step;
   line["loss"] = r.loss;
@@ -55,9 +92,42 @@ void MetricsWriter::write(const StepRecord& r) {
   if (r.val_loss) line["val_loss"] = *r.val_loss;
   if (r.loss_scale) line["loss_scale"] = *r.loss_scale;
   if (r.skipped) line["skipped"] = true;
-  std::string text = line.dump() + "\n";
-  ZERONE_CHECK(std::fputs(text.c_str(), file_) >= 0 && std::fflush(file_) == 0, "--metrics: write to '", path_,
-               "' failed: ", std::strerror(errno));
+  const std::string text = line.dump() + "\n";
+
+  int err = 0;
+  if (fd_ < 0) {
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NONBLOCK, 0644);
+    if (fd_ < 0) {
+      err = errno;
+    } else {
+      struct stat st;
+      regular_ = ::fstat(fd_, &st) == 0 && S_ISREG(st.st_mode);
+    }
+  }
+  size_t done = 0;
+  while (err == 0 && done < text.size()) {
+    ssize_t n = ::write(fd_, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) err = n < 0 ? errno : ENOSPC;
+    else done += static_cast<size_t>(n);
+  }
+  if (err == 0) {
+    good_bytes_ += static_cast<int64_t>(text.size());
+    if (failing_since_ == 0) return std::nullopt;
+    std::string note = str_cat("--metrics: writing to '", path_, "' works again from step ", r.step, "; steps ",
+                               failing_since_, "..", r.step - 1, " have no line");
+    failing_since_ = 0;
+    return note;
+  }
+  // Cut a partial line off again, so the file holds whole lines only.
+  if (fd_ >= 0 && regular_ && done > 0) {
+    if (::ftruncate(fd_, good_bytes_) != 0 || ::lseek(fd_, good_bytes_, SEEK_SET) < 0) regular_ = false;
+  }
+  ++missing_lines_;
+  if (failing_since_ != 0) return std::nullopt;
+  failing_since_ = r.step;
+  return str_cat("--metrics: cannot write step ", r.step, " to '", path_, "': ", std::strerror(err),
+                 "; training goes on (lines are retried each step)");
 }
 
 std::string human_bytes(double bytes) {
@@ -72,7 +142,7 @@ std::string human_bytes(double bytes) {
   return buf;
 }
 
-Progress::Progress() : live_(::isatty(STDOUT_FILENO) == 1) {}
+Progress::Progress() : live_(::isatty(STDOUT_FILENO) == 1 && !comm::launched_by_mpi()) {}
 
 void Progress::step(const StepRecord& r) {
   elapsed_s_ += r.ms / 1000.0;
@@ -87,7 +157,7 @@ void Progress::step(const StepRecord& r) {
                           : (r.loss_scale ? str_cat(" | scale ", *r.loss_scale).c_str() : ""));
   if (live_) {
     std::printf("\r\033[K%s", line);
-    line_open_ = true;
+    g_status_line_open = true;
     std::fflush(stdout);
   } else {
     // Log lines: every step for short runs, about 50 lines for long ones, always the last.
@@ -100,18 +170,18 @@ void Progress::step(const StepRecord& r) {
 }
 
 void Progress::message(const std::string& text) {
-  if (line_open_) {
-    std::printf("\n");
-    line_open_ = false;
-  }
+  end_status_line();
   std::printf("%s\n", text.c_str());
   std::fflush(stdout);
 }
 
-void Progress::finish() {
-  if (line_open_) std::printf("\n");
-  line_open_ = false;
+void Progress::warning(const std::string& text) {
+  end_status_line();
   std::fflush(stdout);
+  std::fprintf(stderr, "zerone: warning: %s\n", text.c_str());
+  std::fflush(stderr);
 }
+
+void Progress::finish() { end_status_line(); }
 
 }  // namespace zerone::train

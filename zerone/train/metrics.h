@@ -2,11 +2,18 @@
 //
 // JSONL: one object per optimizer step, {"step","loss","lr","grad_norm","ms","tokens_per_s",
 // "mem":{"<place>.<category>":bytes,...,"peak_rss":bytes}} plus "val_loss" on validation steps.
-// Lines are flushed as written so a crashed run keeps every finished step.
-// Progress: on a terminal, one status line rewritten in place; otherwise plain log lines.
-// Thread-safety: one thread.
+// Note [Metrics never cost a run]: each line is written whole with write(2) as soon as its step
+// ends, so a crashed run keeps every finished step. The path is checked at start-up but the file
+// is created (truncated) only by the first line, so a run that fails before its first step leaves
+// an existing file alone. A failed write (disk full, EIO) is a warning, not an error: the partial
+// line is cut off again and training goes on to its checkpoint; a later line that succeeds says so.
+// Progress: on a terminal, one status line rewritten in place; otherwise (a file, a pipe, or any
+// rank under an MPI launcher, whose stdout Open MPI makes a pty even when it goes to a file) plain
+// log lines.
+// Thread-safety: one thread; end_status_line() may be called from any thread before exit.
 #pragma once
 
+#include <cstdint>
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -28,16 +35,29 @@ struct StepRecord {
 
 class MetricsWriter {
  public:
-  // Empty path: writes nothing. Throws Error if the file cannot be created.
+  // Start-up check of a metrics path (Error naming --metrics otherwise): a regular file or a
+  // character device (/dev/null), or a new file in an existing writable directory; never a
+  // directory, a named pipe (opening it would block) or a socket.
+  static void check_path(const std::string& path);
+  // Empty path: writes nothing. Runs check_path; creates nothing yet (see the Note).
   explicit MetricsWriter(const std::string& path);
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;
-  void write(const StepRecord& record);
+  // Writes one line, whole or not at all. Returns a warning for the user when a write fails (the
+  // first of a series) or succeeds again after failures; nullopt otherwise.
+  std::optional<std::string> write(const StepRecord& record);
+  // Steps whose line could not be written.
+  int missing_lines() const { return missing_lines_; }
+  const std::string& path() const { return path_; }
 
  private:
-  std::FILE* file_ = nullptr;
   std::string path_;
+  int fd_ = -1;
+  bool regular_ = false;     // a regular file (cut back on failure), not a device
+  int64_t good_bytes_ = 0;   // length of the complete lines written
+  int missing_lines_ = 0;
+  int failing_since_ = 0;    // first step of the current series of failures; 0: writes succeed
 };
 
 // Bytes as "12.3 MiB".
@@ -49,12 +69,17 @@ class Progress {
   void step(const StepRecord& record);
   // A line that must stay visible (validation, warnings, the summary).
   void message(const std::string& text);
+  // "zerone: warning: <text>" on stderr, after ending the status line.
+  void warning(const std::string& text);
   void finish();
 
  private:
   bool live_;
-  bool line_open_ = false;
   double elapsed_s_ = 0.0;
 };
+
+// Ends the live status line, if one is open, so that what is printed next (an error) starts on a
+// line of its own. Safe to call at any time.
+void end_status_line();
 
 }  // namespace zerone::train

@@ -1,5 +1,6 @@
 #include "zerone/train/trainer.h"
 
+#include <glob.h>
 #include <omp.h>
 
 #include <chrono>
@@ -15,9 +16,11 @@
 #include "zerone/io/token_shards.h"
 #include "zerone/io/tokenizer.h"
 #include "zerone/optim/adamw.h"
+#include "zerone/train/interrupt.h"
 #include "zerone/train/markov_source.h"
 #include "zerone/train/metrics.h"
 #include "zerone/zero/engine.h"
+#include "zerone/zero/estimate.h"
 #include "zerone/zero/loss_scaler.h"
 
 namespace zerone::train {
@@ -48,37 +51,135 @@ float evaluate(nn::GPT2& model, io::DataLoader& loader, int batches, int B, int 
   return static_cast<float>(sum / n);
 }
 
+// Ranks of this job on this host, from the launcher's environment (1 when not launched by MPI).
+int local_ranks() {
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "MPICH_LOCAL_SIZE"}) {
+    if (const char* v = std::getenv(var)) {
+      int local = std::atoi(v);
+      if (local > 1) return local;
+    }
+  }
+  return 1;
+}
+
 // Note [Threads per rank]: several ranks on one host must share its cores, or OpenMP teams
 // oversubscribe them and every collective waits for the slowest rank. Unless --threads is given,
 // each rank takes cores / ranks-on-this-host.
 int default_threads_per_rank() {
-  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "MPICH_LOCAL_SIZE"}) {
-    if (const char* v = std::getenv(var)) {
-      int local = std::atoi(v);
-      if (local > 1) return std::max(1, omp_get_num_procs() / local);
-    }
-  }
-  return 0;
+  int local = local_ranks();
+  return local > 1 ? std::max(1, omp_get_num_procs() / local) : 0;
 }
 
-// FNV-1a over the consistency key and the model shape; all ranks must agree (Note [Same config]).
-uint64_t config_hash(const std::string& text) {
+// FNV-1a; all ranks must agree on every setting's hash (Note [Same config]).
+uint64_t fnv1a(const std::string& text) {
   uint64_t h = 1469598103934665603ull;
   for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
   return h;
 }
 
-void check_same_config_everywhere(const std::string& key, comm::Communicator& comm) {
+// Note [Same config]: every rank must run the same settings, or the job computes garbage (or
+// hangs in mismatched collectives). Each rank hashes each setting; an all-gather lets every rank
+// compare every rank's hashes with rank 0's, so all fail together, naming the settings that differ.
+void check_same_config_everywhere(const std::vector<std::pair<std::string, std::string>>& settings,
+                                  comm::Communicator& comm) {
   if (comm.world_size() == 1) return;
-  uint64_t mine = config_hash(key);
-  std::vector<uint64_t> all(comm.world_size());
-  comm.all_gather(&mine, all.data(), sizeof mine);
+  const size_t n = settings.size();
+  std::vector<uint64_t> mine(n), all(n * comm.world_size());
+  for (size_t i = 0; i < n; ++i) mine[i] = fnv1a(settings[i].second);
+  comm.all_gather(mine.data(), all.data(), n * sizeof(uint64_t));
   std::string differing;
-  for (int r = 0; r < comm.world_size(); ++r)
-    if (all[r] != all[0]) differing += str_cat(differing.empty() ? "" : ", ", r);
-  // Every rank sees the same hashes, so every rank fails together: no hang, one message each.
-  ZERONE_CHECK(differing.empty(), "ranks ", differing, " run a different configuration or model than rank 0: every rank of ",
-               "a job must be started with the same flags, config file and model");
+  for (size_t i = 0; i < n; ++i) {
+    std::string ranks;
+    for (int r = 1; r < comm.world_size(); ++r)
+      if (all[r * n + i] != all[i]) ranks += str_cat(ranks.empty() ? "" : ",", r);
+    if (!ranks.empty()) differing += str_cat(differing.empty() ? "" : "; ", settings[i].first, " (rank ", ranks, ")");
+  }
+  ZERONE_CHECK(differing.empty(), "ranks disagree with rank 0 on: ", differing, ". Every rank of a job must be started ",
+               "with the same flags, config file and model (this rank has ", [&] {
+                 std::string values;
+                 for (size_t i = 0; i < n; ++i)
+                   for (int r = 1; r < comm.world_size(); ++r)
+                     if (all[r * n + i] != all[i]) {
+                       values += str_cat(values.empty() ? "" : ", ", settings[i].first, " '", settings[i].second, "'");
+                       break;
+                     }
+                 return values;
+               }(), ")");
+}
+
+// Start-up checks of the outputs (Note [No late errors]): each must be writable where it is asked to
+// be, and none may overwrite an input or another output.
+void check_outputs(const TrainConfig& cfg) {
+  if (!cfg.save.empty()) io::check_atomic_output(cfg.save, "--save");
+  if (!cfg.metrics.empty()) MetricsWriter::check_path(cfg.metrics);
+  std::vector<std::pair<std::string, std::string>> inputs;
+  if (!cfg.init.empty()) inputs.emplace_back("--init", cfg.init);
+  for (const auto& [flag, pattern] : {std::pair<const char*, std::string>{"--data", cfg.data}, {"--val-data", cfg.val_data}}) {
+    if (pattern.empty()) continue;
+    glob_t g{};
+    if (::glob(pattern.c_str(), 0, nullptr, &g) == 0)
+      for (size_t i = 0; i < g.gl_pathc; ++i) inputs.emplace_back(flag, g.gl_pathv[i]);
+    globfree(&g);
+  }
+  if (!cfg.save.empty() && !cfg.metrics.empty())
+    ZERONE_CHECK(!io::same_file(cfg.save, cfg.metrics), "--save and --metrics name the same file '", cfg.save,
+                 "': the model would overwrite the metrics");
+  for (const auto& [flag, path] : inputs) {
+    ZERONE_CHECK(cfg.metrics.empty() || !io::same_file(cfg.metrics, path), "--metrics '", cfg.metrics, "' is the ",
+                 flag, " file '", path, "': writing metrics would destroy it");
+    // --save over --init is allowed: the checkpoint is read at start-up and replaced atomically.
+    if (flag == std::string("--init")) continue;
+    ZERONE_CHECK(cfg.save.empty() || !io::same_file(cfg.save, path), "--save '", cfg.save, "' is the ", flag,
+                 " file '", path, "': saving would destroy it");
+  }
+}
+
+// Note [No late errors]: a token id outside the vocabulary anywhere in the data is found before
+// the first step, not when (or if) a batch reaches it. Each rank scans 1/world of the tokens (with
+// pread, about memory speed) and the first bad position is agreed on by an all-gather, so every
+// rank fails with the same message naming the file.
+void check_tokens_in_vocabulary(const io::TokenSource& tokens, int vocab_size, const char* what,
+                                comm::Communicator& comm) {
+  const size_t n = tokens.num_tokens(), world = static_cast<size_t>(comm.world_size());
+  const size_t begin = n / world * comm.rank() + std::min<size_t>(comm.rank(), n % world);
+  const size_t end = begin + n / world + (static_cast<size_t>(comm.rank()) < n % world ? 1 : 0);
+  std::optional<size_t> bad = tokens.find_token_outside(vocab_size, begin, end);
+  int64_t mine = bad ? static_cast<int64_t>(*bad) : -1;
+  std::vector<int64_t> all(world);
+  comm.all_gather(&mine, all.data(), sizeof mine);
+  int64_t first = -1;
+  for (int64_t p : all)
+    if (p >= 0 && (first < 0 || p < first)) first = p;
+  ZERONE_CHECK(first < 0, what, ": ", tokens.describe(static_cast<size_t>(first)),
+               " is out of range for the model's vocabulary of ", vocab_size, " (ids 0..", vocab_size - 1, ")");
+}
+
+// Note [Refuse what cannot fit]: a run whose estimated memory exceeds what this host has left is
+// refused before anything is allocated, with the estimate, instead of being killed by the kernel
+// minutes later. The estimate is zerone estimate's, the engine's own partition arithmetic (model
+// states and working set to the byte, activations from the model's table); ranks on one host share it.
+void check_memory_fits(const nn::GPT2Config& model, DType dtype, const TrainConfig& cfg, const zero::ZeroConfig& zcfg,
+                       int world) {
+  const long long available = available_memory_bytes();
+  if (available <= 0) return;  // unknown: nothing to compare with
+  auto rows = zero::estimate(model, world, dtype, cfg.micro_batch, cfg.seq, zcfg, std::nullopt);
+  const zero::StageEstimate& mine = rows[cfg.zero_stage];
+  const int local = local_ranks();
+  const double need = static_cast<double>(mine.total()) * local;
+  if (need <= static_cast<double>(available)) return;
+  auto h = [](double b) { return human_bytes(b); };
+  std::string stages;
+  for (const auto& r : rows) stages += str_cat(stages.empty() ? "" : ", ", r.stage, ": ", h(static_cast<double>(r.total())));
+  throw Error(str_cat("the run needs ", h(static_cast<double>(mine.total())), " per rank (param ",
+                      h(static_cast<double>(mine.model_state.param)), ", grad ", h(static_cast<double>(mine.model_state.grad)),
+                      ", master ", h(static_cast<double>(mine.model_state.master)), ", optim ",
+                      h(static_cast<double>(mine.model_state.optim)), ", working set ",
+                      h(static_cast<double>(mine.working_set.total())), ", activations ",
+                      h(static_cast<double>(mine.activations)), ")", local > 1 ? str_cat(" x ", local, " ranks on this host") : "",
+                      ", but this host has ", h(static_cast<double>(available)), " available. Per rank at world ", world,
+                      " by ZeRO stage: ", stages, world == 1 ? " (at world 1 sharding saves nothing: more ranks on more hosts divide it)" : "",
+                      ". Try a higher --zero-stage with more ranks, a smaller --micro-batch or --seq, or a smaller model ",
+                      "(zerone estimate --model ", model.to_string(), " --world N shows what fits)"));
 }
 
 }  // namespace
@@ -113,6 +214,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   ZERONE_CHECK(!(default_run && !cfg.val_data.empty()), "--val-data given without --data");
   if (default_run) cfg = default_run_config(cfg);
   validate(cfg);
+  InterruptGuard interrupts;
   if (cfg.threads > 0) omp_set_num_threads(cfg.threads);
   else if (int t = default_threads_per_rank(); t > 0) omp_set_num_threads(t);
   const DType dtype = resolve_precision(cfg.precision);
@@ -132,7 +234,19 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   }
   ZERONE_CHECK(cfg.seq <= model_config.max_seq_len, "--seq ", cfg.seq, " exceeds the model's context length ",
                model_config.max_seq_len);
-  check_same_config_everywhere(str_cat(consistency_key(cfg), '|', model_config.to_string(), '|', dtype_name(dtype)), comm);
+  auto settings = consistency_settings(cfg);
+  settings.emplace_back("the model", model_config.to_string());
+  settings.emplace_back("the precision", dtype_name(dtype));
+  check_same_config_everywhere(settings, comm);
+  if (lead) check_outputs(cfg);  // only rank 0 writes; its error ends the job (Note [Errors under MPI])
+
+  zero::ZeroConfig zcfg;
+  zcfg.stage = cfg.zero_stage;
+  zcfg.reduce_bucket_numel = static_cast<size_t>(cfg.reduce_bucket_size);
+  zcfg.allgather_bucket_numel = static_cast<size_t>(cfg.allgather_bucket_size);
+  zcfg.prefetch_numel = static_cast<size_t>(cfg.stage3_prefetch_bucket_size);
+  zcfg.persistence_threshold = static_cast<size_t>(cfg.stage3_param_persistence_threshold);
+  check_memory_fits(model_config, dtype, cfg, zcfg, world);
 
   // Data.
   std::unique_ptr<io::TokenSource> train_tokens, val_tokens;
@@ -148,6 +262,9 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   }
   const int B = cfg.micro_batch, T = cfg.seq;
   io::DataLoader train_loader(*train_tokens, B, T, model_config.vocab_size, !cfg.no_shuffle, cfg.seed);
+  check_tokens_in_vocabulary(*train_tokens, model_config.vocab_size, default_run ? "built-in corpus" : "--data", comm);
+  if (val_tokens)
+    check_tokens_in_vocabulary(*val_tokens, model_config.vocab_size, default_run ? "built-in corpus" : "--val-data", comm);
   std::unique_ptr<io::DataLoader> val_loader;
   if (val_tokens) val_loader = std::make_unique<io::DataLoader>(*val_tokens, B, T, model_config.vocab_size, false, 0);
 
@@ -158,12 +275,6 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     if (cfg.init.empty()) model.init_unit(u, cfg.seed);
     else io::load_llmc_checkpoint(cfg.init, model, u);
   };
-  zero::ZeroConfig zcfg;
-  zcfg.stage = cfg.zero_stage;
-  zcfg.reduce_bucket_numel = static_cast<size_t>(cfg.reduce_bucket_size);
-  zcfg.allgather_bucket_numel = static_cast<size_t>(cfg.allgather_bucket_size);
-  zcfg.prefetch_numel = static_cast<size_t>(cfg.stage3_prefetch_bucket_size);
-  zcfg.persistence_threshold = static_cast<size_t>(cfg.stage3_param_persistence_threshold);
   zero::ZeroEngine engine(model, comm, zcfg, optim::AdamWOptions{cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay},
                           materialize);
 
@@ -204,8 +315,23 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
       engine.set_last_micro_step(micro == cfg.grad_accum - 1);
       model.backward(static_cast<float>(loss_scale / cfg.grad_accum));
     }
-    // The reported loss is the mean over the global batch.
-    float loss = static_cast<float>(comm.all_reduce_sum(loss_sum) / (static_cast<double>(cfg.grad_accum) * world));
+    // The reported loss is the mean over the global batch. An interrupt rides on the same
+    // all-reduce, so every rank stops at this step (Note [Interrupts]).
+    double reduced[2] = {loss_sum, interrupt_signal() != 0 ? 1.0 : 0.0};
+    comm.all_reduce_sum_async(reduced, 2).wait();
+    if (reduced[1] > 0.0) {
+      result.interrupted_by = interrupt_signal();
+      if (lead) {
+        std::string kept = step > 1 ? str_cat("steps 1..", step - 1, " were trained") : "no step was trained";
+        if (!cfg.metrics.empty()) kept += str_cat("; their metrics are in '", cfg.metrics, "'");
+        if (!cfg.save.empty()) kept += str_cat("; --save '", cfg.save, "' was not written (it is written when training ends)");
+        progress.message(str_cat("zerone: stopped by ", result.interrupted_by ? signal_name(result.interrupted_by) : "a signal on another rank",
+                                 " during step ", step, " of ", cfg.steps, ": ", kept));
+      }
+      if (result.interrupted_by == 0) result.interrupted_by = 2;  // SIGINT on another rank
+      return result;
+    }
+    float loss = static_cast<float>(reduced[0] / (static_cast<double>(cfg.grad_accum) * world));
     ZERONE_CHECK(std::isfinite(loss), "training diverged at step ", step, ": loss ", loss, " (try a lower --lr or --grad-clip)");
     float lr = learning_rate(cfg, step, cfg.steps);
     zero::ZeroEngine::StepResult stepped = engine.step(lr, cfg.grad_clip, loss_scale, scaled);
@@ -229,7 +355,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
       progress.step(record);
       if (record.val_loss && step != cfg.steps) progress.message(str_cat("step ", step, ": val loss ", *record.val_loss));
     }
-    metrics.write(record);
+    if (std::optional<std::string> warning = metrics.write(record); warning && lead) progress.warning(*warning);
     result.steps = step;
     result.final_train_loss = loss;
     if (record.val_loss) result.final_val_loss = record.val_loss;
@@ -241,12 +367,18 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   }
   Profiler::set_enabled(false);
   if (!cfg.save.empty()) {
+    if (lead) progress.message(str_cat("saving llm.c checkpoint '", cfg.save, "' ..."));
     engine.with_full_params([&] {
       // llm.c has no fp16 checkpoint version: fp16 parameters widen exactly to f32 (v3).
       if (lead) io::save_llmc_checkpoint(cfg.save, model, dtype == DType::f16 ? DType::f32 : dtype);
     });
     if (lead) progress.message(str_cat("saved llm.c checkpoint '", cfg.save, "'"));
   }
+  if (int sig = interrupt_signal(); sig != 0 && lead)
+    progress.message(str_cat("zerone: ", signal_name(sig), " arrived after the last step; everything was written"));
+  if (metrics.missing_lines() > 0 && lead)
+    progress.warning(str_cat("--metrics '", cfg.metrics, "' lacks ", metrics.missing_lines(), " of ", cfg.steps,
+                             " lines (writes failed)"));
   result.source_entropy = entropy;
   float final_loss = result.final_val_loss.value_or(result.final_train_loss);
   char line[160];

@@ -19,6 +19,7 @@ struct TrainResult {
   float final_train_loss = 0.0f;
   std::optional<float> final_val_loss;
   std::optional<double> source_entropy;  // the default run's floor
+  int interrupted_by = 0;                // SIGINT/SIGTERM that stopped the run early (Note [Interrupts]); 0: ran to the end
 };
 
 // The default run's settings, applied to fields the user left at their defaults.

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# "Errors are errors" (issue 7 §4), through the real program: every failure is one
+# "zerone: error:" line and exit 1 — parse errors, non-Error exceptions, named pipes as inputs — and
+# the messages say what rule was broken. Atomic writes fsync the directory after the rename.
+set -u
+Z="$(readlink -f "$1")"
+d=$(mktemp -d); trap 'rm -rf "$d"' EXIT
+fail=0
+model="gpt2:layers=1,dim=32,heads=2,vocab=257,ctx=32"
+printf 'errors are errors, and they say so. %.0s' $(seq 1 100) > "$d/t.txt"
+"$Z" prepare --text "$d/t.txt" --out "$d/c" >/dev/null || { echo "prepare failed"; exit 1; }
+base=(train --model "$model" --data "$d/c_train.bin" --seq 16 --micro-batch 2 --threads 1)
+
+# error NAME REGEX CMD...: exit exactly 1 within 20 s, stderr is one line "zerone: error: ...REGEX...".
+error() {
+  local name="$1" regex="$2"; shift 2
+  timeout 20 "$@" > "$d/$name.stdout" 2> "$d/$name.err" < /dev/null
+  local rc=$?
+  if [ $rc -ne 1 ]; then echo "FAIL $name: exit $rc, expected 1"; cat "$d/$name.err" | head -5; fail=1; return; fi
+  if [ "$(wc -l < "$d/$name.err")" -ne 1 ] || ! grep -qE -- "^zerone: error: .*$regex" "$d/$name.err"; then
+    echo "FAIL $name: stderr is not one 'zerone: error:' line matching /$regex/:"; head -5 "$d/$name.err"; fail=1; return
+  fi
+  echo "ok   $name: $(cut -c1-200 "$d/$name.err")"
+}
+
+# Parse errors: exit 1 with the prefix (CLI11 used to exit 104/109/114 without it).
+error unknown_flag "not expected: .*--frobnicate" "$Z" train --frobnicate 3
+error bad_number "Could not convert: --lr = abc" "$Z" train --lr abc
+error missing_subcommand "A subcommand is required" "$Z"
+error missing_required "--init is required" "$Z" sample
+error extra_positional "not expected" "$Z" estimate --model gpt2-124m --world 1 stray
+"$Z" train --help > "$d/help.out" 2>&1 && grep -q -- "--micro-batch" "$d/help.out" \
+  && echo "ok   help: exit 0" || { echo "FAIL help"; fail=1; }
+
+# A directory or a named pipe as an input: refused before opening (a FIFO used to block forever).
+error config_is_dir "--config: '$d' is a directory, expected a regular file" "$Z" train --config "$d"
+mkfifo "$d/pipe.json" "$d/pipe.bin"
+error config_is_fifo "--config: '.*pipe.json' is a named pipe" "$Z" train --config "$d/pipe.json"
+error data_is_fifo "--data: '.*pipe.bin' is a named pipe" "$Z" train --model "$model" --seq 16 --data "$d/pipe.bin"
+error val_is_fifo "--val-data: '.*pipe.bin' is a named pipe" "$Z" "${base[@]}" --val-data "$d/pipe.bin"
+error init_is_fifo "'.*pipe.bin' is a named pipe" "$Z" train --init "$d/pipe.bin" --data "$d/c_train.bin"
+error init_is_dir "'$d' is a directory" "$Z" train --init "$d" --data "$d/c_train.bin"
+error text_is_fifo "--text: '.*pipe.bin' is a named pipe" "$Z" prepare --text "$d/pipe.bin" --out "$d/x"
+error sample_init_fifo "'.*pipe.bin' is a named pipe" "$Z" sample --init "$d/pipe.bin"
+
+# Messages that say the real rule.
+error grad_accum_range "--grad-accum 1000000000 is out of range: expected 1..1048576" "$Z" "${base[@]}" --grad-accum 1000000000
+error device_mem_nan "--device-mem nan is out of range: expected a finite number" "$Z" estimate --model gpt2-124m --world 1 --device-mem nan
+"$Z" "${base[@]}" --steps 1 --save "$d/m.bin" > /dev/null 2>&1 || { echo "FAIL: could not train a model"; fail=1; }
+python3 - "$d/m.bin" "$d/bad_heads.bin" <<'PY'
+import sys
+b = bytearray(open(sys.argv[1], "rb").read())
+b[5 * 4:6 * 4] = (3).to_bytes(4, "little")  # NH = 3 does not divide C = 32
+open(sys.argv[2], "wb").write(b)
+PY
+error header_rule "header field C \(header\[6\]\) = 32 breaks the rule C divisible by NH \(header\[5\]\)" \
+  "$Z" train --init "$d/bad_heads.bin" --data "$d/c_train.bin"
+
+# Exceptions that are not zerone::Error (here std::bad_alloc: a 2 GiB text file to tokenize under a
+# 1 GiB address-space limit) still end in one error line and exit 1, not "terminate called".
+truncate -s 2G "$d/huge.txt"
+error bad_alloc "out of memory" sh -c 'ulimit -v 1000000; exec "$0" "$@"' "$Z" prepare --text "$d/huge.txt" --out "$d/huge"
+
+# Progress written to a file has no terminal control sequences, also under mpiexec (whose ranks get
+# a pty for stdout even when mpiexec's output goes to a file).
+"$Z" "${base[@]}" --steps 3 > "$d/plain.log" 2>&1
+mpiexec --allow-run-as-root --oversubscribe -n 1 "$Z" "${base[@]}" --steps 3 > "$d/mpi.log" 2>&1
+for f in plain mpi; do
+  if grep -q $'\r\|\e\[K' "$d/$f.log"; then echo "FAIL log_$f: control sequences in a log file"; fail=1;
+  elif ! grep -q "^step 3/3" "$d/$f.log"; then echo "FAIL log_$f: no step lines"; cat "$d/$f.log"; fail=1;
+  else echo "ok   log_$f: plain log lines"; fi
+done
+# On a terminal the live status line is ended before an error, so the error starts a line.
+cp "$d/c_train.bin" "$d/tty_train.bin"
+script -qfec "$Z train --model $model --data $d/tty_train.bin --seq 16 --micro-batch 2 --threads 1 --steps 1000000" "$d/tty.log" \
+  > /dev/null 2>&1 &
+job=$!
+for _ in $(seq 1 100); do grep -q "step" "$d/tty.log" 2>/dev/null && break; sleep 0.1; done
+sleep 0.3; truncate -s 1100 "$d/tty_train.bin"; wait $job
+if python3 - "$d/tty.log" <<'PY'
+import sys
+log = open(sys.argv[1], "rb").read().decode("utf-8", "replace")
+assert "\r\x1b[Kstep" in log, "no live status line"
+i = log.index("zerone: error: ")
+assert log[i - 1] == "\n", repr(log[i - 80:i + 20])
+PY
+then
+  echo "ok   tty_error_on_own_line"
+else
+  echo "FAIL tty_error_on_own_line:"; tail -c 400 "$d/tty.log" | cat -A | tail -n 3; fail=1
+fi
+
+# Atomic writes: the temporary is fsync'd, renamed, then the directory is fsync'd (order matters).
+if command -v strace >/dev/null; then
+  strace -f -e trace=openat,fsync,rename -o "$d/trace" "$Z" "${base[@]}" --steps 1 --save "$d/s.bin" > /dev/null 2>&1
+  python3 - "$d/trace" "$d" <<'PY' && echo "ok   atomic_write_fsyncs_directory" || { echo "FAIL atomic_write_fsyncs_directory"; fail=1; }
+import re, sys
+lines = open(sys.argv[1]).read().splitlines()
+fds, events = {}, []
+for l in lines:
+    m = re.search(r'openat\(AT_FDCWD, "([^"]+)".* = (\d+)$', l)
+    if m: fds[m.group(2)] = m.group(1)
+    m = re.search(r'fsync\((\d+)\)\s+= 0', l)
+    if m: events.append(("fsync", fds.get(m.group(1), "?")))
+    m = re.search(r'rename\("([^"]+)", "([^"]+)"\)\s+= 0', l)
+    if m: events.append(("rename", m.group(2)))
+d = sys.argv[2]
+want = [("rename", f"{d}/s.bin"), ("fsync", d)]
+i = next(k for k, e in enumerate(events) if e == want[0])
+assert events[i - 1][0] == "fsync" and events[i - 1][1].startswith(f"{d}/s.bin.tmp."), events
+assert events[i + 1] == want[1], events
+PY
+else
+  echo "FAIL atomic_write_fsyncs_directory: strace is missing (scripts/setup.sh installs it)"; fail=1
+fi
+exit $fail

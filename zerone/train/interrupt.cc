@@ -1,0 +1,59 @@
+#include "zerone/train/interrupt.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+
+#include "zerone/io/file.h"
+
+namespace zerone::train {
+namespace {
+
+std::atomic<int> g_signal{0};
+struct sigaction g_previous_int, g_previous_term;
+
+void write_stderr(const char* text) {
+  ssize_t ignored = ::write(STDERR_FILENO, text, std::strlen(text));
+  (void)ignored;
+}
+
+void on_signal(int signal_number) {
+  int expected = 0;
+  if (g_signal.compare_exchange_strong(expected, signal_number)) {
+    write_stderr(signal_number == SIGINT
+                     ? "\nzerone: SIGINT: stopping after this step (again to stop at once)\n"
+                     : "\nzerone: SIGTERM: stopping after this step (again to stop at once)\n");
+    return;
+  }
+  io::remove_temporaries_in_flight();
+  write_stderr("\nzerone: stopped at once by a second signal; files being written were removed\n");
+  ::_exit(128 + signal_number);
+}
+
+}  // namespace
+
+InterruptGuard::InterruptGuard() {
+  g_signal = 0;
+  struct sigaction action;
+  std::memset(&action, 0, sizeof action);
+  action.sa_handler = on_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  ::sigaction(SIGINT, &action, &g_previous_int);
+  ::sigaction(SIGTERM, &action, &g_previous_term);
+}
+
+InterruptGuard::~InterruptGuard() {
+  ::sigaction(SIGINT, &g_previous_int, nullptr);
+  ::sigaction(SIGTERM, &g_previous_term, nullptr);
+}
+
+int interrupt_signal() { return g_signal.load(); }
+
+const char* signal_name(int signal_number) {
+  return signal_number == SIGINT ? "SIGINT" : signal_number == SIGTERM ? "SIGTERM" : "a signal";
+}
+
+}  // namespace zerone::train

@@ -58,7 +58,7 @@ job=$!
 for _ in $(seq 1 100); do [ -s "$d/term.jsonl" ] && break; sleep 0.1; done
 kill -TERM "$(pgrep -P $job | tail -n 1)"  # one rank (a child of mpiexec), not the launcher
 wait $job; rc=$?
-if [ $rc -ne 143 ] || ! grep -qE "stopped by (SIGTERM|a signal on another rank) during step [0-9]+" "$d/term.out"; then
+if [ $rc -ne 143 ] || ! grep -qE "stopped by SIGTERM( \(on another rank\))? during step [0-9]+" "$d/term.out"; then
   echo "FAIL sigterm_one_rank: exit $rc"; tail -n 20 "$d/term.out"; fail=1
 elif ! python3 -c "import json,sys; [json.loads(l) for l in open(sys.argv[1])]" "$d/term.jsonl"; then
   echo "FAIL sigterm_one_rank: metrics file holds a broken line"; fail=1

@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <cmath>
 #include <cstdio>
@@ -317,18 +318,20 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     }
     // The reported loss is the mean over the global batch. An interrupt rides on the same
     // all-reduce, so every rank stops at this step (Note [Interrupts]).
-    double reduced[2] = {loss_sum, interrupt_signal() != 0 ? 1.0 : 0.0};
-    comm.all_reduce_sum_async(reduced, 2).wait();
-    if (reduced[1] > 0.0) {
-      result.interrupted_by = interrupt_signal();
+    const int signal_here = interrupt_signal();
+    double reduced[3] = {loss_sum, signal_here == SIGINT ? 1.0 : 0.0, signal_here == SIGTERM ? 1.0 : 0.0};
+    comm.all_reduce_sum_async(reduced, 3).wait();
+    if (reduced[1] > 0.0 || reduced[2] > 0.0) {
+      // Every rank sees the same sums, so all agree on the signal to report and exit with.
+      result.interrupted_by = reduced[2] > 0.0 ? SIGTERM : SIGINT;
       if (lead) {
         std::string kept = step > 1 ? str_cat("steps 1..", step - 1, " were trained") : "no step was trained";
         if (!cfg.metrics.empty()) kept += str_cat("; their metrics are in '", cfg.metrics, "'");
         if (!cfg.save.empty()) kept += str_cat("; --save '", cfg.save, "' was not written (it is written when training ends)");
-        progress.message(str_cat("zerone: stopped by ", result.interrupted_by ? signal_name(result.interrupted_by) : "a signal on another rank",
-                                 " during step ", step, " of ", cfg.steps, ": ", kept));
+        progress.message(str_cat("zerone: stopped by ", signal_name(result.interrupted_by),
+                                 signal_here == 0 ? " (on another rank)" : "", " during step ", step, " of ", cfg.steps,
+                                 ": ", kept));
       }
-      if (result.interrupted_by == 0) result.interrupted_by = 2;  // SIGINT on another rank
       return result;
     }
     float loss = static_cast<float>(reduced[0] / (static_cast<double>(cfg.grad_accum) * world));

@@ -88,4 +88,73 @@ inline Vec crossentropy(const Vec& logits, const std::vector<int32_t>& targets, 
   return out;
 }
 
+// LLaMA layers.
+
+// Grouped-query causal attention: qkv (B,T,(NH+2*NKV)*hs) = [q heads | k heads | v heads] per
+// token; query head h uses kv head h / (NH/NKV). out (B,T,NH*hs).
+inline Vec gqa_attention(const Vec& qkv, int B, int T, int NH, int NKV, int hs) {
+  const int R = (NH + 2 * NKV) * hs, G = NH / NKV;
+  Vec out(static_cast<size_t>(B) * T * NH * hs, 0.0);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < NH; ++h) {
+      const int kv = h / G;
+      for (int t = 0; t < T; ++t) {
+        std::vector<double> score(t + 1);
+        double mx = -1e300;
+        for (int u = 0; u <= t; ++u) {
+          double d = 0;
+          for (int i = 0; i < hs; ++i) d += qkv[(b * T + t) * R + h * hs + i] * qkv[(b * T + u) * R + (NH + kv) * hs + i];
+          score[u] = d / std::sqrt(static_cast<double>(hs));
+          mx = std::max(mx, score[u]);
+        }
+        double z = 0;
+        for (double& sc : score) z += (sc = std::exp(sc - mx));
+        for (int u = 0; u <= t; ++u)
+          for (int i = 0; i < hs; ++i)
+            out[(b * T + t) * NH * hs + h * hs + i] += score[u] / z * qkv[(b * T + u) * R + (NH + NKV + kv) * hs + i];
+      }
+    }
+  return out;
+}
+
+// out (N,C) = x / sqrt(mean(x^2) + eps) * w
+inline Vec rmsnorm(const Vec& inp, const Vec& w, int N, int C, double eps) {
+  Vec out(inp.size());
+  for (int n = 0; n < N; ++n) {
+    double ss = 0;
+    for (int c = 0; c < C; ++c) ss += inp[n * C + c] * inp[n * C + c];
+    double s = 1.0 / std::sqrt(ss / C + eps);
+    for (int c = 0; c < C; ++c) out[n * C + c] = inp[n * C + c] * s * w[c];
+  }
+  return out;
+}
+
+// Rotate-half rotary embedding of the first `heads` heads of each (B,T) row of `stride` values,
+// angle t * inv_freq[i] for the pair (i, i + hs/2).
+inline Vec rope(const Vec& x, const std::vector<double>& inv_freq, int B, int T, int stride, int heads, int hs) {
+  Vec out = x;
+  const int half = hs / 2;
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t)
+      for (int h = 0; h < heads; ++h)
+        for (int i = 0; i < half; ++i) {
+          size_t base = (static_cast<size_t>(b) * T + t) * stride + h * hs;
+          double a = x[base + i], c = x[base + i + half], ang = t * inv_freq[i];
+          out[base + i] = a * std::cos(ang) - c * std::sin(ang);
+          out[base + i + half] = c * std::cos(ang) + a * std::sin(ang);
+        }
+  return out;
+}
+
+// inp (N,2F) = [gate | up]; out (N,F) = gate * sigmoid(gate) * up
+inline Vec swiglu(const Vec& inp, int N, int F) {
+  Vec out(static_cast<size_t>(N) * F);
+  for (int n = 0; n < N; ++n)
+    for (int i = 0; i < F; ++i) {
+      double g = inp[n * 2 * F + i], u = inp[n * 2 * F + F + i];
+      out[n * F + i] = g / (1.0 + std::exp(-g)) * u;
+    }
+  return out;
+}
+
 }  // namespace zerone::ref

@@ -123,6 +123,108 @@ TEST(GradCheck, Attention) {
   expect_close(dqkv, numeric_grad(Q, [&](const Vec& q) { return ref::attention(q, B, T, C, NH); }, D), "attention dqkv");
 }
 
+TEST(GradCheck, GroupedQueryAttention) {
+  // NKV = 2 (groups of 2), NKV = 1 (multi-query) and NKV = NH (plain multi-head).
+  for (int NKV : {2, 1, 4}) {
+    const int B = 2, T = 5, NH = 4, hs = 4, R = (NH + 2 * NKV) * hs;
+    auto qkv = randn(B * T * R, 40 + NKV), dout = randn(B * T * NH * hs, 50 + NKV);
+    std::vector<float> out(B * T * NH * hs), att(B * NH * T * T), dqkv(B * T * R, 7.0f);  // dqkv is overwritten
+    gqa_attention_forward(out.data(), att.data(), qkv.data(), B, T, NH, NKV, hs);
+    Vec Q = to_double(qkv), D = to_double(dout);
+    expect_close(out, ref::gqa_attention(Q, B, T, NH, NKV, hs), "gqa forward");
+    gqa_attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, NH, NKV, hs);
+    expect_close(dqkv, numeric_grad(Q, [&](const Vec& q) { return ref::gqa_attention(q, B, T, NH, NKV, hs); }, D),
+                 "gqa dqkv");
+  }
+}
+
+TEST(GradCheck, RmsNormF32AndBf16Weights) {
+  const int N = 5, C = 12;
+  const float eps = 1e-6f;
+  auto inp = randn(N * C, 60, 2.0), w = randn(C, 61), dout = randn(N * C, 62);
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    // The reference sees the weights as the kernel stores them (bf16-rounded for bf16).
+    std::vector<uint16_t> w16(C);
+    std::vector<float> w_seen = w;
+    if (dtype == DType::bf16)
+      for (int i = 0; i < C; ++i) w_seen[i] = bf16_to_f32(w16[i] = f32_to_bf16(w[i]));
+    const void* wp = dtype == DType::f32 ? static_cast<const void*>(w.data()) : w16.data();
+    std::vector<float> out(N * C), rstd(N);
+    rmsnorm_forward(out.data(), rstd.data(), inp.data(), wp, dtype, N, C, eps);
+    Vec X = to_double(inp), W = to_double(w_seen), D = to_double(dout);
+    expect_close(out, ref::rmsnorm(X, W, N, C, eps), "rmsnorm forward");
+    std::vector<float> dinp(N * C, 1.0f), dw(C, 0.5f);  // both accumulate
+    rmsnorm_backward(dinp.data(), dw.data(), dout.data(), inp.data(), wp, dtype, rstd.data(), N, C);
+    Vec gx = numeric_grad(X, [&](const Vec& x) { return ref::rmsnorm(x, W, N, C, eps); }, D);
+    for (double& x : gx) x += 1.0;
+    expect_close(dinp, gx, "rmsnorm dinp");
+    Vec gw = numeric_grad(W, [&](const Vec& ww) { return ref::rmsnorm(X, ww, N, C, eps); }, D);
+    for (double& x : gw) x += 0.5;
+    expect_close(dw, gw, "rmsnorm dweight");
+  }
+}
+
+TEST(GradCheck, RotaryEmbeddingOnQueryAndKeyHeads) {
+  // A qkv row of NH=2 query, NKV=1 key and 1 value head (hs=8): rope touches the first 3 heads only.
+  const int B = 2, T = 6, hs = 8, heads = 3, stride = 4 * hs;
+  std::vector<float> inv_freq(hs / 2);
+  rope_inv_freq(inv_freq.data(), hs, 10000.0f);
+  std::vector<double> f(inv_freq.begin(), inv_freq.end());
+  auto x = randn(B * T * stride, 70), dout = randn(B * T * stride, 71);
+  std::vector<float> y = x;
+  rope_forward(y.data(), inv_freq.data(), B, T, stride, heads, hs);
+  Vec X = to_double(x), D = to_double(dout);
+  expect_close(y, ref::rope(X, f, B, T, stride, heads, hs), "rope forward");
+  for (int i = 3 * hs; i < stride; ++i) EXPECT_EQ(y[i], x[i]) << "value head changed at " << i;
+  std::vector<float> dx = dout;
+  rope_backward(dx.data(), inv_freq.data(), B, T, stride, heads, hs);
+  expect_close(dx, numeric_grad(X, [&](const Vec& xx) { return ref::rope(xx, f, B, T, stride, heads, hs); }, D),
+               "rope dx");
+}
+
+TEST(RopeInvFreq, PlainAndLlama3Scaling) {
+  // Llama-3.2-1B: head size 64, theta 500000, rope_scaling {factor 32, low 1, high 4, original 8192}.
+  const int hs = 64;
+  const double theta = 500000.0, factor = 32, low = 1, high = 4, old_ctx = 8192, pi = 3.14159265358979323846;
+  std::vector<float> plain(hs / 2), scaled(hs / 2);
+  rope_inv_freq(plain.data(), hs, static_cast<float>(theta));
+  RopeScaling s;
+  s.factor = 32.0f;
+  s.low_freq_factor = 1.0f;
+  s.high_freq_factor = 4.0f;
+  s.original_max_position = 8192;
+  rope_inv_freq(scaled.data(), hs, static_cast<float>(theta), s);
+  int kept = 0, divided = 0, blended = 0;
+  for (int i = 0; i < hs / 2; ++i) {
+    double f = 1.0 / std::pow(theta, 2.0 * i / hs);
+    EXPECT_NEAR(plain[i], f, 1e-6 * f) << i;
+    double wavelen = 2 * pi / f, want;
+    if (wavelen < old_ctx / high) want = f, ++kept;
+    else if (wavelen > old_ctx / low) want = f / factor, ++divided;
+    else {
+      double smooth = (old_ctx / wavelen - low) / (high - low);
+      want = (1 - smooth) * f / factor + smooth * f;
+      ++blended;
+    }
+    EXPECT_NEAR(scaled[i], want, 2e-6 * want) << i;
+  }
+  // The shape exercises all three branches.
+  EXPECT_GT(kept, 0);
+  EXPECT_GT(divided, 0);
+  EXPECT_GT(blended, 0);
+}
+
+TEST(GradCheck, SwiGLU) {
+  const int N = 4, F = 6;
+  auto inp = randn(N * 2 * F, 80, 2.0), dout = randn(N * F, 81);
+  std::vector<float> out(N * F), dinp(N * 2 * F, 3.0f);  // dinp is overwritten
+  swiglu_forward(out.data(), inp.data(), N, F);
+  Vec X = to_double(inp), D = to_double(dout);
+  expect_close(out, ref::swiglu(X, N, F), "swiglu forward");
+  swiglu_backward(dinp.data(), dout.data(), inp.data(), N, F);
+  expect_close(dinp, numeric_grad(X, [&](const Vec& x) { return ref::swiglu(x, N, F); }, D), "swiglu dinp");
+}
+
 TEST(GradCheck, Gelu) {
   const int n = 40;
   auto inp = randn(n, 13, 2.0), dout = randn(n, 14);

@@ -288,15 +288,28 @@ void linear_backward(float* dinp, float* dweight, float* dbias, const float* dou
 // multiplied (twice the causal FLOPs) because the GEMM is >10x faster than masked dot-product loops;
 // the causal mask is applied in the softmax, which writes exact zeros above the diagonal so every
 // product that follows ignores the future.
-void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+// Note [Grouped-query attention as strided GEMMs]: query head h = kv*G + g (G = NH/NKV) reads kv
+// head kv. For each g, the (b, kv) pairs form one strided batch: Q_g starts at g*hs with a head
+// stride of G*hs, K and V at their own offsets with a head stride of hs, att's head stride is G*T*T.
+// So each of the G passes is one oneDNN batched GEMM and nothing is copied or repeated; dK and dV
+// accumulate over the G passes. With G = 1 (GPT-2) this is exactly one pass.
+void gqa_attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int NKV, int hs) {
   ProfileScope profile(ProfileCategory::attention);
-  const int64_t hs = C / NH, C3 = 3 * static_cast<int64_t>(C), TT = static_cast<int64_t>(T) * T;
+  ZERONE_ASSERT(NKV >= 1 && NH % NKV == 0, "NH ", NH, " is not a multiple of NKV ", NKV);
+  const int64_t G = NH / NKV, R = static_cast<int64_t>(NH + 2 * NKV) * hs, TT = static_cast<int64_t>(T) * T;
+  const int64_t out_row = static_cast<int64_t>(NH) * hs;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  const Strides4 qkv_rows{T * C3, hs, C3, 1};      // Q, K or V of head h: (T, hs) rows of the qkv buffer
-  const Strides4 qkv_rows_t{T * C3, hs, 1, C3};    // K^T: (hs, T)
-  const Strides4 att_rows{NH * TT, TT, T, 1};       // (T, T) per (b, h)
+  const Strides4 q_rows{T * R, G * hs, R, 1};                 // Q of heads kv*G+g: (T, hs)
+  const Strides4 kv_rows{T * R, hs, R, 1};                    // K or V of head kv: (T, hs)
+  const Strides4 kv_rows_t{T * R, hs, 1, R};                  // K^T: (hs, T)
+  const Strides4 att_rows{NH * TT, G * TT, T, 1};             // (T, T) of head kv*G+g
+  const Strides4 out_rows{T * out_row, G * hs, out_row, 1};   // (T, hs) of head kv*G+g
+  const float* k = qkv + static_cast<int64_t>(NH) * hs;
+  const float* v = k + static_cast<int64_t>(NKV) * hs;
   // att (B,NH,T,T) = scale * Q @ K^T
-  batched_matmul(B, NH, T, T, hs, qkv, qkv_rows, qkv + C, qkv_rows_t, att, att_rows, DType::f32, scale, false);
+  for (int64_t g = 0; g < G; ++g)
+    batched_matmul(B, NKV, T, T, hs, qkv + g * hs, q_rows, k, kv_rows_t, att + g * TT, att_rows, DType::f32, scale,
+                   false);
   // causal softmax over each row's first t+1 columns, zeros after
 #pragma omp parallel for schedule(static)
   for (int64_t row = 0; row < static_cast<int64_t>(B) * NH * T; ++row) {
@@ -316,25 +329,37 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
     for (int t2 = 0; t2 <= t; ++t2) r[t2] *= inv;
     for (int t2 = t + 1; t2 < T; ++t2) r[t2] = 0.0f;
   }
-  // out (B,T,C) viewed as (B,NH,T,hs) = P @ V
-  batched_matmul(B, NH, T, hs, T, att, att_rows, qkv + 2 * C, qkv_rows, out, Strides4{static_cast<int64_t>(T) * C, hs, C, 1},
-                 DType::f32, 1.0f, false);
+  // out (B,T,NH*hs) viewed as (B,NH,T,hs) = P @ V
+  for (int64_t g = 0; g < G; ++g)
+    batched_matmul(B, NKV, T, hs, T, att + g * TT, att_rows, v, kv_rows, out + g * hs, out_rows, DType::f32, 1.0f,
+                   false);
 }
 
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
-                        int NH) {
+void gqa_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int NH,
+                            int NKV, int hs) {
   ProfileScope profile(ProfileCategory::attention);
-  const int64_t hs = C / NH, C3 = 3 * static_cast<int64_t>(C), TT = static_cast<int64_t>(T) * T;
+  ZERONE_ASSERT(NKV >= 1 && NH % NKV == 0, "NH ", NH, " is not a multiple of NKV ", NKV);
+  const int64_t G = NH / NKV, R = static_cast<int64_t>(NH + 2 * NKV) * hs, TT = static_cast<int64_t>(T) * T;
+  const int64_t out_row = static_cast<int64_t>(NH) * hs;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  const Strides4 qkv_rows{T * C3, hs, C3, 1};
-  const Strides4 qkv_rows_t{T * C3, hs, 1, C3};
-  const Strides4 att_rows{NH * TT, TT, T, 1};
-  const Strides4 att_rows_t{NH * TT, TT, 1, T};
-  const Strides4 out_rows{static_cast<int64_t>(T) * C, hs, C, 1};
+  const Strides4 q_rows{T * R, G * hs, R, 1};
+  const Strides4 kv_rows{T * R, hs, R, 1};
+  const Strides4 kv_rows_t{T * R, hs, 1, R};
+  const Strides4 att_rows{NH * TT, G * TT, T, 1};
+  const Strides4 att_rows_t{NH * TT, G * TT, 1, T};
+  const Strides4 out_rows{T * out_row, G * hs, out_row, 1};
+  const float* k = qkv + static_cast<int64_t>(NH) * hs;
+  const float* v = k + static_cast<int64_t>(NKV) * hs;
+  float* dk = dqkv + static_cast<int64_t>(NH) * hs;
+  float* dv = dk + static_cast<int64_t>(NKV) * hs;
   float* datt = static_cast<float*>(scratch(kScratchPartials, sizeof(float) * B * NH * TT));  // (B,NH,T,T)
-  // dP = dO @ V^T ; dV = P^T @ dO
-  batched_matmul(B, NH, T, T, hs, dout, out_rows, qkv + 2 * C, qkv_rows_t, datt, att_rows, DType::f32, 1.0f, false);
-  batched_matmul(B, NH, T, hs, T, att, att_rows_t, dout, out_rows, dqkv + 2 * C, qkv_rows, DType::f32, 1.0f, false);
+  // dP = dO @ V^T ; dV = sum over the group of P^T @ dO
+  for (int64_t g = 0; g < G; ++g) {
+    batched_matmul(B, NKV, T, T, hs, dout + g * hs, out_rows, v, kv_rows_t, datt + g * TT, att_rows, DType::f32, 1.0f,
+                   false);
+    batched_matmul(B, NKV, T, hs, T, att + g * TT, att_rows_t, dout + g * hs, out_rows, dv, kv_rows, DType::f32, 1.0f,
+                   g > 0);
+  }
   // dS = P * (dP - sum_j P dP) row by row (zero above the diagonal since P is)
 #pragma omp parallel for schedule(static)
   for (int64_t row = 0; row < static_cast<int64_t>(B) * NH * T; ++row) {
@@ -348,9 +373,195 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
     for (int t2 = 0; t2 <= t; ++t2) d[t2] = p[t2] * (d[t2] - dot);
     for (int t2 = t + 1; t2 < T; ++t2) d[t2] = 0.0f;
   }
-  // dQ = scale * dS @ K ; dK = scale * dS^T @ Q
-  batched_matmul(B, NH, T, hs, T, datt, att_rows, qkv + C, qkv_rows, dqkv, qkv_rows, DType::f32, scale, false);
-  batched_matmul(B, NH, T, hs, T, datt, att_rows_t, qkv, qkv_rows, dqkv + C, qkv_rows, DType::f32, scale, false);
+  // dQ = scale * dS @ K ; dK = scale * sum over the group of dS^T @ Q
+  for (int64_t g = 0; g < G; ++g) {
+    batched_matmul(B, NKV, T, hs, T, datt + g * TT, att_rows, k, kv_rows, dqkv + g * hs, q_rows, DType::f32, scale,
+                   false);
+    batched_matmul(B, NKV, T, hs, T, datt + g * TT, att_rows_t, qkv + g * hs, q_rows, dk, kv_rows, DType::f32, scale,
+                   g > 0);
+  }
+}
+
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+  gqa_attention_forward(out, att, qkv, B, T, NH, NH, C / NH);
+}
+
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
+                        int NH) {
+  gqa_attention_backward(dqkv, dout, qkv, att, B, T, NH, NH, C / NH);
+}
+
+// ---------------------------------------------------------------- rmsnorm
+
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const void* weight, DType param_dtype, int N, int C,
+                     float eps) {
+  ProfileScope profile(ProfileCategory::elementwise);
+  with_param_type(param_dtype, [&](auto tag) {
+    using PT = decltype(tag);
+    using P = typename PT::type;
+    const P* w = static_cast<const P*>(weight);
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; ++n) {
+      const float* x = inp + static_cast<size_t>(n) * C;  // (C)
+      float sumsq = 0.0f;
+#pragma omp simd reduction(+ : sumsq)
+      for (int i = 0; i < C; ++i) sumsq += x[i] * x[i];
+      float s = 1.0f / std::sqrt(sumsq / C + eps);
+      float* o = out + static_cast<size_t>(n) * C;
+#pragma omp simd
+      for (int i = 0; i < C; ++i) o[i] = x[i] * s * PT::load(w, i);
+      rstd[n] = s;
+    }
+  });
+}
+
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const void* weight,
+                      DType param_dtype, const float* rstd, int N, int C) {
+  ProfileScope profile(ProfileCategory::elementwise);
+  int max_threads = omp_get_max_threads();
+  // Per-thread partial sums of dweight, reduced at the end: (threads, C)
+  float* partials = static_cast<float*>(scratch(kScratchPartials, sizeof(float) * C * max_threads));
+  std::memset(partials, 0, sizeof(float) * C * max_threads);
+  int used_threads = 1;
+  with_param_type(param_dtype, [&](auto tag) {
+    using PT = decltype(tag);
+    using P = typename PT::type;
+    const P* w = static_cast<const P*>(weight);
+#pragma omp parallel
+    {
+#pragma omp single
+      used_threads = omp_get_num_threads();
+      float* dw_part = partials + static_cast<size_t>(omp_get_thread_num()) * C;
+#pragma omp for schedule(static)
+      for (int n = 0; n < N; ++n) {
+        const float* x = inp + static_cast<size_t>(n) * C;
+        const float* dy = dout + static_cast<size_t>(n) * C;
+        float* dx = dinp + static_cast<size_t>(n) * C;
+        const float s = rstd[n];
+        // d/dx of x*s: s * (g - xhat * mean(g * xhat)) with g = w * dy, xhat = x * s
+        float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+        for (int i = 0; i < C; ++i) dot += PT::load(w, i) * dy[i] * x[i] * s;
+        dot /= C;
+#pragma omp simd
+        for (int i = 0; i < C; ++i) {
+          float xhat = x[i] * s;
+          dw_part[i] += xhat * dy[i];
+          dx[i] += s * (PT::load(w, i) * dy[i] - xhat * dot);
+        }
+      }
+    }
+  });
+  for (int t = 0; t < used_threads; ++t) {
+    const float* dw_part = partials + static_cast<size_t>(t) * C;
+    for (int i = 0; i < C; ++i) dweight[i] += dw_part[i];
+  }
+}
+
+// ---------------------------------------------------------------- rotary embeddings
+
+void rope_inv_freq(float* inv_freq, int hs, float theta, const RopeScaling& scaling) {
+  ZERONE_ASSERT(hs % 2 == 0, "rotary head size ", hs, " is odd");
+  constexpr double kPi = 3.14159265358979323846;
+  for (int i = 0; i < hs / 2; ++i) {
+    // Hugging Face: 1.0 / (base ** (arange(0, dim, 2).float() / dim)), in f32.
+    float f = 1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(hs));
+    if (scaling.factor > 0.0f) {
+      const float old_ctx = static_cast<float>(scaling.original_max_position);
+      const float low_wavelen = old_ctx / scaling.low_freq_factor;
+      const float high_wavelen = old_ctx / scaling.high_freq_factor;
+      const float wavelen = static_cast<float>(2.0 * kPi) / f;
+      if (wavelen > low_wavelen) {
+        f = f / scaling.factor;
+      } else if (wavelen >= high_wavelen) {
+        const float smooth = (old_ctx / wavelen - scaling.low_freq_factor) /
+                             (scaling.high_freq_factor - scaling.low_freq_factor);
+        f = (1.0f - smooth) * f / scaling.factor + smooth * f;
+      }
+    }
+    inv_freq[i] = f;
+  }
+}
+
+namespace {
+
+// Rotates each of the first `heads` head vectors of every row by angle sign * t * inv_freq[i].
+void rope_rotate(float* x, const float* inv_freq, int B, int T, int stride, int heads, int hs, float sign) {
+  constexpr int kMaxHalf = 1024;
+  const int half = hs / 2;
+  ZERONE_ASSERT(half <= kMaxHalf, "rotary head size ", hs, " above ", 2 * kMaxHalf);
+#pragma omp parallel for schedule(static)
+  for (int t = 0; t < T; ++t) {
+    float cos_t[kMaxHalf], sin_t[kMaxHalf];
+    for (int i = 0; i < half; ++i) {
+      // As Hugging Face: the angle t * inv_freq is formed in f32, then cos and sin of it.
+      float angle = static_cast<float>(t) * inv_freq[i];
+      cos_t[i] = std::cos(angle);
+      sin_t[i] = sign * std::sin(angle);
+    }
+    for (int b = 0; b < B; ++b) {
+      float* row = x + (static_cast<size_t>(b) * T + t) * stride;
+      for (int h = 0; h < heads; ++h) {
+        float* v = row + static_cast<size_t>(h) * hs;
+#pragma omp simd
+        for (int i = 0; i < half; ++i) {
+          float a = v[i], c = v[i + half];
+          v[i] = a * cos_t[i] - c * sin_t[i];
+          v[i + half] = c * cos_t[i] + a * sin_t[i];
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void rope_forward(float* x, const float* inv_freq, int B, int T, int stride, int heads, int hs) {
+  ProfileScope profile(ProfileCategory::elementwise);
+  rope_rotate(x, inv_freq, B, T, stride, heads, hs, 1.0f);
+}
+
+void rope_backward(float* dx, const float* inv_freq, int B, int T, int stride, int heads, int hs) {
+  ProfileScope profile(ProfileCategory::elementwise);
+  // The rotation is orthogonal: its transpose (the gradient map) is the rotation by -angle.
+  rope_rotate(dx, inv_freq, B, T, stride, heads, hs, -1.0f);
+}
+
+// ---------------------------------------------------------------- swiglu
+
+void swiglu_forward(float* out, const float* inp, int N, int F) {
+  ProfileScope profile(ProfileCategory::elementwise);
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    const float* gate = inp + static_cast<size_t>(n) * 2 * F;
+    const float* up = gate + F;
+    float* o = out + static_cast<size_t>(n) * F;
+#pragma omp simd
+    for (int i = 0; i < F; ++i) {
+      float g = gate[i];
+      o[i] = g / (1.0f + std::exp(-g)) * up[i];
+    }
+  }
+}
+
+void swiglu_backward(float* dinp, const float* dout, const float* inp, int N, int F) {
+  ProfileScope profile(ProfileCategory::elementwise);
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    const float* gate = inp + static_cast<size_t>(n) * 2 * F;
+    const float* up = gate + F;
+    const float* dy = dout + static_cast<size_t>(n) * F;
+    float* dgate = dinp + static_cast<size_t>(n) * 2 * F;
+    float* dup = dgate + F;
+#pragma omp simd
+    for (int i = 0; i < F; ++i) {
+      float g = gate[i];
+      float sig = 1.0f / (1.0f + std::exp(-g));
+      float silu = g * sig;
+      dgate[i] = dy[i] * up[i] * sig * (1.0f + g * (1.0f - sig));
+      dup[i] = dy[i] * silu;
+    }
+  }
 }
 
 // ---------------------------------------------------------------- gelu, residual

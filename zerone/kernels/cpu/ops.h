@@ -52,6 +52,50 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
                         int NH);
 
+// Grouped-query attention (LLaMA): NH query heads share NKV key/value heads (NH % NKV == 0; query
+// head h reads kv head h / (NH/NKV)), head size hs. qkv (B,T,(NH+2*NKV)*hs) holds per token the
+// NH query heads, then the NKV key heads, then the NKV value heads; out (B,T,NH*hs); att
+// (B,NH,T,T) as above. With NKV == NH and hs = C/NH this is attention_forward.
+void gqa_attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int NKV, int hs);
+// dqkv (B,T,(NH+2*NKV)*hs) = gradient wrt qkv (overwrite).
+void gqa_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int NH,
+                            int NKV, int hs);
+
+// RMSNorm (LLaMA): out (N,C) = inp * rstd * weight with rstd (N) = 1/sqrt(mean(inp^2) + eps),
+// saved for backward. No bias, no mean subtraction.
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const void* weight, DType param_dtype, int N, int C,
+                     float eps);
+// dinp (N,C) += ... (accumulates, like layernorm_backward), dweight (C) += ...
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const void* weight,
+                      DType param_dtype, const float* rstd, int N, int C);
+
+// Rotary position embedding in Hugging Face's rotate-half convention. For each position t and
+// each of the first `heads` head vectors x (hs values) of a row of `stride` floats:
+//   x'[i]        = x[i] cos(t f_i) - x[i+hs/2] sin(t f_i)
+//   x'[i + hs/2] = x[i+hs/2] cos(t f_i) + x[i] sin(t f_i),      i < hs/2,
+// with f_i = inv_freq[i] (rope_inv_freq). In place on x (B,T,stride): applied to the q and k heads
+// of a qkv buffer with heads = NH + NKV. Backward is the rotation by -t f_i (rope_backward).
+void rope_forward(float* x, const float* inv_freq, int B, int T, int stride, int heads, int hs);
+void rope_backward(float* dx, const float* inv_freq, int B, int T, int stride, int heads, int hs);
+
+// Inverse frequencies (hs/2) of rotary embeddings: 1 / theta^(2i/hs), computed in f32 as Hugging
+// Face does. With llama3 scaling (factor > 0): Hugging Face's `rope_type: llama3` rule (wavelengths
+// above original_max_position / low_freq_factor divided by factor, below original / high_freq_factor
+// kept, smoothly interpolated between).
+struct RopeScaling {
+  float factor = 0.0f;  // 0: no scaling
+  float low_freq_factor = 1.0f;
+  float high_freq_factor = 4.0f;
+  int original_max_position = 8192;
+};
+void rope_inv_freq(float* inv_freq, int hs, float theta, const RopeScaling& scaling = {});
+
+// SwiGLU (LLaMA MLP): inp (N,2F) holds per row the gate projection (F) then the up projection (F);
+// out (N,F) = silu(gate) * up, silu(g) = g * sigmoid(g).
+void swiglu_forward(float* out, const float* inp, int N, int F);
+// dinp (N,2F) = gradient wrt inp (overwrite).
+void swiglu_backward(float* dinp, const float* dout, const float* inp, int N, int F);
+
 // GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 void gelu_forward(float* out, const float* inp, size_t n);
 // dinp = dout * gelu'(inp) (overwrite; dinp may alias dout).

@@ -10,6 +10,9 @@ packages=(
   libopenmpi-dev openmpi-bin
   libmpich-dev mpich       # tests also build and run zerone against MPICH (Open MPI stays the default)
   liburing-dev
+  libpcre2-dev             # GPT-2 / LLaMA-3 BPE pre-tokenizer patterns (\p{L}, lookahead)
+  libsentencepiece-dev     # SentencePiece tokenizers (LLaMA-2 tokenizer.model)
+  sentencepiece            # tests: spm_train / spm_encode are the reference for our SentencePiece path
   nlohmann-json3-dev
   libcli11-dev
   libgtest-dev libgmock-dev

@@ -11,6 +11,7 @@
 #include "zerone/core/error.h"
 #include "zerone/core/sysinfo.h"
 #include "zerone/io/prepare.h"
+#include "zerone/io/tokenizer.h"
 #include "zerone/kernels/cpu/matmul.h"
 #include "zerone/train/config.h"
 #include "zerone/train/metrics.h"
@@ -171,12 +172,15 @@ int main(int argc, char** argv) {
   add_train_flags(*train_cmd, train_cfg, config_path);
 
   std::vector<std::string> text_files;
-  std::string out_prefix;
+  std::string out_prefix, prepare_tokenizer;
   double val_fraction = 0.1;
-  CLI::App* prepare_cmd = app.add_subcommand("prepare", "tokenize text files (byte-level) into llm.c shards");
+  CLI::App* prepare_cmd = app.add_subcommand("prepare", "tokenize text files into llm.c token shards");
   prepare_cmd->add_option("--text", text_files, "text files (one document each)")->required();
   prepare_cmd->add_option("--out", out_prefix, "output prefix: writes PREFIX_train.bin and PREFIX_val.bin")->required();
   prepare_cmd->add_option("--val-fraction", val_fraction, "fraction of tokens held out for validation");
+  prepare_cmd->add_option("--tokenizer", prepare_tokenizer,
+                          "tokenizer.json, encoder.json (+ vocab.bpe beside it), a SentencePiece .model, or a directory "
+                          "holding one (default: byte-level)");
 
   train::SampleOptions sample_opts;
   CLI::App* sample_cmd = app.add_subcommand("sample", "generate text from an llm.c checkpoint");
@@ -249,11 +253,14 @@ int main(int argc, char** argv) {
       train::TrainResult result = train::run_training(train_cfg, *communicator);
       if (result.interrupted_by != 0) return 128 + result.interrupted_by;
     } else if (prepare_cmd->parsed()) {
-      io::PrepareResult r = io::prepare_text_shards(text_files, out_prefix, val_fraction);
-      std::printf("wrote %s (%zu tokens) and %s (%zu tokens)\n", r.train_path.c_str(), r.train_tokens,
-                  r.val_path.c_str(), r.val_tokens);
-      std::printf("train with: zerone train --data %s --val-data %s --model gpt2:layers=4,dim=256,heads=4,vocab=257,ctx=256\n",
-                  r.train_path.c_str(), r.val_path.c_str());
+      std::unique_ptr<io::Tokenizer> tokenizer =
+          prepare_tokenizer.empty() ? io::make_byte_tokenizer() : io::load_tokenizer(prepare_tokenizer);
+      io::PrepareResult r = io::prepare_text_shards(text_files, out_prefix, val_fraction, *tokenizer);
+      std::printf("wrote %s (%zu tokens) and %s (%zu tokens) with the %s tokenizer (vocabulary %d)\n",
+                  r.train_path.c_str(), r.train_tokens, r.val_path.c_str(), r.val_tokens,
+                  tokenizer->description().c_str(), r.vocab_size);
+      std::printf("train with: zerone train --data %s --val-data %s --model gpt2:layers=4,dim=256,heads=4,vocab=%d,ctx=256\n",
+                  r.train_path.c_str(), r.val_path.c_str(), r.vocab_size);
     } else if (sample_cmd->parsed()) {
       train::sample(sample_opts, [](const std::string& piece) {
         std::fwrite(piece.data(), 1, piece.size(), stdout);

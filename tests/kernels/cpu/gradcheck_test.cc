@@ -5,9 +5,11 @@
 // Tolerances: f32 kernels carry ~1e-6 relative rounding per op; finite differences in double with
 // h = 1e-6 are accurate to ~1e-9. We require max |a - b| <= 1e-4 * max(1, max|b|).
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "tests/reference_ops.h"
@@ -93,6 +95,25 @@ TEST(GradCheck, LinearBf16MatchesRoundedInputs) {
   for (size_t i = 0; i < inp.size(); ++i) xr[i] = bf16_to_f32(f32_to_bf16(inp[i]));
   for (size_t i = 0; i < w.size(); ++i) wr[i] = bf16_to_f32(w16[i]);
   expect_close(out, ref::linear(xr, wr, zero, N, C, OC), "bf16 linear", 1e-5);
+}
+
+TEST(GradCheck, Bf16LinearOddColumns) {
+  // Note [oneDNN 2.6 AMX column tails]: small-row bf16 GEMMs with 49..63 output columns came out
+  // wrong on AMX CPUs with two threads. Every column count 1..80 must match the f32 product of the
+  // same bf16-rounded values to bf16 accuracy (relative 1e-2 of the largest output).
+  omp_set_num_threads(2);
+  for (int OC = 1; OC <= 80; ++OC) {
+    const int N = 16, C = 32;
+    auto inp = randn(N * C, 90), w = randn(OC * C, 91);
+    std::vector<uint16_t> wb(w.size());
+    for (size_t i = 0; i < w.size(); ++i) w[i] = bf16_to_f32(wb[i] = f32_to_bf16(w[i]));
+    std::vector<float> inp_rounded = inp;
+    for (float& x : inp_rounded) x = bf16_to_f32(f32_to_bf16(x));
+    std::vector<float> got(N * OC), want(N * OC);
+    linear_forward(got.data(), inp.data(), wb.data(), nullptr, DType::bf16, N, C, OC);
+    linear_forward(want.data(), inp_rounded.data(), w.data(), nullptr, DType::f32, N, C, OC);
+    expect_close(got, to_double(want), (std::string("bf16 linear, columns ") + std::to_string(OC)).c_str(), 1e-2);
+  }
 }
 
 TEST(GradCheck, LayerNorm) {

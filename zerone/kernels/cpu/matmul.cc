@@ -5,6 +5,7 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "zerone/core/error.h"
 #include "zerone/core/profiler.h"
@@ -88,6 +89,40 @@ void execute(const Shape& s, const void* a, const void* b, float* c, const float
   ctx.stream.wait();
 }
 
+// Note [oneDNN 2.6 AMX column tails]: on CPUs with AMX, oneDNN 2.6.3's bf16 matmul returns wrong
+// values (errors of the order of the results) for some shapes whose output column count n is not
+// a multiple of 16 when it runs on more than one thread — e.g. m = 16, k = 32, n = 49..63 with a
+// transposed B. GPT-2's padded shapes never hit it; LLaMA's unpadded vocabulary and small test
+// shapes do. Such GEMMs run in f32 on the bf16 operands widened exactly: the same products, f32
+// accumulation as oneDNN's bf16 path, only slower (and only for these shapes, only on AMX).
+// tests/kernels/cpu/gradcheck_test.cc (Bf16LinearOddColumns) holds it to the bf16 tolerance.
+bool bf16_needs_f32_fallback(DType dtype, int64_t n) {
+  static const bool amx = dnnl::get_effective_cpu_isa() == dnnl::cpu_isa::avx512_core_amx;
+  return dtype == DType::bf16 && amx && n % 16 != 0;
+}
+
+// The elements a strided operand view spans (from its first element to its last, inclusive).
+int64_t span_elements(int64_t batch0, int64_t batch1, int64_t rows, int64_t cols, const Strides4& s) {
+  return (batch0 - 1) * s.batch0 + (batch1 - 1) * s.batch1 + (rows - 1) * s.row + (cols - 1) * s.col + 1;
+}
+
+// Widens `elements` bf16 values into a per-thread f32 buffer that grows to the largest request.
+const float* widen_bf16(const void* src, int64_t elements, int slot) {
+  thread_local std::vector<float> buffers[2];
+  std::vector<float>& buf = buffers[slot];
+  if (buf.size() < static_cast<size_t>(elements)) buf.resize(elements);
+  convert_to_f32(src, DType::bf16, buf.data(), static_cast<size_t>(elements));
+  return buf.data();
+}
+
+void execute_checked(const Shape& s, const void* a, const void* b, float* c, const float* bias) {
+  if (!bf16_needs_f32_fallback(s.dtype, s.n)) return execute(s, a, b, c, bias);
+  Shape f32 = s;
+  f32.dtype = DType::f32;
+  execute(f32, widen_bf16(a, span_elements(s.batch0, s.batch1, s.m, s.k, s.a), 0),
+          widen_bf16(b, span_elements(s.batch0, s.batch1, s.k, s.n, s.b), 1), c, bias);
+}
+
 }  // namespace
 
 void matmul(const void* a, bool trans_a, const void* b, bool trans_b, float* c, int64_t m, int64_t n,
@@ -97,13 +132,13 @@ void matmul(const void* a, bool trans_a, const void* b, bool trans_b, float* c, 
   Strides4 as = trans_a ? Strides4{m * k, m * k, 1, m} : Strides4{m * k, m * k, k, 1};
   Strides4 bs = trans_b ? Strides4{k * n, k * n, 1, k} : Strides4{k * n, k * n, n, 1};
   Strides4 cs{m * n, m * n, n, 1};
-  execute(Shape{1, 1, m, n, k, as, bs, cs, dtype, 1.0f, accumulate, bias != nullptr}, a, b, c, bias);
+  execute_checked(Shape{1, 1, m, n, k, as, bs, cs, dtype, 1.0f, accumulate, bias != nullptr}, a, b, c, bias);
 }
 
 void batched_matmul(int64_t batch0, int64_t batch1, int64_t m, int64_t n, int64_t k, const void* a, Strides4 as,
                     const void* b, Strides4 bs, float* c, Strides4 cs, DType dtype, float alpha, bool accumulate) {
   // No profile scope of its own: the time counts to the caller's (attention).
-  execute(Shape{batch0, batch1, m, n, k, as, bs, cs, dtype, alpha, accumulate, false}, a, b, c, nullptr);
+  execute_checked(Shape{batch0, batch1, m, n, k, as, bs, cs, dtype, alpha, accumulate, false}, a, b, c, nullptr);
 }
 
 const char* onednn_version_string() {

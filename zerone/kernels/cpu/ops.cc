@@ -116,6 +116,11 @@ void embedding_forward(float* out, const int32_t* tokens, const void* wte, const
         float* out_bt = out + (static_cast<size_t>(b) * T + t) * C;  // (C)
         size_t tok_off = static_cast<size_t>(tokens[b * T + t]) * C;
         size_t pos_off = static_cast<size_t>(t) * C;
+        if (wpe_p == nullptr) {  // no position table (LLaMA: positions enter through RoPE)
+#pragma omp simd
+          for (int i = 0; i < C; ++i) out_bt[i] = PT::load(wte_p, tok_off + i);
+          continue;
+        }
 #pragma omp simd
         for (int i = 0; i < C; ++i) out_bt[i] = PT::load(wte_p, tok_off + i) + PT::load(wpe_p, pos_off + i);
       }
@@ -135,6 +140,11 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
       for (int t = 0; t < T; ++t) {
         const float* dout_bt = dout + (static_cast<size_t>(b) * T + t) * C;
         float* dwte_row = dwte + static_cast<size_t>(tokens[b * T + t]) * C;
+        if (dwpe == nullptr) {
+#pragma omp simd
+          for (int i = c0; i < c1; ++i) dwte_row[i] += dout_bt[i];
+          continue;
+        }
         float* dwpe_row = dwpe + static_cast<size_t>(t) * C;
 #pragma omp simd
         for (int i = c0; i < c1; ++i) {

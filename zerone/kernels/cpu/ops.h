@@ -22,10 +22,11 @@
 
 namespace zerone::kernels::cpu {
 
-// out (B,T,C) = wte[tokens] (Vp,C) + wpe[t] (maxT,C). Token ids must already be validated < V.
+// out (B,T,C) = wte[tokens] (Vp,C) + wpe[t] (maxT,C); wpe may be null (no position table, as in
+// LLaMA). Token ids must already be validated < V.
 void embedding_forward(float* out, const int32_t* tokens, const void* wte, const void* wpe, DType param_dtype,
                        int B, int T, int C);
-// dwte (Vp,C) += scatter of dout; dwpe (maxT,C) += sum over batch of dout.
+// dwte (Vp,C) += scatter of dout; dwpe (maxT,C) += sum over batch of dout (skipped when null).
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C);
 
 // out (N,C) = (inp - mean) * rstd * weight + bias; mean, rstd (N) saved for backward. eps = 1e-5.

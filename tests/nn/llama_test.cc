@@ -1,0 +1,180 @@
+// LLaMA against the PyTorch reference in tests/data/llama_golden.bin (tests/nn/make_llama_golden.py,
+// float64, written from scratch after Hugging Face's LlamaForCausalLM): logits, loss and every
+// parameter gradient, for an untied GQA model with llama3 rope scaling and a tied multi-query one.
+// f32 within 1e-4 relative per tensor (as GPT-2's golden test); bf16 within the bounds argued in
+// golden_test.cc (2e-2 on loss and logits, 5e-2 relative L2 per gradient tensor).
+// Also: spec parsing, presets' public parameter counts, and fresh-gradient handling.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <vector>
+
+#include "tests/test_util.h"
+#include "zerone/nn/llama.h"
+
+namespace zerone::nn {
+namespace {
+
+struct LlamaGolden {
+  LlamaConfig config;
+  int B = 0, T = 0;
+  std::vector<int32_t> inputs, targets;
+  std::vector<float> params, logits, grads;
+  float loss = 0;
+};
+
+std::vector<LlamaGolden> load_llama_golden() {
+  std::ifstream in(std::string(ZERONE_TEST_DATA_DIR) + "/llama_golden.bin", std::ios::binary);
+  EXPECT_TRUE(in.good()) << "missing golden file";
+  int32_t n = 0;
+  in.read(reinterpret_cast<char*>(&n), 4);
+  std::vector<LlamaGolden> out(n);
+  for (LlamaGolden& g : out) {
+    int32_t h[16];
+    float f[8];
+    in.read(reinterpret_cast<char*>(h), sizeof h);
+    in.read(reinterpret_cast<char*>(f), sizeof f);
+    EXPECT_EQ(h[0], 20261122);
+    LlamaConfig& c = g.config;
+    c.num_layers = h[2], c.channels = h[3], c.num_heads = h[4], c.num_kv_heads = h[5], c.head_dim = h[6];
+    c.ffn = h[7], c.vocab_size = h[8], c.max_seq_len = h[9], c.tie_word_embeddings = h[10] != 0;
+    g.B = h[11], g.T = h[12];
+    c.rope_theta = f[0], c.rms_norm_eps = f[1];
+    c.rope_scaling = kernels::cpu::RopeScaling{f[2], f[3], f[4], static_cast<int>(f[5])};
+    const size_t BT = static_cast<size_t>(g.B) * g.T, P = c.num_parameters();
+    auto read = [&](auto& v, size_t count) {
+      v.resize(count);
+      in.read(reinterpret_cast<char*>(v.data()), count * sizeof(v[0]));
+    };
+    read(g.inputs, BT);
+    read(g.targets, BT);
+    read(g.params, P);
+    read(g.logits, BT * c.vocab_size);
+    in.read(reinterpret_cast<char*>(&g.loss), 4);
+    read(g.grads, P);
+  }
+  EXPECT_TRUE(in.good());
+  return out;
+}
+
+// Copies the golden parameters (unit order) into the model's units, converting to its dtype.
+void load_params(Llama& model, const std::vector<float>& params) {
+  size_t at = 0;
+  for (FlatParam& unit : model.units()) {
+    convert_from_f32(params.data() + at, unit.data(), unit.dtype(), unit.numel());
+    at += unit.numel();
+  }
+  ASSERT_EQ(at, params.size());
+}
+
+// max |got - want| <= rel * max(1, max |want|) over [offset, offset + n).
+void expect_close(const float* got, const float* want, size_t n, double rel, const std::string& what) {
+  double scale = 1.0, worst = 0.0;
+  size_t worst_i = 0;
+  for (size_t i = 0; i < n; ++i) scale = std::max(scale, std::abs(static_cast<double>(want[i])));
+  for (size_t i = 0; i < n; ++i) {
+    double e = std::abs(static_cast<double>(got[i]) - want[i]);
+    if (e > worst) worst = e, worst_i = i;
+  }
+  EXPECT_LE(worst, rel * scale) << what << ": worst at " << worst_i << " got " << got[worst_i] << " want " << want[worst_i];
+}
+
+double relative_l2(const float* got, const float* want, size_t n) {
+  double num = 0, den = 1e-30;
+  for (size_t i = 0; i < n; ++i) {
+    num += (static_cast<double>(got[i]) - want[i]) * (got[i] - want[i]);
+    den += static_cast<double>(want[i]) * want[i];
+  }
+  return std::sqrt(num / den);
+}
+
+void check_case(const LlamaGolden& g, DType dtype) {
+  const LlamaConfig& c = g.config;
+  Llama model(c, dtype);
+  load_params(model, g.params);
+  const float loss = model.forward(g.inputs.data(), g.targets.data(), g.B, g.T);
+  const size_t logits_n = static_cast<size_t>(g.B) * g.T * c.vocab_size;
+  std::vector<float> logits(model.logits(), model.logits() + logits_n);
+  model.zero_grad();
+  model.backward(1.0f);
+  const bool f32 = dtype == DType::f32;
+  EXPECT_NEAR(loss, g.loss, (f32 ? 1e-5 : 2e-2) * std::abs(g.loss)) << c.to_string();
+  expect_close(logits.data(), g.logits.data(), logits_n, f32 ? 1e-4 : 2e-2, "logits " + c.to_string());
+  size_t at = 0;
+  for (const FlatParam& unit : model.units()) {
+    for (const TensorSpec& t : unit.tensors()) {
+      const std::string what = unit.name() + "." + t.name + " " + dtype_name(dtype);
+      const float* got = unit.grad() + t.offset;
+      if (f32) expect_close(got, g.grads.data() + at, t.numel(), 1e-4, what);
+      else EXPECT_LE(relative_l2(got, g.grads.data() + at, t.numel()), 5e-2) << what;
+      at += t.numel();
+    }
+  }
+  EXPECT_EQ(at, g.grads.size());
+}
+
+TEST(LlamaGoldenTest, F32MatchesPyTorch) {
+  auto cases = load_llama_golden();
+  ASSERT_EQ(cases.size(), 2u);
+  EXPECT_FALSE(cases[0].config.tie_word_embeddings);
+  EXPECT_TRUE(cases[1].config.tie_word_embeddings);
+  for (const LlamaGolden& g : cases) check_case(g, DType::f32);
+}
+
+TEST(LlamaGoldenTest, Bf16WithinRoundingBounds) {
+  for (const LlamaGolden& g : load_llama_golden()) check_case(g, DType::bf16);
+}
+
+TEST(LlamaGoldenTest, FreshGradientsOverwriteGarbage) {
+  // Note [Fresh gradients]: pooled buffers full of NaN marked fresh must give the same gradients
+  // as zeroed ones, tied and untied.
+  for (const LlamaGolden& g : load_llama_golden()) {
+    Llama a(g.config, DType::f32), b(g.config, DType::f32);
+    load_params(a, g.params);
+    load_params(b, g.params);
+    a.zero_grad();
+    for (FlatParam& unit : b.units()) {
+      Buffer garbage(unit.grad_bytes(), MemCategory::grad);
+      float* f = garbage.as<float>();
+      for (size_t i = 0; i < unit.padded_numel(); ++i) f[i] = std::nanf("");
+      unit.release_grads();
+      unit.set_grads(std::move(garbage), /*fresh=*/true);
+    }
+    a.forward(g.inputs.data(), g.targets.data(), g.B, g.T);
+    a.backward(0.5f);
+    b.forward(g.inputs.data(), g.targets.data(), g.B, g.T);
+    b.backward(0.5f);
+    for (size_t u = 0; u < a.units().size(); ++u)
+      for (size_t i = 0; i < a.units()[u].padded_numel(); ++i)
+        ASSERT_EQ(a.units()[u].grad()[i], b.units()[u].grad()[i]) << a.units()[u].name() << " element " << i;
+  }
+}
+
+TEST(LlamaSpec, PresetsHaveThePublicParameterCounts) {
+  // Counts as Hugging Face reports them (embedding included, tied head counted once).
+  EXPECT_EQ(parse_llama_spec("llama-3.2-1b").num_parameters(), 1235814400u);
+  EXPECT_EQ(parse_llama_spec("tinyllama-1.1b").num_parameters(), 1100048384u);
+  EXPECT_EQ(parse_llama_spec("llama-2-7b").num_parameters(), 6738415616u);
+  EXPECT_EQ(parse_llama_spec("llama-3-8b").num_parameters(), 8030261248u);
+  LlamaConfig c = parse_llama_spec("llama:layers=2,dim=64,heads=4,kv_heads=2,ffn=128,vocab=300,ctx=64,tied=0");
+  EXPECT_EQ(c.head_dim, 16);
+  EXPECT_EQ(parse_llama_spec(c.to_string()), c);
+  EXPECT_EQ(parse_llama_spec(parse_llama_spec("llama-3.2-1b").to_string()), parse_llama_spec("llama-3.2-1b"));
+}
+
+TEST(LlamaSpec, RejectsBadSpecsWithTheReason) {
+  using zerone::testing::expect_error;
+  expect_error([] { parse_llama_spec("llama:dim=48,heads=6,kv_heads=4"); }, "not a multiple of kv_heads=4");
+  expect_error([] { parse_llama_spec("llama:dim=100,heads=3"); }, "not divisible by heads=3");
+  expect_error([] { parse_llama_spec("llama:layers=0"); }, "layers=0 is out of range");
+  expect_error([] { parse_llama_spec("llama:theta=abc"); }, "theta=abc is out of range");
+  expect_error([] { parse_llama_spec("llama:colour=red"); }, "unknown key 'colour'");
+  expect_error([] { parse_llama_spec("llama:layers=2.5"); }, "is not an integer");
+  expect_error([] { parse_llama_spec("llama:dim=30,heads=2,head_dim=15"); }, "must be even");
+  expect_error([] { parse_llama_spec("llama-9"); }, "expected a LLaMA preset");
+}
+
+}  // namespace
+}  // namespace zerone::nn

@@ -1,0 +1,353 @@
+#include "zerone/nn/llama.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <sstream>
+#include <tuple>
+
+#include "zerone/core/error.h"
+#include "zerone/core/rng.h"
+
+namespace zerone::nn {
+
+namespace k = kernels::cpu;
+
+size_t LlamaConfig::num_parameters() const {
+  const size_t C = channels, V = vocab_size, R = static_cast<size_t>(num_heads + 2 * num_kv_heads) * head_dim;
+  const size_t block = C + R * C + C * static_cast<size_t>(num_heads) * head_dim + C + 2 * ffn * C + C * ffn;
+  return V * C + num_layers * block + C + (tie_word_embeddings ? 0 : V * C);
+}
+
+bool LlamaConfig::operator==(const LlamaConfig& o) const { return to_string() == o.to_string(); }
+
+std::string LlamaConfig::to_string() const {
+  std::string s = str_cat("llama:layers=", num_layers, ",dim=", channels, ",heads=", num_heads, ",kv_heads=", num_kv_heads,
+                          ",ffn=", ffn, ",vocab=", vocab_size, ",ctx=", max_seq_len);
+  if (head_dim * num_heads != channels) s += str_cat(",head_dim=", head_dim);
+  s += str_cat(",theta=", rope_theta, ",eps=", rms_norm_eps, ",tied=", tie_word_embeddings ? 1 : 0);
+  if (rope_scaling.factor > 0)
+    s += str_cat(",rope_factor=", rope_scaling.factor, ",rope_low=", rope_scaling.low_freq_factor, ",rope_high=",
+                 rope_scaling.high_freq_factor, ",rope_orig=", rope_scaling.original_max_position);
+  return s;
+}
+
+bool is_llama_spec(const std::string& spec) {
+  return spec.rfind("llama:", 0) == 0 || spec == "tinyllama-1.1b" || spec == "llama-3.2-1b" || spec == "llama-2-7b" ||
+         spec == "llama-3-8b";
+}
+
+LlamaConfig parse_llama_spec(const std::string& spec) {
+  LlamaConfig c;  // Llama-3.2-1B
+  c.rope_scaling = k::RopeScaling{32.0f, 1.0f, 4.0f, 8192};
+  auto preset = [&](int L, int C, int NH, int NKV, int F, int V, int ctx, float theta, bool tied) {
+    c.num_layers = L;
+    c.channels = C;
+    c.num_heads = NH;
+    c.num_kv_heads = NKV;
+    c.head_dim = C / NH;
+    c.ffn = F;
+    c.vocab_size = V;
+    c.max_seq_len = ctx;
+    c.rope_theta = theta;
+    c.tie_word_embeddings = tied;
+    c.rope_scaling = k::RopeScaling{};
+  };
+  if (spec == "llama-3.2-1b") return c;
+  if (spec == "tinyllama-1.1b") { preset(22, 2048, 32, 4, 5632, 32000, 2048, 10000.0f, false); return c; }
+  if (spec == "llama-2-7b") { preset(32, 4096, 32, 32, 11008, 32000, 4096, 10000.0f, false); return c; }
+  if (spec == "llama-3-8b") { preset(32, 4096, 32, 8, 14336, 128256, 8192, 500000.0f, false); return c; }
+  const std::string prefix = "llama:";
+  ZERONE_CHECK(spec.rfind(prefix, 0) == 0, "--model '", spec, "': expected a LLaMA preset (tinyllama-1.1b, llama-3.2-1b, ",
+               "llama-2-7b, llama-3-8b) or llama:layers=..,dim=..,heads=..,kv_heads=..,ffn=..,vocab=..,ctx=..");
+  bool head_dim_given = false;
+  std::stringstream items(spec.substr(prefix.size()));
+  for (std::string item; std::getline(items, item, ',');) {
+    auto eq = item.find('=');
+    ZERONE_CHECK(eq != std::string::npos, "--model '", spec, "': '", item, "' is not key=value");
+    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    auto number = [&](double lo, double hi) {
+      double v = 0;
+      size_t used = 0;
+      try {
+        v = std::stod(value, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      ZERONE_CHECK(used == value.size() && !value.empty() && std::isfinite(v) && v >= lo && v <= hi, "--model '", spec,
+                   "': ", key, "=", value, " is out of range: expected a number in [", lo, ", ", hi, "]");
+      return v;
+    };
+    auto integer = [&](long lo, long hi) {
+      double v = number(static_cast<double>(lo), static_cast<double>(hi));
+      ZERONE_CHECK(v == std::floor(v), "--model '", spec, "': ", key, "=", value, " is not an integer");
+      return static_cast<int>(v);
+    };
+    if (key == "layers") c.num_layers = integer(1, 4096);
+    else if (key == "dim") c.channels = integer(1, 1 << 16);
+    else if (key == "heads") c.num_heads = integer(1, 4096);
+    else if (key == "kv_heads") c.num_kv_heads = integer(1, 4096);
+    else if (key == "head_dim") { c.head_dim = integer(2, 2048); head_dim_given = true; }
+    else if (key == "ffn") c.ffn = integer(1, 1 << 20);
+    else if (key == "vocab") c.vocab_size = integer(1, 1 << 24);
+    else if (key == "ctx") c.max_seq_len = integer(1, 1 << 24);
+    else if (key == "theta") c.rope_theta = static_cast<float>(number(1.0, 1e12));
+    else if (key == "eps") c.rms_norm_eps = static_cast<float>(number(1e-12, 1.0));
+    else if (key == "tied") c.tie_word_embeddings = integer(0, 1) == 1;
+    else if (key == "rope_factor") c.rope_scaling.factor = static_cast<float>(number(0.0, 1e6));
+    else if (key == "rope_low") c.rope_scaling.low_freq_factor = static_cast<float>(number(1e-6, 1e6));
+    else if (key == "rope_high") c.rope_scaling.high_freq_factor = static_cast<float>(number(1e-6, 1e6));
+    else if (key == "rope_orig") c.rope_scaling.original_max_position = integer(1, 1 << 24);
+    else ZERONE_CHECK(false, "--model '", spec, "': unknown key '", key, "' (expected layers, dim, heads, kv_heads, ",
+                      "head_dim, ffn, vocab, ctx, theta, eps, tied, rope_factor, rope_low, rope_high, rope_orig)");
+  }
+  if (!head_dim_given) {
+    ZERONE_CHECK(c.channels % c.num_heads == 0, "--model '", spec, "': dim=", c.channels, " is not divisible by heads=",
+                 c.num_heads, " (or give head_dim)");
+    c.head_dim = c.channels / c.num_heads;
+  }
+  ZERONE_CHECK(c.head_dim % 2 == 0, "--model '", spec, "': the head size ", c.head_dim, " must be even (rotary pairs)");
+  ZERONE_CHECK(c.num_heads % c.num_kv_heads == 0, "--model '", spec, "': heads=", c.num_heads,
+               " is not a multiple of kv_heads=", c.num_kv_heads);
+  ZERONE_CHECK(c.rope_scaling.factor == 0 || c.rope_scaling.high_freq_factor > c.rope_scaling.low_freq_factor, "--model '",
+               spec, "': rope_high must exceed rope_low");
+  return c;
+}
+
+Llama::Llama(const LlamaConfig& config, DType compute_dtype, size_t align_numel, bool allocate)
+    : config_(config), dtype_(compute_dtype) {
+  const int64_t C = config.channels, V = config.vocab_size, F = config.ffn, hs = config.head_dim;
+  const int64_t R = static_cast<int64_t>(config.num_heads + 2 * config.num_kv_heads) * hs;
+  units_.reserve(config.num_layers + 2);
+  units_.emplace_back("embedding", std::vector<TensorSpec>{{"wte", {V, C}, true}}, dtype_, align_numel, allocate);
+  for (int l = 0; l < config.num_layers; ++l)
+    units_.emplace_back(str_cat("block.", l),
+                        std::vector<TensorSpec>{{"attn_norm", {C}, false},
+                                                {"wqkv", {R, C}, true},
+                                                {"wo", {C, config.num_heads * hs}, true},
+                                                {"mlp_norm", {C}, false},
+                                                {"w_gate_up", {2 * F, C}, true},
+                                                {"w_down", {C, F}, true}},
+                        dtype_, align_numel, allocate);
+  std::vector<TensorSpec> final_tensors{{"norm", {C}, false}};
+  if (!config.tie_word_embeddings) final_tensors.push_back({"lm_head", {V, C}, true});
+  units_.emplace_back("final", std::move(final_tensors), dtype_, align_numel, allocate);
+  inv_freq_.resize(hs / 2);
+  k::rope_inv_freq(inv_freq_.data(), static_cast<int>(hs), config.rope_theta, config.rope_scaling);
+}
+
+void Llama::init_weights(uint64_t seed) {
+  for (int u = 0; u < num_units(); ++u) init_unit(u, seed);
+}
+
+void Llama::init_unit(int u, uint64_t seed) {
+  FlatParam& unit = units_[u];
+  ZERONE_ASSERT(unit.has_params(), "init_unit on a unit without storage");
+  std::vector<float> values;
+  for (size_t t = 0; t < unit.tensors().size(); ++t) {
+    const TensorSpec& spec = unit.tensors()[t];
+    values.assign(spec.numel(), 1.0f);  // norm weights
+    if (spec.shape.size() == 2) {
+      Rng rng(seed, u * 64 + t);
+      for (float& v : values) v = static_cast<float>(rng.normal() * 0.02);
+    }
+    convert_from_f32(values.data(), unit.param(t), dtype_, values.size());
+  }
+}
+
+void Llama::zero_grad() {
+  for (FlatParam& unit : units_) unit.zero_grad();
+}
+
+namespace {
+
+// Element counts of every activation buffer, in the order of Llama::Activations' members (the
+// last two are int32 token ids, the rest f32).
+std::array<size_t, 26> llama_activation_numels(const LlamaConfig& c, int B, int T) {
+  const size_t L = c.num_layers, C = c.channels, NH = c.num_heads, V = c.vocab_size, F = c.ffn;
+  const size_t A = NH * c.head_dim, R = static_cast<size_t>(c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
+  const size_t BT = static_cast<size_t>(B) * T;
+  return {BT * C,     L * BT * C, L * BT,         L * BT * R, L * BT * A, L * B * NH * T * T, L * BT * C,
+          L * BT * C, L * BT,     L * BT * 2 * F, L * BT * F, L * BT * C, BT * C,             BT,
+          BT * V,     BT,         BT,             BT * C,     BT * C,     BT * C,             BT * A,
+          BT * R,     BT * 2 * F, BT * F,         BT,         BT};
+}
+
+}  // namespace
+
+size_t Llama::activation_bytes(const LlamaConfig& config, int B, int T) {
+  size_t total = 0;
+  for (size_t n : llama_activation_numels(config, B, T)) total += n * 4;
+  return total;
+}
+
+std::vector<size_t> Llama::unit_numels(const LlamaConfig& c) {
+  Llama shape(c, DType::f32, 1, /*allocate=*/false);
+  std::vector<size_t> out;
+  for (const FlatParam& u : shape.units()) out.push_back(u.numel());
+  return out;
+}
+
+void Llama::ensure_activations(int B, int T) {
+  Activations& a = acts_;
+  if (a.B == B && a.T == T) return;
+  a = Activations{};
+  a.B = B;
+  a.T = T;
+  auto sizes = llama_activation_numels(config_, B, T);
+  Buffer* buffers[] = {&a.encoded, &a.h1,       &a.rstd1,  &a.qkv,    &a.atty,      &a.att,   &a.residual2,
+                       &a.h2,      &a.rstd2,    &a.gate_up, &a.act,   &a.residual3, &a.hf,    &a.rstdf,
+                       &a.logits,  &a.losses,   &a.lse,    &a.tmp_c,  &a.dresidual, &a.dbuf_c, &a.datty,
+                       &a.dqkv,    &a.dgate_up, &a.dact,   &a.inputs, &a.targets};
+  static_assert(sizeof(buffers) / sizeof(buffers[0]) == std::tuple_size_v<decltype(sizes)>);
+  for (size_t i = 0; i < sizes.size(); ++i) *buffers[i] = Buffer(sizes[i] * 4, MemCategory::activation);
+}
+
+float Llama::forward(const int32_t* inputs, const int32_t* targets, int B, int T) {
+  ZERONE_CHECK(T >= 1 && T <= config_.max_seq_len, "sequence length ", T, " is outside 1..", config_.max_seq_len,
+               " (the model's context length)");
+  ZERONE_CHECK(B >= 1, "batch size must be at least 1, got ", B);
+  ensure_activations(B, T);
+  Activations& a = acts_;
+  const int L = config_.num_layers, C = config_.channels, NH = config_.num_heads, NKV = config_.num_kv_heads;
+  const int hs = config_.head_dim, F = config_.ffn, V = config_.vocab_size, N = B * T;
+  const int A = NH * hs, R = (NH + 2 * NKV) * hs;
+  const float eps = config_.rms_norm_eps;
+  const size_t BTC = static_cast<size_t>(N) * C;
+  std::memcpy(a.inputs.data(), inputs, sizeof(int32_t) * N);
+  have_targets_ = targets != nullptr;
+  if (have_targets_) std::memcpy(a.targets.data(), targets, sizeof(int32_t) * N);
+
+  hooks_->before_forward(0);
+  k::embedding_forward(a.encoded.as<float>(), inputs, p(0, 0), nullptr, dtype_, B, T, C);  // (B,T,C)
+  hooks_->after_forward(0);
+
+  for (int l = 0; l < L; ++l) {
+    const int u = 1 + l;
+    hooks_->before_forward(u);
+    const float* residual = l == 0 ? a.encoded.as<float>() : a.residual3.as<float>() + (l - 1) * BTC;
+    float* h1 = a.h1.as<float>() + l * BTC;                                       // (B,T,C)
+    float* rstd1 = a.rstd1.as<float>() + static_cast<size_t>(l) * N;              // (B,T)
+    float* qkv = a.qkv.as<float>() + static_cast<size_t>(l) * N * R;              // (B,T,R), q and k rotated
+    float* atty = a.atty.as<float>() + static_cast<size_t>(l) * N * A;            // (B,T,NH*hs)
+    float* att = a.att.as<float>() + static_cast<size_t>(l) * B * NH * T * T;     // (B,NH,T,T)
+    float* residual2 = a.residual2.as<float>() + l * BTC;
+    float* h2 = a.h2.as<float>() + l * BTC;
+    float* rstd2 = a.rstd2.as<float>() + static_cast<size_t>(l) * N;
+    float* gate_up = a.gate_up.as<float>() + static_cast<size_t>(l) * N * 2 * F;  // (B,T,2F)
+    float* act = a.act.as<float>() + static_cast<size_t>(l) * N * F;              // (B,T,F)
+    float* residual3 = a.residual3.as<float>() + l * BTC;
+    float* tmp = a.tmp_c.as<float>();
+
+    k::rmsnorm_forward(h1, rstd1, residual, p(u, kAttnNorm), dtype_, N, C, eps);
+    k::linear_forward(qkv, h1, p(u, kWqkv), nullptr, dtype_, N, C, R);
+    k::rope_forward(qkv, inv_freq_.data(), B, T, R, NH + NKV, hs);
+    k::gqa_attention_forward(atty, att, qkv, B, T, NH, NKV, hs);
+    k::linear_forward(tmp, atty, p(u, kWo), nullptr, dtype_, N, A, C);
+    k::residual_forward(residual2, residual, tmp, BTC);
+    k::rmsnorm_forward(h2, rstd2, residual2, p(u, kMlpNorm), dtype_, N, C, eps);
+    k::linear_forward(gate_up, h2, p(u, kWGateUp), nullptr, dtype_, N, C, 2 * F);
+    k::swiglu_forward(act, gate_up, N, F);
+    k::linear_forward(tmp, act, p(u, kWDown), nullptr, dtype_, N, F, C);
+    k::residual_forward(residual3, residual2, tmp, BTC);
+    hooks_->after_forward(u);
+  }
+
+  const int uf = L + 1;
+  hooks_->before_forward(uf);
+  const float* last = L == 0 ? a.encoded.as<float>() : a.residual3.as<float>() + (L - 1) * BTC;
+  k::rmsnorm_forward(a.hf.as<float>(), a.rstdf.as<float>(), last, p(uf, kNorm), dtype_, N, C, eps);
+  k::linear_forward(a.logits.as<float>(), a.hf.as<float>(), head(), nullptr, dtype_, N, C, V);  // (B,T,V)
+  hooks_->after_forward(uf);
+  if (!have_targets_) return 0.0f;
+  k::crossentropy_forward(a.losses.as<float>(), a.lse.as<float>(), a.logits.as<float>(), targets, N, V, V);
+  double sum = 0.0;
+  for (int i = 0; i < N; ++i) sum += a.losses.as<float>()[i];
+  return static_cast<float>(sum / N);
+}
+
+bool Llama::accumulate_grads(int u, std::initializer_list<int> overwritten) {
+  FlatParam& unit = units_[u];
+  if (!unit.grads_fresh()) return true;
+  for (size_t t = 0; t < unit.tensors().size(); ++t)
+    if (std::find(overwritten.begin(), overwritten.end(), static_cast<int>(t)) == overwritten.end())
+      std::memset(unit.grad(t), 0, unit.tensors()[t].numel() * sizeof(float));
+  std::memset(unit.grad() + unit.numel(), 0, (unit.padded_numel() - unit.numel()) * sizeof(float));
+  unit.mark_grads_written();
+  return false;
+}
+
+void Llama::backward(float grad_scale) {
+  ZERONE_ASSERT(have_targets_ && acts_.B > 0, "backward() needs a forward() with targets first");
+  Activations& a = acts_;
+  const int B = a.B, T = a.T, L = config_.num_layers, C = config_.channels, NH = config_.num_heads;
+  const int NKV = config_.num_kv_heads, hs = config_.head_dim, F = config_.ffn, V = config_.vocab_size, N = B * T;
+  const int A = NH * hs, R = (NH + 2 * NKV) * hs;
+  const size_t BTC = static_cast<size_t>(N) * C;
+  const bool tied = config_.tie_word_embeddings;
+  float* dresidual = a.dresidual.as<float>();  // (B,T,C) gradient wrt the residual stream
+  float* dbuf = a.dbuf_c.as<float>();          // (B,T,C)
+
+  const int uf = L + 1;
+  hooks_->before_backward(uf);
+  float* dlogits = a.logits.as<float>();  // in place: (B,T,V)
+  k::crossentropy_backward(dlogits, a.logits.as<float>(), a.lse.as<float>(), a.targets.as<int32_t>(), grad_scale / N,
+                           N, V, V);
+  bool accumulate_head;
+  float* dhead;
+  if (tied) {
+    accumulate_grads(uf, {});
+    accumulate_head = accumulate_grads(0, {0});  // the head writes wte's gradient; the embedding adds below
+    dhead = g(0, 0);
+  } else {
+    accumulate_head = accumulate_grads(uf, {kLmHead});
+    dhead = g(uf, kLmHead);
+  }
+  k::linear_backward(dbuf, dhead, nullptr, dlogits, a.hf.as<float>(), head(), dtype_, N, C, V, accumulate_head);
+  const float* last = L == 0 ? a.encoded.as<float>() : a.residual3.as<float>() + (L - 1) * BTC;
+  std::memset(dresidual, 0, BTC * sizeof(float));
+  k::rmsnorm_backward(dresidual, g(uf, kNorm), dbuf, last, p(uf, kNorm), dtype_, a.rstdf.as<float>(), N, C);
+  hooks_->after_backward(uf);
+
+  for (int l = L - 1; l >= 0; --l) {
+    const int u = 1 + l;
+    hooks_->before_backward(u);
+    const float* residual = l == 0 ? a.encoded.as<float>() : a.residual3.as<float>() + (l - 1) * BTC;
+    const float* h1 = a.h1.as<float>() + l * BTC;
+    const float* rstd1 = a.rstd1.as<float>() + static_cast<size_t>(l) * N;
+    const float* qkv = a.qkv.as<float>() + static_cast<size_t>(l) * N * R;
+    const float* atty = a.atty.as<float>() + static_cast<size_t>(l) * N * A;
+    const float* att = a.att.as<float>() + static_cast<size_t>(l) * B * NH * T * T;
+    const float* residual2 = a.residual2.as<float>() + l * BTC;
+    const float* h2 = a.h2.as<float>() + l * BTC;
+    const float* rstd2 = a.rstd2.as<float>() + static_cast<size_t>(l) * N;
+    const float* gate_up = a.gate_up.as<float>() + static_cast<size_t>(l) * N * 2 * F;
+    const float* act = a.act.as<float>() + static_cast<size_t>(l) * N * F;
+    float* dact = a.dact.as<float>();         // (B,T,F)
+    float* dgate_up = a.dgate_up.as<float>(); // (B,T,2F)
+    float* datty = a.datty.as<float>();       // (B,T,NH*hs)
+    float* dqkv = a.dqkv.as<float>();         // (B,T,R)
+    const bool acc = accumulate_grads(u, {kWqkv, kWo, kWGateUp, kWDown});
+
+    // residual3 = residual2 + down(swiglu(gate_up(norm(residual2))))
+    k::linear_backward(dact, g(u, kWDown), nullptr, dresidual, act, p(u, kWDown), dtype_, N, F, C, acc);
+    k::swiglu_backward(dgate_up, dact, gate_up, N, F);
+    k::linear_backward(dbuf, g(u, kWGateUp), nullptr, dgate_up, h2, p(u, kWGateUp), dtype_, N, C, 2 * F, acc);
+    k::rmsnorm_backward(dresidual, g(u, kMlpNorm), dbuf, residual2, p(u, kMlpNorm), dtype_, rstd2, N, C);
+    // residual2 = residual + wo(attention(rope(wqkv(norm(residual)))))
+    k::linear_backward(datty, g(u, kWo), nullptr, dresidual, atty, p(u, kWo), dtype_, N, A, C, acc);
+    k::gqa_attention_backward(dqkv, datty, qkv, att, B, T, NH, NKV, hs);
+    k::rope_backward(dqkv, inv_freq_.data(), B, T, R, NH + NKV, hs);
+    k::linear_backward(dbuf, g(u, kWqkv), nullptr, dqkv, h1, p(u, kWqkv), dtype_, N, C, R, acc);
+    k::rmsnorm_backward(dresidual, g(u, kAttnNorm), dbuf, residual, p(u, kAttnNorm), dtype_, rstd1, N, C);
+    hooks_->after_backward(u);
+  }
+
+  hooks_->before_backward(0);
+  if (!tied) accumulate_grads(0, {});
+  k::embedding_backward(g(0, 0), nullptr, dresidual, a.inputs.as<int32_t>(), B, T, C);
+  hooks_->after_backward(0);
+}
+
+}  // namespace zerone::nn

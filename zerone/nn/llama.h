@@ -1,0 +1,111 @@
+// LLaMA family (LLaMA-2/3, TinyLlama, Mistral-style GQA): token embedding, L pre-norm blocks of
+// RMSNorm -> grouped-query attention with rotary positions -> RMSNorm -> SwiGLU MLP, a final
+// RMSNorm and a language-model head (tied to the embedding or not). No biases. Hugging Face's
+// LlamaForCausalLM computes the same function (its rotate-half RoPE, f32 RMSNorm). Parameters live
+// in FlatParam units, as for GPT-2:
+//
+//   unit 0        "embedding"  wte (V, C)
+//   unit 1..L     "block.l"    attn_norm (C), wqkv ((NH+2*NKV)*hs, C) = [q; k; v] projections,
+//                              wo (C, NH*hs), mlp_norm (C), w_gate_up (2F, C) = [gate; up], w_down (C, F)
+//   unit L+1      "final"      norm (C), lm_head (V, C) unless tied (the head then reads wte)
+//
+// q/k/v and gate/up are fused row-wise so each is one GEMM; Hugging Face's separate q_proj, k_proj,
+// v_proj, gate_proj, up_proj are row ranges of them (io maps names and ranges).
+// Precision and hooks as GPT-2 (gpt2.h). Thread-safety: one thread drives a model.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "zerone/core/dtype.h"
+#include "zerone/core/memory.h"
+#include "zerone/kernels/cpu/ops.h"
+#include "zerone/nn/flat_param.h"
+#include "zerone/nn/gpt2.h"
+
+namespace zerone::nn {
+
+struct LlamaConfig {
+  int num_layers = 16;        // L
+  int channels = 2048;        // C (hidden_size)
+  int num_heads = 32;         // NH
+  int num_kv_heads = 8;       // NKV (num_key_value_heads), divides NH
+  int head_dim = 64;          // hs (C / NH unless the config says otherwise)
+  int ffn = 8192;             // F (intermediate_size)
+  int vocab_size = 128256;    // V
+  int max_seq_len = 131072;   // context length (max_position_embeddings)
+  float rope_theta = 500000.0f;
+  kernels::cpu::RopeScaling rope_scaling;  // factor 0: none
+  float rms_norm_eps = 1e-5f;
+  bool tie_word_embeddings = true;
+
+  size_t num_parameters() const;
+  std::string to_string() const;  // the spec string that parses back to this config
+  bool operator==(const LlamaConfig& o) const;
+};
+
+// A preset ("tinyllama-1.1b", "llama-3.2-1b", "llama-2-7b", "llama-3-8b") or
+// "llama:layers=2,dim=64,heads=4,kv_heads=2,ffn=128,vocab=300,ctx=64" with optional
+// head_dim, theta, eps, tied=0|1, and llama3 scaling rope_factor, rope_low, rope_high, rope_orig.
+// Omitted keys take Llama-3.2-1B's values. Throws Error naming the bad part.
+LlamaConfig parse_llama_spec(const std::string& spec);
+bool is_llama_spec(const std::string& spec);
+
+enum LlamaBlockTensor { kAttnNorm, kWqkv, kWo, kMlpNorm, kWGateUp, kWDown, kLlamaBlockTensors };
+enum LlamaFinalTensor { kNorm, kLmHead };
+
+class Llama {
+ public:
+  Llama(const LlamaConfig& config, DType compute_dtype, size_t align_numel = 64, bool allocate = true);
+
+  const LlamaConfig& config() const { return config_; }
+  DType compute_dtype() const { return dtype_; }
+  std::vector<FlatParam>& units() { return units_; }
+  const std::vector<FlatParam>& units() const { return units_; }
+  int num_units() const { return static_cast<int>(units_.size()); }
+  void set_hooks(UnitHooks* hooks) { hooks_ = hooks ? hooks : &default_hooks_; }
+
+  // N(0, 0.02) for matrices and the embedding (Hugging Face's initializer_range), norm weights 1;
+  // deterministic in (seed, unit, tensor, element), rounded to the compute dtype.
+  void init_weights(uint64_t seed);
+  void init_unit(int unit, uint64_t seed);
+
+  // As GPT2::forward / backward (mean cross-entropy over B*T, gradients of grad_scale * loss).
+  float forward(const int32_t* inputs, const int32_t* targets, int B, int T);
+  void backward(float grad_scale);
+  void zero_grad();
+  const float* logits() const { return acts_.logits.as<float>(); }  // (B,T,V)
+
+  std::vector<int> units_touched(int u) const {
+    return u == num_units() - 1 && config_.tie_word_embeddings ? std::vector<int>{u, 0} : std::vector<int>{u};
+  }
+  static size_t activation_bytes(const LlamaConfig& config, int B, int T);
+  static std::vector<size_t> unit_numels(const LlamaConfig& config);
+
+ private:
+  struct Activations {
+    int B = 0, T = 0;
+    Buffer encoded, h1, rstd1, qkv, atty, att, residual2, h2, rstd2, gate_up, act, residual3, hf, rstdf, logits,
+        losses, lse, tmp_c;
+    Buffer dresidual, dbuf_c, datty, dqkv, dgate_up, dact;  // backward temporaries
+    Buffer inputs, targets;
+  };
+  void ensure_activations(int B, int T);
+  const void* p(int unit, int tensor) const { return units_[unit].param(tensor); }
+  float* g(int unit, int tensor) { return units_[unit].grad(tensor); }
+  bool accumulate_grads(int u, std::initializer_list<int> overwritten);
+  const void* head() const { return config_.tie_word_embeddings ? p(0, 0) : p(num_units() - 1, kLmHead); }
+
+  LlamaConfig config_;
+  DType dtype_;
+  std::vector<FlatParam> units_;
+  std::vector<float> inv_freq_;  // (hs/2) rotary frequencies
+  Activations acts_;
+  bool have_targets_ = false;
+  UnitHooks default_hooks_;
+  UnitHooks* hooks_ = &default_hooks_;
+};
+
+}  // namespace zerone::nn

@@ -24,6 +24,8 @@
 # Mounts (proc, sys, dev, dev/pts, dev/shm) live in a private mount namespace and are unmounted,
 # and the root removed, on every exit: success, failure, Ctrl-C, SIGTERM.
 set -euo pipefail
+{ # The whole script is one compound command, read before it runs: editing or checking out this
+  # file while it runs cannot change what runs.
 
 suite=bookworm
 cache_dir=/var/cache/zerone-clean-room
@@ -151,12 +153,15 @@ mounts_under_root() {
     /proc/self/mountinfo | sort -r
 }
 
-cleanup() {
-  local rc=$? pids p m i
-  trap - EXIT INT TERM
-  set +e
-  # Processes still running inside the root (an interrupted make, a stray MPI daemon): all started
-  # by this script. TERM, then KILL.
+# Stops what still runs inside the root (an interrupted make, a stray MPI daemon: all started by
+# this script; TERM, then KILL), unmounts everything under it (deepest first, lazily if busy) and
+# removes it, but only once nothing is mounted there any more. Idempotent.
+torn_down=0
+teardown() {
+  local pids p m i
+  [ "$torn_down" -eq 0 ] || return 0
+  torn_down=1
+  echo "clean room: removing the root $work"
   for i in 1 2 3; do
     pids=()
     for p in /proc/[0-9]*; do
@@ -173,23 +178,35 @@ cleanup() {
   if [ -n "$(mounts_under_root)" ]; then
     echo "clean room: mounts remain under $root; NOT removing it:" >&2
     mounts_under_root >&2
-    [ "$rc" -ne 0 ] || rc=1
-  else
-    # --one-file-system: never descend into another file system, whatever happened above.
-    rm -rf --one-file-system "$work"
+    return 1
   fi
-  if [ "$rc" -ne 0 ] && [ -n "$phase" ]; then
+  # --one-file-system: never descend into another file system, whatever happened above.
+  rm -rf --one-file-system "$work"
+}
+
+# shellcheck disable=SC2317 # called by the trap
+on_exit() {
+  local rc=$?
+  trap - EXIT INT TERM
+  set +e
+  if [ -n "$signal" ]; then
+    echo "clean room: interrupted by $signal in phase '${phase:-set-up}'" >&2
+  elif [ "$rc" -ne 0 ] && [ -n "$phase" ]; then
     echo "clean room: FAILED in phase '$phase' after $(fmt $((SECONDS - phase_start))); last lines of $phase_log:" >&2
     tail -n 60 "$phase_log" >&2
   fi
+  [ -z "$cached" ] || rm -f "$cached.tmp.$$"
+  teardown || { [ "$rc" -ne 0 ] || rc=1; }
   if [ "$rc" -ne 0 ]; then
     echo "clean room: FAIL (commit $commit, $(fmt $((SECONDS - start_all))) in all; logs: $log_dir)" >&2
   fi
   exit "$rc"
 }
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+signal=""
+cached=""
+trap on_exit EXIT
+trap 'signal=SIGINT; exit 130' INT
+trap 'signal=SIGTERM; exit 143' TERM
 
 # Runs a command inside the root, as root, with a clean environment, output to the phase log.
 # In the background + wait, so that SIGINT/SIGTERM reach the trap at once instead of after it.
@@ -207,7 +224,8 @@ cached="$cache_dir/$suite-minbase-$key.tar.gz"
 if [ "$use_cache" -eq 1 ] && [ -f "$cached" ] && [ -z "$(find "$cached" -mtime +"$cache_max_age_days")" ]; then
   begin "unpack cached base root" 01-base.log
   echo "unpacking $cached" >>"$phase_log"
-  tar --numeric-owner -xzf "$cached" -C "$root" >>"$phase_log" 2>&1
+  tar --numeric-owner -xzf "$cached" -C "$root" >>"$phase_log" 2>&1 ||
+    { rm -f "$cached"; die "cannot unpack $cached (removed it: the next run debootstraps)"; }
   end
 else
   begin "debootstrap $suite minbase" 01-base.log
@@ -265,15 +283,14 @@ mount --bind /dev "$root/dev"                                     # /dev itself,
 mount --make-private "$root/dev"                                  # nothing mounted below leaks out
 mount -t devpts -o newinstance,ptmxmode=0666,mode=620,gid=5 devpts "$root/dev/pts"
 mount -t tmpfs -o nosuid,nodev,mode=1777 tmpfs "$root/dev/shm"    # MPI shared memory
-findmnt -R "$root" >>"$phase_log" 2>&1 || true
+mounts_under_root >>"$phase_log"
 end
 
 # ---------------------------------------------------------------------------------------------
 # 3. make: minbase does not have it, and a new user needs it to type `make train`. Only make.
 
 begin "install make" 03-make.log
-# shellcheck disable=SC2016 # expanded inside the root
-in_root 'if dpkg-query -W -f="\${Status}" make 2>/dev/null | grep -q "install ok installed"; then
+in_root 'if command -v make >/dev/null; then
            echo "minbase already has make"
          else
            echo "minbase lacks make: installing only make"
@@ -294,6 +311,9 @@ in_root "cd /root/zerone && make test JOBS=$jobs"
 summary="$(grep -E 'tests passed|tests failed' "$phase_log" | tail -n1 || true)"
 end
 
+teardown
 echo "clean room: ${summary:-make test passed}"
 printf 'clean room: %s\n' "${timings[@]}"
 echo "clean room: PASS: make train + make test on a fresh Debian $suite minbase (commit $commit) in $(fmt $((SECONDS - start_all)))"
+exit 0
+}

@@ -1,6 +1,8 @@
 // The `zerone` command-line program: parse, validate, call the libraries. Nothing else lives here.
 
 #include <CLI/CLI.hpp>
+#include <cctype>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <new>
@@ -14,6 +16,7 @@
 #include "zerone/io/tokenizer.h"
 #include "zerone/kernels/cpu/matmul.h"
 #include "zerone/train/config.h"
+#include "zerone/train/interrupt.h"
 #include "zerone/train/metrics.h"
 #include "zerone/train/sample.h"
 #include "zerone/train/trainer.h"
@@ -111,6 +114,7 @@ int cmd_estimate(const EstimateArgs& a, bool stage_given) {
   ZERONE_CHECK(a.reduce_bucket_numel >= 1, "--reduce-bucket-size ", a.reduce_bucket_numel,
                " must be at least 1 element");
   ZERONE_CHECK(a.prefetch_numel >= 0, "--stage3-prefetch-bucket-size ", a.prefetch_numel, " is negative");
+  ZERONE_CHECK(a.seq <= model.max_seq_len, "--seq ", a.seq, " exceeds the model's context length ", model.max_seq_len);
   zero::ZeroConfig base;
   base.persistence_threshold = static_cast<size_t>(a.persistence_threshold);
   base.reduce_bucket_numel = static_cast<size_t>(a.reduce_bucket_numel);
@@ -160,6 +164,49 @@ int cmd_estimate(const EstimateArgs& a, bool stage_given) {
   return 0;
 }
 
+// Note [Strict numbers]: CLI11 2.1 reads "0010" as octal 8 and "0x10" as 16, wraps "-1" into an
+// unsigned seed, clamps an overflowing 64-bit value, and an empty value ("--data ''") would pass as
+// "not given". Every option's value is therefore checked as text first: not empty, integers in plain
+// decimal without leading zeros that fit 64 bits (no sign for unsigned), numbers without hex
+// forms. Ranges per flag are then checked by train::validate and the commands.
+std::string strict_value_error(const std::string& value, const std::string& type) {
+  if (value.empty()) return "an empty value is not allowed";
+  const bool is_int = type.rfind("INT", 0) == 0, is_uint = type.rfind("UINT", 0) == 0;
+  if (!is_int && !is_uint && type.rfind("FLOAT", 0) != 0) return "";
+  std::string digits = value;
+  if (!digits.empty() && (digits[0] == '+' || digits[0] == '-')) digits.erase(0, 1);
+  if (digits.size() > 1 && digits[0] == '0' && std::isdigit(static_cast<unsigned char>(digits[1])))
+    return str_cat("'", value, "' has a leading zero (write decimal numbers without one)");
+  if (digits.size() > 1 && digits[0] == '0' && (digits[1] == 'x' || digits[1] == 'X' || digits[1] == 'b' ||
+                                                digits[1] == 'B' || digits[1] == 'o' || digits[1] == 'O'))
+    return str_cat("'", value, "' is not a decimal number");
+  if (!is_int && !is_uint) return "";
+  if (is_uint && value[0] == '-') return str_cat("'", value, "' is negative, expected a non-negative integer");
+  const char* begin = value.data() + (value[0] == '+' ? 1 : 0);
+  const char* end = value.data() + value.size();
+  std::from_chars_result r;
+  if (is_uint) {
+    uint64_t v = 0;
+    r = std::from_chars(begin, end, v);
+  } else {
+    int64_t v = 0;
+    r = std::from_chars(begin, end, v);
+  }
+  if (r.ec == std::errc::result_out_of_range) return str_cat("'", value, "' is out of range for a 64-bit integer");
+  if (r.ec != std::errc() || r.ptr != end) return str_cat("'", value, "' is not an integer");
+  return "";
+}
+
+void make_values_strict(CLI::App& app) {
+  for (CLI::App* sub : app.get_subcommands({})) {
+    for (CLI::Option* opt : sub->get_options()) {
+      if (opt->get_expected_min() == 0) continue;  // a flag without a value
+      const std::string type = opt->get_type_name();
+      opt->check(CLI::Validator([type](std::string& value) { return strict_value_error(value, type); }, "", "strict"));
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -185,9 +232,10 @@ int main(int argc, char** argv) {
   train::SampleOptions sample_opts;
   CLI::App* sample_cmd = app.add_subcommand("sample", "generate text from an llm.c checkpoint");
   sample_cmd->add_option("--init", sample_opts.init, "llm.c checkpoint")->required();
-  sample_cmd->add_option("--prompt", sample_opts.prompt, "prompt text (byte-level models)");
+  sample_cmd->add_option("--prompt", sample_opts.prompt, "prompt text, encoded with --tokenizer (default byte-level)");
   sample_cmd->add_option("--prompt-tokens", sample_opts.prompt_tokens, "prompt as token ids")->delimiter(',');
-  sample_cmd->add_option("--tokenizer", sample_opts.tokenizer, "llm.c tokenizer file for decoding (GPT-2 vocab)");
+  sample_cmd->add_option("--tokenizer", sample_opts.tokenizer,
+                         "tokenizer.json, encoder.json, SentencePiece .model or llm.c tokenizer file (decode only)");
   sample_cmd->add_option("--tokens", sample_opts.num_tokens, "tokens to generate");
   sample_cmd->add_option("--temperature", sample_opts.temperature, "sampling temperature (0: greedy)");
   sample_cmd->add_option("--top-k", sample_opts.top_k, "sample among the k most likely (0: all)");
@@ -213,6 +261,7 @@ int main(int argc, char** argv) {
                            "as for train (elements): bounds stage 3's prefetched parameters");
   estimate_cmd->add_flag("--json", est.json, "machine-readable output");
 
+  make_values_strict(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -249,6 +298,7 @@ int main(int argc, char** argv) {
       communicator = comm::make_communicator();
       for (const CLI::Option* opt : train_cmd->get_options())
         if (opt->count() > 0) train_cfg.given.insert(opt->get_name());
+      train_cfg.config_file = config_path;
       if (!config_path.empty()) train::apply_json_config(config_path, train_cfg);
       train::TrainResult result = train::run_training(train_cfg, *communicator);
       if (result.interrupted_by != 0) return 128 + result.interrupted_by;
@@ -259,8 +309,9 @@ int main(int argc, char** argv) {
       std::printf("wrote %s (%zu tokens) and %s (%zu tokens) with the %s tokenizer (vocabulary %d)\n",
                   r.train_path.c_str(), r.train_tokens, r.val_path.c_str(), r.val_tokens,
                   tokenizer->description().c_str(), r.vocab_size);
-      std::printf("train with: zerone train --data %s --val-data %s --model gpt2:layers=4,dim=256,heads=4,vocab=%d,ctx=256\n",
-                  r.train_path.c_str(), r.val_path.c_str(), r.vocab_size);
+      std::printf("train with: zerone train --data %s%s%s --model gpt2:layers=4,dim=256,heads=4,vocab=%d,ctx=256\n",
+                  r.train_path.c_str(), r.val_tokens > 0 ? " --val-data " : "", r.val_tokens > 0 ? r.val_path.c_str() : "",
+                  r.vocab_size);
     } else if (sample_cmd->parsed()) {
       train::sample(sample_opts, [](const std::string& piece) {
         std::fwrite(piece.data(), 1, piece.size(), stdout);
@@ -272,6 +323,11 @@ int main(int argc, char** argv) {
     } else if (estimate_cmd->parsed()) {
       return cmd_estimate(est, estimate_cmd->count("--zero-stage") > 0);
     }
+  } catch (const train::Interrupted& e) {
+    train::end_status_line();
+    std::fprintf(stderr, "zerone: %s\n", e.what());
+    if (communicator && communicator->world_size() > 1) communicator->abort_job(128 + e.signal_number());
+    return 128 + e.signal_number();
   } catch (const zerone::Error& e) {
     return fail(e.what());
   } catch (const std::bad_alloc&) {

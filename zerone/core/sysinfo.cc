@@ -48,6 +48,11 @@ long long read_number(const char* path) {
 
 }  // namespace
 
+// Note [Memory available to this process]: MemAvailable is the host's view; a container or a
+// systemd slice can cap the process far lower. The cap is read from this process's own cgroup
+// (/proc/self/cgroup): with cgroup v2 the "0::/path" line, whose memory.max and memory.current apply
+// at each level up to the root; with v1 the "memory" controller's memory.limit_in_bytes and
+// memory.usage_in_bytes. The tightest room wins.
 long long available_memory_bytes() {
   long long available = 0;
   std::ifstream meminfo("/proc/meminfo");
@@ -57,10 +62,30 @@ long long available_memory_bytes() {
       break;
     }
   }
-  long long limit = read_number("/sys/fs/cgroup/memory.max"), used = read_number("/sys/fs/cgroup/memory.current");
-  if (limit > 0 && used >= 0) {
+  auto lower_to = [&](long long limit, long long used) {
+    if (limit <= 0 || used < 0 || limit >= (1LL << 60)) return;  // "max" or no limit
     long long room = limit > used ? limit - used : 0;
     if (available == 0 || room < available) available = room;
+  };
+  std::ifstream groups("/proc/self/cgroup");
+  for (std::string line; std::getline(groups, line);) {
+    // "hierarchy-id:controllers:path"
+    size_t a = line.find(':'), b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    const std::string controllers = line.substr(a + 1, b - a - 1);
+    std::string path = line.substr(b + 1);
+    if (controllers.empty()) {  // cgroup v2: every level from the process's group up to the root
+      for (;;) {
+        const std::string dir = "/sys/fs/cgroup" + (path == "/" ? std::string() : path);
+        lower_to(read_number((dir + "/memory.max").c_str()), read_number((dir + "/memory.current").c_str()));
+        if (path.empty() || path == "/") break;
+        path = path.substr(0, path.rfind('/'));
+        if (path.empty()) path = "/";
+      }
+    } else if (("," + controllers + ",").find(",memory,") != std::string::npos) {  // cgroup v1
+      const std::string dir = "/sys/fs/cgroup/memory" + (path == "/" ? std::string() : path);
+      lower_to(read_number((dir + "/memory.limit_in_bytes").c_str()), read_number((dir + "/memory.usage_in_bytes").c_str()));
+    }
   }
   return available;
 }

@@ -13,7 +13,10 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <utility>
+#include <climits>
+#include <cstdlib>
 
 #include "zerone/core/error.h"
 
@@ -119,11 +122,23 @@ void read_exactly(int fd, void* out, size_t bytes, uint64_t offset, const std::s
   }
 }
 
-std::string read_text_file(const std::string& path, const std::string& what) {
+std::string read_text_file(const std::string& path, const std::string& what, size_t max_bytes) {
   size_t size = 0;
   FileDescriptor fd = open_regular_file(path, what, &size);
-  std::string text(size, '\0');
-  read_exactly(fd.get(), text.data(), size, 0, path);
+  ZERONE_CHECK(size <= max_bytes, prefix(what), "'", path, "' is ", size, " bytes, more than the ", max_bytes,
+               " this input may be");
+  // Read to the end rather than trusting st_size: /proc and /sys files report 0.
+  std::string text;
+  char block[65536];
+  for (;;) {
+    ssize_t n = ::read(fd.get(), block, sizeof block);
+    if (n < 0 && errno == EINTR) continue;
+    ZERONE_CHECK(n >= 0, prefix(what), "read of '", path, "' failed: ", std::strerror(errno));
+    if (n == 0) break;
+    text.append(block, static_cast<size_t>(n));
+    ZERONE_CHECK(text.size() <= max_bytes, prefix(what), "'", path, "' is more than the ", max_bytes,
+                 " bytes this input may be");
+  }
   return text;
 }
 
@@ -174,12 +189,40 @@ void check_atomic_output(const std::string& path, const std::string& what) {
   ZERONE_CHECK(S_ISDIR(st.st_mode), prefix(what), "'", dir, "' (in '", path, "') is not a directory");
   ZERONE_CHECK(::access(dir.c_str(), W_OK | X_OK) == 0, prefix(what), "directory '", dir, "' of '", path,
                "' is not writable: ", std::strerror(errno));
+  struct stat file_st;
+  if (::stat(path.c_str(), &file_st) == 0)
+    ZERONE_CHECK(file_st.st_dev == st.st_dev, prefix(what), "'", path, "' is a mount point (a bind-mounted file?): ",
+                 "it cannot be replaced by renaming a new file over it");
+  // Probe: create and remove the very temporary the write will use, so that a name too long with
+  // its suffix, a filesystem that refuses new files (/proc, /sys) or a permission rule root is
+  // subject to fails now, before any training, not when the result is ready.
+  const std::string tmp = str_cat(path, ".tmp.", ::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  ZERONE_CHECK(fd >= 0, prefix(what), "cannot create a file beside '", path, "' ('", tmp, "'): ", std::strerror(errno));
+  ::close(fd);
+  ::unlink(tmp.c_str());
 }
+
+namespace {
+
+// The path with its directory resolved (symlinks, "..", "./"), the last component kept as given:
+// two spellings of one new file compare equal.
+std::string canonical_path(const std::string& path) {
+  std::string copy = path, copy2 = path;
+  const std::string dir = ::dirname(copy.data()), base = ::basename(copy2.data());
+  char resolved[PATH_MAX];
+  if (::realpath(dir.c_str(), resolved) == nullptr) return path;
+  return std::string(resolved) + "/" + base;
+}
+
+}  // namespace
 
 bool same_file(const std::string& a, const std::string& b) {
   if (a == b) return true;
   struct stat sa, sb;
-  return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+  const bool ea = ::stat(a.c_str(), &sa) == 0, eb = ::stat(b.c_str(), &sb) == 0;
+  if (ea && eb) return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+  return canonical_path(a) == canonical_path(b);
 }
 
 void write_all(std::FILE* file, const void* data, size_t bytes, const std::string& path) {
@@ -187,40 +230,68 @@ void write_all(std::FILE* file, const void* data, size_t bytes, const std::strin
                std::strerror(errno));
 }
 
-void write_file_atomically(const std::string& path, const std::function<void(std::FILE*)>& write) {
-  check_atomic_output(path, "");
-  const std::string tmp = str_cat(path, ".tmp.", ::getpid());
-  RegisteredTemporary registered(tmp);
-  // A leftover of a dead process with our pid is ours to replace; O_EXCL then guarantees that
-  // nothing planted at the temporary's name (a symlink) is followed.
-  ::unlink(tmp.c_str());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  ZERONE_CHECK(fd >= 0, "cannot create '", tmp, "': ", std::strerror(errno));
-  std::FILE* f = ::fdopen(fd, "wb");
-  if (f == nullptr) {
-    int err = errno;
-    ::close(fd);
-    std::remove(tmp.c_str());
-    throw Error(str_cat("cannot create '", tmp, "': ", std::strerror(err)));
-  }
+void write_files_atomically(const std::vector<std::string>& paths,
+                            const std::function<void(size_t, std::FILE*)>& write) {
+  for (const std::string& path : paths) check_atomic_output(path, "");
+  struct Temporary {
+    std::string path;
+    std::unique_ptr<RegisteredTemporary> registered;
+    std::FILE* file = nullptr;
+  };
+  std::vector<Temporary> temps(paths.size());
+  auto discard = [&] {
+    for (Temporary& t : temps) {
+      if (t.file != nullptr) std::fclose(t.file);
+      t.file = nullptr;
+      if (!t.path.empty()) std::remove(t.path.c_str());
+    }
+  };
   try {
-    write(f);
-    ZERONE_CHECK(std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0, "cannot write '", tmp, "': ", std::strerror(errno));
+    for (size_t i = 0; i < paths.size(); ++i) {
+      Temporary& t = temps[i];
+      t.path = str_cat(paths[i], ".tmp.", ::getpid());
+      t.registered = std::make_unique<RegisteredTemporary>(t.path);
+      // A leftover of a dead process with our pid is ours to replace; O_EXCL then guarantees that
+      // nothing planted at the temporary's name (a symlink) is followed.
+      ::unlink(t.path.c_str());
+      int fd = ::open(t.path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+      ZERONE_CHECK(fd >= 0, "cannot create '", t.path, "': ", std::strerror(errno));
+      t.file = ::fdopen(fd, "wb");
+      if (t.file == nullptr) {
+        int err = errno;
+        ::close(fd);
+        throw Error(str_cat("cannot create '", t.path, "': ", std::strerror(err)));
+      }
+      write(i, t.file);
+      ZERONE_CHECK(std::fflush(t.file) == 0 && ::fsync(::fileno(t.file)) == 0, "cannot write '", t.path, "': ",
+                   std::strerror(errno));
+      int close_rc = std::fclose(t.file);
+      t.file = nullptr;
+      ZERONE_CHECK(close_rc == 0, "cannot write '", t.path, "': ", std::strerror(errno));
+    }
   } catch (...) {
-    std::fclose(f);
-    std::remove(tmp.c_str());
+    discard();
     throw;
   }
-  int close_rc = std::fclose(f);
-  if (close_rc != 0 || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    std::remove(tmp.c_str());
-    throw Error(str_cat("cannot write '", path, "': ", std::strerror(err)));
+  // Every file is complete on disk: now the renames (each atomic), then the directories.
+  for (size_t i = 0; i < paths.size(); ++i) {
+    if (std::rename(temps[i].path.c_str(), paths[i].c_str()) != 0) {
+      int err = errno;
+      for (size_t j = i; j < temps.size(); ++j) std::remove(temps[j].path.c_str());
+      throw Error(str_cat("cannot write '", paths[i], "': ", std::strerror(err)));
+    }
+    temps[i].path.clear();
   }
-  const std::string dir = parent_directory(path);
-  FileDescriptor dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  ZERONE_CHECK(dir_fd.get() >= 0 && ::fsync(dir_fd.get()) == 0, "wrote '", path, "' but cannot fsync its directory '",
-               dir, "': ", std::strerror(errno));
+  for (const std::string& path : paths) {
+    const std::string dir = parent_directory(path);
+    FileDescriptor dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    ZERONE_CHECK(dir_fd.get() >= 0 && ::fsync(dir_fd.get()) == 0, "wrote '", path, "' but cannot fsync its directory '",
+                 dir, "': ", std::strerror(errno));
+  }
+}
+
+void write_file_atomically(const std::string& path, const std::function<void(std::FILE*)>& write) {
+  write_files_atomically({path}, [&](size_t, std::FILE* f) { write(f); });
 }
 
 void remove_temporaries_in_flight() noexcept {

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <string>
 #include <vector>
@@ -40,8 +41,9 @@ class FileDescriptor {
 // `size_bytes` (optional) receives the file's size.
 FileDescriptor open_regular_file(const std::string& path, const std::string& what, size_t* size_bytes = nullptr);
 
-// The whole of a regular file as text (configs). Throws Error as open_regular_file, or on a read error.
-std::string read_text_file(const std::string& path, const std::string& what);
+// The whole of a regular file as text (configs, corpora), read to its end (so /proc files work).
+// Throws Error as open_regular_file, on a read error, or when it exceeds max_bytes.
+std::string read_text_file(const std::string& path, const std::string& what, size_t max_bytes = SIZE_MAX);
 
 // Reads exactly `bytes` at `offset` (pread, retrying short reads). Throws Error naming `path` when
 // the file ends early (it shrank since it was opened) or the read fails.
@@ -72,11 +74,13 @@ std::vector<std::string> glob_files(const std::string& pattern, const std::strin
 
 // Start-up check of an output that will be written with write_file_atomically: the directory must
 // exist and be writable, and `path` must not exist or be a regular file (never a directory,
-// symlink, device node, FIFO or socket, which the rename would replace). Throws Error naming
-// `what` (the flag) and the path.
+// symlink, device node, FIFO or socket, which the rename would replace, nor a mount point); the
+// temporary beside it is created and removed as a probe. Throws Error naming `what` (the flag)
+// and the path.
 void check_atomic_output(const std::string& path, const std::string& what);
 
-// Two paths name the same existing file (same device and inode), or are equal as strings.
+// Two paths name the same file: the same device and inode when both exist, else the same path once
+// their directories are resolved ("./x" and "x").
 bool same_file(const std::string& a, const std::string& b);
 
 // Atomically writes a file: `write` receives a FILE* opened on a temporary in the same directory;
@@ -84,6 +88,12 @@ bool same_file(const std::string& a, const std::string& b);
 // writing) a destination that is not a regular file (check_atomic_output's rules). On any failure
 // the temporary is removed, `path` is untouched and Error is thrown.
 void write_file_atomically(const std::string& path, const std::function<void(std::FILE*)>& write);
+
+// Several files as one: each temporary is written (write(i, file) for paths[i]) and fsync'd before
+// any is renamed, so a failure while writing (a full disk) leaves every destination as it was; then
+// all are renamed and their directories fsync'd. (A failure between two renames, which needs the
+// filesystem to refuse a rename in a directory it just let us write, is not covered.)
+void write_files_atomically(const std::vector<std::string>& paths, const std::function<void(size_t, std::FILE*)>& write);
 
 // fwrite that throws Error naming `path` on a short write.
 void write_all(std::FILE* file, const void* data, size_t bytes, const std::string& path);

@@ -1,5 +1,6 @@
 #include "zerone/io/llmc_checkpoint.h"
 
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -69,9 +70,9 @@ Header parse_header(int fd, size_t file_bytes, const std::string& path) {
 
 }  // namespace
 
-nn::GPT2Config read_llmc_config(const std::string& path) {
+nn::GPT2Config read_llmc_config(const std::string& path, const std::string& what) {
   size_t bytes = 0;
-  FileDescriptor fd = open_regular_file(path, "", &bytes);
+  FileDescriptor fd = open_regular_file(path, what, &bytes);
   return parse_header(fd.get(), bytes, path).config;
 }
 
@@ -96,6 +97,9 @@ void load_llmc_checkpoint(const std::string& path, nn::GPT2& model, int only_uni
         read_exactly(fd.get(), raw.data(), raw.size(), offset, path);
         tmp.resize(n);
         convert_to_f32(raw.data(), header.dtype, tmp.data(), n);
+        for (size_t i = 0; i < n; ++i)
+          ZERONE_CHECK(std::isfinite(tmp[i]), "checkpoint '", path, "': ", unit.name(), ".", unit.tensors()[t].name,
+                       " holds a non-finite value (", tmp[i], ") at element ", i, ": the file is corrupt");
         convert_from_f32(tmp.data(), unit.param(t), unit.dtype(), n);
       }
       offset += n * value_bytes;

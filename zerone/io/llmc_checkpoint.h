@@ -21,9 +21,11 @@ inline constexpr int32_t kLlmcCheckpointMagic = 20240326;
 
 // Reads and validates the header (Error naming the path for a missing file, bad magic/version,
 // inconsistent sizes or a truncated file). Returns the model shape it describes.
-nn::GPT2Config read_llmc_config(const std::string& path);
-// Loads parameters into `model`, whose config must equal the file's (Error otherwise). With
-// only_unit >= 0, loads that unit alone (its storage must be allocated); the rest are untouched.
+// `what` names the flag in messages ("--init").
+nn::GPT2Config read_llmc_config(const std::string& path, const std::string& what = "");
+// Loads parameters into `model`, whose config must equal the file's (Error otherwise; also for a
+// NaN or infinite value, which only a corrupt file holds). With only_unit >= 0, loads that unit
+// alone (its storage must be allocated); the rest are untouched.
 void load_llmc_checkpoint(const std::string& path, nn::GPT2& model, int only_unit = -1);
 // Writes `model`'s parameters as version 3 (f32) or 5 (bf16), atomically.
 void save_llmc_checkpoint(const std::string& path, const nn::GPT2& model, DType file_dtype);

@@ -126,7 +126,7 @@ std::string InMemoryTokens::describe(size_t position) const {
   return str_cat("token ", tokens_[position], " at position ", position, " of the ", name_);
 }
 
-void write_token_shard(const std::string& path, const std::vector<int32_t>& tokens, bool force_u32) {
+void write_token_shard_body(std::FILE* f, const std::vector<int32_t>& tokens, bool force_u32, const std::string& path) {
   bool u16 = !force_u32;
   for (int32_t t : tokens) {
     ZERONE_CHECK(t >= 0, "write_token_shard: negative token id ", t);
@@ -137,15 +137,17 @@ void write_token_shard(const std::string& path, const std::vector<int32_t>& toke
   header[0] = u16 ? kShardMagicU16 : kShardMagicU32;
   header[1] = u16 ? 1 : 7;
   header[2] = static_cast<int32_t>(tokens.size());
-  write_file_atomically(path, [&](std::FILE* f) {
-    write_all(f, header, sizeof header, path);
-    if (u16) {
-      std::vector<uint16_t> t16(tokens.begin(), tokens.end());
-      write_all(f, t16.data(), t16.size() * 2, path);
-    } else {
-      write_all(f, tokens.data(), tokens.size() * 4, path);
-    }
-  });
+  write_all(f, header, sizeof header, path);
+  if (u16) {
+    std::vector<uint16_t> t16(tokens.begin(), tokens.end());
+    write_all(f, t16.data(), t16.size() * 2, path);
+  } else {
+    write_all(f, tokens.data(), tokens.size() * 4, path);
+  }
+}
+
+void write_token_shard(const std::string& path, const std::vector<int32_t>& tokens, bool force_u32) {
+  write_file_atomically(path, [&](std::FILE* f) { write_token_shard_body(f, tokens, force_u32, path); });
 }
 
 DataLoader::DataLoader(const TokenSource& data, int B, int T, int vocab_size, bool shuffle, uint64_t seed)

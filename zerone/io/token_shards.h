@@ -92,6 +92,8 @@ class TokenDataset : public TokenSource {
 // Writes tokens as one llm.c shard (atomically). Version 1 (uint16) when every id < 65536 and
 // `force_u32` is false, else version 7 (uint32).
 void write_token_shard(const std::string& path, const std::vector<int32_t>& tokens, bool force_u32 = false);
+// The same into an open file (for writers of several files at once, write_files_atomically).
+void write_token_shard_body(std::FILE* f, const std::vector<int32_t>& tokens, bool force_u32, const std::string& path);
 
 class DataLoader {
  public:

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <tuple>
 #include <cstring>
+#include <set>
 #include <sstream>
 
 #include "zerone/core/error.h"
@@ -46,20 +47,26 @@ GPT2Config parse_model_spec(const std::string& spec) {
                "': expected a preset (gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b) or a spec such as "
                "gpt2:layers=4,dim=128,heads=4,vocab=512,ctx=256");
   bool padded_given = false;
-  std::stringstream items(spec.substr(prefix.size()));
-  for (std::string item; std::getline(items, item, ',');) {
+  std::set<std::string> seen;
+  const std::string body = spec.substr(prefix.size());
+  ZERONE_CHECK(!body.empty(), "--model '", spec, "': no keys after 'gpt2:' (e.g. gpt2:layers=4,dim=128,heads=4,vocab=512,ctx=256)");
+  std::stringstream items(body + ",");  // so that a trailing comma leaves an empty last item
+  std::string item;
+  size_t count = std::count(body.begin(), body.end(), ',') + 1;
+  for (size_t i = 0; i < count && std::getline(items, item, ','); ++i) {
     auto eq = item.find('=');
+    ZERONE_CHECK(!item.empty(), "--model '", spec, "': an empty item (two commas, or a trailing comma)");
     ZERONE_CHECK(eq != std::string::npos, "--model '", spec, "': '", item, "' is not key=value");
     std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    ZERONE_CHECK(seen.insert(key).second, "--model '", spec, "': key '", key, "' is given twice");
+    // Limits as llm.c's checkpoint header rules (io/llmc_checkpoint.cc), so sizes cannot overflow.
+    long long limit = key == "layers" || key == "heads" ? 4096 : key == "dim" ? 65536 : key == "ctx" ? (1 << 20) : (1 << 24);
     long long v = 0;
-    size_t used = 0;
-    try {
-      v = std::stoll(value, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    ZERONE_CHECK(used == value.size() && !value.empty() && v > 0 && v <= (1 << 24), "--model '", spec, "': ", key,
-                 "=", value, " is not a positive integer (at most 16777216)");
+    bool digits = !value.empty() && value.size() <= 9 && value[0] != '0' &&
+                  std::all_of(value.begin(), value.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+    if (digits) v = std::stoll(value);
+    ZERONE_CHECK(digits && v >= 1 && v <= limit, "--model '", spec, "': ", key, "=", value,
+                 " is not a positive decimal integer of at most ", limit);
     int iv = static_cast<int>(v);
     if (key == "layers") c.num_layers = iv;
     else if (key == "dim") c.channels = iv;
@@ -154,6 +161,14 @@ std::array<size_t, 27> activation_numels(const GPT2Config& c, int B, int T) {
 }  // namespace
 
 size_t GPT2::activation_bytes(const GPT2Config& config, int B, int T) {
+  // In long double first: L * B * NH * T * T overflows 64 bits for absurd shapes, and a wrapped
+  // total would pass the start-up memory check.
+  const long double L = config.num_layers, C = config.channels, NH = config.num_heads, Vp = config.padded_vocab_size;
+  const long double BT = static_cast<long double>(B) * T;
+  const long double approx = 4 * (L * BT * (13 * C + 4 + 8 * C) + L * B * NH * static_cast<long double>(T) * T +
+                                  BT * (Vp + 11 * C + 8));
+  ZERONE_CHECK(approx < 0x1p62L, "activations of ", config.to_string(), " at micro-batch ", B, " x seq ", T,
+               " would need about ", static_cast<double>(approx), " bytes: beyond any machine");
   size_t total = 0;
   for (size_t n : activation_numels(config, B, T)) total += n * 4;  // f32 and int32 alike
   return total;

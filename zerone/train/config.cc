@@ -39,7 +39,7 @@ void apply_json_config(const std::string& path, TrainConfig& cfg) {
     cfg.given.insert(flag);
     return false;
   };
-  const std::string text = io::read_text_file(path, "--config");
+  const std::string text = io::read_text_file(path, "--config", size_t{64} << 20);
   json root;
   try {
     root = json::parse(text, nullptr, true, /*ignore_comments=*/true);

@@ -24,6 +24,7 @@ struct TrainConfig {
   std::string val_data;         // glob; empty: none (built-in corpus: a held-out stream)
   std::string save;             // write an llm.c checkpoint here at the end
   std::string metrics;          // JSONL file, one line per optimizer step
+  std::string config_file;      // the --config path, an input: no output may overwrite it
   std::string precision;        // fp32 | bf16; empty: bf16 where the CPU has native bf16, else fp32
   int micro_batch = 4;
   int seq = 64;

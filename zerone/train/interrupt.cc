@@ -12,7 +12,7 @@ namespace zerone::train {
 namespace {
 
 std::atomic<int> g_signal{0};
-struct sigaction g_previous_int, g_previous_term;
+struct sigaction g_previous_int, g_previous_term, g_previous_hup, g_previous_pipe;
 
 void write_stderr(const char* text) {
   ssize_t ignored = ::write(STDERR_FILENO, text, std::strlen(text));
@@ -22,9 +22,9 @@ void write_stderr(const char* text) {
 void on_signal(int signal_number) {
   int expected = 0;
   if (g_signal.compare_exchange_strong(expected, signal_number)) {
-    write_stderr(signal_number == SIGINT
-                     ? "\nzerone: SIGINT: stopping after this step (again to stop at once)\n"
-                     : "\nzerone: SIGTERM: stopping after this step (again to stop at once)\n");
+    write_stderr(signal_number == SIGINT    ? "\nzerone: SIGINT: stopping at the next step boundary (again to stop at once)\n"
+                 : signal_number == SIGHUP ? "\nzerone: SIGHUP: stopping at the next step boundary (again to stop at once)\n"
+                                           : "\nzerone: SIGTERM: stopping at the next step boundary (again to stop at once)\n");
     return;
   }
   io::remove_temporaries_in_flight();
@@ -43,17 +43,33 @@ InterruptGuard::InterruptGuard() {
   action.sa_flags = SA_RESTART;
   ::sigaction(SIGINT, &action, &g_previous_int);
   ::sigaction(SIGTERM, &action, &g_previous_term);
+  ::sigaction(SIGHUP, &action, &g_previous_hup);
+  struct sigaction ignore;
+  std::memset(&ignore, 0, sizeof ignore);
+  ignore.sa_handler = SIG_IGN;
+  ::sigaction(SIGPIPE, &ignore, &g_previous_pipe);
 }
 
 InterruptGuard::~InterruptGuard() {
   ::sigaction(SIGINT, &g_previous_int, nullptr);
   ::sigaction(SIGTERM, &g_previous_term, nullptr);
+  ::sigaction(SIGHUP, &g_previous_hup, nullptr);
+  ::sigaction(SIGPIPE, &g_previous_pipe, nullptr);
+}
+
+Interrupted::Interrupted(int signal_number)
+    : Error(str_cat("stopped by ", signal_name(signal_number), " during start-up, before the first step: nothing ",
+                    "was trained or written")),
+      signal_(signal_number) {}
+
+void throw_if_interrupted() {
+  if (int sig = interrupt_signal(); sig != 0) throw Interrupted(sig);
 }
 
 int interrupt_signal() { return g_signal.load(); }
 
 const char* signal_name(int signal_number) {
-  return signal_number == SIGINT ? "SIGINT" : signal_number == SIGTERM ? "SIGTERM" : "a signal";
+  return signal_number == SIGINT ? "SIGINT" : signal_number == SIGTERM ? "SIGTERM" : signal_number == SIGHUP ? "SIGHUP" : "a signal";
 }
 
 }  // namespace zerone::train

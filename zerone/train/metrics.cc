@@ -34,11 +34,16 @@ void end_status_line() {
 }
 
 void MetricsWriter::check_path(const std::string& path) {
+  ZERONE_CHECK(path.back() != '/', "--metrics '", path, "' names a directory, expected a file path");
   struct stat st;
-  if (::stat(path.c_str(), &st) == 0) {
+  if (::lstat(path.c_str(), &st) == 0) {
+    // Written in place (not renamed over), so a symlink would write through to its target.
     ZERONE_CHECK(S_ISREG(st.st_mode) || S_ISCHR(st.st_mode), "--metrics '", path, "' is ",
-                 S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a named pipe" : "not a regular file",
-                 ", expected a file to write JSON lines to");
+                 S_ISDIR(st.st_mode)    ? "a directory"
+                 : S_ISFIFO(st.st_mode) ? "a named pipe"
+                 : S_ISLNK(st.st_mode)  ? "a symbolic link"
+                                        : "not a regular file",
+                 ", expected a regular file (or a character device such as /dev/null) to write JSON lines to");
     ZERONE_CHECK(::access(path.c_str(), W_OK) == 0, "--metrics '", path, "' is not writable: ", std::strerror(errno));
     return;
   }
@@ -47,8 +52,11 @@ void MetricsWriter::check_path(const std::string& path) {
   const std::string dir = ::dirname(copy.data());
   ZERONE_CHECK(::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), "--metrics: directory '", dir, "' of '", path,
                "' does not exist: create it first");
-  ZERONE_CHECK(::access(dir.c_str(), W_OK | X_OK) == 0, "--metrics: directory '", dir, "' of '", path,
-               "' is not writable: ", std::strerror(errno));
+  // Probe: create and remove the file, so that a name the filesystem refuses (/proc, too long) fails now.
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  ZERONE_CHECK(fd >= 0, "--metrics: cannot create '", path, "': ", std::strerror(errno));
+  ::close(fd);
+  ::unlink(path.c_str());
 }
 
 MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {

@@ -6,6 +6,7 @@
 
 #include "zerone/core/error.h"
 #include "zerone/core/rng.h"
+#include "zerone/core/sysinfo.h"
 #include "zerone/io/llmc_checkpoint.h"
 #include "zerone/io/tokenizer.h"
 #include "zerone/nn/gpt2.h"
@@ -18,19 +19,33 @@ void sample(const SampleOptions& o, const std::function<void(const std::string&)
   ZERONE_CHECK(o.num_tokens >= 1 && o.num_tokens <= 1000000, "--tokens ", o.num_tokens, " is out of range: expected 1..1000000");
   ZERONE_CHECK(std::isfinite(o.temperature) && o.temperature >= 0.0f, "--temperature ", o.temperature, " must be >= 0");
   ZERONE_CHECK(o.top_k >= 0, "--top-k ", o.top_k, " must be >= 0");
-  nn::GPT2Config config = io::read_llmc_config(o.init);
-  nn::GPT2 model(config, resolve_precision(o.precision));
+  nn::GPT2Config config = io::read_llmc_config(o.init, "--init");
+  // The tokenizer before the model: its errors are cheaper to find first.
+  std::unique_ptr<io::Tokenizer> tokenizer =
+      o.tokenizer.empty() ? io::make_byte_tokenizer() : io::load_tokenizer(o.tokenizer);
+  ZERONE_CHECK(tokenizer->vocab_size() <= config.vocab_size, "--tokenizer: ", tokenizer->description(), " has ",
+               tokenizer->vocab_size(), " tokens, more than the model's vocabulary of ", config.vocab_size);
+  auto decode = [&](int32_t t) { return tokenizer->decode(&t, 1); };
+  ZERONE_CHECK(o.prompt.empty() || o.prompt_tokens.empty(), "--prompt and --prompt-tokens both given: expected one");
+  // Refuse a model that cannot fit before allocating it (as training does, Note [Refuse what cannot fit]).
+  const DType dtype = resolve_precision(o.precision);
+  const long double need = static_cast<long double>(config.num_parameters()) * dtype_size(dtype) +
+                           nn::GPT2::activation_bytes(config, 1, config.max_seq_len);
+  const long long available = available_memory_bytes();
+  ZERONE_CHECK(available <= 0 || need <= available, "sampling from '", o.init, "' needs about ",
+               static_cast<double>(need) / (1 << 20), " MiB (parameters and activations), but this host has ",
+               available / (1 << 20), " MiB available");
+  nn::GPT2 model(config, dtype);
   io::load_llmc_checkpoint(o.init, model);
-
-  std::unique_ptr<io::LlmcTokenizer> tokenizer;
-  if (!o.tokenizer.empty()) tokenizer = std::make_unique<io::LlmcTokenizer>(o.tokenizer);
-  auto decode = [&](int32_t t) { return tokenizer ? tokenizer->decode(&t, 1) : io::byte_decode(&t, 1); };
 
   std::vector<int32_t> tokens = o.prompt_tokens;
   if (tokens.empty() && !o.prompt.empty()) {
-    ZERONE_CHECK(config.vocab_size >= 256, "--prompt needs a byte-level model (vocab >= 256); this one has vocab ",
-                 config.vocab_size, ": pass --prompt-tokens instead");
-    tokens = io::byte_encode(o.prompt);
+    ZERONE_CHECK(tokenizer->can_encode(), "--prompt needs a tokenizer that encodes: ", tokenizer->description(),
+                 " can only decode (pass --prompt-tokens, or a tokenizer.json / encoder.json)");
+    ZERONE_CHECK(!o.tokenizer.empty() || config.vocab_size == io::kByteVocabSize || config.vocab_size == 256,
+                 "--prompt without --tokenizer is encoded byte-level, but this model's vocabulary of ",
+                 config.vocab_size, " is not byte-level: give --tokenizer (the one the training data was prepared with)");
+    tokens = tokenizer->encode(o.prompt);
   }
   if (tokens.empty()) tokens.push_back(config.vocab_size > io::kByteEot ? io::kByteEot : 0);
   for (int32_t t : tokens)

@@ -115,6 +115,7 @@ void check_outputs(const TrainConfig& cfg) {
   if (!cfg.metrics.empty()) MetricsWriter::check_path(cfg.metrics);
   std::vector<std::pair<std::string, std::string>> inputs;
   if (!cfg.init.empty()) inputs.emplace_back("--init", cfg.init);
+  if (!cfg.config_file.empty()) inputs.emplace_back("--config", cfg.config_file);
   for (const auto& [flag, pattern] : {std::pair<const char*, std::string>{"--data", cfg.data}, {"--val-data", cfg.val_data}}) {
     if (pattern.empty()) continue;
     glob_t g{};
@@ -223,7 +224,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   // Model shape: --model, else the --init file's header; both given must agree.
   nn::GPT2Config model_config;
   if (!cfg.init.empty()) {
-    model_config = io::read_llmc_config(cfg.init);
+    model_config = io::read_llmc_config(cfg.init, "--init");
     if (!cfg.model.empty()) {
       nn::GPT2Config requested = nn::parse_model_spec(cfg.model);
       ZERONE_CHECK(requested == model_config, "--model ", requested.to_string(), " disagrees with --init '", cfg.init,
@@ -262,6 +263,20 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     if (!cfg.val_data.empty()) val_tokens = std::make_unique<io::TokenDataset>(cfg.val_data, "--val-data");
   }
   const int B = cfg.micro_batch, T = cfg.seq;
+  auto check_holds_a_batch = [&](const io::TokenSource& tokens, const char* what) {
+    const size_t need = static_cast<size_t>(B) * T + 1;
+    ZERONE_CHECK(tokens.num_tokens() >= need, what, " holds ", tokens.num_tokens(), " tokens, fewer than one batch of ",
+                 "--micro-batch x --seq + 1 = ", need);
+  };
+  check_holds_a_batch(*train_tokens, default_run ? "the built-in corpus" : "--data");
+  if (val_tokens) check_holds_a_batch(*val_tokens, "--val-data");
+  // The same paths can name different files on different ranks (another working directory or
+  // host): compare what was opened too (Note [Same config]).
+  if (!default_run) {
+    settings.emplace_back("the --data tokens", str_cat(train_tokens->num_tokens()));
+    if (val_tokens) settings.emplace_back("the --val-data tokens", str_cat(val_tokens->num_tokens()));
+    check_same_config_everywhere(settings, comm);
+  }
   io::DataLoader train_loader(*train_tokens, B, T, model_config.vocab_size, !cfg.no_shuffle, cfg.seed);
   check_tokens_in_vocabulary(*train_tokens, model_config.vocab_size, default_run ? "built-in corpus" : "--data", comm);
   if (val_tokens)
@@ -273,6 +288,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   // only what its stage needs (Note [Materializing units]).
   nn::GPT2 model(model_config, dtype, zero::kShardAlign * world, /*allocate=*/false);
   auto materialize = [&](int u) {
+    throw_if_interrupted();
     if (cfg.init.empty()) model.init_unit(u, cfg.seed);
     else io::load_llmc_checkpoint(cfg.init, model, u);
   };
@@ -300,6 +316,10 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   TrainResult result;
   Profiler::set_enabled(cfg.profile);
   double profiled_wall_s = 0.0;  // steps 2.. (the first step creates the GEMM primitives)
+  int skipped_steps = 0;
+  if (cfg.profile && cfg.steps < 2 && lead)
+    progress.warning("--profile reports steps 2 and later (the first creates the GEMM primitives): nothing to report in 1 step");
+  throw_if_interrupted();
   for (int step = 1; step <= cfg.steps; ++step) {
     if (step == 2) Profiler::reset();
     auto t0 = std::chrono::steady_clock::now();
@@ -319,11 +339,13 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     // The reported loss is the mean over the global batch. An interrupt rides on the same
     // all-reduce, so every rank stops at this step (Note [Interrupts]).
     const int signal_here = interrupt_signal();
-    double reduced[3] = {loss_sum, signal_here == SIGINT ? 1.0 : 0.0, signal_here == SIGTERM ? 1.0 : 0.0};
-    comm.all_reduce_sum_async(reduced, 3).wait();
-    if (reduced[1] > 0.0 || reduced[2] > 0.0) {
-      // Every rank sees the same sums, so all agree on the signal to report and exit with.
-      result.interrupted_by = reduced[2] > 0.0 ? SIGTERM : SIGINT;
+    double reduced[4] = {loss_sum, signal_here == SIGINT ? 1.0 : 0.0, signal_here == SIGHUP ? 1.0 : 0.0,
+                         signal_here == SIGTERM ? 1.0 : 0.0};
+    comm.all_reduce_sum_async(reduced, 4).wait();
+    if (reduced[1] > 0.0 || reduced[2] > 0.0 || reduced[3] > 0.0) {
+      // Every rank sees the same sums, so all agree on the signal to report and exit with
+      // (SIGTERM over SIGHUP over SIGINT).
+      result.interrupted_by = reduced[3] > 0.0 ? SIGTERM : reduced[2] > 0.0 ? SIGHUP : SIGINT;
       if (lead) {
         std::string kept = step > 1 ? str_cat("steps 1..", step - 1, " were trained") : "no step was trained";
         if (!cfg.metrics.empty()) kept += str_cat("; their metrics are in '", cfg.metrics, "'");
@@ -339,6 +361,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     float lr = learning_rate(cfg, step, cfg.steps);
     zero::ZeroEngine::StepResult stepped = engine.step(lr, cfg.grad_clip, loss_scale, scaled);
     if (scaled) scaler.update(stepped.overflow);
+    if (stepped.overflow) ++skipped_steps;
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (step >= 2) profiled_wall_s += ms / 1000.0;
 
@@ -377,8 +400,14 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     });
     if (lead) progress.message(str_cat("saved llm.c checkpoint '", cfg.save, "'"));
   }
-  if (int sig = interrupt_signal(); sig != 0 && lead)
-    progress.message(str_cat("zerone: ", signal_name(sig), " arrived after the last step; everything was written"));
+  if (int sig = interrupt_signal(); sig != 0) {
+    result.interrupted_by = sig;
+    if (lead) progress.message(str_cat("zerone: ", signal_name(sig), " arrived after the last step; everything was written"));
+  }
+  if (skipped_steps > 0 && lead)
+    progress.warning(str_cat(skipped_steps, " of ", cfg.steps, " steps were skipped for gradient overflow (fp16)",
+                             skipped_steps == cfg.steps ? ": nothing was trained; lower --loss-scale or use dynamic scaling"
+                                                        : ""));
   if (metrics.missing_lines() > 0 && lead)
     progress.warning(str_cat("--metrics '", cfg.metrics, "' lacks ", metrics.missing_lines(), " of ", cfg.steps,
                              " lines (writes failed)"));

@@ -26,10 +26,16 @@ void sample(const SampleOptions& o, const std::function<void(const std::string&)
   if (!o.tokenizer.empty()) tokenizer = std::make_unique<io::LlmcTokenizer>(o.tokenizer);
   auto decode = [&](int32_t t) { return tokenizer ? tokenizer->decode(&t, 1) : io::byte_decode(&t, 1); };
 
+  // --prompt is byte-encoded: right only for byte-level models (zerone prepare's vocabulary of 257,
+  // or 256 bytes without end-of-text) whose output is byte-decoded too.
+  ZERONE_CHECK(o.prompt.empty() || o.prompt_tokens.empty(), "--prompt and --prompt-tokens both given: pass one");
   std::vector<int32_t> tokens = o.prompt_tokens;
-  if (tokens.empty() && !o.prompt.empty()) {
-    ZERONE_CHECK(config.vocab_size >= 256, "--prompt needs a byte-level model (vocab >= 256); this one has vocab ",
-                 config.vocab_size, ": pass --prompt-tokens instead");
+  if (!o.prompt.empty()) {
+    ZERONE_CHECK(o.tokenizer.empty(), "--prompt is encoded byte by byte, which --tokenizer's vocabulary does not ",
+                 "use (llm.c's tokenizer file only decodes): pass --prompt-tokens instead");
+    ZERONE_CHECK(config.vocab_size == io::kByteVocabSize || config.vocab_size == 256,
+                 "--prompt is encoded byte by byte, but this model's vocabulary has ", config.vocab_size,
+                 " tokens, not the byte vocabulary of ", io::kByteVocabSize, ": pass --prompt-tokens instead");
     tokens = io::byte_encode(o.prompt);
   }
   if (tokens.empty()) tokens.push_back(config.vocab_size > io::kByteEot ? io::kByteEot : 0);

@@ -10,8 +10,8 @@ namespace zerone::train {
 
 struct SampleOptions {
   std::string init;                    // llm.c checkpoint (required)
-  std::string prompt;                  // text, byte-level encoded (needs a model with vocab >= 256)
-  std::vector<int32_t> prompt_tokens;  // or token ids directly
+  std::string prompt;                  // text, byte-level encoded (needs a byte-level model: vocab 256 or 257, no tokenizer)
+  std::vector<int32_t> prompt_tokens;  // or token ids directly (not both)
   std::string tokenizer;               // llm.c tokenizer file for decoding; empty: byte-level
   int num_tokens = 256;
   float temperature = 1.0f;            // 0: greedy

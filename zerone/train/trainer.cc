@@ -15,6 +15,7 @@
 #include "zerone/io/token_shards.h"
 #include "zerone/io/tokenizer.h"
 #include "zerone/optim/adamw.h"
+#include "zerone/train/lr_schedule.h"
 #include "zerone/train/markov_source.h"
 #include "zerone/train/metrics.h"
 #include "zerone/zero/engine.h"
@@ -111,11 +112,15 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   const bool lead = rank == 0;
   const bool default_run = cfg.data.empty();
   ZERONE_CHECK(!(default_run && !cfg.val_data.empty()), "--val-data given without --data");
+  resolve_batch_sizes(cfg, world);  // before the default run's batch, which fills only what is not given
   if (default_run) cfg = default_run_config(cfg);
   validate(cfg);
   if (cfg.threads > 0) omp_set_num_threads(cfg.threads);
   else if (int t = default_threads_per_rank(); t > 0) omp_set_num_threads(t);
   const DType dtype = resolve_precision(cfg.precision);
+  check_settings_take_effect(cfg, dtype == DType::f16, default_run || !cfg.val_data.empty());
+  if (lead)
+    for (const std::string& notice : cfg.notices) std::fprintf(stderr, "zerone: notice: %s\n", notice.c_str());
 
   // Model shape: --model, else the --init file's header; both given must agree.
   nn::GPT2Config model_config;
@@ -184,6 +189,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
                                                 cfg.initial_scale_power, cfg.loss_scale_window, cfg.hysteresis,
                                                 cfg.min_loss_scale});
 
+  LrSchedule schedule(lr_schedule_config(cfg));
   std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(inputs.size());
   TrainResult result;
   Profiler::set_enabled(cfg.profile);
@@ -207,9 +213,10 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     // The reported loss is the mean over the global batch.
     float loss = static_cast<float>(comm.all_reduce_sum(loss_sum) / (static_cast<double>(cfg.grad_accum) * world));
     ZERONE_CHECK(std::isfinite(loss), "training diverged at step ", step, ": loss ", loss, " (try a lower --lr or --grad-clip)");
-    float lr = learning_rate(cfg, step, cfg.steps);
+    float lr = static_cast<float>(schedule.lr());
     zero::ZeroEngine::StepResult stepped = engine.step(lr, cfg.grad_clip, loss_scale, scaled);
     if (scaled) scaler.update(stepped.overflow);
+    schedule.advance(!stepped.overflow);
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (step >= 2) profiled_wall_s += ms / 1000.0;
 

@@ -423,13 +423,11 @@ void ConfigReader::read_scheduler(const json& v) {
   } else if (type == "OneCycle" || type == "LRRangeTest") {
     not_implemented("scheduler.type", o["type"], str_cat("the ", type, " schedule"));
   } else {
-    fail(  "scheduler.type", o["type"], "WarmupLR, WarmupDecayLR or WarmupCosineLR");
+    fail("scheduler.type", o["type"], "WarmupLR, WarmupDecayLR or WarmupCosineLR");
   }
   for (auto& [k, kv] : o.items())
     if (k != "type" && k != "params") fail_text("scheduler." + k, "is unknown (expected type, params)");
-  cfg_.given.insert("--lr-schedule");
-  cfg_.config_keys["--lr-schedule"] = "scheduler.type";
-  cfg_.lr_schedule = schedule;
+  if (claim("--lr-schedule", "scheduler.type")) cfg_.lr_schedule = schedule;
   const json empty = json::object();
   const json& p = o.contains("params") ? object(o["params"], "scheduler.params") : empty;
   for (auto& [pk, pv] : p.items()) {

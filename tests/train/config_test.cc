@@ -309,7 +309,7 @@ TEST(Config, AbsurdValuesAreRejectedByName) {
     mutate(c);
     expect_error([&] { validate(c); }, needle);
   };
-  bad([](TrainConfig& c) { c.micro_batch = 0; }, "--micro-batch 0 is out of range: expected 1..65536");
+  bad([](TrainConfig& c) { c.micro_batch = 0; }, "--micro-batch 0 is out of range: expected an integer in 1..65536");
   bad([](TrainConfig& c) { c.lr = -1; }, "--lr -1 is out of range: expected a number in (0, 10]");
   bad([](TrainConfig& c) { c.lr = NAN; }, "--lr");
   bad([](TrainConfig& c) { c.beta2 = 1.0f; }, "--beta2");

@@ -24,6 +24,9 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 // that a value out of range is refused the same way whichever way it came.
 struct IntRange {
   int64_t lo, hi;
+  std::string text() const {
+    return hi == std::numeric_limits<int64_t>::max() ? str_cat("an integer >= ", lo) : str_cat("an integer in ", lo, "..", hi);
+  }
 };
 const std::map<std::string, IntRange> kIntRanges = {
     {"--train-batch-size", {0, kInt32Max}},
@@ -142,7 +145,7 @@ class ConfigReader {
   void no_effect(const std::string& key) { no_effect_.push_back(key); }
 
   int64_t integer(const json& v, const std::string& key, IntRange r) const {
-    const std::string expected = str_cat("an integer in ", r.lo, "..", r.hi);
+    const std::string expected = r.text();
     if (v.is_number_unsigned()) {
       uint64_t u = v.get<uint64_t>();
       if (u > static_cast<uint64_t>(r.hi) || static_cast<int64_t>(u) < r.lo) fail(key, v, expected);
@@ -503,7 +506,8 @@ void ConfigReader::read_zero(const json& v) {
 
 void check_int(const std::string& flag, int64_t value) {
   IntRange r = kIntRanges.at(flag);
-  ZERONE_CHECK(value >= r.lo && value <= r.hi, flag, " ", value, " is out of range: expected ", r.lo, "..", r.hi);
+  ZERONE_CHECK(!(value < 0 && r.lo == 0), flag, " ", value, " is negative");
+  ZERONE_CHECK(value >= r.lo && value <= r.hi, flag, " ", value, " is out of range: expected ", r.text());
 }
 void check_float(const std::string& flag, double value) {
   const FloatRange& r = kFloatRanges.at(flag);

@@ -37,14 +37,21 @@ void add_train_flags(CLI::App& cmd, train::TrainConfig& c, std::string& config_p
   cmd.add_option("--data", c.data, "glob of llm.c token shards; without it, the built-in Markov corpus");
   cmd.add_option("--val-data", c.val_data, "glob of validation token shards");
   cmd.add_option("--save", c.save, "write an llm.c checkpoint here at the end");
+  cmd.add_option("--train-batch-size", c.train_batch_size,
+                 "sequences per optimizer step over all ranks (DeepSpeed's train_batch_size; derives --micro-batch or --grad-accum)");
   cmd.add_option("--micro-batch", c.micro_batch, "sequences per micro-step (B)");
   cmd.add_option("--seq", c.seq, "tokens per sequence (T)");
   cmd.add_option("--grad-accum", c.grad_accum, "micro-steps per optimizer step");
   cmd.add_option("--steps", c.steps, "optimizer steps");
   cmd.add_option("--lr", c.lr, "peak learning rate");
-  cmd.add_option("--warmup", c.warmup, "linear warmup steps");
-  cmd.add_option("--lr-schedule", c.lr_schedule, "constant or cosine");
-  cmd.add_option("--min-lr-frac", c.min_lr_frac, "cosine floor as a fraction of --lr");
+  cmd.add_option("--warmup", c.warmup, "warmup steps (DeepSpeed schedules: warmup_num_steps)");
+  cmd.add_option("--lr-schedule", c.lr_schedule,
+                 "constant, cosine, or DeepSpeed's warmup-lr (WarmupLR), warmup-decay (WarmupDecayLR), warmup-cosine (WarmupCosineLR)");
+  cmd.add_option("--min-lr-frac", c.min_lr_frac, "cosine floor as a fraction of --lr (warmup-cosine: cos_min_ratio, default 1e-4)");
+  cmd.add_option("--warmup-type", c.warmup_type, "DeepSpeed schedules: log (default) or linear warmup");
+  cmd.add_option("--warmup-min-lr", c.warmup_min_lr, "warmup-lr, warmup-decay: lr the warmup starts from (0)");
+  cmd.add_option("--warmup-min-ratio", c.warmup_min_ratio, "warmup-cosine: warmup starts from --lr times this (0)");
+  cmd.add_option("--total-steps", c.total_steps, "warmup-decay, warmup-cosine: total_num_steps (default --steps)");
   cmd.add_option("--weight-decay", c.weight_decay, "AdamW weight decay (matrices and embeddings)");
   cmd.add_option("--beta1", c.beta1, "AdamW beta1");
   cmd.add_option("--beta2", c.beta2, "AdamW beta2");

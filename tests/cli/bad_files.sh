@@ -34,5 +34,5 @@ if ls "$d"/missing* >/dev/null 2>&1; then echo "FAIL: partial output left"; fail
 printf '{"train_micro_batch_size_per_gpu": 4,' > "$d/broken.json"
 check "broken.json' is not valid JSON" "$Z" train --config "$d/broken.json"
 printf '{"zero_optimization": {"stage": 5}}' > "$d/stage.json"
-check "--zero-stage 5 is out of range" "$Z" train --config "$d/stage.json"
+check "key 'zero_optimization.stage' is 5, expected an integer in 0..3" "$Z" train --config "$d/stage.json"
 exit $fail

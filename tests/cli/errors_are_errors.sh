@@ -44,7 +44,7 @@ error text_is_fifo "--text: '.*pipe.bin' is a named pipe" "$Z" prepare --text "$
 error sample_init_fifo "'.*pipe.bin' is a named pipe" "$Z" sample --init "$d/pipe.bin"
 
 # Messages that say the real rule.
-error grad_accum_range "--grad-accum 1000000000 is out of range: expected 1..1048576" "$Z" "${base[@]}" --grad-accum 1000000000
+error grad_accum_range "--grad-accum 1000000000 is out of range: expected an integer in 1..1048576" "$Z" "${base[@]}" --grad-accum 1000000000
 error device_mem_nan "--device-mem nan is out of range: expected a finite number" "$Z" estimate --model gpt2-124m --world 1 --device-mem nan
 "$Z" "${base[@]}" --steps 1 --save "$d/m.bin" > /dev/null 2>&1 || { echo "FAIL: could not train a model"; fail=1; }
 python3 - "$d/m.bin" "$d/bad_heads.bin" <<'PY'

@@ -1,6 +1,8 @@
 #include "zerone/train/config.h"
 
 #include <cmath>
+#include <limits>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <utility>
@@ -8,6 +10,7 @@
 
 #include "zerone/core/error.h"
 #include "zerone/io/file.h"
+#include "zerone/train/lr_schedule.h"
 
 namespace zerone::train {
 
@@ -15,30 +18,507 @@ using json = nlohmann::json;
 
 namespace {
 
-// DeepSpeed keys that do not change training here; accepted so existing configs load.
-const std::set<std::string> kIgnoredKeys = {"steps_per_print", "wall_clock_breakdown", "train_batch_size",
-                                            "prescale_gradients", "gradient_predivide_factor", "comment"};
+constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+constexpr double kInf = std::numeric_limits<double>::infinity();
 
-template <typename T>
-T get_as(const json& value, const std::string& path, const std::string& key, const char* expected) {
-  try {
-    return value.get<T>();
-  } catch (const json::exception&) {
-    throw Error(str_cat("config '", path, "': key '", key, "' is ", value.dump(), ", expected ", expected));
+// The allowed values of each setting, shared by validate() (flags) and the JSON reader (keys), so
+// that a value out of range is refused the same way whichever way it came.
+struct IntRange {
+  int64_t lo, hi;
+  std::string text() const {
+    return hi == std::numeric_limits<int64_t>::max() ? str_cat("an integer >= ", lo) : str_cat("an integer in ", lo, "..", hi);
   }
+};
+const std::map<std::string, IntRange> kIntRanges = {
+    {"--train-batch-size", {0, kInt32Max}},
+    {"--micro-batch", {1, 65536}},
+    {"--seq", {1, 1048576}},
+    {"--grad-accum", {1, 1048576}},
+    {"--steps", {1, 100000000}},
+    {"--warmup", {0, 100000000}},
+    {"--total-steps", {0, 100000000}},
+    {"--threads", {0, 4096}},
+    {"--val-every", {0, 100000000}},
+    {"--val-batches", {1, 1000000}},
+    {"--initial-scale-power", {0, 64}},
+    {"--loss-scale-window", {1, kInt32Max}},
+    {"--hysteresis", {1, kInt32Max}},
+    {"--zero-stage", {0, 3}},
+    {"--reduce-bucket-size", {1, kInt32Max}},
+    {"--allgather-bucket-size", {1, kInt32Max}},
+    {"--stage3-prefetch-bucket-size", {0, kInt64Max}},
+    {"--stage3-param-persistence-threshold", {0, kInt64Max}},
+};
+
+struct FloatRange {
+  double lo, hi;
+  bool lo_open, hi_open;
+  bool contains(double x) const {
+    return std::isfinite(x) && (lo_open ? x > lo : x >= lo) && (hi_open ? x < hi : x <= hi);
+  }
+  std::string text() const {
+    if (std::isinf(hi)) return str_cat("a number ", lo_open ? "> " : ">= ", lo);
+    return str_cat("a number in ", lo_open ? "(" : "[", lo, ", ", hi, hi_open ? ")" : "]");
+  }
+};
+const std::map<std::string, FloatRange> kFloatRanges = {
+    {"--lr", {0, 10, true, false}},
+    {"--weight-decay", {0, 10, false, true}},
+    {"--beta1", {0, 1, false, true}},
+    {"--beta2", {0, 1, false, true}},
+    {"--eps", {0, 1, true, true}},
+    {"--grad-clip", {0, kInf, false, true}},
+    {"--min-lr-frac", {0, 1, false, false}},
+    {"--warmup-min-lr", {0, 10, false, false}},
+    {"--warmup-min-ratio", {0, 1, false, false}},
+    {"--loss-scale", {0, kInf, false, true}},
+    {"--min-loss-scale", {0, kInf, true, true}},
+};
+
+// Note [DeepSpeed config keys]: every key of a config file is honoured (it sets a zerone setting),
+// accepted and listed in one notice (it only tunes something zerone does not have and cannot
+// change results), or refused with an error naming it (it would change results or the memory the
+// user relies on, and zerone does not implement it yet; or it is unknown). README's table "DeepSpeed
+// config keys" is the user-facing copy of these lists.
+
+// Top-level keys that tune machinery zerone lacks (logging, profiling, I/O, checkpoint engines).
+const std::set<std::string> kNoEffectTop = {
+    "steps_per_print", "wall_clock_breakdown", "memory_breakdown", "dump_state", "comment", "prescale_gradients",
+    "gradient_predivide_factor", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "tensorboard",
+    "wandb", "csv_monitor", "comet", "flops_profiler", "comms_logger", "monitor_config", "aio", "checkpoint",
+    "compile", "timers", "nebula", "eigenvalue", "pipeline", "dataloader_drop_last", "sparse_gradients",
+    "legacy_fusion", "seq_parallel_communication_data_type", "disable_allgather", "fp32_allreduce"};
+// Top-level blocks whose "enabled": true would change training; disabled they do nothing.
+const std::set<std::string> kEnabledGatedTop = {"elasticity",         "amp",          "curriculum_learning",
+                                                "data_efficiency",    "autotuning",   "progressive_layer_drop",
+                                                "quantize_training"};
+// zero_optimization keys that tune machinery zerone lacks (stage-3 caches, checkpoint gathering,
+// offload sub-groups) and cannot change results.
+const std::set<std::string> kNoEffectZero = {
+    "round_robin_gradients", "sub_group_size", "stage3_max_live_parameters", "max_live_parameters",
+    "stage3_max_reuse_distance", "max_reuse_distance", "stage3_gather_16bit_weights_on_model_save",
+    "gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save", "elastic_checkpoint",
+    "ignore_unused_parameters", "load_from_fp32_weights", "legacy_stage1", "memory_efficient_linear",
+    "use_multi_rank_bucket_allreduce", "cpu_offload_use_pin_memory", "log_trace_cache_warnings",
+    "stage3_module_granularity_threshold", "module_granularity_threshold", "use_all_reduce_for_fetch_params",
+    "stage3_model_persistence_threshold", "model_persistence_threshold", "zero_hpz_partition_size",
+    "pipeline_loading_checkpoint", "override_module_apply", "mics_hierarchical_params_gather"};
+// zero_optimization switches zerone always has on: true is honoured, false only costs speed in
+// DeepSpeed and has no effect here.
+const std::set<std::string> kAlwaysOnZero = {"overlap_comm", "contiguous_gradients", "reduce_scatter",
+                                             "allgather_partitions"};
+// zero_optimization switches of capabilities zerone lacks: false is accepted, true is an error.
+const std::set<std::string> kOffByDefaultZero = {"zero_quantized_weights", "zero_quantized_nontrainable_weights",
+                                                 "zero_quantized_gradients", "cpu_offload", "cpu_offload_params"};
+const std::set<std::string> kOffloadKeys = {"device",        "nvme_path",      "buffer_count", "buffer_size",
+                                            "max_in_cpu",    "pin_memory",     "pipeline",     "pipeline_read",
+                                            "pipeline_write", "fast_init",     "ratio",        "super_offload",
+                                            "cpuadam_cores_perc"};
+
+bool is_auto(const json& v) { return v.is_string() && v.get<std::string>() == "auto"; }
+
+// Reads one config file into a TrainConfig: typed, range-checked values; "auto" leaves a setting
+// alone; a flag given on the command line wins.
+class ConfigReader {
+ public:
+  ConfigReader(const std::string& path, TrainConfig& cfg) : path_(path), cfg_(cfg), on_command_line_(cfg.given) {}
+
+  void read(const json& root);
+
+ private:
+  [[noreturn]] void fail(const std::string& key, const json& v, const std::string& expected) const {
+    throw Error(str_cat("config '", path_, "': key '", key, "' is ", v.dump(), ", expected ", expected));
+  }
+  [[noreturn]] void fail_text(const std::string& key, const std::string& text) const {
+    throw Error(str_cat("config '", path_, "': key '", key, "' ", text));
+  }
+  [[noreturn]] void not_implemented(const std::string& key, const json& v, const std::string& what) const {
+    fail_text(key, str_cat("is ", v.dump(), ": ", what, " is not implemented in zerone yet"));
+  }
+
+  // Whether the file sets `flag` (the command line did not); records that it did, through `key`.
+  bool claim(const std::string& flag, const std::string& key) {
+    if (on_command_line_.count(flag)) return false;
+    cfg_.given.insert(flag);
+    cfg_.config_keys[flag] = key;
+    return true;
+  }
+  void no_effect(const std::string& key) { no_effect_.push_back(key); }
+
+  int64_t integer(const json& v, const std::string& key, IntRange r) const {
+    const std::string expected = r.text();
+    if (v.is_number_unsigned()) {
+      uint64_t u = v.get<uint64_t>();
+      if (u > static_cast<uint64_t>(r.hi) || static_cast<int64_t>(u) < r.lo) fail(key, v, expected);
+      return static_cast<int64_t>(u);
+    }
+    if (v.is_number_integer()) {
+      int64_t x = v.get<int64_t>();
+      if (x < r.lo || x > r.hi) fail(key, v, expected);
+      return x;
+    }
+    if (v.is_number_float()) {  // 5e8 is an integer in DeepSpeed's configs; 2.7 is not
+      double d = v.get<double>();
+      if (std::isfinite(d) && d == std::floor(d) && std::abs(d) < 9e18 && d >= static_cast<double>(r.lo) &&
+          d <= static_cast<double>(r.hi))
+        return static_cast<int64_t>(d);
+    }
+    fail(key, v, expected);
+  }
+  double number(const json& v, const std::string& key, const FloatRange& r) const {
+    if (!v.is_number() || !r.contains(v.get<double>())) fail(key, v, r.text());
+    return v.get<double>();
+  }
+  bool boolean(const json& v, const std::string& key) const {
+    if (!v.is_boolean()) fail(key, v, "true or false");
+    return v.get<bool>();
+  }
+  std::string text(const json& v, const std::string& key) const {
+    if (!v.is_string()) fail(key, v, "a string");
+    return v.get<std::string>();
+  }
+  const json& object(const json& v, const std::string& key) const {
+    if (!v.is_object()) fail(key, v, "an object");
+    return v;
+  }
+
+  // Typed setters: "auto" leaves the setting to its flag or default; the value is checked even
+  // when the command line wins, so a broken file is always reported.
+  template <typename T>
+  void set_int(const json& v, const std::string& key, const std::string& flag, T& field) {
+    set_int_in(v, key, flag, field, kIntRanges.at(flag));
+  }
+  template <typename T>
+  void set_int_in(const json& v, const std::string& key, const std::string& flag, T& field, IntRange r) {
+    if (is_auto(v)) return;
+    int64_t x = integer(v, key, r);
+    if (claim(flag, key)) field = static_cast<T>(x);
+  }
+  template <typename T>
+  void set_number(const json& v, const std::string& key, const std::string& flag, T& field) {
+    if (is_auto(v)) return;
+    double x = number(v, key, kFloatRanges.at(flag));
+    if (claim(flag, key)) field = static_cast<T>(x);
+  }
+  void set_string(const json& v, const std::string& key, const std::string& flag, std::string& field) {
+    std::string x = text(v, key);
+    if (claim(flag, key)) field = x;
+  }
+  void set_bool(const json& v, const std::string& key, const std::string& flag, bool& field) {
+    if (is_auto(v)) return;
+    bool x = boolean(v, key);
+    if (claim(flag, key)) field = x;
+  }
+
+  // An "enabled" switch: nullopt for "auto" (from the flag or default).
+  std::optional<bool> enabled_switch(const json& block, const std::string& key) {
+    if (!block.contains("enabled")) return false;  // DeepSpeed's default for every block
+    const json& e = block["enabled"];
+    if (is_auto(e)) return std::nullopt;
+    return boolean(e, key + ".enabled");
+  }
+
+  void read_precision_block(const std::string& key, const json& v);
+  void read_optimizer(const json& v);
+  void read_scheduler(const json& v);
+  void read_zero(const json& v);
+  void resolve_precision();
+
+  const std::string path_;
+  TrainConfig& cfg_;
+  const std::set<std::string> on_command_line_;
+  std::vector<std::string> no_effect_;
+  // Precision as the file states it: nullopt = not stated (absent or "auto").
+  std::optional<bool> bf16_, fp16_;
+  std::string bf16_key_;  // "bf16" or "bfloat16"
+  std::optional<std::string> precision_key_;
+};
+
+void ConfigReader::read(const json& root) {
+  if (!root.is_object()) throw Error(str_cat("config '", path_, "': expected a JSON object at the top level"));
+  for (auto& [key, v] : root.items()) {
+    if (key == "train_batch_size") set_int_in(v, key, "--train-batch-size", cfg_.train_batch_size, {1, kInt32Max});
+    else if (key == "train_micro_batch_size_per_gpu") set_int(v, key, "--micro-batch", cfg_.micro_batch);
+    else if (key == "gradient_accumulation_steps") set_int(v, key, "--grad-accum", cfg_.grad_accum);
+    else if (key == "gradient_clipping") set_number(v, key, "--grad-clip", cfg_.grad_clip);
+    else if (key == "model") set_string(v, key, "--model", cfg_.model);
+    else if (key == "init") set_string(v, key, "--init", cfg_.init);
+    else if (key == "data") set_string(v, key, "--data", cfg_.data);
+    else if (key == "val_data") set_string(v, key, "--val-data", cfg_.val_data);
+    else if (key == "save") set_string(v, key, "--save", cfg_.save);
+    else if (key == "metrics") set_string(v, key, "--metrics", cfg_.metrics);
+    else if (key == "precision") {
+      precision_key_ = text(v, key);
+    } else if (key == "seq" || key == "seq_len") set_int(v, key, "--seq", cfg_.seq);
+    else if (key == "steps" || key == "train_iters") set_int(v, key, "--steps", cfg_.steps);
+    else if (key == "seed") {
+      if (!v.is_number_unsigned()) fail(key, v, "an integer in 0..18446744073709551615");
+      uint64_t seed = v.get<uint64_t>();
+      if (claim("--seed", key)) cfg_.seed = seed;
+    } else if (key == "no_shuffle") set_bool(v, key, "--no-shuffle", cfg_.no_shuffle);
+    else if (key == "profile") set_bool(v, key, "--profile", cfg_.profile);
+    else if (key == "threads") set_int(v, key, "--threads", cfg_.threads);
+    else if (key == "val_every") set_int(v, key, "--val-every", cfg_.val_every);
+    else if (key == "val_batches") set_int(v, key, "--val-batches", cfg_.val_batches);
+    else if (key == "bf16" || key == "bfloat16" || key == "fp16") read_precision_block(key, v);
+    else if (key == "optimizer") read_optimizer(v);
+    else if (key == "zero_optimization") read_zero(v);
+    else if (key == "scheduler") continue;  // after the optimizer, whose lr it may replace
+    else if (key == "activation_checkpointing") {
+      object(v, key);
+      no_effect("activation_checkpointing (not implemented yet; it saves memory only)");
+    } else if (key == "communication_data_type") {
+      // zerone reduces gradients in f32.
+      if (!v.is_null() && !(v.is_string() && (v == "fp32" || v == "float32")))
+        not_implemented(key, v, "communication in a precision other than fp32");
+    } else if (key == "data_types") {
+      for (auto& [dk, dv] : object(v, key).items()) {
+        std::string full = "data_types." + dk;
+        if (dk != "grad_accum_dtype") fail_text(full, "is unknown (expected grad_accum_dtype)");
+        // zerone accumulates gradients in f32.
+        if (!dv.is_null() && !(dv.is_string() && (dv == "fp32" || dv == "float32")))
+          not_implemented(full, dv, "gradient accumulation in a precision other than fp32");
+      }
+    } else if (kEnabledGatedTop.count(key)) {
+      std::optional<bool> on = v.is_object() ? enabled_switch(v, key) : std::optional<bool>(boolean(v, key));
+      if (on.value_or(false)) not_implemented(key + ".enabled", true, key);
+      no_effect(key);
+    } else if (key == "sparse_attention") {
+      not_implemented(key, v, "sparse attention");
+    } else if (kNoEffectTop.count(key)) {
+      no_effect(key);
+    } else {
+      fail_text(key, "is unknown");
+    }
+  }
+  if (root.contains("scheduler")) read_scheduler(root["scheduler"]);
+  resolve_precision();
+  if (!no_effect_.empty()) {
+    std::string list;
+    for (const std::string& k : no_effect_) list += (list.empty() ? "" : ", ") + k;
+    cfg_.notices.push_back(str_cat("config keys with no effect here: ", list));
+  }
+}
+
+void ConfigReader::read_precision_block(const std::string& key, const json& v) {
+  object(v, key);
+  if (key != "fp16") {
+    if (!bf16_key_.empty()) fail_text(key, str_cat("repeats '", bf16_key_, "' (bfloat16 is DeepSpeed's old name for bf16)"));
+    bf16_key_ = key;
+  }
+  (key == "fp16" ? fp16_ : bf16_) = enabled_switch(v, key);
+  for (auto& [fk, fv] : v.items()) {
+    const std::string full = key + "." + fk;
+    if (fk == "enabled") continue;
+    if (key == "fp16") {
+      if (fk == "loss_scale") set_number(fv, full, "--loss-scale", cfg_.loss_scale);
+      else if (fk == "initial_scale_power") set_int(fv, full, "--initial-scale-power", cfg_.initial_scale_power);
+      else if (fk == "loss_scale_window") set_int(fv, full, "--loss-scale-window", cfg_.loss_scale_window);
+      else if (fk == "hysteresis") set_int(fv, full, "--hysteresis", cfg_.hysteresis);
+      else if (fk == "min_loss_scale") set_number(fv, full, "--min-loss-scale", cfg_.min_loss_scale);
+      else if (fk == "consecutive_hysteresis") {
+        // zerone restores the hysteresis only when the scale grows: DeepSpeed's false.
+        if (!is_auto(fv) && boolean(fv, full)) not_implemented(full, fv, "consecutive hysteresis");
+      } else if (fk == "fp16_master_weights_and_grads") {
+        if (!is_auto(fv) && boolean(fv, full)) not_implemented(full, fv, "fp16 master weights");
+      } else if (fk == "auto_cast") no_effect(full);
+      else fail_text(full, "is unknown");
+    } else {
+      if (fk == "immediate_grad_update" || fk == "check_grad_overflow") no_effect(full);
+      else if (fk == "bf16_master_weights_and_grads" || fk == "bf16_optimizer_states") {
+        if (!is_auto(fv) && boolean(fv, full)) not_implemented(full, fv, "bf16 master weights or optimizer states");
+      } else fail_text(full, "is unknown");
+    }
+  }
+}
+
+// Note [Precision from a config]: DeepSpeed trains in fp32 unless bf16 (or its old name bfloat16)
+// or fp16 is enabled, and refuses both at once. A file that states precision (an enabled switch
+// that is not "auto") is obeyed: bf16.enabled false and no fp16 is fp32, not zerone's default
+// (bf16 where the CPU has it). --precision on the command line wins over the file.
+void ConfigReader::resolve_precision() {
+  if (bf16_.value_or(false) && fp16_.value_or(false))
+    throw Error(str_cat("config '", path_, "': ", bf16_key_, ".enabled and fp16.enabled are both true: choose one"));
+  std::optional<std::string> stated;
+  if (bf16_.value_or(false)) stated = "bf16";
+  else if (fp16_.value_or(false)) stated = "fp16";
+  else if (bf16_.has_value() || fp16_.has_value()) stated = "fp32";
+  if (precision_key_ && stated && *precision_key_ != *stated)
+    throw Error(str_cat("config '", path_, "': key 'precision' is \"", *precision_key_, "\" but the ",
+                        bf16_.has_value() ? bf16_key_ : "fp16", " block says ", *stated));
+  std::string key = precision_key_ ? "precision"
+                    : bf16_.value_or(false) || !fp16_.has_value() ? bf16_key_ + ".enabled"
+                                                                   : "fp16.enabled";
+  if (precision_key_) stated = precision_key_;
+  if (stated && claim("--precision", key)) cfg_.precision = *stated;
+}
+
+// Note [DeepSpeed's Adam]: DeepSpeed's "Adam" and "AdamW" (any case) are one optimizer (FusedAdam,
+// DeepSpeedCPUAdam, or torch's with torch_adam) whose weight decay is decoupled (AdamW) unless the
+// type is Adam and params.adam_w_mode is false: then weight decay is L2 regularisation added to the
+// gradient, which zerone does not implement (an error unless weight_decay is 0, where both agree).
+// Absent params take DeepSpeed's defaults: lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight_decay 0
+// (0.01 for torch_adam AdamW, torch's default).
+void ConfigReader::read_optimizer(const json& v) {
+  const json& o = object(v, "optimizer");
+  if (!o.contains("type")) fail_text("optimizer", "has no 'type' (expected Adam or AdamW)");
+  std::string type = text(o["type"], "optimizer.type");
+  std::string lower;
+  for (char c : type) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (lower != "adam" && lower != "adamw") not_implemented("optimizer.type", o["type"], str_cat("optimizer ", type, " (zerone has Adam and AdamW)"));
+  bool adam_w_mode = true, torch_adam = false;
+  const json empty = json::object();
+  const json& p = o.contains("params") ? object(o["params"], "optimizer.params") : empty;
+  for (auto& [pk, pv] : o.items())
+    if (pk != "type" && pk != "params") fail_text("optimizer." + pk, "is unknown (expected type, params)");
+  for (auto& [pk, pv] : p.items()) {
+    const std::string full = "optimizer.params." + pk;
+    if (pk == "lr") set_number(pv, full, "--lr", cfg_.lr);
+    else if (pk == "eps") set_number(pv, full, "--eps", cfg_.eps);
+    else if (pk == "weight_decay") set_number(pv, full, "--weight-decay", cfg_.weight_decay);
+    else if (pk == "betas") {
+      if (is_auto(pv)) continue;
+      if (!pv.is_array() || pv.size() != 2) fail(full, pv, "a list of two numbers");
+      set_number(pv[0], full + "[0]", "--beta1", cfg_.beta1);
+      set_number(pv[1], full + "[1]", "--beta2", cfg_.beta2);
+    } else if (pk == "adam_w_mode") adam_w_mode = boolean(pv, full);
+    else if (pk == "torch_adam") torch_adam = boolean(pv, full);
+    else if (pk == "bias_correction") {
+      if (!boolean(pv, full)) not_implemented(full, pv, "Adam without bias correction");
+    } else if (pk == "amsgrad") {
+      if (boolean(pv, full)) not_implemented(full, pv, "AMSGrad");
+    } else if (pk == "max_grad_norm") {
+      fail_text(full, "is not an optimizer parameter in DeepSpeed: use the top-level key gradient_clipping");
+    } else {
+      fail_text(full, "is unknown (expected lr, betas, eps, weight_decay, bias_correction, amsgrad, adam_w_mode, torch_adam)");
+    }
+  }
+  const bool decoupled = lower == "adamw" || adam_w_mode;
+  if (!p.contains("lr") && claim("--lr", "optimizer (DeepSpeed's default lr)")) cfg_.lr = 1e-3f;
+  if (!p.contains("weight_decay") && torch_adam && decoupled &&
+      claim("--weight-decay", "optimizer (torch AdamW's default weight_decay)"))
+    cfg_.weight_decay = 0.01f;
+  if (!decoupled && cfg_.weight_decay != 0.0f)
+    throw Error(str_cat("config '", path_, "': optimizer.type \"", type, "\" with optimizer.params.adam_w_mode false is ",
+                        "Adam with L2 regularisation (weight decay ", cfg_.weight_decay, " added to the gradient), ",
+                        "which is not implemented in zerone yet; zerone's AdamW decays weights decoupled: use ",
+                        "type AdamW or weight_decay 0"));
+}
+
+void ConfigReader::read_scheduler(const json& v) {
+  const json& o = object(v, "scheduler");
+  if (on_command_line_.count("--lr-schedule")) {
+    cfg_.notices.push_back(str_cat("--lr-schedule ", cfg_.lr_schedule, " replaces the scheduler of config '", path_, "'"));
+    return;
+  }
+  if (!o.contains("type")) fail_text("scheduler", "has no 'type' (expected WarmupLR, WarmupDecayLR or WarmupCosineLR)");
+  const std::string type = text(o["type"], "scheduler.type");
+  std::string schedule;
+  std::set<std::string> params;
+  if (type == "WarmupLR") {
+    schedule = "warmup-lr";
+    params = {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "last_batch_iteration"};
+  } else if (type == "WarmupDecayLR") {
+    schedule = "warmup-decay";
+    params = {"total_num_steps", "warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "last_batch_iteration"};
+  } else if (type == "WarmupCosineLR") {
+    schedule = "warmup-cosine";
+    params = {"total_num_steps", "warmup_min_ratio", "warmup_num_steps", "cos_min_ratio", "warmup_type", "last_batch_iteration"};
+  } else if (type == "OneCycle" || type == "LRRangeTest") {
+    not_implemented("scheduler.type", o["type"], str_cat("the ", type, " schedule"));
+  } else {
+    fail("scheduler.type", o["type"], "WarmupLR, WarmupDecayLR or WarmupCosineLR");
+  }
+  for (auto& [k, kv] : o.items())
+    if (k != "type" && k != "params") fail_text("scheduler." + k, "is unknown (expected type, params)");
+  if (claim("--lr-schedule", "scheduler.type")) cfg_.lr_schedule = schedule;
+  const json empty = json::object();
+  const json& p = o.contains("params") ? object(o["params"], "scheduler.params") : empty;
+  for (auto& [pk, pv] : p.items()) {
+    const std::string full = "scheduler.params." + pk;
+    if (!params.count(pk)) {
+      std::string list;
+      for (const std::string& name : params) list += (list.empty() ? "" : ", ") + name;
+      fail_text(full, str_cat("is not a parameter of ", type, " (expected ", list, ")"));
+    }
+    if (pk == "warmup_min_lr") set_number(pv, full, "--warmup-min-lr", cfg_.warmup_min_lr);
+    else if (pk == "warmup_max_lr") set_number(pv, full, "--lr", cfg_.lr);
+    else if (pk == "warmup_num_steps") set_int(pv, full, "--warmup", cfg_.warmup);
+    else if (pk == "total_num_steps") set_int_in(pv, full, "--total-steps", cfg_.total_steps, {1, 100000000});
+    else if (pk == "warmup_min_ratio") set_number(pv, full, "--warmup-min-ratio", cfg_.warmup_min_ratio);
+    else if (pk == "cos_min_ratio") set_number(pv, full, "--min-lr-frac", cfg_.min_lr_frac);
+    else if (pk == "warmup_type") {
+      if (is_auto(pv)) continue;
+      std::string t = text(pv, full);
+      if (t != "log" && t != "linear") fail(full, pv, "\"log\" or \"linear\"");
+      if (claim("--warmup-type", full)) cfg_.warmup_type = t;
+    } else if (pk == "last_batch_iteration") {
+      if (!is_auto(pv) && integer(pv, full, {-1, kInt32Max}) != -1)
+        not_implemented(full, pv, "starting a schedule part-way (last_batch_iteration other than -1)");
+    }
+  }
+  // DeepSpeed's defaults for absent parameters.
+  if (!p.contains("warmup_num_steps") && claim("--warmup", "scheduler (DeepSpeed's default warmup_num_steps)"))
+    cfg_.warmup = 1000;
+  if (type == "WarmupDecayLR" && !p.contains("warmup_max_lr") && claim("--lr", "scheduler (DeepSpeed's default warmup_max_lr)"))
+    cfg_.lr = 1e-3f;
+  if (type != "WarmupLR" && !p.contains("total_num_steps"))
+    fail_text("scheduler.params", str_cat("has no total_num_steps, which ", type, " requires (\"auto\": --total-steps, default --steps)"));
+}
+
+void ConfigReader::read_zero(const json& v) {
+  for (auto& [zk, zv] : object(v, "zero_optimization").items()) {
+    const std::string full = "zero_optimization." + zk;
+    if (zk == "stage") set_int(zv, full, "--zero-stage", cfg_.zero_stage);
+    else if (zk == "reduce_bucket_size") set_int(zv, full, "--reduce-bucket-size", cfg_.reduce_bucket_size);
+    else if (zk == "allgather_bucket_size") set_int(zv, full, "--allgather-bucket-size", cfg_.allgather_bucket_size);
+    else if (zk == "stage3_prefetch_bucket_size" || zk == "prefetch_bucket_size")
+      set_int(zv, full, "--stage3-prefetch-bucket-size", cfg_.stage3_prefetch_bucket_size);
+    else if (zk == "stage3_param_persistence_threshold" || zk == "param_persistence_threshold")
+      set_int(zv, full, "--stage3-param-persistence-threshold", cfg_.stage3_param_persistence_threshold);
+    else if (kAlwaysOnZero.count(zk)) {
+      if (!is_auto(zv) && !boolean(zv, full)) no_effect(full + " false (zerone always does this)");
+    } else if (kOffByDefaultZero.count(zk)) {
+      if (!is_auto(zv) && boolean(zv, full)) not_implemented(full, zv, zk);
+      no_effect(full);
+    } else if (zk == "mics_shard_size") {
+      if (!is_auto(zv) && integer(zv, full, {-1, kInt32Max}) > 0) not_implemented(full, zv, "MiCS sharding");
+      no_effect(full);
+    } else if (zk == "offload_optimizer" || zk == "offload_param") {
+      if (zv.is_null()) {
+        no_effect(full);
+        continue;
+      }
+      const json& o = object(zv, full);
+      for (auto& [ok, ov] : o.items())
+        if (!kOffloadKeys.count(ok)) fail_text(full + "." + ok, "is unknown");
+      std::string device = o.contains("device") && !is_auto(o["device"]) ? text(o["device"], full + ".device") : "none";
+      if (device == "cpu" || device == "nvme")
+        not_implemented(full + ".device", o["device"], str_cat("offloading ", zk == "offload_param" ? "parameters" : "optimizer state", " to ", device));
+      if (device != "none") fail(full + ".device", o["device"], "\"none\", \"cpu\" or \"nvme\"");
+      no_effect(full);
+    } else if (kNoEffectZero.count(zk)) {
+      no_effect(full);
+    } else {
+      fail_text(full, "is unknown");
+    }
+  }
+}
+
+void check_int(const std::string& flag, int64_t value) {
+  IntRange r = kIntRanges.at(flag);
+  ZERONE_CHECK(!(value < 0 && r.lo == 0), flag, " ", value, " is negative");
+  ZERONE_CHECK(value >= r.lo && value <= r.hi, flag, " ", value, " is out of range: expected ", r.text());
+}
+void check_float(const std::string& flag, double value) {
+  const FloatRange& r = kFloatRanges.at(flag);
+  ZERONE_CHECK(r.contains(value), flag, " ", value, " is out of range: expected ", r.text());
 }
 
 }  // namespace
 
 void apply_json_config(const std::string& path, TrainConfig& cfg) {
-  const std::set<std::string> on_command_line = cfg.given;
-  // Whether the command line set `flag` (then the file's value is ignored); otherwise the file
-  // sets it, so it counts as given from here on.
-  auto flag_given = [&](const std::string& flag) {
-    if (on_command_line.count(flag)) return true;
-    cfg.given.insert(flag);
-    return false;
-  };
   const std::string text = io::read_text_file(path, "--config", size_t{64} << 20);
   json root;
   try {
@@ -46,157 +526,123 @@ void apply_json_config(const std::string& path, TrainConfig& cfg) {
   } catch (const json::parse_error& e) {
     throw Error(str_cat("config '", path, "' is not valid JSON: ", e.what()));
   }
-  ZERONE_CHECK(root.is_object(), "config '", path, "': expected a JSON object at the top level");
+  ConfigReader(path, cfg).read(root);
+}
 
-  auto set_int = [&](const json& v, const std::string& key, const char* flag, int& field) {
-    if (!flag_given(flag)) field = get_as<int>(v, path, key, "an integer");
-  };
-  auto set_float = [&](const json& v, const std::string& key, const char* flag, float& field) {
-    if (!flag_given(flag)) field = get_as<float>(v, path, key, "a number");
-  };
-  auto set_string = [&](const json& v, const std::string& key, const char* flag, std::string& field) {
-    if (!flag_given(flag)) field = get_as<std::string>(v, path, key, "a string");
-  };
-  auto object_of = [&](const json& v, const std::string& key) -> const json& {
-    ZERONE_CHECK(v.is_object(), "config '", path, "': key '", key, "' must be an object");
-    return v;
-  };
+std::string setting_name(const TrainConfig& cfg, const std::string& flag) {
+  auto it = cfg.config_keys.find(flag);
+  return it == cfg.config_keys.end() ? flag : str_cat("key '", it->second, "'");
+}
 
-  for (auto& [key, v] : root.items()) {
-    if (key == "train_micro_batch_size_per_gpu") set_int(v, key, "--micro-batch", cfg.micro_batch);
-    else if (key == "gradient_accumulation_steps") set_int(v, key, "--grad-accum", cfg.grad_accum);
-    else if (key == "gradient_clipping") set_float(v, key, "--grad-clip", cfg.grad_clip);
-    else if (key == "model") set_string(v, key, "--model", cfg.model);
-    else if (key == "init") set_string(v, key, "--init", cfg.init);
-    else if (key == "data") set_string(v, key, "--data", cfg.data);
-    else if (key == "val_data") set_string(v, key, "--val-data", cfg.val_data);
-    else if (key == "save") set_string(v, key, "--save", cfg.save);
-    else if (key == "metrics") set_string(v, key, "--metrics", cfg.metrics);
-    else if (key == "precision") set_string(v, key, "--precision", cfg.precision);
-    else if (key == "seq" || key == "seq_len") set_int(v, key, "--seq", cfg.seq);
-    else if (key == "steps" || key == "train_iters") set_int(v, key, "--steps", cfg.steps);
-    else if (key == "seed") {
-      if (!flag_given("--seed")) cfg.seed = get_as<uint64_t>(v, path, key, "a non-negative integer");
-    } else if (key == "no_shuffle") {
-      if (!flag_given("--no-shuffle")) cfg.no_shuffle = get_as<bool>(v, path, key, "true or false");
-    } else if (key == "profile") {
-      if (!flag_given("--profile")) cfg.profile = get_as<bool>(v, path, key, "true or false");
-    } else if (key == "threads") set_int(v, key, "--threads", cfg.threads);
-    else if (key == "val_every") set_int(v, key, "--val-every", cfg.val_every);
-    else if (key == "val_batches") set_int(v, key, "--val-batches", cfg.val_batches);
-    else if (key == "bf16" || key == "fp16") {
-      const json& o = object_of(v, key);
-      for (auto& [fk, fv] : o.items()) {
-        std::string full = key + "." + fk;
-        if (fk == "enabled") {
-          if (get_as<bool>(fv, path, full, "true or false") && !flag_given("--precision")) cfg.precision = key;
-        } else if (key == "fp16" && fk == "loss_scale") {
-          if (!flag_given("--loss-scale")) cfg.loss_scale = get_as<double>(fv, path, full, "a number");
-        } else if (key == "fp16" && fk == "initial_scale_power") set_int(fv, full, "--initial-scale-power", cfg.initial_scale_power);
-        else if (key == "fp16" && fk == "loss_scale_window") set_int(fv, full, "--loss-scale-window", cfg.loss_scale_window);
-        else if (key == "fp16" && fk == "hysteresis") set_int(fv, full, "--hysteresis", cfg.hysteresis);
-        else if (key == "fp16" && fk == "min_loss_scale") {
-          if (!flag_given("--min-loss-scale")) cfg.min_loss_scale = get_as<double>(fv, path, full, "a number");
-        } else if (fk == "auto_cast" || fk == "immediate_grad_update") {
-          continue;  // no effect here
-        } else {
-          throw Error(str_cat("config '", path, "': unknown key '", full, "'"));
-        }
-      }
-    } else if (key == "optimizer") {
-      const json& o = object_of(v, key);
-      if (o.contains("type")) {
-        std::string type = get_as<std::string>(o["type"], path, "optimizer.type", "a string");
-        ZERONE_CHECK(type == "AdamW" || type == "Adam" || type == "adamw", "config '", path, "': optimizer.type '",
-                     type, "' is not supported, expected AdamW");
-      }
-      if (o.contains("params")) {
-        const json& p = object_of(o["params"], "optimizer.params");
-        for (auto& [pk, pv] : p.items()) {
-          std::string full = "optimizer.params." + pk;
-          if (pk == "lr") set_float(pv, full, "--lr", cfg.lr);
-          else if (pk == "eps") set_float(pv, full, "--eps", cfg.eps);
-          else if (pk == "weight_decay") set_float(pv, full, "--weight-decay", cfg.weight_decay);
-          else if (pk == "betas") {
-            ZERONE_CHECK(pv.is_array() && pv.size() == 2, "config '", path, "': key '", full,
-                         "' must be a list of two numbers");
-            if (!flag_given("--beta1")) cfg.beta1 = get_as<float>(pv[0], path, full, "a number");
-            if (!flag_given("--beta2")) cfg.beta2 = get_as<float>(pv[1], path, full, "a number");
-          } else ZERONE_CHECK(false, "config '", path, "': unknown key '", full, "' (expected lr, betas, eps, weight_decay)");
-        }
-      }
-    } else if (key == "scheduler") {
-      const json& o = object_of(v, key);
-      if (o.contains("params")) {
-        const json& p = object_of(o["params"], "scheduler.params");
-        if (p.contains("warmup_num_steps")) set_int(p["warmup_num_steps"], "scheduler.params.warmup_num_steps", "--warmup", cfg.warmup);
-      }
-    } else if (key == "zero_optimization") {
-      const json& o = object_of(v, key);
-      for (auto& [zk, zv] : o.items()) {
-        std::string full = "zero_optimization." + zk;
-        auto set_i64 = [&](const char* flag, int64_t& field) {
-          if (!flag_given(flag)) field = get_as<int64_t>(zv, path, full, "an integer");
-        };
-        if (zk == "stage") set_int(zv, full, "--zero-stage", cfg.zero_stage);
-        else if (zk == "reduce_bucket_size") set_i64("--reduce-bucket-size", cfg.reduce_bucket_size);
-        else if (zk == "allgather_bucket_size") set_i64("--allgather-bucket-size", cfg.allgather_bucket_size);
-        else if (zk == "stage3_prefetch_bucket_size") set_i64("--stage3-prefetch-bucket-size", cfg.stage3_prefetch_bucket_size);
-        else if (zk == "stage3_param_persistence_threshold")
-          set_i64("--stage3-param-persistence-threshold", cfg.stage3_param_persistence_threshold);
-        else if (zk == "overlap_comm" || zk == "contiguous_gradients" || zk == "reduce_scatter" ||
-                 zk == "allgather_partitions" || zk == "round_robin_gradients")
-          continue;  // always on in zerone
-        else if (zk == "offload_optimizer" || zk == "offload_param")
-          ZERONE_CHECK(false, "config '", path, "': ", full, " is not available in this build yet");
-        else ZERONE_CHECK(false, "config '", path, "': unknown key '", full, "'");
-      }
-    } else if (kIgnoredKeys.count(key) == 0) {
-      throw Error(str_cat("config '", path, "': unknown key '", key, "'"));
-    }
+void resolve_batch_sizes(TrainConfig& c, int world) {
+  if (c.train_batch_size == 0) return;
+  const int64_t total = c.train_batch_size;
+  const bool micro_given = c.is_given("--micro-batch"), accum_given = c.is_given("--grad-accum");
+  // DeepSpeed's _set_batch_related_parameters: the missing one is derived by integer division.
+  if (micro_given && !accum_given) {
+    c.grad_accum = static_cast<int>(total / c.micro_batch / world);
+    c.given.insert("--grad-accum");
+  } else if (!micro_given) {
+    if (!accum_given) c.grad_accum = 1;
+    c.micro_batch = static_cast<int>(total / world / c.grad_accum);
+    c.given.insert("--micro-batch");
+    c.given.insert("--grad-accum");
   }
+  ZERONE_CHECK(c.micro_batch >= 1 && c.grad_accum >= 1 &&
+                   total == static_cast<int64_t>(c.micro_batch) * c.grad_accum * world,
+               "train_batch_size ", total, " is not micro-batch ", c.micro_batch, " x gradient accumulation ",
+               c.grad_accum, " x world size ", world, " (= ", static_cast<int64_t>(c.micro_batch) * c.grad_accum * world,
+               "): give train_batch_size = train_micro_batch_size_per_gpu x gradient_accumulation_steps x ranks, or ",
+               "leave one of the three out to have it derived");
 }
 
 void validate(const TrainConfig& c) {
-  auto finite = [](float x) { return std::isfinite(x); };
-  ZERONE_CHECK(c.micro_batch >= 1 && c.micro_batch <= 65536, "--micro-batch ", c.micro_batch, " is out of range: expected 1..65536");
-  ZERONE_CHECK(c.seq >= 1 && c.seq <= 1048576, "--seq ", c.seq, " is out of range: expected 1..1048576");
-  ZERONE_CHECK(c.grad_accum >= 1 && c.grad_accum <= 1048576, "--grad-accum ", c.grad_accum, " is out of range: expected 1..1048576");
-  ZERONE_CHECK(c.steps >= 1 && c.steps <= 100000000, "--steps ", c.steps, " is out of range: expected 1..100000000");
-  ZERONE_CHECK(finite(c.lr) && c.lr > 0.0f && c.lr <= 10.0f, "--lr ", c.lr, " is out of range: expected 0 < lr <= 10");
-  ZERONE_CHECK(c.warmup >= 0, "--warmup ", c.warmup, " is negative");
-  ZERONE_CHECK(c.lr_schedule == "constant" || c.lr_schedule == "cosine", "--lr-schedule '", c.lr_schedule,
-               "': expected constant or cosine");
-  ZERONE_CHECK(finite(c.min_lr_frac) && c.min_lr_frac >= 0.0f && c.min_lr_frac <= 1.0f, "--min-lr-frac ", c.min_lr_frac,
-               " is out of range: expected 0..1");
-  ZERONE_CHECK(finite(c.weight_decay) && c.weight_decay >= 0.0f && c.weight_decay < 10.0f, "--weight-decay ",
-               c.weight_decay, " is out of range: expected 0 <= wd < 10");
-  ZERONE_CHECK(finite(c.beta1) && c.beta1 >= 0.0f && c.beta1 < 1.0f, "--beta1 ", c.beta1, " is out of range: expected 0 <= beta1 < 1");
-  ZERONE_CHECK(finite(c.beta2) && c.beta2 >= 0.0f && c.beta2 < 1.0f, "--beta2 ", c.beta2, " is out of range: expected 0 <= beta2 < 1");
-  ZERONE_CHECK(finite(c.eps) && c.eps > 0.0f && c.eps < 1.0f, "--eps ", c.eps, " is out of range: expected 0 < eps < 1");
-  ZERONE_CHECK(finite(c.grad_clip) && c.grad_clip >= 0.0f, "--grad-clip ", c.grad_clip, " is out of range: expected >= 0 (0 disables)");
-  ZERONE_CHECK(c.threads >= 0 && c.threads <= 4096, "--threads ", c.threads, " is out of range: expected 0..4096");
-  ZERONE_CHECK(c.val_every >= 0, "--val-every ", c.val_every, " is negative");
-  ZERONE_CHECK(c.val_batches >= 1, "--val-batches ", c.val_batches, " must be at least 1");
+  check_int("--train-batch-size", c.train_batch_size);
+  check_int("--micro-batch", c.micro_batch);
+  check_int("--seq", c.seq);
+  check_int("--grad-accum", c.grad_accum);
+  check_int("--steps", c.steps);
+  check_float("--lr", c.lr);
+  check_int("--warmup", c.warmup);
+  LrScheduleKind kind = parse_lr_schedule(c.lr_schedule);
+  check_float("--min-lr-frac", c.min_lr_frac);
+  check_int("--total-steps", c.total_steps);
+  check_float("--warmup-min-lr", c.warmup_min_lr);
+  check_float("--warmup-min-ratio", c.warmup_min_ratio);
+  ZERONE_CHECK(c.warmup_type == "log" || c.warmup_type == "linear", "--warmup-type '", c.warmup_type,
+               "': expected log or linear");
+  if (kind == LrScheduleKind::warmup_cosine) {
+    // DeepSpeed divides by total_num_steps - warmup_num_steps once the warmup is over.
+    const int64_t warmup = std::max(2, c.warmup), total = c.total_steps > 0 ? c.total_steps : c.steps;
+    ZERONE_CHECK(total != warmup || c.steps < warmup + 2, setting_name(c, "--total-steps"), " ", total,
+                 " equals the warmup steps (", warmup, " after DeepSpeed's minimum of 2): WarmupCosineLR's decay ",
+                 "would divide by zero");
+  }
+  check_float("--weight-decay", c.weight_decay);
+  check_float("--beta1", c.beta1);
+  check_float("--beta2", c.beta2);
+  check_float("--eps", c.eps);
+  check_float("--grad-clip", c.grad_clip);
+  check_int("--threads", c.threads);
+  check_int("--val-every", c.val_every);
+  check_int("--val-batches", c.val_batches);
   ZERONE_CHECK(c.precision.empty() || c.precision == "fp32" || c.precision == "bf16" || c.precision == "fp16",
                "--precision '", c.precision, "': expected fp32, bf16 or fp16");
-  ZERONE_CHECK(std::isfinite(c.loss_scale) && c.loss_scale >= 0, "--loss-scale ", c.loss_scale,
-               " is out of range: expected >= 0 (0 selects dynamic scaling)");
-  ZERONE_CHECK(c.initial_scale_power >= 0 && c.initial_scale_power <= 64, "--initial-scale-power ",
-               c.initial_scale_power, " is out of range: expected 0..64");
-  ZERONE_CHECK(c.loss_scale_window >= 1, "--loss-scale-window ", c.loss_scale_window, " must be at least 1");
-  ZERONE_CHECK(c.hysteresis >= 1, "--hysteresis ", c.hysteresis, " must be at least 1");
-  ZERONE_CHECK(std::isfinite(c.min_loss_scale) && c.min_loss_scale > 0, "--min-loss-scale ", c.min_loss_scale,
-               " must be positive");
-  ZERONE_CHECK(c.zero_stage >= 0 && c.zero_stage <= 3, "--zero-stage ", c.zero_stage, " is out of range: expected 0..3");
-  ZERONE_CHECK(c.reduce_bucket_size >= 1 && c.reduce_bucket_size <= (int64_t{1} << 31) - 1, "--reduce-bucket-size ",
-               c.reduce_bucket_size, " is out of range: expected 1..2147483647 elements");
-  ZERONE_CHECK(c.allgather_bucket_size >= 1 && c.allgather_bucket_size <= (int64_t{1} << 31) - 1,
-               "--allgather-bucket-size ", c.allgather_bucket_size, " is out of range: expected 1..2147483647 elements");
-  ZERONE_CHECK(c.stage3_prefetch_bucket_size >= 0, "--stage3-prefetch-bucket-size ", c.stage3_prefetch_bucket_size,
-               " is negative");
-  ZERONE_CHECK(c.stage3_param_persistence_threshold >= 0, "--stage3-param-persistence-threshold ",
-               c.stage3_param_persistence_threshold, " is negative");
+  check_float("--loss-scale", c.loss_scale);
+  check_int("--initial-scale-power", c.initial_scale_power);
+  check_int("--loss-scale-window", c.loss_scale_window);
+  check_int("--hysteresis", c.hysteresis);
+  check_float("--min-loss-scale", c.min_loss_scale);
+  check_int("--zero-stage", c.zero_stage);
+  check_int("--reduce-bucket-size", c.reduce_bucket_size);
+  check_int("--allgather-bucket-size", c.allgather_bucket_size);
+  check_int("--stage3-prefetch-bucket-size", c.stage3_prefetch_bucket_size);
+  check_int("--stage3-param-persistence-threshold", c.stage3_param_persistence_threshold);
+}
+
+void check_settings_take_effect(TrainConfig& c, bool fp16, bool has_validation_data) {
+  const LrScheduleKind kind = parse_lr_schedule(c.lr_schedule);
+  // Schedule parameters of a schedule this run does not use: the user expects an effect.
+  struct ScheduleParam {
+    const char* flag;
+    std::set<LrScheduleKind> used_by;
+  };
+  const ScheduleParam schedule_params[] = {
+      {"--min-lr-frac", {LrScheduleKind::cosine, LrScheduleKind::warmup_cosine}},
+      {"--warmup-type", {LrScheduleKind::warmup_lr, LrScheduleKind::warmup_decay, LrScheduleKind::warmup_cosine}},
+      {"--warmup-min-lr", {LrScheduleKind::warmup_lr, LrScheduleKind::warmup_decay}},
+      {"--warmup-min-ratio", {LrScheduleKind::warmup_cosine}},
+      {"--total-steps", {LrScheduleKind::warmup_decay, LrScheduleKind::warmup_cosine}},
+  };
+  for (const ScheduleParam& p : schedule_params) {
+    if (!c.is_given(p.flag) || p.used_by.count(kind)) continue;
+    std::string users;
+    for (LrScheduleKind k : p.used_by) users += str_cat(users.empty() ? "" : " or ", lr_schedule_name(k));
+    throw Error(str_cat(setting_name(c, p.flag), " applies only to --lr-schedule ", users, "; this run's schedule is ",
+                        lr_schedule_name(kind)));
+  }
+  for (const char* flag : {"--val-every", "--val-batches"})
+    ZERONE_CHECK(!c.is_given(flag) || has_validation_data, setting_name(c, flag),
+                 " has nothing to validate on: give --val-data");
+
+  auto list_given = [&](std::initializer_list<const char*> flags) {
+    std::string names;
+    for (const char* f : flags)
+      if (c.is_given(f)) {
+        auto key = c.config_keys.find(f);
+        names += (names.empty() ? "" : ", ") + (key == c.config_keys.end() ? std::string(f) : key->second);
+      }
+    return names;
+  };
+  if (!fp16) {
+    std::string names = list_given({"--loss-scale", "--initial-scale-power", "--loss-scale-window", "--hysteresis",
+                                    "--min-loss-scale"});
+    if (!names.empty()) c.notices.push_back(str_cat(names, ": no effect, loss scaling applies to fp16 only"));
+  }
+  if (c.zero_stage < 3) {
+    std::string names = list_given({"--stage3-prefetch-bucket-size", "--stage3-param-persistence-threshold"});
+    if (!names.empty()) c.notices.push_back(str_cat(names, ": no effect below ZeRO stage 3"));
+  }
 }
 
 std::vector<std::pair<std::string, std::string>> consistency_settings(const TrainConfig& c) {
@@ -215,6 +661,11 @@ std::vector<std::pair<std::string, std::string>> consistency_settings(const Trai
           {"--warmup", str_cat(c.warmup)},
           {"--lr-schedule", c.lr_schedule},
           {"--min-lr-frac", str_cat(c.min_lr_frac)},
+          {"--total-steps", str_cat(c.total_steps)},
+          {"--warmup-min-lr", str_cat(c.warmup_min_lr)},
+          {"--warmup-min-ratio", str_cat(c.warmup_min_ratio)},
+          {"--warmup-type", c.warmup_type},
+          {"--train-batch-size", str_cat(c.train_batch_size)},
           {"--weight-decay", str_cat(c.weight_decay)},
           {"--beta1", str_cat(c.beta1)},
           {"--beta2", str_cat(c.beta2)},
@@ -234,17 +685,6 @@ std::vector<std::pair<std::string, std::string>> consistency_settings(const Trai
           {"--loss-scale-window", str_cat(c.loss_scale_window)},
           {"--hysteresis", str_cat(c.hysteresis)},
           {"--min-loss-scale", str_cat(c.min_loss_scale)}};
-}
-
-float learning_rate(const TrainConfig& c, int step, int total) {
-  if (c.warmup > 0 && step <= c.warmup) return c.lr * static_cast<float>(step) / static_cast<float>(c.warmup);
-  if (c.lr_schedule == "cosine" && total > c.warmup) {
-    double progress = static_cast<double>(step - c.warmup) / static_cast<double>(total - c.warmup);
-    double coeff = 0.5 * (1.0 + std::cos(3.14159265358979323846 * progress));
-    double min_lr = c.lr * c.min_lr_frac;
-    return static_cast<float>(min_lr + coeff * (c.lr - min_lr));
-  }
-  return c.lr;
 }
 
 }  // namespace zerone::train

@@ -1,15 +1,19 @@
 // Training configuration: the flags of DESIGN §4, also settable from a JSON file whose keys follow
-// DeepSpeed's (train_micro_batch_size_per_gpu, gradient_accumulation_steps, gradient_clipping,
-// bf16.enabled, fp16.enabled, optimizer.params.{lr,betas,eps,weight_decay},
-// scheduler.params.warmup_num_steps, zero_optimization.stage) plus zerone's own keys for the rest
-// ("model", "init", "data", "val_data", "steps", "seq", "seed", ...). A flag given on the command line
-// wins over the file.
+// DeepSpeed's (train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps,
+// gradient_clipping, bf16/bfloat16/fp16, optimizer, scheduler, zero_optimization, ...) plus zerone's
+// own keys for the rest ("model", "init", "data", "val_data", "steps", "seq", "seed", ...). A flag
+// given on the command line wins over the file; "auto" (Hugging Face Trainer's placeholder) leaves
+// a setting to its flag or default. README's "DeepSpeed config keys" lists how each key is treated:
+// honoured, accepted with a notice (it tunes something zerone does not have and cannot change
+// results), or an error (it would change results and is not implemented).
 //
+// Ownership: plain values. Failure: the functions below throw Error naming the file, key or flag.
 // Thread-safety: plain values.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <set>
 #include <string>
 #include <utility>
@@ -25,15 +29,22 @@ struct TrainConfig {
   std::string save;             // write an llm.c checkpoint here at the end
   std::string metrics;          // JSONL file, one line per optimizer step
   std::string config_file;      // the --config path, an input: no output may overwrite it
-  std::string precision;        // fp32 | bf16; empty: bf16 where the CPU has native bf16, else fp32
+  std::string precision;        // fp32 | bf16 | fp16; empty: bf16 where the CPU has native bf16, else fp32
+  int64_t train_batch_size = 0; // DeepSpeed's train_batch_size; 0: micro_batch x grad_accum x world
   int micro_batch = 4;
   int seq = 64;
   int grad_accum = 1;
   int steps = 100;              // the default run uses its own count unless --steps is given
   float lr = 3e-4f;
-  int warmup = 0;
-  std::string lr_schedule = "constant";  // constant | cosine (decays to lr * min_lr_frac at the last step)
-  float min_lr_frac = 0.0f;
+  int warmup = 0;               // steps (DeepSpeed schedules: warmup_num_steps)
+  // constant | cosine (decays to lr * min_lr_frac at the last step) | warmup-lr | warmup-decay |
+  // warmup-cosine (DeepSpeed's WarmupLR, WarmupDecayLR, WarmupCosineLR; see lr_schedule.h).
+  std::string lr_schedule = "constant";
+  float min_lr_frac = 0.0f;     // cosine floor; warmup-cosine: cos_min_ratio (default 1e-4 there)
+  int total_steps = 0;          // warmup-decay, warmup-cosine: total_num_steps; 0: steps
+  float warmup_min_lr = 0.0f;   // warmup-lr, warmup-decay: the lr warmup starts from
+  float warmup_min_ratio = 0.0f;// warmup-cosine: warmup starts from lr * this
+  std::string warmup_type = "log";  // DeepSpeed schedules: log | linear
   float weight_decay = 0.0f;
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
   float grad_clip = 0.0f;       // 0: no clipping
@@ -61,12 +72,23 @@ struct TrainConfig {
   // only the settings not named here.
   std::set<std::string> given;
   bool is_given(const std::string& flag) const { return given.count(flag) > 0; }
+  // Flags the config file set, with the key that set them ("--hysteresis" -> "fp16.hysteresis"),
+  // so that messages name what the user wrote.
+  std::map<std::string, std::string> config_keys;
+  // One-line notices for rank 0 to print at start-up ("config keys with no effect here: ...").
+  std::vector<std::string> notices;
 };
 
 // Fills `cfg` from the JSON file at `path`, skipping keys whose flag is already in cfg.given (set
 // on the command line, which wins) and adding the flags it sets to cfg.given. Throws Error naming
 // the file and key for unreadable JSON, unknown keys or wrongly typed values.
 void apply_json_config(const std::string& path, TrainConfig& cfg);
+
+// DeepSpeed's batch arithmetic (its _set_batch_related_parameters and _batch_assertion): with
+// train_batch_size set, derives whichever of micro-batch and accumulation was not given (neither:
+// accumulation 1) and requires train_batch_size = micro_batch x grad_accum x world_size. Throws
+// Error naming all three numbers and the world size otherwise. No-op when train_batch_size is 0.
+void resolve_batch_sizes(TrainConfig& cfg, int world_size);
 
 // Checks every value's range; throws Error naming the flag and what was expected.
 void validate(const TrainConfig& cfg);
@@ -76,8 +98,15 @@ void validate(const TrainConfig& cfg);
 // to another rank alone would silently do nothing.
 std::vector<std::pair<std::string, std::string>> consistency_settings(const TrainConfig& cfg);
 
-// Learning rate at 1-based `step` of `total` steps: linear warmup over cfg.warmup steps, then
-// constant or cosine decay to lr * min_lr_frac.
-float learning_rate(const TrainConfig& cfg, int step, int total);
+// Settings that would silently do nothing in this run: errors for those the user must fix
+// (schedule parameters of another schedule, validation settings without validation data),
+// notices appended to cfg.notices for the harmless ones (fp16 loss scaling without fp16, stage-3
+// knobs below stage 3). `fp16`: the run computes in fp16; `has_validation_data`: it validates.
+void check_settings_take_effect(TrainConfig& cfg, bool fp16, bool has_validation_data);
+
+// How the user named a setting in messages: "--lr", or "key 'optimizer.params.lr'" when the config
+// file set it.
+std::string setting_name(const TrainConfig& cfg, const std::string& flag);
+
 
 }  // namespace zerone::train

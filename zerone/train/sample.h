@@ -11,7 +11,7 @@ namespace zerone::train {
 struct SampleOptions {
   std::string init;                    // llm.c checkpoint (required)
   std::string prompt;                  // text, encoded with the tokenizer (byte-level: a vocab-256/257 model)
-  std::vector<int32_t> prompt_tokens;  // or token ids directly
+  std::vector<int32_t> prompt_tokens;  // or token ids directly (not both)
   std::string tokenizer;               // any tokenizer load_tokenizer reads (io/tokenizer.h); empty: byte-level
   int num_tokens = 256;
   float temperature = 1.0f;            // 0: greedy

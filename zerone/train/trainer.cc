@@ -18,6 +18,7 @@
 #include "zerone/io/tokenizer.h"
 #include "zerone/optim/adamw.h"
 #include "zerone/train/interrupt.h"
+#include "zerone/train/lr_schedule.h"
 #include "zerone/train/markov_source.h"
 #include "zerone/train/metrics.h"
 #include "zerone/zero/engine.h"
@@ -214,12 +215,16 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   const bool lead = rank == 0;
   const bool default_run = cfg.data.empty();
   ZERONE_CHECK(!(default_run && !cfg.val_data.empty()), "--val-data given without --data");
+  resolve_batch_sizes(cfg, world);  // before the default run's batch, which fills only what is not given
   if (default_run) cfg = default_run_config(cfg);
   validate(cfg);
   InterruptGuard interrupts;
   if (cfg.threads > 0) omp_set_num_threads(cfg.threads);
   else if (int t = default_threads_per_rank(); t > 0) omp_set_num_threads(t);
   const DType dtype = resolve_precision(cfg.precision);
+  check_settings_take_effect(cfg, dtype == DType::f16, default_run || !cfg.val_data.empty());
+  if (lead)
+    for (const std::string& notice : cfg.notices) std::fprintf(stderr, "zerone: notice: %s\n", notice.c_str());
 
   // Model shape: --model, else the --init file's header; both given must agree.
   nn::GPT2Config model_config;
@@ -312,6 +317,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
                                                 cfg.initial_scale_power, cfg.loss_scale_window, cfg.hysteresis,
                                                 cfg.min_loss_scale});
 
+  LrSchedule schedule(lr_schedule_config(cfg));
   std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(inputs.size());
   TrainResult result;
   Profiler::set_enabled(cfg.profile);
@@ -358,10 +364,11 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     }
     float loss = static_cast<float>(reduced[0] / (static_cast<double>(cfg.grad_accum) * world));
     ZERONE_CHECK(std::isfinite(loss), "training diverged at step ", step, ": loss ", loss, " (try a lower --lr or --grad-clip)");
-    float lr = learning_rate(cfg, step, cfg.steps);
+    float lr = static_cast<float>(schedule.lr());
     zero::ZeroEngine::StepResult stepped = engine.step(lr, cfg.grad_clip, loss_scale, scaled);
     if (scaled) scaler.update(stepped.overflow);
     if (stepped.overflow) ++skipped_steps;
+    schedule.advance(!stepped.overflow);
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (step >= 2) profiled_wall_s += ms / 1000.0;
 

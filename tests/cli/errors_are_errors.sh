@@ -43,6 +43,21 @@ error init_is_dir "'$d' is a directory" "$Z" train --init "$d" --data "$d/c_trai
 error text_is_fifo "--text: '.*pipe.bin' is a named pipe" "$Z" prepare --text "$d/pipe.bin" --out "$d/x"
 error sample_init_fifo "'.*pipe.bin' is a named pipe" "$Z" sample --init "$d/pipe.bin"
 
+# Numbers are plain decimals (Note [Strict numbers]): no octal, hex, empty, wrapped or clamped values.
+error octal_steps "--steps: '0010' has a leading zero" "$Z" "${base[@]}" --steps 0010
+error hex_accum "--grad-accum: '0x10' is not a decimal number" "$Z" "${base[@]}" --grad-accum 0x10
+error negative_seed "--seed: '-1' is negative" "$Z" "${base[@]}" --seed -1
+error huge_seed "--seed: '18446744073709551616' is out of range for a 64-bit integer" "$Z" "${base[@]}" --seed 18446744073709551616
+error empty_data "--data: an empty value is not allowed" "$Z" train --data ""
+error empty_save "--save: an empty value is not allowed" "$Z" "${base[@]}" --save ""
+error octal_prompt_token "--prompt-tokens: '02' has a leading zero" "$Z" sample --init x --prompt-tokens 1,02
+# Model specs: no duplicate keys, empty items, leading zeros, or sizes whose arithmetic overflows.
+error spec_duplicate "key 'layers' is given twice" "$Z" train --model gpt2:layers=1,layers=2 --data "$d/c_train.bin"
+error spec_trailing_comma "an empty item" "$Z" train --model gpt2:layers=1,dim=32,heads=2, --data "$d/c_train.bin"
+error spec_empty "no keys after 'gpt2:'" "$Z" train --model gpt2: --data "$d/c_train.bin"
+error spec_huge "layers=16777216 is not a positive decimal integer of at most 4096" "$Z" estimate --model gpt2:layers=16777216 --world 1
+error estimate_seq "--seq 99999 exceeds the model's context length 1024" "$Z" estimate --model gpt2-124m --world 1 --seq 99999
+
 # Messages that say the real rule.
 error grad_accum_range "--grad-accum 1000000000 is out of range: expected an integer in 1..1048576" "$Z" "${base[@]}" --grad-accum 1000000000
 error device_mem_nan "--device-mem nan is out of range: expected a finite number" "$Z" estimate --model gpt2-124m --world 1 --device-mem nan
@@ -55,6 +70,32 @@ open(sys.argv[2], "wb").write(b)
 PY
 error header_rule "header field C \(header\[6\]\) = 32 breaks the rule C divisible by NH \(header\[5\]\)" \
   "$Z" train --init "$d/bad_heads.bin" --data "$d/c_train.bin"
+
+# A checkpoint with a NaN is corrupt: refused at load, naming the tensor (it used to train into
+# "training diverged at step 1 ... try a lower --lr").
+python3 - "$d/m.bin" "$d/nan.bin" <<'PY'
+import struct, sys
+b = bytearray(open(sys.argv[1], "rb").read())
+version = struct.unpack_from("<i", b, 4)[0]
+if version == 3: struct.pack_into("<f", b, 1024 + 4 * 100, float("nan"))
+else: struct.pack_into("<H", b, 1024 + 2 * 100, 0x7fc0)
+open(sys.argv[2], "wb").write(b)
+PY
+error nan_checkpoint "checkpoint '.*nan.bin': embedding.wte holds a non-finite value \(nan\) at element 100" \
+  "$Z" train --init "$d/nan.bin" --data "$d/c_train.bin" --seq 16
+error nan_checkpoint_sample "holds a non-finite value" "$Z" sample --init "$d/nan.bin" --tokens 2
+
+# prepare: its prefix must name files, its outputs are never its inputs, and it writes both shards
+# or neither (a val shard from one corpus beside a train shard from another would mislead).
+error prepare_dir_prefix "--out '$d/adir/' ends with '/'" "$Z" prepare --text "$d/t.txt" --out "$d/adir/"
+cp "$d/t.txt" "$d/notes_train.bin"
+error prepare_over_input "--out: '.*notes_train.bin' is the --text file" "$Z" prepare --text "$d/notes_train.bin" --out "$d/notes"
+echo OLD > "$d/q_val.bin"; mkdir "$d/q_train.bin"
+error prepare_pair "--out: '.*q_train.bin' is a directory" "$Z" prepare --text "$d/t.txt" --out "$d/q"
+[ "$(cat "$d/q_val.bin")" = OLD ] && echo "ok   prepare_pair_kept" || { echo "FAIL prepare_pair_kept: q_val.bin was replaced"; fail=1; }
+# Files whose size the kernel reports as 0 (/proc) are read to their end.
+"$Z" prepare --text /proc/self/status --out "$d/proc" > "$d/proc.out" 2>&1 && grep -q "wrote" "$d/proc.out" \
+  && echo "ok   prepare_proc_file" || { echo "FAIL prepare_proc_file"; cat "$d/proc.out"; fail=1; }
 
 # Exceptions that are not zerone::Error (here std::bad_alloc: a 2 GiB text file to tokenize under a
 # 1 GiB address-space limit) still end in one error line and exit 1, not "terminate called".

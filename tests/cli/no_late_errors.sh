@@ -58,6 +58,19 @@ elif unshare -m true 2>/dev/null; then
 else
   echo "skip save_read_only: not root-free and no mount namespace"
 fi
+# Outputs are probed by creating and removing them: names the filesystem refuses fail now.
+start_error save_name_too_long "--save: cannot create a file beside .*File name too long" "${long[@]}" --save "$d/$(printf 'a%.0s' $(seq 250))"
+start_error save_in_proc "--save: cannot create a file beside '/proc/zerone_x.bin'" "${long[@]}" --save /proc/zerone_x.bin
+start_error metrics_in_proc "--metrics: cannot create '/proc/zerone_x.jsonl'" "${base[@]}" --steps 1000000 --metrics /proc/zerone_x.jsonl
+start_error metrics_trailing_slash "--metrics '.*/newdir/' names a directory" "${base[@]}" --steps 1000000 --metrics "$d/newdir/"
+ln -s "$d/target" "$d/mlink"
+start_error metrics_symlink "--metrics '.*/mlink' is a symbolic link" "${base[@]}" --steps 1000000 --metrics "$d/mlink"
+# Two spellings of one new file, and the --config file, are caught too.
+start_error save_is_metrics_spelled "--save and --metrics name the same file" "${base[@]}" --steps 1000000 --save "$d/./same.out" --metrics "$d/adir/../same.out"
+echo '{}' > "$d/c.json"
+start_error metrics_is_config "--metrics '.*c.json' is the --config file" "${base[@]}" --steps 1000000 --config "$d/c.json" --metrics "$d/c.json"
+start_error save_is_config "--save '.*c.json' is the --config file" "${long[@]}" --config "$d/c.json" --save "$d/c.json"
+[ "$(cat "$d/c.json")" = '{}' ] || { echo "FAIL: the config file changed"; fail=1; }
 ls "$d"/*.tmp.* >/dev/null 2>&1 && { echo "FAIL: temporary files left: $(ls "$d"/*.tmp.*)"; fail=1; }
 
 # Tokens outside the vocabulary: found at start-up wherever they are, naming the file.
@@ -121,6 +134,31 @@ if [ $rc -eq 130 ] && grep -qE "stopped by SIGINT during step [0-9]+ of 1000000:
   echo "ok   sigint: $(grep -m1 'stopped by' "$d/int.out" | cut -c1-200)"
 else
   echo "FAIL sigint: exit $rc"; tail -n 5 "$d/int.out"; fail=1
+fi
+
+# SIGHUP (a closed terminal) stops like SIGTERM: at a step boundary, exit 129, saying what was kept.
+"$Z" "${base[@]}" --steps 1000000 --metrics "$d/hup.jsonl" > "$d/hup.out" 2>&1 &
+job=$!
+for _ in $(seq 1 100); do [ -s "$d/hup.jsonl" ] && break; sleep 0.1; done
+kill -HUP $job; wait $job; rc=$?
+if [ $rc -eq 129 ] && grep -qE "stopped by SIGHUP during step [0-9]+" "$d/hup.out"; then echo "ok   sighup: exit 129"; else
+  echo "FAIL sighup: exit $rc"; tail -n 3 "$d/hup.out"; fail=1; fi
+
+# Output into a pipe that closes (| head -1): SIGPIPE must not kill the run; metrics and --save are written.
+"$Z" "${base[@]}" --steps 30 --metrics "$d/pipe.jsonl" --save "$d/pipe.bin" 2>/dev/null | head -n 1 > /dev/null
+rc=${PIPESTATUS[0]}
+if [ "$rc" -eq 0 ] && [ -s "$d/pipe.bin" ] && [ "$(wc -l < "$d/pipe.jsonl")" -eq 30 ]; then echo "ok   sigpipe: run finished, model and 30 metrics lines written"; else
+  echo "FAIL sigpipe: exit $rc"; fail=1; fi
+
+# A signal during start-up (materializing an 85M-parameter model) stops there, not after a step.
+"$Z" train --model gpt2:layers=12,dim=768,heads=12,vocab=257,ctx=32 --data "$d/c_train.bin" --seq 16 --micro-batch 1 \
+  --precision fp32 --steps 5 --metrics "$d/su.jsonl" > "$d/su.out" 2>&1 &
+job=$!
+sleep 0.3; kill -INT $job; wait $job; rc=$?
+if [ $rc -eq 130 ] && [ ! -e "$d/su.jsonl" ] && grep -qE "stopped by SIGINT (during start-up|during step 1 )" "$d/su.out"; then
+  echo "ok   sigint_startup: $(grep -m1 'stopped by' "$d/su.out" | cut -c1-120)"
+else
+  echo "FAIL sigint_startup: exit $rc"; tail -n 3 "$d/su.out"; fail=1
 fi
 
 # Ctrl-C during the final save: the save completes (no temporary left), the run says so and exits

@@ -66,6 +66,16 @@ else
   echo "ok   sigterm_one_rank: exit $rc: $(grep -m1 -E 'stopped by' "$d/term.out")"
 fi
 
+# Same flags, different files: each rank's working directory holds another data.bin (complete, just
+# different). The ranks compare what they opened and refuse to train on different data.
+mkdir -p "$d/w0" "$d/w1"
+cp "$d/c_train.bin" "$d/w0/data.bin"
+printf 'Another corpus entirely, of another length. %.0s' $(seq 1 200) > "$d/other.txt"
+"$Z" prepare --text "$d/other.txt" --out "$d/w1/other" --val-fraction 0 >/dev/null
+mv "$d/w1/other_train.bin" "$d/w1/data.bin"
+expect different_data "ranks disagree with rank 0 on: the --data tokens \\(rank 1\\)" 60 \
+  "${MPI[@]}" -n 1 -wdir "$d/w0" "$Z" "${rel[@]}" --steps 3 : -n 1 -wdir "$d/w1" "$Z" "${rel[@]}" --steps 3
+
 # Bad values.
 expect bad_stage "--zero-stage 4 is out of range" 30 "$Z" "${base[@]}" --zero-stage 4
 expect bad_bucket "--reduce-bucket-size 0 is out of range" 30 "$Z" "${base[@]}" --reduce-bucket-size 0

@@ -15,6 +15,7 @@
 #include "zerone/io/prepare.h"
 #include "zerone/io/tokenizer.h"
 #include "zerone/kernels/cpu/matmul.h"
+#include "zerone/nn/model.h"
 #include "zerone/train/config.h"
 #include "zerone/train/interrupt.h"
 #include "zerone/train/metrics.h"
@@ -32,7 +33,10 @@ using namespace zerone;
 
 void add_train_flags(CLI::App& cmd, train::TrainConfig& c, std::string& config_path) {
   cmd.add_option("--config", config_path, "JSON config (DeepSpeed-style keys); flags override it");
-  cmd.add_option("--model", c.model, "preset (gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b) or gpt2:layers=..,dim=..,heads=..,vocab=..,ctx=..");
+  cmd.add_option("--model", c.model,
+                 "preset (gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b, tinyllama-1.1b, llama-3.2-1b, llama-2-7b, "
+                 "llama-3-8b), gpt2:layers=..,dim=..,heads=..,vocab=..,ctx=.. or "
+                 "llama:layers=..,dim=..,heads=..,kv_heads=..,ffn=..,vocab=..,ctx=..");
   cmd.add_option("--init", c.init, "llm.c GPT-2 checkpoint to start from (v3 f32 or v5 bf16)");
   cmd.add_option("--data", c.data, "glob of llm.c token shards; without it, the built-in Markov corpus");
   cmd.add_option("--val-data", c.val_data, "glob of validation token shards");
@@ -113,30 +117,31 @@ struct EstimateArgs {
 };
 
 int cmd_estimate(const EstimateArgs& a, bool stage_given) {
-  nn::GPT2Config model = nn::parse_model_spec(a.model);
   DType dtype = train::resolve_precision(a.precision);
+  std::unique_ptr<nn::Model> shape = nn::make_model(a.model, dtype, 64, /*allocate=*/false);
+  const nn::Model& model = *shape;
   ZERONE_CHECK(std::isfinite(a.device_mem_gib) && a.device_mem_gib >= 0.0, "--device-mem ", a.device_mem_gib,
                " is out of range: expected a finite number of GiB >= 0");
   ZERONE_CHECK(a.persistence_threshold >= 0, "--stage3-param-persistence-threshold is negative");
   ZERONE_CHECK(a.reduce_bucket_numel >= 1, "--reduce-bucket-size ", a.reduce_bucket_numel,
                " must be at least 1 element");
   ZERONE_CHECK(a.prefetch_numel >= 0, "--stage3-prefetch-bucket-size ", a.prefetch_numel, " is negative");
-  ZERONE_CHECK(a.seq <= model.max_seq_len, "--seq ", a.seq, " exceeds the model's context length ", model.max_seq_len);
+  ZERONE_CHECK(a.seq <= model.max_seq_len(), "--seq ", a.seq, " exceeds the model's context length ", model.max_seq_len());
   zero::ZeroConfig base;
   base.persistence_threshold = static_cast<size_t>(a.persistence_threshold);
   base.reduce_bucket_numel = static_cast<size_t>(a.reduce_bucket_numel);
   base.prefetch_numel = static_cast<size_t>(a.prefetch_numel);
-  auto rows = zero::estimate(model, a.world, dtype, a.micro_batch, std::min(a.seq, model.max_seq_len), base,
+  auto rows = zero::estimate(model, a.world, dtype, a.micro_batch, a.seq, base,
                              stage_given ? std::optional<int>(a.stage) : std::nullopt);
   const double limit = a.device_mem_gib * 1024.0 * 1024.0 * 1024.0;
   if (a.json) {
     nlohmann::ordered_json j;
-    j["model"] = model.to_string();
+    j["model"] = model.spec();
     j["parameters"] = model.num_parameters();
     j["world"] = a.world;
     j["precision"] = dtype_name(dtype);
     j["micro_batch"] = a.micro_batch;
-    j["seq"] = std::min(a.seq, model.max_seq_len);
+    j["seq"] = a.seq;
     for (const auto& r : rows) {
       nlohmann::ordered_json s;
       s["stage"] = r.stage;
@@ -156,8 +161,7 @@ int cmd_estimate(const EstimateArgs& a, bool stage_given) {
     return 0;
   }
   std::printf("model %s (%zu parameters), world %d, %s, micro-batch %d x seq %d; bytes per rank:\n",
-              model.to_string().c_str(), model.num_parameters(), a.world, dtype_name(dtype), a.micro_batch,
-              std::min(a.seq, model.max_seq_len));
+              model.spec().c_str(), model.num_parameters(), a.world, dtype_name(dtype), a.micro_batch, a.seq);
   std::printf("%-6s %12s %12s %12s %12s %12s %12s %12s %12s%s\n", "stage", "param", "grad", "master", "optim", "model",
               "working set", "activation", "total", limit > 0 ? "  fits" : "");
   auto h = [](int64_t b) { return train::human_bytes(static_cast<double>(b)); };

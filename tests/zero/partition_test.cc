@@ -91,7 +91,7 @@ TEST(Engine, EveryStageMatchesTheLedgerAndEstimateAtWorldOne) {
         model.backward(1.0f);
         engine.step(1e-3f, 0.0f);
       }
-      StageEstimate e = estimate(c, 1, DType::bf16, 2, 16, config, stage)[0];
+      StageEstimate e = estimate(model, 1, DType::bf16, 2, 16, config, stage)[0];
       auto want = e.model_state;
       // Stages 2-3 keep their working set pooled (idle buffers under `comm`), within the bound.
       EXPECT_LE(before(MemCategory::comm) - c0, e.working_set.total()) << "stage " << stage;

@@ -112,10 +112,6 @@ GPT2::GPT2(const GPT2Config& config, DType compute_dtype, size_t align_numel, bo
                       align_numel, allocate);
 }
 
-void GPT2::init_weights(uint64_t seed) {
-  for (int u = 0; u < num_units(); ++u) init_unit(u, seed);
-}
-
 void GPT2::init_unit(int u, uint64_t seed) {
   const double std_base = 0.02, std_proj = 0.02 / std::sqrt(2.0 * config_.num_layers);
   std::vector<float> values;
@@ -138,10 +134,6 @@ void GPT2::init_unit(int u, uint64_t seed) {
       convert_from_f32(values.data(), unit.param(t), dtype_, values.size());
     }
   }
-}
-
-void GPT2::zero_grad() {
-  for (FlatParam& unit : units_) unit.zero_grad();
 }
 
 namespace {

@@ -10,8 +10,9 @@
 // Precision: parameters are stored in `compute_dtype` (f32, bf16 or f16); activations and gradients are
 // f32; matmuls run in the compute dtype with f32 accumulation (see kernels/cpu/ops.h).
 //
-// UnitHooks let the ZeRO engine act around each unit (gather parameters before use, release them,
-// reduce a unit's gradients as soon as they are complete). Thread-safety: one thread drives a model.
+// A Model (model.h): UnitHooks let the ZeRO engine act around each unit (gather parameters before
+// use, release them, reduce a unit's gradients as soon as they are complete). Thread-safety: one
+// thread drives a model.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +24,7 @@
 #include "zerone/core/dtype.h"
 #include "zerone/core/memory.h"
 #include "zerone/nn/flat_param.h"
+#include "zerone/nn/model.h"
 
 namespace zerone::nn {
 
@@ -46,24 +48,13 @@ struct GPT2Config {
 GPT2Config parse_model_spec(const std::string& spec);
 int pad_vocab(int vocab_size);
 
-// Callbacks around each unit's use. Default: do nothing (a single rank owns everything).
-class UnitHooks {
- public:
-  virtual ~UnitHooks() = default;
-  virtual void before_forward(int unit) {}
-  virtual void after_forward(int unit) {}
-  virtual void before_backward(int unit) {}
-  // The unit's gradients are complete for this micro-step.
-  virtual void after_backward(int unit) {}
-};
-
 // Tensor indices inside a block unit.
 enum BlockTensor { kLn1w, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb, kLn2w, kLn2b, kFcw, kFcb, kFcprojw, kFcprojb,
                    kBlockTensors };
 enum EmbeddingTensor { kWte, kWpe };
 enum FinalTensor { kLnfw, kLnfb };
 
-class GPT2 {
+class GPT2 : public Model {
  public:
   // align_numel: FlatParam padding granularity (world_size * 64). Without `allocate` the units
   // hold no storage yet: the ZeRO engine materializes them one at a time (Note [Materializing
@@ -71,43 +62,46 @@ class GPT2 {
   GPT2(const GPT2Config& config, DType compute_dtype, size_t align_numel = 64, bool allocate = true);
 
   const GPT2Config& config() const { return config_; }
-  DType compute_dtype() const { return dtype_; }
-  std::vector<FlatParam>& units() { return units_; }
-  const std::vector<FlatParam>& units() const { return units_; }
-  int num_units() const { return static_cast<int>(units_.size()); }
-  void set_hooks(UnitHooks* hooks) { hooks_ = hooks ? hooks : &default_hooks_; }
+  std::string spec() const override { return config_.to_string(); }
+  size_t num_parameters() const override { return config_.num_parameters(); }
+  int vocab_size() const override { return config_.vocab_size; }
+  int max_seq_len() const override { return config_.max_seq_len; }
+  DType compute_dtype() const override { return dtype_; }
+  std::vector<FlatParam>& units() override { return units_; }
+  const std::vector<FlatParam>& units() const override { return units_; }
+  void set_hooks(UnitHooks* hooks) override { hooks_ = hooks ? hooks : &default_hooks_; }
 
   // GPT-2 initialisation, deterministic in (seed, unit, tensor, element): N(0, 0.02) for matrices
   // and embeddings, N(0, 0.02/sqrt(2L)) for the residual projections (attprojw, fcprojw), zero biases,
   // LayerNorm weights 1, padded vocabulary rows 0. Values are rounded to the compute dtype; the
   // optimizer's f32 master weights start from these stored values (as DeepSpeed's bf16 optimizer).
-  void init_weights(uint64_t seed);
-  // The same for one unit, whose parameters must be allocated.
-  void init_unit(int unit, uint64_t seed);
+  // init_weights (Model) runs this for every unit; the unit's parameters must be allocated.
+  void init_unit(int unit, uint64_t seed) override;
 
   // Forward pass over inputs (B,T) (token ids < V, validated by the caller). With targets (B,T)
   // returns the mean cross-entropy loss over B*T and keeps what backward needs; without targets
   // computes logits only and returns 0. B, T may change between calls (buffers are resized).
-  float forward(const int32_t* inputs, const int32_t* targets, int B, int T);
+  float forward(const int32_t* inputs, const int32_t* targets, int B, int T) override;
   // Logits (B,T,Vp) of the last forward (valid until backward, which overwrites them).
-  const float* logits() const { return acts_.logits.as<float>(); }
+  const float* logits() const override { return acts_.logits.as<float>(); }
+  int logits_stride() const override { return config_.padded_vocab_size; }
   // Per-token losses (B,T) of the last forward with targets.
   const float* losses() const { return acts_.losses.as<float>(); }
 
   // The units whose parameters (and gradients) unit `u`'s forward/backward touches: {u}, and for
   // the final unit also the embedding (the tied head reads wte and accumulates its gradient).
-  std::vector<int> units_touched(int u) const {
+  std::vector<int> units_touched(int u) const override {
     return u == num_units() - 1 ? std::vector<int>{u, 0} : std::vector<int>{u};
   }
 
   // Backward of the last forward with targets. Accumulates into every unit's gradient the
   // gradient of (grad_scale * mean loss), so grad accumulation uses grad_scale = 1/accum.
-  void backward(float grad_scale);
-  void zero_grad();
+  void backward(float grad_scale) override;
 
   // Bytes of activations (and backward temporaries) that forward/backward at (B, T) allocate;
   // the same table sizes the buffers, so `zerone estimate` and the ledger agree.
   static size_t activation_bytes(const GPT2Config& config, int B, int T);
+  size_t activation_bytes(int B, int T) const override { return activation_bytes(config_, B, T); }
   // Real elements of each unit, in unit order (no allocation).
   static std::vector<size_t> unit_numels(const GPT2Config& config);
 

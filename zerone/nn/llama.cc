@@ -137,10 +137,6 @@ Llama::Llama(const LlamaConfig& config, DType compute_dtype, size_t align_numel,
   k::rope_inv_freq(inv_freq_.data(), static_cast<int>(hs), config.rope_theta, config.rope_scaling);
 }
 
-void Llama::init_weights(uint64_t seed) {
-  for (int u = 0; u < num_units(); ++u) init_unit(u, seed);
-}
-
 void Llama::init_unit(int u, uint64_t seed) {
   FlatParam& unit = units_[u];
   ZERONE_ASSERT(unit.has_params(), "init_unit on a unit without storage");
@@ -154,10 +150,6 @@ void Llama::init_unit(int u, uint64_t seed) {
     }
     convert_from_f32(values.data(), unit.param(t), dtype_, values.size());
   }
-}
-
-void Llama::zero_grad() {
-  for (FlatParam& unit : units_) unit.zero_grad();
 }
 
 namespace {
@@ -177,6 +169,13 @@ std::array<size_t, 26> llama_activation_numels(const LlamaConfig& c, int B, int 
 }  // namespace
 
 size_t Llama::activation_bytes(const LlamaConfig& config, int B, int T) {
+  // Overflow guard as GPT2::activation_bytes: the per-layer attention matrix dominates for long T.
+  const long double L = config.num_layers, NH = config.num_heads, BT = static_cast<long double>(B) * T;
+  const long double width = 8.0L * config.channels + 3.0L * (config.num_heads + 2 * config.num_kv_heads) * config.head_dim +
+                            6.0L * config.ffn + config.vocab_size + 16;
+  const long double approx = 4 * (L * BT * width + L * B * NH * static_cast<long double>(T) * T + BT * width);
+  ZERONE_CHECK(approx < 0x1p62L, "activations of ", config.to_string(), " at micro-batch ", B, " x seq ", T,
+               " would need about ", static_cast<double>(approx), " bytes: beyond any machine");
   size_t total = 0;
   for (size_t n : llama_activation_numels(config, B, T)) total += n * 4;
   return total;

@@ -23,7 +23,7 @@
 #include "zerone/core/memory.h"
 #include "zerone/kernels/cpu/ops.h"
 #include "zerone/nn/flat_param.h"
-#include "zerone/nn/gpt2.h"
+#include "zerone/nn/model.h"
 
 namespace zerone::nn {
 
@@ -56,32 +56,35 @@ bool is_llama_spec(const std::string& spec);
 enum LlamaBlockTensor { kAttnNorm, kWqkv, kWo, kMlpNorm, kWGateUp, kWDown, kLlamaBlockTensors };
 enum LlamaFinalTensor { kNorm, kLmHead };
 
-class Llama {
+class Llama : public Model {
  public:
   Llama(const LlamaConfig& config, DType compute_dtype, size_t align_numel = 64, bool allocate = true);
 
   const LlamaConfig& config() const { return config_; }
-  DType compute_dtype() const { return dtype_; }
-  std::vector<FlatParam>& units() { return units_; }
-  const std::vector<FlatParam>& units() const { return units_; }
-  int num_units() const { return static_cast<int>(units_.size()); }
-  void set_hooks(UnitHooks* hooks) { hooks_ = hooks ? hooks : &default_hooks_; }
+  std::string spec() const override { return config_.to_string(); }
+  size_t num_parameters() const override { return config_.num_parameters(); }
+  int vocab_size() const override { return config_.vocab_size; }
+  int max_seq_len() const override { return config_.max_seq_len; }
+  DType compute_dtype() const override { return dtype_; }
+  std::vector<FlatParam>& units() override { return units_; }
+  const std::vector<FlatParam>& units() const override { return units_; }
+  void set_hooks(UnitHooks* hooks) override { hooks_ = hooks ? hooks : &default_hooks_; }
 
   // N(0, 0.02) for matrices and the embedding (Hugging Face's initializer_range), norm weights 1;
   // deterministic in (seed, unit, tensor, element), rounded to the compute dtype.
-  void init_weights(uint64_t seed);
-  void init_unit(int unit, uint64_t seed);
+  void init_unit(int unit, uint64_t seed) override;
 
   // As GPT2::forward / backward (mean cross-entropy over B*T, gradients of grad_scale * loss).
-  float forward(const int32_t* inputs, const int32_t* targets, int B, int T);
-  void backward(float grad_scale);
-  void zero_grad();
-  const float* logits() const { return acts_.logits.as<float>(); }  // (B,T,V)
+  float forward(const int32_t* inputs, const int32_t* targets, int B, int T) override;
+  void backward(float grad_scale) override;
+  const float* logits() const override { return acts_.logits.as<float>(); }  // (B,T,V)
+  int logits_stride() const override { return config_.vocab_size; }
 
-  std::vector<int> units_touched(int u) const {
+  std::vector<int> units_touched(int u) const override {
     return u == num_units() - 1 && config_.tie_word_embeddings ? std::vector<int>{u, 0} : std::vector<int>{u};
   }
   static size_t activation_bytes(const LlamaConfig& config, int B, int T);
+  size_t activation_bytes(int B, int T) const override { return activation_bytes(config_, B, T); }
   static std::vector<size_t> unit_numels(const LlamaConfig& config);
 
  private:

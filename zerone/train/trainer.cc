@@ -16,6 +16,9 @@
 #include "zerone/io/llmc_checkpoint.h"
 #include "zerone/io/token_shards.h"
 #include "zerone/io/tokenizer.h"
+#include "zerone/nn/gpt2.h"
+#include "zerone/nn/llama.h"
+#include "zerone/nn/model.h"
 #include "zerone/optim/adamw.h"
 #include "zerone/train/interrupt.h"
 #include "zerone/train/lr_schedule.h"
@@ -42,7 +45,7 @@ constexpr uint64_t kDefaultSourceSeed = 42;
 
 // Mean loss over the first `batches` chunks of the validation data. Collective at stage 3 (the
 // forward gathers parameters), so every rank runs it.
-float evaluate(nn::GPT2& model, io::DataLoader& loader, int batches, int B, int T) {
+float evaluate(nn::Model& model, io::DataLoader& loader, int batches, int B, int T) {
   std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(inputs.size());
   double sum = 0.0;
   int n = static_cast<int>(std::min<uint64_t>(batches, loader.chunks_per_epoch()));
@@ -161,7 +164,7 @@ void check_tokens_in_vocabulary(const io::TokenSource& tokens, int vocab_size, c
 // refused before anything is allocated, with the estimate, instead of being killed by the kernel
 // minutes later. The estimate is zerone estimate's, the engine's own partition arithmetic (model
 // states and working set to the byte, activations from the model's table); ranks on one host share it.
-void check_memory_fits(const nn::GPT2Config& model, DType dtype, const TrainConfig& cfg, const zero::ZeroConfig& zcfg,
+void check_memory_fits(const nn::Model& model, DType dtype, const TrainConfig& cfg, const zero::ZeroConfig& zcfg,
                        int world) {
   const long long available = available_memory_bytes();
   if (available <= 0) return;  // unknown: nothing to compare with
@@ -182,7 +185,7 @@ void check_memory_fits(const nn::GPT2Config& model, DType dtype, const TrainConf
                       ", but this host has ", h(static_cast<double>(available)), " available. Per rank at world ", world,
                       " by ZeRO stage: ", stages, world == 1 ? " (at world 1 sharding saves nothing: more ranks on more hosts divide it)" : "",
                       ". Try a higher --zero-stage with more ranks, a smaller --micro-batch or --seq, or a smaller model ",
-                      "(zerone estimate --model ", model.to_string(), " --world N shows what fits)"));
+                      "(zerone estimate --model ", model.spec(), " --world N shows what fits)"));
 }
 
 }  // namespace
@@ -226,23 +229,31 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   if (lead)
     for (const std::string& notice : cfg.notices) std::fprintf(stderr, "zerone: notice: %s\n", notice.c_str());
 
-  // Model shape: --model, else the --init file's header; both given must agree.
-  nn::GPT2Config model_config;
+  // Model shape: --model, else the --init file's header; both given must agree. The model is built
+  // without storage: the engine materializes it unit by unit (from the seed or the --init file),
+  // keeping only what its stage needs (Note [Materializing units]).
+  std::string model_spec = cfg.model;
   if (!cfg.init.empty()) {
-    model_config = io::read_llmc_config(cfg.init, "--init");
+    const nn::GPT2Config from_file = io::read_llmc_config(cfg.init, "--init");
     if (!cfg.model.empty()) {
-      nn::GPT2Config requested = nn::parse_model_spec(cfg.model);
-      ZERONE_CHECK(requested == model_config, "--model ", requested.to_string(), " disagrees with --init '", cfg.init,
-                   "', which holds ", model_config.to_string());
+      ZERONE_CHECK(!nn::is_llama_spec(cfg.model), "--init '", cfg.init, "' is an llm.c GPT-2 checkpoint, but --model ",
+                   cfg.model, " is a LLaMA");
+      const nn::GPT2Config requested = nn::parse_model_spec(cfg.model);
+      ZERONE_CHECK(requested == from_file, "--model ", requested.to_string(), " disagrees with --init '", cfg.init,
+                   "', which holds ", from_file.to_string());
     }
+    model_spec = from_file.to_string();
   } else {
     ZERONE_CHECK(!cfg.model.empty(), "--model is required with --data (or --init FILE to take the shape from a checkpoint)");
-    model_config = nn::parse_model_spec(cfg.model);
   }
-  ZERONE_CHECK(cfg.seq <= model_config.max_seq_len, "--seq ", cfg.seq, " exceeds the model's context length ",
-               model_config.max_seq_len);
+  std::unique_ptr<nn::Model> model_owner = nn::make_model(model_spec, dtype, zero::kShardAlign * world, /*allocate=*/false);
+  nn::Model& model = *model_owner;
+  ZERONE_CHECK(cfg.seq <= model.max_seq_len(), "--seq ", cfg.seq, " exceeds the model's context length ",
+               model.max_seq_len());
+  ZERONE_CHECK(cfg.save.empty() || dynamic_cast<nn::GPT2*>(&model) != nullptr, "--save writes an llm.c GPT-2 ",
+               "checkpoint, which cannot hold ", model.spec(), " (LLaMA models have no --save yet)");
   auto settings = consistency_settings(cfg);
-  settings.emplace_back("the model", model_config.to_string());
+  settings.emplace_back("the model", model.spec());
   settings.emplace_back("the precision", dtype_name(dtype));
   check_same_config_everywhere(settings, comm);
   if (lead) check_outputs(cfg);  // only rank 0 writes; its error ends the job (Note [Errors under MPI])
@@ -253,7 +264,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   zcfg.allgather_bucket_numel = static_cast<size_t>(cfg.allgather_bucket_size);
   zcfg.prefetch_numel = static_cast<size_t>(cfg.stage3_prefetch_bucket_size);
   zcfg.persistence_threshold = static_cast<size_t>(cfg.stage3_param_persistence_threshold);
-  check_memory_fits(model_config, dtype, cfg, zcfg, world);
+  check_memory_fits(model, dtype, cfg, zcfg, world);
 
   // Data.
   std::unique_ptr<io::TokenSource> train_tokens, val_tokens;
@@ -282,27 +293,24 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     if (val_tokens) settings.emplace_back("the --val-data tokens", str_cat(val_tokens->num_tokens()));
     check_same_config_everywhere(settings, comm);
   }
-  io::DataLoader train_loader(*train_tokens, B, T, model_config.vocab_size, !cfg.no_shuffle, cfg.seed);
-  check_tokens_in_vocabulary(*train_tokens, model_config.vocab_size, default_run ? "built-in corpus" : "--data", comm);
+  io::DataLoader train_loader(*train_tokens, B, T, model.vocab_size(), !cfg.no_shuffle, cfg.seed);
+  check_tokens_in_vocabulary(*train_tokens, model.vocab_size(), default_run ? "built-in corpus" : "--data", comm);
   if (val_tokens)
-    check_tokens_in_vocabulary(*val_tokens, model_config.vocab_size, default_run ? "built-in corpus" : "--val-data", comm);
+    check_tokens_in_vocabulary(*val_tokens, model.vocab_size(), default_run ? "built-in corpus" : "--val-data", comm);
   std::unique_ptr<io::DataLoader> val_loader;
-  if (val_tokens) val_loader = std::make_unique<io::DataLoader>(*val_tokens, B, T, model_config.vocab_size, false, 0);
+  if (val_tokens) val_loader = std::make_unique<io::DataLoader>(*val_tokens, B, T, model.vocab_size(), false, 0);
 
-  // Model: the engine materializes it unit by unit (from the seed or the --init file), keeping
-  // only what its stage needs (Note [Materializing units]).
-  nn::GPT2 model(model_config, dtype, zero::kShardAlign * world, /*allocate=*/false);
   auto materialize = [&](int u) {
     throw_if_interrupted();
     if (cfg.init.empty()) model.init_unit(u, cfg.seed);
-    else io::load_llmc_checkpoint(cfg.init, model, u);
+    else io::load_llmc_checkpoint(cfg.init, dynamic_cast<nn::GPT2&>(model), u);
   };
   zero::ZeroEngine engine(model, comm, zcfg, optim::AdamWOptions{cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay},
                           materialize);
 
   Progress progress;
   if (lead) {
-    progress.message(str_cat("zerone: model ", model_config.to_string(), " (", model_config.num_parameters(),
+    progress.message(str_cat("zerone: model ", model.spec(), " (", model.num_parameters(),
                              " parameters), ", dtype_name(dtype), ", micro-batch ", B, " x seq ", T, " x accum ",
                              cfg.grad_accum, " x world ", world, ", ZeRO stage ", cfg.zero_stage, ", ", cfg.steps,
                              " steps, ", omp_get_max_threads(), " threads/rank",
@@ -403,7 +411,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     if (lead) progress.message(str_cat("saving llm.c checkpoint '", cfg.save, "' ..."));
     engine.with_full_params([&] {
       // llm.c has no fp16 checkpoint version: fp16 parameters widen exactly to f32 (v3).
-      if (lead) io::save_llmc_checkpoint(cfg.save, model, dtype == DType::f16 ? DType::f32 : dtype);
+      if (lead) io::save_llmc_checkpoint(cfg.save, dynamic_cast<const nn::GPT2&>(model), dtype == DType::f16 ? DType::f32 : dtype);
     });
     if (lead) progress.message(str_cat("saved llm.c checkpoint '", cfg.save, "'"));
   }

@@ -11,7 +11,7 @@
 
 namespace zerone::zero {
 
-ZeroEngine::ZeroEngine(nn::GPT2& model, comm::Communicator& comm, const ZeroConfig& config,
+ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroConfig& config,
                        const optim::AdamWOptions& adam, const Materialize& materialize)
     : model_(model),
       comm_(comm),
@@ -21,7 +21,7 @@ ZeroEngine::ZeroEngine(nn::GPT2& model, comm::Communicator& comm, const ZeroConf
       num_units_(model.num_units()),
       dsize_(dtype_size(model.compute_dtype())),
       pool_(static_cast<size_t>(
-                working_set_bytes(nn::GPT2::unit_numels(model.config()), world_, model.compute_dtype(), config).total()),
+                working_set_bytes(model.unit_numels(), world_, model.compute_dtype(), config).total()),
             MemCategory::comm) {
   ZERONE_CHECK(config.stage >= 0 && config.stage <= 3, "--zero-stage ", config.stage, " is out of range: expected 0..3");
   ZERONE_CHECK(config.reduce_bucket_numel >= 1 && config.allgather_bucket_numel >= 1,

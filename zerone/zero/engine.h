@@ -28,7 +28,7 @@
 
 #include "zerone/comm/communicator.h"
 #include "zerone/core/memory.h"
-#include "zerone/nn/gpt2.h"
+#include "zerone/nn/model.h"
 #include "zerone/optim/adamw.h"
 #include "zerone/zero/partition.h"
 
@@ -43,7 +43,7 @@ class ZeroEngine : public nn::UnitHooks {
   // the whole model when the stage does not require it (DeepSpeed's zero.Init). Full gradients
   // are allocated for stages 0-1 only.
   using Materialize = std::function<void(int unit)>;
-  ZeroEngine(nn::GPT2& model, comm::Communicator& comm, const ZeroConfig& config, const optim::AdamWOptions& adam,
+  ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroConfig& config, const optim::AdamWOptions& adam,
              const Materialize& materialize = nullptr);
   ~ZeroEngine() override;
   ZeroEngine(const ZeroEngine&) = delete;
@@ -110,7 +110,7 @@ class ZeroEngine : public nn::UnitHooks {
   double reduce_grad_norm_sq(double local_sumsq) const;
   void on_shard_updated(int u);
 
-  nn::GPT2& model_;
+  nn::Model& model_;
   comm::Communicator& comm_;
   ZeroConfig config_;
   int world_, rank_, num_units_;

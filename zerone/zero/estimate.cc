@@ -4,15 +4,15 @@
 
 namespace zerone::zero {
 
-std::vector<StageEstimate> estimate(const nn::GPT2Config& model, int world, DType dtype, int micro_batch, int seq,
+std::vector<StageEstimate> estimate(const nn::Model& model, int world, DType dtype, int micro_batch, int seq,
                                     const ZeroConfig& base, std::optional<int> only_stage) {
   ZERONE_CHECK(world >= 1 && world <= 1'000'000, "--world ", world, " is out of range: expected 1..1000000");
   ZERONE_CHECK(micro_batch >= 1, "--micro-batch ", micro_batch, " must be at least 1");
-  ZERONE_CHECK(seq >= 1 && seq <= model.max_seq_len, "--seq ", seq, " is outside 1..", model.max_seq_len,
+  ZERONE_CHECK(seq >= 1 && seq <= model.max_seq_len(), "--seq ", seq, " is outside 1..", model.max_seq_len(),
                " (the model's context length)");
   ZERONE_CHECK(!only_stage || (*only_stage >= 0 && *only_stage <= 3), "--zero-stage ", only_stage.value_or(0),
                " is out of range: expected 0..3");
-  std::vector<size_t> numels = nn::GPT2::unit_numels(model);
+  std::vector<size_t> numels = model.unit_numels();
   std::vector<StageEstimate> out;
   for (int stage = 0; stage <= 3; ++stage) {
     if (only_stage && stage != *only_stage) continue;
@@ -22,7 +22,7 @@ std::vector<StageEstimate> estimate(const nn::GPT2Config& model, int world, DTyp
     e.stage = stage;
     e.model_state = model_state_bytes(numels, world, 0, dtype, config);
     e.working_set = working_set_bytes(numels, world, dtype, config);
-    e.activations = static_cast<int64_t>(nn::GPT2::activation_bytes(model, micro_batch, seq));
+    e.activations = static_cast<int64_t>(model.activation_bytes(micro_batch, seq));
     out.push_back(e);
   }
   return out;

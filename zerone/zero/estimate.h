@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "zerone/nn/gpt2.h"
+#include "zerone/nn/model.h"
 #include "zerone/zero/partition.h"
 
 namespace zerone::zero {
@@ -20,8 +20,9 @@ struct StageEstimate {
   int64_t total() const { return model_state.total() + working_set.total() + activations; }
 };
 
-// One row per stage (or only `only_stage`), for rank 0 (all ranks hold equal shards).
-std::vector<StageEstimate> estimate(const nn::GPT2Config& model, int world, DType dtype, int micro_batch, int seq,
+// One row per stage (or only `only_stage`), for rank 0 (all ranks hold equal shards). `model` needs
+// no storage (make_model(..., allocate=false)): only its unit shapes and activation table are read.
+std::vector<StageEstimate> estimate(const nn::Model& model, int world, DType dtype, int micro_batch, int seq,
                                     const ZeroConfig& base, std::optional<int> only_stage);
 
 }  // namespace zerone::zero

@@ -1,0 +1,85 @@
+// Model: what the ZeRO engine, the estimator and the trainer see of a network (DESIGN §2). A model
+// is an ordered list of units with flat parameters (flat_param.h), a forward that returns the mean
+// loss, a backward that accumulates gradients, hooks around each unit's use (UnitHooks, for ZeRO's
+// gather/release/reduce), and a table of the activation memory a shape needs.
+//
+// Where a model plugs in: implement Model in zerone/nn (gpt2.h and llama.h are the two so far),
+// add its spec to make_model (models.cc), and its tensor names to zerone/io for checkpoints.
+// Nothing in zerone/zero or zerone/train names a concrete model.
+//
+// Thread-safety: one thread drives a model.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "zerone/core/dtype.h"
+#include "zerone/nn/flat_param.h"
+
+namespace zerone::nn {
+
+// Callbacks around each unit's use. Default: do nothing (a single rank owns everything).
+class UnitHooks {
+ public:
+  virtual ~UnitHooks() = default;
+  virtual void before_forward(int unit) {}
+  virtual void after_forward(int unit) {}
+  virtual void before_backward(int unit) {}
+  // The unit's gradients are complete for this micro-step.
+  virtual void after_backward(int unit) {}
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  // The spec string that builds this model again ("gpt2:layers=...", "llama:...").
+  virtual std::string spec() const = 0;
+  virtual size_t num_parameters() const = 0;
+  virtual int vocab_size() const = 0;         // token ids must be below this
+  virtual int max_seq_len() const = 0;        // the context length
+  virtual DType compute_dtype() const = 0;
+
+  virtual std::vector<FlatParam>& units() = 0;
+  virtual const std::vector<FlatParam>& units() const = 0;
+  int num_units() const { return static_cast<int>(units().size()); }
+  // Unpadded elements of each unit, in unit order.
+  std::vector<size_t> unit_numels() const;
+  // The units whose parameters (and gradients) unit u's forward/backward touches: {u}, plus any
+  // unit whose tensor it shares (a tied head reads the embedding).
+  virtual std::vector<int> units_touched(int u) const = 0;
+  virtual void set_hooks(UnitHooks* hooks) = 0;
+
+  // Deterministic initialization of one unit (storage allocated), from (seed, unit, tensor, element).
+  virtual void init_unit(int unit, uint64_t seed) = 0;
+  void init_weights(uint64_t seed) {
+    for (int u = 0; u < num_units(); ++u) init_unit(u, seed);
+  }
+
+  // inputs (B,T) token ids < vocab_size() (validated by the caller). With targets returns the mean
+  // cross-entropy over B*T and keeps what backward needs; without, computes logits only, returns 0.
+  virtual float forward(const int32_t* inputs, const int32_t* targets, int B, int T) = 0;
+  // Accumulates into every unit's gradient the gradient of (grad_scale * mean loss).
+  virtual void backward(float grad_scale) = 0;
+  void zero_grad() {
+    for (FlatParam& unit : units()) unit.zero_grad();
+  }
+  // Logits (B,T,logits_stride()) of the last forward; the first vocab_size() columns are real.
+  virtual const float* logits() const = 0;
+  virtual int logits_stride() const = 0;
+
+  // Bytes of activations (and backward temporaries) forward/backward at (B, T) allocate: the same
+  // table sizes the buffers, so `zerone estimate` and the ledger agree. Throws Error for a shape
+  // beyond any machine (sizes that would overflow).
+  virtual size_t activation_bytes(int B, int T) const = 0;
+};
+
+// Builds the model a spec names: a GPT-2 preset or "gpt2:..." (gpt2.h), a LLaMA preset or
+// "llama:..." (llama.h). Without `allocate` the units hold no storage (the engine materializes them;
+// the estimator needs only the shapes). Throws Error naming the bad part of the spec.
+std::unique_ptr<Model> make_model(const std::string& spec, DType compute_dtype, size_t align_numel = 64,
+                                  bool allocate = true);
+
+}  // namespace zerone::nn

@@ -208,11 +208,13 @@ trap on_exit EXIT
 trap 'signal=SIGINT; exit 130' INT
 trap 'signal=SIGTERM; exit 143' TERM
 
-# Runs a command inside the root, as root, with a clean environment, output to the phase log.
-# In the background + wait, so that SIGINT/SIGTERM reach the trap at once instead of after it.
+# Runs a command inside the root, as root, with a clean environment; its output goes to the phase
+# log, each line stamped with the time (to see where a phase spends it). In the background + wait,
+# so that SIGINT/SIGTERM reach the trap at once instead of after the command.
 in_root() {
-  chroot "$root" /usr/bin/env -i HOME=/root PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 CI=true \
-    /bin/bash -c "$1" </dev/null >>"$phase_log" 2>&1 &
+  { chroot "$root" /usr/bin/env -i HOME=/root PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 CI=true \
+      /bin/bash -c "$1" </dev/null 2>&1 |
+      while IFS= read -r line; do printf '%(%H:%M:%S)T %s\n' -1 "$line"; done >>"$phase_log"; } &
   wait $!
 }
 
@@ -308,7 +310,7 @@ end
 
 begin "make test" 05-make-test.log
 in_root "cd /root/zerone && make test JOBS=$jobs"
-summary="$(grep -E 'tests passed|tests failed' "$phase_log" | tail -n1 || true)"
+summary="$(grep -E 'tests passed|tests failed' "$phase_log" | tail -n1 | cut -d' ' -f2- || true)"
 end
 
 teardown

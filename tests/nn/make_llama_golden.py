@@ -104,7 +104,58 @@ def case(seed, L, C, NH, NKV, hs, F, V, ctx, tied, B, T, theta, eps, factor, low
     out += struct.pack(f"<{B*T*V}f", *logits.detach().flatten().float().tolist())
     out += struct.pack("<f", loss.item())
     out += struct.pack(f"<{sum(math.prod(s) for _, s in shapes)}f", *flat([p[n].grad for n, _ in shapes]))
+    hf_dir = {0: "hf_llama_untied", 1: "hf_llama_tied"}[0 if not tied else 1]
+    write_hf(hf_dir, p, shapes, L, C, NH, NKV, hs, F, V, ctx, tied, theta, eps, factor, low, high, orig)
     return out
+
+
+def write_safetensors(path, tensors):
+    """A from-scratch safetensors writer (the format is an 8-byte header length, JSON, raw data)."""
+    import json
+    header, data, offset = {}, b"", 0
+    for name, t in tensors:
+        raw = struct.pack(f"<{t.numel()}f", *t.detach().flatten().float().tolist())
+        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + len(raw)]}
+        data += raw
+        offset += len(raw)
+    text = json.dumps(header).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    open(path, "wb").write(struct.pack("<Q", len(text)) + text + data)
+
+
+def write_hf(name, p, shapes, L, C, NH, NKV, hs, F, V, ctx, tied, theta, eps, factor, low, high, orig):
+    """The same parameters as a Hugging Face LlamaForCausalLM directory (tests/data/NAME), so that
+    zerone's --init of a Hugging Face checkpoint is checked against these golden logits."""
+    import json, os
+    d = os.path.join(os.path.dirname(sys.argv[1] if len(sys.argv) > 1 else "tests/data/x"), name)
+    os.makedirs(d, exist_ok=True)
+    q, kv = NH * hs, NKV * hs
+    t = [("model.embed_tokens.weight", p["wte"])]
+    for l in range(L):
+        w = p[f"wqkv{l}"]
+        gu = p[f"w_gate_up{l}"]
+        t += [(f"model.layers.{l}.input_layernorm.weight", p[f"attn_norm{l}"]),
+              (f"model.layers.{l}.self_attn.q_proj.weight", w[:q]),
+              (f"model.layers.{l}.self_attn.k_proj.weight", w[q:q + kv]),
+              (f"model.layers.{l}.self_attn.v_proj.weight", w[q + kv:]),
+              (f"model.layers.{l}.self_attn.o_proj.weight", p[f"wo{l}"]),
+              (f"model.layers.{l}.post_attention_layernorm.weight", p[f"mlp_norm{l}"]),
+              (f"model.layers.{l}.mlp.gate_proj.weight", gu[:F]),
+              (f"model.layers.{l}.mlp.up_proj.weight", gu[F:]),
+              (f"model.layers.{l}.mlp.down_proj.weight", p[f"w_down{l}"])]
+    t.append(("model.norm.weight", p["norm"]))
+    if not tied:
+        t.append(("lm_head.weight", p["lm_head"]))
+    write_safetensors(os.path.join(d, "model.safetensors"), t[::-1])  # any order: the reader goes by name
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": C,
+              "intermediate_size": F, "num_hidden_layers": L, "num_attention_heads": NH,
+              "num_key_value_heads": NKV, "head_dim": hs, "vocab_size": V, "max_position_embeddings": ctx,
+              "rms_norm_eps": eps, "rope_theta": theta, "tie_word_embeddings": tied, "hidden_act": "silu",
+              "torch_dtype": "float32",
+              "rope_scaling": {"rope_type": "llama3", "factor": factor, "low_freq_factor": low,
+                               "high_freq_factor": high, "original_max_position_embeddings": int(orig)}
+              if factor > 0 else None}
+    json.dump(config, open(os.path.join(d, "config.json"), "w"), indent=2)
 
 
 cases = [

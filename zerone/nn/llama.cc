@@ -61,6 +61,8 @@ LlamaConfig parse_llama_spec(const std::string& spec) {
   const std::string prefix = "llama:";
   ZERONE_CHECK(spec.rfind(prefix, 0) == 0, "--model '", spec, "': expected a LLaMA preset (tinyllama-1.1b, llama-3.2-1b, ",
                "llama-2-7b, llama-3-8b) or llama:layers=..,dim=..,heads=..,kv_heads=..,ffn=..,vocab=..,ctx=..");
+  // A spec names its rotary scaling explicitly (rope_factor ...): none unless given.
+  c.rope_scaling = k::RopeScaling{};
   bool head_dim_given = false;
   std::stringstream items(spec.substr(prefix.size()));
   for (std::string item; std::getline(items, item, ',');) {

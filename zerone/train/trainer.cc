@@ -1,6 +1,7 @@
 #include "zerone/train/trainer.h"
 
 #include <glob.h>
+#include <sys/stat.h>
 #include <omp.h>
 
 #include <chrono>
@@ -13,6 +14,7 @@
 #include "zerone/core/error.h"
 #include "zerone/core/profiler.h"
 #include "zerone/core/sysinfo.h"
+#include "zerone/io/hf_checkpoint.h"
 #include "zerone/io/llmc_checkpoint.h"
 #include "zerone/io/token_shards.h"
 #include "zerone/io/tokenizer.h"
@@ -114,8 +116,16 @@ void check_same_config_everywhere(const std::vector<std::pair<std::string, std::
 
 // Start-up checks of the outputs (Note [No late errors]): each must be writable where it is asked to
 // be, and none may overwrite an input or another output.
+// --save writes a Hugging Face directory when it names one (an existing directory, or a path
+// ending in '/'), else an llm.c checkpoint file.
+bool save_is_hf_directory(const std::string& save) {
+  struct stat st;
+  return !save.empty() && (save.back() == '/' || (::stat(save.c_str(), &st) == 0 && S_ISDIR(st.st_mode)));
+}
+
 void check_outputs(const TrainConfig& cfg) {
-  if (!cfg.save.empty()) io::check_atomic_output(cfg.save, "--save");
+  if (save_is_hf_directory(cfg.save)) io::check_hf_output(cfg.save, "--save");
+  else if (!cfg.save.empty()) io::check_atomic_output(cfg.save, "--save");
   if (!cfg.metrics.empty()) MetricsWriter::check_path(cfg.metrics);
   std::vector<std::pair<std::string, std::string>> inputs;
   if (!cfg.init.empty()) inputs.emplace_back("--init", cfg.init);
@@ -233,7 +243,15 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   // without storage: the engine materializes it unit by unit (from the seed or the --init file),
   // keeping only what its stage needs (Note [Materializing units]).
   std::string model_spec = cfg.model;
-  if (!cfg.init.empty()) {
+  const bool init_hf = !cfg.init.empty() && io::is_hf_directory(cfg.init);
+  if (init_hf) {
+    model_spec = io::read_hf_spec(cfg.init);
+    if (!cfg.model.empty()) {
+      const std::string requested = nn::make_model(cfg.model, dtype, 64, false)->spec();
+      const std::string held = nn::make_model(model_spec, dtype, 64, false)->spec();
+      ZERONE_CHECK(requested == held, "--model ", requested, " disagrees with --init '", cfg.init, "', which holds ", held);
+    }
+  } else if (!cfg.init.empty()) {
     const nn::GPT2Config from_file = io::read_llmc_config(cfg.init, "--init");
     if (!cfg.model.empty()) {
       ZERONE_CHECK(!nn::is_llama_spec(cfg.model), "--init '", cfg.init, "' is an llm.c GPT-2 checkpoint, but --model ",
@@ -250,8 +268,9 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   nn::Model& model = *model_owner;
   ZERONE_CHECK(cfg.seq <= model.max_seq_len(), "--seq ", cfg.seq, " exceeds the model's context length ",
                model.max_seq_len());
-  ZERONE_CHECK(cfg.save.empty() || dynamic_cast<nn::GPT2*>(&model) != nullptr, "--save writes an llm.c GPT-2 ",
-               "checkpoint, which cannot hold ", model.spec(), " (LLaMA models have no --save yet)");
+  ZERONE_CHECK(cfg.save.empty() || save_is_hf_directory(cfg.save) || dynamic_cast<nn::GPT2*>(&model) != nullptr,
+               "--save '", cfg.save, "' names a file, which is an llm.c GPT-2 checkpoint and cannot hold ", model.spec(),
+               ": give a directory (ending in '/') for a Hugging Face checkpoint");
   auto settings = consistency_settings(cfg);
   settings.emplace_back("the model", model.spec());
   settings.emplace_back("the precision", dtype_name(dtype));
@@ -303,6 +322,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   auto materialize = [&](int u) {
     throw_if_interrupted();
     if (cfg.init.empty()) model.init_unit(u, cfg.seed);
+    else if (init_hf) io::load_hf_checkpoint(cfg.init, model, u);
     else io::load_llmc_checkpoint(cfg.init, dynamic_cast<nn::GPT2&>(model), u);
   };
   zero::ZeroEngine engine(model, comm, zcfg, optim::AdamWOptions{cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay},
@@ -408,12 +428,16 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   }
   Profiler::set_enabled(false);
   if (!cfg.save.empty()) {
-    if (lead) progress.message(str_cat("saving llm.c checkpoint '", cfg.save, "' ..."));
+    const bool hf = save_is_hf_directory(cfg.save);
+    const char* kind = hf ? "Hugging Face checkpoint" : "llm.c checkpoint";
+    if (lead) progress.message(str_cat("saving ", kind, " '", cfg.save, "' ..."));
     engine.with_full_params([&] {
+      if (!lead) return;
+      if (hf) io::save_hf_checkpoint(cfg.save, model);
       // llm.c has no fp16 checkpoint version: fp16 parameters widen exactly to f32 (v3).
-      if (lead) io::save_llmc_checkpoint(cfg.save, dynamic_cast<const nn::GPT2&>(model), dtype == DType::f16 ? DType::f32 : dtype);
+      else io::save_llmc_checkpoint(cfg.save, dynamic_cast<const nn::GPT2&>(model), dtype == DType::f16 ? DType::f32 : dtype);
     });
-    if (lead) progress.message(str_cat("saved llm.c checkpoint '", cfg.save, "'"));
+    if (lead) progress.message(str_cat("saved ", kind, " '", cfg.save, "'"));
   }
   if (int sig = interrupt_signal(); sig != 0) {
     result.interrupted_by = sig;

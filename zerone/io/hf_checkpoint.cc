@@ -1,0 +1,320 @@
+#include "zerone/io/hf_checkpoint.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "zerone/core/error.h"
+#include "zerone/io/file.h"
+#include "zerone/io/safetensors.h"
+#include "zerone/nn/gpt2.h"
+#include "zerone/nn/llama.h"
+
+namespace zerone::io {
+namespace {
+
+using json = nlohmann::json;
+
+// One Hugging Face tensor as a row range of a zerone tensor (Note [Hugging Face tensor map]).
+struct HfSlice {
+  int unit = 0, tensor = 0;       // the zerone tensor
+  std::string name;               // the Hugging Face tensor
+  int64_t row_begin = 0, rows = 0;  // the zerone rows it covers
+  int64_t cols = 1;               // zerone row width (1 for vectors)
+  bool transposed = false;        // stored (cols, rows): Conv1D
+  std::vector<int64_t> hf_shape() const {
+    if (cols == 1) return {rows};
+    return transposed ? std::vector<int64_t>{cols, rows} : std::vector<int64_t>{rows, cols};
+  }
+  uint64_t numel() const { return static_cast<uint64_t>(rows) * cols; }
+};
+
+int64_t cols_of(const nn::TensorSpec& t) { return t.shape.size() == 2 ? t.shape[1] : 1; }
+
+std::vector<HfSlice> hf_map(const nn::Model& model) {
+  std::vector<HfSlice> out;
+  auto whole = [&](int u, int t, const std::string& name, bool transposed = false) {
+    const nn::TensorSpec& spec = model.units()[u].tensors()[t];
+    out.push_back(HfSlice{u, t, name, 0, spec.shape[0], cols_of(spec), transposed});
+  };
+  auto rows = [&](int u, int t, const std::string& name, int64_t begin, int64_t count) {
+    const nn::TensorSpec& spec = model.units()[u].tensors()[t];
+    out.push_back(HfSlice{u, t, name, begin, count, cols_of(spec), false});
+  };
+  if (const auto* g = dynamic_cast<const nn::GPT2*>(&model)) {
+    const nn::GPT2Config& c = g->config();
+    rows(0, nn::kWte, "transformer.wte.weight", 0, c.vocab_size);
+    whole(0, nn::kWpe, "transformer.wpe.weight");
+    for (int l = 0; l < c.num_layers; ++l) {
+      const int u = 1 + l;
+      const std::string p = str_cat("transformer.h.", l, ".");
+      whole(u, nn::kLn1w, p + "ln_1.weight");
+      whole(u, nn::kLn1b, p + "ln_1.bias");
+      whole(u, nn::kQkvw, p + "attn.c_attn.weight", true);
+      whole(u, nn::kQkvb, p + "attn.c_attn.bias");
+      whole(u, nn::kAttprojw, p + "attn.c_proj.weight", true);
+      whole(u, nn::kAttprojb, p + "attn.c_proj.bias");
+      whole(u, nn::kLn2w, p + "ln_2.weight");
+      whole(u, nn::kLn2b, p + "ln_2.bias");
+      whole(u, nn::kFcw, p + "mlp.c_fc.weight", true);
+      whole(u, nn::kFcb, p + "mlp.c_fc.bias");
+      whole(u, nn::kFcprojw, p + "mlp.c_proj.weight", true);
+      whole(u, nn::kFcprojb, p + "mlp.c_proj.bias");
+    }
+    whole(c.num_layers + 1, nn::kLnfw, "transformer.ln_f.weight");
+    whole(c.num_layers + 1, nn::kLnfb, "transformer.ln_f.bias");
+    return out;
+  }
+  const auto* m = dynamic_cast<const nn::Llama*>(&model);
+  ZERONE_ASSERT(m != nullptr, "no Hugging Face tensor map for ", model.spec());
+  const nn::LlamaConfig& c = m->config();
+  const int64_t q = static_cast<int64_t>(c.num_heads) * c.head_dim, kv = static_cast<int64_t>(c.num_kv_heads) * c.head_dim;
+  whole(0, 0, "model.embed_tokens.weight");
+  for (int l = 0; l < c.num_layers; ++l) {
+    const int u = 1 + l;
+    const std::string p = str_cat("model.layers.", l, ".");
+    whole(u, nn::kAttnNorm, p + "input_layernorm.weight");
+    rows(u, nn::kWqkv, p + "self_attn.q_proj.weight", 0, q);
+    rows(u, nn::kWqkv, p + "self_attn.k_proj.weight", q, kv);
+    rows(u, nn::kWqkv, p + "self_attn.v_proj.weight", q + kv, kv);
+    whole(u, nn::kWo, p + "self_attn.o_proj.weight");
+    whole(u, nn::kMlpNorm, p + "post_attention_layernorm.weight");
+    rows(u, nn::kWGateUp, p + "mlp.gate_proj.weight", 0, c.ffn);
+    rows(u, nn::kWGateUp, p + "mlp.up_proj.weight", c.ffn, c.ffn);
+    whole(u, nn::kWDown, p + "mlp.down_proj.weight");
+  }
+  whole(c.num_layers + 1, nn::kNorm, "model.norm.weight");
+  if (!c.tie_word_embeddings) whole(c.num_layers + 1, nn::kLmHead, "lm_head.weight");
+  return out;
+}
+
+// Buffers some GPT-2 files carry that are not parameters.
+bool ignorable(const std::string& name) {
+  auto ends_with = [&](const char* suffix) {
+    size_t n = std::strlen(suffix);
+    return name.size() >= n && name.compare(name.size() - n, n, suffix) == 0;
+  };
+  return ends_with(".attn.bias") || ends_with(".attn.masked_bias") || ends_with("rotary_emb.inv_freq");
+}
+
+json read_config(const std::string& dir) {
+  const std::string path = dir + "/config.json";
+  try {
+    return json::parse(read_text_file(path, "--init", size_t{16} << 20));
+  } catch (const json::exception& e) {
+    throw Error(str_cat("'", path, "' is not valid JSON: ", e.what()));
+  }
+}
+
+}  // namespace
+
+bool is_hf_directory(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && ::stat((path + "/config.json").c_str(), &st) == 0;
+}
+
+std::string read_hf_spec(const std::string& dir) {
+  const std::string path = dir + "/config.json";
+  json c = read_config(dir);
+  ZERONE_CHECK(c.is_object(), "'", path, "' is not a JSON object");
+  auto integer = [&](const char* key, std::optional<int64_t> fallback = std::nullopt) -> int64_t {
+    if (!c.contains(key) || c[key].is_null()) {
+      ZERONE_CHECK(fallback.has_value(), "'", path, "' lacks \"", key, "\"");
+      return *fallback;
+    }
+    ZERONE_CHECK(c[key].is_number_integer() && c[key].get<int64_t>() > 0, "'", path, "': \"", key, "\" is ", c[key].dump(),
+                 ", expected a positive integer");
+    return c[key].get<int64_t>();
+  };
+  auto number = [&](const json& o, const char* key, double fallback) -> double {
+    if (!o.contains(key) || o[key].is_null()) return fallback;
+    ZERONE_CHECK(o[key].is_number() && !o[key].is_boolean(), "'", path, "': \"", key, "\" is ", o[key].dump(),
+                 ", expected a number");
+    return o[key].get<double>();
+  };
+  auto boolean = [&](const char* key, bool fallback) -> bool {
+    if (!c.contains(key) || c[key].is_null()) return fallback;
+    ZERONE_CHECK(c[key].is_boolean(), "'", path, "': \"", key, "\" is ", c[key].dump(), ", expected true or false");
+    return c[key].get<bool>();
+  };
+  auto string = [&](const char* key, const std::string& fallback) -> std::string {
+    if (!c.contains(key) || c[key].is_null()) return fallback;
+    ZERONE_CHECK(c[key].is_string(), "'", path, "': \"", key, "\" is ", c[key].dump(), ", expected a string");
+    return c[key].get<std::string>();
+  };
+  const std::string type = string("model_type", "");
+  if (type == "gpt2") {
+    const int64_t C = integer("n_embd"), inner = c.contains("n_inner") && !c["n_inner"].is_null() ? integer("n_inner") : 4 * C;
+    ZERONE_CHECK(inner == 4 * C, "'", path, "': n_inner ", inner, " is not 4 x n_embd: zerone's GPT-2 has a 4x MLP");
+    const std::string act = string("activation_function", "gelu_new");
+    ZERONE_CHECK(act == "gelu_new" || act == "gelu_pytorch_tanh", "'", path, "': activation_function '", act,
+                 "' is not supported (expected gelu_new, GPT-2's tanh GELU)");
+    ZERONE_CHECK(number(c, "layer_norm_epsilon", 1e-5) == 1e-5, "'", path, "': layer_norm_epsilon must be 1e-5");
+    ZERONE_CHECK(boolean("tie_word_embeddings", true), "'", path, "': an untied GPT-2 head is not supported");
+    return str_cat("gpt2:layers=", integer("n_layer"), ",dim=", C, ",heads=", integer("n_head"), ",vocab=",
+                   integer("vocab_size"), ",ctx=", integer("n_positions"));
+  }
+  if (type == "llama" || type == "mistral") {
+    ZERONE_CHECK(!boolean("attention_bias", false) && !boolean("mlp_bias", false), "'", path,
+                 "': attention or MLP biases are not supported (LLaMA has none)");
+    const std::string act = string("hidden_act", "silu");
+    ZERONE_CHECK(act == "silu", "'", path, "': hidden_act '", act, "' is not supported (expected silu)");
+    ZERONE_CHECK(!c.contains("sliding_window") || c["sliding_window"].is_null(), "'", path,
+                 "': sliding-window attention is not supported");
+    const int64_t C = integer("hidden_size"), NH = integer("num_attention_heads");
+    std::string spec = str_cat("llama:layers=", integer("num_hidden_layers"), ",dim=", C, ",heads=", NH, ",kv_heads=",
+                               integer("num_key_value_heads", NH), ",head_dim=", integer("head_dim", C / NH), ",ffn=",
+                               integer("intermediate_size"), ",vocab=", integer("vocab_size"), ",ctx=",
+                               integer("max_position_embeddings", 2048), ",theta=", number(c, "rope_theta", 10000.0),
+                               ",eps=", number(c, "rms_norm_eps", 1e-6), ",tied=",
+                               boolean("tie_word_embeddings", false) ? 1 : 0);
+    if (c.contains("rope_scaling") && !c["rope_scaling"].is_null()) {
+      const json& r = c["rope_scaling"];
+      ZERONE_CHECK(r.is_object(), "'", path, "': rope_scaling is not an object");
+      const std::string rtype = r.contains("rope_type") ? r["rope_type"].get<std::string>()
+                                : r.contains("type")    ? r["type"].get<std::string>()
+                                                        : "";
+      ZERONE_CHECK(rtype == "llama3" || rtype == "default", "'", path, "': rope_scaling type '", rtype,
+                   "' is not supported (expected llama3)");
+      if (rtype == "llama3")
+        spec += str_cat(",rope_factor=", number(r, "factor", 8.0), ",rope_low=", number(r, "low_freq_factor", 1.0),
+                        ",rope_high=", number(r, "high_freq_factor", 4.0), ",rope_orig=",
+                        static_cast<int64_t>(number(r, "original_max_position_embeddings", 8192)));
+    }
+    return spec;
+  }
+  throw Error(str_cat("'", path, "': model_type '", type, "' is not supported (expected gpt2 or llama)"));
+}
+
+void load_hf_checkpoint(const std::string& dir, nn::Model& model, int only_unit) {
+  SafetensorsReader reader(dir);
+  const std::vector<HfSlice> map = hf_map(model);
+  // Resolve names (GPT2Model files lack "transformer.") and check the file holds exactly the model.
+  auto find = [&](const std::string& name) -> const SafetensorInfo* {
+    if (const SafetensorInfo* t = reader.find(name)) return t;
+    if (name.rfind("transformer.", 0) == 0) return reader.find(name.substr(12));
+    return nullptr;
+  };
+  std::set<std::string> used;
+  for (const HfSlice& s : map) {
+    const SafetensorInfo* t = find(s.name);
+    ZERONE_CHECK(t != nullptr, "--init '", dir, "' lacks tensor '", s.name, "' of ", model.spec());
+    ZERONE_CHECK(t->shape == s.hf_shape(), "--init '", dir, "': tensor '", t->name, "' has shape ",
+                 json(t->shape).dump(), ", expected ", json(s.hf_shape()).dump(), " for ", model.spec());
+    used.insert(t->name);
+  }
+  for (const SafetensorInfo& t : reader.tensors())
+    ZERONE_CHECK(used.count(t.name) || ignorable(t.name), "--init '", dir, "' holds tensor '", t.name, "', which ",
+                 model.spec(), " does not have (a checkpoint of another architecture?)");
+  std::vector<float> hf, rows;
+  for (const HfSlice& s : map) {
+    if (only_unit >= 0 && s.unit != only_unit) continue;
+    nn::FlatParam& unit = model.units()[s.unit];
+    const nn::TensorSpec& spec = unit.tensors()[s.tensor];
+    const SafetensorInfo* t = find(s.name);
+    hf.resize(s.numel());
+    reader.read_f32(*t, 0, s.numel(), hf.data());
+    for (size_t i = 0; i < hf.size(); ++i)
+      ZERONE_CHECK(std::isfinite(hf[i]), "--init '", dir, "': tensor '", t->name, "' holds a non-finite value at element ",
+                   i, ": the file is corrupt");
+    const float* src = hf.data();
+    if (s.transposed) {  // stored (cols, rows): zerone's row r, column c is hf[c][r]
+      rows.resize(s.numel());
+      for (int64_t r = 0; r < s.rows; ++r)
+        for (int64_t col = 0; col < s.cols; ++col) rows[r * s.cols + col] = hf[col * s.rows + r];
+      src = rows.data();
+    }
+    char* dst = static_cast<char*>(unit.param(s.tensor)) + s.row_begin * s.cols * dtype_size(unit.dtype());
+    convert_from_f32(src, dst, unit.dtype(), s.numel());
+    // Rows no Hugging Face tensor covers (GPT-2's padded vocabulary) are zero.
+    const int64_t covered_end = s.row_begin + s.rows;
+    if (s.row_begin == 0 && covered_end < spec.shape[0]) {
+      bool another = false;
+      for (const HfSlice& o : map) another |= o.unit == s.unit && o.tensor == s.tensor && o.row_begin >= covered_end;
+      if (!another)
+        std::memset(static_cast<char*>(unit.param(s.tensor)) + covered_end * s.cols * dtype_size(unit.dtype()), 0,
+                    (spec.shape[0] - covered_end) * s.cols * dtype_size(unit.dtype()));
+    }
+  }
+}
+
+void check_hf_output(const std::string& dir, const std::string& what) {
+  std::string trimmed = dir;
+  while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
+  struct stat st;
+  if (::lstat(trimmed.c_str(), &st) == 0) {
+    ZERONE_CHECK(S_ISDIR(st.st_mode), what, ": '", dir, "' exists and is not a directory");
+    check_atomic_output(trimmed + "/config.json", what);
+    check_atomic_output(trimmed + "/model.safetensors", what);
+    return;
+  }
+  const size_t slash = trimmed.rfind('/');
+  const std::string parent = slash == std::string::npos ? "." : trimmed.substr(0, std::max<size_t>(slash, 1));
+  ZERONE_CHECK(::stat(parent.c_str(), &st) == 0 && S_ISDIR(st.st_mode), what, ": directory '", parent, "' of '", dir,
+               "' does not exist: create it first");
+  ZERONE_CHECK(::access(parent.c_str(), W_OK | X_OK) == 0, what, ": directory '", parent, "' is not writable: ",
+               std::strerror(errno));
+}
+
+void save_hf_checkpoint(const std::string& dir_in, const nn::Model& model) {
+  std::string dir = dir_in;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  if (::mkdir(dir.c_str(), 0755) != 0)
+    ZERONE_CHECK(errno == EEXIST, "cannot create directory '", dir, "': ", std::strerror(errno));
+  const DType dtype = model.compute_dtype();
+  const char* torch_dtype = dtype == DType::f32 ? "float32" : dtype == DType::bf16 ? "bfloat16" : "float16";
+  nlohmann::ordered_json config;
+  if (const auto* g = dynamic_cast<const nn::GPT2*>(&model)) {
+    const nn::GPT2Config& c = g->config();
+    config = {{"architectures", {"GPT2LMHeadModel"}}, {"model_type", "gpt2"}, {"vocab_size", c.vocab_size},
+              {"n_positions", c.max_seq_len}, {"n_ctx", c.max_seq_len}, {"n_embd", c.channels},
+              {"n_layer", c.num_layers}, {"n_head", c.num_heads}, {"n_inner", nullptr},
+              {"activation_function", "gelu_new"}, {"layer_norm_epsilon", 1e-5}, {"tie_word_embeddings", true},
+              {"resid_pdrop", 0.0}, {"embd_pdrop", 0.0}, {"attn_pdrop", 0.0}, {"torch_dtype", torch_dtype}};
+    if (c.vocab_size == 50257) config["bos_token_id"] = config["eos_token_id"] = 50256;
+  } else {
+    const nn::LlamaConfig& c = dynamic_cast<const nn::Llama&>(model).config();
+    config = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"hidden_size", c.channels},
+              {"intermediate_size", c.ffn}, {"num_hidden_layers", c.num_layers}, {"num_attention_heads", c.num_heads},
+              {"num_key_value_heads", c.num_kv_heads}, {"head_dim", c.head_dim}, {"vocab_size", c.vocab_size},
+              {"max_position_embeddings", c.max_seq_len}, {"rms_norm_eps", std::stod(str_cat(c.rms_norm_eps))},
+              {"rope_theta", std::stod(str_cat(c.rope_theta))}, {"tie_word_embeddings", c.tie_word_embeddings}, {"hidden_act", "silu"},
+              {"attention_bias", false}, {"mlp_bias", false}, {"torch_dtype", torch_dtype}};
+    if (c.rope_scaling.factor > 0)
+      config["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", c.rope_scaling.factor},
+                                {"low_freq_factor", c.rope_scaling.low_freq_factor},
+                                {"high_freq_factor", c.rope_scaling.high_freq_factor},
+                                {"original_max_position_embeddings", c.rope_scaling.original_max_position}};
+    else
+      config["rope_scaling"] = nullptr;
+  }
+  const std::vector<HfSlice> map = hf_map(model);
+  SafetensorsWriter writer;
+  writer.set_metadata("format", "pt");
+  for (const HfSlice& s : map) writer.add(s.name, dtype, s.hf_shape());
+  std::vector<float> rows, hf;
+  writer.write(dir + "/model.safetensors", [&](size_t i, void* out) {
+    const HfSlice& s = map[i];
+    const nn::FlatParam& unit = model.units()[s.unit];
+    ZERONE_ASSERT(unit.has_params(), "save_hf_checkpoint needs full parameters (unit ", unit.name(), ")");
+    rows.resize(s.numel());
+    convert_to_f32(static_cast<const char*>(unit.param(s.tensor)) + s.row_begin * s.cols * dtype_size(unit.dtype()),
+                   unit.dtype(), rows.data(), s.numel());
+    const float* src = rows.data();
+    if (s.transposed) {
+      hf.resize(s.numel());
+      for (int64_t r = 0; r < s.rows; ++r)
+        for (int64_t col = 0; col < s.cols; ++col) hf[col * s.rows + r] = rows[r * s.cols + col];
+      src = hf.data();
+    }
+    convert_from_f32(src, out, dtype, s.numel());
+  });
+  const std::string text = config.dump(2) + "\n";
+  write_file_atomically(dir + "/config.json", [&](std::FILE* f) { write_all(f, text.data(), text.size(), dir + "/config.json"); });
+}
+
+}  // namespace zerone::io

@@ -1,0 +1,53 @@
+// Hugging Face model directories: config.json + model.safetensors (or a sharded set with its
+// index), as transformers' GPT2LMHeadModel and LlamaForCausalLM store them, read and written for
+// zerone's GPT-2 and LLaMA models.
+//
+// Note [Hugging Face tensor map]: each zerone tensor is one or more row ranges of Hugging Face
+// tensors, possibly transposed:
+//   GPT-2  transformer.wte.weight (V, C) = wte rows [0, V) (zerone pads the vocabulary to Vp; the
+//          padded rows stay zero); transformer.wpe.weight; h.{l}.ln_1/ln_2/ln_f weight and bias;
+//          attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj are Conv1D layers stored (in, out): the
+//          transpose of zerone's (out, in) matrices. The head is tied (no lm_head tensor). Names are
+//          read with or without the "transformer." prefix (GPT2Model files lack it); the causal-mask
+//          buffers attn.bias / attn.masked_bias of old files are ignored.
+//   LLaMA  model.embed_tokens.weight; layers.{l}.self_attn.{q,k,v}_proj.weight are the row ranges
+//          [0, NH*hs), [NH*hs, (NH+NKV)*hs), [(NH+NKV)*hs, R) of zerone's fused wqkv (both use the
+//          rotate-half RoPE convention, so no permutation); o_proj = wo; mlp.{gate,up}_proj are the
+//          halves of w_gate_up; down_proj = w_down; input_layernorm / post_attention_layernorm /
+//          model.norm; lm_head.weight unless tie_word_embeddings.
+// Reading converts F32/BF16/F16 tensors to the model's dtype; writing stores the model's dtype, and
+// config.json's torch_dtype says which.
+//
+// Thread-safety: independent calls are safe; a model must not be in use while loaded into.
+#pragma once
+
+#include <string>
+
+#include "zerone/nn/model.h"
+
+namespace zerone::io {
+
+// Whether `path` is a Hugging Face model directory (holds config.json).
+bool is_hf_directory(const std::string& path);
+
+// The zerone model spec config.json describes (model_type gpt2 or llama). Throws Error naming the
+// file and key for an unknown model_type, a missing or wrongly typed key, or a feature zerone
+// does not implement (biases in LLaMA attention, a rope_scaling type other than llama3, ...).
+std::string read_hf_spec(const std::string& dir);
+
+// Loads unit `only_unit` (or every unit for -1) of `model` from the directory's safetensors,
+// reading only that unit's bytes. Every tensor the model needs must be present with its exact
+// shape (Error naming the tensor otherwise); tensors the model does not use are an error too,
+// except the causal-mask buffers, so that a checkpoint of another architecture is never half-loaded.
+void load_hf_checkpoint(const std::string& dir, nn::Model& model, int only_unit = -1);
+
+// Writes config.json and model.safetensors into `dir` (created if missing; its parent must exist),
+// each file atomically, in the layout transformers loads unchanged. `model` must hold full
+// parameters (ZeroEngine::with_full_params on rank 0).
+void save_hf_checkpoint(const std::string& dir, const nn::Model& model);
+
+// Start-up check of a --save directory: the parent exists and is writable, and `dir` is a
+// directory or does not exist yet.
+void check_hf_output(const std::string& dir, const std::string& what);
+
+}  // namespace zerone::io

@@ -80,6 +80,8 @@ void add_train_flags(CLI::App& cmd, train::TrainConfig& c, std::string& config_p
   cmd.add_option("--val-every", c.val_every, "validate every N steps (0: at the end)");
   cmd.add_option("--val-batches", c.val_batches, "batches per validation");
   cmd.add_flag("--profile", c.profile, "report where step time goes (after the first step)");
+  cmd.add_flag("--activation-checkpointing", c.activation_checkpointing,
+               "recompute each block's forward in its backward: activation memory of one block, same results");
 }
 
 int cmd_info() {
@@ -114,11 +116,13 @@ struct EstimateArgs {
   int64_t persistence_threshold = 100'000;
   int64_t reduce_bucket_numel = 500'000'000, prefetch_numel = 50'000'000;
   bool json = false;
+  bool activation_checkpointing = false;
 };
 
 int cmd_estimate(const EstimateArgs& a, bool stage_given) {
   DType dtype = train::resolve_precision(a.precision);
   std::unique_ptr<nn::Model> shape = nn::make_model(a.model, dtype, 64, /*allocate=*/false);
+  shape->set_activation_checkpointing(a.activation_checkpointing);
   const nn::Model& model = *shape;
   ZERONE_CHECK(std::isfinite(a.device_mem_gib) && a.device_mem_gib >= 0.0, "--device-mem ", a.device_mem_gib,
                " is out of range: expected a finite number of GiB >= 0");
@@ -271,6 +275,7 @@ int main(int argc, char** argv) {
   estimate_cmd->add_option("--stage3-prefetch-bucket-size", est.prefetch_numel,
                            "as for train (elements): bounds stage 3's prefetched parameters");
   estimate_cmd->add_flag("--json", est.json, "machine-readable output");
+  estimate_cmd->add_flag("--activation-checkpointing", est.activation_checkpointing, "as for train");
 
   make_values_strict(app);
   try {

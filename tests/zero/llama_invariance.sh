@@ -24,6 +24,16 @@ for world in 1 2 3; do
     runs+=("$name")
   done
 done
+# Activation checkpointing changes memory, not numbers: bitwise the same run (world 2, stage 3).
+"${MPI[@]}" -n 2 "$Z" "${common[@]}" --grad-accum 3 --zero-stage 3 --activation-checkpointing \
+  --metrics "$d/ckpt.jsonl" --save "$d/ckpt/" > "$d/ckpt.log" 2>&1 || { cat "$d/ckpt.log"; exit 1; }
+if cmp -s <(python3 -c "import json,sys; [print(json.loads(l)['loss']) for l in open(sys.argv[1])]" "$d/w2_s3.jsonl") \
+          <(python3 -c "import json,sys; [print(json.loads(l)['loss']) for l in open(sys.argv[1])]" "$d/ckpt.jsonl") \
+   && cmp -s "$d/w2_s3/model.safetensors" "$d/ckpt/model.safetensors"; then
+  echo "ok   activation checkpointing: losses and saved parameters bitwise equal to w2_s3"
+else
+  echo "FAIL activation checkpointing differs from w2_s3"; exit 1
+fi
 python3 - "$d" "${runs[@]}" <<'PY'
 import json, struct, sys
 d, ref, *names = sys.argv[1:]

@@ -140,19 +140,23 @@ namespace {
 
 // Element counts of every activation buffer, in the order of GPT2::Activations' members. The last
 // two are int32 token ids; the rest are f32.
-std::array<size_t, 27> activation_numels(const GPT2Config& c, int B, int T) {
+// With activation checkpointing (Note [Activation checkpointing] in model.h) the block internals
+// are kept for one block (S = 1 slot, recomputed in backward) and only the block outputs
+// (residual3) for all L.
+std::array<size_t, 27> activation_numels(const GPT2Config& c, int B, int T, bool checkpointing) {
   const size_t L = c.num_layers, C = c.channels, NH = c.num_heads, Vp = c.padded_vocab_size;
+  const size_t S = checkpointing ? 1 : L;
   const size_t BT = static_cast<size_t>(B) * T;
-  return {BT * C,         L * BT * C, L * BT,     L * BT,     L * BT * 3 * C, L * BT * C,
-          L * B * NH * T * T, L * BT * C, L * BT * C, L * BT,     L * BT,         L * BT * 4 * C,
-          L * BT * 4 * C, L * BT * C, BT * C,     BT,         BT,             BT * Vp,
+  return {BT * C,         S * BT * C, S * BT,     S * BT,     S * BT * 3 * C, S * BT * C,
+          S * B * NH * T * T, S * BT * C, S * BT * C, S * BT,     S * BT,         S * BT * 4 * C,
+          S * BT * 4 * C, L * BT * C, BT * C,     BT,         BT,             BT * Vp,
           BT,             BT,         BT * C,     BT * C,     BT * C,         BT * 3 * C,
           BT * 4 * C,     BT,         BT};
 }
 
 }  // namespace
 
-size_t GPT2::activation_bytes(const GPT2Config& config, int B, int T) {
+size_t GPT2::activation_bytes(const GPT2Config& config, int B, int T, bool checkpointing) {
   // In long double first: L * B * NH * T * T overflows 64 bits for absurd shapes, and a wrapped
   // total would pass the start-up memory check.
   const long double L = config.num_layers, C = config.channels, NH = config.num_heads, Vp = config.padded_vocab_size;
@@ -162,7 +166,7 @@ size_t GPT2::activation_bytes(const GPT2Config& config, int B, int T) {
   ZERONE_CHECK(approx < 0x1p62L, "activations of ", config.to_string(), " at micro-batch ", B, " x seq ", T,
                " would need about ", static_cast<double>(approx), " bytes: beyond any machine");
   size_t total = 0;
-  for (size_t n : activation_numels(config, B, T)) total += n * 4;  // f32 and int32 alike
+  for (size_t n : activation_numels(config, B, T, checkpointing)) total += n * 4;  // f32 and int32 alike
   return total;
 }
 
@@ -177,11 +181,12 @@ std::vector<size_t> GPT2::unit_numels(const GPT2Config& c) {
 
 void GPT2::ensure_activations(int B, int T) {
   Activations& a = acts_;
-  if (a.B == B && a.T == T) return;
+  if (a.B == B && a.T == T && a.checkpointing == checkpointing_) return;
   a = Activations{};
   a.B = B;
   a.T = T;
-  auto sizes = activation_numels(config_, B, T);
+  a.checkpointing = checkpointing_;
+  auto sizes = activation_numels(config_, B, T, checkpointing_);
   Buffer* buffers[] = {&a.encoded, &a.ln1,      &a.ln1_mean, &a.ln1_rstd, &a.qkv,    &a.atty,   &a.att,
                        &a.residual2, &a.ln2,    &a.ln2_mean, &a.ln2_rstd, &a.fch,    &a.fch_gelu, &a.residual3,
                        &a.lnf,     &a.lnf_mean, &a.lnf_rstd, &a.logits,   &a.losses, &a.lse,    &a.tmp_c,
@@ -196,7 +201,7 @@ float GPT2::forward(const int32_t* inputs, const int32_t* targets, int B, int T)
   ZERONE_CHECK(B >= 1, "batch size must be at least 1, got ", B);
   ensure_activations(B, T);
   Activations& a = acts_;
-  const int L = config_.num_layers, C = config_.channels, NH = config_.num_heads;
+  const int L = config_.num_layers, C = config_.channels;
   const int V = config_.vocab_size, Vp = config_.padded_vocab_size, N = B * T;
   const size_t BTC = static_cast<size_t>(N) * C;
   std::memcpy(a.inputs.data(), inputs, sizeof(int32_t) * N);
@@ -208,35 +213,9 @@ float GPT2::forward(const int32_t* inputs, const int32_t* targets, int B, int T)
   hooks_->after_forward(0);
 
   for (int l = 0; l < L; ++l) {
-    const int u = 1 + l;
-    hooks_->before_forward(u);
-    const float* residual = l == 0 ? a.encoded.as<float>() : a.residual3.as<float>() + (l - 1) * BTC;
-    float* ln1 = a.ln1.as<float>() + l * BTC;                       // (B,T,C)
-    float* ln1_mean = a.ln1_mean.as<float>() + static_cast<size_t>(l) * N;  // (B,T)
-    float* ln1_rstd = a.ln1_rstd.as<float>() + static_cast<size_t>(l) * N;
-    float* qkv = a.qkv.as<float>() + l * BTC * 3;                   // (B,T,3C)
-    float* atty = a.atty.as<float>() + l * BTC;                     // (B,T,C)
-    float* att = a.att.as<float>() + static_cast<size_t>(l) * B * NH * T * T;  // (B,NH,T,T)
-    float* residual2 = a.residual2.as<float>() + l * BTC;
-    float* ln2 = a.ln2.as<float>() + l * BTC;
-    float* ln2_mean = a.ln2_mean.as<float>() + static_cast<size_t>(l) * N;
-    float* ln2_rstd = a.ln2_rstd.as<float>() + static_cast<size_t>(l) * N;
-    float* fch = a.fch.as<float>() + l * BTC * 4;                   // (B,T,4C)
-    float* fch_gelu = a.fch_gelu.as<float>() + l * BTC * 4;
-    float* residual3 = a.residual3.as<float>() + l * BTC;
-    float* tmp = a.tmp_c.as<float>();
-
-    k::layernorm_forward(ln1, ln1_mean, ln1_rstd, residual, p(u, kLn1w), p(u, kLn1b), dtype_, N, C);
-    k::linear_forward(qkv, ln1, p(u, kQkvw), p(u, kQkvb), dtype_, N, C, 3 * C);
-    k::attention_forward(atty, att, qkv, B, T, C, NH);
-    k::linear_forward(tmp, atty, p(u, kAttprojw), p(u, kAttprojb), dtype_, N, C, C);
-    k::residual_forward(residual2, residual, tmp, BTC);
-    k::layernorm_forward(ln2, ln2_mean, ln2_rstd, residual2, p(u, kLn2w), p(u, kLn2b), dtype_, N, C);
-    k::linear_forward(fch, ln2, p(u, kFcw), p(u, kFcb), dtype_, N, C, 4 * C);
-    k::gelu_forward(fch_gelu, fch, BTC * 4);
-    k::linear_forward(tmp, fch_gelu, p(u, kFcprojw), p(u, kFcprojb), dtype_, N, 4 * C, C);
-    k::residual_forward(residual3, residual2, tmp, BTC);
-    hooks_->after_forward(u);
+    hooks_->before_forward(1 + l);
+    block_forward(l);
+    hooks_->after_forward(1 + l);
   }
 
   const int uf = L + 1;
@@ -251,6 +230,45 @@ float GPT2::forward(const int32_t* inputs, const int32_t* targets, int B, int T)
   double sum = 0.0;
   for (int i = 0; i < N; ++i) sum += a.losses.as<float>()[i];
   return static_cast<float>(sum / N);
+}
+
+GPT2::BlockActs GPT2::block_acts(int l) {
+  Activations& a = acts_;
+  const size_t N = static_cast<size_t>(a.B) * a.T, C = config_.channels, BTC = N * C;
+  const size_t s = checkpointing_ ? 0 : l;  // the slot of the block internals
+  BlockActs b;
+  b.residual = l == 0 ? a.encoded.as<float>() : a.residual3.as<float>() + (l - 1) * BTC;  // (B,T,C)
+  b.ln1 = a.ln1.as<float>() + s * BTC;                                                       // (B,T,C)
+  b.ln1_mean = a.ln1_mean.as<float>() + s * N;                                               // (B,T)
+  b.ln1_rstd = a.ln1_rstd.as<float>() + s * N;
+  b.qkv = a.qkv.as<float>() + s * BTC * 3;                                                   // (B,T,3C)
+  b.atty = a.atty.as<float>() + s * BTC;                                                     // (B,T,C)
+  b.att = a.att.as<float>() + s * a.B * config_.num_heads * a.T * a.T;                      // (B,NH,T,T)
+  b.residual2 = a.residual2.as<float>() + s * BTC;
+  b.ln2 = a.ln2.as<float>() + s * BTC;
+  b.ln2_mean = a.ln2_mean.as<float>() + s * N;
+  b.ln2_rstd = a.ln2_rstd.as<float>() + s * N;
+  b.fch = a.fch.as<float>() + s * BTC * 4;                                                   // (B,T,4C)
+  b.fch_gelu = a.fch_gelu.as<float>() + s * BTC * 4;
+  b.residual3 = a.residual3.as<float>() + l * BTC;                                          // always kept
+  return b;
+}
+
+void GPT2::block_forward(int l) {
+  const int u = 1 + l, B = acts_.B, T = acts_.T, C = config_.channels, NH = config_.num_heads, N = B * T;
+  const size_t BTC = static_cast<size_t>(N) * C;
+  BlockActs b = block_acts(l);
+  float* tmp = acts_.tmp_c.as<float>();
+  k::layernorm_forward(b.ln1, b.ln1_mean, b.ln1_rstd, b.residual, p(u, kLn1w), p(u, kLn1b), dtype_, N, C);
+  k::linear_forward(b.qkv, b.ln1, p(u, kQkvw), p(u, kQkvb), dtype_, N, C, 3 * C);
+  k::attention_forward(b.atty, b.att, b.qkv, B, T, C, NH);
+  k::linear_forward(tmp, b.atty, p(u, kAttprojw), p(u, kAttprojb), dtype_, N, C, C);
+  k::residual_forward(b.residual2, b.residual, tmp, BTC);
+  k::layernorm_forward(b.ln2, b.ln2_mean, b.ln2_rstd, b.residual2, p(u, kLn2w), p(u, kLn2b), dtype_, N, C);
+  k::linear_forward(b.fch, b.ln2, p(u, kFcw), p(u, kFcb), dtype_, N, C, 4 * C);
+  k::gelu_forward(b.fch_gelu, b.fch, BTC * 4);
+  k::linear_forward(tmp, b.fch_gelu, p(u, kFcprojw), p(u, kFcprojb), dtype_, N, 4 * C, C);
+  k::residual_forward(b.residual3, b.residual2, tmp, BTC);
 }
 
 bool GPT2::accumulate_grads(int u, std::initializer_list<int> overwritten) {
@@ -294,19 +312,14 @@ void GPT2::backward(float grad_scale) {
   for (int l = L - 1; l >= 0; --l) {
     const int u = 1 + l;
     hooks_->before_backward(u);
-    const float* residual = l == 0 ? a.encoded.as<float>() : a.residual3.as<float>() + (l - 1) * BTC;
-    const float* ln1 = a.ln1.as<float>() + l * BTC;
-    const float* ln1_mean = a.ln1_mean.as<float>() + static_cast<size_t>(l) * N;
-    const float* ln1_rstd = a.ln1_rstd.as<float>() + static_cast<size_t>(l) * N;
-    const float* qkv = a.qkv.as<float>() + l * BTC * 3;
-    const float* atty = a.atty.as<float>() + l * BTC;
-    const float* att = a.att.as<float>() + static_cast<size_t>(l) * B * NH * T * T;
-    const float* residual2 = a.residual2.as<float>() + l * BTC;
-    const float* ln2 = a.ln2.as<float>() + l * BTC;
-    const float* ln2_mean = a.ln2_mean.as<float>() + static_cast<size_t>(l) * N;
-    const float* ln2_rstd = a.ln2_rstd.as<float>() + static_cast<size_t>(l) * N;
-    const float* fch = a.fch.as<float>() + l * BTC * 4;
-    const float* fch_gelu = a.fch_gelu.as<float>() + l * BTC * 4;
+    // Note [Activation checkpointing]: the block's internals are recomputed from its saved input
+    // (the engine has gathered its parameters for backward), bit for bit what forward computed.
+    if (checkpointing_) block_forward(l);
+    const BlockActs b = block_acts(l);
+    const float* residual = b.residual;
+    const float *ln1 = b.ln1, *ln1_mean = b.ln1_mean, *ln1_rstd = b.ln1_rstd, *qkv = b.qkv, *atty = b.atty, *att = b.att;
+    const float *residual2 = b.residual2, *ln2 = b.ln2, *ln2_mean = b.ln2_mean, *ln2_rstd = b.ln2_rstd, *fch = b.fch;
+    const float* fch_gelu = b.fch_gelu;
     float* dfch = a.dfch.as<float>();  // (B,T,4C)
     float* dqkv = a.dqkv.as<float>();  // (B,T,3C)
     const bool acc = accumulate_grads(u, {kQkvw, kQkvb, kAttprojw, kAttprojb, kFcw, kFcb, kFcprojw, kFcprojb});

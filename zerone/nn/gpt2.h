@@ -100,20 +100,32 @@ class GPT2 : public Model {
 
   // Bytes of activations (and backward temporaries) that forward/backward at (B, T) allocate;
   // the same table sizes the buffers, so `zerone estimate` and the ledger agree.
-  static size_t activation_bytes(const GPT2Config& config, int B, int T);
-  size_t activation_bytes(int B, int T) const override { return activation_bytes(config_, B, T); }
+  static size_t activation_bytes(const GPT2Config& config, int B, int T, bool checkpointing = false);
+  size_t activation_bytes(int B, int T) const override { return activation_bytes(config_, B, T, checkpointing_); }
+  void set_activation_checkpointing(bool on) override { checkpointing_ = on; }
+  bool activation_checkpointing() const override { return checkpointing_; }
   // Real elements of each unit, in unit order (no allocation).
   static std::vector<size_t> unit_numels(const GPT2Config& config);
 
  private:
   struct Activations {
     int B = 0, T = 0;
+    bool checkpointing = false;
     Buffer encoded, ln1, ln1_mean, ln1_rstd, qkv, atty, att, residual2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu,
         residual3, lnf, lnf_mean, lnf_rstd, logits, losses, lse, tmp_c;
     Buffer dresidual, dbuf_c, dqkv, dfch;  // backward temporaries
     Buffer inputs, targets;                // copies of the last forward's token ids
   };
   void ensure_activations(int B, int T);
+  // One block's activations: its input, internals (slot l, or slot 0 with checkpointing) and output.
+  struct BlockActs {
+    const float* residual;
+    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *residual2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu,
+        *residual3;
+  };
+  BlockActs block_acts(int l);
+  // Block l's forward (parameters of unit 1 + l in place) from its saved input.
+  void block_forward(int l);
   const void* p(int unit, int tensor) const { return units_[unit].param(tensor); }
   float* g(int unit, int tensor) { return units_[unit].grad(tensor); }
   // Note [Fresh gradients]: when unit u's gradient buffer is fresh, zeroes every tensor's gradient
@@ -126,6 +138,7 @@ class GPT2 : public Model {
   std::vector<FlatParam> units_;
   Activations acts_;
   bool have_targets_ = false;
+  bool checkpointing_ = false;
   UnitHooks default_hooks_;
   UnitHooks* hooks_ = &default_hooks_;
 };

@@ -158,19 +158,22 @@ namespace {
 
 // Element counts of every activation buffer, in the order of Llama::Activations' members (the
 // last two are int32 token ids, the rest f32).
-std::array<size_t, 26> llama_activation_numels(const LlamaConfig& c, int B, int T) {
+// With activation checkpointing (Note [Activation checkpointing] in model.h) one slot (S = 1) of block
+// internals, recomputed in backward; the block outputs (residual3) for all L.
+std::array<size_t, 26> llama_activation_numels(const LlamaConfig& c, int B, int T, bool checkpointing) {
   const size_t L = c.num_layers, C = c.channels, NH = c.num_heads, V = c.vocab_size, F = c.ffn;
+  const size_t S = checkpointing ? 1 : L;
   const size_t A = NH * c.head_dim, R = static_cast<size_t>(c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
   const size_t BT = static_cast<size_t>(B) * T;
-  return {BT * C,     L * BT * C, L * BT,         L * BT * R, L * BT * A, L * B * NH * T * T, L * BT * C,
-          L * BT * C, L * BT,     L * BT * 2 * F, L * BT * F, L * BT * C, BT * C,             BT,
+  return {BT * C,     S * BT * C, S * BT,         S * BT * R, S * BT * A, S * B * NH * T * T, S * BT * C,
+          S * BT * C, S * BT,     S * BT * 2 * F, S * BT * F, L * BT * C, BT * C,             BT,
           BT * V,     BT,         BT,             BT * C,     BT * C,     BT * C,             BT * A,
           BT * R,     BT * 2 * F, BT * F,         BT,         BT};
 }
 
 }  // namespace
 
-size_t Llama::activation_bytes(const LlamaConfig& config, int B, int T) {
+size_t Llama::activation_bytes(const LlamaConfig& config, int B, int T, bool checkpointing) {
   // Overflow guard as GPT2::activation_bytes: the per-layer attention matrix dominates for long T.
   const long double L = config.num_layers, NH = config.num_heads, BT = static_cast<long double>(B) * T;
   const long double width = 8.0L * config.channels + 3.0L * (config.num_heads + 2 * config.num_kv_heads) * config.head_dim +
@@ -179,7 +182,7 @@ size_t Llama::activation_bytes(const LlamaConfig& config, int B, int T) {
   ZERONE_CHECK(approx < 0x1p62L, "activations of ", config.to_string(), " at micro-batch ", B, " x seq ", T,
                " would need about ", static_cast<double>(approx), " bytes: beyond any machine");
   size_t total = 0;
-  for (size_t n : llama_activation_numels(config, B, T)) total += n * 4;
+  for (size_t n : llama_activation_numels(config, B, T, checkpointing)) total += n * 4;
   return total;
 }
 
@@ -192,11 +195,12 @@ std::vector<size_t> Llama::unit_numels(const LlamaConfig& c) {
 
 void Llama::ensure_activations(int B, int T) {
   Activations& a = acts_;
-  if (a.B == B && a.T == T) return;
+  if (a.B == B && a.T == T && a.checkpointing == checkpointing_) return;
   a = Activations{};
   a.B = B;
   a.T = T;
-  auto sizes = llama_activation_numels(config_, B, T);
+  a.checkpointing = checkpointing_;
+  auto sizes = llama_activation_numels(config_, B, T, checkpointing_);
   Buffer* buffers[] = {&a.encoded, &a.h1,       &a.rstd1,  &a.qkv,    &a.atty,      &a.att,   &a.residual2,
                        &a.h2,      &a.rstd2,    &a.gate_up, &a.act,   &a.residual3, &a.hf,    &a.rstdf,
                        &a.logits,  &a.losses,   &a.lse,    &a.tmp_c,  &a.dresidual, &a.dbuf_c, &a.datty,
@@ -211,9 +215,7 @@ float Llama::forward(const int32_t* inputs, const int32_t* targets, int B, int T
   ZERONE_CHECK(B >= 1, "batch size must be at least 1, got ", B);
   ensure_activations(B, T);
   Activations& a = acts_;
-  const int L = config_.num_layers, C = config_.channels, NH = config_.num_heads, NKV = config_.num_kv_heads;
-  const int hs = config_.head_dim, F = config_.ffn, V = config_.vocab_size, N = B * T;
-  const int A = NH * hs, R = (NH + 2 * NKV) * hs;
+  const int L = config_.num_layers, C = config_.channels, V = config_.vocab_size, N = B * T;
   const float eps = config_.rms_norm_eps;
   const size_t BTC = static_cast<size_t>(N) * C;
   std::memcpy(a.inputs.data(), inputs, sizeof(int32_t) * N);
@@ -225,34 +227,9 @@ float Llama::forward(const int32_t* inputs, const int32_t* targets, int B, int T
   hooks_->after_forward(0);
 
   for (int l = 0; l < L; ++l) {
-    const int u = 1 + l;
-    hooks_->before_forward(u);
-    const float* residual = l == 0 ? a.encoded.as<float>() : a.residual3.as<float>() + (l - 1) * BTC;
-    float* h1 = a.h1.as<float>() + l * BTC;                                       // (B,T,C)
-    float* rstd1 = a.rstd1.as<float>() + static_cast<size_t>(l) * N;              // (B,T)
-    float* qkv = a.qkv.as<float>() + static_cast<size_t>(l) * N * R;              // (B,T,R), q and k rotated
-    float* atty = a.atty.as<float>() + static_cast<size_t>(l) * N * A;            // (B,T,NH*hs)
-    float* att = a.att.as<float>() + static_cast<size_t>(l) * B * NH * T * T;     // (B,NH,T,T)
-    float* residual2 = a.residual2.as<float>() + l * BTC;
-    float* h2 = a.h2.as<float>() + l * BTC;
-    float* rstd2 = a.rstd2.as<float>() + static_cast<size_t>(l) * N;
-    float* gate_up = a.gate_up.as<float>() + static_cast<size_t>(l) * N * 2 * F;  // (B,T,2F)
-    float* act = a.act.as<float>() + static_cast<size_t>(l) * N * F;              // (B,T,F)
-    float* residual3 = a.residual3.as<float>() + l * BTC;
-    float* tmp = a.tmp_c.as<float>();
-
-    k::rmsnorm_forward(h1, rstd1, residual, p(u, kAttnNorm), dtype_, N, C, eps);
-    k::linear_forward(qkv, h1, p(u, kWqkv), nullptr, dtype_, N, C, R);
-    k::rope_forward(qkv, inv_freq_.data(), B, T, R, NH + NKV, hs);
-    k::gqa_attention_forward(atty, att, qkv, B, T, NH, NKV, hs);
-    k::linear_forward(tmp, atty, p(u, kWo), nullptr, dtype_, N, A, C);
-    k::residual_forward(residual2, residual, tmp, BTC);
-    k::rmsnorm_forward(h2, rstd2, residual2, p(u, kMlpNorm), dtype_, N, C, eps);
-    k::linear_forward(gate_up, h2, p(u, kWGateUp), nullptr, dtype_, N, C, 2 * F);
-    k::swiglu_forward(act, gate_up, N, F);
-    k::linear_forward(tmp, act, p(u, kWDown), nullptr, dtype_, N, F, C);
-    k::residual_forward(residual3, residual2, tmp, BTC);
-    hooks_->after_forward(u);
+    hooks_->before_forward(1 + l);
+    block_forward(l);
+    hooks_->after_forward(1 + l);
   }
 
   const int uf = L + 1;
@@ -266,6 +243,49 @@ float Llama::forward(const int32_t* inputs, const int32_t* targets, int B, int T
   double sum = 0.0;
   for (int i = 0; i < N; ++i) sum += a.losses.as<float>()[i];
   return static_cast<float>(sum / N);
+}
+
+Llama::BlockActs Llama::block_acts(int l) {
+  Activations& a = acts_;
+  const size_t N = static_cast<size_t>(a.B) * a.T, C = config_.channels, BTC = N * C, F = config_.ffn;
+  const size_t A = static_cast<size_t>(config_.num_heads) * config_.head_dim;
+  const size_t R = static_cast<size_t>(config_.num_heads + 2 * config_.num_kv_heads) * config_.head_dim;
+  const size_t s = checkpointing_ ? 0 : l;  // the slot of the block internals
+  BlockActs b;
+  b.residual = l == 0 ? a.encoded.as<float>() : a.residual3.as<float>() + (l - 1) * BTC;  // (B,T,C)
+  b.h1 = a.h1.as<float>() + s * BTC;                                                        // (B,T,C)
+  b.rstd1 = a.rstd1.as<float>() + s * N;                                                    // (B,T)
+  b.qkv = a.qkv.as<float>() + s * N * R;                                                    // (B,T,R), q and k rotated
+  b.atty = a.atty.as<float>() + s * N * A;                                                  // (B,T,NH*hs)
+  b.att = a.att.as<float>() + s * a.B * config_.num_heads * a.T * a.T;                     // (B,NH,T,T)
+  b.residual2 = a.residual2.as<float>() + s * BTC;
+  b.h2 = a.h2.as<float>() + s * BTC;
+  b.rstd2 = a.rstd2.as<float>() + s * N;
+  b.gate_up = a.gate_up.as<float>() + s * N * 2 * F;                                        // (B,T,2F)
+  b.act = a.act.as<float>() + s * N * F;                                                    // (B,T,F)
+  b.residual3 = a.residual3.as<float>() + l * BTC;                                         // always kept
+  return b;
+}
+
+void Llama::block_forward(int l) {
+  const int u = 1 + l, B = acts_.B, T = acts_.T, C = config_.channels, NH = config_.num_heads;
+  const int NKV = config_.num_kv_heads, hs = config_.head_dim, F = config_.ffn, N = B * T;
+  const int A = NH * hs, R = (NH + 2 * NKV) * hs;
+  const float eps = config_.rms_norm_eps;
+  const size_t BTC = static_cast<size_t>(N) * C;
+  BlockActs b = block_acts(l);
+  float* tmp = acts_.tmp_c.as<float>();
+  k::rmsnorm_forward(b.h1, b.rstd1, b.residual, p(u, kAttnNorm), dtype_, N, C, eps);
+  k::linear_forward(b.qkv, b.h1, p(u, kWqkv), nullptr, dtype_, N, C, R);
+  k::rope_forward(b.qkv, inv_freq_.data(), B, T, R, NH + NKV, hs);
+  k::gqa_attention_forward(b.atty, b.att, b.qkv, B, T, NH, NKV, hs);
+  k::linear_forward(tmp, b.atty, p(u, kWo), nullptr, dtype_, N, A, C);
+  k::residual_forward(b.residual2, b.residual, tmp, BTC);
+  k::rmsnorm_forward(b.h2, b.rstd2, b.residual2, p(u, kMlpNorm), dtype_, N, C, eps);
+  k::linear_forward(b.gate_up, b.h2, p(u, kWGateUp), nullptr, dtype_, N, C, 2 * F);
+  k::swiglu_forward(b.act, b.gate_up, N, F);
+  k::linear_forward(tmp, b.act, p(u, kWDown), nullptr, dtype_, N, F, C);
+  k::residual_forward(b.residual3, b.residual2, tmp, BTC);
 }
 
 bool Llama::accumulate_grads(int u, std::initializer_list<int> overwritten) {
@@ -314,17 +334,11 @@ void Llama::backward(float grad_scale) {
   for (int l = L - 1; l >= 0; --l) {
     const int u = 1 + l;
     hooks_->before_backward(u);
-    const float* residual = l == 0 ? a.encoded.as<float>() : a.residual3.as<float>() + (l - 1) * BTC;
-    const float* h1 = a.h1.as<float>() + l * BTC;
-    const float* rstd1 = a.rstd1.as<float>() + static_cast<size_t>(l) * N;
-    const float* qkv = a.qkv.as<float>() + static_cast<size_t>(l) * N * R;
-    const float* atty = a.atty.as<float>() + static_cast<size_t>(l) * N * A;
-    const float* att = a.att.as<float>() + static_cast<size_t>(l) * B * NH * T * T;
-    const float* residual2 = a.residual2.as<float>() + l * BTC;
-    const float* h2 = a.h2.as<float>() + l * BTC;
-    const float* rstd2 = a.rstd2.as<float>() + static_cast<size_t>(l) * N;
-    const float* gate_up = a.gate_up.as<float>() + static_cast<size_t>(l) * N * 2 * F;
-    const float* act = a.act.as<float>() + static_cast<size_t>(l) * N * F;
+    // Note [Activation checkpointing]: recompute the block's internals from its saved input.
+    if (checkpointing_) block_forward(l);
+    const BlockActs b = block_acts(l);
+    const float *residual = b.residual, *h1 = b.h1, *rstd1 = b.rstd1, *qkv = b.qkv, *atty = b.atty, *att = b.att;
+    const float *residual2 = b.residual2, *h2 = b.h2, *rstd2 = b.rstd2, *gate_up = b.gate_up, *act = b.act;
     float* dact = a.dact.as<float>();         // (B,T,F)
     float* dgate_up = a.dgate_up.as<float>(); // (B,T,2F)
     float* datty = a.datty.as<float>();       // (B,T,NH*hs)

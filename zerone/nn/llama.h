@@ -84,19 +84,29 @@ class Llama : public Model {
   std::vector<int> units_touched(int u) const override {
     return u == num_units() - 1 && config_.tie_word_embeddings ? std::vector<int>{u, 0} : std::vector<int>{u};
   }
-  static size_t activation_bytes(const LlamaConfig& config, int B, int T);
-  size_t activation_bytes(int B, int T) const override { return activation_bytes(config_, B, T); }
+  static size_t activation_bytes(const LlamaConfig& config, int B, int T, bool checkpointing = false);
+  size_t activation_bytes(int B, int T) const override { return activation_bytes(config_, B, T, checkpointing_); }
+  void set_activation_checkpointing(bool on) override { checkpointing_ = on; }
+  bool activation_checkpointing() const override { return checkpointing_; }
   static std::vector<size_t> unit_numels(const LlamaConfig& config);
 
  private:
   struct Activations {
     int B = 0, T = 0;
+    bool checkpointing = false;
     Buffer encoded, h1, rstd1, qkv, atty, att, residual2, h2, rstd2, gate_up, act, residual3, hf, rstdf, logits,
         losses, lse, tmp_c;
     Buffer dresidual, dbuf_c, datty, dqkv, dgate_up, dact;  // backward temporaries
     Buffer inputs, targets;
   };
   void ensure_activations(int B, int T);
+  // One block's activations: its input, internals (slot l, or slot 0 with checkpointing) and output.
+  struct BlockActs {
+    const float* residual;
+    float *h1, *rstd1, *qkv, *atty, *att, *residual2, *h2, *rstd2, *gate_up, *act, *residual3;
+  };
+  BlockActs block_acts(int l);
+  void block_forward(int l);
   const void* p(int unit, int tensor) const { return units_[unit].param(tensor); }
   float* g(int unit, int tensor) { return units_[unit].grad(tensor); }
   bool accumulate_grads(int u, std::initializer_list<int> overwritten);
@@ -108,6 +118,7 @@ class Llama : public Model {
   std::vector<float> inv_freq_;  // (hs/2) rotary frequencies
   Activations acts_;
   bool have_targets_ = false;
+  bool checkpointing_ = false;
   UnitHooks default_hooks_;
   UnitHooks* hooks_ = &default_hooks_;
 };

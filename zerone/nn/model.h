@@ -70,6 +70,14 @@ class Model {
   virtual const float* logits() const = 0;
   virtual int logits_stride() const = 0;
 
+  // Note [Activation checkpointing]: with it on, forward keeps each block's input (the residual
+  // stream between blocks) and one block's worth of internals; backward recomputes a block's
+  // forward from its input just before that block's backward. The recomputation runs the same
+  // kernels on the same inputs and parameters, so losses and gradients are bitwise those without
+  // it; activation memory drops from L blocks' internals to one, for about one extra forward.
+  virtual void set_activation_checkpointing(bool on) = 0;
+  virtual bool activation_checkpointing() const = 0;
+
   // Bytes of activations (and backward temporaries) forward/backward at (B, T) allocate: the same
   // table sizes the buffers, so `zerone estimate` and the ledger agree. Throws Error for a shape
   // beyond any machine (sizes that would overflow).

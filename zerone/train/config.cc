@@ -266,8 +266,26 @@ void ConfigReader::read(const json& root) {
     else if (key == "zero_optimization") read_zero(v);
     else if (key == "scheduler") continue;  // after the optimizer, whose lr it may replace
     else if (key == "activation_checkpointing") {
-      object(v, key);
-      no_effect("activation_checkpointing (not implemented yet; it saves memory only)");
+      // The block turns checkpointing on, as Megatron-DeepSpeed's --checkpoint-activations does
+      // with it; zerone checkpoints every block (DeepSpeed's checkpoint per layer).
+      if (claim("--activation-checkpointing", key)) cfg_.activation_checkpointing = true;
+      for (auto& [ak, av] : object(v, key).items()) {
+        const std::string full = "activation_checkpointing." + ak;
+        if (ak == "partition_activations") {
+          if (boolean(av, full)) no_effect(full + " (it partitions across model-parallel ranks; zerone has none)");
+        } else if (ak == "cpu_checkpointing") {
+          if (boolean(av, full)) no_effect(full + " (on a CPU build the saved block inputs are in host memory already)");
+        } else if (ak == "contiguous_memory_optimization" || ak == "synchronize_checkpoint_boundary" || ak == "profile") {
+          boolean(av, full);
+          no_effect(full);
+        } else if (ak == "number_checkpoints") {
+          if (!av.is_null()) integer(av, full, IntRange{1, kInt32Max});
+          no_effect(full + " (zerone checkpoints every block)");
+        } else {
+          fail_text(full, "is unknown (expected partition_activations, cpu_checkpointing, contiguous_memory_optimization, "
+                          "number_checkpoints, synchronize_checkpoint_boundary, profile)");
+        }
+      }
     } else if (key == "communication_data_type") {
       // zerone reduces gradients in f32.
       if (!v.is_null() && !(v.is_string() && (v == "fp32" || v == "float32")))
@@ -666,6 +684,7 @@ std::vector<std::pair<std::string, std::string>> consistency_settings(const Trai
           {"--warmup-min-ratio", str_cat(c.warmup_min_ratio)},
           {"--warmup-type", c.warmup_type},
           {"--train-batch-size", str_cat(c.train_batch_size)},
+          {"--activation-checkpointing", str_cat(c.activation_checkpointing)},
           {"--weight-decay", str_cat(c.weight_decay)},
           {"--beta1", str_cat(c.beta1)},
           {"--beta2", str_cat(c.beta2)},

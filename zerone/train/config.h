@@ -66,6 +66,8 @@ struct TrainConfig {
   int hysteresis = 2;
   double min_loss_scale = 1.0;
   bool profile = false;         // report where step time goes (GEMM, attention, ...)
+  // Recompute each block's forward in its backward (Note [Activation checkpointing] in nn/model.h).
+  bool activation_checkpointing = false;
 
   // Flags the user set (on the command line or through the JSON file), by flag name ("--lr").
   // Defaults that depend on the kind of run (the default run's model, batch and schedule) fill

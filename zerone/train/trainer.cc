@@ -266,6 +266,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   }
   std::unique_ptr<nn::Model> model_owner = nn::make_model(model_spec, dtype, zero::kShardAlign * world, /*allocate=*/false);
   nn::Model& model = *model_owner;
+  model.set_activation_checkpointing(cfg.activation_checkpointing);
   ZERONE_CHECK(cfg.seq <= model.max_seq_len(), "--seq ", cfg.seq, " exceeds the model's context length ",
                model.max_seq_len());
   ZERONE_CHECK(cfg.save.empty() || save_is_hf_directory(cfg.save) || dynamic_cast<nn::GPT2*>(&model) != nullptr,

@@ -86,7 +86,7 @@ GPT2Config parse_model_spec(const std::string& spec) {
 }
 
 GPT2::GPT2(const GPT2Config& config, DType compute_dtype, size_t align_numel, bool allocate)
-    : config_(config), dtype_(compute_dtype) {
+    : UnitModel(compute_dtype), config_(config) {
   const int64_t C = config.channels, Vp = config.padded_vocab_size, maxT = config.max_seq_len;
   units_.reserve(config.num_layers + 2);
   units_.emplace_back("embedding",
@@ -269,18 +269,6 @@ void GPT2::block_forward(int l) {
   k::gelu_forward(b.fch_gelu, b.fch, BTC * 4);
   k::linear_forward(tmp, b.fch_gelu, p(u, kFcprojw), p(u, kFcprojb), dtype_, N, 4 * C, C);
   k::residual_forward(b.residual3, b.residual2, tmp, BTC);
-}
-
-bool GPT2::accumulate_grads(int u, std::initializer_list<int> overwritten) {
-  FlatParam& unit = units_[u];
-  if (!unit.grads_fresh()) return true;
-  for (size_t t = 0; t < unit.tensors().size(); ++t) {
-    if (std::find(overwritten.begin(), overwritten.end(), static_cast<int>(t)) == overwritten.end())
-      std::memset(unit.grad(t), 0, unit.tensors()[t].numel() * sizeof(float));
-  }
-  std::memset(unit.grad() + unit.numel(), 0, (unit.padded_numel() - unit.numel()) * sizeof(float));
-  unit.mark_grads_written();
-  return false;
 }
 
 void GPT2::backward(float grad_scale) {

@@ -54,7 +54,7 @@ enum BlockTensor { kLn1w, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb, kLn2w, kLn2
 enum EmbeddingTensor { kWte, kWpe };
 enum FinalTensor { kLnfw, kLnfb };
 
-class GPT2 : public Model {
+class GPT2 : public UnitModel {
  public:
   // align_numel: FlatParam padding granularity (world_size * 64). Without `allocate` the units
   // hold no storage yet: the ZeRO engine materializes them one at a time (Note [Materializing
@@ -66,10 +66,6 @@ class GPT2 : public Model {
   size_t num_parameters() const override { return config_.num_parameters(); }
   int vocab_size() const override { return config_.vocab_size; }
   int max_seq_len() const override { return config_.max_seq_len; }
-  DType compute_dtype() const override { return dtype_; }
-  std::vector<FlatParam>& units() override { return units_; }
-  const std::vector<FlatParam>& units() const override { return units_; }
-  void set_hooks(UnitHooks* hooks) override { hooks_ = hooks ? hooks : &default_hooks_; }
 
   // GPT-2 initialisation, deterministic in (seed, unit, tensor, element): N(0, 0.02) for matrices
   // and embeddings, N(0, 0.02/sqrt(2L)) for the residual projections (attprojw, fcprojw), zero biases,
@@ -102,8 +98,6 @@ class GPT2 : public Model {
   // the same table sizes the buffers, so `zerone estimate` and the ledger agree.
   static size_t activation_bytes(const GPT2Config& config, int B, int T, bool checkpointing = false);
   size_t activation_bytes(int B, int T) const override { return activation_bytes(config_, B, T, checkpointing_); }
-  void set_activation_checkpointing(bool on) override { checkpointing_ = on; }
-  bool activation_checkpointing() const override { return checkpointing_; }
   // Real elements of each unit, in unit order (no allocation).
   static std::vector<size_t> unit_numels(const GPT2Config& config);
 
@@ -126,21 +120,10 @@ class GPT2 : public Model {
   BlockActs block_acts(int l);
   // Block l's forward (parameters of unit 1 + l in place) from its saved input.
   void block_forward(int l);
-  const void* p(int unit, int tensor) const { return units_[unit].param(tensor); }
-  float* g(int unit, int tensor) { return units_[unit].grad(tensor); }
-  // Note [Fresh gradients]: when unit u's gradient buffer is fresh, zeroes every tensor's gradient
-  // but those in `overwritten` (which the caller's GEMMs will write) and the padding, and returns
-  // false: the GEMMs must overwrite. Otherwise returns true (accumulate).
-  bool accumulate_grads(int u, std::initializer_list<int> overwritten);
 
   GPT2Config config_;
-  DType dtype_;
-  std::vector<FlatParam> units_;
   Activations acts_;
   bool have_targets_ = false;
-  bool checkpointing_ = false;
-  UnitHooks default_hooks_;
-  UnitHooks* hooks_ = &default_hooks_;
 };
 
 }  // namespace zerone::nn

@@ -118,7 +118,7 @@ LlamaConfig parse_llama_spec(const std::string& spec) {
 }
 
 Llama::Llama(const LlamaConfig& config, DType compute_dtype, size_t align_numel, bool allocate)
-    : config_(config), dtype_(compute_dtype) {
+    : UnitModel(compute_dtype), config_(config) {
   const int64_t C = config.channels, V = config.vocab_size, F = config.ffn, hs = config.head_dim;
   const int64_t R = static_cast<int64_t>(config.num_heads + 2 * config.num_kv_heads) * hs;
   units_.reserve(config.num_layers + 2);
@@ -286,17 +286,6 @@ void Llama::block_forward(int l) {
   k::swiglu_forward(b.act, b.gate_up, N, F);
   k::linear_forward(tmp, b.act, p(u, kWDown), nullptr, dtype_, N, F, C);
   k::residual_forward(b.residual3, b.residual2, tmp, BTC);
-}
-
-bool Llama::accumulate_grads(int u, std::initializer_list<int> overwritten) {
-  FlatParam& unit = units_[u];
-  if (!unit.grads_fresh()) return true;
-  for (size_t t = 0; t < unit.tensors().size(); ++t)
-    if (std::find(overwritten.begin(), overwritten.end(), static_cast<int>(t)) == overwritten.end())
-      std::memset(unit.grad(t), 0, unit.tensors()[t].numel() * sizeof(float));
-  std::memset(unit.grad() + unit.numel(), 0, (unit.padded_numel() - unit.numel()) * sizeof(float));
-  unit.mark_grads_written();
-  return false;
 }
 
 void Llama::backward(float grad_scale) {

@@ -57,7 +57,7 @@ bool is_llama_spec(const std::string& spec);
 enum LlamaBlockTensor { kAttnNorm, kWqkv, kWo, kMlpNorm, kWGateUp, kWDown, kLlamaBlockTensors };
 enum LlamaFinalTensor { kNorm, kLmHead };
 
-class Llama : public Model {
+class Llama : public UnitModel {
  public:
   Llama(const LlamaConfig& config, DType compute_dtype, size_t align_numel = 64, bool allocate = true);
 
@@ -66,10 +66,6 @@ class Llama : public Model {
   size_t num_parameters() const override { return config_.num_parameters(); }
   int vocab_size() const override { return config_.vocab_size; }
   int max_seq_len() const override { return config_.max_seq_len; }
-  DType compute_dtype() const override { return dtype_; }
-  std::vector<FlatParam>& units() override { return units_; }
-  const std::vector<FlatParam>& units() const override { return units_; }
-  void set_hooks(UnitHooks* hooks) override { hooks_ = hooks ? hooks : &default_hooks_; }
 
   // N(0, 0.02) for matrices and the embedding (Hugging Face's initializer_range), norm weights 1;
   // deterministic in (seed, unit, tensor, element), rounded to the compute dtype.
@@ -86,8 +82,6 @@ class Llama : public Model {
   }
   static size_t activation_bytes(const LlamaConfig& config, int B, int T, bool checkpointing = false);
   size_t activation_bytes(int B, int T) const override { return activation_bytes(config_, B, T, checkpointing_); }
-  void set_activation_checkpointing(bool on) override { checkpointing_ = on; }
-  bool activation_checkpointing() const override { return checkpointing_; }
   static std::vector<size_t> unit_numels(const LlamaConfig& config);
 
  private:
@@ -107,20 +101,12 @@ class Llama : public Model {
   };
   BlockActs block_acts(int l);
   void block_forward(int l);
-  const void* p(int unit, int tensor) const { return units_[unit].param(tensor); }
-  float* g(int unit, int tensor) { return units_[unit].grad(tensor); }
-  bool accumulate_grads(int u, std::initializer_list<int> overwritten);
   const void* head() const { return config_.tie_word_embeddings ? p(0, 0) : p(num_units() - 1, kLmHead); }
 
   LlamaConfig config_;
-  DType dtype_;
-  std::vector<FlatParam> units_;
   std::vector<float> inv_freq_;  // (hs/2) rotary frequencies
   Activations acts_;
   bool have_targets_ = false;
-  bool checkpointing_ = false;
-  UnitHooks default_hooks_;
-  UnitHooks* hooks_ = &default_hooks_;
 };
 
 }  // namespace zerone::nn

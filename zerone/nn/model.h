@@ -11,11 +11,13 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "zerone/core/dtype.h"
+#include "zerone/core/memory.h"
 #include "zerone/nn/flat_param.h"
 
 namespace zerone::nn {
@@ -82,6 +84,33 @@ class Model {
   // table sizes the buffers, so `zerone estimate` and the ledger agree. Throws Error for a shape
   // beyond any machine (sizes that would overflow).
   virtual size_t activation_bytes(int B, int T) const = 0;
+};
+
+// The plumbing every transformer here shares: the units, the compute dtype, the hooks, the
+// checkpointing switch, and the fresh-gradient rule. GPT-2 and LLaMA derive from it.
+class UnitModel : public Model {
+ public:
+  DType compute_dtype() const override { return dtype_; }
+  std::vector<FlatParam>& units() override { return units_; }
+  const std::vector<FlatParam>& units() const override { return units_; }
+  void set_hooks(UnitHooks* hooks) override { hooks_ = hooks ? hooks : &default_hooks_; }
+  void set_activation_checkpointing(bool on) override { checkpointing_ = on; }
+  bool activation_checkpointing() const override { return checkpointing_; }
+
+ protected:
+  explicit UnitModel(DType dtype) : dtype_(dtype) {}
+  const void* p(int unit, int tensor) const { return units_[unit].param(tensor); }
+  float* g(int unit, int tensor) { return units_[unit].grad(tensor); }
+  // Note [Fresh gradients]: when unit u's gradient buffer is fresh, zeroes every tensor's gradient
+  // but those in `overwritten` (which the caller's GEMMs will write) and the padding, and returns
+  // false: the GEMMs must overwrite. Otherwise returns true (accumulate).
+  bool accumulate_grads(int u, std::initializer_list<int> overwritten);
+
+  DType dtype_;
+  std::vector<FlatParam> units_;
+  UnitHooks default_hooks_;
+  UnitHooks* hooks_ = &default_hooks_;
+  bool checkpointing_ = false;
 };
 
 // Builds the model a spec names: a GPT-2 preset or "gpt2:..." (gpt2.h), a LLaMA preset or

@@ -65,6 +65,20 @@ void add_train_flags(CLI::App& cmd, train::TrainConfig& c, std::string& config_p
   cmd.add_option("--val-every", c.val_every, "validate every N steps (0: at the end)");
   cmd.add_option("--val-batches", c.val_batches, "batches per validation");
   cmd.add_flag("--profile", c.profile, "report where step time goes (after the first step)");
+  cmd.add_option("--device-mem-limit", c.device_mem_limit, "GiB of device memory per rank (0: no cap); a plan beyond it is refused");
+  cmd.add_option("--offload-optimizer", c.offload_optimizer, "none, cpu or nvme: where fp32 master, moments and the step live (stages 1-3)");
+  cmd.add_option("--offload-param", c.offload_param, "none or cpu: where stage 3's parameter shards live");
+  cmd.add_option("--nvme-path", c.nvme_path, "directory for swap files (NVMe offload; one subdirectory per run and rank)");
+  cmd.add_option("--sub-group-size", c.sub_group_size, "optimizer elements swapped at once (NVMe offload)");
+  cmd.add_option("--offload-buffer-count", c.offload_buffer_count, "staging buffers of the optimizer swap (NVMe offload)");
+  cmd.add_option("--pipeline-read", c.pipeline_read, "read the next sub-group while one steps (true/false)");
+  cmd.add_option("--pipeline-write", c.pipeline_write, "write a sub-group back while the next steps (true/false)");
+  cmd.add_option("--pin-memory", c.pin_memory, "lock the staging buffers in memory (true/false)");
+  cmd.add_option("--aio-block-size", c.aio_block_size, "bytes per swap I/O request");
+  cmd.add_option("--aio-queue-depth", c.aio_queue_depth, "swap I/O requests in flight per io_uring ring");
+  cmd.add_option("--aio-intra-op-parallelism", c.aio_intra_op_parallelism, "io_uring rings a swap transfer is spread over");
+  cmd.add_option("--aio-single-submit", c.aio_single_submit, "submit swap requests one by one (true/false)");
+  cmd.add_option("--aio-overlap-events", c.aio_overlap_events, "submit new swap requests while others complete (true/false)");
 }
 
 int cmd_info() {

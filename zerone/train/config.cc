@@ -2,7 +2,9 @@
 
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <functional>
 #include <set>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -25,6 +27,54 @@ T get_as(const json& value, const std::string& path, const std::string& key, con
     return value.get<T>();
   } catch (const json::exception&) {
     throw Error(str_cat("config '", path, "': key '", key, "' is ", value.dump(), ", expected ", expected));
+  }
+}
+
+// The offload sub-objects of zero_optimization and the top-level aio block (issue 8). Each key
+// sets the flag it names unless that flag was given on the command line (`flag_given`).
+void apply_offload_json(const std::string& path, const std::string& key, const json& o,
+                        const std::function<bool(const std::string&)>& flag_given, TrainConfig& cfg) {
+  ZERONE_CHECK(o.is_object(), "config '", path, "': key '", key, "' must be an object");
+  for (auto& [k, v] : o.items()) {
+    const std::string full = key + "." + k;
+    auto as_bool = [&](const char* flag, bool& field) {
+      if (!flag_given(flag)) field = get_as<bool>(v, path, full, "true or false");
+    };
+    auto as_int = [&](const char* flag, auto& field) {
+      using T = std::remove_reference_t<decltype(field)>;
+      if (!flag_given(flag)) field = get_as<T>(v, path, full, "an integer");
+    };
+    auto as_string = [&](const char* flag, std::string& field) {
+      if (!flag_given(flag)) field = get_as<std::string>(v, path, full, "a string");
+    };
+    const bool opt = key == "zero_optimization.offload_optimizer", param = key == "zero_optimization.offload_param";
+    if ((opt || param) && k == "device") as_string(opt ? "--offload-optimizer" : "--offload-param", opt ? cfg.offload_optimizer : cfg.offload_param);
+    else if ((opt || param) && k == "nvme_path") as_string("--nvme-path", cfg.nvme_path);
+    else if (opt && k == "buffer_count") as_int("--offload-buffer-count", cfg.offload_buffer_count);
+    else if ((opt || param) && k == "pin_memory") as_bool("--pin-memory", cfg.pin_memory);
+    else if (opt && k == "pipeline_read") as_bool("--pipeline-read", cfg.pipeline_read);
+    else if (opt && k == "pipeline_write") as_bool("--pipeline-write", cfg.pipeline_write);
+    else if (opt && k == "pipeline") {  // DeepSpeed's shorthand for both
+      if (!flag_given("--pipeline-read")) cfg.pipeline_read = get_as<bool>(v, path, full, "true or false");
+      if (!flag_given("--pipeline-write")) cfg.pipeline_write = get_as<bool>(v, path, full, "true or false");
+    } else if (opt && k == "ratio") {
+      double ratio = get_as<double>(v, path, full, "a number");
+      ZERONE_CHECK(ratio == 1.0, "config '", path, "': ", full, " ", ratio,
+                   " (partial optimizer offload) is not implemented: only 1.0, the whole optimizer, is");
+    } else if (param && (k == "buffer_count" || k == "buffer_size" || k == "max_in_cpu")) {
+      // They size NVMe parameter swapping, which zerone refuses (--offload-param nvme is an error),
+      // so with device none|cpu they have nothing to tune, as in DeepSpeed; checked for sanity.
+      ZERONE_CHECK(get_as<int64_t>(v, path, full, "an integer") >= 0, "config '", path, "': ", full, " is negative");
+    } else if (key == "aio" && k == "block_size") as_int("--aio-block-size", cfg.aio_block_size);
+    else if (key == "aio" && k == "queue_depth") as_int("--aio-queue-depth", cfg.aio_queue_depth);
+    else if (key == "aio" && (k == "intra_op_parallelism" || k == "thread_count"))
+      as_int("--aio-intra-op-parallelism", cfg.aio_intra_op_parallelism);
+    else if (key == "aio" && k == "single_submit") as_bool("--aio-single-submit", cfg.aio_single_submit);
+    else if (key == "aio" && k == "overlap_events") as_bool("--aio-overlap-events", cfg.aio_overlap_events);
+    else if (key == "aio" && k == "use_gds") {
+      ZERONE_CHECK(!get_as<bool>(v, path, full, "true or false"), "config '", path, "': ", full,
+                   " true (GPUDirect Storage) needs a GPU build");
+    } else throw Error(str_cat("config '", path, "': unknown key '", full, "'"));
   }
 }
 
@@ -147,10 +197,12 @@ void apply_json_config(const std::string& path, TrainConfig& cfg) {
         else if (zk == "overlap_comm" || zk == "contiguous_gradients" || zk == "reduce_scatter" ||
                  zk == "allgather_partitions" || zk == "round_robin_gradients")
           continue;  // always on in zerone
-        else if (zk == "offload_optimizer" || zk == "offload_param")
-          ZERONE_CHECK(false, "config '", path, "': ", full, " is not available in this build yet");
+        else if (zk == "offload_optimizer" || zk == "offload_param") apply_offload_json(path, full, zv, flag_given, cfg);
+        else if (zk == "sub_group_size") set_i64("--sub-group-size", cfg.sub_group_size);
         else ZERONE_CHECK(false, "config '", path, "': unknown key '", full, "'");
       }
+    } else if (key == "aio") {
+      apply_offload_json(path, key, v, flag_given, cfg);
     } else if (kIgnoredKeys.count(key) == 0) {
       throw Error(str_cat("config '", path, "': unknown key '", key, "'"));
     }
@@ -197,6 +249,29 @@ void validate(const TrainConfig& c) {
                " is negative");
   ZERONE_CHECK(c.stage3_param_persistence_threshold >= 0, "--stage3-param-persistence-threshold ",
                c.stage3_param_persistence_threshold, " is negative");
+  ZERONE_CHECK(std::isfinite(c.device_mem_limit) && c.device_mem_limit >= 0.0, "--device-mem-limit ",
+               c.device_mem_limit, " is out of range: expected a number of GiB >= 0 (0: no limit)");
+  for (auto [flag, value] : {std::pair{"--offload-optimizer", &c.offload_optimizer}, {"--offload-param", &c.offload_param}})
+    ZERONE_CHECK(*value == "none" || *value == "cpu" || *value == "nvme", flag, " '", *value, "': expected none, cpu or nvme");
+  ZERONE_CHECK(c.offload_optimizer == "none" || c.zero_stage >= 1, "--offload-optimizer ", c.offload_optimizer,
+               " needs --zero-stage 1, 2 or 3 (stage 0 keeps no optimizer shard to offload)");
+  ZERONE_CHECK(c.offload_param == "none" || c.zero_stage == 3, "--offload-param ", c.offload_param,
+               " needs --zero-stage 3 (only stage 3 shards the parameters)");
+  ZERONE_CHECK(c.offload_param != "nvme", "--offload-param nvme is not implemented yet: use --offload-param cpu "
+               "(with --offload-optimizer nvme the optimizer state, 12 of 16-18 bytes per parameter, goes to NVMe)");
+  const bool nvme = c.offload_optimizer == "nvme";
+  ZERONE_CHECK(!nvme || !c.nvme_path.empty(), "--offload-optimizer nvme needs --nvme-path DIR (a directory on a local disk)");
+  ZERONE_CHECK(nvme || c.nvme_path.empty(), "--nvme-path is given but nothing is offloaded to nvme (--offload-optimizer nvme)");
+  ZERONE_CHECK(c.sub_group_size >= 1 && c.sub_group_size <= (int64_t{1} << 40), "--sub-group-size ", c.sub_group_size,
+               " is out of range: expected 1..2^40 elements");
+  ZERONE_CHECK(c.offload_buffer_count >= 1 && c.offload_buffer_count <= 64, "--offload-buffer-count ",
+               c.offload_buffer_count, " is out of range: expected 1..64 staging buffers");
+  ZERONE_CHECK(c.aio_block_size >= 4096 && c.aio_block_size <= (int64_t{1} << 30) && c.aio_block_size % 4096 == 0,
+               "--aio-block-size ", c.aio_block_size, " is out of range: expected a multiple of 4096 in 4096..2^30 bytes");
+  ZERONE_CHECK(c.aio_queue_depth >= 1 && c.aio_queue_depth <= 4096, "--aio-queue-depth ", c.aio_queue_depth,
+               " is out of range: expected 1..4096");
+  ZERONE_CHECK(c.aio_intra_op_parallelism >= 1 && c.aio_intra_op_parallelism <= 64, "--aio-intra-op-parallelism ",
+               c.aio_intra_op_parallelism, " is out of range: expected 1..64");
 }
 
 std::vector<std::pair<std::string, std::string>> consistency_settings(const TrainConfig& c) {
@@ -233,7 +308,12 @@ std::vector<std::pair<std::string, std::string>> consistency_settings(const Trai
           {"--initial-scale-power", str_cat(c.initial_scale_power)},
           {"--loss-scale-window", str_cat(c.loss_scale_window)},
           {"--hysteresis", str_cat(c.hysteresis)},
-          {"--min-loss-scale", str_cat(c.min_loss_scale)}};
+          {"--min-loss-scale", str_cat(c.min_loss_scale)},
+          {"--device-mem-limit", str_cat(c.device_mem_limit)},
+          {"--offload-optimizer", c.offload_optimizer},
+          {"--offload-param", c.offload_param},
+          {"--sub-group-size", str_cat(c.sub_group_size)},
+          {"--offload-buffer-count", str_cat(c.offload_buffer_count)}};
 }
 
 float learning_rate(const TrainConfig& c, int step, int total) {

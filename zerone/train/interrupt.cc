@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstring>
 
+#include "zerone/io/aio.h"
 #include "zerone/io/file.h"
 
 namespace zerone::train {
@@ -28,7 +29,8 @@ void on_signal(int signal_number) {
     return;
   }
   io::remove_temporaries_in_flight();
-  write_stderr("\nzerone: stopped at once by a second signal; files being written were removed\n");
+  io::remove_swap_directories_in_flight();
+  write_stderr("\nzerone: stopped at once by a second signal; files being written and swap files were removed\n");
   ::_exit(128 + signal_number);
 }
 

@@ -12,7 +12,7 @@
 namespace zerone::zero {
 
 ZeroEngine::ZeroEngine(nn::GPT2& model, comm::Communicator& comm, const ZeroConfig& config,
-                       const optim::AdamWOptions& adam, const Materialize& materialize)
+                       const optim::AdamWOptions& adam, const Materialize& materialize, const NvmeConfig& nvme)
     : model_(model),
       comm_(comm),
       config_(config),
@@ -26,6 +26,13 @@ ZeroEngine::ZeroEngine(nn::GPT2& model, comm::Communicator& comm, const ZeroConf
   ZERONE_CHECK(config.stage >= 0 && config.stage <= 3, "--zero-stage ", config.stage, " is out of range: expected 0..3");
   ZERONE_CHECK(config.reduce_bucket_numel >= 1 && config.allgather_bucket_numel >= 1,
                "reduce_bucket_size and allgather_bucket_size must be at least 1 element");
+  ZERONE_CHECK(config.offload_optimizer == OffloadDevice::none || config.stage >= 1, "--offload-optimizer ",
+               offload_device_name(config.offload_optimizer), " needs --zero-stage 1, 2 or 3 (stage 0 keeps no optimizer shard)");
+  ZERONE_CHECK(config.offload_param == OffloadDevice::none || config.stage == 3, "--offload-param ",
+               offload_device_name(config.offload_param), " needs --zero-stage 3 (only stage 3 shards the parameters)");
+  ZERONE_CHECK(config.offload_param != OffloadDevice::nvme,
+               "--offload-param nvme is not implemented yet (use cpu; optimizer state can go to nvme)");
+  const MemPlace grad_shard_place = config.offload_optimizer == OffloadDevice::none ? MemPlace::device : MemPlace::host;
   units_.resize(num_units_);
   std::vector<optim::ShardRef> shards;
   for (int u = 0; u < num_units_; ++u) {
@@ -46,14 +53,14 @@ ZeroEngine::ZeroEngine(nn::GPT2& model, comm::Communicator& comm, const ZeroConf
     optim::ShardRef ref;
     ref.numel = numel;
     if (params_sharded(u)) {
-      st.shard_params = Buffer(st.shard.shard_numel * dsize_, MemCategory::param);
+      st.shard_params = Buffer(st.shard.shard_numel * dsize_, MemCategory::param, offload_place(config_.offload_param));
       std::memcpy(st.shard_params.data(), static_cast<char*>(unit.data()) + begin * dsize_, numel * dsize_);
       ref.param = st.shard_params.data();
     } else {
       ref.param = static_cast<char*>(unit.data()) + begin * dsize_;
     }
     if (config_.stage >= 2) {
-      st.shard_grads = Buffer(st.shard.shard_numel * sizeof(float), MemCategory::grad);
+      st.shard_grads = Buffer(st.shard.shard_numel * sizeof(float), MemCategory::grad, grad_shard_place);
       ref.grad = st.shard_grads.as<float>();
     } else {
       ref.grad = unit.grad();  // stage 1: the reduce-scatter is in place, the shard lands at offset 0
@@ -66,7 +73,13 @@ ZeroEngine::ZeroEngine(nn::GPT2& model, comm::Communicator& comm, const ZeroConf
     shards.push_back(std::move(ref));
     if (params_sharded(u)) unit.release_params();
   }
-  optimizer_ = std::make_unique<optim::AdamW>(std::move(shards), model.compute_dtype(), adam);
+  if (config_.offload_optimizer == OffloadDevice::nvme) {
+    optimizer_ = std::make_unique<SwappedAdamW>(std::move(shards), model.compute_dtype(), adam, config_.sub_group_numel,
+                                                config_.optimizer_buffer_count, nvme);
+  } else {
+    optimizer_ = std::make_unique<optim::AdamW>(std::move(shards), model.compute_dtype(), adam,
+                                                offload_place(config_.offload_optimizer));
+  }
   model.set_hooks(this);
 }
 

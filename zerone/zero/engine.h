@@ -30,6 +30,7 @@
 #include "zerone/core/memory.h"
 #include "zerone/nn/gpt2.h"
 #include "zerone/optim/adamw.h"
+#include "zerone/zero/offload.h"
 #include "zerone/zero/partition.h"
 
 namespace zerone::zero {
@@ -43,8 +44,14 @@ class ZeroEngine : public nn::UnitHooks {
   // the whole model when the stage does not require it (DeepSpeed's zero.Init). Full gradients
   // are allocated for stages 0-1 only.
   using Materialize = std::function<void(int unit)>;
+  //
+  // Offload (Note [Offload places] in partition.h): config.offload_optimizer cpu puts master,
+  // moments and the stage 2-3 gradient shards on the host; nvme swaps master and moments through
+  // `nvme` (SwappedAdamW). config.offload_param cpu keeps stage 3's parameter shards on the host.
+  // Throws Error for offload a stage cannot do (optimizer offload at stage 0, parameter offload
+  // below stage 3).
   ZeroEngine(nn::GPT2& model, comm::Communicator& comm, const ZeroConfig& config, const optim::AdamWOptions& adam,
-             const Materialize& materialize = nullptr);
+             const Materialize& materialize = nullptr, const NvmeConfig& nvme = NvmeConfig());
   ~ZeroEngine() override;
   ZeroEngine(const ZeroEngine&) = delete;
   ZeroEngine& operator=(const ZeroEngine&) = delete;
@@ -71,7 +78,7 @@ class ZeroEngine : public nn::UnitHooks {
 
   const ZeroConfig& config() const { return config_; }
   const UnitShard& shard(int unit) const { return units_[unit].shard; }
-  optim::AdamW& optimizer() { return *optimizer_; }
+  optim::Optimizer& optimizer() { return *optimizer_; }
 
   void before_forward(int unit) override;
   void after_forward(int unit) override;
@@ -116,7 +123,7 @@ class ZeroEngine : public nn::UnitHooks {
   int world_, rank_, num_units_;
   size_t dsize_;
   std::vector<UnitState> units_;
-  std::unique_ptr<optim::AdamW> optimizer_;
+  std::unique_ptr<optim::Optimizer> optimizer_;
   bool last_micro_step_ = true;
   BufferPool pool_;            // stages 2-3: full gradients, gathered parameters, landing shards
   std::deque<int> reducing_;   // stages 2-3: units whose reduce-scatter is in flight, oldest first

@@ -28,4 +28,21 @@ std::vector<StageEstimate> estimate(const nn::GPT2Config& model, int world, DTyp
   return out;
 }
 
+std::string describe_places(const StageEstimate& e) {
+  PlacedBytes all = e.model_state.placed;
+  all.at(MemPlace::device, MemCategory::activation) += e.activations;
+  all.at(MemPlace::device, MemCategory::param) += e.working_set.param;
+  all.at(MemPlace::device, MemCategory::grad) += e.working_set.grad;
+  all.at(MemPlace::device, MemCategory::comm) += e.working_set.comm;
+  std::string out;
+  for (size_t p = 0; p < MemoryLedger::kPlaces; ++p)
+    for (size_t c = 0; c < MemoryLedger::kCategories; ++c) {
+      auto place = static_cast<MemPlace>(p);
+      auto cat = static_cast<MemCategory>(c);
+      if (int64_t b = all.get(place, cat); b != 0)
+        out += str_cat(out.empty() ? "" : ", ", mem_place_name(place), " ", mem_category_name(cat), " ", b);
+    }
+  return out;
+}
+
 }  // namespace zerone::zero

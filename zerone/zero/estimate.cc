@@ -18,6 +18,10 @@ std::vector<StageEstimate> estimate(const nn::GPT2Config& model, int world, DTyp
     if (only_stage && stage != *only_stage) continue;
     ZeroConfig config = base;
     config.stage = stage;
+    // A stage that cannot offload (stage 0 keeps no optimizer shard; only stage 3 shards
+    // parameters) is shown as it would run: without that offload.
+    if (stage == 0) config.offload_optimizer = OffloadDevice::none;
+    if (stage != 3) config.offload_param = OffloadDevice::none;
     StageEstimate e;
     e.stage = stage;
     e.model_state = model_state_bytes(numels, world, 0, dtype, config);

@@ -30,7 +30,8 @@ struct StageEstimate {
 // One line per (place, category) with bytes, e.g. "device param 1.2 MiB, host optim 3.4 MiB, ...".
 std::string describe_places(const StageEstimate& e);
 
-// One row per stage (or only `only_stage`), for rank 0 (all ranks hold equal shards).
+// One row per stage (or only `only_stage`), for rank 0 (all ranks hold equal shards). The offload
+// settings of `base` apply to the stages that can use them (optimizer: 1-3; param: 3).
 std::vector<StageEstimate> estimate(const nn::GPT2Config& model, int world, DType dtype, int micro_batch, int seq,
                                     const ZeroConfig& base, std::optional<int> only_stage);
 

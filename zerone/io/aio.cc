@@ -34,6 +34,8 @@ const char* io_op_name(IoOp op) { return op == IoOp::read ? "read" : "write"; }
 namespace {
 
 constexpr size_t kAlign = 4096;
+// Set once the signal handler unlinked the swap files (Note [Swap directories]).
+std::atomic<bool> g_removed_by_signal{false};
 
 // ---------------------------------------------------------------- io_uring
 
@@ -86,7 +88,7 @@ class UringIo final : public SwapIo {
     // A file unlinked under the run still reads and writes through its descriptor, but its bytes
     // are gone at exit and its place on disk is no longer the user's: refuse to go on.
     struct stat sb;
-    if (::fstat(st.fd, &sb) == 0 && sb.st_nlink == 0)
+    if (!g_removed_by_signal.load() && ::fstat(st.fd, &sb) == 0 && sb.st_nlink == 0)
       throw Error(str_cat(io_op_name(st.op), " of swap file '", st.path,
                           "': the file was deleted during the run (swap files must stay until the run ends)"));
   }
@@ -373,6 +375,7 @@ FileDescriptor SwapDirectory::create_file(const std::string& name, uint64_t byte
 }
 
 void remove_swap_directories_in_flight() noexcept {
+  g_removed_by_signal.store(true);
   for (DirSlot& s : g_dirs) {
     if (s.state.load() != 1) continue;
     const int n = s.files.load();

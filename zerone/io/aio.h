@@ -86,9 +86,13 @@ std::unique_ptr<SwapIo> make_fault_injecting_io(std::unique_ptr<SwapIo> inner, c
 // Note [Swap directories]: swap files live in "<nvme_path>/zerone-swap-<pid>-rank<r>", created
 // empty at start (a leftover of the same name, from a killed run whose pid was reused, is refused
 // rather than overwritten), removed with its files when the owner is destroyed (normal exit and
-// errors, which unwind), and on a second SIGINT/SIGTERM by the handler, through a fixed registry
-// that needs neither locks nor allocation (as the temporaries of atomic writes, Note [Atomic
-// writes]). A SIGKILL leaves it behind: the name says which process made it.
+// errors, which unwind), and by the SIGINT/SIGTERM handler already on the first signal, through a
+// fixed registry that needs neither locks nor allocation (as the temporaries of atomic writes,
+// Note [Atomic writes]). Unlinking a file that is open loses nothing: its data stays reachable
+// through the descriptor until the process ends, so the run still finishes its step and the
+// kernel frees the space when it exits, however it exits. That matters under MPI: when one rank
+// fails, mpiexec ends the others with SIGTERM and, soon after, SIGKILL, which no handler sees.
+// Only a SIGKILL before any signal leaves the directory behind; its name says which process made it.
 class SwapDirectory {
  public:
   // Checks `nvme_path` (exists, is a directory, writable, not tmpfs, supports O_DIRECT) and creates
@@ -112,7 +116,9 @@ class SwapDirectory {
 // Checks `nvme_path` as SwapDirectory does, without creating anything, and returns its free bytes.
 uint64_t check_swap_path(const std::string& nvme_path, const std::string& what);
 
-// Removes every registered swap file and directory. Async-signal-safe (unlink/rmdir only).
+// Removes every registered swap file and directory (open files stay usable through their
+// descriptors); from then on a missing file is no longer an error. Async-signal-safe (unlink/rmdir
+// and an atomic store only).
 void remove_swap_directories_in_flight() noexcept;
 
 }  // namespace zerone::io

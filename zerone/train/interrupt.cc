@@ -22,6 +22,9 @@ void write_stderr(const char* text) {
 
 void on_signal(int signal_number) {
   int expected = 0;
+  // Swap files go at once (Note [Swap directories]): the run keeps their data through its open
+  // descriptors, and a SIGKILL that may follow (mpiexec ending a failed job) leaves nothing behind.
+  io::remove_swap_directories_in_flight();
   if (g_signal.compare_exchange_strong(expected, signal_number)) {
     write_stderr(signal_number == SIGINT
                      ? "\nzerone: SIGINT: stopping after this step (again to stop at once)\n"
@@ -29,7 +32,6 @@ void on_signal(int signal_number) {
     return;
   }
   io::remove_temporaries_in_flight();
-  io::remove_swap_directories_in_flight();
   write_stderr("\nzerone: stopped at once by a second signal; files being written and swap files were removed\n");
   ::_exit(128 + signal_number);
 }

@@ -358,10 +358,14 @@ FileDescriptor SwapDirectory::create_file(const std::string& name, uint64_t byte
   const std::string file = path_ + "/" + name;
   ZERONE_ASSERT(slot_ >= 0 && file.size() < kPathMax, "swap registry full");
   DirSlot& s = g_dirs[static_cast<size_t>(slot_)];
-  const int index = s.files.load();
-  ZERONE_ASSERT(index < static_cast<int>(kMaxFiles), "too many swap files");
-  std::memcpy(s.file[index], file.c_str(), file.size() + 1);
-  s.files.store(index + 1);  // registered before it exists: the handler's unlink may find nothing
+  bool known = false;
+  for (int i = 0; i < s.files.load(); ++i) known |= file == s.file[i];
+  if (!known) {
+    const int index = s.files.load();
+    ZERONE_CHECK(index < static_cast<int>(kMaxFiles), "too many swap files in '", path_, "' (at most ", kMaxFiles, ")");
+    std::memcpy(s.file[index], file.c_str(), file.size() + 1);
+    s.files.store(index + 1);  // registered before it exists: the handler's unlink may find nothing
+  }
   int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
   ZERONE_CHECK(fd >= 0, "cannot create swap file '", file, "': ", std::strerror(errno),
                errno == EINVAL ? " (the filesystem under --nvme-path does not support O_DIRECT)" : "");

@@ -9,7 +9,8 @@ packages=(
   ocl-icd-opencl-dev       # libdnnl-dev only recommends it, but its CMake package (DNNLConfig) needs OpenCL
   libopenmpi-dev openmpi-bin
   libmpich-dev mpich       # tests also build and run zerone against MPICH (Open MPI stays the default)
-  liburing-dev
+  liburing-dev             # NVMe swap engine (io_uring, O_DIRECT)
+  fio                      # bench: W4 compares the swap engine with fio sequential O_DIRECT on the same disk
   nlohmann-json3-dev
   libcli11-dev
   libgtest-dev libgmock-dev

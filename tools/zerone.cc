@@ -67,7 +67,7 @@ void add_train_flags(CLI::App& cmd, train::TrainConfig& c, std::string& config_p
   cmd.add_flag("--profile", c.profile, "report where step time goes (after the first step)");
   cmd.add_option("--device-mem-limit", c.device_mem_limit, "GiB of device memory per rank (0: no cap); a plan beyond it is refused");
   cmd.add_option("--offload-optimizer", c.offload_optimizer, "none, cpu or nvme: where fp32 master, moments and the step live (stages 1-3)");
-  cmd.add_option("--offload-param", c.offload_param, "none or cpu: where stage 3's parameter shards live");
+  cmd.add_option("--offload-param", c.offload_param, "none, cpu or nvme: where stage 3's parameter shards live");
   cmd.add_option("--nvme-path", c.nvme_path, "directory for swap files (NVMe offload; one subdirectory per run and rank)");
   cmd.add_option("--sub-group-size", c.sub_group_size, "optimizer elements swapped at once (NVMe offload)");
   cmd.add_option("--offload-buffer-count", c.offload_buffer_count, "staging buffers of the optimizer swap (NVMe offload)");
@@ -158,7 +158,7 @@ int cmd_estimate(const EstimateArgs& a, bool stage_given) {
       s["optim"] = r.model_state.optim;
       s["model_state"] = r.model_state.total();
       s["working_set"] = {{"param", r.working_set.param}, {"grad", r.working_set.grad}, {"comm", r.working_set.comm},
-                          {"total", r.working_set.total()}};
+                          {"host", r.working_set.host}, {"total", r.working_set.total()}};
       s["activation"] = r.activations;
       s["total"] = r.total();
       // Where the bytes live (Note [Offload places]): device = model state there + working set +
@@ -239,7 +239,7 @@ int main(int argc, char** argv) {
   estimate_cmd->add_option("--device-mem,--device-mem-limit", est.device_mem_gib,
                            "device memory per rank in GiB: say which stages fit on the device");
   estimate_cmd->add_option("--offload-optimizer", est.offload_optimizer, "none, cpu or nvme (as for train; stages 1-3)");
-  estimate_cmd->add_option("--offload-param", est.offload_param, "none or cpu (as for train; stage 3)");
+  estimate_cmd->add_option("--offload-param", est.offload_param, "none, cpu or nvme (as for train; stage 3)");
   estimate_cmd->add_option("--sub-group-size", est.sub_group_size, "as for train (NVMe swap sub-group, elements)");
   estimate_cmd->add_option("--offload-buffer-count", est.buffer_count, "as for train (NVMe staging buffers)");
   estimate_cmd->add_option("--stage3-param-persistence-threshold", est.persistence_threshold,

@@ -59,7 +59,10 @@ TEST(OffloadConfig, WhatCannotBeDoneIsRefusedByName) {
     set(c);
     expect_error([&] { validate(c); }, needle);
   };
-  invalid([](TrainConfig& c) { c.offload_param = "nvme"; }, "--offload-param nvme is not implemented yet");
+  invalid([](TrainConfig& c) { c.offload_param = "nvme"; }, "--offload-param nvme needs --nvme-path");
+  write_text(dir.file("pbuf.json"), R"({"zero_optimization": {"offload_param": {"device": "nvme", "buffer_count": 5}}})");
+  expect_error([&] { TrainConfig c; apply_json_config(dir.file("pbuf.json"), c); },
+               "offload_param.buffer_count is not used by zerone's NVMe parameter swap");
   invalid([](TrainConfig& c) { c.offload_optimizer = "nvme"; }, "--offload-optimizer nvme needs --nvme-path");
   invalid([](TrainConfig& c) { c.offload_buffer_count = 0; }, "--offload-buffer-count 0 is out of range");
   invalid([](TrainConfig& c) { c.aio_queue_depth = 0; }, "--aio-queue-depth 0 is out of range");

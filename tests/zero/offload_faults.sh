@@ -66,6 +66,13 @@ for fault in write:enospc:6 read:eio:3 read:short:5 write:short:7 write:eio:0 wr
   expect "rank1_${fault//:/_}" "$op of swap file '$d/swap/zerone-swap-[0-9]+-rank1/optimizer.swp'" \
     "${MPI[@]}" -n 1 "$Z" "${base[@]}" "${run[@]}" "${nvme[@]}" : -n 1 env ZERONE_SWAP_FAULT=$fault "$Z" "${base[@]}" "${run[@]}" "${nvme[@]}"
 done
+# Parameter shards on NVMe (stage 3): read-ahead and write-back failures name params.swp.
+p3=(--zero-stage 3 --steps 4 --stage3-param-persistence-threshold 0 --offload-param nvme --nvme-path "$d/swap")
+for fault in read:eio:2 write:enospc:5 read:short:9; do
+  op=${fault%%:*}
+  ZERONE_SWAP_FAULT=$fault expect "params_${fault//:/_}" "$op of swap file '$d/swap/zerone-swap-[0-9]+-rank[01]/params.swp'" \
+    "${MPI[@]}" -n 2 "$Z" "${base[@]}" "${p3[@]}"
+done
 # A fault plan that hits nothing changes nothing (the wrapper passes transfers through).
 ZERONE_SWAP_FAULT=read:eio:100000 timeout 90 "$Z" "${base[@]}" "${run[@]}" "${nvme[@]}" --metrics "$d/wrapped.jsonl" > "$d/wrapped.out" 2>&1 || { echo "FAIL wrapped"; fail=1; }
 timeout 90 "$Z" "${base[@]}" "${run[@]}" --metrics "$d/plain.jsonl" > "$d/plain.out" 2>&1 || { echo "FAIL plain"; fail=1; }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Offload invariance (issue 8): --offload-optimizer cpu|nvme and --offload-param cpu reproduce the
+# Offload invariance (issue 8): --offload-optimizer cpu|nvme and --offload-param cpu|nvme reproduce the
 # no-offload run bit for bit (same losses in the metrics, byte-identical final checkpoints) at
 # stages 1-3, world 1, 2 and 3 (uneven shards), with gradient accumulation, clipping and weight
 # decay. The update is one function for every placement (optim::AdamW::update_slice), so anything
@@ -47,6 +47,10 @@ for precision in fp32 bf16; do
       same "${base}_none" "${base}_cpu"
       run "${base}_nvme" $world --precision $precision --zero-stage $stage "${nvme[@]}"
       same "${base}_none" "${base}_nvme"
+      if [ $stage = 3 ]; then  # parameters on NVMe too, read ahead within the prefetch window
+        run "${base}_nvme_params" $world --precision $precision --zero-stage 3 "${nvme[@]}" --offload-param nvme
+        same "${base}_none" "${base}_nvme_params"
+      fi
     done
   done
   # No pipelining, one staging buffer: the same numbers, only slower.

@@ -151,12 +151,12 @@ void Buffer::retag(MemCategory category) {
   category_ = category;
 }
 
-BufferPool::BufferPool(size_t capacity_bytes, MemCategory idle_category, MemPlace place)
-    : capacity_bytes_(capacity_bytes), idle_category_(idle_category), place_(place) {}
+BufferPool::BufferPool(size_t capacity_bytes, MemCategory idle_category, MemPlace place, size_t alignment)
+    : capacity_bytes_(capacity_bytes), idle_category_(idle_category), place_(place), alignment_(alignment) {}
 
 Buffer BufferPool::acquire(size_t bytes, MemCategory category, bool zeroed) {
   auto it = idle_.find(bytes);
-  if (it == idle_.end()) return Buffer(bytes, category, place_);
+  if (it == idle_.end()) return Buffer(bytes, category, place_, alignment_);
   Buffer buffer = std::move(it->second);
   idle_.erase(it);
   idle_bytes_ -= bytes;

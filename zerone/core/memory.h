@@ -137,7 +137,8 @@ class Buffer {
 // Thread-safety: none; one owner (the training thread).
 class BufferPool {
  public:
-  BufferPool(size_t capacity_bytes, MemCategory idle_category, MemPlace place = MemPlace::device);
+  // New buffers come from `place`, `alignment`-byte aligned (Buffer's rules).
+  BufferPool(size_t capacity_bytes, MemCategory idle_category, MemPlace place = MemPlace::device, size_t alignment = 64);
   BufferPool(const BufferPool&) = delete;
   BufferPool& operator=(const BufferPool&) = delete;
 
@@ -158,6 +159,7 @@ class BufferPool {
   size_t capacity_bytes_;
   MemCategory idle_category_;
   MemPlace place_;
+  size_t alignment_;
   std::multimap<size_t, Buffer> idle_;  // by bytes
   size_t idle_bytes_ = 0;
 };

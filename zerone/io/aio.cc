@@ -171,7 +171,7 @@ class UringIo final : public SwapIo {
       if (r.in_flight == 0) continue;
       io_uring_cqe* cqe = nullptr;
       int rc = block ? io_uring_wait_cqe(&r.ring, &cqe) : io_uring_peek_cqe(&r.ring, &cqe);
-      if (rc == -EAGAIN || rc == -EINTR) continue;
+      if (rc == -EAGAIN || rc == -EINTR || (!block && cqe == nullptr)) continue;
       ZERONE_CHECK(rc == 0, "io_uring_wait_cqe failed: ", std::strerror(-rc));
       std::unique_ptr<Request> req(static_cast<Request*>(io_uring_cqe_get_data(cqe)));
       const int res = cqe->res;

@@ -63,12 +63,14 @@ double AdamW::update_slice(const ShardRef& s, DType param_dtype, const AdamWOpti
   return sumsq;
 }
 
-double AdamW::step(float lr, float grad_scale, const std::function<void(size_t shard)>& shard_done) {
+double AdamW::step(float lr, float grad_scale, const std::function<void(size_t shard)>& shard_done,
+                   const std::function<void(size_t shard)>& shard_begin) {
   ProfileScope profile(ProfileCategory::optimizer);
   ++step_;
   const kernels::cpu::AdamWHyper h = hyper(options_, lr, grad_scale, step_);
   double sumsq = 0.0;
   for (size_t i = 0; i < shards_.size(); ++i) {
+    if (shard_begin) shard_begin(i);
     sumsq += update_slice(shards_[i], param_dtype_, options_, h, 0, shards_[i].numel, master(i), m(i), v(i));
     if (shard_done) shard_done(i);
   }

@@ -42,8 +42,12 @@ struct AdamWOptions {
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
-  // See AdamW::step.
-  virtual double step(float lr, float grad_scale, const std::function<void(size_t shard)>& shard_done = nullptr) = 0;
+  // See AdamW::step. `shard_begin(i)`, when given, runs before shard i is read or written: the
+  // ZeRO engine loads an NVMe-offloaded parameter shard there and points set_param at it.
+  virtual double step(float lr, float grad_scale, const std::function<void(size_t shard)>& shard_done = nullptr,
+                      const std::function<void(size_t shard)>& shard_begin = nullptr) = 0;
+  // Where shard i's parameters are from now on (numel elements of the parameter dtype).
+  virtual void set_param(size_t i, void* param) = 0;
   virtual size_t num_shards() const = 0;
   virtual size_t numel(size_t i) const = 0;
   virtual const float* grad(size_t i) const = 0;
@@ -70,7 +74,9 @@ class AdamW final : public Optimizer {
   // the gradient norm without another pass. Shards are updated in order; `shard_done(i)`, when
   // given, runs as soon as shard i's parameters are written (the ZeRO engine starts gathering
   // them while the later shards update).
-  double step(float lr, float grad_scale, const std::function<void(size_t shard)>& shard_done = nullptr) override;
+  double step(float lr, float grad_scale, const std::function<void(size_t shard)>& shard_done = nullptr,
+              const std::function<void(size_t shard)>& shard_begin = nullptr) override;
+  void set_param(size_t i, void* param) override { shards_[i].param = param; }
 
   size_t num_shards() const override { return shards_.size(); }
   size_t numel(size_t i) const override { return shards_[i].numel; }

@@ -62,9 +62,13 @@ void apply_offload_json(const std::string& path, const std::string& key, const j
       ZERONE_CHECK(ratio == 1.0, "config '", path, "': ", full, " ", ratio,
                    " (partial optimizer offload) is not implemented: only 1.0, the whole optimizer, is");
     } else if (param && (k == "buffer_count" || k == "buffer_size" || k == "max_in_cpu")) {
-      // They size NVMe parameter swapping, which zerone refuses (--offload-param nvme is an error),
-      // so with device none|cpu they have nothing to tune, as in DeepSpeed; checked for sanity.
+      // They size DeepSpeed's NVMe parameter buffers; zerone sizes its parameter staging from
+      // stage3_prefetch_bucket_size instead (Note [Parameter swap]), so with device nvme they
+      // would do nothing and are refused below; with none|cpu DeepSpeed ignores them too.
       ZERONE_CHECK(get_as<int64_t>(v, path, full, "an integer") >= 0, "config '", path, "': ", full, " is negative");
+      ZERONE_CHECK(!(o.contains("device") && o["device"] == "nvme"), "config '", path, "': ", full,
+                   " is not used by zerone's NVMe parameter swap, which stages as many shards as "
+                   "stage3_prefetch_bucket_size lets it prefetch; remove it or set that instead");
     } else if (key == "aio" && k == "block_size") as_int("--aio-block-size", cfg.aio_block_size);
     else if (key == "aio" && k == "queue_depth") as_int("--aio-queue-depth", cfg.aio_queue_depth);
     else if (key == "aio" && (k == "intra_op_parallelism" || k == "thread_count"))
@@ -257,11 +261,11 @@ void validate(const TrainConfig& c) {
                " needs --zero-stage 1, 2 or 3 (stage 0 keeps no optimizer shard to offload)");
   ZERONE_CHECK(c.offload_param == "none" || c.zero_stage == 3, "--offload-param ", c.offload_param,
                " needs --zero-stage 3 (only stage 3 shards the parameters)");
-  ZERONE_CHECK(c.offload_param != "nvme", "--offload-param nvme is not implemented yet: use --offload-param cpu "
-               "(with --offload-optimizer nvme the optimizer state, 12 of 16-18 bytes per parameter, goes to NVMe)");
-  const bool nvme = c.offload_optimizer == "nvme";
-  ZERONE_CHECK(!nvme || !c.nvme_path.empty(), "--offload-optimizer nvme needs --nvme-path DIR (a directory on a local disk)");
-  ZERONE_CHECK(nvme || c.nvme_path.empty(), "--nvme-path is given but nothing is offloaded to nvme (--offload-optimizer nvme)");
+  const bool nvme = c.offload_optimizer == "nvme" || c.offload_param == "nvme";
+  ZERONE_CHECK(!nvme || !c.nvme_path.empty(), "--offload-", c.offload_optimizer == "nvme" ? "optimizer" : "param",
+               " nvme needs --nvme-path DIR (a directory on a local disk)");
+  ZERONE_CHECK(nvme || c.nvme_path.empty(),
+               "--nvme-path is given but nothing is offloaded to nvme (--offload-optimizer nvme or --offload-param nvme)");
   ZERONE_CHECK(c.sub_group_size >= 1 && c.sub_group_size <= (int64_t{1} << 40), "--sub-group-size ", c.sub_group_size,
                " is out of range: expected 1..2^40 elements");
   ZERONE_CHECK(c.offload_buffer_count >= 1 && c.offload_buffer_count <= 64, "--offload-buffer-count ",

@@ -177,7 +177,7 @@ void check_memory_fits(const nn::GPT2Config& model, DType dtype, const TrainConf
     std::string fits;
     using zero::OffloadDevice;
     for (OffloadDevice o : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme}) {
-      for (OffloadDevice p : {OffloadDevice::none, OffloadDevice::cpu}) {
+      for (OffloadDevice p : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme}) {
         if ((o != OffloadDevice::none && cfg.zero_stage == 0) || (p != OffloadDevice::none && cfg.zero_stage != 3)) continue;
         zero::ZeroConfig alt = zcfg;
         alt.offload_optimizer = o;
@@ -196,7 +196,7 @@ void check_memory_fits(const nn::GPT2Config& model, DType dtype, const TrainConf
                                      : str_cat("These would fit at --zero-stage ", cfg.zero_stage, ": ", fits)));
   }
   const int local = local_ranks();
-  if (zcfg.offload_optimizer == zero::OffloadDevice::nvme) {
+  if (zcfg.offload_optimizer == zero::OffloadDevice::nvme || zcfg.offload_param == zero::OffloadDevice::nvme) {
     const uint64_t free_bytes = io::check_swap_path(cfg.nvme_path, "--nvme-path");
     const double need = static_cast<double>(mine.nvme()) * local;
     ZERONE_CHECK(need <= static_cast<double>(free_bytes), "the run needs ", h(need), " of swap space under --nvme-path '",

@@ -38,6 +38,7 @@ std::string describe_places(const StageEstimate& e) {
   all.at(MemPlace::device, MemCategory::param) += e.working_set.param;
   all.at(MemPlace::device, MemCategory::grad) += e.working_set.grad;
   all.at(MemPlace::device, MemCategory::comm) += e.working_set.comm;
+  all.at(MemPlace::host, MemCategory::comm) += e.working_set.host;
   std::string out;
   for (size_t p = 0; p < MemoryLedger::kPlaces; ++p)
     for (size_t c = 0; c < MemoryLedger::kCategories; ++c) {

@@ -20,8 +20,8 @@ struct StageEstimate {
   ModelStateBytes model_state;  // per rank, at the end of a step
   WorkingSetBytes working_set;  // per rank, bound on transient buffers (Note [Working-set bound])
   int64_t activations = 0;      // per rank, for one micro-batch (live through backward)
-  int64_t device() const { return model_state.placed.place_total(MemPlace::device) + working_set.total() + activations; }
-  int64_t host() const { return model_state.placed.place_total(MemPlace::host); }
+  int64_t device() const { return model_state.placed.place_total(MemPlace::device) + working_set.device() + activations; }
+  int64_t host() const { return model_state.placed.place_total(MemPlace::host) + working_set.host; }
   int64_t nvme() const { return model_state.placed.place_total(MemPlace::nvme); }
   // Bytes in memory (device + host): on this CPU build both are RAM.
   int64_t total() const { return device() + host(); }

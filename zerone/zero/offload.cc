@@ -11,7 +11,8 @@
 namespace zerone::zero {
 
 SwappedAdamW::SwappedAdamW(std::vector<optim::ShardRef> shards, DType param_dtype, const optim::AdamWOptions& options,
-                           size_t sub_group_numel, int buffer_count, const NvmeConfig& config)
+                           size_t sub_group_numel, int buffer_count, const NvmeConfig& config,
+                           io::SwapDirectory& dir)
     : shards_(std::move(shards)),
       param_dtype_(param_dtype),
       options_(options),
@@ -32,9 +33,8 @@ SwappedAdamW::SwappedAdamW(std::vector<optim::ShardRef> shards, DType param_dtyp
       groups_.push_back(g);
     }
   }
-  dir_ = std::make_unique<io::SwapDirectory>(config.nvme_path, config.rank, "--nvme-path");
-  file_path_ = dir_->path() + "/optimizer.swp";
-  fd_ = dir_->create_file("optimizer.swp", offset);
+  file_path_ = dir.path() + "/optimizer.swp";
+  fd_ = dir.create_file("optimizer.swp", offset);
   MemoryLedger::global().add(MemPlace::nvme, MemCategory::optim, nvme_optim_bytes_);
   MemoryLedger::global().add(MemPlace::nvme, MemCategory::master, nvme_master_bytes_);
   if (!groups_.empty()) {
@@ -73,7 +73,8 @@ SwappedAdamW::~SwappedAdamW() {
   MemoryLedger::global().sub(MemPlace::nvme, MemCategory::master, nvme_master_bytes_);
 }
 
-double SwappedAdamW::step(float lr, float grad_scale, const std::function<void(size_t shard)>& shard_done) {
+double SwappedAdamW::step(float lr, float grad_scale, const std::function<void(size_t shard)>& shard_done,
+                          const std::function<void(size_t shard)>& shard_begin) {
   ++step_;
   const kernels::cpu::AdamWHyper h = optim::AdamW::hyper(options_, lr, grad_scale, step_);
   const size_t G = groups_.size(), B = buffers_.size();
@@ -96,6 +97,7 @@ double SwappedAdamW::step(float lr, float grad_scale, const std::function<void(s
   for (size_t gi = 0; gi < G; ++gi) {
     const SubGroup& g = groups_[gi];
     const size_t b = gi % B;
+    if (shard_begin && (gi == 0 || groups_[gi - 1].shard != g.shard)) shard_begin(g.shard);
     if (!read_started[gi]) start_read(gi);
     if (pipelined_read && gi + 1 < G) start_read(gi + 1);
     wait(reads[b]);

@@ -24,7 +24,8 @@ struct NvmeConfig {
   bool pipeline_write = true;     // offload_optimizer.pipeline_write: write g back while g+1 steps
   bool pin_memory = false;        // offload_optimizer.pin_memory: mlock the staging buffers
   io::AioConfig aio;
-  std::string fault_plan;         // tests only: io::parse_fault_plan spec ("" none)
+  std::string fault_plan;         // tests only: io::parse_fault_plan spec ("" none), applied to the
+                                  // optimizer's and the parameters' swap I/O, each counting its own
 };
 
 // Note [Swap layout]: each shard is cut into sub-groups of at most sub_group_size elements
@@ -44,18 +45,20 @@ struct NvmeConfig {
 // complete when step() returns, so the swap file always holds the state after the last step.
 class SwappedAdamW final : public optim::Optimizer {
  public:
-  // Creates the swap directory and file under config.nvme_path (one per run and rank) and writes
-  // the initial state (master from the parameters, zero moments). Throws Error naming the path for
-  // a missing/read-only/tmpfs directory, a full disk or any I/O failure.
+  // Creates the swap file "optimizer.swp" in `dir` (the run's swap directory, which must outlive
+  // the optimizer) and writes the initial state (master from the parameters, zero moments). Throws
+  // Error naming the file for a full disk or any I/O failure.
   SwappedAdamW(std::vector<optim::ShardRef> shards, DType param_dtype, const optim::AdamWOptions& options,
-               size_t sub_group_numel, int buffer_count, const NvmeConfig& config);
+               size_t sub_group_numel, int buffer_count, const NvmeConfig& config, io::SwapDirectory& dir);
   ~SwappedAdamW() override;
   SwappedAdamW(const SwappedAdamW&) = delete;
   SwappedAdamW& operator=(const SwappedAdamW&) = delete;
 
   // AdamW::step. On an I/O failure throws Error naming the file and operation; the state on disk
   // is then undefined and the run must end (it does: the error ends the job).
-  double step(float lr, float grad_scale, const std::function<void(size_t shard)>& shard_done = nullptr) override;
+  double step(float lr, float grad_scale, const std::function<void(size_t shard)>& shard_done = nullptr,
+              const std::function<void(size_t shard)>& shard_begin = nullptr) override;
+  void set_param(size_t i, void* param) override { shards_[i].param = param; }
   size_t num_shards() const override { return shards_.size(); }
   size_t numel(size_t i) const override { return shards_[i].numel; }
   const float* grad(size_t i) const override { return shards_[i].grad; }
@@ -82,9 +85,7 @@ class SwappedAdamW final : public optim::Optimizer {
   int step_ = 0;
   std::vector<SubGroup> groups_;
   int64_t nvme_master_bytes_ = 0, nvme_optim_bytes_ = 0;
-  // Destroyed in reverse: the I/O is drained before the buffers and the file go, the file is
-  // closed before the directory is removed.
-  std::unique_ptr<io::SwapDirectory> dir_;
+  // Destroyed in reverse: the I/O is drained before the buffers and the file go.
   std::string file_path_;
   io::FileDescriptor fd_;
   std::vector<Buffer> buffers_;

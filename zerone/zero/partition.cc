@@ -34,7 +34,8 @@ std::vector<std::pair<size_t, size_t>> sub_groups(size_t shard_numel, size_t sub
   return out;
 }
 
-size_t swap_tensor_bytes(size_t numel) { return (numel * sizeof(float) + kSwapAlignBytes - 1) / kSwapAlignBytes * kSwapAlignBytes; }
+size_t swap_aligned(size_t bytes) { return (bytes + kSwapAlignBytes - 1) / kSwapAlignBytes * kSwapAlignBytes; }
+size_t swap_tensor_bytes(size_t numel) { return swap_aligned(numel * sizeof(float)); }
 
 int64_t PlacedBytes::place_total(MemPlace p) const {
   int64_t t = 0;
@@ -72,7 +73,9 @@ ModelStateBytes model_state_bytes(const std::vector<size_t>& unit_numels, int wo
     const int64_t P = static_cast<int64_t>(s.padded_numel), S = static_cast<int64_t>(s.shard_numel);
     const int64_t opt_numel = config.stage == 0 ? static_cast<int64_t>(numel) : S;
     const bool sharded = config.stage == 3 && !s.persistent;
-    const int64_t param = (sharded ? S : P) * ds, grad = (config.stage <= 1 ? P : S) * 4;
+    int64_t param = (sharded ? S : P) * ds;
+    if (sharded && config.offload_param == OffloadDevice::nvme) param = static_cast<int64_t>(swap_aligned(static_cast<size_t>(param)));
+    const int64_t grad = (config.stage <= 1 ? P : S) * 4;
     b.param += param;
     b.placed.at(sharded ? offload_place(config.offload_param) : MemPlace::device, MemCategory::param) += param;
     b.grad += grad;
@@ -105,6 +108,7 @@ WorkingSetBytes working_set_bytes(const std::vector<size_t>& unit_numels, int wo
   if (config.stage < 2) return b;
   // The two largest padded units, over all units and over those whose parameters are sharded.
   size_t top1 = 0, top2 = 0, sharded1 = 0, sharded2 = 0, sum_p = 0, sum_sharded_p = 0;
+  size_t sum_aligned = 0, max_aligned = 0, sharded_units = 0;
   auto rank_two = [](size_t v, size_t& first, size_t& second) {
     if (v > first) second = std::exchange(first, v);
     else if (v > second) second = v;
@@ -116,6 +120,10 @@ WorkingSetBytes working_set_bytes(const std::vector<size_t>& unit_numels, int wo
     if (config.stage == 3 && !s.persistent) {
       rank_two(s.padded_numel, sharded1, sharded2);
       sum_sharded_p += s.padded_numel;
+      const size_t aligned = swap_aligned(s.shard_numel * dtype_size(dtype));
+      sum_aligned += aligned;
+      max_aligned = std::max(max_aligned, aligned);
+      ++sharded_units;
     }
   }
   const size_t reducing = std::max(config.reduce_bucket_numel, top1);
@@ -123,6 +131,11 @@ WorkingSetBytes working_set_bytes(const std::vector<size_t>& unit_numels, int wo
   b.param = static_cast<int64_t>(std::min(sum_sharded_p, sharded1 + sharded2 + config.prefetch_numel)) * ds;
   b.grad = static_cast<int64_t>(std::min(sum_p, reducing + top1 + top2)) * 4;
   b.comm = static_cast<int64_t>(std::min(sum_p, reducing + top1) / static_cast<size_t>(world)) * 4;
+  if (config.stage == 3 && config.offload_param == OffloadDevice::nvme) {
+    const size_t window = (sharded1 + sharded2 + config.prefetch_numel) / static_cast<size_t>(world) * dtype_size(dtype) +
+                          kSwapAlignBytes * sharded_units;
+    b.host = static_cast<int64_t>(std::max(std::min(sum_aligned, window), std::min(sum_aligned, 3 * max_aligned)));
+  }
   return b;
 }
 

@@ -15,7 +15,7 @@
 //
 // Note [Offload places]: which place (core/memory.h, Note [Places]) each model-state byte lives in:
 //   param  full (stages 0-2, persistent units): device; stage-3 shards: --offload-param
-//          (none: device, cpu: host, nvme: nvme)
+//          (none: device, cpu: host, nvme: nvme, each shard rounded up to 4 KiB in "params.swp")
 //   grad   stages 0-1 full: device; stages 2-3 shard accumulators: host when the optimizer is
 //          offloaded (its step reads them there, as DeepSpeed's CPU gradient partitions), else device
 //   master, optim: --offload-optimizer (none: device, cpu: host, nvme: nvme swap files)
@@ -66,6 +66,8 @@ struct ZeroConfig {
 std::vector<std::pair<size_t, size_t>> sub_groups(size_t shard_numel, size_t sub_group_numel);
 // Bytes of one swapped tensor of `numel` f32 elements, rounded up to kSwapAlignBytes.
 size_t swap_tensor_bytes(size_t numel);
+// `bytes` rounded up to kSwapAlignBytes.
+size_t swap_aligned(size_t bytes);
 
 struct UnitShard {
   size_t numel = 0;         // real elements of the unit
@@ -114,9 +116,16 @@ ModelStateBytes model_state_bytes(const std::vector<size_t>& unit_numels, int wo
 // Stages 0-1 have none (their full buffers are model state). Sums run over non-persistent units
 // for `param`. A bound, not a prediction: the ledger's `comm` (idle pooled buffers) at the end of
 // a step stays at or below `total()`.
+//   host (stage 3 with --offload-param nvme): staging of parameter shards read from or written to
+//          NVMe (each rounded up to 4 KiB): those of the units in use and prefetched,
+//          min(sum A, (P_1 + P_2 + F) / world * dtype + 4096 * units), or during the optimizer step
+//          the shard being updated and two being written back, 3 A_1 (A_u: the aligned shard bytes).
+//          Pooled like the rest; idle staging is in the ledger as host.comm.
 struct WorkingSetBytes {
-  int64_t param = 0, grad = 0, comm = 0;
-  int64_t total() const { return param + grad + comm; }
+  int64_t param = 0, grad = 0, comm = 0;  // device
+  int64_t host = 0;                       // host staging (see above)
+  int64_t total() const { return param + grad + comm + host; }
+  int64_t device() const { return param + grad + comm; }
 };
 WorkingSetBytes working_set_bytes(const std::vector<size_t>& unit_numels, int world, DType dtype,
                                   const ZeroConfig& config);

@@ -51,6 +51,13 @@ expect disk_too_small "of swap space under --nvme-path .* but only .* are free" 
 expect device_cap "over --device-mem-limit 0.2 GiB .*device param.*These would fit at --zero-stage 3: .*--offload-optimizer cpu --offload-param cpu" \
   "$Z" train --model gpt2:layers=4,dim=512,heads=8,vocab=257,ctx=32 --steps 1 --seq 32 --micro-batch 1 --precision bf16 \
   --zero-stage 3 --stage3-param-persistence-threshold 0 --stage3-prefetch-bucket-size 0 --device-mem-limit 0.2
+# The setting the message proposes trains under the cap (the arena refuses any device allocation
+# past it, so finishing proves the device never held more).
+if "$Z" train --model gpt2:layers=4,dim=512,heads=8,vocab=257,ctx=32 --steps 2 --seq 32 --micro-batch 1 --precision bf16 \
+  --zero-stage 3 --stage3-param-persistence-threshold 0 --stage3-prefetch-bucket-size 0 --device-mem-limit 0.2 \
+  --offload-optimizer cpu --offload-param cpu --threads 1 > "$d/cap_fits.out" 2>&1; then
+  echo "ok   device_cap_fits: trains under --device-mem-limit 0.2 with the offload the refusal proposed"
+else echo "FAIL device_cap_fits:"; tail -3 "$d/cap_fits.out"; fail=1; fi
 expect device_cap_none "No offload setting fits at --zero-stage 1" \
   "$Z" train --model gpt2:layers=4,dim=512,heads=8,vocab=257,ctx=32 --steps 1 --seq 32 --micro-batch 1 --precision bf16 \
   --zero-stage 1 --device-mem-limit 0.001

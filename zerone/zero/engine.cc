@@ -1,6 +1,9 @@
 #include "zerone/zero/engine.h"
 
 #include <omp.h>
+#include <sys/mman.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <cmath>
@@ -99,6 +102,7 @@ ZeroEngine::ZeroEngine(nn::GPT2& model, comm::Communicator& comm, const ZeroConf
     }
     param_path_ = swap_dir_->path() + "/params.swp";
     param_fd_ = swap_dir_->create_file("params.swp", offset);
+    pin_staging_ = nvme.pin_memory;
     param_io_ = io::make_uring_io(nvme.aio);
     if (!nvme.fault_plan.empty())  // tests: the plan counts this file's transfers on its own
       param_io_ = io::make_fault_injecting_io(std::move(param_io_), io::parse_fault_plan(nvme.fault_plan));
@@ -148,7 +152,7 @@ void ZeroEngine::start_gather(int u) {
   unit.set_params(pool_.acquire(unit.param_bytes(), MemCategory::param, /*zeroed=*/false));
   if (params_swapped(u)) {
     // Read the shard first; its gather starts once the read is done (advance_reads, wait_gather).
-    st.staged = stage_pool_.acquire(st.swap_bytes, MemCategory::param, /*zeroed=*/false);
+    st.staged = acquire_staging(st.swap_bytes);
     st.read_ticket = param_io_->start(io::IoOp::read, param_fd_.get(), param_path_, st.staged.data(), st.swap_bytes,
                                       st.swap_offset);
     pending_reads_.push_back(u);
@@ -171,6 +175,15 @@ void ZeroEngine::start_gather(int u) {
 //     overwritten); after the update it is written back asynchronously, at most two writes in
 //     flight, all complete when step() returns.
 // Reads, writes and their failures go through the same SwapIo as the optimizer's swap.
+
+Buffer ZeroEngine::acquire_staging(size_t bytes) {
+  Buffer b = stage_pool_.acquire(bytes, MemCategory::param, /*zeroed=*/false);
+  // Locking pages already locked is a no-op; freeing a buffer unlocks them.
+  ZERONE_CHECK(!pin_staging_ || ::mlock(b.data(), b.bytes()) == 0, "offload_param.pin_memory: cannot lock ", b.bytes(),
+               " bytes of parameter staging in memory: ", std::strerror(errno),
+               " (raise the locked-memory limit, ulimit -l, or set pin_memory false)");
+  return b;
+}
 
 void ZeroEngine::finish_read(int u) {
   UnitState& st = units_[u];
@@ -197,7 +210,7 @@ void ZeroEngine::advance_reads() {
 void ZeroEngine::load_shard_for_update(int u) {
   UnitState& st = units_[u];
   retire_param_writes(2);
-  st.staged = stage_pool_.acquire(st.swap_bytes, MemCategory::param, /*zeroed=*/false);
+  st.staged = acquire_staging(st.swap_bytes);
   if (model_.compute_dtype() == DType::f32) {
     ProfileScope profile(ProfileCategory::swap);
     param_io_->wait(param_io_->start(io::IoOp::read, param_fd_.get(), param_path_, st.staged.data(), st.swap_bytes,

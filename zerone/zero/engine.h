@@ -150,6 +150,8 @@ class ZeroEngine : public nn::UnitHooks {
   std::deque<std::pair<int, io::SwapIo::Ticket>> param_writes_;  // shards written back after the update
   std::deque<int> pending_reads_;  // units whose shard is being read, in the order the reads started
   int64_t nvme_param_bytes_ = 0;
+  bool pin_staging_ = false;  // offload_*.pin_memory: mlock parameter staging buffers
+  Buffer acquire_staging(size_t bytes);
 };
 
 }  // namespace zerone::zero

@@ -209,7 +209,7 @@ void check_memory_fits(const nn::GPT2Config& model, DType dtype, const TrainConf
   if (need <= static_cast<double>(available)) return;
   std::string stages;
   for (const auto& r : rows) stages += str_cat(stages.empty() ? "" : ", ", r.stage, ": ", h(static_cast<double>(r.total())));
-  throw Error(str_cat("the run needs ", hb(mine.total()), " of memory per rank (", breakdown, ")",
+  throw Error(str_cat("the run needs ", hb(mine.total()), " per rank (", breakdown, ")",
                       local > 1 ? str_cat(" x ", local, " ranks on this host") : "",
                       ", but this host has ", h(static_cast<double>(available)), " available. Per rank at world ", world,
                       " by ZeRO stage: ", stages, world == 1 ? " (at world 1 sharding saves nothing: more ranks on more hosts divide it)" : "",

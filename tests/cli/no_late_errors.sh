@@ -32,8 +32,11 @@ RUN=()  # a wrapper for the program (a mount namespace)
 # --save: checked at start-up, never replacing anything but a regular file.
 start_error save_missing_dir "--save: directory '.*/nodir' of '.*' does not exist" "${long[@]}" --save "$d/nodir/m.bin"
 mkdir "$d/adir"
-start_error save_onto_dir "--save: '.*/adir' is a directory" "${long[@]}" --save "$d/adir"
-start_error save_trailing_slash "--save: '.*/new/' names a directory" "${long[@]}" --save "$d/new/"
+# A directory (existing, or named with a trailing slash) is a Hugging Face checkpoint directory: its
+# parent must exist, and a trailing slash on a file is no directory.
+start_error save_dir_missing_parent "--save: directory '.*/nodir' of '.*/nodir/hf/' does not exist" "${long[@]}" --save "$d/nodir/hf/"
+echo x > "$d/afile"
+start_error save_file_as_dir "--save: '.*/afile/' exists and is not a directory" "${long[@]}" --save "$d/afile/"
 start_error save_onto_device "--save: '/dev/full' is a character device" "${long[@]}" --save /dev/full
 [ -c /dev/full ] || { echo "FAIL: /dev/full is no longer a device"; fail=1; }
 echo keep > "$d/target"; ln -s "$d/target" "$d/link"

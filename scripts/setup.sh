@@ -9,7 +9,8 @@ packages=(
   ocl-icd-opencl-dev       # libdnnl-dev only recommends it, but its CMake package (DNNLConfig) needs OpenCL
   libopenmpi-dev openmpi-bin
   libmpich-dev mpich       # tests also build and run zerone against MPICH (Open MPI stays the default)
-  liburing-dev
+  liburing-dev             # NVMe swap engine (io_uring, O_DIRECT)
+  fio                      # bench: W4 compares the swap engine with fio sequential O_DIRECT on the same disk
   libpcre2-dev             # GPT-2 / LLaMA-3 BPE pre-tokenizer patterns (\p{L}, lookahead)
   libsentencepiece-dev     # SentencePiece tokenizers (LLaMA-2 tokenizer.model)
   sentencepiece            # tests: spm_train / spm_encode are the reference for our SentencePiece path

@@ -82,6 +82,20 @@ void add_train_flags(CLI::App& cmd, train::TrainConfig& c, std::string& config_p
   cmd.add_flag("--profile", c.profile, "report where step time goes (after the first step)");
   cmd.add_flag("--activation-checkpointing", c.activation_checkpointing,
                "recompute each block's forward in its backward: activation memory of one block, same results");
+  cmd.add_option("--device-mem-limit", c.device_mem_limit, "GiB of device memory per rank (0: no cap); a plan beyond it is refused");
+  cmd.add_option("--offload-optimizer", c.offload_optimizer, "none, cpu or nvme: where fp32 master, moments and the step live (stages 1-3)");
+  cmd.add_option("--offload-param", c.offload_param, "none, cpu or nvme: where stage 3's parameter shards live");
+  cmd.add_option("--nvme-path", c.nvme_path, "directory for swap files (NVMe offload; one subdirectory per run and rank)");
+  cmd.add_option("--sub-group-size", c.sub_group_size, "optimizer elements swapped at once (NVMe offload)");
+  cmd.add_option("--offload-buffer-count", c.offload_buffer_count, "staging buffers of the optimizer swap (NVMe offload)");
+  cmd.add_option("--pipeline-read", c.pipeline_read, "read the next sub-group while one steps (true/false)");
+  cmd.add_option("--pipeline-write", c.pipeline_write, "write a sub-group back while the next steps (true/false)");
+  cmd.add_option("--pin-memory", c.pin_memory, "lock the staging buffers in memory (true/false)");
+  cmd.add_option("--aio-block-size", c.aio_block_size, "bytes per swap I/O request");
+  cmd.add_option("--aio-queue-depth", c.aio_queue_depth, "swap I/O requests in flight per io_uring ring");
+  cmd.add_option("--aio-intra-op-parallelism", c.aio_intra_op_parallelism, "io_uring rings a swap transfer is spread over");
+  cmd.add_option("--aio-single-submit", c.aio_single_submit, "submit swap requests one by one (true/false)");
+  cmd.add_option("--aio-overlap-events", c.aio_overlap_events, "submit new swap requests while others complete (true/false)");
 }
 
 int cmd_info() {
@@ -115,6 +129,9 @@ struct EstimateArgs {
   double device_mem_gib = 0.0;
   int64_t persistence_threshold = 100'000;
   int64_t reduce_bucket_numel = 500'000'000, prefetch_numel = 50'000'000;
+  std::string offload_optimizer = "none", offload_param = "none";
+  int64_t sub_group_size = 1'000'000'000;
+  int buffer_count = 4;
   bool json = false;
   bool activation_checkpointing = false;
 };
@@ -135,6 +152,13 @@ int cmd_estimate(const EstimateArgs& a, bool stage_given) {
   base.persistence_threshold = static_cast<size_t>(a.persistence_threshold);
   base.reduce_bucket_numel = static_cast<size_t>(a.reduce_bucket_numel);
   base.prefetch_numel = static_cast<size_t>(a.prefetch_numel);
+  base.offload_optimizer = zero::parse_offload_device(a.offload_optimizer, "--offload-optimizer");
+  base.offload_param = zero::parse_offload_device(a.offload_param, "--offload-param");
+  ZERONE_CHECK(a.sub_group_size >= 1, "--sub-group-size ", a.sub_group_size, " must be at least 1 element");
+  ZERONE_CHECK(a.buffer_count >= 1 && a.buffer_count <= 64, "--offload-buffer-count ", a.buffer_count,
+               " is out of range: expected 1..64");
+  base.sub_group_numel = static_cast<size_t>(a.sub_group_size);
+  base.optimizer_buffer_count = a.buffer_count;
   auto rows = zero::estimate(model, a.world, dtype, a.micro_batch, a.seq, base,
                              stage_given ? std::optional<int>(a.stage) : std::nullopt);
   const double limit = a.device_mem_gib * 1024.0 * 1024.0 * 1024.0;
@@ -155,26 +179,39 @@ int cmd_estimate(const EstimateArgs& a, bool stage_given) {
       s["optim"] = r.model_state.optim;
       s["model_state"] = r.model_state.total();
       s["working_set"] = {{"param", r.working_set.param}, {"grad", r.working_set.grad}, {"comm", r.working_set.comm},
-                          {"total", r.working_set.total()}};
+                          {"host", r.working_set.host}, {"total", r.working_set.total()}};
       s["activation"] = r.activations;
       s["total"] = r.total();
-      if (limit > 0) s["fits"] = static_cast<double>(r.total()) <= limit;
+      // Where the bytes live (Note [Offload places]): device = model state there + working set +
+      // activations; "places" has every (place, category) the ledger will show.
+      s["device"] = r.device();
+      s["host"] = r.host();
+      s["nvme"] = r.nvme();
+      nlohmann::ordered_json places = nlohmann::ordered_json::object();
+      for (size_t p = 0; p < MemoryLedger::kPlaces; ++p)
+        for (size_t c = 0; c < MemoryLedger::kCategories; ++c)
+          if (int64_t b = r.model_state.placed.get(static_cast<MemPlace>(p), static_cast<MemCategory>(c)); b != 0)
+            places[str_cat(mem_place_name(static_cast<MemPlace>(p)), ".", mem_category_name(static_cast<MemCategory>(c)))] = b;
+      s["model_state_places"] = places;
+      if (limit > 0) s["fits"] = static_cast<double>(r.device()) <= limit;
       j["stages"].push_back(s);
     }
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
-  std::printf("model %s (%zu parameters), world %d, %s, micro-batch %d x seq %d; bytes per rank:\n",
-              model.spec().c_str(), model.num_parameters(), a.world, dtype_name(dtype), a.micro_batch, a.seq);
-  std::printf("%-6s %12s %12s %12s %12s %12s %12s %12s %12s%s\n", "stage", "param", "grad", "master", "optim", "model",
-              "working set", "activation", "total", limit > 0 ? "  fits" : "");
+  std::printf("model %s (%zu parameters), world %d, %s, micro-batch %d x seq %d, offload optimizer %s, param %s; "
+              "bytes per rank:\n",
+              model.spec().c_str(), model.num_parameters(), a.world, dtype_name(dtype), a.micro_batch,
+              a.seq, a.offload_optimizer.c_str(), a.offload_param.c_str());
+  std::printf("%-6s %12s %12s %12s %12s %12s %12s %12s %12s %12s %12s %12s%s\n", "stage", "param", "grad", "master", "optim",
+              "model", "working set", "activation", "device", "host", "nvme", "in memory", limit > 0 ? "  fits" : "");
   auto h = [](int64_t b) { return train::human_bytes(static_cast<double>(b)); };
   for (const auto& r : rows) {
-    std::printf("%-6d %12s %12s %12s %12s %12s %12s %12s %12s%s\n", r.stage, h(r.model_state.param).c_str(),
+    std::printf("%-6d %12s %12s %12s %12s %12s %12s %12s %12s %12s %12s %12s%s\n", r.stage, h(r.model_state.param).c_str(),
                 h(r.model_state.grad).c_str(), h(r.model_state.master).c_str(), h(r.model_state.optim).c_str(),
                 h(r.model_state.total()).c_str(), h(r.working_set.total()).c_str(), h(r.activations).c_str(),
-                h(r.total()).c_str(),
-                limit > 0 ? (static_cast<double>(r.total()) <= limit ? "  yes" : "  no") : "");
+                h(r.device()).c_str(), h(r.host()).c_str(), h(r.nvme()).c_str(), h(r.total()).c_str(),
+                limit > 0 ? (static_cast<double>(r.device()) <= limit ? "  yes" : "  no") : "");
   }
   return 0;
 }
@@ -267,7 +304,12 @@ int main(int argc, char** argv) {
   estimate_cmd->add_option("--precision", est.precision, "fp32 or bf16 (default as train)");
   estimate_cmd->add_option("--micro-batch", est.micro_batch, "for activations (default 4)");
   estimate_cmd->add_option("--seq", est.seq, "for activations (default 64)");
-  estimate_cmd->add_option("--device-mem", est.device_mem_gib, "memory per rank in GiB: say which stages fit");
+  estimate_cmd->add_option("--device-mem,--device-mem-limit", est.device_mem_gib,
+                           "device memory per rank in GiB: say which stages fit on the device");
+  estimate_cmd->add_option("--offload-optimizer", est.offload_optimizer, "none, cpu or nvme (as for train; stages 1-3)");
+  estimate_cmd->add_option("--offload-param", est.offload_param, "none, cpu or nvme (as for train; stage 3)");
+  estimate_cmd->add_option("--sub-group-size", est.sub_group_size, "as for train (NVMe swap sub-group, elements)");
+  estimate_cmd->add_option("--offload-buffer-count", est.buffer_count, "as for train (NVMe staging buffers)");
   estimate_cmd->add_option("--stage3-param-persistence-threshold", est.persistence_threshold,
                            "as for train (elements)");
   estimate_cmd->add_option("--reduce-bucket-size", est.reduce_bucket_numel,

@@ -10,20 +10,20 @@ namespace {
 
 TEST(MemoryLedger, BuffersAreCountedWhileAliveAndPeakIsKept) {
   MemoryLedger& ledger = MemoryLedger::global();
-  int64_t before = ledger.current(MemPlace::host, MemCategory::comm);
+  int64_t before = ledger.current(MemPlace::device, MemCategory::comm);
   ledger.reset_peaks();
   {
     Buffer a(1000, MemCategory::comm);
     Buffer b(24, MemCategory::comm);
-    EXPECT_EQ(ledger.current(MemPlace::host, MemCategory::comm), before + 1024);
+    EXPECT_EQ(ledger.current(MemPlace::device, MemCategory::comm), before + 1024);
     Buffer moved = std::move(a);  // moving does not count twice
-    EXPECT_EQ(ledger.current(MemPlace::host, MemCategory::comm), before + 1024);
+    EXPECT_EQ(ledger.current(MemPlace::device, MemCategory::comm), before + 1024);
     EXPECT_TRUE(a.empty());
     moved.reset();
-    EXPECT_EQ(ledger.current(MemPlace::host, MemCategory::comm), before + 24);
+    EXPECT_EQ(ledger.current(MemPlace::device, MemCategory::comm), before + 24);
   }
-  EXPECT_EQ(ledger.current(MemPlace::host, MemCategory::comm), before);
-  EXPECT_EQ(ledger.peak(MemPlace::host, MemCategory::comm), before + 1024);
+  EXPECT_EQ(ledger.current(MemPlace::device, MemCategory::comm), before);
+  EXPECT_EQ(ledger.peak(MemPlace::device, MemCategory::comm), before + 1024);
 }
 
 TEST(Buffer, ZeroInitializedAndAligned) {
@@ -34,7 +34,7 @@ TEST(Buffer, ZeroInitializedAndAligned) {
 
 TEST(BufferPool, ReusesExactSizesRetagsAndKeepsNoMoreThanItsCapacity) {
   MemoryLedger& ledger = MemoryLedger::global();
-  auto now = [&](MemCategory c) { return ledger.current(MemPlace::host, c); };
+  auto now = [&](MemCategory c) { return ledger.current(MemPlace::device, c); };
   const int64_t grad0 = now(MemCategory::grad), comm0 = now(MemCategory::comm);
   {
     BufferPool pool(3000, MemCategory::comm);
@@ -75,6 +75,55 @@ TEST(BufferPool, ReusesExactSizesRetagsAndKeepsNoMoreThanItsCapacity) {
 
 TEST(Buffer, AbsurdSizeThrowsInsteadOfCrashing) {
   EXPECT_THROW(Buffer(size_t{1} << 62, MemCategory::activation), Error);
+}
+
+TEST(Buffer, PlacesAreAccountedSeparatelyAndAligned) {
+  MemoryLedger& ledger = MemoryLedger::global();
+  int64_t host0 = ledger.current(MemPlace::host, MemCategory::swap);
+  int64_t dev0 = ledger.current(MemPlace::device, MemCategory::swap);
+  {
+    Buffer b(10000, MemCategory::swap, MemPlace::host, 4096);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(b.data()) % 4096, 0u);
+    EXPECT_EQ(b.place(), MemPlace::host);
+    EXPECT_EQ(ledger.current(MemPlace::host, MemCategory::swap), host0 + 10000);
+    EXPECT_EQ(ledger.current(MemPlace::device, MemCategory::swap), dev0);
+  }
+  EXPECT_EQ(ledger.current(MemPlace::host, MemCategory::swap), host0);
+}
+
+TEST(Buffer, DeviceLimitRefusesBeyondTheCapButNotHost) {
+  const int64_t in_use = MemoryLedger::global().current_total(MemPlace::device);
+  set_device_limit_bytes(in_use + 4096);
+  {
+    Buffer fits(4096, MemCategory::param);
+    EXPECT_THROW(Buffer(1, MemCategory::param), Error);
+    Buffer host(1 << 20, MemCategory::optim, MemPlace::host);  // the cap is for the device only
+  }
+  set_device_limit_bytes(0);
+  Buffer unlimited(1 << 20, MemCategory::param);
+}
+
+struct CountingArena final : MemoryArena {
+  int live = 0;
+  void* allocate(size_t bytes, size_t alignment) override {
+    ++live;
+    return arena(MemPlace::host).allocate(bytes, alignment);
+  }
+  void deallocate(void* data, size_t bytes, size_t alignment) noexcept override {
+    --live;
+    arena(MemPlace::host).deallocate(data, bytes, alignment);
+  }
+};
+
+TEST(Buffer, AnotherArenaCanServeTheDevice) {
+  CountingArena counting;
+  set_arena(MemPlace::device, &counting);
+  {
+    Buffer b(100, MemCategory::param);
+    EXPECT_EQ(counting.live, 1);
+  }
+  EXPECT_EQ(counting.live, 0);
+  set_arena(MemPlace::device, nullptr);
 }
 
 }  // namespace

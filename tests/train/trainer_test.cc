@@ -45,8 +45,8 @@ TEST(Trainer, LearnsAndWritesMetricsPerStep) {
     auto j = nlohmann::json::parse(line);
     EXPECT_EQ(j["step"], lines + 1);
     for (const char* key : {"loss", "lr", "grad_norm", "ms", "tokens_per_s", "mem"}) EXPECT_TRUE(j.contains(key)) << key;
-    EXPECT_GT(j["mem"]["host.param"].get<int64_t>(), 0);
-    EXPECT_GT(j["mem"]["host.optim"].get<int64_t>(), 0);
+    EXPECT_GT(j["mem"]["device.param"].get<int64_t>(), 0);
+    EXPECT_GT(j["mem"]["device.optim"].get<int64_t>(), 0);
     EXPECT_GT(j["mem"]["peak_rss"].get<int64_t>(), 0);
   }
   EXPECT_EQ(lines, 30);

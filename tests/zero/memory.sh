@@ -35,12 +35,12 @@ for precision in ("bf16", "fp32"):
     rss = {}
     for stage in range(4):
         mem = json.loads(open(f"{d}/{precision}_s{stage}.jsonl").readlines()[-1])["mem"]
-        got = {k: mem.get(f"host.{k}", 0) for k in ("param", "grad", "master", "optim")}
+        got = {k: mem.get(f"device.{k}", 0) for k in ("param", "grad", "master", "optim")}
         want = {k: est[stage][k] for k in ("param", "grad", "master", "optim")}
         total = sum(got.values())
         # Padding: each unit rounds up to a multiple of world*64 elements.
         pad_slack = 6 * N * 64 * (ds + 4 + 12)
-        pooled, pool_bound = mem.get("host.comm", 0), est[stage]["working_set"]["total"]
+        pooled, pool_bound = mem.get("device.comm", 0), est[stage]["working_set"]["total"]
         ok = got == want and abs(total - formula[stage]) <= pad_slack and pooled <= pool_bound
         failed |= not ok
         rss[stage] = mem["peak_rss"]
@@ -55,5 +55,41 @@ for precision in ("bf16", "fp32"):
     failed |= not ok
     print(f"{'ok  ' if ok else 'FAIL'} {precision} peak RSS stage 0 {rss[0]}, stage 3 {rss[3]} <= {bound:.0f} "
           f"(stage 0 less the model-state saving {formula[0] - formula[3]:.0f}, plus the working set {working_set})")
+sys.exit(1 if failed else 0)
+PY
+
+# Offload (issue 8), world 2, bf16: for every offload setting the ledger's model state per
+# (place, category), swap staging included, equals zerone estimate's to the byte.
+cases=("1 cpu none" "2 cpu none" "3 cpu cpu" "3 none cpu" "1 nvme none" "2 nvme none" "3 nvme cpu" "3 none nvme" "3 nvme nvme")
+mkdir "$d/swap"
+for c in "${cases[@]}"; do
+  read -r stage opt par <<< "$c"
+  name="off_s${stage}_${opt}_${par}"
+  extra=(); [ "$opt" = nvme ] || [ "$par" = nvme ] && extra=(--nvme-path "$d/swap" --sub-group-size 300000 --offload-buffer-count 3)
+  "${MPI[@]:0:5}" -n 2 "$Z" train --model $model --data "$d/c_train.bin" --micro-batch 1 --seq 16 --steps 2 --threads 1 \
+    --precision bf16 --zero-stage $stage --stage3-param-persistence-threshold 0 --stage3-prefetch-bucket-size 3000000 \
+    --reduce-bucket-size 1000000 --offload-optimizer $opt --offload-param $par "${extra[@]}" \
+    --metrics "$d/$name.jsonl" > "$d/$name.log" 2>&1 || { cat "$d/$name.log"; exit 1; }
+  "$Z" estimate --model $model --world 2 --precision bf16 --micro-batch 1 --seq 16 --zero-stage $stage \
+    --stage3-param-persistence-threshold 0 --stage3-prefetch-bucket-size 3000000 --reduce-bucket-size 1000000 \
+    --offload-optimizer $opt --offload-param $par "${extra[@]:2}" --json > "$d/$name.estimate.json"
+done
+python3 - "$d" "${cases[@]}" <<'PY'
+import json, sys
+d, cases = sys.argv[1], sys.argv[2:]
+failed = False
+for c in cases:
+    stage, opt, par = c.split()
+    name = f"off_s{stage}_{opt}_{par}"
+    est = json.load(open(f"{d}/{name}.estimate.json"))["stages"][0]
+    want = est["model_state_places"]
+    mem = json.loads(open(f"{d}/{name}.jsonl").readlines()[-1])["mem"]
+    cats = ("param", "grad", "master", "optim", "swap")
+    got = {k: v for k, v in mem.items() if k.split(".")[-1] in cats}
+    ws = est["working_set"]
+    ok = got == want and mem.get("device.comm", 0) <= ws["param"] + ws["grad"] + ws["comm"] and mem.get("host.comm", 0) <= ws["host"]
+    failed |= not ok
+    print(f"{'ok  ' if ok else 'FAIL'} stage {stage} optimizer {opt} param {par}: ledger {got} estimate {want}; "
+          f"pooled host staging {mem.get('host.comm', 0)} <= {ws['host']}")
 sys.exit(1 if failed else 0)
 PY

@@ -75,7 +75,7 @@ TEST(Engine, EveryStageMatchesTheLedgerAndEstimateAtWorldOne) {
   nn::GPT2Config c = nn::parse_model_spec("gpt2:layers=2,dim=40,heads=4,vocab=100,ctx=16");
   for (int stage = 0; stage <= 3; ++stage) {
     MemoryLedger& ledger = MemoryLedger::global();
-    auto before = [&](MemCategory cat) { return ledger.current(MemPlace::host, cat); };
+    auto before = [&](MemCategory cat) { return ledger.current(MemPlace::device, cat); };
     int64_t p0 = before(MemCategory::param), g0 = before(MemCategory::grad), m0 = before(MemCategory::master),
             o0 = before(MemCategory::optim), c0 = before(MemCategory::comm);
     {

@@ -11,7 +11,7 @@
 namespace zerone {
 
 const char* mem_category_name(MemCategory category) {
-  static const char* names[] = {"param", "grad", "master", "optim", "activation", "comm", "scratch"};
+  static const char* names[] = {"param", "grad", "master", "optim", "activation", "comm", "scratch", "swap"};
   ZERONE_ASSERT(category < MemCategory::kCount);
   return names[static_cast<size_t>(category)];
 }
@@ -71,15 +71,53 @@ int64_t peak_rss_bytes() {
 // follows the ledger.
 static const bool kMmapThresholdPinned = [] { return mallopt(M_MMAP_THRESHOLD, 1 << 20) == 1; }();
 
-Buffer::Buffer(size_t bytes, MemCategory category, MemPlace place)
-    : bytes_(bytes), category_(category), place_(place) {
+namespace {
+
+class AlignedAllocArena final : public MemoryArena {
+ public:
+  void* allocate(size_t bytes, size_t alignment) override {
+    size_t rounded = (bytes + alignment - 1) / alignment * alignment;
+    void* data = std::aligned_alloc(alignment, rounded);
+    if (data != nullptr) std::memset(data, 0, rounded);
+    return data;
+  }
+  void deallocate(void* data, size_t, size_t) noexcept override { std::free(data); }
+};
+
+AlignedAllocArena g_default_arena;
+MemoryArena* g_arenas[2] = {&g_default_arena, &g_default_arena};  // device, host
+int64_t g_device_limit_bytes = 0;
+
+}  // namespace
+
+MemoryArena& arena(MemPlace place) {
+  ZERONE_ASSERT(place == MemPlace::device || place == MemPlace::host, "no memory arena for place ",
+                mem_place_name(place));
+  return *g_arenas[static_cast<size_t>(place)];
+}
+
+void set_arena(MemPlace place, MemoryArena* arena) {
+  ZERONE_ASSERT(place == MemPlace::device || place == MemPlace::host);
+  g_arenas[static_cast<size_t>(place)] = arena != nullptr ? arena : &g_default_arena;
+}
+
+void set_device_limit_bytes(int64_t limit_bytes) { g_device_limit_bytes = limit_bytes; }
+int64_t device_limit_bytes() { return g_device_limit_bytes; }
+
+Buffer::Buffer(size_t bytes, MemCategory category, MemPlace place, size_t alignment)
+    : bytes_(bytes), category_(category), place_(place), alignment_(alignment) {
   (void)kMmapThresholdPinned;
+  ZERONE_ASSERT(alignment >= 64 && (alignment & (alignment - 1)) == 0, "bad alignment ", alignment);
   if (bytes == 0) return;
-  size_t rounded = (bytes + 63) / 64 * 64;
-  data_ = std::aligned_alloc(64, rounded);
+  if (place == MemPlace::device && g_device_limit_bytes > 0) {
+    const int64_t in_use = MemoryLedger::global().current_total(MemPlace::device);
+    ZERONE_CHECK(in_use + static_cast<int64_t>(bytes) <= g_device_limit_bytes, "device memory limit exceeded: ",
+                 bytes, " more bytes of ", mem_category_name(category), " on top of ", in_use, " in use would pass ",
+                 "--device-mem-limit (", g_device_limit_bytes, " bytes); zerone estimate shows what fits");
+  }
+  data_ = arena(place).allocate(bytes, alignment);
   ZERONE_CHECK(data_ != nullptr, "out of memory: could not allocate ", bytes, " bytes for ",
                mem_category_name(category), " (try a smaller model, micro-batch or sequence length)");
-  std::memset(data_, 0, rounded);
   MemoryLedger::global().add(place_, category_, static_cast<int64_t>(bytes_));
 }
 
@@ -92,13 +130,14 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
     bytes_ = std::exchange(other.bytes_, 0);
     category_ = other.category_;
     place_ = other.place_;
+    alignment_ = other.alignment_;
   }
   return *this;
 }
 
 void Buffer::reset() {
   if (data_ == nullptr) return;
-  std::free(data_);
+  arena(place_).deallocate(data_, bytes_, alignment_);
   MemoryLedger::global().sub(place_, category_, static_cast<int64_t>(bytes_));
   data_ = nullptr;
   bytes_ = 0;
@@ -112,12 +151,12 @@ void Buffer::retag(MemCategory category) {
   category_ = category;
 }
 
-BufferPool::BufferPool(size_t capacity_bytes, MemCategory idle_category)
-    : capacity_bytes_(capacity_bytes), idle_category_(idle_category) {}
+BufferPool::BufferPool(size_t capacity_bytes, MemCategory idle_category, MemPlace place, size_t alignment)
+    : capacity_bytes_(capacity_bytes), idle_category_(idle_category), place_(place), alignment_(alignment) {}
 
 Buffer BufferPool::acquire(size_t bytes, MemCategory category, bool zeroed) {
   auto it = idle_.find(bytes);
-  if (it == idle_.end()) return Buffer(bytes, category);
+  if (it == idle_.end()) return Buffer(bytes, category, place_, alignment_);
   Buffer buffer = std::move(it->second);
   idle_.erase(it);
   idle_bytes_ -= bytes;

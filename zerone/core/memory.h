@@ -6,8 +6,15 @@
 // metrics `mem` field and `zerone estimate` predicts the same figures from the same arithmetic
 // (DESIGN §2).
 //
+// Note [Places]: `device` is where compute reads and writes (on this CPU build an accounted arena of
+// host memory with an optional cap, --device-mem-limit; a GPU backend would plug its allocator in
+// through MemoryArena); `host` is memory the offloaded optimizer step and parameter shards live in
+// (ZeRO-Offload); `nvme` is swap-file bytes (ZeRO-Infinity), recorded in the ledger by the swap
+// engine, never allocated through a Buffer. Without offload every engine buffer is on the device.
+//
 // Thread-safety: the ledger is safe to update and read from any thread (atomics). A Buffer is a
-// plain owning handle: one owner, movable, not copyable; its memory is not synchronized.
+// plain owning handle: one owner, movable, not copyable; its memory is not synchronized. Arenas and
+// the device limit are set once at start-up, before any Buffer exists (not synchronized).
 #pragma once
 
 #include <array>
@@ -22,7 +29,8 @@
 
 namespace zerone {
 
-enum class MemCategory : uint8_t { param, grad, master, optim, activation, comm, scratch, kCount };
+// `swap`: staging buffers of the NVMe swap engine (optimizer sub-groups in transit).
+enum class MemCategory : uint8_t { param, grad, master, optim, activation, comm, scratch, swap, kCount };
 enum class MemPlace : uint8_t { device, host, nvme, kCount };
 
 const char* mem_category_name(MemCategory category);
@@ -59,16 +67,38 @@ class MemoryLedger {
   std::array<Slot, kCategories * kPlaces> slots_;
 };
 
+// Where a place's bytes come from. The default arena of `device` and `host` is aligned_alloc (this
+// CPU build); a CUDA build would install a device arena (cudaMalloc) and a pinned host arena here.
+// allocate() returns zero-filled memory or nullptr when out of memory; deallocate() takes back
+// exactly what allocate returned, with the same size and alignment.
+class MemoryArena {
+ public:
+  virtual ~MemoryArena() = default;
+  virtual void* allocate(size_t bytes, size_t alignment) = 0;
+  virtual void deallocate(void* data, size_t bytes, size_t alignment) noexcept = 0;
+};
+// The arena of `place` (device or host). set_arena installs another (null: the default); the arena
+// must outlive every Buffer allocated from it.
+MemoryArena& arena(MemPlace place);
+void set_arena(MemPlace place, MemoryArena* arena);
+
+// The device cap (bytes; 0: none). Buffer refuses a device allocation that would take the device
+// ledger total past it (an Error naming the category and the cap), so a plan the estimate let
+// through can never silently exceed it.
+void set_device_limit_bytes(int64_t limit_bytes);
+int64_t device_limit_bytes();
+
 // Peak resident set size of this process in bytes (getrusage), or 0 if unknown.
 int64_t peak_rss_bytes();
 
-// An owning, 64-byte aligned host allocation recorded in the global ledger. Zero-initialized.
-// Allocation failure throws Error naming the size and category (an out-of-memory is a user-facing
-// condition: the model or batch is too large for this machine).
+// An owning allocation from the arena of `place` (device or host), `alignment`-byte aligned (a power
+// of two, at least 64; 4096 for O_DIRECT I/O), recorded in the global ledger. Zero-initialized.
+// Allocation failure, or a device allocation beyond the device cap, throws Error naming the size
+// and category (an out-of-memory is a user-facing condition: the model or batch is too large).
 class Buffer {
  public:
   Buffer() = default;
-  Buffer(size_t bytes, MemCategory category, MemPlace place = MemPlace::host);
+  Buffer(size_t bytes, MemCategory category, MemPlace place = MemPlace::device, size_t alignment = 64);
   ~Buffer();
   Buffer(Buffer&& other) noexcept { *this = std::move(other); }
   Buffer& operator=(Buffer&& other) noexcept;
@@ -81,6 +111,7 @@ class Buffer {
   template <typename T> const T* as() const { return static_cast<const T*>(data_); }
   size_t bytes() const { return bytes_; }
   MemCategory category() const { return category_; }
+  MemPlace place() const { return place_; }
   bool empty() const { return data_ == nullptr; }
   // Frees the memory now (the ledger drops it); the buffer becomes empty.
   void reset();
@@ -91,7 +122,8 @@ class Buffer {
   void* data_ = nullptr;
   size_t bytes_ = 0;
   MemCategory category_ = MemCategory::scratch;
-  MemPlace place_ = MemPlace::host;
+  MemPlace place_ = MemPlace::device;
+  size_t alignment_ = 64;
 };
 
 // Note [Working-set pool]: ZeRO stages 2-3 hold a unit's full gradients and gathered parameters
@@ -105,7 +137,8 @@ class Buffer {
 // Thread-safety: none; one owner (the training thread).
 class BufferPool {
  public:
-  BufferPool(size_t capacity_bytes, MemCategory idle_category);
+  // New buffers come from `place`, `alignment`-byte aligned (Buffer's rules).
+  BufferPool(size_t capacity_bytes, MemCategory idle_category, MemPlace place = MemPlace::device, size_t alignment = 64);
   BufferPool(const BufferPool&) = delete;
   BufferPool& operator=(const BufferPool&) = delete;
 
@@ -125,6 +158,8 @@ class BufferPool {
  private:
   size_t capacity_bytes_;
   MemCategory idle_category_;
+  MemPlace place_;
+  size_t alignment_;
   std::multimap<size_t, Buffer> idle_;  // by bytes
   size_t idle_bytes_ = 0;
 };

@@ -7,7 +7,7 @@ namespace zerone {
 void Profiler::reset() { totals_.fill(0.0); }
 
 const char* Profiler::name(ProfileCategory category) {
-  static const char* names[] = {"gemm", "attention", "elementwise", "optimizer", "comm", "data"};
+  static const char* names[] = {"gemm", "attention", "elementwise", "optimizer", "comm", "data", "swap"};
   return names[static_cast<size_t>(category)];
 }
 

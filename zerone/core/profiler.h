@@ -12,7 +12,8 @@
 
 namespace zerone {
 
-enum class ProfileCategory { gemm, attention, elementwise, optimizer, comm, data, kCount };
+// `swap`: waiting for NVMe swap I/O (the part the pipeline did not hide).
+enum class ProfileCategory { gemm, attention, elementwise, optimizer, comm, data, swap, kCount };
 
 class Profiler {
  public:

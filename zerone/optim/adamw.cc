@@ -1,20 +1,22 @@
 #include "zerone/optim/adamw.h"
 
+#include <algorithm>
+
 #include "zerone/core/error.h"
 #include "zerone/core/profiler.h"
 
 namespace zerone::optim {
 
-AdamW::AdamW(std::vector<ShardRef> shards, DType param_dtype, const AdamWOptions& options)
+AdamW::AdamW(std::vector<ShardRef> shards, DType param_dtype, const AdamWOptions& options, MemPlace state_place)
     : shards_(std::move(shards)), param_dtype_(param_dtype), options_(options) {
   state_.resize(shards_.size());
   for (size_t i = 0; i < shards_.size(); ++i) {
     const ShardRef& s = shards_[i];
     State& st = state_[i];
-    st.m = Buffer(s.numel * sizeof(float), MemCategory::optim);
-    st.v = Buffer(s.numel * sizeof(float), MemCategory::optim);
+    st.m = Buffer(s.numel * sizeof(float), MemCategory::optim, state_place);
+    st.v = Buffer(s.numel * sizeof(float), MemCategory::optim, state_place);
     if (param_dtype_ != DType::f32) {
-      st.master = Buffer(s.numel * sizeof(float), MemCategory::master);
+      st.master = Buffer(s.numel * sizeof(float), MemCategory::master, state_place);
       convert_to_f32(s.param, param_dtype_, st.master.as<float>(), s.numel);
     }
     for (auto [b, e] : s.decay_ranges) ZERONE_ASSERT(b <= e && e <= s.numel, "bad decay range");
@@ -25,36 +27,51 @@ float* AdamW::master(size_t i) {
   return param_dtype_ == DType::f32 ? static_cast<float*>(shards_[i].param) : state_[i].master.as<float>();
 }
 
-double AdamW::step(float lr, float grad_scale, const std::function<void(size_t shard)>& shard_done) {
-  ProfileScope profile(ProfileCategory::optimizer);
-  ++step_;
+kernels::cpu::AdamWHyper AdamW::hyper(const AdamWOptions& options, float lr, float grad_scale, int step) {
   kernels::cpu::AdamWHyper h;
   h.lr = lr;
-  h.beta1 = options_.beta1;
-  h.beta2 = options_.beta2;
-  h.eps = options_.eps;
-  h.step = step_;
+  h.beta1 = options.beta1;
+  h.beta2 = options.beta2;
+  h.eps = options.eps;
+  h.step = step;
   h.grad_scale = grad_scale;
+  return h;
+}
+
+double AdamW::update_slice(const ShardRef& s, DType param_dtype, const AdamWOptions& options,
+                           kernels::cpu::AdamWHyper h, size_t begin, size_t end, float* master, float* m, float* v) {
+  ZERONE_ASSERT(begin <= end && end <= s.numel);
+  void* param_out = param_dtype == DType::f32 ? nullptr : s.param;
+  double sumsq = 0.0;
+  // Walk [begin, end) as alternating no-decay / decay ranges (decay_ranges are sorted).
+  auto run = [&](size_t b, size_t e, float wd) {
+    b = std::max(b, begin);
+    e = std::min(e, end);
+    if (e <= b) return;
+    h.weight_decay = wd;
+    void* p = param_out ? static_cast<char*>(param_out) + b * dtype_size(param_dtype) : nullptr;
+    sumsq += kernels::cpu::adamw_update(master + (b - begin), m + (b - begin), v + (b - begin), s.grad + b, p,
+                                        param_dtype, e - b, h);
+  };
+  size_t pos = 0;
+  for (auto [b, e] : s.decay_ranges) {
+    run(pos, b, 0.0f);
+    run(b, e, options.weight_decay);
+    pos = e;
+  }
+  run(pos, s.numel, 0.0f);
+  return sumsq;
+}
+
+double AdamW::step(float lr, float grad_scale, const std::function<void(size_t shard)>& shard_done,
+                   const std::function<void(size_t shard)>& shard_begin) {
+  ProfileScope profile(ProfileCategory::optimizer);
+  ++step_;
+  const kernels::cpu::AdamWHyper h = hyper(options_, lr, grad_scale, step_);
   double sumsq = 0.0;
   for (size_t i = 0; i < shards_.size(); ++i) {
-    const ShardRef& s = shards_[i];
-    float* master_i = master(i);
-    void* param_out = param_dtype_ == DType::f32 ? nullptr : s.param;
-    // Walk the shard as alternating no-decay / decay ranges (decay_ranges are sorted).
-    size_t pos = 0;
-    auto run = [&](size_t begin, size_t end, float wd) {
-      if (end <= begin) return;
-      h.weight_decay = wd;
-      void* p = param_out ? static_cast<char*>(param_out) + begin * dtype_size(param_dtype_) : nullptr;
-      sumsq += kernels::cpu::adamw_update(master_i + begin, m(i) + begin, v(i) + begin, s.grad + begin, p,
-                                          param_dtype_, end - begin, h);
-    };
-    for (auto [b, e] : s.decay_ranges) {
-      run(pos, b, 0.0f);
-      run(b, e, options_.weight_decay);
-      pos = e;
-    }
-    run(pos, s.numel, 0.0f);
+    if (shard_begin) shard_begin(i);
+    sumsq += update_slice(shards_[i], param_dtype_, options_, h, 0, shards_[i].numel, master(i), m(i), v(i));
     if (shard_done) shard_done(i);
   }
   return sumsq;

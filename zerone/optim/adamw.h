@@ -8,6 +8,10 @@
 // parameters back rounded to the compute dtype (RNE). At world size 1 the shard is the whole unit;
 // the ZeRO engine hands in each rank's slice, so the same code serves every stage.
 //
+// The state lives on `state_place` (device, or host for --offload-optimizer cpu); the NVMe-swapped
+// variant (zero/offload.h) shares the update through AdamW::update_slice, so every placement
+// computes bit for bit the same numbers.
+//
 // Thread-safety: one thread at a time. Pointers handed in must outlive the optimizer.
 #pragma once
 
@@ -34,9 +38,33 @@ struct AdamWOptions {
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.0f;
 };
 
-class AdamW {
+// What the ZeRO engine needs of an optimizer over flat shards (AdamW in memory, or swapped).
+class Optimizer {
  public:
-  AdamW(std::vector<ShardRef> shards, DType param_dtype, const AdamWOptions& options);
+  virtual ~Optimizer() = default;
+  // See AdamW::step. `shard_begin(i)`, when given, runs before shard i is read or written: the
+  // ZeRO engine loads an NVMe-offloaded parameter shard there and points set_param at it.
+  virtual double step(float lr, float grad_scale, const std::function<void(size_t shard)>& shard_done = nullptr,
+                      const std::function<void(size_t shard)>& shard_begin = nullptr) = 0;
+  // Where shard i's parameters are from now on (numel elements of the parameter dtype).
+  virtual void set_param(size_t i, void* param) = 0;
+  virtual size_t num_shards() const = 0;
+  virtual size_t numel(size_t i) const = 0;
+  virtual const float* grad(size_t i) const = 0;
+};
+
+class AdamW final : public Optimizer {
+ public:
+  AdamW(std::vector<ShardRef> shards, DType param_dtype, const AdamWOptions& options,
+        MemPlace state_place = MemPlace::device);
+
+  // The hyper-parameters of step number `step` (1-based).
+  static kernels::cpu::AdamWHyper hyper(const AdamWOptions& options, float lr, float grad_scale, int step);
+  // Updates elements [begin, end) of `shard`: `master`, `m`, `v` point at element `begin`'s state
+  // (master may be the parameters themselves for f32). Applies weight decay where the shard's
+  // decay ranges say. Returns the gradients' sum of squares. The only update code of every placement.
+  static double update_slice(const ShardRef& shard, DType param_dtype, const AdamWOptions& options,
+                             kernels::cpu::AdamWHyper h, size_t begin, size_t end, float* master, float* m, float* v);
 
   // One update with learning rate `lr`; every gradient is multiplied by grad_scale first
   // (clipping factor / inverse loss scale). Reads the gradients and leaves them as they were: the
@@ -46,11 +74,13 @@ class AdamW {
   // the gradient norm without another pass. Shards are updated in order; `shard_done(i)`, when
   // given, runs as soon as shard i's parameters are written (the ZeRO engine starts gathering
   // them while the later shards update).
-  double step(float lr, float grad_scale, const std::function<void(size_t shard)>& shard_done = nullptr);
+  double step(float lr, float grad_scale, const std::function<void(size_t shard)>& shard_done = nullptr,
+              const std::function<void(size_t shard)>& shard_begin = nullptr) override;
+  void set_param(size_t i, void* param) override { shards_[i].param = param; }
 
-  size_t num_shards() const { return shards_.size(); }
-  size_t numel(size_t i) const { return shards_[i].numel; }
-  const float* grad(size_t i) const { return shards_[i].grad; }
+  size_t num_shards() const override { return shards_.size(); }
+  size_t numel(size_t i) const override { return shards_[i].numel; }
+  const float* grad(size_t i) const override { return shards_[i].grad; }
   // f32 master, m and v of shard i (numel elements each).
   float* master(size_t i);
   float* m(size_t i) { return state_[i].m.as<float>(); }

@@ -4,7 +4,9 @@
 #include <limits>
 #include <optional>
 #include <nlohmann/json.hpp>
+#include <functional>
 #include <set>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -86,7 +88,7 @@ const std::map<std::string, FloatRange> kFloatRanges = {
 const std::set<std::string> kNoEffectTop = {
     "steps_per_print", "wall_clock_breakdown", "memory_breakdown", "dump_state", "comment", "prescale_gradients",
     "gradient_predivide_factor", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "tensorboard",
-    "wandb", "csv_monitor", "comet", "flops_profiler", "comms_logger", "monitor_config", "aio", "checkpoint",
+    "wandb", "csv_monitor", "comet", "flops_profiler", "comms_logger", "monitor_config", "checkpoint",
     "compile", "timers", "nebula", "eigenvalue", "pipeline", "dataloader_drop_last", "sparse_gradients",
     "legacy_fusion", "seq_parallel_communication_data_type", "disable_allgather", "fp32_allreduce"};
 // Top-level blocks whose "enabled": true would change training; disabled they do nothing.
@@ -96,7 +98,7 @@ const std::set<std::string> kEnabledGatedTop = {"elasticity",         "amp",    
 // zero_optimization keys that tune machinery zerone lacks (stage-3 caches, checkpoint gathering,
 // offload sub-groups) and cannot change results.
 const std::set<std::string> kNoEffectZero = {
-    "round_robin_gradients", "sub_group_size", "stage3_max_live_parameters", "max_live_parameters",
+    "round_robin_gradients", "stage3_max_live_parameters", "max_live_parameters",
     "stage3_max_reuse_distance", "max_reuse_distance", "stage3_gather_16bit_weights_on_model_save",
     "gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save", "elastic_checkpoint",
     "ignore_unused_parameters", "load_from_fp32_weights", "legacy_stage1", "memory_efficient_linear",
@@ -111,10 +113,6 @@ const std::set<std::string> kAlwaysOnZero = {"overlap_comm", "contiguous_gradien
 // zero_optimization switches of capabilities zerone lacks: false is accepted, true is an error.
 const std::set<std::string> kOffByDefaultZero = {"zero_quantized_weights", "zero_quantized_nontrainable_weights",
                                                  "zero_quantized_gradients", "cpu_offload", "cpu_offload_params"};
-const std::set<std::string> kOffloadKeys = {"device",        "nvme_path",      "buffer_count", "buffer_size",
-                                            "max_in_cpu",    "pin_memory",     "pipeline",     "pipeline_read",
-                                            "pipeline_write", "fast_init",     "ratio",        "super_offload",
-                                            "cpuadam_cores_perc"};
 
 bool is_auto(const json& v) { return v.is_string() && v.get<std::string>() == "auto"; }
 
@@ -223,6 +221,8 @@ class ConfigReader {
   void read_optimizer(const json& v);
   void read_scheduler(const json& v);
   void read_zero(const json& v);
+  // zero_optimization.offload_optimizer / offload_param and the top-level aio block (issue 8).
+  void read_offload(const std::string& key, const json& v);
   void resolve_precision();
 
   const std::string path_;
@@ -264,6 +264,7 @@ void ConfigReader::read(const json& root) {
     else if (key == "bf16" || key == "bfloat16" || key == "fp16") read_precision_block(key, v);
     else if (key == "optimizer") read_optimizer(v);
     else if (key == "zero_optimization") read_zero(v);
+    else if (key == "aio") read_offload(key, v);
     else if (key == "scheduler") continue;  // after the optimizer, whose lr it may replace
     else if (key == "activation_checkpointing") {
       // The block turns checkpointing on, as Megatron-DeepSpeed's --checkpoint-activations does
@@ -485,6 +486,61 @@ void ConfigReader::read_scheduler(const json& v) {
     fail_text("scheduler.params", str_cat("has no total_num_steps, which ", type, " requires (\"auto\": --total-steps, default --steps)"));
 }
 
+void ConfigReader::read_offload(const std::string& key, const json& v) {
+  const bool opt = key == "zero_optimization.offload_optimizer", param = key == "zero_optimization.offload_param";
+  const json& o = object(v, key);
+  const bool device_nvme = o.contains("device") && o["device"].is_string() && o["device"] == "nvme";
+  for (auto& [k, kv] : o.items()) {
+    const std::string full = key + "." + k;
+    if ((opt || param) && k == "device") {
+      if (is_auto(kv)) continue;
+      const std::string device = text(kv, full);
+      if (device != "none" && device != "cpu" && device != "nvme") fail(full, kv, "\"none\", \"cpu\" or \"nvme\"");
+      if (claim(opt ? "--offload-optimizer" : "--offload-param", full)) (opt ? cfg_.offload_optimizer : cfg_.offload_param) = device;
+    } else if ((opt || param) && k == "nvme_path") {
+      if (!kv.is_null()) set_string(kv, full, "--nvme-path", cfg_.nvme_path);
+    } else if (opt && k == "buffer_count") {
+      set_int_in(kv, full, "--offload-buffer-count", cfg_.offload_buffer_count, {1, 64});
+    } else if ((opt || param) && k == "pin_memory") {
+      set_bool(kv, full, "--pin-memory", cfg_.pin_memory);
+    } else if (opt && k == "pipeline_read") {
+      set_bool(kv, full, "--pipeline-read", cfg_.pipeline_read);
+    } else if (opt && k == "pipeline_write") {
+      set_bool(kv, full, "--pipeline-write", cfg_.pipeline_write);
+    } else if (opt && k == "pipeline") {  // DeepSpeed's shorthand for both
+      set_bool(kv, full, "--pipeline-read", cfg_.pipeline_read);
+      set_bool(kv, full, "--pipeline-write", cfg_.pipeline_write);
+    } else if (opt && k == "ratio") {
+      if (!is_auto(kv) && number(kv, full, FloatRange{0.0, 1.0, false, false}) != 1.0)
+        not_implemented(full, kv, "partial optimizer offload (only 1.0, the whole optimizer)");
+    } else if (opt && (k == "fast_init" || k == "super_offload" || k == "cpuadam_cores_perc")) {
+      no_effect(full);
+    } else if (param && (k == "buffer_count" || k == "buffer_size" || k == "max_in_cpu")) {
+      // They size DeepSpeed's NVMe parameter buffers; zerone stages as many shards as
+      // stage3_prefetch_bucket_size lets it prefetch (Note [Parameter swap]).
+      if (!is_auto(kv)) integer(kv, full, {0, std::numeric_limits<int64_t>::max()});
+      if (device_nvme)
+        fail_text(full, "is not used by zerone's NVMe parameter swap, which stages as many shards as "
+                        "stage3_prefetch_bucket_size lets it prefetch; remove it or set that instead");
+      no_effect(full);
+    } else if (key == "aio" && k == "block_size") {
+      set_int_in(kv, full, "--aio-block-size", cfg_.aio_block_size, {4096, int64_t{1} << 30});
+    } else if (key == "aio" && k == "queue_depth") {
+      set_int_in(kv, full, "--aio-queue-depth", cfg_.aio_queue_depth, {1, 4096});
+    } else if (key == "aio" && (k == "intra_op_parallelism" || k == "thread_count")) {
+      set_int_in(kv, full, "--aio-intra-op-parallelism", cfg_.aio_intra_op_parallelism, {1, 64});
+    } else if (key == "aio" && k == "single_submit") {
+      set_bool(kv, full, "--aio-single-submit", cfg_.aio_single_submit);
+    } else if (key == "aio" && k == "overlap_events") {
+      set_bool(kv, full, "--aio-overlap-events", cfg_.aio_overlap_events);
+    } else if (key == "aio" && k == "use_gds") {
+      if (!is_auto(kv) && boolean(kv, full)) not_implemented(full, kv, "GPUDirect Storage (it needs a GPU build)");
+    } else {
+      fail_text(full, "is unknown");
+    }
+  }
+}
+
 void ConfigReader::read_zero(const json& v) {
   for (auto& [zk, zv] : object(v, "zero_optimization").items()) {
     const std::string full = "zero_optimization." + zk;
@@ -504,18 +560,9 @@ void ConfigReader::read_zero(const json& v) {
       if (!is_auto(zv) && integer(zv, full, {-1, kInt32Max}) > 0) not_implemented(full, zv, "MiCS sharding");
       no_effect(full);
     } else if (zk == "offload_optimizer" || zk == "offload_param") {
-      if (zv.is_null()) {
-        no_effect(full);
-        continue;
-      }
-      const json& o = object(zv, full);
-      for (auto& [ok, ov] : o.items())
-        if (!kOffloadKeys.count(ok)) fail_text(full + "." + ok, "is unknown");
-      std::string device = o.contains("device") && !is_auto(o["device"]) ? text(o["device"], full + ".device") : "none";
-      if (device == "cpu" || device == "nvme")
-        not_implemented(full + ".device", o["device"], str_cat("offloading ", zk == "offload_param" ? "parameters" : "optimizer state", " to ", device));
-      if (device != "none") fail(full + ".device", o["device"], "\"none\", \"cpu\" or \"nvme\"");
-      no_effect(full);
+      if (!zv.is_null()) read_offload(full, zv);
+    } else if (zk == "sub_group_size") {
+      set_int_in(zv, full, "--sub-group-size", cfg_.sub_group_size, {1, int64_t{1} << 40});
     } else if (kNoEffectZero.count(zk)) {
       no_effect(full);
     } else {
@@ -616,6 +663,29 @@ void validate(const TrainConfig& c) {
   check_int("--allgather-bucket-size", c.allgather_bucket_size);
   check_int("--stage3-prefetch-bucket-size", c.stage3_prefetch_bucket_size);
   check_int("--stage3-param-persistence-threshold", c.stage3_param_persistence_threshold);
+  ZERONE_CHECK(std::isfinite(c.device_mem_limit) && c.device_mem_limit >= 0.0, "--device-mem-limit ",
+               c.device_mem_limit, " is out of range: expected a number of GiB >= 0 (0: no limit)");
+  for (auto [flag, value] : {std::pair{"--offload-optimizer", &c.offload_optimizer}, {"--offload-param", &c.offload_param}})
+    ZERONE_CHECK(*value == "none" || *value == "cpu" || *value == "nvme", flag, " '", *value, "': expected none, cpu or nvme");
+  ZERONE_CHECK(c.offload_optimizer == "none" || c.zero_stage >= 1, "--offload-optimizer ", c.offload_optimizer,
+               " needs --zero-stage 1, 2 or 3 (stage 0 keeps no optimizer shard to offload)");
+  ZERONE_CHECK(c.offload_param == "none" || c.zero_stage == 3, "--offload-param ", c.offload_param,
+               " needs --zero-stage 3 (only stage 3 shards the parameters)");
+  const bool nvme = c.offload_optimizer == "nvme" || c.offload_param == "nvme";
+  ZERONE_CHECK(!nvme || !c.nvme_path.empty(), "--offload-", c.offload_optimizer == "nvme" ? "optimizer" : "param",
+               " nvme needs --nvme-path DIR (a directory on a local disk)");
+  ZERONE_CHECK(nvme || c.nvme_path.empty(),
+               "--nvme-path is given but nothing is offloaded to nvme (--offload-optimizer nvme or --offload-param nvme)");
+  ZERONE_CHECK(c.sub_group_size >= 1 && c.sub_group_size <= (int64_t{1} << 40), "--sub-group-size ", c.sub_group_size,
+               " is out of range: expected 1..2^40 elements");
+  ZERONE_CHECK(c.offload_buffer_count >= 1 && c.offload_buffer_count <= 64, "--offload-buffer-count ",
+               c.offload_buffer_count, " is out of range: expected 1..64 staging buffers");
+  ZERONE_CHECK(c.aio_block_size >= 4096 && c.aio_block_size <= (int64_t{1} << 30) && c.aio_block_size % 4096 == 0,
+               "--aio-block-size ", c.aio_block_size, " is out of range: expected a multiple of 4096 in 4096..2^30 bytes");
+  ZERONE_CHECK(c.aio_queue_depth >= 1 && c.aio_queue_depth <= 4096, "--aio-queue-depth ", c.aio_queue_depth,
+               " is out of range: expected 1..4096");
+  ZERONE_CHECK(c.aio_intra_op_parallelism >= 1 && c.aio_intra_op_parallelism <= 64, "--aio-intra-op-parallelism ",
+               c.aio_intra_op_parallelism, " is out of range: expected 1..64");
 }
 
 void check_settings_take_effect(TrainConfig& c, bool fp16, bool has_validation_data) {
@@ -685,6 +755,20 @@ std::vector<std::pair<std::string, std::string>> consistency_settings(const Trai
           {"--warmup-type", c.warmup_type},
           {"--train-batch-size", str_cat(c.train_batch_size)},
           {"--activation-checkpointing", str_cat(c.activation_checkpointing)},
+          {"--device-mem-limit", str_cat(c.device_mem_limit)},
+          {"--offload-optimizer", c.offload_optimizer},
+          {"--offload-param", c.offload_param},
+          {"--nvme-path", c.nvme_path},
+          {"--sub-group-size", str_cat(c.sub_group_size)},
+          {"--offload-buffer-count", str_cat(c.offload_buffer_count)},
+          {"--pipeline-read", str_cat(c.pipeline_read)},
+          {"--pipeline-write", str_cat(c.pipeline_write)},
+          {"--pin-memory", str_cat(c.pin_memory)},
+          {"--aio-block-size", str_cat(c.aio_block_size)},
+          {"--aio-queue-depth", str_cat(c.aio_queue_depth)},
+          {"--aio-intra-op-parallelism", str_cat(c.aio_intra_op_parallelism)},
+          {"--aio-single-submit", str_cat(c.aio_single_submit)},
+          {"--aio-overlap-events", str_cat(c.aio_overlap_events)},
           {"--weight-decay", str_cat(c.weight_decay)},
           {"--beta1", str_cat(c.beta1)},
           {"--beta2", str_cat(c.beta2)},
@@ -703,7 +787,12 @@ std::vector<std::pair<std::string, std::string>> consistency_settings(const Trai
           {"--initial-scale-power", str_cat(c.initial_scale_power)},
           {"--loss-scale-window", str_cat(c.loss_scale_window)},
           {"--hysteresis", str_cat(c.hysteresis)},
-          {"--min-loss-scale", str_cat(c.min_loss_scale)}};
+          {"--min-loss-scale", str_cat(c.min_loss_scale)},
+          {"--device-mem-limit", str_cat(c.device_mem_limit)},
+          {"--offload-optimizer", c.offload_optimizer},
+          {"--offload-param", c.offload_param},
+          {"--sub-group-size", str_cat(c.sub_group_size)},
+          {"--offload-buffer-count", str_cat(c.offload_buffer_count)}};
 }
 
 }  // namespace zerone::train

@@ -68,6 +68,20 @@ struct TrainConfig {
   bool profile = false;         // report where step time goes (GEMM, attention, ...)
   // Recompute each block's forward in its backward (Note [Activation checkpointing] in nn/model.h).
   bool activation_checkpointing = false;
+  // Offload (README "Offload"; DeepSpeed's zero_optimization.offload_* and aio keys).
+  double device_mem_limit = 0.0;        // GiB per rank of the device arena; 0: no cap
+  std::string offload_optimizer = "none";  // none | cpu | nvme (stages 1-3)
+  std::string offload_param = "none";      // none | cpu (stage 3)
+  std::string nvme_path;                // parent of the run's swap directories
+  int64_t sub_group_size = 1'000'000'000;  // optimizer elements per swap sub-group
+  int offload_buffer_count = 4;         // offload_optimizer.buffer_count: staging buffers
+  bool pipeline_read = true, pipeline_write = true;  // overlap swap I/O with the optimizer step
+  bool pin_memory = false;              // mlock the staging buffers
+  int64_t aio_block_size = 1 << 20;     // aio.block_size (bytes)
+  int aio_queue_depth = 8;              // aio.queue_depth
+  int aio_intra_op_parallelism = 1;     // aio.intra_op_parallelism (old name thread_count)
+  bool aio_single_submit = false;       // aio.single_submit
+  bool aio_overlap_events = true;       // aio.overlap_events
 
   // Flags the user set (on the command line or through the JSON file), by flag name ("--lr").
   // Defaults that depend on the kind of run (the default run's model, batch and schedule) fill

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstring>
 
+#include "zerone/io/aio.h"
 #include "zerone/io/file.h"
 
 namespace zerone::train {
@@ -21,6 +22,9 @@ void write_stderr(const char* text) {
 
 void on_signal(int signal_number) {
   int expected = 0;
+  // Swap files go at once (Note [Swap directories]): the run keeps their data through its open
+  // descriptors, and a SIGKILL that may follow (mpiexec ending a failed job) leaves nothing behind.
+  io::remove_swap_directories_in_flight();
   if (g_signal.compare_exchange_strong(expected, signal_number)) {
     write_stderr(signal_number == SIGINT    ? "\nzerone: SIGINT: stopping at the next step boundary (again to stop at once)\n"
                  : signal_number == SIGHUP ? "\nzerone: SIGHUP: stopping at the next step boundary (again to stop at once)\n"
@@ -28,7 +32,7 @@ void on_signal(int signal_number) {
     return;
   }
   io::remove_temporaries_in_flight();
-  write_stderr("\nzerone: stopped at once by a second signal; files being written were removed\n");
+  write_stderr("\nzerone: stopped at once by a second signal; files being written and swap files were removed\n");
   ::_exit(128 + signal_number);
 }
 

@@ -1,14 +1,15 @@
 // Ctrl-C and kill for a training run: stop cleanly at a step boundary, say what was kept.
 //
-// Note [Interrupts]: the first SIGINT, SIGTERM or SIGHUP (a closed terminal or ssh session) only
-// records the signal (and says so on stderr);
+// Note [Interrupts]: the first SIGINT, SIGTERM or SIGHUP (a closed terminal or ssh session)
+// records the signal (and says so on stderr) and unlinks the run's NVMe swap files (Note [Swap
+// directories]: their data stays reachable through the open descriptors, so the step still completes);
 // the trainer checks at every step, agrees with the other ranks (the flag rides on the step's loss
 // all-reduce, so every rank stops at the same step and none waits in a collective), stops before
 // the optimizer step and reports what was kept. A write in progress (a --save) finishes, so it is
 // never left half-done. A second signal ends the process at once: the handler removes the
-// temporaries of atomic writes in flight (io::remove_temporaries_in_flight), so no ".tmp" file is
-// left behind, and exits with 128 + the signal number. A signal during start-up (before the first
-// step) stops there (Interrupted). SIGPIPE is ignored while training, so `zerone train | head -1`
+// temporaries of atomic writes in flight (io::remove_temporaries_in_flight), so no ".tmp" or swap
+// file is left behind, and exits with 128 + the signal number. A signal during start-up (before the
+// first step) stops there (Interrupted). SIGPIPE is ignored while training, so `zerone train | head -1`
 // loses only the output, not the run, its metrics or its --save.
 //
 // Thread-safety: install once from the main thread; the queries are lock-free.

@@ -160,7 +160,9 @@ void Progress::step(const StepRecord& r) {
   std::snprintf(line, sizeof line, "step %*d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f ms | %.0f tok/s | ETA %dm%02ds | mem %s%s",
                 static_cast<int>(std::to_string(r.total_steps).size()), r.step, r.total_steps, r.loss, r.lr,
                 r.grad_norm, r.ms, r.tokens_per_s, eta / 60, eta % 60,
-                human_bytes(static_cast<double>(MemoryLedger::global().current_total(MemPlace::host))).c_str(),
+                // In memory: device + host (this CPU build's device is host memory); nvme is on disk.
+                human_bytes(static_cast<double>(MemoryLedger::global().current_total(MemPlace::device) +
+                                                MemoryLedger::global().current_total(MemPlace::host))).c_str(),
                 r.skipped ? str_cat(" | overflow: step skipped, loss scale ", *r.loss_scale).c_str()
                           : (r.loss_scale ? str_cat(" | scale ", *r.loss_scale).c_str() : ""));
   if (live_) {

@@ -12,6 +12,7 @@
 #include <memory>
 
 #include "zerone/core/error.h"
+#include "zerone/io/aio.h"
 #include "zerone/core/profiler.h"
 #include "zerone/core/sysinfo.h"
 #include "zerone/io/hf_checkpoint.h"
@@ -176,27 +177,71 @@ void check_tokens_in_vocabulary(const io::TokenSource& tokens, int vocab_size, c
 // states and working set to the byte, activations from the model's table); ranks on one host share it.
 void check_memory_fits(const nn::Model& model, DType dtype, const TrainConfig& cfg, const zero::ZeroConfig& zcfg,
                        int world) {
-  const long long available = available_memory_bytes();
-  if (available <= 0) return;  // unknown: nothing to compare with
   auto rows = zero::estimate(model, world, dtype, cfg.micro_batch, cfg.seq, zcfg, std::nullopt);
   const zero::StageEstimate& mine = rows[cfg.zero_stage];
+  auto h = [](double b) { return human_bytes(b); };
+  auto hb = [&](int64_t b) { return h(static_cast<double>(b)); };
+  const std::string breakdown = str_cat(
+      "param ", hb(mine.model_state.param), ", grad ", hb(mine.model_state.grad), ", master ", hb(mine.model_state.master),
+      ", optim ", hb(mine.model_state.optim), ", working set ", hb(mine.working_set.total()), ", activations ",
+      hb(mine.activations), "; by place: ", zero::describe_places(mine), " bytes");
+  // Note [Device cap]: --device-mem-limit caps the device arena (core/memory.h). The plan is
+  // checked against it before anything is allocated; the message lists the offload settings of
+  // this stage that would fit, from the same estimate.
+  const double cap = cfg.device_mem_limit * 1024.0 * 1024.0 * 1024.0;
+  if (cap > 0 && static_cast<double>(mine.device()) > cap) {
+    std::string fits;
+    using zero::OffloadDevice;
+    for (OffloadDevice o : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme}) {
+      for (OffloadDevice p : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme}) {
+        if ((o != OffloadDevice::none && cfg.zero_stage == 0) || (p != OffloadDevice::none && cfg.zero_stage != 3)) continue;
+        zero::ZeroConfig alt = zcfg;
+        alt.offload_optimizer = o;
+        alt.offload_param = p;
+        auto r = zero::estimate(model, world, dtype, cfg.micro_batch, cfg.seq, alt, cfg.zero_stage)[0];
+        if (static_cast<double>(r.device()) <= cap)
+          fits += str_cat(fits.empty() ? "" : "; ", "--offload-optimizer ", zero::offload_device_name(o),
+                          cfg.zero_stage == 3 ? str_cat(" --offload-param ", zero::offload_device_name(p)) : "", " (device ",
+                          h(static_cast<double>(r.device())), ")");
+      }
+    }
+    throw Error(str_cat("the run needs ", hb(mine.device()), " of device memory per rank, over --device-mem-limit ",
+                        cfg.device_mem_limit, " GiB (", breakdown, "). ",
+                        fits.empty() ? str_cat("No offload setting fits at --zero-stage ", cfg.zero_stage,
+                                               ": try a higher stage, a smaller --micro-batch or --seq, or a smaller model")
+                                     : str_cat("These would fit at --zero-stage ", cfg.zero_stage, ": ", fits)));
+  }
   const int local = local_ranks();
+  if (zcfg.offload_optimizer == zero::OffloadDevice::nvme || zcfg.offload_param == zero::OffloadDevice::nvme) {
+    const uint64_t free_bytes = io::check_swap_path(cfg.nvme_path, "--nvme-path");
+    const double need = static_cast<double>(mine.nvme()) * local;
+    ZERONE_CHECK(need <= static_cast<double>(free_bytes), "the run needs ", h(need), " of swap space under --nvme-path '",
+                 cfg.nvme_path, "' (", hb(mine.nvme()), " per rank", local > 1 ? str_cat(" x ", local, " ranks") : "",
+                 ") but only ", h(static_cast<double>(free_bytes)), " are free");
+  }
+  const long long available = available_memory_bytes();
+  if (available <= 0) return;  // unknown: nothing to compare with
   const double need = static_cast<double>(mine.total()) * local;
   if (need <= static_cast<double>(available)) return;
-  auto h = [](double b) { return human_bytes(b); };
   std::string stages;
   for (const auto& r : rows) stages += str_cat(stages.empty() ? "" : ", ", r.stage, ": ", h(static_cast<double>(r.total())));
-  throw Error(str_cat("the run needs ", h(static_cast<double>(mine.total())), " per rank (param ",
-                      h(static_cast<double>(mine.model_state.param)), ", grad ", h(static_cast<double>(mine.model_state.grad)),
-                      ", master ", h(static_cast<double>(mine.model_state.master)), ", optim ",
-                      h(static_cast<double>(mine.model_state.optim)), ", working set ",
-                      h(static_cast<double>(mine.working_set.total())), ", activations ",
-                      h(static_cast<double>(mine.activations)), ")", local > 1 ? str_cat(" x ", local, " ranks on this host") : "",
+  throw Error(str_cat("the run needs ", hb(mine.total()), " per rank (", breakdown, ")",
+                      local > 1 ? str_cat(" x ", local, " ranks on this host") : "",
                       ", but this host has ", h(static_cast<double>(available)), " available. Per rank at world ", world,
                       " by ZeRO stage: ", stages, world == 1 ? " (at world 1 sharding saves nothing: more ranks on more hosts divide it)" : "",
-                      ". Try a higher --zero-stage with more ranks, a smaller --micro-batch or --seq, or a smaller model ",
+                      ". Try --offload-optimizer nvme --nvme-path DIR (stages 1-3), a higher --zero-stage with more ranks, ",
+                      "a smaller --micro-batch or --seq, or a smaller model ",
                       "(zerone estimate --model ", model.spec(), " --world N shows what fits)"));
 }
+
+// Sets the device cap for the lifetime of a run (Note [Device cap]).
+class DeviceLimitGuard {
+ public:
+  explicit DeviceLimitGuard(int64_t bytes) { set_device_limit_bytes(bytes); }
+  ~DeviceLimitGuard() { set_device_limit_bytes(0); }
+  DeviceLimitGuard(const DeviceLimitGuard&) = delete;
+  DeviceLimitGuard& operator=(const DeviceLimitGuard&) = delete;
+};
 
 }  // namespace
 
@@ -284,7 +329,25 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   zcfg.allgather_bucket_numel = static_cast<size_t>(cfg.allgather_bucket_size);
   zcfg.prefetch_numel = static_cast<size_t>(cfg.stage3_prefetch_bucket_size);
   zcfg.persistence_threshold = static_cast<size_t>(cfg.stage3_param_persistence_threshold);
+  zcfg.offload_optimizer = zero::parse_offload_device(cfg.offload_optimizer, "--offload-optimizer");
+  zcfg.offload_param = zero::parse_offload_device(cfg.offload_param, "--offload-param");
+  zcfg.sub_group_numel = static_cast<size_t>(cfg.sub_group_size);
+  zcfg.optimizer_buffer_count = cfg.offload_buffer_count;
+  zero::NvmeConfig nvme;
+  nvme.nvme_path = cfg.nvme_path;
+  nvme.rank = rank;
+  nvme.pipeline_read = cfg.pipeline_read;
+  nvme.pipeline_write = cfg.pipeline_write;
+  nvme.pin_memory = cfg.pin_memory;
+  nvme.aio.block_bytes = static_cast<size_t>(cfg.aio_block_size);
+  nvme.aio.queue_depth = cfg.aio_queue_depth;
+  nvme.aio.intra_op_parallelism = cfg.aio_intra_op_parallelism;
+  nvme.aio.single_submit = cfg.aio_single_submit;
+  nvme.aio.overlap_events = cfg.aio_overlap_events;
+  // Tests only (tests/zero/offload_faults.sh): make the Nth swap transfer fail (io::parse_fault_plan).
+  if (const char* plan = std::getenv("ZERONE_SWAP_FAULT")) nvme.fault_plan = plan;
   check_memory_fits(model, dtype, cfg, zcfg, world);
+  DeviceLimitGuard device_limit(static_cast<int64_t>(cfg.device_mem_limit * 1024.0 * 1024.0 * 1024.0));
 
   // Data.
   std::unique_ptr<io::TokenSource> train_tokens, val_tokens;
@@ -327,13 +390,16 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     else io::load_llmc_checkpoint(cfg.init, dynamic_cast<nn::GPT2&>(model), u);
   };
   zero::ZeroEngine engine(model, comm, zcfg, optim::AdamWOptions{cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay},
-                          materialize);
+                          materialize, nvme);
 
   Progress progress;
   if (lead) {
     progress.message(str_cat("zerone: model ", model.spec(), " (", model.num_parameters(),
                              " parameters), ", dtype_name(dtype), ", micro-batch ", B, " x seq ", T, " x accum ",
-                             cfg.grad_accum, " x world ", world, ", ZeRO stage ", cfg.zero_stage, ", ", cfg.steps,
+                             cfg.grad_accum, " x world ", world, ", ZeRO stage ", cfg.zero_stage,
+                             zcfg.offload_optimizer != zero::OffloadDevice::none ? str_cat(", optimizer on ", cfg.offload_optimizer) : "",
+                             zcfg.offload_param != zero::OffloadDevice::none ? str_cat(", params on ", cfg.offload_param) : "",
+                             ", ", cfg.steps,
                              " steps, ", omp_get_max_threads(), " threads/rank",
                              world > 1 ? str_cat(", ", comm.description()) : "",
                              default_run ? str_cat("; built-in Markov corpus, entropy ", *entropy, " nats/token") : ""));

@@ -1,10 +1,14 @@
 #include "zerone/zero/engine.h"
 
 #include <omp.h>
+#include <sys/mman.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "zerone/core/error.h"
 #include "zerone/core/profiler.h"
@@ -12,7 +16,7 @@
 namespace zerone::zero {
 
 ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroConfig& config,
-                       const optim::AdamWOptions& adam, const Materialize& materialize)
+                       const optim::AdamWOptions& adam, const Materialize& materialize, const NvmeConfig& nvme)
     : model_(model),
       comm_(comm),
       config_(config),
@@ -21,11 +25,21 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
       num_units_(model.num_units()),
       dsize_(dtype_size(model.compute_dtype())),
       pool_(static_cast<size_t>(
-                working_set_bytes(model.unit_numels(), world_, model.compute_dtype(), config).total()),
-            MemCategory::comm) {
+                working_set_bytes(model.unit_numels(), world_, model.compute_dtype(), config).device()),
+            MemCategory::comm),
+      stage_pool_(static_cast<size_t>(
+                      working_set_bytes(model.unit_numels(), world_, model.compute_dtype(), config).host),
+                  MemCategory::comm, MemPlace::host, kSwapAlignBytes) {
   ZERONE_CHECK(config.stage >= 0 && config.stage <= 3, "--zero-stage ", config.stage, " is out of range: expected 0..3");
   ZERONE_CHECK(config.reduce_bucket_numel >= 1 && config.allgather_bucket_numel >= 1,
                "reduce_bucket_size and allgather_bucket_size must be at least 1 element");
+  ZERONE_CHECK(config.offload_optimizer == OffloadDevice::none || config.stage >= 1, "--offload-optimizer ",
+               offload_device_name(config.offload_optimizer), " needs --zero-stage 1, 2 or 3 (stage 0 keeps no optimizer shard)");
+  ZERONE_CHECK(config.offload_param == OffloadDevice::none || config.stage == 3, "--offload-param ",
+               offload_device_name(config.offload_param), " needs --zero-stage 3 (only stage 3 shards the parameters)");
+  const MemPlace grad_shard_place = config.offload_optimizer == OffloadDevice::none ? MemPlace::device : MemPlace::host;
+  if (config.offload_optimizer == OffloadDevice::nvme || config.offload_param == OffloadDevice::nvme)
+    swap_dir_ = std::make_unique<io::SwapDirectory>(nvme.nvme_path, nvme.rank, "--nvme-path");
   units_.resize(num_units_);
   std::vector<optim::ShardRef> shards;
   for (int u = 0; u < num_units_; ++u) {
@@ -45,15 +59,21 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
 
     optim::ShardRef ref;
     ref.numel = numel;
-    if (params_sharded(u)) {
-      st.shard_params = Buffer(st.shard.shard_numel * dsize_, MemCategory::param);
+    if (params_swapped(u)) {
+      // Staged on the host until the optimizer has read it, then written to params.swp.
+      st.swap_bytes = swap_aligned(st.shard.shard_numel * dsize_);
+      st.shard_params = Buffer(st.swap_bytes, MemCategory::param, MemPlace::host, kSwapAlignBytes);
+      std::memcpy(st.shard_params.data(), static_cast<char*>(unit.data()) + begin * dsize_, numel * dsize_);
+      ref.param = st.shard_params.data();
+    } else if (params_sharded(u)) {
+      st.shard_params = Buffer(st.shard.shard_numel * dsize_, MemCategory::param, offload_place(config_.offload_param));
       std::memcpy(st.shard_params.data(), static_cast<char*>(unit.data()) + begin * dsize_, numel * dsize_);
       ref.param = st.shard_params.data();
     } else {
       ref.param = static_cast<char*>(unit.data()) + begin * dsize_;
     }
     if (config_.stage >= 2) {
-      st.shard_grads = Buffer(st.shard.shard_numel * sizeof(float), MemCategory::grad);
+      st.shard_grads = Buffer(st.shard.shard_numel * sizeof(float), MemCategory::grad, grad_shard_place);
       ref.grad = st.shard_grads.as<float>();
     } else {
       ref.grad = unit.grad();  // stage 1: the reduce-scatter is in place, the shard lands at offset 0
@@ -66,12 +86,47 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
     shards.push_back(std::move(ref));
     if (params_sharded(u)) unit.release_params();
   }
-  optimizer_ = std::make_unique<optim::AdamW>(std::move(shards), model.compute_dtype(), adam);
+  if (config_.offload_optimizer == OffloadDevice::nvme) {
+    optimizer_ = std::make_unique<SwappedAdamW>(std::move(shards), model.compute_dtype(), adam, config_.sub_group_numel,
+                                                config_.optimizer_buffer_count, nvme, *swap_dir_);
+  } else {
+    optimizer_ = std::make_unique<optim::AdamW>(std::move(shards), model.compute_dtype(), adam,
+                                                offload_place(config_.offload_optimizer));
+  }
+  if (config_.offload_param == OffloadDevice::nvme) {
+    // Note [Parameter swap]: every sharded unit's shard gets a 4 KiB-aligned slot in params.swp.
+    uint64_t offset = 0;
+    for (UnitState& st : units_) {
+      st.swap_offset = offset;
+      offset += st.swap_bytes;
+    }
+    param_path_ = swap_dir_->path() + "/params.swp";
+    param_fd_ = swap_dir_->create_file("params.swp", offset);
+    pin_staging_ = nvme.pin_memory;
+    param_io_ = io::make_uring_io(nvme.aio);
+    if (!nvme.fault_plan.empty())  // tests: the plan counts this file's transfers on its own
+      param_io_ = io::make_fault_injecting_io(std::move(param_io_), io::parse_fault_plan(nvme.fault_plan));
+    std::vector<io::SwapIo::Ticket> writes;
+    for (int u = 0; u < num_units_; ++u)
+      if (params_swapped(u))
+        writes.push_back(param_io_->start(io::IoOp::write, param_fd_.get(), param_path_, units_[u].shard_params.data(),
+                                          units_[u].swap_bytes, units_[u].swap_offset));
+    for (io::SwapIo::Ticket t : writes) param_io_->wait(t);
+    for (int u = 0; u < num_units_; ++u) {
+      if (!params_swapped(u)) continue;
+      units_[u].shard_params.reset();
+      optimizer_->set_param(static_cast<size_t>(u), nullptr);  // set again before each update
+    }
+    nvme_param_bytes_ = static_cast<int64_t>(offset);
+    MemoryLedger::global().add(MemPlace::nvme, MemCategory::param, nvme_param_bytes_);
+  }
   model.set_hooks(this);
 }
 
 ZeroEngine::~ZeroEngine() {
-  // Never leave the communication thread writing into freed buffers.
+  // Never leave the kernel or the communication thread writing into freed buffers.
+  if (param_io_) param_io_->drain();
+  if (nvme_param_bytes_ > 0) MemoryLedger::global().sub(MemPlace::nvme, MemCategory::param, nvme_param_bytes_);
   for (UnitState& st : units_) {
     try {
       for (comm::Work& w : st.reduce_work) w.wait();
@@ -95,7 +150,86 @@ void ZeroEngine::start_gather(int u) {
   nn::FlatParam& unit = model_.units()[u];
   if (!params_sharded(u) || unit.has_params()) return;  // present, or its gather is in flight
   unit.set_params(pool_.acquire(unit.param_bytes(), MemCategory::param, /*zeroed=*/false));
+  if (params_swapped(u)) {
+    // Read the shard first; its gather starts once the read is done (advance_reads, wait_gather).
+    st.staged = acquire_staging(st.swap_bytes);
+    st.read_ticket = param_io_->start(io::IoOp::read, param_fd_.get(), param_path_, st.staged.data(), st.swap_bytes,
+                                      st.swap_offset);
+    pending_reads_.push_back(u);
+    return;
+  }
   launch_gather(u, st.shard_params.as<char>(), static_cast<char*>(unit.data()));
+}
+
+// Note [Parameter swap]: with --offload-param nvme, stage 3's parameter shards live in the rank's
+// "params.swp" (one 4 KiB-aligned slot per unit) and pass through pooled host staging buffers:
+//   - prefetch: start_gather() of a unit inside the prefetch window (stage3_prefetch_bucket_size,
+//     in the order the units are used) starts reading its shard; the next hook waits for the
+//     reads started before it, in order, and launches their all-gathers (advance_reads), or the
+//     unit's first use does (wait_gather), whichever comes first. So a read overlaps at least one
+//     unit's compute, and the all-gathers are issued at the same points of the program on every
+//     rank (collectives must match in order; launching whichever read the disk finished first
+//     would not). The staging buffer goes back to the pool once the all-gather is done with it.
+//   - update: the optimizer asks for each shard before updating it (shard_begin): f32 runs read
+//     it (the parameters are the master), bf16/fp16 runs only need a buffer (every element is
+//     overwritten); after the update it is written back asynchronously, at most two writes in
+//     flight, all complete when step() returns.
+// Reads, writes and their failures go through the same SwapIo as the optimizer's swap.
+
+Buffer ZeroEngine::acquire_staging(size_t bytes) {
+  Buffer b = stage_pool_.acquire(bytes, MemCategory::param, /*zeroed=*/false);
+  // Locking pages already locked is a no-op; freeing a buffer unlocks them.
+  ZERONE_CHECK(!pin_staging_ || ::mlock(b.data(), b.bytes()) == 0, "offload_param.pin_memory: cannot lock ", b.bytes(),
+               " bytes of parameter staging in memory: ", std::strerror(errno),
+               " (raise the locked-memory limit, ulimit -l, or set pin_memory false)");
+  return b;
+}
+
+void ZeroEngine::finish_read(int u) {
+  UnitState& st = units_[u];
+  if (st.read_ticket == 0) return;
+  if (auto it = std::find(pending_reads_.begin(), pending_reads_.end(), u); it != pending_reads_.end())
+    pending_reads_.erase(it);
+  {
+    ProfileScope profile(ProfileCategory::swap);
+    param_io_->wait(std::exchange(st.read_ticket, 0));
+  }
+  launch_gather(u, st.staged.as<char>(), static_cast<char*>(model_.units()[u].data()));
+}
+
+void ZeroEngine::advance_reads() {
+  // Blocking, in the order the reads were started: the all-gathers must be issued in the same
+  // order, between the same other collectives, on every rank, whatever the disk's timing.
+  while (!pending_reads_.empty()) {
+    const int u = pending_reads_.front();
+    pending_reads_.pop_front();
+    finish_read(u);
+  }
+}
+
+void ZeroEngine::load_shard_for_update(int u) {
+  UnitState& st = units_[u];
+  retire_param_writes(2);
+  st.staged = acquire_staging(st.swap_bytes);
+  if (model_.compute_dtype() == DType::f32) {
+    ProfileScope profile(ProfileCategory::swap);
+    param_io_->wait(param_io_->start(io::IoOp::read, param_fd_.get(), param_path_, st.staged.data(), st.swap_bytes,
+                                     st.swap_offset));
+  }
+  optimizer_->set_param(static_cast<size_t>(u), st.staged.data());
+}
+
+void ZeroEngine::retire_param_writes(size_t keep) {
+  while (param_writes_.size() > keep) {
+    auto [u, ticket] = param_writes_.front();
+    param_writes_.pop_front();
+    {
+      ProfileScope profile(ProfileCategory::swap);
+      param_io_->wait(ticket);
+    }
+    optimizer_->set_param(static_cast<size_t>(u), nullptr);
+    stage_pool_.release(std::move(units_[u].staged));
+  }
 }
 
 void ZeroEngine::launch_gather(int u, const char* shard, char* full) {
@@ -114,10 +248,14 @@ void ZeroEngine::launch_gather(int u, const char* shard, char* full) {
 
 void ZeroEngine::wait_gather(int u) {
   UnitState& st = units_[u];
+  finish_read(u);
   if (st.gather_work.empty()) return;
-  ProfileScope profile(ProfileCategory::comm);
-  for (comm::Work& w : st.gather_work) w.wait();
+  {
+    ProfileScope profile(ProfileCategory::comm);
+    for (comm::Work& w : st.gather_work) w.wait();
+  }
   st.gather_work.clear();
+  if (params_swapped(u)) stage_pool_.release(std::move(st.staged));
 }
 
 void ZeroEngine::ensure_params(int u) {
@@ -162,6 +300,7 @@ void ZeroEngine::release_after(int access) {
 
 void ZeroEngine::before_forward(int u) {
   if (config_.stage == 0) return;
+  advance_reads();
   for (int x : model_.units_touched(u)) ensure_params(x);
   if (config_.stage == 3) prefetch_after(access_index(false, u));
 }
@@ -185,6 +324,7 @@ void ZeroEngine::before_backward(int u) {
     }
   }
   if (config_.stage == 3) {
+    advance_reads();
     for (int x : model_.units_touched(u)) ensure_params(x);
     prefetch_after(access_index(true, u));
   }
@@ -300,8 +440,12 @@ ZeroEngine::StepResult ZeroEngine::step(float lr, float grad_clip, double loss_s
   }
   // Stage 3: gathered copies of sharded units go stale with the update.
   for (int u = 0; u < num_units_; ++u) release(u);
-  const double sumsq = optimizer_->step(lr, static_cast<float>(unscale) * clip,
-                                        [this](size_t shard) { on_shard_updated(static_cast<int>(shard)); });
+  const double sumsq = optimizer_->step(
+      lr, static_cast<float>(unscale) * clip, [this](size_t shard) { on_shard_updated(static_cast<int>(shard)); },
+      [this](size_t shard) {
+        if (params_swapped(static_cast<int>(shard))) load_shard_for_update(static_cast<int>(shard));
+      });
+  retire_param_writes(0);
   // The update consumed the gradients without zeroing them (a write stream saved): stages 0-1's
   // full buffers are overwritten by the next backward, stages 2-3's accumulators by the next
   // step's first reduce-scatter (Note [Fresh gradients]).
@@ -319,6 +463,11 @@ void ZeroEngine::on_shard_updated(int u) {
   nn::FlatParam& unit = model_.units()[u];
   UnitState& st = units_[u];
   if (config_.stage <= 1) unit.mark_grads_fresh();
+  if (params_swapped(u)) {
+    param_writes_.emplace_back(u, param_io_->start(io::IoOp::write, param_fd_.get(), param_path_, st.staged.data(),
+                                                   st.swap_bytes, st.swap_offset));
+    return;
+  }
   if (config_.stage == 0 || params_sharded(u)) return;
   char* full = static_cast<char*>(unit.data());
   launch_gather(u, full + st.shard.shard_begin * dsize_, full);

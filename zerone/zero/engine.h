@@ -30,6 +30,7 @@
 #include "zerone/core/memory.h"
 #include "zerone/nn/model.h"
 #include "zerone/optim/adamw.h"
+#include "zerone/zero/offload.h"
 #include "zerone/zero/partition.h"
 
 namespace zerone::zero {
@@ -43,8 +44,15 @@ class ZeroEngine : public nn::UnitHooks {
   // the whole model when the stage does not require it (DeepSpeed's zero.Init). Full gradients
   // are allocated for stages 0-1 only.
   using Materialize = std::function<void(int unit)>;
+  //
+  // Offload (Note [Offload places] in partition.h): config.offload_optimizer cpu puts master,
+  // moments and the stage 2-3 gradient shards on the host; nvme swaps master and moments through
+  // `nvme` (SwappedAdamW). config.offload_param cpu keeps stage 3's parameter shards on the host.
+  // Throws Error for offload a stage cannot do (optimizer offload at stage 0, parameter offload
+  // below stage 3). config.offload_param nvme keeps them in the swap file "params.swp" (Note
+  // [Parameter swap]).
   ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroConfig& config, const optim::AdamWOptions& adam,
-             const Materialize& materialize = nullptr);
+             const Materialize& materialize = nullptr, const NvmeConfig& nvme = NvmeConfig());
   ~ZeroEngine() override;
   ZeroEngine(const ZeroEngine&) = delete;
   ZeroEngine& operator=(const ZeroEngine&) = delete;
@@ -71,7 +79,7 @@ class ZeroEngine : public nn::UnitHooks {
 
   const ZeroConfig& config() const { return config_; }
   const UnitShard& shard(int unit) const { return units_[unit].shard; }
-  optim::AdamW& optimizer() { return *optimizer_; }
+  optim::Optimizer& optimizer() { return *optimizer_; }
 
   void before_forward(int unit) override;
   void after_forward(int unit) override;
@@ -91,9 +99,20 @@ class ZeroEngine : public nn::UnitHooks {
     // buffer; stages 1-2 (and persistent stage-3 units) in place after the update, waited for
     // just before the unit's next use (Note [Gathers overlap the next forward]).
     std::vector<comm::Work> gather_work;  // one per allgather_bucket_size slice; empty: none pending
+    // --offload-param nvme (Note [Parameter swap]): the shard's place in params.swp, and while it
+    // is in memory its host staging buffer; a read in flight into it (0: none).
+    uint64_t swap_offset = 0;
+    size_t swap_bytes = 0;
+    Buffer staged;
+    io::SwapIo::Ticket read_ticket = 0;
   };
 
   bool params_sharded(int u) const { return config_.stage == 3 && !units_[u].shard.persistent; }
+  bool params_swapped(int u) const { return params_sharded(u) && config_.offload_param == OffloadDevice::nvme; }
+  void finish_read(int u);
+  void advance_reads();
+  void load_shard_for_update(int u);
+  void retire_param_writes(size_t keep);
   void launch_reduction(int u);
   void finish_reduction(int u);
   void retire_reductions();
@@ -113,14 +132,26 @@ class ZeroEngine : public nn::UnitHooks {
   nn::Model& model_;
   comm::Communicator& comm_;
   ZeroConfig config_;
+  // NVMe offload: the run's swap directory, declared before everything that has files in it.
+  std::unique_ptr<io::SwapDirectory> swap_dir_;
   int world_, rank_, num_units_;
   size_t dsize_;
   std::vector<UnitState> units_;
-  std::unique_ptr<optim::AdamW> optimizer_;
+  std::unique_ptr<optim::Optimizer> optimizer_;
   bool last_micro_step_ = true;
   BufferPool pool_;            // stages 2-3: full gradients, gathered parameters, landing shards
   std::deque<int> reducing_;   // stages 2-3: units whose reduce-scatter is in flight, oldest first
   size_t reducing_numel_ = 0;  // their padded elements
+  // --offload-param nvme (Note [Parameter swap]).
+  BufferPool stage_pool_;      // host staging of parameter shards (idle: host.comm)
+  std::string param_path_;
+  io::FileDescriptor param_fd_;
+  std::unique_ptr<io::SwapIo> param_io_;
+  std::deque<std::pair<int, io::SwapIo::Ticket>> param_writes_;  // shards written back after the update
+  std::deque<int> pending_reads_;  // units whose shard is being read, in the order the reads started
+  int64_t nvme_param_bytes_ = 0;
+  bool pin_staging_ = false;  // offload_*.pin_memory: mlock parameter staging buffers
+  Buffer acquire_staging(size_t bytes);
 };
 
 }  // namespace zerone::zero

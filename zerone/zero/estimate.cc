@@ -18,6 +18,10 @@ std::vector<StageEstimate> estimate(const nn::Model& model, int world, DType dty
     if (only_stage && stage != *only_stage) continue;
     ZeroConfig config = base;
     config.stage = stage;
+    // A stage that cannot offload (stage 0 keeps no optimizer shard; only stage 3 shards
+    // parameters) is shown as it would run: without that offload.
+    if (stage == 0) config.offload_optimizer = OffloadDevice::none;
+    if (stage != 3) config.offload_param = OffloadDevice::none;
     StageEstimate e;
     e.stage = stage;
     e.model_state = model_state_bytes(numels, world, 0, dtype, config);
@@ -25,6 +29,24 @@ std::vector<StageEstimate> estimate(const nn::Model& model, int world, DType dty
     e.activations = static_cast<int64_t>(model.activation_bytes(micro_batch, seq));
     out.push_back(e);
   }
+  return out;
+}
+
+std::string describe_places(const StageEstimate& e) {
+  PlacedBytes all = e.model_state.placed;
+  all.at(MemPlace::device, MemCategory::activation) += e.activations;
+  all.at(MemPlace::device, MemCategory::param) += e.working_set.param;
+  all.at(MemPlace::device, MemCategory::grad) += e.working_set.grad;
+  all.at(MemPlace::device, MemCategory::comm) += e.working_set.comm;
+  all.at(MemPlace::host, MemCategory::comm) += e.working_set.host;
+  std::string out;
+  for (size_t p = 0; p < MemoryLedger::kPlaces; ++p)
+    for (size_t c = 0; c < MemoryLedger::kCategories; ++c) {
+      auto place = static_cast<MemPlace>(p);
+      auto cat = static_cast<MemCategory>(c);
+      if (int64_t b = all.get(place, cat); b != 0)
+        out += str_cat(out.empty() ? "" : ", ", mem_place_name(place), " ", mem_category_name(cat), " ", b);
+    }
   return out;
 }
 

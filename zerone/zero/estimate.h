@@ -7,21 +7,32 @@
 #include <string>
 #include <vector>
 
+#include "zerone/core/memory.h"
 #include "zerone/nn/model.h"
 #include "zerone/zero/partition.h"
 
 namespace zerone::zero {
 
+// Per rank. The working set and activations are on the device; model state where Note [Offload
+// places] puts it.
 struct StageEstimate {
   int stage = 0;
   ModelStateBytes model_state;  // per rank, at the end of a step
   WorkingSetBytes working_set;  // per rank, bound on transient buffers (Note [Working-set bound])
   int64_t activations = 0;      // per rank, for one micro-batch (live through backward)
-  int64_t total() const { return model_state.total() + working_set.total() + activations; }
+  int64_t device() const { return model_state.placed.place_total(MemPlace::device) + working_set.device() + activations; }
+  int64_t host() const { return model_state.placed.place_total(MemPlace::host) + working_set.host; }
+  int64_t nvme() const { return model_state.placed.place_total(MemPlace::nvme); }
+  // Bytes in memory (device + host): on this CPU build both are RAM.
+  int64_t total() const { return device() + host(); }
 };
+
+// One line per (place, category) with bytes, e.g. "device param 1.2 MiB, host optim 3.4 MiB, ...".
+std::string describe_places(const StageEstimate& e);
 
 // One row per stage (or only `only_stage`), for rank 0 (all ranks hold equal shards). `model` needs
 // no storage (make_model(..., allocate=false)): only its unit shapes and activation table are read.
+// The offload settings of `base` apply to the stages that can use them (optimizer: 1-3; param: 3).
 std::vector<StageEstimate> estimate(const nn::Model& model, int world, DType dtype, int micro_batch, int seq,
                                     const ZeroConfig& base, std::optional<int> only_stage);
 

@@ -7,6 +7,42 @@
 
 namespace zerone::zero {
 
+const char* offload_device_name(OffloadDevice device) {
+  switch (device) {
+    case OffloadDevice::none: return "none";
+    case OffloadDevice::cpu: return "cpu";
+    case OffloadDevice::nvme: return "nvme";
+  }
+  return "?";
+}
+
+OffloadDevice parse_offload_device(const std::string& text, const std::string& what) {
+  if (text == "none") return OffloadDevice::none;
+  if (text == "cpu") return OffloadDevice::cpu;
+  if (text == "nvme") return OffloadDevice::nvme;
+  throw Error(str_cat(what, " '", text, "': expected none, cpu or nvme"));
+}
+
+MemPlace offload_place(OffloadDevice device) {
+  return device == OffloadDevice::none ? MemPlace::device : device == OffloadDevice::cpu ? MemPlace::host : MemPlace::nvme;
+}
+
+std::vector<std::pair<size_t, size_t>> sub_groups(size_t shard_numel, size_t sub_group_numel) {
+  ZERONE_ASSERT(sub_group_numel >= 1);
+  std::vector<std::pair<size_t, size_t>> out;
+  for (size_t b = 0; b < shard_numel; b += sub_group_numel) out.emplace_back(b, std::min(shard_numel, b + sub_group_numel));
+  return out;
+}
+
+size_t swap_aligned(size_t bytes) { return (bytes + kSwapAlignBytes - 1) / kSwapAlignBytes * kSwapAlignBytes; }
+size_t swap_tensor_bytes(size_t numel) { return swap_aligned(numel * sizeof(float)); }
+
+int64_t PlacedBytes::place_total(MemPlace p) const {
+  int64_t t = 0;
+  for (size_t c = 0; c < MemoryLedger::kCategories; ++c) t += get(p, static_cast<MemCategory>(c));
+  return t;
+}
+
 size_t padded_numel(size_t numel, int world) {
   size_t align = kShardAlign * static_cast<size_t>(world);
   return (numel + align - 1) / align * align;
@@ -28,14 +64,40 @@ ModelStateBytes model_state_bytes(const std::vector<size_t>& unit_numels, int wo
   ModelStateBytes b;
   const int64_t ds = static_cast<int64_t>(dtype_size(dtype));
   const bool has_master = dtype != DType::f32;
+  const MemPlace opt_place = offload_place(config.offload_optimizer);
+  const MemPlace grad_shard_place = config.offload_optimizer == OffloadDevice::none ? MemPlace::device : MemPlace::host;
+  const bool nvme = config.offload_optimizer == OffloadDevice::nvme;
+  size_t largest_sub_group = 0;
   for (size_t numel : unit_numels) {
     UnitShard s = unit_shard(numel, world, rank, config);
     const int64_t P = static_cast<int64_t>(s.padded_numel), S = static_cast<int64_t>(s.shard_numel);
     const int64_t opt_numel = config.stage == 0 ? static_cast<int64_t>(numel) : S;
-    b.param += (config.stage == 3 && !s.persistent ? S : P) * ds;
-    b.grad += (config.stage <= 1 ? P : S) * 4;
-    b.master += has_master ? opt_numel * 4 : 0;
-    b.optim += 2 * opt_numel * 4;
+    const bool sharded = config.stage == 3 && !s.persistent;
+    int64_t param = (sharded ? S : P) * ds;
+    if (sharded && config.offload_param == OffloadDevice::nvme) param = static_cast<int64_t>(swap_aligned(static_cast<size_t>(param)));
+    const int64_t grad = (config.stage <= 1 ? P : S) * 4;
+    b.param += param;
+    b.placed.at(sharded ? offload_place(config.offload_param) : MemPlace::device, MemCategory::param) += param;
+    b.grad += grad;
+    b.placed.at(config.stage <= 1 ? MemPlace::device : grad_shard_place, MemCategory::grad) += grad;
+    if (!nvme) {
+      b.master += has_master ? opt_numel * 4 : 0;
+      b.optim += 2 * opt_numel * 4;
+    } else {
+      for (auto [begin, end] : sub_groups(static_cast<size_t>(opt_numel), config.sub_group_numel)) {
+        const int64_t aligned = static_cast<int64_t>(swap_tensor_bytes(end - begin));
+        b.master += has_master ? aligned : 0;
+        b.optim += 2 * aligned;
+        largest_sub_group = std::max(largest_sub_group, end - begin);
+      }
+    }
+  }
+  b.placed.at(opt_place, MemCategory::master) = b.master;
+  b.placed.at(opt_place, MemCategory::optim) = b.optim;
+  if (nvme && largest_sub_group > 0) {
+    b.swap = static_cast<int64_t>(config.optimizer_buffer_count) * (has_master ? 3 : 2) *
+             static_cast<int64_t>(swap_tensor_bytes(largest_sub_group));
+    b.placed.at(MemPlace::host, MemCategory::swap) = b.swap;
   }
   return b;
 }
@@ -46,6 +108,7 @@ WorkingSetBytes working_set_bytes(const std::vector<size_t>& unit_numels, int wo
   if (config.stage < 2) return b;
   // The two largest padded units, over all units and over those whose parameters are sharded.
   size_t top1 = 0, top2 = 0, sharded1 = 0, sharded2 = 0, sum_p = 0, sum_sharded_p = 0;
+  size_t sum_aligned = 0, max_aligned = 0, sharded_units = 0;
   auto rank_two = [](size_t v, size_t& first, size_t& second) {
     if (v > first) second = std::exchange(first, v);
     else if (v > second) second = v;
@@ -57,6 +120,10 @@ WorkingSetBytes working_set_bytes(const std::vector<size_t>& unit_numels, int wo
     if (config.stage == 3 && !s.persistent) {
       rank_two(s.padded_numel, sharded1, sharded2);
       sum_sharded_p += s.padded_numel;
+      const size_t aligned = swap_aligned(s.shard_numel * dtype_size(dtype));
+      sum_aligned += aligned;
+      max_aligned = std::max(max_aligned, aligned);
+      ++sharded_units;
     }
   }
   const size_t reducing = std::max(config.reduce_bucket_numel, top1);
@@ -64,6 +131,11 @@ WorkingSetBytes working_set_bytes(const std::vector<size_t>& unit_numels, int wo
   b.param = static_cast<int64_t>(std::min(sum_sharded_p, sharded1 + sharded2 + config.prefetch_numel)) * ds;
   b.grad = static_cast<int64_t>(std::min(sum_p, reducing + top1 + top2)) * 4;
   b.comm = static_cast<int64_t>(std::min(sum_p, reducing + top1) / static_cast<size_t>(world)) * 4;
+  if (config.stage == 3 && config.offload_param == OffloadDevice::nvme) {
+    const size_t window = (sharded1 + sharded2 + config.prefetch_numel) / static_cast<size_t>(world) * dtype_size(dtype) +
+                          kSwapAlignBytes * sharded_units;
+    b.host = static_cast<int64_t>(std::max(std::min(sum_aligned, window), std::min(sum_aligned, 3 * max_aligned)));
+  }
   return b;
 }
 

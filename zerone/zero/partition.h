@@ -11,18 +11,43 @@
 //   3     | sum S_u (+ P_u persistent)   | sum S_u     | sum S_u                 | 2 sum S_u
 //
 // "persistent" units (numel < stage3_param_persistence_threshold) keep their full parameters at
-// stage 3 instead of a shard. Thread-safety: pure functions.
+// stage 3 instead of a shard.
+//
+// Note [Offload places]: which place (core/memory.h, Note [Places]) each model-state byte lives in:
+//   param  full (stages 0-2, persistent units): device; stage-3 shards: --offload-param
+//          (none: device, cpu: host, nvme: nvme, each shard rounded up to 4 KiB in "params.swp")
+//   grad   stages 0-1 full: device; stages 2-3 shard accumulators: host when the optimizer is
+//          offloaded (its step reads them there, as DeepSpeed's CPU gradient partitions), else device
+//   master, optim: --offload-optimizer (none: device, cpu: host, nvme: nvme swap files)
+//   swap   with --offload-optimizer nvme: buffer_count host staging buffers, each holding one
+//          sub-group's master (bf16/fp16 only), m and v, every tensor rounded up to the 4 KiB
+//          O_DIRECT block; the swap file holds every sub-group in the same aligned layout, so the
+//          nvme bytes are the aligned sizes (Note [Swap layout] in zero/offload.h).
+// Thread-safety: pure functions.
 #pragma once
 
 #include <cstddef>
+#include <array>
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "zerone/core/dtype.h"
+#include "zerone/core/memory.h"
 
 namespace zerone::zero {
 
 inline constexpr size_t kShardAlign = 64;
+// O_DIRECT alignment of swap-file offsets, sizes and staging buffers (bytes).
+inline constexpr size_t kSwapAlignBytes = 4096;
+
+enum class OffloadDevice : uint8_t { none, cpu, nvme };
+const char* offload_device_name(OffloadDevice device);
+// "none", "cpu" or "nvme"; throws Error naming `what` (the flag or key) otherwise.
+OffloadDevice parse_offload_device(const std::string& text, const std::string& what);
+// The place of offloaded bytes: none -> device, cpu -> host, nvme -> nvme.
+MemPlace offload_place(OffloadDevice device);
 
 struct ZeroConfig {
   int stage = 0;
@@ -30,7 +55,19 @@ struct ZeroConfig {
   size_t allgather_bucket_numel = 500'000'000;       // allgather_bucket_size (elements)
   size_t prefetch_numel = 50'000'000;                // stage3_prefetch_bucket_size (elements)
   size_t persistence_threshold = 100'000;            // stage3_param_persistence_threshold (elements)
+  OffloadDevice offload_optimizer = OffloadDevice::none;  // stages 1-3 (Note [Offload places])
+  OffloadDevice offload_param = OffloadDevice::none;      // stage 3
+  size_t sub_group_numel = 1'000'000'000;            // sub_group_size: optimizer elements per swap unit
+  int optimizer_buffer_count = 4;                    // offload_optimizer.buffer_count (staging buffers)
 };
+
+// The sub-groups of one optimizer shard of `shard_numel` elements: [begin, end) ranges of at most
+// sub_group_numel elements, in order (a shard is split, never merged with another).
+std::vector<std::pair<size_t, size_t>> sub_groups(size_t shard_numel, size_t sub_group_numel);
+// Bytes of one swapped tensor of `numel` f32 elements, rounded up to kSwapAlignBytes.
+size_t swap_tensor_bytes(size_t numel);
+// `bytes` rounded up to kSwapAlignBytes.
+size_t swap_aligned(size_t bytes);
 
 struct UnitShard {
   size_t numel = 0;         // real elements of the unit
@@ -43,9 +80,22 @@ struct UnitShard {
 size_t padded_numel(size_t numel, int world);
 UnitShard unit_shard(size_t numel, int world, int rank, const ZeroConfig& config);
 
+// Bytes per (place, category), as the ledger keeps them.
+struct PlacedBytes {
+  std::array<int64_t, MemoryLedger::kPlaces * MemoryLedger::kCategories> bytes{};
+  int64_t& at(MemPlace p, MemCategory c) { return bytes[static_cast<size_t>(p) * MemoryLedger::kCategories + static_cast<size_t>(c)]; }
+  int64_t get(MemPlace p, MemCategory c) const { return bytes[static_cast<size_t>(p) * MemoryLedger::kCategories + static_cast<size_t>(c)]; }
+  int64_t place_total(MemPlace p) const;
+};
+
+// Category totals over all places (param..optim, the table above) and where they live.
+// `swap` is the host staging of NVMe offload (not in the category totals).
 struct ModelStateBytes {
-  int64_t param = 0, grad = 0, master = 0, optim = 0;
+  int64_t param = 0, grad = 0, master = 0, optim = 0, swap = 0;
+  PlacedBytes placed;
   int64_t total() const { return param + grad + master + optim; }
+  // Bytes held in memory (device + host, including swap staging), i.e. not on NVMe.
+  int64_t in_memory() const { return placed.place_total(MemPlace::device) + placed.place_total(MemPlace::host); }
 };
 
 // Per-rank model-state bytes at the end of a step (the table above).
@@ -66,9 +116,16 @@ ModelStateBytes model_state_bytes(const std::vector<size_t>& unit_numels, int wo
 // Stages 0-1 have none (their full buffers are model state). Sums run over non-persistent units
 // for `param`. A bound, not a prediction: the ledger's `comm` (idle pooled buffers) at the end of
 // a step stays at or below `total()`.
+//   host (stage 3 with --offload-param nvme): staging of parameter shards read from or written to
+//          NVMe (each rounded up to 4 KiB): those of the units in use and prefetched,
+//          min(sum A, (P_1 + P_2 + F) / world * dtype + 4096 * units), or during the optimizer step
+//          the shard being updated and two being written back, 3 A_1 (A_u: the aligned shard bytes).
+//          Pooled like the rest; idle staging is in the ledger as host.comm.
 struct WorkingSetBytes {
-  int64_t param = 0, grad = 0, comm = 0;
-  int64_t total() const { return param + grad + comm; }
+  int64_t param = 0, grad = 0, comm = 0;  // device
+  int64_t host = 0;                       // host staging (see above)
+  int64_t total() const { return param + grad + comm + host; }
+  int64_t device() const { return param + grad + comm; }
 };
 WorkingSetBytes working_set_bytes(const std::vector<size_t>& unit_numels, int world, DType dtype,
                                   const ZeroConfig& config);

@@ -1,0 +1,95 @@
+// ZeRO-Infinity's optimizer offload to NVMe: AdamW whose fp32 master (bf16/fp16 runs), first and
+// second moments live in a swap file and pass through a few host staging buffers, sub-group by
+// sub-group, pipelined (Note [Pipelined swap]). The update is AdamW::update_slice, the same code
+// as in memory, so every placement gives the same numbers bit for bit.
+//
+// Thread-safety: one thread at a time (the training thread); I/O runs in the kernel.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "zerone/io/aio.h"
+#include "zerone/optim/adamw.h"
+#include "zerone/zero/partition.h"
+
+namespace zerone::zero {
+
+// NVMe settings (flags --nvme-path, or offload_optimizer.* and aio.* in the DeepSpeed config).
+struct NvmeConfig {
+  std::string nvme_path;          // swap directory parent
+  int rank = 0;                   // names the run's swap directory
+  bool pipeline_read = true;      // offload_optimizer.pipeline_read: read sub-group g+1 while g steps
+  bool pipeline_write = true;     // offload_optimizer.pipeline_write: write g back while g+1 steps
+  bool pin_memory = false;        // offload_optimizer.pin_memory: mlock the staging buffers
+  io::AioConfig aio;
+  std::string fault_plan;         // tests only: io::parse_fault_plan spec ("" none), applied to the
+                                  // optimizer's and the parameters' swap I/O, each counting its own
+};
+
+// Note [Swap layout]: each shard is cut into sub-groups of at most sub_group_size elements
+// (partition.h sub_groups). Sub-group g occupies one contiguous, 4 KiB-aligned region of the rank's
+// swap file "optimizer.swp": m, v, then (bf16/fp16) the master copy, each swap_tensor_bytes(numel)
+// long, so a sub-group is one transfer each way. A staging buffer holds one sub-group in the same
+// layout. The swap file's bytes are in the ledger as nvme.master / nvme.optim, the staging buffers
+// as host.swap; zerone estimate computes both with the same functions.
+//
+// Note [Pipelined swap]: with buffer_count = B >= 2 staging buffers, sub-group g uses buffer g % B.
+// Before stepping g the engine starts reading g+1 (pipeline_read) into buffer (g+1) % B, first
+// waiting for that buffer's previous write (sub-group g+1-B, started B-1 steps earlier); after
+// stepping g it starts writing g back and moves on without waiting (pipeline_write). So the
+// next read and up to B-1 writes overlap each sub-group's update, as in DeepSpeed's
+// PipelinedOptimizerSwapper. Without pipeline_read a sub-group is read when it is reached; without
+// pipeline_write its write is waited for at once; B = 1 cannot overlap anything. All writes are
+// complete when step() returns, so the swap file always holds the state after the last step.
+class SwappedAdamW final : public optim::Optimizer {
+ public:
+  // Creates the swap file "optimizer.swp" in `dir` (the run's swap directory, which must outlive
+  // the optimizer) and writes the initial state (master from the parameters, zero moments). Throws
+  // Error naming the file for a full disk or any I/O failure.
+  SwappedAdamW(std::vector<optim::ShardRef> shards, DType param_dtype, const optim::AdamWOptions& options,
+               size_t sub_group_numel, int buffer_count, const NvmeConfig& config, io::SwapDirectory& dir);
+  ~SwappedAdamW() override;
+  SwappedAdamW(const SwappedAdamW&) = delete;
+  SwappedAdamW& operator=(const SwappedAdamW&) = delete;
+
+  // AdamW::step. On an I/O failure throws Error naming the file and operation; the state on disk
+  // is then undefined and the run must end (it does: the error ends the job).
+  double step(float lr, float grad_scale, const std::function<void(size_t shard)>& shard_done = nullptr,
+              const std::function<void(size_t shard)>& shard_begin = nullptr) override;
+  void set_param(size_t i, void* param) override { shards_[i].param = param; }
+  size_t num_shards() const override { return shards_.size(); }
+  size_t numel(size_t i) const override { return shards_[i].numel; }
+  const float* grad(size_t i) const override { return shards_[i].grad; }
+
+  const std::string& swap_file() const { return file_path_; }
+  size_t num_sub_groups() const { return groups_.size(); }
+
+ private:
+  struct SubGroup {
+    size_t shard, begin, end;  // elements [begin, end) of shard
+    uint64_t offset;           // in the swap file
+    size_t tensor_bytes;       // swap_tensor_bytes(end - begin)
+  };
+  size_t group_bytes(const SubGroup& g) const { return g.tensor_bytes * static_cast<size_t>(tensors_); }
+  float* tensor(size_t buffer, const SubGroup& g, int k) {
+    return reinterpret_cast<float*>(buffers_[buffer].as<char>() + static_cast<size_t>(k) * g.tensor_bytes);
+  }
+
+  std::vector<optim::ShardRef> shards_;
+  DType param_dtype_;
+  optim::AdamWOptions options_;
+  NvmeConfig config_;
+  int tensors_;  // m, v (+ master)
+  int step_ = 0;
+  std::vector<SubGroup> groups_;
+  int64_t nvme_master_bytes_ = 0, nvme_optim_bytes_ = 0;
+  // Destroyed in reverse: the I/O is drained before the buffers and the file go.
+  std::string file_path_;
+  io::FileDescriptor fd_;
+  std::vector<Buffer> buffers_;
+  std::unique_ptr<io::SwapIo> io_;
+};
+
+}  // namespace zerone::zero

@@ -9,10 +9,10 @@
 #     make test      # the whole test suite
 # A package that setup.sh forgets, but that every dev machine has by accident, fails here.
 #
-# Time on 2 cores: about 15 minutes: debootstrap 1-1.5 min (2-5 s when the cached base is
-# unpacked instead), make train ~6 min (apt ~1 min, build ~4.5 min, training ~20 s), make test
-# ~6 min. On a machine busy with other work it takes longer (measured: 23 min at load 6), and the
-# timed tests may fail (cli.default_run allows 2 minutes). Needs root and the Debian mirror;
+# Time on 2 cores: about 10 minutes: debootstrap 1-1.5 min (2-5 s when the cached base is
+# unpacked instead), make train ~5.5 min (apt ~45 s, build ~3.5 min, training 20-90 s), make
+# test ~4 min. On a machine busy with other work it takes longer (23 min at load 6), and the
+# timed tests may fail there (cli.default_run allows 2 minutes). Needs root and the Debian mirror;
 # disk: ~1.5 GB under $TMPDIR (default /var/tmp) while it runs, removed at exit.
 #
 # Usage: bash scripts/clean_room.sh [--jobs N] [--log-dir DIR] [--no-cache]

@@ -478,7 +478,12 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     record.ms = ms;
     record.tokens_per_s = static_cast<double>(B) * T * cfg.grad_accum * world / (ms / 1000.0);
     bool validate_now = val_loader && ((cfg.val_every > 0 && step % cfg.val_every == 0) || step == cfg.steps);
-    if (validate_now) record.val_loss = evaluate(model, *val_loader, cfg.val_batches, B, T);
+    if (validate_now) {
+      // Validation is outside the step's wall time, so --profile does not count it either.
+      Profiler::set_enabled(false);
+      record.val_loss = evaluate(model, *val_loader, cfg.val_batches, B, T);
+      Profiler::set_enabled(cfg.profile);
+    }
     if (lead) {
       progress.step(record);
       if (record.val_loss && step != cfg.steps) progress.message(str_cat("step ", step, ": val loss ", *record.val_loss));

@@ -36,6 +36,8 @@ inline void write_bytes(const std::string& path, const void* data, size_t n) {
   std::fclose(f);
 }
 
+inline void write_text(const std::string& path, const std::string& text) { write_bytes(path, text.data(), text.size()); }
+
 inline std::vector<char> read_bytes(const std::string& path) {
   std::FILE* f = std::fopen(path.c_str(), "rb");
   std::vector<char> out;

@@ -15,6 +15,7 @@ namespace {
 
 using zerone::testing::expect_error;
 using zerone::testing::TempDir;
+using zerone::testing::write_text;
 using zerone::testing::write_bytes;
 
 // 8-byte little-endian header length, the header text, the data.
@@ -24,8 +25,6 @@ std::string safetensors_bytes(const std::string& header, const std::string& data
   for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(n >> (8 * i));
   return out + header + data;
 }
-
-void write_text(const std::string& path, const std::string& s) { write_bytes(path, s.data(), s.size()); }
 
 std::string f32_bytes(const std::vector<float>& v) { return std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4); }
 

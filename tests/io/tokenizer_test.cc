@@ -21,6 +21,7 @@ namespace {
 using json = nlohmann::json;
 using zerone::testing::expect_error;
 using zerone::testing::TempDir;
+using zerone::testing::write_text;
 
 const std::string kDir = std::string(ZERONE_TEST_DATA_DIR) + "/gpt2_bpe";
 
@@ -30,8 +31,6 @@ json read_json(const std::string& path) {
   s << in.rdbuf();
   return json::parse(s.str());
 }
-
-void write_text(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
 
 void expect_golden(const Tokenizer& t) {
   json golden = read_json(kDir + "/golden.json");

@@ -12,9 +12,8 @@ namespace {
 
 using zerone::testing::expect_error;
 using zerone::testing::TempDir;
+using zerone::testing::write_text;
 using zerone::testing::write_bytes;
-
-void write_text(const std::string& path, const std::string& text) { write_bytes(path, text.data(), text.size()); }
 
 TEST(Config, DeepSpeedKeysFillTheConfigAndFlagsWin) {
   TempDir dir;

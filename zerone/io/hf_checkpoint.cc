@@ -190,37 +190,49 @@ std::string read_hf_spec(const std::string& dir) {
   throw Error(str_cat("'", path, "': model_type '", type, "' is not supported (expected gpt2 or llama)"));
 }
 
-void load_hf_checkpoint(const std::string& dir, nn::Model& model, int only_unit) {
-  SafetensorsReader reader(dir);
-  const std::vector<HfSlice> map = hf_map(model);
-  // Resolve names (GPT2Model files lack "transformer.") and check the file holds exactly the model.
-  auto find = [&](const std::string& name) -> const SafetensorInfo* {
-    if (const SafetensorInfo* t = reader.find(name)) return t;
-    if (name.rfind("transformer.", 0) == 0) return reader.find(name.substr(12));
-    return nullptr;
-  };
+struct HfCheckpointReader::Impl {
+  std::string dir;
+  SafetensorsReader reader;
+  std::vector<HfSlice> map;
+  std::vector<const SafetensorInfo*> found;  // map[i]'s tensor in the files
+  Impl(const std::string& d, const nn::Model& model) : dir(d), reader(d), map(hf_map(model)) {}
+};
+
+HfCheckpointReader::HfCheckpointReader(const std::string& dir, const nn::Model& model)
+    : impl_(std::make_unique<Impl>(dir, model)) {
+  Impl& m = *impl_;
+  // Resolve names (GPT2Model files lack "transformer.") and check the files hold exactly the model.
   std::set<std::string> used;
-  for (const HfSlice& s : map) {
-    const SafetensorInfo* t = find(s.name);
+  for (const HfSlice& s : m.map) {
+    const SafetensorInfo* t = m.reader.find(s.name);
+    if (t == nullptr && s.name.rfind("transformer.", 0) == 0) t = m.reader.find(s.name.substr(12));
     ZERONE_CHECK(t != nullptr, "--init '", dir, "' lacks tensor '", s.name, "' of ", model.spec());
     ZERONE_CHECK(t->shape == s.hf_shape(), "--init '", dir, "': tensor '", t->name, "' has shape ",
                  json(t->shape).dump(), ", expected ", json(s.hf_shape()).dump(), " for ", model.spec());
     used.insert(t->name);
+    m.found.push_back(t);
   }
-  for (const SafetensorInfo& t : reader.tensors())
+  for (const SafetensorInfo& t : m.reader.tensors())
     ZERONE_CHECK(used.count(t.name) || ignorable(t.name), "--init '", dir, "' holds tensor '", t.name, "', which ",
                  model.spec(), " does not have (a checkpoint of another architecture?)");
+}
+
+HfCheckpointReader::~HfCheckpointReader() = default;
+
+void HfCheckpointReader::load_unit(nn::Model& model, int u) const {
+  const Impl& m = *impl_;
   std::vector<float> hf, rows;
-  for (const HfSlice& s : map) {
-    if (only_unit >= 0 && s.unit != only_unit) continue;
+  for (size_t i = 0; i < m.map.size(); ++i) {
+    const HfSlice& s = m.map[i];
+    if (s.unit != u) continue;
     nn::FlatParam& unit = model.units()[s.unit];
     const nn::TensorSpec& spec = unit.tensors()[s.tensor];
-    const SafetensorInfo* t = find(s.name);
+    const SafetensorInfo* t = m.found[i];
     hf.resize(s.numel());
-    reader.read_f32(*t, 0, s.numel(), hf.data());
-    for (size_t i = 0; i < hf.size(); ++i)
-      ZERONE_CHECK(std::isfinite(hf[i]), "--init '", dir, "': tensor '", t->name, "' holds a non-finite value at element ",
-                   i, ": the file is corrupt");
+    m.reader.read_f32(*t, 0, s.numel(), hf.data());
+    for (size_t k = 0; k < hf.size(); ++k)
+      ZERONE_CHECK(std::isfinite(hf[k]), "--init '", m.dir, "': tensor '", t->name, "' holds a non-finite value at element ",
+                   k, ": the file is corrupt");
     const float* src = hf.data();
     if (s.transposed) {  // stored (cols, rows): zerone's row r, column c is hf[c][r]
       rows.resize(s.numel());
@@ -228,18 +240,21 @@ void load_hf_checkpoint(const std::string& dir, nn::Model& model, int only_unit)
         for (int64_t col = 0; col < s.cols; ++col) rows[r * s.cols + col] = hf[col * s.rows + r];
       src = rows.data();
     }
-    char* dst = static_cast<char*>(unit.param(s.tensor)) + s.row_begin * s.cols * dtype_size(unit.dtype());
-    convert_from_f32(src, dst, unit.dtype(), s.numel());
-    // Rows no Hugging Face tensor covers (GPT-2's padded vocabulary) are zero.
+    const size_t value_bytes = dtype_size(unit.dtype());
+    char* tensor = static_cast<char*>(unit.param(s.tensor));
+    convert_from_f32(src, tensor + s.row_begin * s.cols * value_bytes, unit.dtype(), s.numel());
+    // Rows past the last Hugging Face slice of this tensor (GPT-2's padded vocabulary) are zero.
     const int64_t covered_end = s.row_begin + s.rows;
-    if (s.row_begin == 0 && covered_end < spec.shape[0]) {
-      bool another = false;
-      for (const HfSlice& o : map) another |= o.unit == s.unit && o.tensor == s.tensor && o.row_begin >= covered_end;
-      if (!another)
-        std::memset(static_cast<char*>(unit.param(s.tensor)) + covered_end * s.cols * dtype_size(unit.dtype()), 0,
-                    (spec.shape[0] - covered_end) * s.cols * dtype_size(unit.dtype()));
-    }
+    const bool last_slice = i + 1 == m.map.size() || m.map[i + 1].unit != s.unit || m.map[i + 1].tensor != s.tensor;
+    if (last_slice && covered_end < spec.shape[0])
+      std::memset(tensor + covered_end * s.cols * value_bytes, 0, (spec.shape[0] - covered_end) * s.cols * value_bytes);
   }
+}
+
+void load_hf_checkpoint(const std::string& dir, nn::Model& model, int only_unit) {
+  HfCheckpointReader reader(dir, model);
+  for (int u = 0; u < model.num_units(); ++u)
+    if (only_unit < 0 || u == only_unit) reader.load_unit(model, u);
 }
 
 void check_hf_output(const std::string& dir, const std::string& what) {

@@ -21,6 +21,7 @@
 // Thread-safety: independent calls are safe; a model must not be in use while loaded into.
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include "zerone/nn/model.h"
@@ -35,10 +36,24 @@ bool is_hf_directory(const std::string& path);
 // does not implement (biases in LLaMA attention, a rope_scaling type other than llama3, ...).
 std::string read_hf_spec(const std::string& dir);
 
-// Loads unit `only_unit` (or every unit for -1) of `model` from the directory's safetensors,
-// reading only that unit's bytes. Every tensor the model needs must be present with its exact
-// shape (Error naming the tensor otherwise); tensors the model does not use are an error too,
-// except the causal-mask buffers, so that a checkpoint of another architecture is never half-loaded.
+// A Hugging Face directory opened for `model` (which must outlive it): the safetensors headers are
+// parsed and checked against the model once — every tensor the model needs present with its exact
+// shape, no tensor it does not use (except the causal-mask buffers), so that a checkpoint of
+// another architecture is never half-loaded; Error naming the tensor otherwise. load_unit then
+// reads only that unit's bytes, as the engine materializes it. One thread.
+class HfCheckpointReader {
+ public:
+  HfCheckpointReader(const std::string& dir, const nn::Model& model);
+  ~HfCheckpointReader();
+  // Fills unit `u` of `model` (the one given to the constructor; its storage allocated).
+  void load_unit(nn::Model& model, int u) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Every unit (or only `only_unit`) of `model` from `dir`: an HfCheckpointReader used once.
 void load_hf_checkpoint(const std::string& dir, nn::Model& model, int only_unit = -1);
 
 // Writes config.json and model.safetensors into `dir` (created if missing; its parent must exist),

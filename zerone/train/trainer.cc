@@ -383,10 +383,13 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   std::unique_ptr<io::DataLoader> val_loader;
   if (val_tokens) val_loader = std::make_unique<io::DataLoader>(*val_tokens, B, T, model.vocab_size(), false, 0);
 
+  // Opened and checked once; each unit then reads only its own bytes.
+  std::unique_ptr<io::HfCheckpointReader> hf_init;
+  if (init_hf) hf_init = std::make_unique<io::HfCheckpointReader>(cfg.init, model);
   auto materialize = [&](int u) {
     throw_if_interrupted();
     if (cfg.init.empty()) model.init_unit(u, cfg.seed);
-    else if (init_hf) io::load_hf_checkpoint(cfg.init, model, u);
+    else if (hf_init) hf_init->load_unit(model, u);
     else io::load_llmc_checkpoint(cfg.init, dynamic_cast<nn::GPT2&>(model), u);
   };
   zero::ZeroEngine engine(model, comm, zcfg, optim::AdamWOptions{cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay},

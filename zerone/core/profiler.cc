@@ -28,7 +28,7 @@ std::string Profiler::report(double wall_s, int steps) {
   return out + buf;
 }
 
-ProfileScope::ProfileScope(ProfileCategory category) : active_(Profiler::enabled_), category_(category) {
+ProfileScope::ProfileScope(ProfileCategory category) : active_(Profiler::enabled_ && !Profiler::excluded_), category_(category) {
   if (!active_) return;
   Clock::time_point now = Clock::now();
   parent_ = current_;

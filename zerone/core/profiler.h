@@ -3,7 +3,9 @@
 // branch. Scopes nest and time is exclusive: an inner scope's time is not counted in the outer one.
 //
 // Thread-safety: scopes are opened from the thread that drives training (kernels parallelize
-// internally); totals are plain counters read after the work. Not for concurrent drivers.
+// internally); totals are plain counters read after the work. Not for concurrent drivers: a helper
+// thread that runs instrumented code beside the training thread (the --delayed-update optimizer)
+// calls set_thread_excluded(true) first, and its scopes then cost one branch and record nothing.
 #pragma once
 
 #include <array>
@@ -19,6 +21,8 @@ class Profiler {
  public:
   static constexpr size_t kCount = static_cast<size_t>(ProfileCategory::kCount);
   static void set_enabled(bool on) { enabled_ = on; }
+  // Scopes opened on the calling thread record nothing from now on (see Thread-safety).
+  static void set_thread_excluded(bool excluded) { excluded_ = excluded; }
   static bool enabled() { return enabled_; }
   static void reset();
   static double seconds(ProfileCategory category) { return totals_[static_cast<size_t>(category)]; }
@@ -29,6 +33,7 @@ class Profiler {
  private:
   friend class ProfileScope;
   static inline bool enabled_ = false;
+  static inline thread_local bool excluded_ = false;
   static inline std::array<double, kCount> totals_{};
 };
 

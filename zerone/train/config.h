@@ -68,6 +68,8 @@ struct TrainConfig {
   bool profile = false;         // report where step time goes (GEMM, attention, ...)
   // Recompute each block's forward in its backward (Note [Activation checkpointing] in nn/model.h).
   bool activation_checkpointing = false;
+  // ZeRO-Offload's one-step delayed parameter update (Note [Delayed parameter update] in zero/engine.cc).
+  bool delayed_update = false;
   // Offload (README "Offload"; DeepSpeed's zero_optimization.offload_* and aio keys).
   double device_mem_limit = 0.0;        // GiB per rank of the device arena; 0: no cap
   std::string offload_optimizer = "none";  // none | cpu | nvme (stages 1-3)

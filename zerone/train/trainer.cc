@@ -333,6 +333,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   zcfg.offload_param = zero::parse_offload_device(cfg.offload_param, "--offload-param");
   zcfg.sub_group_numel = static_cast<size_t>(cfg.sub_group_size);
   zcfg.optimizer_buffer_count = cfg.offload_buffer_count;
+  zcfg.delayed_update = cfg.delayed_update;
   zero::NvmeConfig nvme;
   nvme.nvme_path = cfg.nvme_path;
   nvme.rank = rank;
@@ -464,6 +465,9 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     ZERONE_CHECK(std::isfinite(loss), "training diverged at step ", step, ": loss ", loss, " (try a lower --lr or --grad-clip)");
     float lr = static_cast<float>(schedule.lr());
     zero::ZeroEngine::StepResult stepped = engine.step(lr, cfg.grad_clip, loss_scale, scaled);
+    // --delayed-update: the last update is waited for and installed before the final validation
+    // and --save (Note [Delayed parameter update]).
+    if (step == cfg.steps) engine.finish_delayed_update();
     if (scaled) scaler.update(stepped.overflow);
     if (stepped.overflow) ++skipped_steps;
     schedule.advance(!stepped.overflow);

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <thread>
 #include <utility>
 
 #include "zerone/core/error.h"
@@ -37,6 +38,9 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
                offload_device_name(config.offload_optimizer), " needs --zero-stage 1, 2 or 3 (stage 0 keeps no optimizer shard)");
   ZERONE_CHECK(config.offload_param == OffloadDevice::none || config.stage == 3, "--offload-param ",
                offload_device_name(config.offload_param), " needs --zero-stage 3 (only stage 3 shards the parameters)");
+  ZERONE_CHECK(!config.delayed_update || config.offload_param != OffloadDevice::nvme,
+               "--delayed-update cannot be combined with --offload-param nvme (the optimizer thread and the "
+               "forward would share the parameter swap); use --offload-param cpu or none");
   const MemPlace grad_shard_place = config.offload_optimizer == OffloadDevice::none ? MemPlace::device : MemPlace::host;
   if (config.offload_optimizer == OffloadDevice::nvme || config.offload_param == OffloadDevice::nvme)
     swap_dir_ = std::make_unique<io::SwapDirectory>(nvme.nvme_path, nvme.rank, "--nvme-path");
@@ -83,6 +87,17 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
       size_t b = std::max(t.offset, begin), e = std::min(t.offset + t.numel(), begin + numel);
       if (b < e) ref.decay_ranges.emplace_back(b - begin, e - begin);
     }
+    if (config_.delayed_update) {
+      // Note [Delayed parameter update]: the optimizer reads a copy of the gradients and writes
+      // parameters of its own, so the next step's forward and backward can run beside it.
+      const MemPlace place = grad_shard_place;
+      grad_src_.push_back(ref.grad);
+      dpu_grads_.emplace_back(std::max<size_t>(numel, 1) * sizeof(float), MemCategory::grad, place);
+      dpu_params_.emplace_back(std::max<size_t>(numel, 1) * dsize_, MemCategory::param, place);
+      std::memcpy(dpu_params_.back().data(), ref.param, numel * dsize_);
+      ref.grad = dpu_grads_.back().as<float>();
+      ref.param = dpu_params_.back().data();
+    }
     shards.push_back(std::move(ref));
     if (params_sharded(u)) unit.release_params();
   }
@@ -120,10 +135,12 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
     nvme_param_bytes_ = static_cast<int64_t>(offset);
     MemoryLedger::global().add(MemPlace::nvme, MemCategory::param, nvme_param_bytes_);
   }
+  dpu_threads_ = std::max(1, omp_get_max_threads() / 2);
   model.set_hooks(this);
 }
 
 ZeroEngine::~ZeroEngine() {
+  if (dpu_worker_.joinable()) dpu_worker_.join();  // its error, if any, is dropped: we are unwinding
   // Never leave the kernel or the communication thread writing into freed buffers.
   if (param_io_) param_io_->drain();
   if (nvme_param_bytes_ > 0) MemoryLedger::global().sub(MemPlace::nvme, MemCategory::param, nvme_param_bytes_);
@@ -414,6 +431,7 @@ double ZeroEngine::reduce_grad_norm_sq(double local_sumsq) const {
 
 ZeroEngine::StepResult ZeroEngine::step(float lr, float grad_clip, double loss_scale, bool skip_on_overflow) {
   for (int u = 0; u < num_units_; ++u) finish_reduction(u);
+  if (config_.delayed_update) return step_delayed(lr, grad_clip, loss_scale, skip_on_overflow);
   // Gradients are sums over ranks of loss_scale-scaled gradients.
   const double unscale = 1.0 / (static_cast<double>(world_) * loss_scale);
   StepResult result;
@@ -473,7 +491,117 @@ void ZeroEngine::on_shard_updated(int u) {
   launch_gather(u, full + st.shard.shard_begin * dsize_, full);
 }
 
+// Note [Delayed parameter update]: ZeRO-Offload's one-step delayed parameter update (DPU, Ren et
+// al. 2021, section 5), `--delayed-update`. The optimizer step of step s runs on a thread of its
+// own while the training thread runs step s+1's forward and backward, so the optimizer's time
+// hides behind them instead of adding to them. The price is staleness by one step:
+//
+//   plain:    g_s = grad L_s(theta_{s-1}),                      theta_s = Adam(theta_{s-1}, g_s)
+//   delayed:  g_s = grad L_s(theta_{max(s-2, 0)}),              theta_s = Adam(theta_{s-1}, g_s)
+//
+// i.e. steps 1 and 2 both compute gradients at the initial parameters theta_0, step 3 at theta_1,
+// and so on; every update is still applied, in order, each to the previous update's result, with
+// its own step's learning rate, clip factor and loss scale. (The paper switches DPU on after a few
+// warm-up steps; here it is on from step 1, and step 1's update simply has nothing to overlap.)
+// What step() does at the end of step s's backward:
+//   1. wait for update s-1 (still running on the optimizer thread) and install theta_{s-1} into the
+//      model: stage 0 copies the whole unit, stages 1-2 (and stage 3's persistent units) copy the
+//      rank's shard into place and all-gather it (waited for at the next forward, as without the
+//      flag), stage 3 copies the rank's parameter shard;
+//   2. copy g_s (already reduced, and accumulated over the micro-steps) into the optimizer's own
+//      gradient buffer, measuring its norm on the way (the norm and the clip factor are g_s's,
+//      exactly as without the flag, so clipping and fp16 overflow detection are unchanged:
+//      an overflowing step is skipped and nothing is started);
+//   3. start update s on the optimizer thread (it writes master, moments and its own parameter
+//      copy, never the model's parameters, which step s+1 is reading) and return.
+// finish_delayed_update() (the trainer calls it after the last step, before the final validation
+// and --save) waits for the last update and installs it, so the saved and final model include
+// every update; a validation between steps sees theta_{s-1} after step s, like the forward of s+1.
+// The optimizer thread uses dpu_threads_ OpenMP threads (one on a machine this small; see
+// docs/BENCHMARKS.md for whether it pays on 2 cores). It does no collective and no parameter swap
+// I/O (hence no --offload-param nvme); optimizer NVMe swap runs on it unchanged. Memory: one more
+// f32 gradient copy and one parameter copy (compute dtype) of the rank's optimizer shard, in the
+// ledger as grad and param on the optimizer's place. Gradient accumulation is unchanged: every
+// micro-step of step s+1 sees theta_{s-1}.
+
+void ZeroEngine::join_delayed() {
+  if (!dpu_worker_.joinable()) return;
+  {
+    ProfileScope profile(ProfileCategory::optimizer);  // the part of the update the step did not hide
+    dpu_worker_.join();
+  }
+  if (dpu_error_) std::rethrow_exception(std::exchange(dpu_error_, nullptr));
+}
+
+void ZeroEngine::install_delayed() {
+  join_delayed();
+  if (!dpu_install_pending_) return;
+  dpu_install_pending_ = false;
+  for (int u = 0; u < num_units_; ++u) {
+    release(u);  // stage 3: gathered copies are stale now
+    wait_gather(u);
+    nn::FlatParam& unit = model_.units()[u];
+    UnitState& st = units_[u];
+    const void* fresh = dpu_params_[u].data();
+    if (config_.stage == 0) {
+      std::memcpy(unit.data(), fresh, unit.numel() * dsize_);
+    } else if (params_sharded(u)) {
+      std::memcpy(st.shard_params.data(), fresh, st.shard.shard_numel * dsize_);
+    } else {
+      char* full = static_cast<char*>(unit.data());
+      std::memcpy(full + st.shard.shard_begin * dsize_, fresh, st.shard.shard_numel * dsize_);
+      launch_gather(u, full + st.shard.shard_begin * dsize_, full);
+    }
+  }
+}
+
+void ZeroEngine::finish_delayed_update() { install_delayed(); }
+
+ZeroEngine::StepResult ZeroEngine::step_delayed(float lr, float grad_clip, double loss_scale, bool skip_on_overflow) {
+  install_delayed();
+  // Copy this step's gradients to the optimizer (which may then run beside the next backward) and
+  // measure them on the way; the model's gradient buffers are free for the next step after this.
+  double local = 0.0;
+  for (size_t i = 0; i < optimizer_->num_shards(); ++i) {
+    const float* src = grad_src_[i];
+    float* dst = dpu_grads_[i].as<float>();
+    const size_t n = optimizer_->numel(i);
+    // The same loop shape as step()'s norm pass, so the norm (and the clip factor) is bitwise the same.
+#pragma omp parallel for reduction(+ : local) schedule(static)
+    for (size_t k = 0; k < n; ++k) {
+      dst[k] = src[k];
+      local += static_cast<double>(src[k]) * src[k];
+    }
+  }
+  for (UnitState& st : units_) st.accumulator_zero = true;
+  if (config_.stage <= 1)
+    for (int u = 0; u < num_units_; ++u) model_.units()[u].mark_grads_fresh();
+  StepResult result;
+  result.norm = std::sqrt(reduce_grad_norm_sq(local)) / loss_scale;
+  if (!std::isfinite(result.norm)) {
+    ZERONE_CHECK(skip_on_overflow, "gradient norm is ", result.norm,
+                 ": training diverged (try a lower --lr or --grad-clip)");
+    result.overflow = true;  // skipped: nothing is started, the model keeps its parameters
+    return result;
+  }
+  float clip = 1.0f;
+  if (grad_clip > 0.0f && result.norm > grad_clip) clip = static_cast<float>(grad_clip / result.norm);
+  const float scale = static_cast<float>(1.0 / (static_cast<double>(world_) * loss_scale)) * clip;
+  dpu_install_pending_ = true;
+  dpu_worker_ = std::thread([this, lr, scale] {
+    Profiler::set_thread_excluded(true);
+    omp_set_num_threads(dpu_threads_);
+    try {
+      optimizer_->step(lr, scale);
+    } catch (...) {
+      dpu_error_ = std::current_exception();
+    }
+  });
+  return result;
+}
+
 void ZeroEngine::with_full_params(const std::function<void()>& fn) {
+  join_delayed();  // Note [Delayed parameter update]: the model holds theta_{s-1} until the next step
   std::vector<int> gathered;
   for (int u = 0; u < num_units_; ++u) {
     if (params_sharded(u) && !model_.units()[u].has_params()) gathered.push_back(u);

@@ -23,7 +23,9 @@
 
 #include <deque>
 #include <functional>
+#include <exception>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "zerone/comm/communicator.h"
@@ -73,13 +75,23 @@ class ZeroEngine : public nn::UnitHooks {
   };
   StepResult step(float lr, float grad_clip, double loss_scale = 1.0, bool skip_on_overflow = false);
 
+  // --delayed-update (Note [Delayed parameter update]): step() measures, clips and hands the
+  // gradients to the optimizer thread and returns at once; the model keeps the parameters of the
+  // step before until the next step() installs this one's. After the last step the trainer calls
+  // finish_delayed_update() so the final model holds every update. No-op without the flag.
+  void finish_delayed_update();
+
   // Runs `fn` with every unit's full parameters present (stage 3 gathers them first and releases
   // them after), e.g. to write a checkpoint. Collective: every rank must call it.
   void with_full_params(const std::function<void()>& fn);
 
   const ZeroConfig& config() const { return config_; }
   const UnitShard& shard(int unit) const { return units_[unit].shard; }
-  optim::Optimizer& optimizer() { return *optimizer_; }
+  // With --delayed-update, waits for the update in flight first (the optimizer is not shared).
+  optim::Optimizer& optimizer() {
+    join_delayed();
+    return *optimizer_;
+  }
 
   void before_forward(int unit) override;
   void after_forward(int unit) override;
@@ -128,6 +140,9 @@ class ZeroEngine : public nn::UnitHooks {
   void release_after(int access);
   double reduce_grad_norm_sq(double local_sumsq) const;
   void on_shard_updated(int u);
+  StepResult step_delayed(float lr, float grad_clip, double loss_scale, bool skip_on_overflow);
+  void join_delayed();
+  void install_delayed();
 
   nn::Model& model_;
   comm::Communicator& comm_;
@@ -152,6 +167,15 @@ class ZeroEngine : public nn::UnitHooks {
   int64_t nvme_param_bytes_ = 0;
   bool pin_staging_ = false;  // offload_*.pin_memory: mlock parameter staging buffers
   Buffer acquire_staging(size_t bytes);
+  // --delayed-update (Note [Delayed parameter update]). Per optimizer shard: where the reduced
+  // gradients land (what the optimizer reads without the flag), the copy the optimizer thread
+  // reads, and the parameters it writes (installed into the model at the next step()).
+  std::vector<const float*> grad_src_;
+  std::vector<Buffer> dpu_grads_, dpu_params_;
+  std::thread dpu_worker_;
+  std::exception_ptr dpu_error_;
+  bool dpu_install_pending_ = false;
+  int dpu_threads_ = 1;
 };
 
 }  // namespace zerone::zero

@@ -59,6 +59,7 @@ struct ZeroConfig {
   OffloadDevice offload_param = OffloadDevice::none;      // stage 3
   size_t sub_group_numel = 1'000'000'000;            // sub_group_size: optimizer elements per swap unit
   int optimizer_buffer_count = 4;                    // offload_optimizer.buffer_count (staging buffers)
+  bool delayed_update = false;                       // --delayed-update (Note [Delayed parameter update])
 };
 
 // The sub-groups of one optimizer shard of `shard_numel` elements: [begin, end) ranges of at most

@@ -63,15 +63,23 @@ double AdamW::update_slice(const ShardRef& s, DType param_dtype, const AdamWOpti
   return sumsq;
 }
 
+void AdamW::begin_step(float lr, float grad_scale) {
+  ++step_;
+  h_ = hyper(options_, lr, grad_scale, step_);
+}
+
+double AdamW::update_shard(size_t i, size_t /*next_shard*/) {
+  ProfileScope profile(ProfileCategory::optimizer);
+  return update_slice(shards_[i], param_dtype_, options_, h_, 0, shards_[i].numel, master(i), m(i), v(i));
+}
+
 double AdamW::step(float lr, float grad_scale, const std::function<void(size_t shard)>& shard_done,
                    const std::function<void(size_t shard)>& shard_begin) {
-  ProfileScope profile(ProfileCategory::optimizer);
-  ++step_;
-  const kernels::cpu::AdamWHyper h = hyper(options_, lr, grad_scale, step_);
+  begin_step(lr, grad_scale);
   double sumsq = 0.0;
   for (size_t i = 0; i < shards_.size(); ++i) {
     if (shard_begin) shard_begin(i);
-    sumsq += update_slice(shards_[i], param_dtype_, options_, h, 0, shards_[i].numel, master(i), m(i), v(i));
+    sumsq += update_shard(i);
     if (shard_done) shard_done(i);
   }
   return sumsq;

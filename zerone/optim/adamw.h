@@ -51,6 +51,19 @@ class Optimizer {
   virtual size_t num_shards() const = 0;
   virtual size_t numel(size_t i) const = 0;
   virtual const float* grad(size_t i) const = 0;
+
+  // Per-shard stepping, for the ZeRO engine's early step (Note [Early optimizer step] in
+  // zero/engine.cc): begin_step() counts the step and fixes its hyper-parameters, update_shard(i)
+  // updates shard i (in any order, each once) and returns its gradients' sum of squares, end_step()
+  // waits for whatever the step left in flight. step() is exactly begin_step, update_shard(0..n-1)
+  // in order, end_step, so both give the same bits. `next_shard` (or kNoShard) is the shard
+  // expected next, for optimizers that read their state ahead. Optimizers that cannot say
+  // supports_shard_steps() false, and the engine then steps them whole.
+  static constexpr size_t kNoShard = static_cast<size_t>(-1);
+  virtual bool supports_shard_steps() const { return false; }
+  virtual void begin_step(float lr, float grad_scale) {}
+  virtual double update_shard(size_t i, size_t next_shard = kNoShard) { return 0.0; }
+  virtual void end_step() {}
 };
 
 class AdamW final : public Optimizer {
@@ -77,6 +90,9 @@ class AdamW final : public Optimizer {
   double step(float lr, float grad_scale, const std::function<void(size_t shard)>& shard_done = nullptr,
               const std::function<void(size_t shard)>& shard_begin = nullptr) override;
   void set_param(size_t i, void* param) override { shards_[i].param = param; }
+  bool supports_shard_steps() const override { return true; }
+  void begin_step(float lr, float grad_scale) override;
+  double update_shard(size_t i, size_t next_shard = kNoShard) override;
 
   size_t num_shards() const override { return shards_.size(); }
   size_t numel(size_t i) const override { return shards_[i].numel; }
@@ -95,6 +111,7 @@ class AdamW final : public Optimizer {
   DType param_dtype_;
   AdamWOptions options_;
   int step_ = 0;
+  kernels::cpu::AdamWHyper h_{};  // of the step begun last
 };
 
 }  // namespace zerone::optim

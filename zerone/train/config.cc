@@ -756,6 +756,7 @@ std::vector<std::pair<std::string, std::string>> consistency_settings(const Trai
           {"--train-batch-size", str_cat(c.train_batch_size)},
           {"--activation-checkpointing", str_cat(c.activation_checkpointing)},
           {"--delayed-update", str_cat(c.delayed_update)},
+          {"--early-step", str_cat(c.early_step)},
           {"--device-mem-limit", str_cat(c.device_mem_limit)},
           {"--offload-optimizer", c.offload_optimizer},
           {"--offload-param", c.offload_param},

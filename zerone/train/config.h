@@ -70,6 +70,8 @@ struct TrainConfig {
   bool activation_checkpointing = false;
   // ZeRO-Offload's one-step delayed parameter update (Note [Delayed parameter update] in zero/engine.cc).
   bool delayed_update = false;
+  // Update each unit as soon as its gradients are final (Note [Early optimizer step] in zero/engine.cc).
+  bool early_step = true;
   // Offload (README "Offload"; DeepSpeed's zero_optimization.offload_* and aio keys).
   double device_mem_limit = 0.0;        // GiB per rank of the device arena; 0: no cap
   std::string offload_optimizer = "none";  // none | cpu | nvme (stages 1-3)

@@ -334,6 +334,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   zcfg.sub_group_numel = static_cast<size_t>(cfg.sub_group_size);
   zcfg.optimizer_buffer_count = cfg.offload_buffer_count;
   zcfg.delayed_update = cfg.delayed_update;
+  zcfg.early_step = cfg.early_step;
   zero::NvmeConfig nvme;
   nvme.nvme_path = cfg.nvme_path;
   nvme.rank = rank;
@@ -430,6 +431,8 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     auto t0 = std::chrono::steady_clock::now();
     double loss_sum = 0.0;  // gradients start at zero: the optimizer step zeroes them
     const double loss_scale = scaled ? scaler.scale() : 1.0;
+    const float lr = static_cast<float>(schedule.lr());
+    engine.plan_step(lr, cfg.grad_clip, loss_scale, scaled);  // Note [Early optimizer step]
     for (int micro = 0; micro < cfg.grad_accum; ++micro) {
       // Chunk (s*accum + k)*world + r: every world size sees the same global batch.
       uint64_t chunk = (static_cast<uint64_t>(step - 1) * cfg.grad_accum + micro) * world + rank;
@@ -463,7 +466,6 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     }
     float loss = static_cast<float>(reduced[0] / (static_cast<double>(cfg.grad_accum) * world));
     ZERONE_CHECK(std::isfinite(loss), "training diverged at step ", step, ": loss ", loss, " (try a lower --lr or --grad-clip)");
-    float lr = static_cast<float>(schedule.lr());
     zero::ZeroEngine::StepResult stepped = engine.step(lr, cfg.grad_clip, loss_scale, scaled);
     // --delayed-update: the last update is waited for and installed before the final validation
     // and --save (Note [Delayed parameter update]).

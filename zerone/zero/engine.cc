@@ -136,6 +136,10 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
     MemoryLedger::global().add(MemPlace::nvme, MemCategory::param, nvme_param_bytes_);
   }
   dpu_threads_ = std::max(1, omp_get_max_threads() / 2);
+  last_toucher_.resize(num_units_);
+  for (int u = 0; u < num_units_; ++u) last_toucher_[u] = u;
+  for (int u = 0; u < num_units_; ++u)
+    for (int x : model.units_touched(u)) last_toucher_[x] = std::min(last_toucher_[x], u);
   model.set_hooks(this);
 }
 
@@ -351,6 +355,7 @@ void ZeroEngine::after_backward(int u) {
   if (config_.stage == 3) release_after(access_index(true, u));
   if (config_.stage >= 2 || last_micro_step_) launch_reduction(u);
   if (config_.stage >= 2) retire_reductions();
+  if (early_.active && last_micro_step_) early_after_backward(u);
 }
 
 void ZeroEngine::launch_reduction(int u) {
@@ -429,7 +434,85 @@ double ZeroEngine::reduce_grad_norm_sq(double local_sumsq) const {
   return total / (static_cast<double>(world_) * world_);  // gradients are sums over ranks
 }
 
+// Note [Early optimizer step]: a unit's gradients are final once the backward of every unit that
+// touches it has run in the step's last micro-step (for a tied embedding that is the embedding's
+// own backward, the last) and its reduction has finished. With plan_step() announcing the step, the
+// engine updates such a unit right away instead of at step(): in after_backward(u) it updates every
+// unit that was final before u's backward began, so that unit's reduction had u's backward to hide
+// behind, and step() updates what is left (the lowest units). Each update is the same call on the
+// same gradients, master and moments as in step(), only in another order (units top down), and
+// shards do not interact, so parameters, moments and losses are bit for bit those of the plain
+// step (tests/zero/early_step.sh). Only the reported gradient norm may differ in its last bits: its
+// per-unit sums are added in another order.
+// What it moves earlier: NVMe offload's swap I/O (the optimizer state of unit u is read while the
+// backward of the units below runs; SwappedAdamW reads the next unit's first sub-group ahead, and
+// writes complete behind the next unit's backward), stage 1-2's all-gather of the updated shard
+// and stage 3's parameter-shard write-back. The update's arithmetic still runs on the training
+// thread, between two units' backward, so on a CPU it is moved, not hidden.
+// Clipping and fp16 loss scaling need the global norm of all gradients before any update; until
+// then an update would be a speculation (to be validated, and redone from a kept copy of the
+// pre-update state when the clip factor or an overflow says so). On a CPU, where the speculative
+// update would compete with the backward for the same cores, that copy (12-16 bytes per
+// parameter) could only cost time and memory, so with either the engine steps at the end as
+// before; see docs/BENCHMARKS.md.
+
+void ZeroEngine::plan_step(float lr, float grad_clip, double loss_scale, bool skip_on_overflow) {
+  ZERONE_ASSERT(!early_.begun, "plan_step() twice without step()");
+  early_.active = config_.early_step && !config_.delayed_update && optimizer_->supports_shard_steps() &&
+                  grad_clip <= 0.0f && !skip_on_overflow;
+  early_.lr = lr;
+  early_.grad_clip = grad_clip;
+  early_.loss_scale = loss_scale;
+  early_.skip_on_overflow = skip_on_overflow;
+  early_.sumsq = 0.0;
+  early_.waiting.clear();
+  early_.updated.assign(num_units_, 0);
+}
+
+void ZeroEngine::early_after_backward(int u) {
+  // Update the units that were final before u's backward; u waits (its reduction is in flight).
+  std::vector<int> ready;
+  for (int x : early_.waiting)
+    if (last_toucher_[x] > u) ready.push_back(x);
+  for (size_t k = 0; k < ready.size(); ++k) early_update(ready[k], k + 1 < ready.size() ? ready[k + 1] : u);
+  std::erase_if(early_.waiting, [&](int x) { return early_.updated[x] != 0; });
+  early_.waiting.push_back(u);
+}
+
+void ZeroEngine::early_update(int u, int next) {
+  if (!early_.begun) {
+    optimizer_->begin_step(early_.lr, static_cast<float>(1.0 / (static_cast<double>(world_) * early_.loss_scale)));
+    early_.begun = true;
+  }
+  finish_reduction(u);
+  release(u);  // stage 3: a gathered copy would go stale
+  if (params_swapped(u)) load_shard_for_update(u);
+  early_.sumsq += optimizer_->update_shard(static_cast<size_t>(u),
+                                           next >= 0 ? static_cast<size_t>(next) : optim::Optimizer::kNoShard);
+  on_shard_updated(u);
+  early_.updated[u] = 1;
+}
+
 ZeroEngine::StepResult ZeroEngine::step(float lr, float grad_clip, double loss_scale, bool skip_on_overflow) {
+  if (early_.active) {
+    ZERONE_ASSERT(lr == early_.lr && grad_clip == early_.grad_clip && loss_scale == early_.loss_scale &&
+                      skip_on_overflow == early_.skip_on_overflow,
+                  "step() called with other arguments than plan_step()");
+    early_.active = false;
+    std::vector<int> rest;  // top down, as the backward made them final
+    for (int u = num_units_ - 1; u >= 0; --u)
+      if (!early_.updated[u]) rest.push_back(u);
+    for (size_t k = 0; k < rest.size(); ++k) early_update(rest[k], k + 1 < rest.size() ? rest[k + 1] : -1);
+    optimizer_->end_step();
+    early_.begun = false;
+    retire_param_writes(0);
+    for (UnitState& st : units_) st.accumulator_zero = true;  // Note [Fresh gradients], as below
+    StepResult result;
+    result.norm = std::sqrt(reduce_grad_norm_sq(early_.sumsq)) / loss_scale;
+    ZERONE_CHECK(std::isfinite(result.norm), "gradient norm is ", result.norm,
+                 ": training diverged (try a lower --lr or --grad-clip)");
+    return result;
+  }
   for (int u = 0; u < num_units_; ++u) finish_reduction(u);
   if (config_.delayed_update) return step_delayed(lr, grad_clip, loss_scale, skip_on_overflow);
   // Gradients are sums over ranks of loss_scale-scaled gradients.

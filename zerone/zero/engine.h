@@ -75,6 +75,13 @@ class ZeroEngine : public nn::UnitHooks {
   };
   StepResult step(float lr, float grad_clip, double loss_scale = 1.0, bool skip_on_overflow = false);
 
+  // Note [Early optimizer step]: announces step()'s arguments before the step's last backward, so
+  // that each unit's update can start as soon as its gradients are final, while the backward of
+  // the units below it runs. step() must then be called with the same arguments. Without it (or
+  // with clipping, loss scaling, --delayed-update or config.early_step off) step() updates every
+  // unit at the end, as before; the numbers are the same either way.
+  void plan_step(float lr, float grad_clip, double loss_scale = 1.0, bool skip_on_overflow = false);
+
   // --delayed-update (Note [Delayed parameter update]): step() measures, clips and hands the
   // gradients to the optimizer thread and returns at once; the model keeps the parameters of the
   // step before until the next step() installs this one's. After the last step the trainer calls
@@ -143,6 +150,8 @@ class ZeroEngine : public nn::UnitHooks {
   StepResult step_delayed(float lr, float grad_clip, double loss_scale, bool skip_on_overflow);
   void join_delayed();
   void install_delayed();
+  void early_update(int u, int next);
+  void early_after_backward(int u);
 
   nn::Model& model_;
   comm::Communicator& comm_;
@@ -176,6 +185,18 @@ class ZeroEngine : public nn::UnitHooks {
   std::exception_ptr dpu_error_;
   bool dpu_install_pending_ = false;
   int dpu_threads_ = 1;
+  // Note [Early optimizer step].
+  struct EarlyPlan {
+    bool active = false;   // this step updates units as their gradients become final
+    bool begun = false;    // optimizer_->begin_step() was called
+    float lr = 0.0f, grad_clip = 0.0f;
+    double loss_scale = 1.0;
+    bool skip_on_overflow = false;
+    double sumsq = 0.0;    // of the units updated so far
+    std::vector<int> waiting;    // backward done, not yet updated (newest last)
+    std::vector<char> updated;   // per unit
+  } early_;
+  std::vector<int> last_toucher_;  // per unit: the lowest unit whose backward touches it
 };
 
 }  // namespace zerone::zero

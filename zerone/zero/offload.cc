@@ -24,6 +24,7 @@ SwappedAdamW::SwappedAdamW(std::vector<optim::ShardRef> shards, DType param_dtyp
   uint64_t offset = 0;
   size_t largest = 0;
   for (size_t i = 0; i < shards_.size(); ++i) {
+    first_group_.push_back(groups_.size());
     for (auto [b, e] : sub_groups(shards_[i].numel, sub_group_numel)) {
       SubGroup g{i, b, e, offset, swap_tensor_bytes(e - b)};
       offset += group_bytes(g);
@@ -33,6 +34,7 @@ SwappedAdamW::SwappedAdamW(std::vector<optim::ShardRef> shards, DType param_dtyp
       groups_.push_back(g);
     }
   }
+  first_group_.push_back(groups_.size());
   file_path_ = dir.path() + "/optimizer.swp";
   fd_ = dir.create_file("optimizer.swp", offset);
   MemoryLedger::global().add(MemPlace::nvme, MemCategory::optim, nvme_optim_bytes_);
@@ -73,46 +75,82 @@ SwappedAdamW::~SwappedAdamW() {
   MemoryLedger::global().sub(MemPlace::nvme, MemCategory::master, nvme_master_bytes_);
 }
 
-double SwappedAdamW::step(float lr, float grad_scale, const std::function<void(size_t shard)>& shard_done,
-                          const std::function<void(size_t shard)>& shard_begin) {
+void SwappedAdamW::wait_io(io::SwapIo::Ticket& t) {
+  if (t == 0) return;
+  ProfileScope profile(ProfileCategory::swap);
+  io_->wait(std::exchange(t, 0));
+}
+
+void SwappedAdamW::start_read(size_t gi, size_t b) {
+  wait_io(writes_[b]);  // the buffer's previous sub-group must be on disk first
+  reads_[b] = io_->start(io::IoOp::read, fd_.get(), file_path_, buffers_[b].data(), group_bytes(groups_[gi]),
+                         groups_[gi].offset);
+}
+
+void SwappedAdamW::begin_step(float lr, float grad_scale) {
   ++step_;
-  const kernels::cpu::AdamWHyper h = optim::AdamW::hyper(options_, lr, grad_scale, step_);
-  const size_t G = groups_.size(), B = buffers_.size();
+  h_ = optim::AdamW::hyper(options_, lr, grad_scale, step_);
+  reads_.assign(buffers_.size(), 0);
+  if (writes_.size() != buffers_.size()) writes_.assign(buffers_.size(), 0);
+  ahead_group_ = kNoShard;
+}
+
+double SwappedAdamW::update_shard(size_t shard, size_t next_shard) {
+  const size_t B = buffers_.size();
   const bool pipelined_read = config_.pipeline_read && B >= 2;
-  std::vector<io::SwapIo::Ticket> reads(B, 0), writes(B, 0);
-  std::vector<bool> read_started(G, false);
-  auto wait = [&](io::SwapIo::Ticket& t) {
-    if (t == 0) return;
-    ProfileScope profile(ProfileCategory::swap);
-    io_->wait(std::exchange(t, 0));
-  };
-  auto start_read = [&](size_t gi) {
-    const size_t b = gi % B;
-    wait(writes[b]);  // the buffer's previous sub-group must be on disk first
-    reads[b] = io_->start(io::IoOp::read, fd_.get(), file_path_, buffers_[b].data(), group_bytes(groups_[gi]),
-                          groups_[gi].offset);
-    read_started[gi] = true;
-  };
+  const size_t end = first_group_[shard + 1];
   double sumsq = 0.0;
-  for (size_t gi = 0; gi < G; ++gi) {
+  for (size_t gi = first_group_[shard]; gi < end; ++gi) {
     const SubGroup& g = groups_[gi];
-    const size_t b = gi % B;
-    if (shard_begin && (gi == 0 || groups_[gi - 1].shard != g.shard)) shard_begin(g.shard);
-    if (!read_started[gi]) start_read(gi);
-    if (pipelined_read && gi + 1 < G) start_read(gi + 1);
-    wait(reads[b]);
+    size_t b;
+    if (ahead_group_ == gi) {
+      b = ahead_buffer_;
+      ahead_group_ = kNoShard;
+    } else {
+      if (ahead_group_ != kNoShard) {  // read ahead for a shard that did not come next: drop it
+        wait_io(reads_[ahead_buffer_]);
+        ahead_group_ = kNoShard;
+      }
+      b = std::exchange(next_buffer_, (next_buffer_ + 1) % B);
+      start_read(gi, b);
+    }
+    // Read the sub-group after this one while this one steps.
+    size_t next = gi + 1 < end ? gi + 1 : next_shard == kNoShard ? kNoShard : first_group_[next_shard];
+    if (pipelined_read && next != kNoShard && next < first_group_[next == gi + 1 ? shard + 1 : next_shard + 1]) {
+      ahead_buffer_ = std::exchange(next_buffer_, (next_buffer_ + 1) % B);
+      ahead_group_ = next;
+      start_read(next, ahead_buffer_);
+    }
+    wait_io(reads_[b]);
     {
       ProfileScope profile(ProfileCategory::optimizer);
       const optim::ShardRef& s = shards_[g.shard];
       float* master = tensors_ == 3 ? tensor(b, g, 2) : static_cast<float*>(s.param) + g.begin;
-      sumsq += optim::AdamW::update_slice(s, param_dtype_, options_, h, g.begin, g.end, master, tensor(b, g, 0),
+      sumsq += optim::AdamW::update_slice(s, param_dtype_, options_, h_, g.begin, g.end, master, tensor(b, g, 0),
                                           tensor(b, g, 1));
     }
-    writes[b] = io_->start(io::IoOp::write, fd_.get(), file_path_, buffers_[b].data(), group_bytes(g), g.offset);
-    if (!config_.pipeline_write) wait(writes[b]);
-    if (shard_done && (gi + 1 == G || groups_[gi + 1].shard != g.shard)) shard_done(g.shard);
+    writes_[b] = io_->start(io::IoOp::write, fd_.get(), file_path_, buffers_[b].data(), group_bytes(g), g.offset);
+    if (!config_.pipeline_write) wait_io(writes_[b]);
   }
-  for (io::SwapIo::Ticket& t : writes) wait(t);
+  return sumsq;
+}
+
+void SwappedAdamW::end_step() {
+  for (io::SwapIo::Ticket& t : reads_) wait_io(t);  // a read ahead that no update_shard() consumed
+  ahead_group_ = kNoShard;
+  for (io::SwapIo::Ticket& t : writes_) wait_io(t);
+}
+
+double SwappedAdamW::step(float lr, float grad_scale, const std::function<void(size_t shard)>& shard_done,
+                          const std::function<void(size_t shard)>& shard_begin) {
+  begin_step(lr, grad_scale);
+  double sumsq = 0.0;
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    if (shard_begin) shard_begin(i);
+    sumsq += update_shard(i, i + 1 < shards_.size() ? i + 1 : kNoShard);
+    if (shard_done) shard_done(i);
+  }
+  end_step();
   return sumsq;
 }
 

@@ -59,6 +59,14 @@ class SwappedAdamW final : public optim::Optimizer {
   double step(float lr, float grad_scale, const std::function<void(size_t shard)>& shard_done = nullptr,
               const std::function<void(size_t shard)>& shard_begin = nullptr) override;
   void set_param(size_t i, void* param) override { shards_[i].param = param; }
+  // Per-shard stepping (optim::Optimizer). The pipeline of Note [Pipelined swap] runs across
+  // update_shard() calls: the sub-group after the current one (the next of the shard, else the
+  // first of `next_shard`) is read while the current one steps, and writes complete in the
+  // background until a staging buffer is needed again or end_step().
+  bool supports_shard_steps() const override { return true; }
+  void begin_step(float lr, float grad_scale) override;
+  double update_shard(size_t i, size_t next_shard = kNoShard) override;
+  void end_step() override;
   size_t num_shards() const override { return shards_.size(); }
   size_t numel(size_t i) const override { return shards_[i].numel; }
   const float* grad(size_t i) const override { return shards_[i].grad; }
@@ -84,6 +92,15 @@ class SwappedAdamW final : public optim::Optimizer {
   int tensors_;  // m, v (+ master)
   int step_ = 0;
   std::vector<SubGroup> groups_;
+  std::vector<size_t> first_group_;  // shard i's sub-groups are [first_group_[i], first_group_[i + 1])
+  // The step in progress: its hyper-parameters, each staging buffer's read and write in flight,
+  // the buffer the next read goes to, and the sub-group already being read ahead (if any).
+  kernels::cpu::AdamWHyper h_{};
+  std::vector<io::SwapIo::Ticket> reads_, writes_;
+  size_t next_buffer_ = 0;
+  size_t ahead_group_ = kNoShard, ahead_buffer_ = 0;
+  void start_read(size_t group, size_t buffer);
+  void wait_io(io::SwapIo::Ticket& t);
   int64_t nvme_master_bytes_ = 0, nvme_optim_bytes_ = 0;
   // Destroyed in reverse: the I/O is drained before the buffers and the file go.
   std::string file_path_;

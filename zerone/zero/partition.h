@@ -60,6 +60,7 @@ struct ZeroConfig {
   size_t sub_group_numel = 1'000'000'000;            // sub_group_size: optimizer elements per swap unit
   int optimizer_buffer_count = 4;                    // offload_optimizer.buffer_count (staging buffers)
   bool delayed_update = false;                       // --delayed-update (Note [Delayed parameter update])
+  bool early_step = true;                            // --early-step (Note [Early optimizer step])
 };
 
 // The sub-groups of one optimizer shard of `shard_numel` elements: [begin, end) ranges of at most

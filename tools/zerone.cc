@@ -289,7 +289,7 @@ int main(int argc, char** argv) {
 
   train::SampleOptions sample_opts;
   CLI::App* sample_cmd = app.add_subcommand("sample", "generate text from an llm.c checkpoint");
-  sample_cmd->add_option("--init", sample_opts.init, "llm.c checkpoint")->required();
+  sample_cmd->add_option("--init", sample_opts.init, "llm.c checkpoint or Hugging Face model directory")->required();
   sample_cmd->add_option("--prompt", sample_opts.prompt, "prompt text, encoded with --tokenizer (default byte-level)");
   sample_cmd->add_option("--prompt-tokens", sample_opts.prompt_tokens, "prompt as token ids")->delimiter(',');
   sample_cmd->add_option("--tokenizer", sample_opts.tokenizer,

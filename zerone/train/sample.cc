@@ -2,11 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <unistd.h>
+
 #include <memory>
 
 #include "zerone/core/error.h"
 #include "zerone/core/rng.h"
 #include "zerone/core/sysinfo.h"
+#include "zerone/io/hf_checkpoint.h"
 #include "zerone/io/llmc_checkpoint.h"
 #include "zerone/io/tokenizer.h"
 #include "zerone/nn/gpt2.h"
@@ -15,70 +18,81 @@
 namespace zerone::train {
 
 void sample(const SampleOptions& o, const std::function<void(const std::string&)>& emit) {
-  ZERONE_CHECK(!o.init.empty(), "--init FILE is required: the llm.c checkpoint to sample from");
+  ZERONE_CHECK(!o.init.empty(), "--init is required: the llm.c checkpoint or Hugging Face model directory to sample from");
   ZERONE_CHECK(o.num_tokens >= 1 && o.num_tokens <= 1000000, "--tokens ", o.num_tokens, " is out of range: expected 1..1000000");
   ZERONE_CHECK(std::isfinite(o.temperature) && o.temperature >= 0.0f, "--temperature ", o.temperature, " must be >= 0");
   ZERONE_CHECK(o.top_k >= 0, "--top-k ", o.top_k, " must be >= 0");
-  nn::GPT2Config config = io::read_llmc_config(o.init, "--init");
-  // The tokenizer before the model: its errors are cheaper to find first.
+  // --init: a Hugging Face directory (config.json picks GPT-2 or LLaMA), else an llm.c GPT-2 file.
+  const bool hf = io::is_hf_directory(o.init);
+  const std::string spec = hf ? io::read_hf_spec(o.init) : io::read_llmc_config(o.init, "--init").to_string();
+  // The tokenizer before the model: its errors are cheaper to find first. A Hugging Face directory
+  // that holds its tokenizer (tokenizer.json / tokenizer.model) decodes with it unless --tokenizer.
+  std::string tokenizer_path = o.tokenizer;
+  if (tokenizer_path.empty() && hf &&
+      (::access((o.init + "/tokenizer.json").c_str(), F_OK) == 0 || ::access((o.init + "/tokenizer.model").c_str(), F_OK) == 0))
+    tokenizer_path = o.init;
   std::unique_ptr<io::Tokenizer> tokenizer =
-      o.tokenizer.empty() ? io::make_byte_tokenizer() : io::load_tokenizer(o.tokenizer);
-  ZERONE_CHECK(tokenizer->vocab_size() <= config.vocab_size, "--tokenizer: ", tokenizer->description(), " has ",
-               tokenizer->vocab_size(), " tokens, more than the model's vocabulary of ", config.vocab_size);
-  auto decode = [&](int32_t t) { return tokenizer->decode(&t, 1); };
-  ZERONE_CHECK(o.prompt.empty() || o.prompt_tokens.empty(), "--prompt and --prompt-tokens both given: expected one");
+      tokenizer_path.empty() ? io::make_byte_tokenizer() : io::load_tokenizer(tokenizer_path);
   // Refuse a model that cannot fit before allocating it (as training does, Note [Refuse what cannot fit]).
   const DType dtype = resolve_precision(o.precision);
-  const long double need = static_cast<long double>(config.num_parameters()) * dtype_size(dtype) +
-                           nn::GPT2::activation_bytes(config, 1, config.max_seq_len);
+  std::unique_ptr<nn::Model> shape = nn::make_model(spec, dtype, 64, /*allocate=*/false);
+  const int vocab = shape->vocab_size(), max_seq = shape->max_seq_len();
+  ZERONE_CHECK(tokenizer->vocab_size() <= vocab, "--tokenizer: ", tokenizer->description(), " has ",
+               tokenizer->vocab_size(), " tokens, more than the model's vocabulary of ", vocab);
+  auto decode = [&](int32_t t) { return tokenizer->decode(&t, 1); };
+  ZERONE_CHECK(o.prompt.empty() || o.prompt_tokens.empty(), "--prompt and --prompt-tokens both given: expected one");
+  const long double need = static_cast<long double>(shape->num_parameters()) * dtype_size(dtype) +
+                           static_cast<long double>(shape->activation_bytes(1, max_seq));
   const long long available = available_memory_bytes();
   ZERONE_CHECK(available <= 0 || need <= available, "sampling from '", o.init, "' needs about ",
                static_cast<double>(need) / (1 << 20), " MiB (parameters and activations), but this host has ",
                available / (1 << 20), " MiB available");
-  nn::GPT2 model(config, dtype);
-  io::load_llmc_checkpoint(o.init, model);
+  shape.reset();
+  std::unique_ptr<nn::Model> model = nn::make_model(spec, dtype);
+  if (hf) io::load_hf_checkpoint(o.init, *model);
+  else io::load_llmc_checkpoint(o.init, dynamic_cast<nn::GPT2&>(*model));
 
   std::vector<int32_t> tokens = o.prompt_tokens;
   if (tokens.empty() && !o.prompt.empty()) {
     ZERONE_CHECK(tokenizer->can_encode(), "--prompt needs a tokenizer that encodes: ", tokenizer->description(),
                  " can only decode (pass --prompt-tokens, or a tokenizer.json / encoder.json)");
-    ZERONE_CHECK(!o.tokenizer.empty() || config.vocab_size == io::kByteVocabSize || config.vocab_size == 256,
+    ZERONE_CHECK(!tokenizer_path.empty() || vocab == io::kByteVocabSize || vocab == 256,
                  "--prompt without --tokenizer is encoded byte-level, but this model's vocabulary of ",
-                 config.vocab_size, " is not byte-level: give --tokenizer (the one the training data was prepared with)");
+                 vocab, " is not byte-level: give --tokenizer (the one the training data was prepared with)");
     tokens = tokenizer->encode(o.prompt);
   }
-  if (tokens.empty()) tokens.push_back(config.vocab_size > io::kByteEot ? io::kByteEot : 0);
+  if (tokens.empty()) tokens.push_back(vocab > io::kByteEot ? io::kByteEot : 0);
   for (int32_t t : tokens)
-    ZERONE_CHECK(t >= 0 && t < config.vocab_size, "prompt token ", t, " is out of range for vocabulary ", config.vocab_size);
+    ZERONE_CHECK(t >= 0 && t < vocab, "prompt token ", t, " is out of range for vocabulary ", vocab);
   for (int32_t t : tokens) emit(decode(t));
 
   Rng rng(o.seed, 0x5a3b1e);
-  std::vector<float> probs(config.vocab_size);
+  std::vector<float> probs(vocab);
   for (int i = 0; i < o.num_tokens; ++i) {
     // The context is the last maxT tokens; recompute the forward over it (simple and exact).
-    size_t ctx = std::min<size_t>(tokens.size(), config.max_seq_len);
+    size_t ctx = std::min<size_t>(tokens.size(), max_seq);
     const int32_t* window = tokens.data() + tokens.size() - ctx;
-    model.forward(window, nullptr, 1, static_cast<int>(ctx));
-    const float* logits = model.logits() + (ctx - 1) * config.padded_vocab_size;  // (Vp) of the last position
+    model->forward(window, nullptr, 1, static_cast<int>(ctx));
+    const float* logits = model->logits() + (ctx - 1) * static_cast<size_t>(model->logits_stride());  // (Vp) of the last position
     int32_t next = 0;
     if (o.temperature == 0.0f) {
-      next = static_cast<int32_t>(std::max_element(logits, logits + config.vocab_size) - logits);
+      next = static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
     } else {
       float threshold = -INFINITY;
-      if (o.top_k > 0 && o.top_k < config.vocab_size) {
-        std::vector<float> sorted(logits, logits + config.vocab_size);
+      if (o.top_k > 0 && o.top_k < vocab) {
+        std::vector<float> sorted(logits, logits + vocab);
         std::nth_element(sorted.begin(), sorted.begin() + (o.top_k - 1), sorted.end(), std::greater<float>());
         threshold = sorted[o.top_k - 1];
       }
-      float maxv = *std::max_element(logits, logits + config.vocab_size);
+      float maxv = *std::max_element(logits, logits + vocab);
       double sum = 0.0;
-      for (int v = 0; v < config.vocab_size; ++v) {
+      for (int v = 0; v < vocab; ++v) {
         probs[v] = logits[v] < threshold ? 0.0f : std::exp((logits[v] - maxv) / o.temperature);
         sum += probs[v];
       }
       double u = rng.uniform() * sum, acc = 0.0;
-      next = config.vocab_size - 1;
-      for (int v = 0; v < config.vocab_size; ++v) {
+      next = vocab - 1;
+      for (int v = 0; v < vocab; ++v) {
         acc += probs[v];
         if (u < acc) { next = v; break; }
       }

@@ -9,10 +9,11 @@
 namespace zerone::train {
 
 struct SampleOptions {
-  std::string init;                    // llm.c checkpoint (required)
+  std::string init;                    // llm.c checkpoint or Hugging Face model directory (required)
   std::string prompt;                  // text, encoded with the tokenizer (byte-level: a vocab-256/257 model)
   std::vector<int32_t> prompt_tokens;  // or token ids directly (not both)
-  std::string tokenizer;               // any tokenizer load_tokenizer reads (io/tokenizer.h); empty: byte-level
+  std::string tokenizer;               // any tokenizer load_tokenizer reads (io/tokenizer.h); empty: the HF
+                                       // directory's own tokenizer if it has one, else byte-level
   int num_tokens = 256;
   float temperature = 1.0f;            // 0: greedy
   int top_k = 0;                       // 0: no truncation

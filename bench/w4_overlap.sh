@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Issue 8, "Hide the optimizer behind backward": the offload overhead benchmark (GPT-2 124M shape,
+# micro-batch 4 x seq 64, bf16, stage 1, world 1) with the optimizer stepped at the end
+# (--early-step false), with the early per-unit step (the default), and with --delayed-update,
+# for --offload-optimizer none / cpu / nvme, in interleaved rounds of the same run; each
+# setting's best mean s/step (steps 2..N) over the rounds, as a ratio to no offload stepped at
+# the end. "exposed swap" is --profile's swap wait per step (swap I/O the pipeline did not hide);
+# the share hidden is 1 - exposed / (bytes moved per step at bench_swap's throughput, same run).
+# Usage: bash bench/w4_overlap.sh [DIR on the disk to test]   (after make; ~10 minutes)
+set -euo pipefail
+dir="${1:-/work}"
+Z=build/zerone
+py=python3
+d=$(mktemp -d -p "$dir"); trap 'rm -rf "$d"' EXIT
+mkdir "$d/swap"
+# Swap throughput on the same disk, same run: 64 MiB transfers as the optimizer's sub-groups.
+build/bench/bench_swap "$d" 1024 64 2 1024 8 | tee "$d/swap_bw"
+model=${W4_MODEL:-gpt2:layers=12,dim=768,heads=12,vocab=50257,ctx=64}
+steps=${W4_STEPS:-5}
+for round in 1 2; do
+  for off in none cpu nvme; do
+    for mode in end early delayed; do
+      [ $off = cpu ] && [ $mode = delayed ] && continue
+      extra=(); [ $off = nvme ] && extra=(--nvme-path "$d/swap" --sub-group-size 20000000)
+      case $mode in end) extra+=(--early-step false);; delayed) extra+=(--delayed-update);; esac
+      name="$off.$mode.$round"
+      $Z train --model $model --steps $steps --micro-batch 4 --seq 64 --precision bf16 --zero-stage 1 \
+        --offload-optimizer $off "${extra[@]}" --profile --metrics "$d/$name.jsonl" > "$d/$name.log" 2>&1
+      $py - "$d/$name" "$off" "$mode" "$d/swap_bw" >> "$d/results" <<'PY'
+import json, re, sys
+base, off, mode, bw = sys.argv[1:]
+rows = [json.loads(l) for l in open(base + ".jsonl")]
+ms = [r["ms"] for r in rows[1:]]
+log = open(base + ".log").read()
+swap = re.search(r"swap [0-9.]+% \(([0-9.]+) ms/step\)", log)
+mem = rows[-1]["mem"]
+state = mem.get("nvme.optim", 0) + mem.get("nvme.master", 0)
+rates = dict(re.findall(r"(read|write) MB/s ([0-9.]+)", open(bw).read()))
+io_ms = 1e3 * state / 1e6 / float(rates["read"]) + 1e3 * state / 1e6 / float(rates["write"]) if state else 0
+print(off, mode, sum(ms) / len(ms) / 1000, swap.group(1) if swap else 0, io_ms, rows[-1]["loss"])
+PY
+      tail -1 "$d/results" | sed "s/^/W4-overlap round $round: /"
+    done
+  done
+done
+$py - "$d/results" <<'PY'
+import sys
+best = {}
+for line in open(sys.argv[1]):
+    off, mode, s, swap, io, loss = line.split()
+    k = (off, mode)
+    if k not in best or float(s) < best[k][0]:
+        best[k] = (float(s), float(swap), float(io))
+ref = best[("none", "end")][0]
+print("| offload | optimizer step | s/step | vs none, at the end | exposed swap ms/step | swap I/O ms/step | hidden |")
+print("|---|---|---|---|---|---|---|")
+for (off, mode), (s, swap, io) in best.items():
+    hidden = f"{100 * (1 - swap / io):.0f}%" if io > 0 and mode != "delayed" else "-"
+    print(f"| {off} | {mode} | {s:.3f} | {s / ref:.2f}x | {swap:.0f} | {io:.0f} | {hidden} |")
+PY

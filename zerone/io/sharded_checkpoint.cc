@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <set>
 
@@ -66,6 +68,19 @@ DType dtype_from_name(const std::string& name, const std::string& what) {
   for (DType d : {DType::f32, DType::bf16, DType::f16})
     if (name == dtype_name(d)) return d;
   throw Error(str_cat(what, ": unknown dtype '", name, "' (expected f32, bf16 or f16)"));
+}
+
+// Note [Crash points]: tests kill the process at named moments of a save
+// (ZERONE_CHECKPOINT_CRASH_AT=file|manifest|rename|latest|prune, in the save of step
+// ZERONE_CHECKPOINT_CRASH_STEP) to prove that a save killed at any of them leaves the previous
+// checkpoint usable (tests/zero/checkpoint_resume.sh). SIGKILL, so nothing is cleaned up, as
+// after a power loss or the OOM killer.
+void crash_point(const char* point, int64_t step) {
+  static const char* const wanted = std::getenv("ZERONE_CHECKPOINT_CRASH_AT");
+  static const char* const wanted_step = std::getenv("ZERONE_CHECKPOINT_CRASH_STEP");
+  if (wanted != nullptr && std::strcmp(wanted, point) == 0 &&
+      (wanted_step == nullptr || std::atoll(wanted_step) == step))
+    ::raise(SIGKILL);
 }
 
 }  // namespace
@@ -200,7 +215,8 @@ CheckpointManifest manifest_from_json(const json& j, const std::string& what) {
 
 // ------------------------------------------------------------------------------------ writer
 
-CheckpointFileWriter::CheckpointFileWriter(const std::string& dir, const std::string& name) : path_(join(dir, name)) {
+CheckpointFileWriter::CheckpointFileWriter(const std::string& dir, const std::string& name, int64_t step)
+    : path_(join(dir, name)), step_(step) {
   file_.name = name;
   fd_ = FileDescriptor(::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
   ZERONE_CHECK(fd_.get() >= 0, "cannot create checkpoint file '", path_, "': ", std::strerror(errno));
@@ -239,6 +255,7 @@ void CheckpointFileWriter::append(int unit, const std::string& tensor, DType dty
     file_.bytes += n;
   }
   file_.pieces.push_back(std::move(piece));
+  if (file_.pieces.size() == 2) crash_point("file", step_);
 }
 
 CheckpointFile CheckpointFileWriter::finish() {
@@ -346,8 +363,10 @@ std::string create_checkpoint_tmp(const std::string& root, int64_t step) {
 std::string publish_checkpoint(const std::string& root, const std::string& tmp, const CheckpointManifest& manifest,
                                int keep_last) {
   const std::string text = manifest_to_json(manifest).dump(1) + "\n";
+  crash_point("manifest", manifest.step);
   write_file_atomically(join(tmp, kManifestName), [&](std::FILE* f) { write_all(f, text.data(), text.size(), join(tmp, kManifestName)); });
   fsync_directory(tmp);
+  crash_point("rename", manifest.step);
   const std::string name = checkpoint_step_name(manifest.step);
   const std::string final_dir = join(root, name);
   // A checkpoint of the same step (a run restarted from an older one) is replaced: move it aside
@@ -361,11 +380,13 @@ std::string publish_checkpoint(const std::string& root, const std::string& tmp, 
   ZERONE_CHECK(::rename(tmp.c_str(), final_dir.c_str()) == 0, "cannot rename '", tmp, "' to '", final_dir, "': ",
                std::strerror(errno));
   fsync_directory(root);
+  crash_point("latest", manifest.step);
   const std::string latest = join(root, kLatestName);
   write_file_atomically(latest, [&](std::FILE* f) {
     const std::string line = name + "\n";
     write_all(f, line.data(), line.size(), latest);
   });
+  crash_point("prune", manifest.step);
   remove_tree(old);
   // Prune: the newest keep_last complete checkpoints stay; stale temporaries of other steps go.
   std::vector<std::pair<int64_t, std::string>> steps;

@@ -108,7 +108,8 @@ uint32_t crc32_of(const void* data, size_t bytes, uint32_t crc = 0);
 // operation (a full disk: "No space left on device").
 class CheckpointFileWriter {
  public:
-  CheckpointFileWriter(const std::string& dir, const std::string& name);
+  // `step`: the step being saved (Note [Crash points]).
+  CheckpointFileWriter(const std::string& dir, const std::string& name, int64_t step);
   ~CheckpointFileWriter();
   CheckpointFileWriter(const CheckpointFileWriter&) = delete;
   CheckpointFileWriter& operator=(const CheckpointFileWriter&) = delete;
@@ -121,6 +122,7 @@ class CheckpointFileWriter {
 
  private:
   std::string path_;
+  int64_t step_;
   FileDescriptor fd_;
   CheckpointFile file_;
   bool finished_ = false;

@@ -124,7 +124,7 @@ void Checkpointer::save(zero::ZeroEngine& engine, const TrainerState& state) {
   char name[32];
   std::snprintf(name, sizeof name, "rank-%05d.bin", comm_.rank());
   if (!async_) {
-    io::CheckpointFileWriter writer(p->tmp, name);
+    io::CheckpointFileWriter writer(p->tmp, name, state.step);
     engine.save_state([&](int u, const std::string& tensor, DType dtype, size_t begin, size_t count, const void* data) {
       writer.append(u, tensor, dtype, begin, count, data);
     });
@@ -141,10 +141,11 @@ void Checkpointer::save(zero::ZeroEngine& engine, const TrainerState& state) {
   });
   Pending* raw = p.get();
   const std::string file_name = name;
-  p->writer = std::thread([raw, file_name] {
+  const int64_t step = state.step;
+  p->writer = std::thread([raw, file_name, step] {
     omp_set_num_threads(1);  // the training thread keeps the cores
     try {
-      io::CheckpointFileWriter writer(raw->tmp, file_name);
+      io::CheckpointFileWriter writer(raw->tmp, file_name, step);
       for (Pending::Staged& s : raw->staged) {
         writer.append(s.unit, s.tensor, s.dtype, s.begin, s.count, s.data.data());
         s.data.reset();  // staging goes as soon as it is on its way to disk

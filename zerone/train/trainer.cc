@@ -568,15 +568,6 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
       // Every rank sees the same sums, so all agree on the signal to report and exit with
       // (SIGTERM over SIGHUP over SIGINT).
       result.interrupted_by = reduced[3] > 0.0 ? SIGTERM : reduced[2] > 0.0 ? SIGHUP : SIGINT;
-      if (lead) {
-        std::string kept = step > 1 ? str_cat("steps 1..", step - 1, " were trained") : "no step was trained";
-        if (!cfg.metrics.empty()) kept += str_cat("; their metrics are in '", cfg.metrics, "'");
-        if (!cfg.save.empty()) kept += str_cat("; --save '", cfg.save, "' was not written (it is written when training ends)");
-        if (checkpointer) kept += str_cat("; a checkpoint of step ", step - 1, " is kept in '", cfg.checkpoint_dir, "' (--resume continues)");
-        progress.message(str_cat("zerone: stopped by ", signal_name(result.interrupted_by),
-                                 signal_here == 0 ? " (on another rank)" : "", " during step ", step, " of ", cfg.steps,
-                                 ": ", kept));
-      }
       // Note [Resume]: the state after step-1 is complete (this step's gradients are not state), so
       // a stop signal costs at most the step in progress.
       if (checkpointer) {
@@ -585,6 +576,17 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
           save_checkpoint(step - 1);
           checkpointer->publish_pending();
         }
+      }
+      if (lead) {
+        std::string kept = step > 1 ? str_cat("steps 1..", step - 1, " were trained") : "no step was trained";
+        if (!cfg.metrics.empty()) kept += str_cat("; their metrics are in '", cfg.metrics, "'");
+        if (!cfg.save.empty()) kept += str_cat("; --save '", cfg.save, "' was not written (it is written when training ends)");
+        if (checkpointer && checkpointer->last_published_step() > 0)
+          kept += str_cat("; checkpoint '", cfg.checkpoint_dir, "/", io::checkpoint_step_name(checkpointer->last_published_step()),
+                          "' holds the last of them (--resume continues)");
+        progress.message(str_cat("zerone: stopped by ", signal_name(result.interrupted_by),
+                                 signal_here == 0 ? " (on another rank)" : "", " during step ", step, " of ", cfg.steps,
+                                 ": ", kept));
       }
       return result;
     }

@@ -19,6 +19,7 @@
 #include "zerone/train/config.h"
 #include "zerone/train/interrupt.h"
 #include "zerone/train/metrics.h"
+#include "zerone/io/convert.h"
 #include "zerone/train/sample.h"
 #include "zerone/train/trainer.h"
 #include "zerone/zero/estimate.h"
@@ -37,7 +38,9 @@ void add_train_flags(CLI::App& cmd, train::TrainConfig& c, std::string& config_p
                  "preset (gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b, tinyllama-1.1b, llama-3.2-1b, llama-2-7b, "
                  "llama-3-8b), gpt2:layers=..,dim=..,heads=..,vocab=..,ctx=.. or "
                  "llama:layers=..,dim=..,heads=..,kv_heads=..,ffn=..,vocab=..,ctx=..");
-  cmd.add_option("--init", c.init, "llm.c GPT-2 checkpoint to start from (v3 f32 or v5 bf16)");
+  cmd.add_option("--init", c.init,
+                 "weights to start from: an llm.c GPT-2 file (v3 f32 / v5 bf16), a Hugging Face model directory, or a "
+                 "zerone checkpoint directory");
   cmd.add_option("--data", c.data, "glob of llm.c token shards; without it, the built-in Markov corpus");
   cmd.add_option("--val-data", c.val_data, "glob of validation token shards");
   cmd.add_option("--save", c.save, "write an llm.c checkpoint here at the end");
@@ -102,6 +105,13 @@ void add_train_flags(CLI::App& cmd, train::TrainConfig& c, std::string& config_p
   cmd.add_option("--aio-intra-op-parallelism", c.aio_intra_op_parallelism, "io_uring rings a swap transfer is spread over");
   cmd.add_option("--aio-single-submit", c.aio_single_submit, "submit swap requests one by one (true/false)");
   cmd.add_option("--aio-overlap-events", c.aio_overlap_events, "submit new swap requests while others complete (true/false)");
+  cmd.add_option("--checkpoint-dir", c.checkpoint_dir,
+                 "directory of sharded checkpoints (step-N/ and a 'latest' pointer); saved at the end and on a stop signal");
+  cmd.add_option("--checkpoint-every", c.checkpoint_every, "also save after every N steps");
+  cmd.add_option("--keep-last", c.keep_last, "keep only the newest K checkpoints (0: all)");
+  cmd.add_flag("--resume", c.resume, "continue from the latest checkpoint in --checkpoint-dir (--steps is the total)");
+  cmd.add_flag("--checkpoint-async", c.checkpoint_async,
+               "write checkpoints in the background: the step stalls only to copy the state");
 }
 
 int cmd_info() {
@@ -302,6 +312,18 @@ int main(int argc, char** argv) {
 
   CLI::App* info_cmd = app.add_subcommand("info", "what this build and machine offer");
 
+  io::ConvertOptions convert_opts;
+  CLI::App* convert_cmd = app.add_subcommand(
+      "convert", "convert model weights between zerone checkpoints, llm.c files and Hugging Face directories");
+  convert_cmd->add_option("SRC", convert_opts.src,
+                          "a zerone checkpoint (step directory or --checkpoint-dir root), an llm.c file, or a Hugging "
+                          "Face model directory")->required();
+  convert_cmd->add_option("DST", convert_opts.dst, "the file or directory to write")->required();
+  convert_cmd->add_option("--to", convert_opts.to,
+                          "hf (config.json + model.safetensors), llmc (GPT-2, f32 v3 / bf16 v5) or zerone (weights-only "
+                          "checkpoint); default: llmc for DST ending in .bin, else hf");
+  convert_cmd->add_option("--dtype", convert_opts.dtype, "f32, bf16 or f16 (default: the source's)");
+
   EstimateArgs est;
   CLI::App* estimate_cmd = app.add_subcommand("estimate", "per-rank memory of each ZeRO stage, before running");
   estimate_cmd->add_option("--model", est.model, "preset or spec (as for train)")->required();
@@ -336,7 +358,7 @@ int main(int argc, char** argv) {
     // One line with the usual prefix and exit 1, like every other bad input (README).
     std::fprintf(stderr, "zerone: error: %s (zerone %s--help lists the options)\n", e.what(),
                  train_cmd->parsed() ? "train " : sample_cmd->parsed() ? "sample " : prepare_cmd->parsed() ? "prepare "
-                 : estimate_cmd->parsed() ? "estimate " : "");
+                 : estimate_cmd->parsed() ? "estimate " : convert_cmd->parsed() ? "convert " : "");
     return 1;
   }
 
@@ -384,6 +406,11 @@ int main(int argc, char** argv) {
       std::printf("\n");
     } else if (info_cmd->parsed()) {
       return cmd_info();
+    } else if (convert_cmd->parsed()) {
+      io::ConvertResult r = io::convert_checkpoint(convert_opts);
+      std::printf("converted %s '%s' (%s, %llu parameters) to %s '%s' (%s)\n", r.source_kind.c_str(),
+                  convert_opts.src.c_str(), r.model_spec.c_str(), static_cast<unsigned long long>(r.parameters),
+                  r.destination_kind.c_str(), convert_opts.dst.c_str(), r.dtype.c_str());
     } else if (estimate_cmd->parsed()) {
       return cmd_estimate(est, estimate_cmd->count("--zero-stage") > 0);
     }

@@ -28,6 +28,14 @@ BENCHMARK(BM_Matmul)->ArgNames({"M", "N", "K", "bf16", "kind"})
     ->Args({3072, 768, 256, 1, 2})->Args({50304, 768, 256, 1, 2})
     ->Args({256, 768, 3072, 0, 1})->Args({3072, 768, 256, 0, 2})
     ->Unit(benchmark::kMillisecond)->UseRealTime();
+// W6: the Llama-3.2-1B shapes at B*T = 256 (bf16): qkv, o, gate+up, down forward; lm head forward,
+// input gradient and weight gradient. Filter with --benchmark_filter=W6.
+void BM_MatmulW6(benchmark::State& state) { BM_Matmul(state); }
+BENCHMARK(BM_MatmulW6)->ArgNames({"M", "N", "K", "bf16", "kind"})
+    ->Args({256, 3072, 2048, 1, 0})->Args({256, 2048, 2048, 1, 0})->Args({256, 16384, 2048, 1, 0})
+    ->Args({256, 2048, 8192, 1, 0})->Args({256, 128256, 2048, 1, 0})->Args({256, 2048, 128256, 1, 1})
+    ->Args({128256, 2048, 256, 1, 2})
+    ->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 

@@ -6,7 +6,7 @@
 # setting's best mean s/step (steps 2..N) over the rounds, as a ratio to no offload stepped at
 # the end. "exposed swap" is --profile's swap wait per step (swap I/O the pipeline did not hide);
 # the share hidden is 1 - exposed / (bytes moved per step at bench_swap's throughput, same run).
-# Usage: bash bench/w4_overlap.sh [DIR on the disk to test]   (after make; ~10 minutes)
+# Usage: [W4_THREADS=1 W4_ROUNDS=3 W4_STEPS=5] bash bench/w4_overlap.sh [DIR on the disk to test]   (after make; ~10 minutes)
 set -euo pipefail
 dir="${1:-/work}"
 Z=build/zerone
@@ -17,14 +17,18 @@ mkdir "$d/swap"
 build/bench/bench_swap "$d" 1024 64 2 1024 8 | tee "$d/swap_bw"
 model=${W4_MODEL:-gpt2:layers=12,dim=768,heads=12,vocab=50257,ctx=64}
 steps=${W4_STEPS:-5}
-for round in 1 2; do
+# OpenMP threads of the training thread. On a machine shared with other work, 1 avoids the OpenMP
+# barrier stalls of a preempted team (which swamp everything else); --delayed-update's optimizer
+# thread then has the second core.
+threads=${W4_THREADS:-0}
+for round in $(seq 1 ${W4_ROUNDS:-3}); do
   for off in none cpu nvme; do
     for mode in end early delayed; do
       [ $off = cpu ] && [ $mode = delayed ] && continue
       extra=(); [ $off = nvme ] && extra=(--nvme-path "$d/swap" --sub-group-size 20000000)
       case $mode in end) extra+=(--early-step false);; delayed) extra+=(--delayed-update);; esac
       name="$off.$mode.$round"
-      $Z train --model $model --steps $steps --micro-batch 4 --seq 64 --precision bf16 --zero-stage 1 \
+      $Z train --model $model --steps $steps --micro-batch 4 --seq 64 --precision bf16 --zero-stage 1 --threads $threads \
         --offload-optimizer $off "${extra[@]}" --profile --metrics "$d/$name.jsonl" > "$d/$name.log" 2>&1
       $py - "$d/$name" "$off" "$mode" "$d/swap_bw" >> "$d/results" <<'PY'
 import json, re, sys

@@ -15,7 +15,7 @@ Z=build/zerone
 spec="llama:layers=$L,dim=2048,heads=32,kv_heads=8,ffn=8192,vocab=128256,ctx=256,theta=500000,tied=1"
 d=$(mktemp -d); trap 'rm -rf "$d"' EXIT
 peak=$(build/bench/bench_matmul --benchmark_filter=W6 --benchmark_counters_tabular=true 2>/dev/null | tee "$d/gemm" |
-       awk '/^BM_MatmulW6/ { for (i = 1; i <= NF; i++) if ($i ~ /^[0-9.]+T?$/) v = $i; sub(/T$/, "", v); if (v + 0 > m) m = v + 0 } END { print m }')
+       awk '/^BM_MatmulW6/ { v = $NF; sub(/\/s$/, "", v); if (v + 0 > m) m = v + 0 } END { print m }')
 cat "$d/gemm" | grep -E '^BM_' | sed 's/^/W6 gemm: /'
 python3 - "$L" > "$d/flops" <<'PY'
 import sys
@@ -30,7 +30,7 @@ for round in 1 2; do
   $Z train --model "$spec" --micro-batch 1 --seq 256 --precision bf16 --steps $((steps + 1)) --lr 1e-4 \
     --metrics "$d/z$round.jsonl" > "$d/z$round.log" 2>&1 || { cat "$d/z$round.log"; exit 1; }
   z=$(python3 -c "import json; v=[json.loads(l)['ms'] for l in open('$d/z$round.jsonl')][1:]; print(sum(v)/len(v)/1000)")
-  p=$(OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} python3 bench/pytorch_peer.py w6 "$L" "$steps")
+  p=$(OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} /usr/bin/python3 bench/pytorch_peer.py w6 "$L" "$steps")
   echo "W6 round $round: layers $L zerone $z s/step, PyTorch $p s/step, speed-up $(python3 -c "print(f'{$p/$z:.2f}')"), \
 GEMM limit $(python3 -c "print(f'{$flops/($peak*1e12):.3f}')") s/step at $peak TFLOP/s = $(python3 -c "print(f'{100*$flops/($peak*1e12)/$z:.0f}')")% of roofline"
 done

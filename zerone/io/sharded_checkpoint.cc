@@ -5,13 +5,14 @@
 #include <omp.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <zlib.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <set>
 
 #include "zerone/core/error.h"
@@ -24,7 +25,6 @@ using nlohmann::json;
 constexpr const char* kManifestName = "manifest.json";
 constexpr const char* kLatestName = "latest";
 constexpr const char* kTmpPrefix = ".tmp-";
-constexpr size_t kCrcChunkBytes = size_t{1} << 20;  // parallel crc granularity
 
 std::string join(const std::string& dir, const std::string& name) {
   return dir.empty() || dir.back() == '/' ? dir + name : dir + "/" + name;
@@ -85,25 +85,28 @@ void crash_point(const char* point, int64_t step) {
 
 }  // namespace
 
-// ------------------------------------------------------------------------------------ crc32
+// ------------------------------------------------------------------------------------ checksums
 
-uint32_t crc32_of(const void* data, size_t bytes, uint32_t crc) {
-  const auto* p = static_cast<const Bytef*>(data);
-  if (bytes <= 2 * kCrcChunkBytes) return static_cast<uint32_t>(::crc32_z(crc, p, bytes));
-  const size_t chunks = (bytes + kCrcChunkBytes - 1) / kCrcChunkBytes;
-  std::vector<uint32_t> part(chunks);
-#pragma omp parallel for schedule(static)
-  for (size_t i = 0; i < chunks; ++i) {
-    const size_t b = i * kCrcChunkBytes, n = std::min(kCrcChunkBytes, bytes - b);
-    part[i] = static_cast<uint32_t>(::crc32_z(0, p + b, n));
-  }
-  uLong out = crc;
-  for (size_t i = 0; i < chunks; ++i) {
-    const size_t n = std::min(kCrcChunkBytes, bytes - i * kCrcChunkBytes);
-    out = ::crc32_combine(out, part[i], static_cast<z_off_t>(n));
-  }
-  return static_cast<uint32_t>(out);
+uint64_t checksum_of(const void* data, size_t bytes) { return XXH3_64bits(data, bytes); }
+
+namespace {
+uint64_t checksum_of_list(const std::vector<uint64_t>& checksums) {
+  std::vector<uint8_t> le(checksums.size() * 8);
+  for (size_t i = 0; i < checksums.size(); ++i)
+    for (int k = 0; k < 8; ++k) le[i * 8 + k] = static_cast<uint8_t>(checksums[i] >> (8 * k));
+  return checksum_of(le.data(), le.size());
 }
+
+void pwrite_all(int fd, const char* data, uint64_t bytes, uint64_t offset, const std::string& path) {
+  uint64_t done = 0;
+  while (done < bytes) {
+    ssize_t w = ::pwrite(fd, data + done, bytes - done, static_cast<off_t>(offset + done));
+    if (w < 0 && errno == EINTR) continue;
+    ZERONE_CHECK(w > 0, "cannot write checkpoint file '", path, "': ", w < 0 ? std::strerror(errno) : "no progress");
+    done += static_cast<uint64_t>(w);
+  }
+}
+}  // namespace
 
 // ------------------------------------------------------------------------------------ manifest
 
@@ -111,8 +114,8 @@ json checkpoint_file_to_json(const CheckpointFile& f) {
   json pieces = json::array();
   for (const CheckpointPiece& p : f.pieces)
     pieces.push_back({{"unit", p.unit}, {"tensor", p.tensor}, {"dtype", dtype_name(p.dtype)}, {"begin", p.begin},
-                      {"count", p.count}, {"offset", p.offset}, {"crc32", p.crcs}});
-  return {{"name", f.name}, {"bytes", f.bytes}, {"crc32", f.crc32}, {"pieces", pieces}};
+                      {"count", p.count}, {"offset", p.offset}, {"xxh3", p.checksums}});
+  return {{"name", f.name}, {"bytes", f.bytes}, {"xxh3_of_blocks", f.checksum}, {"pieces", pieces}};
 }
 
 CheckpointFile checkpoint_file_from_json(const json& f, const std::string& what) {
@@ -126,7 +129,7 @@ CheckpointFile checkpoint_file_from_json(const json& f, const std::string& what)
     ZERONE_CHECK(!file.name.empty() && file.name.find('/') == std::string::npos && file.name[0] != '.', what,
                  ": file name '", file.name, "' is not a plain name in the checkpoint directory");
     file.bytes = get(f, "bytes", "file " + file.name).get<uint64_t>();
-    file.crc32 = get(f, "crc32", "file " + file.name).get<uint32_t>();
+    file.checksum = get(f, "xxh3_of_blocks", "file " + file.name).get<uint64_t>();
     for (const json& p : get(f, "pieces", "file " + file.name)) {
       CheckpointPiece piece;
       piece.unit = get(p, "unit", "a piece").get<int>();
@@ -135,7 +138,7 @@ CheckpointFile checkpoint_file_from_json(const json& f, const std::string& what)
       piece.begin = get(p, "begin", "a piece").get<uint64_t>();
       piece.count = get(p, "count", "a piece").get<uint64_t>();
       piece.offset = get(p, "offset", "a piece").get<uint64_t>();
-      piece.crcs = get(p, "crc32", "a piece").get<std::vector<uint32_t>>();
+      piece.checksums = get(p, "xxh3", "a piece").get<std::vector<uint64_t>>();
       file.pieces.push_back(std::move(piece));
     }
     return file;
@@ -241,24 +244,35 @@ void CheckpointFileWriter::append(int unit, const std::string& tensor, DType dty
   piece.offset = file_.bytes;
   const auto* bytes = static_cast<const char*>(data);
   const uint64_t total = piece.bytes();
-  for (uint64_t b = 0; b < total; b += kCrcBlockBytes) {
-    const uint64_t n = std::min(kCrcBlockBytes, total - b);
-    piece.crcs.push_back(crc32_of(bytes + b, n));
-    file_.crc32 = static_cast<uint32_t>(::crc32_combine(file_.crc32, piece.crcs.back(), static_cast<z_off_t>(n)));
-    uint64_t done = 0;
-    while (done < n) {
-      ssize_t w = ::pwrite(fd_.get(), bytes + b + done, n - done, static_cast<off_t>(file_.bytes + done));
-      if (w < 0 && errno == EINTR) continue;
-      ZERONE_CHECK(w > 0, "cannot write checkpoint file '", path_, "': ", w < 0 ? std::strerror(errno) : "no progress");
-      done += static_cast<uint64_t>(w);
+  const size_t blocks = static_cast<size_t>((total + kChecksumBlockBytes - 1) / kChecksumBlockBytes);
+  piece.checksums.resize(blocks);
+  // One thread hashes while another writes (the write is a copy into the page cache, throttled to
+  // the disk's pace by writeback); exceptions cannot leave an OpenMP region, so they are carried out.
+  std::exception_ptr write_error;
+  const int threads = blocks > 1 && omp_get_max_threads() >= 2 ? 2 : 1;
+#pragma omp parallel sections num_threads(threads)
+  {
+#pragma omp section
+    for (size_t k = 0; k < blocks; ++k) {
+      const uint64_t b = k * kChecksumBlockBytes;
+      piece.checksums[k] = checksum_of(bytes + b, std::min(kChecksumBlockBytes, total - b));
     }
-    file_.bytes += n;
+#pragma omp section
+    try {
+      pwrite_all(fd_.get(), bytes, total, file_.bytes, path_);
+    } catch (...) {
+      write_error = std::current_exception();
+    }
   }
+  if (write_error) std::rethrow_exception(write_error);
+  block_checksums_.insert(block_checksums_.end(), piece.checksums.begin(), piece.checksums.end());
+  file_.bytes += total;
   file_.pieces.push_back(std::move(piece));
   if (file_.pieces.size() == 2) crash_point("file", step_);
 }
 
 CheckpointFile CheckpointFileWriter::finish() {
+  file_.checksum = checksum_of_list(block_checksums_);
   ZERONE_CHECK(::fsync(fd_.get()) == 0, "cannot write checkpoint file '", path_, "' (fsync): ", std::strerror(errno));
   const int fd = fd_.get();
   (void)fd;
@@ -439,7 +453,7 @@ CheckpointReader::CheckpointReader(const std::string& path) : impl_(std::make_un
       ZERONE_CHECK(p.unit >= 0 && static_cast<size_t>(p.unit) < units.size(), "'", manifest_path, "': a piece of '",
                    f.name, "' names unit ", p.unit, " of ", units.size());
       ZERONE_CHECK(p.count > 0 && p.begin + p.count <= units[p.unit].numel && p.offset + p.bytes() <= f.bytes &&
-                       p.crcs.size() == (p.bytes() + kCrcBlockBytes - 1) / kCrcBlockBytes,
+                       p.checksums.size() == (p.bytes() + kChecksumBlockBytes - 1) / kChecksumBlockBytes,
                    "'", manifest_path, "': piece ", p.tensor, " [", p.begin, ", +", p.count, ") of unit ", p.unit, " in '",
                    f.name, "' does not fit the unit or the file");
       auto [it, inserted] = impl_->tensor_dtypes.emplace(p.tensor, p.dtype);
@@ -495,22 +509,35 @@ void CheckpointReader::read(int unit, const std::string& tensor, uint64_t begin,
     const std::string file_path = join(dir_, manifest_.files[fi].name);
     if (impl_->fds[fi].get() < 0) impl_->fds[fi] = open_regular_file(file_path, "checkpoint file");
     const size_t esize = dtype_size(p.dtype);
-    // The bytes of the piece this read needs, widened to whole crc blocks.
+    const int fd = impl_->fds[fi].get();
+    // The bytes of the piece this read needs, widened to whole checksum blocks.
     const uint64_t want_b = (std::max(begin, p.begin) - p.begin) * esize;
     const uint64_t want_e = (std::min(end, p.begin + p.count) - p.begin) * esize;
-    for (uint64_t block = want_b / kCrcBlockBytes; block * kCrcBlockBytes < want_e; ++block) {
-      const uint64_t bb = block * kCrcBlockBytes, be = std::min(p.bytes(), bb + kCrcBlockBytes);
-      if (impl_->bounce.size() < be - bb) impl_->bounce.resize(be - bb);
-      read_exactly(impl_->fds[fi].get(), impl_->bounce.data(), be - bb, p.offset + bb, file_path);
-      impl_->bytes_read += be - bb;
-      const uint32_t crc = crc32_of(impl_->bounce.data(), be - bb);
-      ZERONE_CHECK(crc == p.crcs[block], "checkpoint file '", file_path, "' is corrupted: checksum mismatch in ", tensor,
-                   " of unit ", manifest_.units[unit].name, " (bytes ", p.offset + bb, "..", p.offset + be, ": crc32 ",
-                   crc, ", the manifest records ", p.crcs[block], ")");
-      // Elements of this block that the read wants.
-      const uint64_t eb = std::max(want_b, bb) / esize, ee = std::min(want_e, be) / esize;  // piece-relative
-      const char* src = impl_->bounce.data() + (eb * esize - bb);
+    const uint64_t first = want_b / kChecksumBlockBytes, last = (want_e - 1) / kChecksumBlockBytes;
+    for (uint64_t block = first; block <= last; ++block) {
+      const uint64_t bb = block * kChecksumBlockBytes, be = std::min(p.bytes(), bb + kChecksumBlockBytes);
+      // Read ahead: the kernel fetches the next block while this one is verified and copied.
+      if (block < last)
+        ::posix_fadvise(fd, static_cast<off_t>(p.offset + be),
+                        static_cast<off_t>(std::min(p.bytes(), be + kChecksumBlockBytes) - be), POSIX_FADV_WILLNEED);
+      // Elements of this block that the read wants (piece-relative).
+      const uint64_t eb = std::max(want_b, bb) / esize, ee = std::min(want_e, be) / esize;
       char* dst = static_cast<char*>(out) + (p.begin + eb - begin) * out_size;
+      // A whole block wanted in its own dtype is read straight into place and verified there.
+      const bool direct = p.dtype == out_dtype && eb * esize == bb && ee * esize == be;
+      char* buf = dst;
+      if (!direct) {
+        if (impl_->bounce.size() < be - bb) impl_->bounce.resize(be - bb);
+        buf = impl_->bounce.data();
+      }
+      read_exactly(fd, buf, be - bb, p.offset + bb, file_path);
+      impl_->bytes_read += be - bb;
+      const uint64_t sum = checksum_of(buf, be - bb);
+      ZERONE_CHECK(sum == p.checksums[block], "checkpoint file '", file_path, "' is corrupted: checksum mismatch in ",
+                   tensor, " of unit ", manifest_.units[unit].name, " (bytes ", p.offset + bb, "..", p.offset + be,
+                   " of the file)");
+      if (direct) continue;
+      const char* src = buf + (eb * esize - bb);
       const size_t n = ee - eb;
       if (p.dtype == out_dtype) {
         std::memcpy(dst, src, n * esize);
@@ -526,18 +553,19 @@ void CheckpointReader::read(int unit, const std::string& tensor, uint64_t begin,
 uint64_t CheckpointReader::bytes_read() const { return impl_->bytes_read; }
 
 void CheckpointReader::verify_files() const {
-  std::vector<char> buf(kCrcBlockBytes);
+  std::vector<char> buf(kChecksumBlockBytes);
   for (const CheckpointFile& f : manifest_.files) {
     const std::string file_path = join(dir_, f.name);
     FileDescriptor fd = open_regular_file(file_path, "checkpoint file");
-    uint32_t crc = 0;
-    for (uint64_t off = 0; off < f.bytes; off += kCrcBlockBytes) {
-      const uint64_t n = std::min<uint64_t>(kCrcBlockBytes, f.bytes - off);
-      read_exactly(fd.get(), buf.data(), n, off, file_path);
-      crc = crc32_of(buf.data(), n, crc);
-    }
-    ZERONE_CHECK(crc == f.crc32, "checkpoint file '", file_path, "' is corrupted: crc32 ", crc, ", the manifest records ",
-                 f.crc32);
+    std::vector<uint64_t> blocks;
+    for (const CheckpointPiece& p : f.pieces)
+      for (uint64_t b = 0; b < p.bytes(); b += kChecksumBlockBytes) {
+        const uint64_t n = std::min(kChecksumBlockBytes, p.bytes() - b);
+        read_exactly(fd.get(), buf.data(), n, p.offset + b, file_path);
+        blocks.push_back(checksum_of(buf.data(), n));
+      }
+    ZERONE_CHECK(checksum_of_list(blocks) == f.checksum, "checkpoint file '", file_path,
+                 "' is corrupted: its checksum differs from the manifest's");
   }
 }
 

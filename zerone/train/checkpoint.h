@@ -5,7 +5,7 @@
 //
 // Note [Saving a step]: a save is collective. Rank 0 creates ROOT/.tmp-step-N/; every rank writes
 // rank-r.bin there (its partition of every tensor, engine.save_state) and fsyncs it; the ranks'
-// file descriptions (sizes, crcs, pieces) are all-gathered to rank 0, which writes manifest.json
+// file descriptions (sizes, checksums, pieces) are all-gathered to rank 0, which writes manifest.json
 // and publishes the directory (Note [Atomic checkpoints]). With --checkpoint-async the step stalls
 // only while the engine's pieces are copied into a host staging buffer; a background thread per
 // rank writes the file, and the manifest is published at the first step boundary where every

@@ -230,11 +230,22 @@ void check_memory_fits(const nn::Model& model, DType dtype, const TrainConfig& c
   }
   const long long available = available_memory_bytes();
   if (available <= 0) return;  // unknown: nothing to compare with
-  const double need = static_cast<double>(mine.total()) * local;
+  // --checkpoint-async keeps a host copy of the rank's checkpoint pieces (Note [Saving a step]):
+  // its partition of every unit in the compute dtype plus the f32 optimizer state.
+  int64_t staging = 0;
+  if (cfg.checkpoint_async) {
+    const size_t state_tensors = dtype == DType::f32 ? 2 : 3;  // (master,) exp_avg, exp_avg_sq
+    for (size_t numel : model.unit_numels()) {
+      const size_t saved = std::min(numel, zero::unit_shard(numel, world, 0, zcfg).shard_numel);
+      staging += static_cast<int64_t>(saved * (dtype_size(dtype) + 4 * state_tensors));
+    }
+  }
+  const double need = static_cast<double>(mine.total() + staging) * local;
   if (need <= static_cast<double>(available)) return;
   std::string stages;
   for (const auto& r : rows) stages += str_cat(stages.empty() ? "" : ", ", r.stage, ": ", h(static_cast<double>(r.total())));
-  throw Error(str_cat("the run needs ", hb(mine.total()), " per rank (", breakdown, ")",
+  throw Error(str_cat("the run needs ", hb(mine.total() + staging), " per rank (", breakdown,
+                      staging > 0 ? str_cat("; --checkpoint-async staging ", hb(staging)) : "", ")",
                       local > 1 ? str_cat(" x ", local, " ranks on this host") : "",
                       ", but this host has ", h(static_cast<double>(available)), " available. Per rank at world ", world,
                       " by ZeRO stage: ", stages, world == 1 ? " (at world 1 sharding saves nothing: more ranks on more hosts divide it)" : "",

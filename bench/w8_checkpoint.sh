@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=$(readlink -f "${1:-build}")
-Z=$(readlink -f build/zerone)
+Z=$(readlink -f "${ZERONE:-build/zerone}")
 py=/usr/bin/python3
 command -v fio >/dev/null || { echo "fio missing (apt-get install fio)"; exit 1; }
 d=$(mktemp -d -p "$dir"); trap 'rm -rf "$d"' EXIT

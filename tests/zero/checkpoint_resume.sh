@@ -80,8 +80,17 @@ for c in "${same_cases[@]}"; do
   grep -q "resumed from" "$d/$name.resumed.log" || { echo "FAIL $name.resumed: did not resume"; fail=1; }
   bitwise "$name" "$name.resumed"
 done
+# NVMe offload: the optimizer state is copied from its swap file disk to disk, not read back.
+grep -q "copied disk to disk from the optimizer's swap file" "$d/fp32_w2_s3_nvme.log" \
+  && echo "ok   fp32_w2_s3_nvme: the swapped optimizer state was copied disk to disk" \
+  || { echo "FAIL fp32_w2_s3_nvme: the swapped optimizer state went through memory"; fail=1; }
 # The async save writes the same files, and resuming from it is bitwise too.
 run async 2 3 --precision bf16 --zero-stage 2 --checkpoint-dir "$d/async.ck" --checkpoint-every 3 --checkpoint-async
+# Async with NVMe offload: the swapped state is copied before the next step, the rest in the background.
+run async_nvme 2 3 --precision bf16 --zero-stage 2 "${nvme[@]}" --checkpoint-dir "$d/async_nvme.ck" --checkpoint-every 3 --checkpoint-async
+stopped_at async_nvme 3 "$d/async_nvme.resumed.ck"
+run async_nvme.resumed 2 3 --precision bf16 --zero-stage 2 --checkpoint-dir "$d/async_nvme.resumed.ck" --resume
+bitwise bf16_w2_s2 async_nvme.resumed
 for f in rank-00000.bin rank-00001.bin; do
   cmp -s "$d/bf16_w2_s2.ck/step-00000003/$f" "$d/async.ck/step-00000003/$f" && echo "ok   async: $f identical to the synchronous save" \
     || { echo "FAIL async: $f differs from the synchronous save"; fail=1; }

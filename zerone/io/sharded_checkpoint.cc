@@ -271,6 +271,50 @@ void CheckpointFileWriter::append(int unit, const std::string& tensor, DType dty
   if (file_.pieces.size() == 2) crash_point("file", step_);
 }
 
+uint64_t CheckpointFileWriter::append_from_file(int unit, const std::string& tensor, DType dtype, uint64_t begin,
+                                                uint64_t count, const std::string& path, uint64_t offset,
+                                                const std::vector<uint64_t>& checksums) {
+  ZERONE_ASSERT(!finished_, "append after finish");
+  CheckpointPiece piece;
+  piece.unit = unit;
+  piece.tensor = tensor;
+  piece.dtype = dtype;
+  piece.begin = begin;
+  piece.count = count;
+  piece.offset = file_.bytes;
+  piece.checksums = checksums;
+  const uint64_t total = piece.bytes();
+  ZERONE_ASSERT(checksums.size() == (total + kChecksumBlockBytes - 1) / kChecksumBlockBytes, "checksums of ", tensor);
+  FileDescriptor src(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  ZERONE_CHECK(src.get() >= 0, "cannot open '", path, "' to copy ", tensor, " into checkpoint file '", path_, "': ",
+               std::strerror(errno));
+  loff_t in = static_cast<loff_t>(offset), out = static_cast<loff_t>(file_.bytes);
+  uint64_t done = 0;
+  std::vector<char> bounce;
+  while (done < total) {
+    ssize_t n = ::copy_file_range(src.get(), &in, fd_.get(), &out, total - done, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EXDEV || errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP)) {
+      // The kernel cannot copy between these files: copy through a bounded buffer instead.
+      bounce.resize(std::min<uint64_t>(kChecksumBlockBytes, total - done));
+      const uint64_t chunk = bounce.size();
+      read_exactly(src.get(), bounce.data(), chunk, static_cast<uint64_t>(in), path);
+      pwrite_all(fd_.get(), bounce.data(), chunk, static_cast<uint64_t>(out), path_);
+      in += static_cast<loff_t>(chunk);
+      out += static_cast<loff_t>(chunk);
+      done += chunk;
+      continue;
+    }
+    ZERONE_CHECK(n > 0, "cannot copy ", tensor, " from '", path, "' into checkpoint file '", path_, "': ",
+                 n < 0 ? std::strerror(errno) : "the source ended early");
+    done += static_cast<uint64_t>(n);
+  }
+  block_checksums_.insert(block_checksums_.end(), checksums.begin(), checksums.end());
+  file_.bytes += total;
+  file_.pieces.push_back(std::move(piece));
+  return total;
+}
+
 CheckpointFile CheckpointFileWriter::finish() {
   file_.checksum = checksum_of_list(block_checksums_);
   ZERONE_CHECK(::fsync(fd_.get()) == 0, "cannot write checkpoint file '", path_, "' (fsync): ", std::strerror(errno));

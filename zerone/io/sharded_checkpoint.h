@@ -123,6 +123,12 @@ class CheckpointFileWriter {
   // `unit`. `data` is only read during the call. With two or more OpenMP threads available the
   // checksums are computed on one while the bytes are written on the other.
   void append(int unit, const std::string& tensor, DType dtype, uint64_t begin, uint64_t count, const void* data);
+  // The same piece taken from bytes [offset, offset + count*size) of the file at `path`, whose
+  // block checksums the caller already knows: copied disk to disk (copy_file_range; a buffered
+  // copy where the kernel cannot), never hashed again (Note [Checkpoints of swapped state] in
+  // optim/adamw.h). Returns the bytes copied.
+  uint64_t append_from_file(int unit, const std::string& tensor, DType dtype, uint64_t begin, uint64_t count,
+                            const std::string& path, uint64_t offset, const std::vector<uint64_t>& checksums);
   // Makes the file durable (fsync) and closes it; returns what the manifest records of it.
   CheckpointFile finish();
 

@@ -124,13 +124,24 @@ void Checkpointer::save(zero::ZeroEngine& engine, const TrainerState& state) {
   p->optimizer_steps = engine.optimizer().steps_taken();
   char name[32];
   std::snprintf(name, sizeof name, "rank-%05d.bin", comm_.rank());
+  // The rank's file is created here, on the training thread: state that already lives in a file
+  // (NVMe offload) is copied into it now, disk to disk, before the next step changes it (Note
+  // [Checkpoints of swapped state]); everything else is written now (sync) or from staging (async).
+  const auto w0 = std::chrono::steady_clock::now();
+  auto writer = std::make_unique<io::CheckpointFileWriter>(p->tmp, name, state.step);
+  last_copied_bytes_ = 0;
+  const zero::ZeroEngine::ExtentSink copy_extent = [&](int u, const std::string& tensor, size_t begin, size_t count,
+                                                       const std::string& path, uint64_t offset,
+                                                       const std::vector<uint64_t>& checksums) {
+    last_copied_bytes_ += writer->append_from_file(u, tensor, DType::f32, begin, count, path, offset, checksums);
+  };
   if (!async_) {
-    const auto w0 = std::chrono::steady_clock::now();
-    io::CheckpointFileWriter writer(p->tmp, name, state.step);
-    engine.save_state([&](int u, const std::string& tensor, DType dtype, size_t begin, size_t count, const void* data) {
-      writer.append(u, tensor, dtype, begin, count, data);
-    });
-    p->file = writer.finish();
+    engine.save_state(
+        [&](int u, const std::string& tensor, DType dtype, size_t begin, size_t count, const void* data) {
+          writer->append(u, tensor, dtype, begin, count, data);
+        },
+        copy_extent);
+    p->file = writer->finish();
     p->write_s = seconds_since(w0);
     last_stall_s_ = seconds_since(t0);  // the whole save stalls training
     finish(*p);
@@ -140,27 +151,23 @@ void Checkpointer::save(zero::ZeroEngine& engine, const TrainerState& state) {
   // The staging buffers of the previous async save are reused (same pieces, same sizes every save),
   // so the stall is a memcpy, not page faults (Note [Saving a step]).
   size_t piece = 0;
-  engine.save_state([&](int u, const std::string& tensor, DType dtype, size_t begin, size_t count, const void* data) {
-    const size_t bytes = count * dtype_size(dtype);
-    if (piece == staging_.size()) staging_.emplace_back();
-    Buffer& copy = staging_[piece++];
-    if (copy.bytes() != bytes) copy = Buffer(bytes, MemCategory::scratch, MemPlace::host);
-    std::memcpy(copy.data(), data, bytes);
-    p->staged.push_back({u, tensor, dtype, begin, count, copy.data()});
-  });
+  engine.save_state(
+      [&](int u, const std::string& tensor, DType dtype, size_t begin, size_t count, const void* data) {
+        const size_t bytes = count * dtype_size(dtype);
+        if (piece == staging_.size()) staging_.emplace_back();
+        Buffer& copy = staging_[piece++];
+        if (copy.bytes() != bytes) copy = Buffer(bytes, MemCategory::scratch, MemPlace::host);
+        std::memcpy(copy.data(), data, bytes);
+        p->staged.push_back({u, tensor, dtype, begin, count, copy.data()});
+      },
+      copy_extent);
   staging_.resize(piece);
   Pending* raw = p.get();
-  const std::string file_name = name;
-  const int64_t step = state.step;
-  p->writer = std::thread([raw, file_name, step] {
+  p->writer = std::thread([raw, w0, file_writer = std::move(writer)] {
     omp_set_num_threads(1);  // the training thread keeps the cores
-    const auto w0 = std::chrono::steady_clock::now();
     try {
-      io::CheckpointFileWriter writer(raw->tmp, file_name, step);
-      for (Pending::Staged& s : raw->staged) {
-        writer.append(s.unit, s.tensor, s.dtype, s.begin, s.count, s.data);
-      }
-      raw->file = writer.finish();
+      for (Pending::Staged& s : raw->staged) file_writer->append(s.unit, s.tensor, s.dtype, s.begin, s.count, s.data);
+      raw->file = file_writer->finish();
       raw->write_s = seconds_since(w0);
     } catch (...) {
       raw->error = std::current_exception();

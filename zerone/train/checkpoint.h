@@ -95,6 +95,8 @@ class Checkpointer {
   // The last published checkpoint: bytes of all ranks' files (rank 0 only; 0 elsewhere), and the
   // seconds this rank spent writing and fsyncing its file.
   uint64_t last_bytes() const { return last_bytes_; }
+  // Bytes of this rank's last save that were copied disk to disk (NVMe-resident optimizer state).
+  uint64_t last_copied_bytes() const { return last_copied_bytes_; }
   double last_write_s() const { return last_write_s_; }
 
  private:
@@ -111,6 +113,7 @@ class Checkpointer {
   int64_t last_published_ = 0;
   double last_stall_s_ = 0.0;
   uint64_t last_bytes_ = 0;
+  uint64_t last_copied_bytes_ = 0;
   double last_write_s_ = 0.0;
 };
 

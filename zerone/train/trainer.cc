@@ -543,8 +543,12 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
                              io::checkpoint_step_name(checkpointer->last_published_step()), "' (",
                              human_bytes(static_cast<double>(checkpointer->last_bytes())), " from ", world,
                              world > 1 ? " ranks" : " rank", "; rank 0 wrote its file in ",
-                             fixed(checkpointer->last_write_s(), 3), " s; training stalled ",
-                             fixed(checkpointer->last_stall_s(), 3), " s)"));
+                             fixed(checkpointer->last_write_s(), 3), " s",
+                             checkpointer->last_copied_bytes() > 0
+                                 ? str_cat(", of which ", human_bytes(static_cast<double>(checkpointer->last_copied_bytes())),
+                                           " copied disk to disk from the optimizer's swap file")
+                                 : "",
+                             "; training stalled ", fixed(checkpointer->last_stall_s(), 3), " s)"));
   };
   auto save_checkpoint = [&](int done) {
     if (lead) progress.message(str_cat("saving checkpoint of step ", done, " in '", cfg.checkpoint_dir, "' ..."));
@@ -622,6 +626,8 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     float loss = static_cast<float>(reduced[0] / (static_cast<double>(cfg.grad_accum) * world));
     ZERONE_CHECK(std::isfinite(loss), "training diverged at step ", step, ": loss ", loss, " (try a lower --lr or --grad-clip)");
     float lr = static_cast<float>(schedule.lr());
+    const bool checkpoint_after = checkpointer && ((cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0) || step == cfg.steps);
+    if (checkpoint_after) engine.prepare_checkpoint();
     zero::ZeroEngine::StepResult stepped = engine.step(lr, cfg.grad_clip, loss_scale, scaled);
     if (scaled) scaler.update(stepped.overflow);
     if (stepped.overflow) ++skipped_steps;
@@ -654,8 +660,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     result.steps = step;
     result.final_train_loss = loss;
     if (record.val_loss) result.final_val_loss = record.val_loss;
-    if (checkpointer && ((cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0) || step == cfg.steps))
-      save_checkpoint(step);
+    if (checkpoint_after) save_checkpoint(step);
   }
   if (checkpointer && checkpointer->pending()) {
     checkpointer->publish_pending();

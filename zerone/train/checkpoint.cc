@@ -157,7 +157,13 @@ void Checkpointer::save(zero::ZeroEngine& engine, const TrainerState& state) {
         if (piece == staging_.size()) staging_.emplace_back();
         Buffer& copy = staging_[piece++];
         if (copy.bytes() != bytes) copy = Buffer(bytes, MemCategory::scratch, MemPlace::host);
-        std::memcpy(copy.data(), data, bytes);
+        // In 4 MiB chunks over the OpenMP team: one core's memcpy does not saturate memory bandwidth.
+        constexpr size_t kChunk = size_t{4} << 20;
+        const size_t chunks = (bytes + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (chunks > 1)
+        for (size_t c = 0; c < chunks; ++c)
+          std::memcpy(static_cast<char*>(copy.data()) + c * kChunk, static_cast<const char*>(data) + c * kChunk,
+                      std::min(kChunk, bytes - c * kChunk));
         p->staged.push_back({u, tensor, dtype, begin, count, copy.data()});
       },
       copy_extent);

@@ -23,7 +23,8 @@ done
 model=${W8_MODEL:-gpt2-350m}
 printf 'The quick brown fox jumps over the lazy dog. %.0s' $(seq 1 2000) > "$d/t.txt"
 $Z prepare --text "$d/t.txt" --out "$d/c" --val-fraction 0 >/dev/null
-train=(train --model "$model" --data "$d/c_train.bin" --micro-batch 1 --seq 64 --precision bf16 --no-shuffle)
+base=(train --model "$model" --data "$d/c_train.bin" --precision bf16 --no-shuffle)
+train=("${base[@]}" --micro-batch 1 --seq 64)
 mb_per_s() {  # mb_per_s LOG PATTERN: "bytes seconds" of the first matching line -> MB/s
   $py - "$1" "$2" <<'EOF'
 import re, sys
@@ -55,7 +56,7 @@ for round in 1 2; do
   rm -rf "$d/ck"
   # Async: the stall against a step of a realistic batch (4 x 256 tokens); the first save allocates
   # the staging, the second (step 4) reuses it.
-  $Z "${train[@]}" --micro-batch 4 --seq 256 --steps 4 --checkpoint-dir "$d/ck" --checkpoint-every 2 --checkpoint-async \
+  $Z "${base[@]}" --micro-batch 4 --seq 256 --steps 4 --checkpoint-dir "$d/ck" --checkpoint-every 2 --checkpoint-async \
     --metrics "$d/async.jsonl" > "$d/async.log" 2>&1
   stall=$(grep -o 'staged checkpoint of step 4 (stall [0-9.]*' "$d/async.log" | grep -o '[0-9.]*$')
   step_s=$($py -c "import json; v=[json.loads(l)['ms'] for l in open('$d/async.jsonl')][1:]; print(min(v) / 1000)")

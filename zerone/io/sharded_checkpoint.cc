@@ -234,14 +234,7 @@ CheckpointFileWriter::~CheckpointFileWriter() {
 
 void CheckpointFileWriter::append(int unit, const std::string& tensor, DType dtype, uint64_t begin, uint64_t count,
                                   const void* data) {
-  ZERONE_ASSERT(!finished_, "append after finish");
-  CheckpointPiece piece;
-  piece.unit = unit;
-  piece.tensor = tensor;
-  piece.dtype = dtype;
-  piece.begin = begin;
-  piece.count = count;
-  piece.offset = file_.bytes;
+  CheckpointPiece piece = next_piece(unit, tensor, dtype, begin, count);
   const auto* bytes = static_cast<const char*>(data);
   const uint64_t total = piece.bytes();
   const size_t blocks = static_cast<size_t>((total + kChecksumBlockBytes - 1) / kChecksumBlockBytes);
@@ -265,15 +258,11 @@ void CheckpointFileWriter::append(int unit, const std::string& tensor, DType dty
     }
   }
   if (write_error) std::rethrow_exception(write_error);
-  block_checksums_.insert(block_checksums_.end(), piece.checksums.begin(), piece.checksums.end());
-  file_.bytes += total;
-  file_.pieces.push_back(std::move(piece));
-  if (file_.pieces.size() == 2) crash_point("file", step_);
+  commit(std::move(piece));
 }
 
-uint64_t CheckpointFileWriter::append_from_file(int unit, const std::string& tensor, DType dtype, uint64_t begin,
-                                                uint64_t count, const std::string& path, uint64_t offset,
-                                                const std::vector<uint64_t>& checksums) {
+CheckpointPiece CheckpointFileWriter::next_piece(int unit, const std::string& tensor, DType dtype, uint64_t begin,
+                                                 uint64_t count) const {
   ZERONE_ASSERT(!finished_, "append after finish");
   CheckpointPiece piece;
   piece.unit = unit;
@@ -282,6 +271,20 @@ uint64_t CheckpointFileWriter::append_from_file(int unit, const std::string& ten
   piece.begin = begin;
   piece.count = count;
   piece.offset = file_.bytes;
+  return piece;
+}
+
+void CheckpointFileWriter::commit(CheckpointPiece piece) {
+  block_checksums_.insert(block_checksums_.end(), piece.checksums.begin(), piece.checksums.end());
+  file_.bytes += piece.bytes();
+  file_.pieces.push_back(std::move(piece));
+  if (file_.pieces.size() == 2) crash_point("file", step_);
+}
+
+uint64_t CheckpointFileWriter::append_from_file(int unit, const std::string& tensor, DType dtype, uint64_t begin,
+                                                uint64_t count, const std::string& path, uint64_t offset,
+                                                const std::vector<uint64_t>& checksums) {
+  CheckpointPiece piece = next_piece(unit, tensor, dtype, begin, count);
   piece.checksums = checksums;
   const uint64_t total = piece.bytes();
   ZERONE_ASSERT(checksums.size() == (total + kChecksumBlockBytes - 1) / kChecksumBlockBytes, "checksums of ", tensor);
@@ -309,9 +312,7 @@ uint64_t CheckpointFileWriter::append_from_file(int unit, const std::string& ten
                  n < 0 ? std::strerror(errno) : "the source ended early");
     done += static_cast<uint64_t>(n);
   }
-  block_checksums_.insert(block_checksums_.end(), checksums.begin(), checksums.end());
-  file_.bytes += total;
-  file_.pieces.push_back(std::move(piece));
+  commit(std::move(piece));
   return total;
 }
 

@@ -133,6 +133,10 @@ class CheckpointFileWriter {
   CheckpointFile finish();
 
  private:
+  // A piece starting at the end of the file; commit() records it once its bytes are written.
+  CheckpointPiece next_piece(int unit, const std::string& tensor, DType dtype, uint64_t begin, uint64_t count) const;
+  void commit(CheckpointPiece piece);
+
   std::string path_;
   int64_t step_;
   FileDescriptor fd_;

@@ -51,7 +51,7 @@ for round in 1 2; do
   $Z "${train[@]}" --steps 2 --checkpoint-dir "$d/ck" --resume > "$d/load.log" 2>&1
   load=$(mb_per_s "$d/load.log" "resumed from")
   echo "$(grep 'resumed from' "$d/load.log")"
-  echo "W8 round $round load MB/s $load (cold cache; includes allocating the model and optimizer)"
+  echo "W8 round $round load MB/s $load (cold cache; reading and verifying, without allocating the model and optimizer)"
   echo "load $load" >> "$d/results"
   rm -rf "$d/ck"
   # Async: the stall against a step of a realistic batch (4 x 256 tokens); the first save allocates

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
@@ -468,8 +469,8 @@ struct CheckpointReader::Impl {
   std::map<std::pair<int, std::string>, std::vector<std::pair<size_t, size_t>>> index;
   std::map<std::string, DType> tensor_dtypes;
   mutable std::vector<FileDescriptor> fds;
-  mutable std::vector<char> bounce;
   mutable uint64_t bytes_read = 0;
+  mutable double read_seconds = 0.0;
 };
 
 CheckpointReader::CheckpointReader(const std::string& path) : impl_(std::make_unique<Impl>()) {
@@ -542,60 +543,90 @@ DType CheckpointReader::tensor_dtype(const std::string& tensor) const {
 void CheckpointReader::read(int unit, const std::string& tensor, uint64_t begin, uint64_t count, DType out_dtype,
                             void* out) const {
   if (count == 0) return;
+  const auto t0 = std::chrono::steady_clock::now();
   auto it = impl_->index.find({unit, tensor});
   ZERONE_CHECK(it != impl_->index.end(), "checkpoint '", dir_, "' holds no ", tensor, " of unit ", unit);
   const uint64_t end = begin + count;
   ZERONE_ASSERT(end <= manifest_.units[unit].numel, "read past the unit");
   const size_t out_size = dtype_size(out_dtype);
-  std::vector<float> widened;
+  // One task per checksum block the read touches. The kernel is told up front which bytes are
+  // wanted (it reads ahead with a deep queue), and the blocks are read and verified on the
+  // OpenMP team, so several reads are in flight while others are hashed.
+  struct Task {
+    size_t file;
+    const CheckpointPiece* piece;
+    uint64_t block_begin, block_end;  // bytes of the piece
+    uint64_t elem_begin, elem_end;    // the elements of the piece this read wants from the block
+    uint64_t checksum;
+    char* dst;
+  };
+  std::vector<Task> tasks;
   for (auto [fi, pi] : it->second) {
     const CheckpointPiece& p = manifest_.files[fi].pieces[pi];
     if (p.begin + p.count <= begin || p.begin >= end) continue;
-    const std::string file_path = join(dir_, manifest_.files[fi].name);
-    if (impl_->fds[fi].get() < 0) impl_->fds[fi] = open_regular_file(file_path, "checkpoint file");
+    if (impl_->fds[fi].get() < 0)
+      impl_->fds[fi] = open_regular_file(join(dir_, manifest_.files[fi].name), "checkpoint file");
     const size_t esize = dtype_size(p.dtype);
-    const int fd = impl_->fds[fi].get();
     // The bytes of the piece this read needs, widened to whole checksum blocks.
     const uint64_t want_b = (std::max(begin, p.begin) - p.begin) * esize;
     const uint64_t want_e = (std::min(end, p.begin + p.count) - p.begin) * esize;
     const uint64_t first = want_b / kChecksumBlockBytes, last = (want_e - 1) / kChecksumBlockBytes;
+    const uint64_t range_b = first * kChecksumBlockBytes, range_e = std::min(p.bytes(), (last + 1) * kChecksumBlockBytes);
+    ::posix_fadvise(impl_->fds[fi].get(), static_cast<off_t>(p.offset + range_b), static_cast<off_t>(range_e - range_b),
+                    POSIX_FADV_WILLNEED);
     for (uint64_t block = first; block <= last; ++block) {
       const uint64_t bb = block * kChecksumBlockBytes, be = std::min(p.bytes(), bb + kChecksumBlockBytes);
-      // Read ahead: the kernel fetches the next block while this one is verified and copied.
-      if (block < last)
-        ::posix_fadvise(fd, static_cast<off_t>(p.offset + be),
-                        static_cast<off_t>(std::min(p.bytes(), be + kChecksumBlockBytes) - be), POSIX_FADV_WILLNEED);
-      // Elements of this block that the read wants (piece-relative).
       const uint64_t eb = std::max(want_b, bb) / esize, ee = std::min(want_e, be) / esize;
-      char* dst = static_cast<char*>(out) + (p.begin + eb - begin) * out_size;
-      // A whole block wanted in its own dtype is read straight into place and verified there.
-      const bool direct = p.dtype == out_dtype && eb * esize == bb && ee * esize == be;
-      char* buf = dst;
-      if (!direct) {
-        if (impl_->bounce.size() < be - bb) impl_->bounce.resize(be - bb);
-        buf = impl_->bounce.data();
-      }
-      read_exactly(fd, buf, be - bb, p.offset + bb, file_path);
-      impl_->bytes_read += be - bb;
-      const uint64_t sum = checksum_of(buf, be - bb);
-      ZERONE_CHECK(sum == p.checksums[block], "checkpoint file '", file_path, "' is corrupted: checksum mismatch in ",
-                   tensor, " of unit ", manifest_.units[unit].name, " (bytes ", p.offset + bb, "..", p.offset + be,
-                   " of the file)");
-      if (direct) continue;
-      const char* src = buf + (eb * esize - bb);
-      const size_t n = ee - eb;
-      if (p.dtype == out_dtype) {
-        std::memcpy(dst, src, n * esize);
-      } else {
-        widened.resize(n);
-        convert_to_f32(src, p.dtype, widened.data(), n);
-        convert_from_f32(widened.data(), dst, out_dtype, n);
-      }
+      tasks.push_back({fi, &p, bb, be, eb, ee, p.checksums[block], static_cast<char*>(out) + (p.begin + eb - begin) * out_size});
     }
   }
+  std::exception_ptr error;
+  std::vector<std::vector<char>> bounce(static_cast<size_t>(omp_get_max_threads()));
+  uint64_t bytes = 0;
+#pragma omp parallel for schedule(dynamic, 1) reduction(+ : bytes) if (tasks.size() > 1)
+  for (size_t t = 0; t < tasks.size(); ++t) {
+    const Task& k = tasks[t];
+    const CheckpointPiece& p = *k.piece;
+    const size_t esize = dtype_size(p.dtype);
+    const std::string& file_name = manifest_.files[k.file].name;
+    try {
+      // A whole block wanted in its own dtype is read straight into place and verified there.
+      const bool direct = p.dtype == out_dtype && k.elem_begin * esize == k.block_begin && k.elem_end * esize == k.block_end;
+      char* buf = k.dst;
+      if (!direct) {
+        std::vector<char>& mine = bounce[static_cast<size_t>(omp_get_thread_num())];
+        if (mine.size() < k.block_end - k.block_begin) mine.resize(k.block_end - k.block_begin);
+        buf = mine.data();
+      }
+      read_exactly(impl_->fds[k.file].get(), buf, k.block_end - k.block_begin, p.offset + k.block_begin,
+                   join(dir_, file_name));
+      bytes += k.block_end - k.block_begin;
+      ZERONE_CHECK(checksum_of(buf, k.block_end - k.block_begin) == k.checksum, "checkpoint file '", join(dir_, file_name),
+                   "' is corrupted: checksum mismatch in ", tensor, " of unit ", manifest_.units[unit].name, " (bytes ",
+                   p.offset + k.block_begin, "..", p.offset + k.block_end, " of the file)");
+      if (!direct) {
+        const char* src = buf + (k.elem_begin * esize - k.block_begin);
+        const size_t n = k.elem_end - k.elem_begin;
+        if (p.dtype == out_dtype) {
+          std::memcpy(k.dst, src, n * esize);
+        } else {
+          std::vector<float> widened(n);
+          convert_to_f32(src, p.dtype, widened.data(), n);
+          convert_from_f32(widened.data(), k.dst, out_dtype, n);
+        }
+      }
+    } catch (...) {
+#pragma omp critical(zerone_checkpoint_read_error)
+      if (!error) error = std::current_exception();
+    }
+  }
+  impl_->bytes_read += bytes;
+  impl_->read_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (error) std::rethrow_exception(error);
 }
 
 uint64_t CheckpointReader::bytes_read() const { return impl_->bytes_read; }
+double CheckpointReader::read_seconds() const { return impl_->read_seconds; }
 
 void CheckpointReader::verify_files() const {
   std::vector<char> buf(kChecksumBlockBytes);

@@ -193,12 +193,14 @@ class CheckpointReader {
   // Reads elements [begin, begin+count) of `tensor` of `unit` into `out`, converted to `out_dtype`
   // (widening is exact; narrowing rounds to nearest even). Every checksum block it touches is read
   // whole and verified (the next block is read ahead). Throws Error naming the file and the tensor
-  // on a checksum mismatch or a read failure. Memory: one block of bounce buffer.
+  // on a checksum mismatch or a read failure. Blocks are read on the OpenMP team. Memory: one block
+  // of bounce buffer per thread, only for blocks not wanted whole in their stored dtype.
   void read(int unit, const std::string& tensor, uint64_t begin, uint64_t count, DType out_dtype, void* out) const;
   // Reads every file whole and checks its checksum against the manifest.
   void verify_files() const;
-  // Bytes read from the data files so far (whole checksum blocks).
+  // Bytes read from the data files so far (whole checksum blocks), and the seconds spent in read().
   uint64_t bytes_read() const;
+  double read_seconds() const;
 
  private:
   struct Impl;

@@ -509,8 +509,9 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
       progress.message(str_cat("zerone: resumed from '", resume_from->path(), "' (step ", resumed.step, ", saved at world ",
                                resume_from->manifest().world_size, ", ZeRO stage ", resume_from->manifest().zero_stage,
                                "; rank 0 read ", human_bytes(static_cast<double>(resume_from->bytes_read())), " in ",
+                               fixed(resume_from->read_seconds(), 3), " s, ",
                                fixed(std::chrono::duration<double>(std::chrono::steady_clock::now() - load_t0).count(), 3),
-                               " s)"));
+                               " s with allocating the model and optimizer)"));
   }
   resume_from.reset();  // its files are closed; nothing more is read
   init_zerone.reset();

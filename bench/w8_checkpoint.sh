@@ -85,5 +85,5 @@ for step in "big.bin big_zerone --to zerone" "big_zerone big_hf --to hf --dtype 
   set -- $step
   /usr/bin/time -f "%M" -o "$d/rss" $Z convert "$d/$1" "$d/$2" "${@:3}" > /dev/null
   echo "W8 convert $1 -> $2 ($big) peak RSS $(( $(cat "$d/rss") / 1024 )) MiB"
-  [ "$1" = big_zerone ] && rm -f "$d/big.bin"
+  if [ "$1" = big_zerone ]; then rm -f "$d/big.bin"; fi
 done

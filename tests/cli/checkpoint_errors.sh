@@ -108,6 +108,15 @@ else
 fi
 r=$(edit nospec 'm["model"] = "gpt2:banana=1"')
 check "holds model 'gpt2:banana=1', which is not a model spec" "${resume[@]}" --checkpoint-dir "$r"
+r=$(edit fewerstate 'm["optimizer"]["state"] = ["exp_avg"]')
+check "holds adamw state \\(exp_avg\\), this run's optimizer is adamw \\(exp_avg, exp_avg_sq\\)" "${resume[@]}" --checkpoint-dir "$r"
+# Resumed at --steps: nothing trains and no loss is reported (it said "final loss 0.0000").
+"$Z" "${train[@]}" --steps 2 --resume --checkpoint-dir "$d/good" > "$d/done.log" 2>&1
+if grep -q "nothing left to train" "$d/done.log" && ! grep -q "final loss" "$d/done.log"; then
+  echo "ok: a resume with nothing left to train reports no loss"
+else
+  echo "FAIL: a resume with nothing left to train:"; cat "$d/done.log"; fail=1
+fi
 # A dangling symlink as `latest` is a broken pointer, not "no pointer".
 r=$(fresh dangling_link); rm "$r/latest"; ln -s nowhere "$r/latest"
 check "checkpoint pointer: cannot open '.*dangling_link/latest': No such file" "${resume[@]}" --checkpoint-dir "$r"

@@ -484,9 +484,15 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   if (resume_from) {
     const io::CheckpointManifest& m = resume_from->manifest();
     const std::vector<std::string> needed = engine.optimizer().state_names();
+    auto state_names = [](const std::vector<std::string>& names) {
+      std::string list;
+      for (const std::string& n : names) list += str_cat(list.empty() ? "" : ", ", n);
+      return list;
+    };
     ZERONE_CHECK(m.optimizer == engine.optimizer().type_name() && m.optimizer_state == needed, "checkpoint '",
-                 resume_from->path(), "' holds ", m.optimizer.empty() ? "no optimizer" : m.optimizer,
-                 " state, this run's optimizer is ", engine.optimizer().type_name(),
+                 resume_from->path(), "' holds ", m.optimizer.empty() ? "no optimizer" : m.optimizer, " state (",
+                 state_names(m.optimizer_state), "), this run's optimizer is ", engine.optimizer().type_name(), " (",
+                 state_names(needed), ")",
                  m.optimizer.empty() ? " (a weights-only checkpoint starts a run with --init, not --resume)" : "");
     engine.load_optimizer_state(
         [&](int u, const std::string& tensor, size_t begin, size_t count, float* out) {
@@ -715,6 +721,8 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     progress.warning(str_cat("--metrics '", cfg.metrics, "' lacks ", metrics.missing_lines(), " of ", cfg.steps,
                              " lines (writes failed)"));
   result.source_entropy = entropy;
+  // Resumed at or past --steps: no step ran, so there is no loss to report (it printed 0.0000).
+  if (start_step > cfg.steps) return result;
   float final_loss = result.final_val_loss.value_or(result.final_train_loss);
   char line[160];
   if (entropy) {

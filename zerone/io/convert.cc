@@ -110,6 +110,7 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
   int resident = -1;
   auto load_unit = [&](int u) {
     if (resident == u) return;
+    if (o.check_interrupt) o.check_interrupt();
     if (resident >= 0) model->units()[resident].release_params();
     model->units()[u].allocate_params();
     source.load(*model, u);

@@ -284,8 +284,20 @@ void check_hf_output(const std::string& dir, const std::string& what) {
 void save_hf_checkpoint(const std::string& dir_in, const nn::Model& model, const UnitLoader& load) {
   std::string dir = dir_in;
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-  if (::mkdir(dir.c_str(), 0755) != 0)
-    ZERONE_CHECK(errno == EEXIST, "cannot create directory '", dir, "': ", std::strerror(errno));
+  const bool created = ::mkdir(dir.c_str(), 0755) == 0;
+  if (!created) ZERONE_CHECK(errno == EEXIST, "cannot create directory '", dir, "': ", std::strerror(errno));
+  // A directory this call created goes again if the save fails (a damaged source, a full disk, an
+  // interrupt): no empty or half-filled output is left. An existing one keeps its old files.
+  struct RemoveUnlessDone {
+    const std::string& dir;
+    bool armed;
+    ~RemoveUnlessDone() {
+      if (!armed) return;
+      ::unlink((dir + "/model.safetensors").c_str());
+      ::unlink((dir + "/config.json").c_str());
+      ::rmdir(dir.c_str());
+    }
+  } cleanup{dir, created};
   const DType dtype = model.compute_dtype();
   const char* torch_dtype = dtype == DType::f32 ? "float32" : dtype == DType::bf16 ? "bfloat16" : "float16";
   nlohmann::ordered_json config;
@@ -338,6 +350,7 @@ void save_hf_checkpoint(const std::string& dir_in, const nn::Model& model, const
   });
   const std::string text = config.dump(2) + "\n";
   write_file_atomically(dir + "/config.json", [&](std::FILE* f) { write_all(f, text.data(), text.size(), dir + "/config.json"); });
+  cleanup.armed = false;
 }
 
 }  // namespace zerone::io

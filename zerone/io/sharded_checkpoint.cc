@@ -193,7 +193,7 @@ CheckpointManifest manifest_from_json(const json& j, const std::string& what) {
     m.zero_stage = get(j, "zero_stage", "the manifest").get<int>();
     m.offload_optimizer = get(j, "offload_optimizer", "the manifest").get<std::string>();
     m.offload_param = get(j, "offload_param", "the manifest").get<std::string>();
-    ZERONE_CHECK(m.step >= 0 && m.world_size >= 1 && m.zero_stage >= 0 && m.zero_stage <= 3, what,
+    ZERONE_CHECK(m.step >= 0 && m.step < INT32_MAX && m.world_size >= 1 && m.zero_stage >= 0 && m.zero_stage <= 3, what,
                  ": step, world_size or zero_stage out of range");
     for (const json& u : get(j, "units", "the manifest")) {
       CheckpointUnit unit;
@@ -209,6 +209,9 @@ CheckpointManifest manifest_from_json(const json& j, const std::string& what) {
     m.optimizer = get(opt, "type", "\"optimizer\"").get<std::string>();
     m.optimizer_state = get(opt, "state", "\"optimizer\"").get<std::vector<std::string>>();
     m.optimizer_steps = get(opt, "steps", "\"optimizer\"").get<int64_t>();
+    // The optimizer counts its steps in an int (AdamW's bias correction needs them 0-based, >= 0).
+    ZERONE_CHECK(m.optimizer_steps >= 0 && m.optimizer_steps < INT32_MAX, what, ": \"optimizer\" \"steps\" ",
+                 m.optimizer_steps, " is out of range (expected 0..", INT32_MAX - 1, ")");
     m.trainer = get(j, "trainer", "the manifest");
     for (const json& f : get(j, "files", "the manifest")) m.files.push_back(checkpoint_file_from_json(f, what));
     return m;
@@ -348,7 +351,8 @@ std::optional<std::string> find_latest_checkpoint(const std::string& root) {
   }
   ZERONE_CHECK(S_ISDIR(st.st_mode), "--checkpoint-dir '", root, "' is not a directory");
   const std::string latest = join(root, kLatestName);
-  if (::stat(latest.c_str(), &st) == 0) {
+  // lstat: a dangling symlink is a broken pointer (read_text_file says so), not a missing one.
+  if (::lstat(latest.c_str(), &st) == 0) {
     std::string name = read_text_file(latest, "checkpoint pointer", 4096);
     while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' ')) name.pop_back();
     ZERONE_CHECK(parse_step_name(name).has_value(), "'", latest, "' holds '", name,
@@ -372,7 +376,7 @@ std::optional<std::string> find_latest_checkpoint(const std::string& root) {
 std::string resolve_checkpoint_path(const std::string& path) {
   if (is_checkpoint_directory(path)) return path;
   struct stat st;
-  if (is_directory(path) && ::stat(join(path, kLatestName).c_str(), &st) == 0) {
+  if (is_directory(path) && ::lstat(join(path, kLatestName).c_str(), &st) == 0) {
     std::optional<std::string> dir = find_latest_checkpoint(path);
     if (dir) return *dir;
   }
@@ -498,7 +502,10 @@ CheckpointReader::CheckpointReader(const std::string& path) : impl_(std::make_un
       const CheckpointPiece& p = f.pieces[pi];
       ZERONE_CHECK(p.unit >= 0 && static_cast<size_t>(p.unit) < units.size(), "'", manifest_path, "': a piece of '",
                    f.name, "' names unit ", p.unit, " of ", units.size());
-      ZERONE_CHECK(p.count > 0 && p.begin + p.count <= units[p.unit].numel && p.offset + p.bytes() <= f.bytes &&
+      // Written so that no sum or product can wrap around (the numbers are the manifest's).
+      const uint64_t numel = units[p.unit].numel, esize = dtype_size(p.dtype);
+      ZERONE_CHECK(p.count > 0 && p.count <= numel && p.begin <= numel - p.count && p.offset <= f.bytes &&
+                       p.count <= (f.bytes - p.offset) / esize &&
                        p.checksums.size() == (p.bytes() + kChecksumBlockBytes - 1) / kChecksumBlockBytes,
                    "'", manifest_path, "': piece ", p.tensor, " [", p.begin, ", +", p.count, ") of unit ", p.unit, " in '",
                    f.name, "' does not fit the unit or the file");

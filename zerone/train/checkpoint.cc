@@ -41,8 +41,8 @@ json trainer_state_to_json(const TrainerState& s) {
 }
 
 TrainerState trainer_state_from_json(const json& j, const std::string& what) {
+  TrainerState s;
   try {
-    TrainerState s;
     s.step = j.at("step").get<int64_t>();
     s.next_chunk = j.at("next_chunk").get<uint64_t>();
     s.micro_batch = j.at("micro_batch").get<int>();
@@ -58,10 +58,21 @@ TrainerState trainer_state_from_json(const json& j, const std::string& what) {
     s.loss_scaler.iteration = ls.at("iteration").get<int64_t>();
     s.loss_scaler.last_overflow = ls.at("last_overflow").get<int64_t>();
     s.skipped_steps = j.at("skipped_steps").get<int64_t>();
-    return s;
   } catch (const json::exception& e) {
     throw Error(str_cat(what, ": the trainer state is incomplete or mistyped: ", e.what()));
   }
+  // The trainer counts steps in an int; a count out of range would restart or skip the run silently.
+  auto in_range = [&](bool ok, const char* key, auto value, const char* expected) {
+    ZERONE_CHECK(ok, what, ": trainer state \"", key, "\" ", value, " is out of range (expected ", expected, ")");
+  };
+  in_range(s.step >= 0 && s.step < INT32_MAX, "step", s.step, "0..2147483646");
+  in_range(s.lr_advances >= 0 && s.lr_advances <= s.step, "lr_schedule_advances", s.lr_advances, "0..step");
+  in_range(s.skipped_steps >= 0 && s.skipped_steps <= s.step, "skipped_steps", s.skipped_steps, "0..step");
+  in_range(s.micro_batch >= 1, "micro_batch", s.micro_batch, ">= 1");
+  in_range(s.seq >= 1, "seq", s.seq, ">= 1");
+  in_range(s.grad_accum >= 1, "grad_accum", s.grad_accum, ">= 1");
+  in_range(s.world_size >= 1, "world_size", s.world_size, ">= 1");
+  return s;
 }
 
 std::vector<io::CheckpointUnit> checkpoint_units(const nn::Model& model) {
@@ -238,7 +249,9 @@ void Checkpointer::finish(Pending& p) {
 void check_checkpoint_fits(const io::CheckpointReader& reader, const nn::Model& model, DType dtype) {
   const io::CheckpointManifest& m = reader.manifest();
   const std::string where = str_cat("checkpoint '", reader.path(), "'");
-  ZERONE_CHECK(m.model == model.spec(), where, " holds model ", m.model, ", not ", model.spec());
+  // Compared in canonical form: "gpt2-124m" and its full spec are one model.
+  const std::string held = nn::make_model(m.model, dtype, 64, false)->spec();
+  ZERONE_CHECK(held == model.spec(), where, " holds model ", held, ", not ", model.spec());
   ZERONE_CHECK(m.dtype == dtype, where, " was trained in ", dtype_name(m.dtype), ", this run computes in ",
                dtype_name(dtype), ": resume with --precision ", m.dtype == DType::f32 ? "fp32" : dtype_name(m.dtype));
   const std::vector<io::CheckpointUnit> units = checkpoint_units(model);

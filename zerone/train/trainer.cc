@@ -147,6 +147,16 @@ void check_outputs(const TrainConfig& cfg) {
       for (size_t i = 0; i < g.gl_pathc; ++i) inputs.emplace_back(flag, g.gl_pathv[i]);
     globfree(&g);
   }
+  // --checkpoint-dir is created at start-up: a --save or --metrics of the same path would be written
+  // into it (an llm.c --save silently became a Hugging Face directory among the checkpoints).
+  auto trimmed = [](std::string p) {
+    while (p.size() > 1 && p.back() == '/') p.pop_back();
+    return p;
+  };
+  for (const auto& [flag, path] : {std::pair<const char*, std::string>{"--save", cfg.save}, {"--metrics", cfg.metrics}})
+    ZERONE_CHECK(cfg.checkpoint_dir.empty() || path.empty() || !io::same_file(trimmed(cfg.checkpoint_dir), trimmed(path)),
+                 "--checkpoint-dir '", cfg.checkpoint_dir, "' and ", flag, " '", path,
+                 "' name the same path: give the checkpoints their own directory");
   if (!cfg.save.empty() && !cfg.metrics.empty())
     ZERONE_CHECK(!io::same_file(cfg.save, cfg.metrics), "--save and --metrics name the same file '", cfg.save,
                  "': the model would overwrite the metrics");
@@ -326,7 +336,13 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   if (!resume_from && !cfg.init.empty() && !init_hf && ::stat(cfg.init.c_str(), &init_st) == 0 && S_ISDIR(init_st.st_mode))
     init_zerone = std::make_unique<io::CheckpointReader>(cfg.init);
   if (io::CheckpointReader* ckpt = resume_from ? resume_from.get() : init_zerone.get()) {
-    model_spec = ckpt->manifest().model;
+    // Canonical form: a spec spelled differently (a preset name, another key order) is the same model.
+    try {
+      model_spec = nn::make_model(ckpt->manifest().model, dtype, 64, false)->spec();
+    } catch (const Error& e) {
+      throw Error(str_cat("checkpoint '", ckpt->path(), "' holds model '", ckpt->manifest().model,
+                          "', which is not a model spec: ", e.what()));
+    }
     if (!cfg.model.empty()) {
       const std::string requested = nn::make_model(cfg.model, dtype, 64, false)->spec();
       ZERONE_CHECK(requested == model_spec, "--model ", requested, " disagrees with checkpoint '", ckpt->path(),
@@ -428,6 +444,8 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   if (resume_from) {
     const std::string where = str_cat("checkpoint '", resume_from->path(), "'");
     resumed = trainer_state_from_json(resume_from->manifest().trainer, where);
+    ZERONE_CHECK(resumed.step == resume_from->manifest().step, where, ": the trainer state is at step ", resumed.step,
+                 ", the manifest at step ", resume_from->manifest().step, " (a damaged or edited manifest)");
     ZERONE_CHECK(resumed.micro_batch == B && resumed.seq == T, where, " counts its data position in micro-batches of ",
                  resumed.micro_batch, " x ", resumed.seq, " tokens: resume with --micro-batch ", resumed.micro_batch,
                  " --seq ", resumed.seq, " (change --grad-accum to keep the global batch at another world size)");
@@ -466,9 +484,15 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   if (resume_from) {
     const io::CheckpointManifest& m = resume_from->manifest();
     const std::vector<std::string> needed = engine.optimizer().state_names();
+    auto state_names = [](const std::vector<std::string>& names) {
+      std::string list;
+      for (const std::string& n : names) list += str_cat(list.empty() ? "" : ", ", n);
+      return list;
+    };
     ZERONE_CHECK(m.optimizer == engine.optimizer().type_name() && m.optimizer_state == needed, "checkpoint '",
-                 resume_from->path(), "' holds ", m.optimizer.empty() ? "no optimizer" : m.optimizer,
-                 " state, this run's optimizer is ", engine.optimizer().type_name(),
+                 resume_from->path(), "' holds ", m.optimizer.empty() ? "no optimizer" : m.optimizer, " state (",
+                 state_names(m.optimizer_state), "), this run's optimizer is ", engine.optimizer().type_name(), " (",
+                 state_names(needed), ")",
                  m.optimizer.empty() ? " (a weights-only checkpoint starts a run with --init, not --resume)" : "");
     engine.load_optimizer_state(
         [&](int u, const std::string& tensor, size_t begin, size_t count, float* out) {
@@ -697,6 +721,8 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     progress.warning(str_cat("--metrics '", cfg.metrics, "' lacks ", metrics.missing_lines(), " of ", cfg.steps,
                              " lines (writes failed)"));
   result.source_entropy = entropy;
+  // Resumed at or past --steps: no step ran, so there is no loss to report (it printed 0.0000).
+  if (start_step > cfg.steps) return result;
   float final_loss = result.final_val_loss.value_or(result.final_train_loss);
   char line[160];
   if (entropy) {

@@ -17,6 +17,7 @@
 #include <set>
 
 #include "zerone/core/error.h"
+#include "zerone/nn/model.h"
 
 namespace zerone::io {
 namespace {
@@ -65,6 +66,15 @@ std::optional<int64_t> parse_step_name(const std::string& name) {
   return step;
 }
 
+// An integer of the manifest in [lo, hi]; floats, strings and values out of range are errors
+// (nlohmann's get<int> would truncate 2^32+2 to 2).
+int bounded_int(const nlohmann::json& v, const char* key, int64_t lo, int64_t hi, const std::string& what) {
+  ZERONE_CHECK(v.is_number_integer() && v.get<int64_t>() >= lo && v.get<int64_t>() <= hi &&
+                   !(v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)),
+               what, ": \"", key, "\" is ", v.dump(), ", expected an integer in ", lo, "..", hi);
+  return static_cast<int>(v.get<int64_t>());
+}
+
 DType dtype_from_name(const std::string& name, const std::string& what) {
   for (DType d : {DType::f32, DType::bf16, DType::f16})
     if (name == dtype_name(d)) return d;
@@ -85,6 +95,18 @@ void crash_point(const char* point, int64_t step) {
 }
 
 }  // namespace
+
+std::vector<CheckpointUnit> checkpoint_units(const nn::Model& model) {
+  std::vector<CheckpointUnit> units;
+  for (const nn::FlatParam& unit : model.units()) {
+    CheckpointUnit cu;
+    cu.name = unit.name();
+    cu.numel = unit.numel();
+    for (const nn::TensorSpec& t : unit.tensors()) cu.tensors.push_back({t.name, t.shape, t.offset});
+    units.push_back(std::move(cu));
+  }
+  return units;
+}
 
 // ------------------------------------------------------------------------------------ checksums
 
@@ -133,7 +155,7 @@ CheckpointFile checkpoint_file_from_json(const json& f, const std::string& what)
     file.checksum = get(f, "xxh3_of_blocks", "file " + file.name).get<uint64_t>();
     for (const json& p : get(f, "pieces", "file " + file.name)) {
       CheckpointPiece piece;
-      piece.unit = get(p, "unit", "a piece").get<int>();
+      piece.unit = bounded_int(get(p, "unit", "a piece"), "a piece's unit", 0, INT32_MAX, what);
       piece.tensor = get(p, "tensor", "a piece").get<std::string>();
       piece.dtype = dtype_from_name(get(p, "dtype", "a piece").get<std::string>(), what);
       piece.begin = get(p, "begin", "a piece").get<uint64_t>();
@@ -183,14 +205,14 @@ CheckpointManifest manifest_from_json(const json& j, const std::string& what) {
     ZERONE_CHECK(j.is_object() && j.contains("format") && j["format"] == kCheckpointFormat, what,
                  " is not a zerone checkpoint manifest (\"format\" is not \"", kCheckpointFormat, "\")");
     CheckpointManifest m;
-    m.version = get(j, "version", "the manifest").get<int>();
+    m.version = bounded_int(get(j, "version", "the manifest"), "version", 0, INT32_MAX, what);
     ZERONE_CHECK(m.version == kCheckpointVersion, what, ": checkpoint format version ", m.version,
                  " is not supported (this zerone reads version ", kCheckpointVersion, ")");
     m.step = get(j, "step", "the manifest").get<int64_t>();
     m.model = get(j, "model", "the manifest").get<std::string>();
     m.dtype = dtype_from_name(get(j, "precision", "the manifest").get<std::string>(), what);
-    m.world_size = get(j, "world_size", "the manifest").get<int>();
-    m.zero_stage = get(j, "zero_stage", "the manifest").get<int>();
+    m.world_size = bounded_int(get(j, "world_size", "the manifest"), "world_size", 1, 1 << 24, what);
+    m.zero_stage = bounded_int(get(j, "zero_stage", "the manifest"), "zero_stage", 0, 3, what);
     m.offload_optimizer = get(j, "offload_optimizer", "the manifest").get<std::string>();
     m.offload_param = get(j, "offload_param", "the manifest").get<std::string>();
     ZERONE_CHECK(m.step >= 0 && m.step < INT32_MAX && m.world_size >= 1 && m.zero_stage >= 0 && m.zero_stage <= 3, what,
@@ -538,6 +560,22 @@ CheckpointReader::CheckpointReader(const std::string& path) : impl_(std::make_un
 }
 
 CheckpointReader::~CheckpointReader() = default;
+
+void CheckpointReader::check_layout(const nn::Model& model) const {
+  const std::string where = str_cat("checkpoint '", dir_, "'");
+  const std::vector<CheckpointUnit> units = checkpoint_units(model);
+  ZERONE_CHECK(manifest_.units.size() == units.size(), where, " has ", manifest_.units.size(), " units, the model ",
+               units.size());
+  for (size_t u = 0; u < units.size(); ++u) {
+    const CheckpointUnit &a = manifest_.units[u], &b = units[u];
+    bool same = a.name == b.name && a.numel == b.numel && a.tensors.size() == b.tensors.size();
+    for (size_t t = 0; same && t < a.tensors.size(); ++t)
+      same = a.tensors[t].name == b.tensors[t].name && a.tensors[t].shape == b.tensors[t].shape &&
+             a.tensors[t].offset == b.tensors[t].offset;
+    ZERONE_CHECK(same, where, ": unit ", u, " ('", a.name, "', ", a.numel, " elements) does not match the model's '",
+                 b.name, "' (", b.numel, " elements)");
+  }
+}
 
 bool CheckpointReader::has_tensor(const std::string& tensor) const { return impl_->tensor_dtypes.count(tensor) > 0; }
 

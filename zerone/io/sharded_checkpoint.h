@@ -46,6 +46,10 @@
 #include "zerone/core/dtype.h"
 #include "zerone/io/file.h"
 
+namespace zerone::nn {
+class Model;
+}
+
 namespace zerone::io {
 
 inline constexpr const char* kCheckpointFormat = "zerone-checkpoint";
@@ -104,6 +108,9 @@ CheckpointFile checkpoint_file_from_json(const nlohmann::json& json, const std::
 // Throws Error naming `what` (the manifest's path) and the key for anything missing or malformed,
 // and for another format or an unknown version.
 CheckpointManifest manifest_from_json(const nlohmann::json& json, const std::string& what);
+
+// The units' layout (names, numels, tensors) of `model`, as a manifest records it.
+std::vector<CheckpointUnit> checkpoint_units(const nn::Model& model);
 
 // XXH3-64 of `bytes` at `data` (Note [Checksums]).
 uint64_t checksum_of(const void* data, size_t bytes);
@@ -187,6 +194,9 @@ class CheckpointReader {
 
   const std::string& path() const { return dir_; }
   const CheckpointManifest& manifest() const { return manifest_; }
+  // Checks that the manifest's units are `model`'s (names, sizes, tensor names, shapes, offsets),
+  // before anything is read into it. Throws Error naming the first unit that differs.
+  void check_layout(const nn::Model& model) const;
   bool has_tensor(const std::string& tensor) const;
   // The dtype `tensor` is stored in. Throws Error if absent.
   DType tensor_dtype(const std::string& tensor) const;

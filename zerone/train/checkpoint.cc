@@ -75,18 +75,6 @@ TrainerState trainer_state_from_json(const json& j, const std::string& what) {
   return s;
 }
 
-std::vector<io::CheckpointUnit> checkpoint_units(const nn::Model& model) {
-  std::vector<io::CheckpointUnit> units;
-  for (const nn::FlatParam& unit : model.units()) {
-    io::CheckpointUnit cu;
-    cu.name = unit.name();
-    cu.numel = unit.numel();
-    for (const nn::TensorSpec& t : unit.tensors()) cu.tensors.push_back({t.name, t.shape, t.offset});
-    units.push_back(std::move(cu));
-  }
-  return units;
-}
-
 // ------------------------------------------------------------------------------------ saving
 
 struct Checkpointer::Pending {
@@ -254,17 +242,7 @@ void check_checkpoint_fits(const io::CheckpointReader& reader, const nn::Model& 
   ZERONE_CHECK(held == model.spec(), where, " holds model ", held, ", not ", model.spec());
   ZERONE_CHECK(m.dtype == dtype, where, " was trained in ", dtype_name(m.dtype), ", this run computes in ",
                dtype_name(dtype), ": resume with --precision ", m.dtype == DType::f32 ? "fp32" : dtype_name(m.dtype));
-  const std::vector<io::CheckpointUnit> units = checkpoint_units(model);
-  ZERONE_CHECK(m.units.size() == units.size(), where, " has ", m.units.size(), " units, the model ", units.size());
-  for (size_t u = 0; u < units.size(); ++u) {
-    const io::CheckpointUnit &a = m.units[u], &b = units[u];
-    bool same = a.name == b.name && a.numel == b.numel && a.tensors.size() == b.tensors.size();
-    for (size_t t = 0; same && t < a.tensors.size(); ++t)
-      same = a.tensors[t].name == b.tensors[t].name && a.tensors[t].shape == b.tensors[t].shape &&
-             a.tensors[t].offset == b.tensors[t].offset;
-    ZERONE_CHECK(same, where, ": unit ", u, " ('", a.name, "', ", a.numel, " elements) does not match the model's '",
-                 b.name, "' (", b.numel, " elements)");
-  }
+  reader.check_layout(model);
   ZERONE_CHECK(reader.has_tensor("param") && reader.tensor_dtype("param") == dtype, where,
                " holds no parameters in ", dtype_name(dtype));
 }

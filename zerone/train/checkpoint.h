@@ -66,8 +66,6 @@ struct CheckpointRunInfo {
   std::string offload_optimizer = "none", offload_param = "none";
   std::vector<io::CheckpointUnit> units;
 };
-// The units' layout (names, numels, tensors) of `model`, as the manifest records it.
-std::vector<io::CheckpointUnit> checkpoint_units(const nn::Model& model);
 
 class Checkpointer {
  public:

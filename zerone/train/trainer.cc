@@ -542,7 +542,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   std::unique_ptr<Checkpointer> checkpointer;
   if (!cfg.checkpoint_dir.empty()) {
     CheckpointRunInfo info{model.spec(), dtype, cfg.zero_stage, cfg.offload_optimizer, cfg.offload_param,
-                           checkpoint_units(model)};
+                           io::checkpoint_units(model)};
     checkpointer = std::make_unique<Checkpointer>(cfg.checkpoint_dir, cfg.keep_last, cfg.checkpoint_async, info, comm);
   }
   // The state after `done` steps, for a checkpoint.

@@ -10,6 +10,7 @@
 #   3. SIGKILL at every point of a save (Note [Crash points]): --resume continues from the previous
 #      checkpoint (or the new one, once `latest` names it) and reproduces the uninterrupted run.
 #   4. --keep-last prunes; --resume with nothing saved yet starts at step 1; a stop signal saves.
+#   5. Loading streams unit by unit: a resumed run peaks at the RSS of an uninterrupted one.
 set -euo pipefail
 Z="$(readlink -f "$1")"
 d=$(mktemp -d); trap 'rm -rf "$d"' EXIT
@@ -19,14 +20,14 @@ export OMPI_MCA_mpi_yield_when_idle=1
 printf 'It was the best of times, it was the worst of times, it was the age of wisdom. %.0s' $(seq 1 300) > "$d/t.txt"
 "$Z" prepare --text "$d/t.txt" --out "$d/c" --val-fraction 0 >/dev/null
 common=(train --model gpt2:layers=2,dim=40,heads=4,vocab=257,ctx=16 --data "$d/c_train.bin" --micro-batch 2 --seq 16
-        --steps 6 --lr 1e-3 --weight-decay 0.1 --grad-clip 1.0 --warmup 2 --lr-schedule cosine --threads 1
+        --lr 1e-3 --weight-decay 0.1 --grad-clip 1.0 --warmup 2 --lr-schedule cosine --threads 1
         --reduce-bucket-size 5000 --allgather-bucket-size 3000 --stage3-prefetch-bucket-size 30000
         --stage3-param-persistence-threshold 1000)
 nvme=(--offload-optimizer nvme --nvme-path "$d/swap" --sub-group-size 700 --offload-buffer-count 2)
 fail=0
 run() {  # run NAME WORLD ACCUM ARGS...: metrics NAME.jsonl, final parameters NAME.bin, log NAME.log
   local name="$1" world="$2" accum="$3"; shift 3
-  "${MPI[@]}" -n "$world" "$Z" "${common[@]}" --grad-accum "$accum" "$@" \
+  "${MPI[@]}" -n "$world" "$Z" "${common[@]}" --steps 6 --grad-accum "$accum" "$@" \
     --metrics "$d/$name.jsonl" --save "$d/$name.bin" > "$d/$name.log" 2>&1 || { echo "FAIL $name:"; cat "$d/$name.log"; exit 1; }
 }
 # A checkpoint root holding only REF's checkpoint of step STEP, as if REF had stopped there.
@@ -80,8 +81,17 @@ for c in "${same_cases[@]}"; do
   grep -q "resumed from" "$d/$name.resumed.log" || { echo "FAIL $name.resumed: did not resume"; fail=1; }
   bitwise "$name" "$name.resumed"
 done
+# NVMe offload: the optimizer state is copied from its swap file disk to disk, not read back.
+grep -q "copied disk to disk from the optimizer's swap file" "$d/fp32_w2_s3_nvme.log" \
+  && echo "ok   fp32_w2_s3_nvme: the swapped optimizer state was copied disk to disk" \
+  || { echo "FAIL fp32_w2_s3_nvme: the swapped optimizer state went through memory"; fail=1; }
 # The async save writes the same files, and resuming from it is bitwise too.
 run async 2 3 --precision bf16 --zero-stage 2 --checkpoint-dir "$d/async.ck" --checkpoint-every 3 --checkpoint-async
+# Async with NVMe offload: the swapped state is copied before the next step, the rest in the background.
+run async_nvme 2 3 --precision bf16 --zero-stage 2 "${nvme[@]}" --checkpoint-dir "$d/async_nvme.ck" --checkpoint-every 3 --checkpoint-async
+stopped_at async_nvme 3 "$d/async_nvme.resumed.ck"
+run async_nvme.resumed 2 3 --precision bf16 --zero-stage 2 --checkpoint-dir "$d/async_nvme.resumed.ck" --resume
+bitwise bf16_w2_s2 async_nvme.resumed
 for f in rank-00000.bin rank-00001.bin; do
   cmp -s "$d/bf16_w2_s2.ck/step-00000003/$f" "$d/async.ck/step-00000003/$f" && echo "ok   async: $f identical to the synchronous save" \
     || { echo "FAIL async: $f differs from the synchronous save"; fail=1; }
@@ -114,14 +124,14 @@ kill_args=(--precision fp32 --zero-stage 2 --checkpoint-every 2)
 run kill_ref 2 3 "${kill_args[@]}" --checkpoint-dir "$d/kill_ref.ck"
 for point in file manifest rename latest prune; do
   set +e
-  ZERONE_CHECKPOINT_CRASH_AT=$point ZERONE_CHECKPOINT_CRASH_STEP=4 "${MPI[@]}" -n 2 "$Z" "${common[@]}" --grad-accum 3 \
+  ZERONE_CHECKPOINT_CRASH_AT=$point ZERONE_CHECKPOINT_CRASH_STEP=4 "${MPI[@]}" -n 2 "$Z" "${common[@]}" --steps 6 --grad-accum 3 \
     "${kill_args[@]}" --checkpoint-dir "$d/kill_$point.ck" --metrics "$d/kill_$point.jsonl" > "$d/kill_$point.crash.log" 2>&1
   rc=$?
   set -e
   [ $rc -ne 0 ] || { echo "FAIL kill_$point: the crash point was not reached"; fail=1; continue; }
   expected=2; [ $point = prune ] && expected=4  # `latest` is replaced just before pruning
   run "kill_$point.resumed" 2 3 "${kill_args[@]}" --checkpoint-dir "$d/kill_$point.ck" --resume
-  first=$(losses_from "kill_$point.resumed" 1 | head -1 | cut -d' ' -f1)
+  first=$(losses_from "kill_$point.resumed" 1 | awk 'NR == 1 {print $1}')
   if [ "$first" = $((expected + 1)) ] && cmp -s "$d/kill_ref.bin" "$d/kill_$point.resumed.bin" && \
      diff <(losses_from kill_ref "$first") <(losses_from "kill_$point.resumed" 1) > /dev/null; then
     echo "ok   SIGKILL at '$point' of the step-4 save: resumed after step $expected; bitwise equal to the uninterrupted run"
@@ -140,10 +150,27 @@ grep -q "no checkpoint in" "$d/fresh.log" && cmp -s "$d/fresh.bin" "$d/fp32_w1_s
 "$Z" "${common[@]}" --steps 1000000 --grad-accum 6 --precision fp32 --checkpoint-dir "$d/sig.ck" > "$d/sig.log" 2>&1 &
 pid=$!
 for _ in $(seq 1 200); do grep -q '^step  *[3-9]' "$d/sig.log" 2>/dev/null && break; sleep 0.1; done
-kill -TERM $pid; set +e; wait $pid; rc=$?; set -e
+set +e; kill -TERM $pid; wait $pid; rc=$?; set -e
 if [ $rc -eq 143 ] && [ -f "$d/sig.ck/latest" ] && grep -q "checkpoint of step" "$d/sig.log"; then
   echo "ok   SIGTERM saved $(cat "$d/sig.ck/latest") and exited 143"
 else
   echo "FAIL SIGTERM: rc $rc"; cat "$d/sig.log"; fail=1
 fi
+# 5. Loading streams: a resumed run's peak RSS is the uninterrupted run's (no copy of the
+#    checkpoint, ~165 MiB here, is ever held); allowed: one 16 MiB read-back block and noise.
+M=gpt2:layers=8,dim=384,heads=4,vocab=257,ctx=16
+rss_args=(train --model $M --data "$d/c_train.bin" --micro-batch 2 --seq 16 --steps 2 --precision fp32 --threads 1)
+"$Z" "${rss_args[@]}" --checkpoint-dir "$d/rss.ck" --checkpoint-every 1 --metrics "$d/rss_fresh.jsonl" > "$d/rss_fresh.log" 2>&1
+echo step-00000001 > "$d/rss.ck/latest"
+"$Z" "${rss_args[@]}" --checkpoint-dir "$d/rss.ck" --resume --metrics "$d/rss_resumed.jsonl" > "$d/rss_resumed.log" 2>&1
+if python3 - "$d/rss_fresh.jsonl" "$d/rss_resumed.jsonl" "$d/rss.ck/step-00000001" <<'EOF'
+import json, os, sys
+peak = lambda f: max(json.loads(l)["mem"]["peak_rss"] for l in open(f))
+fresh, resumed = peak(sys.argv[1]), peak(sys.argv[2])
+size = sum(os.path.getsize(os.path.join(sys.argv[3], f)) for f in os.listdir(sys.argv[3]))
+print(f"     peak RSS fresh {fresh >> 20} MiB, resumed {resumed >> 20} MiB; checkpoint {size >> 20} MiB")
+sys.exit(0 if resumed <= fresh + (24 << 20) else 1)
+EOF
+then echo "ok   loading streams: the resumed run's peak RSS is the fresh run's"; else echo "FAIL loading holds more than a block"; fail=1; fi
+[ -n "${KEEP:-}" ] && cp -r "$d" /tmp/ckpt_debug
 exit $fail

@@ -704,7 +704,18 @@ std::vector<std::string> ZeroEngine::state_tensors() const {
   return names;
 }
 
-void ZeroEngine::save_state(const StateSink& sink) {
+void ZeroEngine::prepare_checkpoint() {
+  join_delayed();  // --delayed-update: the optimizer thread must not be inside a step while we set it up
+  std::vector<size_t> valid(units_.size());  // the shard's real elements (the rest is padding)
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const UnitShard& sh = units_[u].shard;
+    const size_t origin = config_.stage == 0 ? 0 : sh.shard_begin;
+    valid[u] = sh.numel > origin ? sh.numel - origin : 0;
+  }
+  optimizer_->record_checksums(valid);
+}
+
+void ZeroEngine::save_state(const StateSink& sink, const ExtentSink& extent_sink) {
   // --delayed-update: a checkpoint is a synchronization point of the delay (Note [Delayed parameter
   // update]): the update in flight is installed first, so parameters and optimizer state agree,
   // and the step after it (in this run or a resumed one) sees the newest parameters, as step 1 does.
@@ -734,6 +745,18 @@ void ZeroEngine::save_state(const StateSink& sink) {
     }
   }
   const std::vector<std::string> names = optimizer_->state_names();
+  if (extent_sink) {
+    const std::vector<optim::Optimizer::StateExtent> extents = optimizer_->state_extents();
+    if (!extents.empty()) {
+      for (const optim::Optimizer::StateExtent& e : extents) {
+        const int u = static_cast<int>(e.piece.shard);
+        const size_t origin = config_.stage == 0 ? 0 : units_[u].shard.shard_begin;
+        ZERONE_ASSERT(config_.stage >= 1, "a swapped optimizer below stage 1");  // the shard is the saved range
+        extent_sink(u, names[e.piece.tensor], origin + e.piece.begin, e.piece.count, e.path, e.offset, e.checksums);
+      }
+      return;
+    }
+  }
   optimizer_->export_state([&](const optim::Optimizer::StatePiece& piece, const float* data) {
     const int u = static_cast<int>(piece.shard);
     const size_t origin = config_.stage == 0 ? 0 : units_[u].shard.shard_begin;  // shard element 0 in the unit

@@ -7,8 +7,15 @@
 
 #include "zerone/core/error.h"
 #include "zerone/core/profiler.h"
+#include "zerone/io/sharded_checkpoint.h"
 
 namespace zerone::zero {
+
+// Swap layout tensor k of a sub-group is m, v, master; state_names() order is (master,) m, v.
+namespace {
+int swap_slot(int state_index, int tensors) { return tensors == 3 ? (state_index + 2) % 3 : state_index; }
+}  // namespace
+
 
 SwappedAdamW::SwappedAdamW(std::vector<optim::ShardRef> shards, DType param_dtype, const optim::AdamWOptions& options,
                            size_t sub_group_numel, int buffer_count, const NvmeConfig& config,
@@ -89,6 +96,10 @@ void SwappedAdamW::start_read(size_t gi, size_t b) {
 
 void SwappedAdamW::begin_step(float lr, float grad_scale) {
   ++step_;
+  // Note [Checkpoints of swapped state]: this step records what a checkpoint needs, or nothing.
+  record_ = std::move(record_valid_);
+  record_valid_.clear();
+  extents_.clear();
   h_ = optim::AdamW::hyper(options_, lr, grad_scale, step_);
   reads_.assign(buffers_.size(), 0);
   if (writes_.size() != buffers_.size()) writes_.assign(buffers_.size(), 0);
@@ -129,6 +140,19 @@ double SwappedAdamW::update_shard(size_t shard, size_t next_shard) {
       sumsq += optim::AdamW::update_slice(s, param_dtype_, options_, h_, g.begin, g.end, master, tensor(b, g, 0),
                                           tensor(b, g, 1));
     }
+    if (!record_.empty()) {
+      const size_t valid = std::min(g.end, std::max(g.begin, record_[g.shard])) - g.begin;
+      for (int k = 0; valid > 0 && k < tensors_; ++k) {
+        StateExtent e;
+        e.piece = StatePiece{g.shard, k, g.begin, valid};
+        e.path = file_path_;
+        e.offset = g.offset + static_cast<uint64_t>(swap_slot(k, tensors_)) * g.tensor_bytes;
+        const char* data = reinterpret_cast<const char*>(tensor(b, g, swap_slot(k, tensors_)));
+        for (uint64_t off = 0; off < valid * sizeof(float); off += io::kChecksumBlockBytes)
+          e.checksums.push_back(io::checksum_of(data + off, std::min<uint64_t>(io::kChecksumBlockBytes, valid * sizeof(float) - off)));
+        extents_.push_back(std::move(e));
+      }
+    }
     writes_[b] = io_->start(io::IoOp::write, fd_.get(), file_path_, buffers_[b].data(), group_bytes(g), g.offset);
     if (!config_.pipeline_write) wait_io(writes_[b]);
   }
@@ -154,11 +178,6 @@ double SwappedAdamW::step(float lr, float grad_scale, const std::function<void(s
   return sumsq;
 }
 
-// Swap layout tensor k of a sub-group is m, v, master; state_names() order is (master,) m, v.
-namespace {
-int swap_slot(int state_index, int tensors) { return tensors == 3 ? (state_index + 2) % 3 : state_index; }
-}  // namespace
-
 void SwappedAdamW::export_state(const std::function<void(const StatePiece&, const float* data)>& fn) {
   for (const SubGroup& g : groups_) {
     io_->wait(io_->start(io::IoOp::read, fd_.get(), file_path_, buffers_[0].data(), group_bytes(g), g.offset));
@@ -168,6 +187,7 @@ void SwappedAdamW::export_state(const std::function<void(const StatePiece&, cons
 }
 
 void SwappedAdamW::import_state(const std::function<void(const StatePiece&, float* data)>& fn) {
+  extents_.clear();  // the file is about to change
   for (const SubGroup& g : groups_) {
     std::memset(buffers_[0].data(), 0, group_bytes(g));
     for (int k = 0; k < tensors_; ++k)

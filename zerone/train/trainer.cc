@@ -333,8 +333,13 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   std::string model_spec = cfg.model;
   const bool init_hf = !resume_from && !cfg.init.empty() && io::is_hf_directory(cfg.init);
   struct stat init_st;
-  if (!resume_from && !cfg.init.empty() && !init_hf && ::stat(cfg.init.c_str(), &init_st) == 0 && S_ISDIR(init_st.st_mode))
+  if (!resume_from && !cfg.init.empty() && !init_hf && ::stat(cfg.init.c_str(), &init_st) == 0 && S_ISDIR(init_st.st_mode)) {
+    struct stat latest_st;
+    ZERONE_CHECK(io::is_checkpoint_directory(cfg.init) || ::stat((cfg.init + "/latest").c_str(), &latest_st) == 0,
+                 "--init '", cfg.init, "' is a directory, but neither a Hugging Face model directory (config.json) nor ",
+                 "a zerone checkpoint (manifest.json, or a 'latest' pointer); --init also takes an llm.c checkpoint file");
     init_zerone = std::make_unique<io::CheckpointReader>(cfg.init);
+  }
   if (io::CheckpointReader* ckpt = resume_from ? resume_from.get() : init_zerone.get()) {
     // Canonical form: a spec spelled differently (a preset name, another key order) is the same model.
     try {

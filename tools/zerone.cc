@@ -38,8 +38,10 @@ void add_train_flags(CLI::App& cmd, train::TrainConfig& c, std::string& config_p
                  "llama-3-8b), gpt2:layers=..,dim=..,heads=..,vocab=..,ctx=.. or "
                  "llama:layers=..,dim=..,heads=..,kv_heads=..,ffn=..,vocab=..,ctx=..");
   cmd.add_option("--init", c.init, "llm.c GPT-2 checkpoint to start from (v3 f32 or v5 bf16)");
-  cmd.add_option("--data", c.data, "glob of llm.c token shards; without it, the built-in Markov corpus");
-  cmd.add_option("--val-data", c.val_data, "glob of validation token shards");
+  cmd.add_option("--data", c.data, "glob of llm.c token shards, or a directory of IDX images (train-images-idx3-ubyte[.gz], "
+                 "train-labels-idx1-ubyte[.gz]); without it, the built-in Markov corpus");
+  cmd.add_option("--val-data", c.val_data, "glob of validation token shards, or an IDX directory (t10k-*; default: "
+                 "the t10k-* files beside --data's)");
   cmd.add_option("--save", c.save, "write an llm.c checkpoint here at the end");
   cmd.add_option("--train-batch-size", c.train_batch_size,
                  "sequences per optimizer step over all ranks (DeepSpeed's train_batch_size; derives --micro-batch or --grad-accum)");
@@ -60,6 +62,11 @@ void add_train_flags(CLI::App& cmd, train::TrainConfig& c, std::string& config_p
   cmd.add_option("--beta1", c.beta1, "AdamW beta1");
   cmd.add_option("--beta2", c.beta2, "AdamW beta2");
   cmd.add_option("--eps", c.eps, "AdamW epsilon");
+  cmd.add_option("--optimizer", c.optimizer, "adamw (default) or sgd (torch.optim.SGD's rule)");
+  cmd.add_option("--momentum", c.momentum, "SGD momentum (0: none)");
+  cmd.add_option("--dampening", c.dampening, "SGD dampening of the momentum (0)");
+  cmd.add_flag("--nesterov", c.nesterov, "SGD: Nesterov momentum (needs --momentum > 0, --dampening 0)");
+  cmd.add_option("--epochs", c.epochs, "image data: passes over --data (instead of --steps)");
   cmd.add_option("--grad-clip", c.grad_clip, "clip the global gradient norm to this (0: off)");
   cmd.add_option("--precision", c.precision, "fp32, bf16 or fp16 (default: bf16 where the CPU has it)");
   cmd.add_option("--loss-scale", c.loss_scale, "fp16: static loss scale (0: dynamic, the default)");

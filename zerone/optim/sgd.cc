@@ -1,0 +1,105 @@
+#include "zerone/optim/sgd.h"
+
+#include <omp.h>
+
+#include <algorithm>
+
+#include "zerone/core/error.h"
+#include "zerone/core/profiler.h"
+
+namespace zerone::optim {
+namespace {
+
+// One run of elements with one weight decay. Note [SGD arithmetic]: the operations and their
+// order are torch.optim.SGD's (single-tensor path), each rounded to f32: d = g*scale; d = d + wd*p;
+// b = b*momentum + (1-dampening)*d; d = d + momentum*b (nesterov) or d = b; p = p - lr*d. The
+// compiler must not fuse them (this file is built with -ffp-contract=off), so every placement and
+// world size computes the same bits, and PyTorch's within its own rounding.
+double update_run(const float* grad, float* master, float* momentum, void* param_out, DType param_dtype, size_t n,
+                  const SGDOptions& o, float wd, float lr, float grad_scale, bool first) {
+  double sumsq = 0.0;
+  const float keep = 1.0f - o.dampening;
+#pragma omp parallel for simd reduction(+ : sumsq) schedule(static) if (n > 32768)
+  for (size_t i = 0; i < n; ++i) {
+    const float g = grad[i];
+    sumsq += static_cast<double>(g) * g;
+    float d = g * grad_scale;
+    if (wd != 0.0f) d = d + wd * master[i];
+    if (momentum) {
+      float b = first ? d : momentum[i] * o.momentum + keep * d;
+      momentum[i] = b;
+      d = o.nesterov ? d + o.momentum * b : b;
+    }
+    master[i] = master[i] - lr * d;
+  }
+  if (param_out) convert_from_f32(master, param_out, param_dtype, n);
+  return sumsq;
+}
+
+}  // namespace
+
+SGD::SGD(std::vector<ShardRef> shards, DType param_dtype, const SGDOptions& options, MemPlace state_place)
+    : shards_(std::move(shards)), param_dtype_(param_dtype), options_(options) {
+  ZERONE_CHECK(options.momentum >= 0.0f && options.dampening >= 0.0f && options.weight_decay >= 0.0f,
+               "SGD: momentum ", options.momentum, ", dampening ", options.dampening, " and weight decay ",
+               options.weight_decay, " must not be negative");
+  ZERONE_CHECK(!options.nesterov || (options.momentum > 0.0f && options.dampening == 0.0f),
+               "SGD: Nesterov momentum needs a momentum above 0 and dampening 0 (momentum ", options.momentum,
+               ", dampening ", options.dampening, ")");
+  state_.resize(shards_.size());
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    const ShardRef& s = shards_[i];
+    State& st = state_[i];
+    if (options_.momentum != 0.0f) st.momentum = Buffer(s.numel * sizeof(float), MemCategory::optim, state_place);
+    if (param_dtype_ != DType::f32) {
+      st.master = Buffer(s.numel * sizeof(float), MemCategory::master, state_place);
+      convert_to_f32(s.param, param_dtype_, st.master.as<float>(), s.numel);
+    }
+    for (auto [b, e] : s.decay_ranges) ZERONE_ASSERT(b <= e && e <= s.numel, "bad decay range");
+  }
+}
+
+float* SGD::master(size_t i) {
+  return param_dtype_ == DType::f32 ? static_cast<float*>(shards_[i].param) : state_[i].master.as<float>();
+}
+
+double SGD::update_slice(const ShardRef& s, DType param_dtype, const SGDOptions& options, float lr, float grad_scale,
+                         bool first, size_t begin, size_t end, float* master, float* momentum) {
+  ZERONE_ASSERT(begin <= end && end <= s.numel);
+  void* param_out = param_dtype == DType::f32 ? nullptr : s.param;
+  double sumsq = 0.0;
+  auto run = [&](size_t b, size_t e, float wd) {
+    b = std::max(b, begin);
+    e = std::min(e, end);
+    if (e <= b) return;
+    void* p = param_out ? static_cast<char*>(param_out) + b * dtype_size(param_dtype) : nullptr;
+    sumsq += update_run(s.grad + b, master + (b - begin), momentum ? momentum + (b - begin) : nullptr, p, param_dtype,
+                        e - b, options, wd, lr, grad_scale, first);
+  };
+  // Alternating no-decay / decay ranges (decay_ranges are sorted), as AdamW::update_slice.
+  size_t pos = 0;
+  for (auto [b, e] : s.decay_ranges) {
+    run(pos, b, 0.0f);
+    run(b, e, options.weight_decay);
+    pos = e;
+  }
+  run(pos, s.numel, 0.0f);
+  return sumsq;
+}
+
+double SGD::step(float lr, float grad_scale, const std::function<void(size_t shard)>& shard_done,
+                 const std::function<void(size_t shard)>& shard_begin) {
+  ProfileScope profile(ProfileCategory::optimizer);
+  const bool first = step_ == 0;
+  ++step_;
+  double sumsq = 0.0;
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    if (shard_begin) shard_begin(i);
+    sumsq += update_slice(shards_[i], param_dtype_, options_, lr, grad_scale, first, 0, shards_[i].numel, master(i),
+                          momentum_buffer(i));
+    if (shard_done) shard_done(i);
+  }
+  return sumsq;
+}
+
+}  // namespace zerone::optim

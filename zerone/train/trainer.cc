@@ -351,6 +351,8 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     ZERONE_CHECK(!cfg.is_given("--seq"), setting_name(cfg, "--seq"), " applies to token models; ", model.spec(),
                  " reads one image per sample");
     cfg.seq = 1;
+    ZERONE_CHECK(cfg.save.empty(), "--save writes llm.c or Hugging Face checkpoints, which hold GPT-2 and LLaMA models; ",
+                 model.spec(), " cannot be saved in them");
   } else {
     ZERONE_CHECK(!image_data, "--data '", cfg.data, "' holds IDX images, but --model ", model.spec(),
                  " reads tokens: give an image classifier (mnist-mlp, mnist-cnn, cifar-cnn or seq:...)");

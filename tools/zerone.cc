@@ -37,7 +37,9 @@ void add_train_flags(CLI::App& cmd, train::TrainConfig& c, std::string& config_p
                  "preset (gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b, tinyllama-1.1b, llama-3.2-1b, llama-2-7b, "
                  "llama-3-8b), gpt2:layers=..,dim=..,heads=..,vocab=..,ctx=.. or "
                  "llama:layers=..,dim=..,heads=..,kv_heads=..,ffn=..,vocab=..,ctx=..");
-  cmd.add_option("--init", c.init, "llm.c GPT-2 checkpoint to start from (v3 f32 or v5 bf16)");
+  cmd.add_option("--init", c.init,
+                 "weights to start from: an llm.c GPT-2 file (v3 f32 / v5 bf16), a Hugging Face model directory, or a "
+                 "zerone checkpoint directory");
   cmd.add_option("--data", c.data, "glob of llm.c token shards, or a directory of IDX images (train-images-idx3-ubyte[.gz], "
                  "train-labels-idx1-ubyte[.gz]); without it, the built-in Markov corpus");
   cmd.add_option("--val-data", c.val_data, "glob of validation token shards, or an IDX directory (t10k-*; default: "
@@ -103,6 +105,13 @@ void add_train_flags(CLI::App& cmd, train::TrainConfig& c, std::string& config_p
   cmd.add_option("--aio-intra-op-parallelism", c.aio_intra_op_parallelism, "io_uring rings a swap transfer is spread over");
   cmd.add_option("--aio-single-submit", c.aio_single_submit, "submit swap requests one by one (true/false)");
   cmd.add_option("--aio-overlap-events", c.aio_overlap_events, "submit new swap requests while others complete (true/false)");
+  cmd.add_option("--checkpoint-dir", c.checkpoint_dir,
+                 "directory of sharded checkpoints (step-N/ and a 'latest' pointer); saved at the end and on a stop signal");
+  cmd.add_option("--checkpoint-every", c.checkpoint_every, "also save after every N steps");
+  cmd.add_option("--keep-last", c.keep_last, "keep only the newest K checkpoints (0: all)");
+  cmd.add_flag("--resume", c.resume, "continue from the latest checkpoint in --checkpoint-dir (--steps is the total)");
+  cmd.add_flag("--checkpoint-async", c.checkpoint_async,
+               "write checkpoints in the background: the step stalls only to copy the state");
 }
 
 int cmd_info() {

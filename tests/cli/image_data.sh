@@ -94,4 +94,17 @@ python3 -c "
 import json,sys
 a=[json.loads(l)['loss'] for l in open('$d/cfg.jsonl')]; b=[json.loads(l)['loss'] for l in open('$d/flags.jsonl')]
 sys.exit(0 if a==b and len(a)==5 else 1)" && echo "ok: optimizer.type SGD = --optimizer sgd" || { echo "FAIL: SGD config and flags differ"; fail=1; }
+# Checkpoints (issue 9) of a classifier with SGD momentum, dropout and shuffling: 8 steps, resume
+# to 16, bitwise the 16-step run.
+m2="seq:in=1x8x8,flatten,dropout=0.2,linear=16,relu,linear=4"
+ck=(train --model "$m2" --data "$d/raw" --optimizer sgd --momentum 0.9 --lr 0.05 --micro-batch 32 --precision fp32)
+"$Z" "${ck[@]}" --steps 16 --metrics "$d/straight.jsonl" >/dev/null 2>&1 &&
+  "$Z" "${ck[@]}" --steps 8 --checkpoint-dir "$d/ck" --metrics "$d/resumed.jsonl" >/dev/null 2>&1 &&
+  "$Z" "${ck[@]}" --steps 16 --checkpoint-dir "$d/ck" --resume --metrics "$d/resumed.jsonl" >/dev/null 2>&1 ||
+  { echo "FAIL: checkpoint runs"; fail=1; }
+python3 -c "
+import json,sys
+a=[json.loads(l) for l in open('$d/straight.jsonl')]; b=[json.loads(l) for l in open('$d/resumed.jsonl')]
+ok = len(a) == len(b) == 16 and [x['loss'] for x in a] == [x['loss'] for x in b] and a[-1]['val_loss'] == b[-1]['val_loss']
+sys.exit(0 if ok else 1)" && echo "ok: SGD classifier resumes bitwise" || { echo "FAIL: resumed classifier run differs"; fail=1; }
 exit $fail

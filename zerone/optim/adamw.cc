@@ -77,4 +77,31 @@ double AdamW::step(float lr, float grad_scale, const std::function<void(size_t s
   return sumsq;
 }
 
+std::vector<std::string> adamw_state_names(DType param_dtype) {
+  if (param_dtype == DType::f32) return {"exp_avg", "exp_avg_sq"};
+  return {"master", "exp_avg", "exp_avg_sq"};
+}
+
+namespace {
+// The state tensors of shard i in state_names() order.
+std::vector<float*> adamw_tensors(AdamW& adam, size_t i, DType param_dtype) {
+  if (param_dtype == DType::f32) return {adam.m(i), adam.v(i)};
+  return {adam.master(i), adam.m(i), adam.v(i)};
+}
+}  // namespace
+
+void AdamW::export_state(const std::function<void(const StatePiece&, const float* data)>& fn) {
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    std::vector<float*> tensors = adamw_tensors(*this, i, param_dtype_);
+    for (size_t k = 0; k < tensors.size(); ++k) fn(StatePiece{i, static_cast<int>(k), 0, shards_[i].numel}, tensors[k]);
+  }
+}
+
+void AdamW::import_state(const std::function<void(const StatePiece&, float* data)>& fn) {
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    std::vector<float*> tensors = adamw_tensors(*this, i, param_dtype_);
+    for (size_t k = 0; k < tensors.size(); ++k) fn(StatePiece{i, static_cast<int>(k), 0, shards_[i].numel}, tensors[k]);
+  }
+}
+
 }  // namespace zerone::optim

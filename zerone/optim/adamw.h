@@ -16,7 +16,9 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -51,7 +53,29 @@ class Optimizer {
   virtual size_t num_shards() const = 0;
   virtual size_t numel(size_t i) const = 0;
   virtual const float* grad(size_t i) const = 0;
+
+  // Note [Optimizer state in checkpoints]: an optimizer's state is a list of named f32 tensors of
+  // numel(i) elements per shard (AdamW: "master" when it keeps a copy, i.e. not for f32 training,
+  // where the parameters are the master; then "exp_avg", "exp_avg_sq", PyTorch's names) and a step
+  // count. export_state visits every (shard, tensor) [0, numel) once, in pieces, with the data
+  // valid during the call only (a swapped optimizer reads it through its staging buffers);
+  // import_state asks for the same pieces to be filled and stores them where the state lives. The
+  // parameters are not part of it: the engine saves and restores them.
+  struct StatePiece {
+    size_t shard = 0;
+    int tensor = 0;  // index into state_names()
+    size_t begin = 0, count = 0;
+  };
+  virtual std::string type_name() const = 0;  // "adamw", as the DeepSpeed config names it (lower case)
+  virtual std::vector<std::string> state_names() const = 0;
+  virtual void export_state(const std::function<void(const StatePiece&, const float* data)>& fn) = 0;
+  virtual void import_state(const std::function<void(const StatePiece&, float* data)>& fn) = 0;
+  virtual int64_t steps_taken() const = 0;
+  virtual void set_steps_taken(int64_t steps) = 0;
 };
+
+// AdamW's state names for parameters of `param_dtype` (Note [Optimizer state in checkpoints]).
+std::vector<std::string> adamw_state_names(DType param_dtype);
 
 class AdamW final : public Optimizer {
  public:
@@ -85,6 +109,13 @@ class AdamW final : public Optimizer {
   float* master(size_t i);
   float* m(size_t i) { return state_[i].m.as<float>(); }
   float* v(size_t i) { return state_[i].v.as<float>(); }
+
+  std::string type_name() const override { return "adamw"; }
+  std::vector<std::string> state_names() const override { return adamw_state_names(param_dtype_); }
+  void export_state(const std::function<void(const StatePiece&, const float* data)>& fn) override;
+  void import_state(const std::function<void(const StatePiece&, float* data)>& fn) override;
+  int64_t steps_taken() const override { return step_; }
+  void set_steps_taken(int64_t steps) override { step_ = static_cast<int>(steps); }
 
  private:
   struct State {

@@ -102,4 +102,32 @@ double SGD::step(float lr, float grad_scale, const std::function<void(size_t sha
   return sumsq;
 }
 
+std::vector<std::string> SGD::state_names() const {
+  std::vector<std::string> names;
+  if (param_dtype_ != DType::f32) names.push_back("master");
+  if (options_.momentum != 0.0f) names.push_back("momentum_buffer");
+  return names;
+}
+
+std::vector<float*> SGD::state_tensors(size_t i) {
+  std::vector<float*> out;
+  if (param_dtype_ != DType::f32) out.push_back(master(i));
+  if (options_.momentum != 0.0f) out.push_back(momentum_buffer(i));
+  return out;
+}
+
+void SGD::export_state(const std::function<void(const StatePiece&, const float* data)>& fn) {
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    std::vector<float*> tensors = state_tensors(i);
+    for (size_t k = 0; k < tensors.size(); ++k) fn(StatePiece{i, static_cast<int>(k), 0, shards_[i].numel}, tensors[k]);
+  }
+}
+
+void SGD::import_state(const std::function<void(const StatePiece&, float* data)>& fn) {
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    std::vector<float*> tensors = state_tensors(i);
+    for (size_t k = 0; k < tensors.size(); ++k) fn(StatePiece{i, static_cast<int>(k), 0, shards_[i].numel}, tensors[k]);
+  }
+}
+
 }  // namespace zerone::optim

@@ -14,6 +14,7 @@
 // Thread-safety: one thread at a time. Pointers handed in must outlive the optimizer.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "zerone/optim/adamw.h"
@@ -41,7 +42,14 @@ class SGD final : public Optimizer {
   // f32 master of shard i; its momentum buffer (null when momentum is 0).
   float* master(size_t i);
   float* momentum_buffer(size_t i) { return state_[i].momentum.empty() ? nullptr : state_[i].momentum.as<float>(); }
-  int steps_taken() const { return step_; }
+  // Note [Optimizer state in checkpoints] (adamw.h): "master" (not for f32 parameters) and
+  // "momentum_buffer" (PyTorch's name; none without momentum).
+  std::string type_name() const override { return "sgd"; }
+  std::vector<std::string> state_names() const override;
+  void export_state(const std::function<void(const StatePiece&, const float* data)>& fn) override;
+  void import_state(const std::function<void(const StatePiece&, float* data)>& fn) override;
+  int64_t steps_taken() const override { return step_; }
+  void set_steps_taken(int64_t steps) override { step_ = steps; }
 
   // Updates elements [begin, end) of `shard` (master and momentum point at element `begin`'s
   // state; momentum null when options.momentum is 0). `first` marks the first step (the buffer
@@ -57,7 +65,8 @@ class SGD final : public Optimizer {
   std::vector<State> state_;
   DType param_dtype_;
   SGDOptions options_;
-  int step_ = 0;
+  int64_t step_ = 0;
+  std::vector<float*> state_tensors(size_t i);  // of shard i, in state_names() order
 };
 
 }  // namespace zerone::optim

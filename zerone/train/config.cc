@@ -48,6 +48,8 @@ const std::map<std::string, IntRange> kIntRanges = {
     {"--loss-scale-window", {1, kInt32Max}},
     {"--hysteresis", {1, kInt32Max}},
     {"--zero-stage", {0, 3}},
+    {"--checkpoint-every", {0, 100000000}},
+    {"--keep-last", {0, 1000000}},
     {"--reduce-bucket-size", {1, kInt32Max}},
     {"--allgather-bucket-size", {1, kInt32Max}},
     {"--stage3-prefetch-bucket-size", {0, kInt64Max}},
@@ -91,7 +93,7 @@ const std::map<std::string, FloatRange> kFloatRanges = {
 const std::set<std::string> kNoEffectTop = {
     "steps_per_print", "wall_clock_breakdown", "memory_breakdown", "dump_state", "comment", "prescale_gradients",
     "gradient_predivide_factor", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "tensorboard",
-    "wandb", "csv_monitor", "comet", "flops_profiler", "comms_logger", "monitor_config", "checkpoint",
+    "wandb", "csv_monitor", "comet", "flops_profiler", "comms_logger", "monitor_config",
     "compile", "timers", "nebula", "eigenvalue", "pipeline", "dataloader_drop_last", "sparse_gradients",
     "legacy_fusion", "seq_parallel_communication_data_type", "disable_allgather", "fp32_allreduce"};
 // Top-level blocks whose "enabled": true would change training; disabled they do nothing.
@@ -227,6 +229,8 @@ class ConfigReader {
   void read_zero(const json& v);
   // zero_optimization.offload_optimizer / offload_param and the top-level aio block (issue 8).
   void read_offload(const std::string& key, const json& v);
+  // "checkpoint": zerone's dir/every/keep_last/async/resume and DeepSpeed's own keys.
+  void read_checkpoint(const json& v);
   void resolve_precision();
 
   const std::string path_;
@@ -270,6 +274,7 @@ void ConfigReader::read(const json& root) {
     else if (key == "optimizer") read_optimizer(v);
     else if (key == "zero_optimization") read_zero(v);
     else if (key == "aio") read_offload(key, v);
+    else if (key == "checkpoint") read_checkpoint(v);
     else if (key == "scheduler") continue;  // after the optimizer, whose lr it may replace
     else if (key == "activation_checkpointing") {
       // The block turns checkpointing on, as Megatron-DeepSpeed's --checkpoint-activations does
@@ -322,6 +327,36 @@ void ConfigReader::read(const json& root) {
     std::string list;
     for (const std::string& k : no_effect_) list += (list.empty() ? "" : ", ") + k;
     cfg_.notices.push_back(str_cat("config keys with no effect here: ", list));
+  }
+}
+
+void ConfigReader::read_checkpoint(const json& v) {
+  for (auto& [ck, cv] : object(v, "checkpoint").items()) {
+    const std::string full = "checkpoint." + ck;
+    if (ck == "dir") set_string(cv, full, "--checkpoint-dir", cfg_.checkpoint_dir);
+    else if (ck == "every") set_int(cv, full, "--checkpoint-every", cfg_.checkpoint_every);
+    else if (ck == "keep_last") set_int(cv, full, "--keep-last", cfg_.keep_last);
+    else if (ck == "async") set_bool(cv, full, "--checkpoint-async", cfg_.checkpoint_async);
+    else if (ck == "resume") set_bool(cv, full, "--resume", cfg_.resume);
+    else if (ck == "tag_validation") {
+      // DeepSpeed checks that every rank saves under the same tag; zerone's ranks save one step together.
+      const std::string t = text(cv, full);
+      if (t != "Ignore" && t != "Warn" && t != "Fail" && t != "ignore" && t != "warn" && t != "fail")
+        fail(full, cv, "Ignore, Warn or Fail");
+      no_effect(full + " (every rank saves the same step)");
+    } else if (ck == "load_universal") {
+      boolean(cv, full);
+      no_effect(full + " (every zerone checkpoint loads at any world size and stage)");
+    } else if (ck == "use_node_local_storage") {
+      boolean(cv, full);
+      no_effect(full + " (ranks write into --checkpoint-dir, which must be shared between hosts)");
+    } else if (ck == "parallel_write") {
+      object(cv, full);
+      no_effect(full + " (every rank writes its own file in parallel)");
+    } else {
+      fail_text(full, "is unknown (expected dir, every, keep_last, async, resume, or DeepSpeed's tag_validation, "
+                      "load_universal, use_node_local_storage, parallel_write)");
+    }
   }
 }
 
@@ -709,6 +744,11 @@ void validate(const TrainConfig& c) {
   check_int("--threads", c.threads);
   check_int("--val-every", c.val_every);
   check_int("--val-batches", c.val_batches);
+  check_int("--checkpoint-every", c.checkpoint_every);
+  check_int("--keep-last", c.keep_last);
+  for (const char* flag : {"--checkpoint-every", "--keep-last", "--checkpoint-async", "--resume"})
+    ZERONE_CHECK(!c.is_given(flag) || !c.checkpoint_dir.empty(), setting_name(c, flag),
+                 " needs --checkpoint-dir (where checkpoints are written and found)");
   ZERONE_CHECK(c.precision.empty() || c.precision == "fp32" || c.precision == "bf16" || c.precision == "fp16",
                "--precision '", c.precision, "': expected fp32, bf16 or fp16");
   check_float("--loss-scale", c.loss_scale);
@@ -855,7 +895,12 @@ std::vector<std::pair<std::string, std::string>> consistency_settings(const Trai
           {"--offload-optimizer", c.offload_optimizer},
           {"--offload-param", c.offload_param},
           {"--sub-group-size", str_cat(c.sub_group_size)},
-          {"--offload-buffer-count", str_cat(c.offload_buffer_count)}};
+          {"--offload-buffer-count", str_cat(c.offload_buffer_count)},
+          {"--checkpoint-dir", c.checkpoint_dir},
+          {"--checkpoint-every", str_cat(c.checkpoint_every)},
+          {"--keep-last", str_cat(c.keep_last)},
+          {"--resume", str_cat(c.resume)},
+          {"--checkpoint-async", str_cat(c.checkpoint_async)}};
 }
 
 }  // namespace zerone::train

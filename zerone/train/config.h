@@ -23,7 +23,7 @@ namespace zerone::train {
 
 struct TrainConfig {
   std::string model;            // spec or preset; empty: from --init, or the default run's model
-  std::string init;             // llm.c checkpoint to start from
+  std::string init;             // weights to start from: llm.c file, Hugging Face or zerone checkpoint directory
   std::string data;             // glob of token shards; empty: the built-in Markov corpus
   std::string val_data;         // glob; empty: none (built-in corpus: a held-out stream)
   std::string save;             // write an llm.c checkpoint here at the end
@@ -86,6 +86,12 @@ struct TrainConfig {
   int aio_intra_op_parallelism = 1;     // aio.intra_op_parallelism (old name thread_count)
   bool aio_single_submit = false;       // aio.single_submit
   bool aio_overlap_events = true;       // aio.overlap_events
+  // Checkpoints (zerone/train/checkpoint.h; config block "checkpoint").
+  std::string checkpoint_dir;           // root of step-N/ directories and `latest`
+  int checkpoint_every = 0;             // save after every N steps (0: only at the end and on a stop signal)
+  int keep_last = 0;                    // keep the newest K checkpoints (0: all)
+  bool resume = false;                  // continue from checkpoint_dir's latest checkpoint, if any
+  bool checkpoint_async = false;        // write in the background; the step stalls only for a copy
 
   // Flags the user set (on the command line or through the JSON file), by flag name ("--lr").
   // Defaults that depend on the kind of run (the default run's model, batch and schedule) fill

@@ -60,6 +60,10 @@ class LrSchedule {
   // holds after `advances` calls of lr_scheduler.step().
   double lr_after(int64_t advances) const;
 
+  // The schedule's position, for checkpoints.
+  int64_t advances() const { return advances_; }
+  void set_advances(int64_t advances) { advances_ = advances; }
+
  private:
   LrScheduleConfig config_;
   int64_t advances_ = 0;

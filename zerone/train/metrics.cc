@@ -106,12 +106,32 @@ std::optional<std::string> MetricsWriter::write(const StepRecord& r) {
 
   int err = 0;
   if (fd_ < 0) {
-    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NONBLOCK, 0644);
+    const int trunc = continue_after_ >= 0 ? 0 : O_TRUNC;
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | trunc | O_CLOEXEC | O_NONBLOCK, 0644);
     if (fd_ < 0) {
       err = errno;
     } else {
       struct stat st;
       regular_ = ::fstat(fd_, &st) == 0 && S_ISREG(st.st_mode);
+      if (regular_ && continue_after_ >= 0) {
+        // Keep the whole lines of steps <= continue_after_ (resume); stop at the first other line.
+        std::string old(static_cast<size_t>(st.st_size), '\0');
+        ssize_t got = ::pread(fd_, old.data(), old.size(), 0);
+        size_t keep = 0;
+        for (size_t pos = 0; got > 0 && pos < static_cast<size_t>(got);) {
+          size_t nl = old.find('\n', pos);
+          if (nl == std::string::npos || nl >= static_cast<size_t>(got)) break;
+          auto j = nlohmann::json::parse(old.begin() + static_cast<std::ptrdiff_t>(pos),
+                                         old.begin() + static_cast<std::ptrdiff_t>(nl), nullptr, false);
+          if (j.is_discarded() || !j.is_object() || !j.contains("step") || !j["step"].is_number_integer() ||
+              j["step"].get<int64_t>() > continue_after_)
+            break;
+          keep = pos = nl + 1;
+        }
+        if (::ftruncate(fd_, static_cast<off_t>(keep)) != 0 || ::lseek(fd_, static_cast<off_t>(keep), SEEK_SET) < 0)
+          err = errno;
+        good_bytes_ = static_cast<int64_t>(keep);
+      }
     }
   }
   size_t done = 0;

@@ -51,6 +51,11 @@ class MetricsWriter {
   // Writes one line, whole or not at all. Returns a warning for the user when a write fails (the
   // first of a series) or succeeds again after failures; nullopt otherwise.
   std::optional<std::string> write(const StepRecord& record);
+  // A resumed run (--resume from step `step`): the first write keeps the existing file's lines of
+  // steps 1..step (a crashed run may have written lines past its last checkpoint, which the
+  // resumed run writes again), drops the rest, and appends. A file that is not JSON lines is
+  // replaced as for a new run.
+  void continue_after(int64_t step) { continue_after_ = step; }
   // Steps whose line could not be written.
   int missing_lines() const { return missing_lines_; }
   const std::string& path() const { return path_; }
@@ -62,6 +67,7 @@ class MetricsWriter {
   int64_t good_bytes_ = 0;   // length of the complete lines written
   int missing_lines_ = 0;
   int failing_since_ = 0;    // first step of the current series of failures; 0: writes succeed
+  int64_t continue_after_ = -1;  // >= 0: keep lines of steps up to this one (resume)
 };
 
 // Bytes as "12.3 MiB".

@@ -17,6 +17,7 @@
 #include "zerone/core/sysinfo.h"
 #include "zerone/io/hf_checkpoint.h"
 #include "zerone/io/idx.h"
+#include "zerone/io/sharded_checkpoint.h"
 #include "zerone/io/llmc_checkpoint.h"
 #include "zerone/io/token_shards.h"
 #include "zerone/io/tokenizer.h"
@@ -25,6 +26,7 @@
 #include "zerone/nn/model.h"
 #include "zerone/optim/adamw.h"
 #include "zerone/train/batch_source.h"
+#include "zerone/train/checkpoint.h"
 #include "zerone/train/interrupt.h"
 #include "zerone/train/lr_schedule.h"
 #include "zerone/train/markov_source.h"
@@ -318,9 +320,32 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   // Model shape: --model, else the --init file's header; both given must agree. The model is built
   // without storage: the engine materializes it unit by unit (from the seed or the --init file),
   // keeping only what its stage needs (Note [Materializing units]).
+  // Note [Resume] (train/checkpoint.h): the checkpoint to continue from decides the model; a
+  // zerone checkpoint given to --init gives the weights only.
+  std::unique_ptr<io::CheckpointReader> resume_from, init_zerone;
+  if (cfg.resume) {
+    if (std::optional<std::string> dir = io::find_latest_checkpoint(cfg.checkpoint_dir)) {
+      resume_from = std::make_unique<io::CheckpointReader>(*dir);
+      if (lead && !cfg.init.empty())
+        std::fprintf(stderr, "zerone: notice: resuming from '%s': --init '%s' is not read\n", dir->c_str(), cfg.init.c_str());
+    } else if (lead) {
+      std::fprintf(stderr, "zerone: notice: --resume: no checkpoint in '%s' yet, starting at step 1\n",
+                   cfg.checkpoint_dir.c_str());
+    }
+  }
   std::string model_spec = cfg.model;
-  const bool init_hf = !cfg.init.empty() && io::is_hf_directory(cfg.init);
-  if (init_hf) {
+  const bool init_hf = !resume_from && !cfg.init.empty() && io::is_hf_directory(cfg.init);
+  struct stat init_st;
+  if (!resume_from && !cfg.init.empty() && !init_hf && ::stat(cfg.init.c_str(), &init_st) == 0 && S_ISDIR(init_st.st_mode))
+    init_zerone = std::make_unique<io::CheckpointReader>(cfg.init);
+  if (io::CheckpointReader* ckpt = resume_from ? resume_from.get() : init_zerone.get()) {
+    model_spec = ckpt->manifest().model;
+    if (!cfg.model.empty()) {
+      const std::string requested = nn::make_model(cfg.model, dtype, 64, false)->spec();
+      ZERONE_CHECK(requested == model_spec, "--model ", requested, " disagrees with checkpoint '", ckpt->path(),
+                   "', which holds ", model_spec);
+    }
+  } else if (init_hf) {
     model_spec = io::read_hf_spec(cfg.init);
     if (!cfg.model.empty()) {
       const std::string requested = nn::make_model(cfg.model, dtype, 64, false)->spec();
@@ -364,11 +389,15 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   ZERONE_CHECK(cfg.save.empty() || save_is_hf_directory(cfg.save) || dynamic_cast<nn::GPT2*>(&model) != nullptr,
                "--save '", cfg.save, "' names a file, which is an llm.c GPT-2 checkpoint and cannot hold ", model.spec(),
                ": give a directory (ending in '/') for a Hugging Face checkpoint");
+  if (resume_from) check_checkpoint_fits(*resume_from, model, dtype);
+  if (init_zerone) check_checkpoint_fits(*init_zerone, model, dtype);
   auto settings = consistency_settings(cfg);
   settings.emplace_back("the model", model.spec());
+  if (resume_from) settings.emplace_back("the checkpoint resumed", str_cat(resume_from->path(), " step ", resume_from->manifest().step));
   settings.emplace_back("the precision", dtype_name(dtype));
   check_same_config_everywhere(settings, comm);
   if (lead) check_outputs(cfg);  // only rank 0 writes; its error ends the job (Note [Errors under MPI])
+  if (lead && !cfg.checkpoint_dir.empty()) io::check_checkpoint_root(cfg.checkpoint_dir, "--checkpoint-dir");
 
   zero::ZeroConfig zcfg;
   zcfg.stage = cfg.zero_stage;
@@ -452,19 +481,54 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
       check_tokens_in_vocabulary(*val_tokens, model.vocab_size(), default_run ? "built-in corpus" : "--val-data", comm);
     if (val_tokens) val_source = std::make_unique<TokenBatches>(*val_tokens, B, T, model.vocab_size(), false, 0);
   }
+  // The run's position: step 1 and chunk 0, or where the checkpoint left off.
+  TrainerState resumed;
+  if (resume_from) {
+    const std::string where = str_cat("checkpoint '", resume_from->path(), "'");
+    resumed = trainer_state_from_json(resume_from->manifest().trainer, where);
+    ZERONE_CHECK(resumed.micro_batch == B && resumed.seq == T, where, " counts its data position in micro-batches of ",
+                 resumed.micro_batch, " x ", resumed.seq, " tokens: resume with --micro-batch ", resumed.micro_batch,
+                 " --seq ", resumed.seq, " (change --grad-accum to keep the global batch at another world size)");
+    ZERONE_CHECK(resumed.seed == cfg.seed && resumed.shuffle == !cfg.no_shuffle, where, " was trained with --seed ",
+                 resumed.seed, resumed.shuffle ? "" : " --no-shuffle", ": resume with the same data order");
+    const int64_t global = static_cast<int64_t>(B) * cfg.grad_accum * world;
+    const int64_t saved_global = static_cast<int64_t>(resumed.micro_batch) * resumed.grad_accum * resumed.world_size;
+    if (lead && global != saved_global)
+      std::fprintf(stderr, "zerone: notice: the global batch changes from %lld to %lld sequences at step %lld\n",
+                   static_cast<long long>(saved_global), static_cast<long long>(global),
+                   static_cast<long long>(resumed.step + 1));
+  }
+  const int start_step = static_cast<int>(resumed.step) + 1;
+  const uint64_t chunk_base = resumed.next_chunk;
 
   // Opened and checked once; each unit then reads only its own bytes.
   std::unique_ptr<io::HfCheckpointReader> hf_init;
   if (init_hf) hf_init = std::make_unique<io::HfCheckpointReader>(cfg.init, model);
   auto materialize = [&](int u) {
     throw_if_interrupted();
-    if (cfg.init.empty()) model.init_unit(u, cfg.seed);
+    if (io::CheckpointReader* ckpt = resume_from ? resume_from.get() : init_zerone.get())
+      ckpt->read(u, "param", 0, model.units()[u].numel(), dtype, model.units()[u].data());
+    else if (cfg.init.empty()) model.init_unit(u, cfg.seed);
     else if (hf_init) hf_init->load_unit(model, u);
     else io::load_llmc_checkpoint(cfg.init, dynamic_cast<nn::GPT2&>(model), u);
   };
   optim::OptimizerOptions optimizer = optim::AdamWOptions{cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay};
   if (cfg.optimizer == "sgd") optimizer = optim::SGDOptions{cfg.momentum, cfg.dampening, cfg.weight_decay, cfg.nesterov};
   zero::ZeroEngine engine(model, comm, zcfg, optimizer, materialize, nvme);
+  if (resume_from) {
+    const io::CheckpointManifest& m = resume_from->manifest();
+    const std::vector<std::string> needed = engine.optimizer().state_names();
+    ZERONE_CHECK(m.optimizer == engine.optimizer().type_name() && m.optimizer_state == needed, "checkpoint '",
+                 resume_from->path(), "' holds ", m.optimizer.empty() ? "no optimizer" : m.optimizer,
+                 " state, this run's optimizer is ", engine.optimizer().type_name(),
+                 m.optimizer.empty() ? " (a weights-only checkpoint starts a run with --init, not --resume)" : "");
+    engine.load_optimizer_state(
+        [&](int u, const std::string& tensor, size_t begin, size_t count, float* out) {
+          throw_if_interrupted();
+          resume_from->read(u, tensor, begin, count, DType::f32, out);
+        },
+        m.optimizer_steps);
+  }
 
   Progress progress;
   if (lead) {
@@ -480,6 +544,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
                              default_run ? str_cat("; built-in Markov corpus, entropy ", *entropy, " nats/token") : ""));
   }
   MetricsWriter metrics(lead ? cfg.metrics : "");
+  if (resume_from) metrics.continue_after(start_step - 1);
 
   // fp16: dynamic (or static) loss scaling; bf16 and fp32 need none.
   const bool scaled = dtype == DType::f16;
@@ -488,21 +553,66 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
                                                 cfg.min_loss_scale});
 
   LrSchedule schedule(lr_schedule_config(cfg));
+  int64_t skipped_steps = 0;
+  if (resume_from) {
+    schedule.set_advances(resumed.lr_advances);
+    if (scaled) scaler.set_state(resumed.loss_scaler);
+    skipped_steps = resumed.skipped_steps;
+    if (lead)
+      progress.message(str_cat("zerone: resumed from '", resume_from->path(), "' (step ", resumed.step, ", saved at world ",
+                               resume_from->manifest().world_size, ", ZeRO stage ", resume_from->manifest().zero_stage, ")"));
+  }
+  resume_from.reset();  // its files are closed; nothing more is read
+  init_zerone.reset();
+  std::unique_ptr<Checkpointer> checkpointer;
+  if (!cfg.checkpoint_dir.empty()) {
+    CheckpointRunInfo info{model.spec(), dtype, cfg.zero_stage, cfg.offload_optimizer, cfg.offload_param,
+                           checkpoint_units(model)};
+    checkpointer = std::make_unique<Checkpointer>(cfg.checkpoint_dir, cfg.keep_last, cfg.checkpoint_async, info, comm);
+  }
+  // The state after `done` steps, for a checkpoint.
+  auto trainer_state = [&](int done) {
+    TrainerState st;
+    st.step = done;
+    st.next_chunk = chunk_base + static_cast<uint64_t>(done - start_step + 1) * cfg.grad_accum * world;
+    st.micro_batch = B;
+    st.seq = T;
+    st.grad_accum = cfg.grad_accum;
+    st.world_size = world;
+    st.seed = cfg.seed;
+    st.shuffle = !cfg.no_shuffle;
+    st.lr_advances = schedule.advances();
+    st.loss_scaler = scaler.state();
+    st.skipped_steps = skipped_steps;
+    return st;
+  };
+  auto save_checkpoint = [&](int done) {
+    if (lead) progress.message(str_cat("saving checkpoint of step ", done, " in '", cfg.checkpoint_dir, "' ..."));
+    checkpointer->save(engine, trainer_state(done));
+    if (!cfg.checkpoint_async) {
+      if (lead) progress.message(str_cat("saved checkpoint '", cfg.checkpoint_dir, "/", io::checkpoint_step_name(done), "' (",
+                                         checkpointer->last_stall_s(), " s)"));
+    } else if (lead) {
+      progress.message(str_cat("staged checkpoint of step ", done, " (stall ", checkpointer->last_stall_s(), " s); writing in the background"));
+    }
+  };
   TrainResult result;
   Profiler::set_enabled(cfg.profile);
   double profiled_wall_s = 0.0;  // steps 2.. (the first step creates the GEMM primitives)
-  int skipped_steps = 0;
-  if (cfg.profile && cfg.steps < 2 && lead)
+  if (cfg.profile && cfg.steps - start_step < 1 && lead)
     progress.warning("--profile reports steps 2 and later (the first creates the GEMM primitives): nothing to report in 1 step");
   throw_if_interrupted();
-  for (int step = 1; step <= cfg.steps; ++step) {
-    if (step == 2) Profiler::reset();
+  if (start_step > cfg.steps && lead)
+    progress.message(str_cat("zerone: the checkpoint is at step ", start_step - 1, ", --steps is ", cfg.steps,
+                             ": nothing left to train"));
+  for (int step = start_step; step <= cfg.steps; ++step) {
+    if (step == start_step + 1) Profiler::reset();
     auto t0 = std::chrono::steady_clock::now();
     double loss_sum = 0.0;  // gradients start at zero: the optimizer step zeroes them
     const double loss_scale = scaled ? scaler.scale() : 1.0;
     for (int micro = 0; micro < cfg.grad_accum; ++micro) {
       // Chunk (s*accum + k)*world + r: every world size sees the same global batch.
-      uint64_t chunk = (static_cast<uint64_t>(step - 1) * cfg.grad_accum + micro) * world + rank;
+      uint64_t chunk = chunk_base + (static_cast<uint64_t>(step - start_step) * cfg.grad_accum + micro) * world + rank;
       nn::Batch batch;
       {
         ProfileScope profile(ProfileCategory::data);
@@ -519,18 +629,38 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     }
     // The reported loss is the mean over the global batch. An interrupt rides on the same
     // all-reduce, so every rank stops at this step (Note [Interrupts]).
+    // A background checkpoint write that every rank has finished is published here, at the same
+    // step on every rank (Note [Saving a step]).
     const int signal_here = interrupt_signal();
-    double reduced[4] = {loss_sum, signal_here == SIGINT ? 1.0 : 0.0, signal_here == SIGHUP ? 1.0 : 0.0,
-                         signal_here == SIGTERM ? 1.0 : 0.0};
-    comm.all_reduce_sum_async(reduced, 4).wait();
+    const bool save_pending = checkpointer && checkpointer->pending();
+    double reduced[5] = {loss_sum, signal_here == SIGINT ? 1.0 : 0.0, signal_here == SIGHUP ? 1.0 : 0.0,
+                         signal_here == SIGTERM ? 1.0 : 0.0, save_pending && checkpointer->writer_done() ? 1.0 : 0.0};
+    comm.all_reduce_sum_async(reduced, 5).wait();
+    if (save_pending && reduced[4] == static_cast<double>(world)) {
+      checkpointer->publish_pending();
+      if (lead) progress.message(str_cat("saved checkpoint '", cfg.checkpoint_dir, "/",
+                                         io::checkpoint_step_name(checkpointer->last_published_step()), "'"));
+    }
     if (reduced[1] > 0.0 || reduced[2] > 0.0 || reduced[3] > 0.0) {
       // Every rank sees the same sums, so all agree on the signal to report and exit with
       // (SIGTERM over SIGHUP over SIGINT).
       result.interrupted_by = reduced[3] > 0.0 ? SIGTERM : reduced[2] > 0.0 ? SIGHUP : SIGINT;
+      // Note [Resume]: the state after step-1 is complete (this step's gradients are not state), so
+      // a stop signal costs at most the step in progress.
+      if (checkpointer) {
+        checkpointer->publish_pending();
+        if (checkpointer->last_published_step() < step - 1 && step - 1 >= start_step) {
+          save_checkpoint(step - 1);
+          checkpointer->publish_pending();
+        }
+      }
       if (lead) {
         std::string kept = step > 1 ? str_cat("steps 1..", step - 1, " were trained") : "no step was trained";
         if (!cfg.metrics.empty()) kept += str_cat("; their metrics are in '", cfg.metrics, "'");
         if (!cfg.save.empty()) kept += str_cat("; --save '", cfg.save, "' was not written (it is written when training ends)");
+        if (checkpointer && checkpointer->last_published_step() > 0)
+          kept += str_cat("; checkpoint '", cfg.checkpoint_dir, "/", io::checkpoint_step_name(checkpointer->last_published_step()),
+                          "' holds the last of them (--resume continues)");
         progress.message(str_cat("zerone: stopped by ", signal_name(result.interrupted_by),
                                  signal_here == 0 ? " (on another rank)" : "", " during step ", step, " of ", cfg.steps,
                                  ": ", kept));
@@ -545,7 +675,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     if (stepped.overflow) ++skipped_steps;
     schedule.advance(!stepped.overflow);
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    if (step >= 2) profiled_wall_s += ms / 1000.0;
+    if (step > start_step) profiled_wall_s += ms / 1000.0;
 
     StepRecord record;
     record.step = step;
@@ -586,11 +716,18 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     result.final_train_loss = loss;
     if (record.val_loss) result.final_val_loss = record.val_loss;
     if (record.val_accuracy) result.final_val_accuracy = record.val_accuracy;
+    if (checkpointer && ((cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0) || step == cfg.steps))
+      save_checkpoint(step);
+  }
+  if (checkpointer && checkpointer->pending()) {
+    checkpointer->publish_pending();
+    if (lead) progress.message(str_cat("saved checkpoint '", cfg.checkpoint_dir, "/",
+                                       io::checkpoint_step_name(checkpointer->last_published_step()), "'"));
   }
   progress.finish();
-  if (cfg.profile && cfg.steps >= 2 && lead) {
-    progress.message(str_cat("time per step ", 1000.0 * profiled_wall_s / (cfg.steps - 1), " ms: ",
-                             Profiler::report(profiled_wall_s, cfg.steps - 1)));
+  if (cfg.profile && cfg.steps > start_step && lead) {
+    progress.message(str_cat("time per step ", 1000.0 * profiled_wall_s / (cfg.steps - start_step), " ms: ",
+                             Profiler::report(profiled_wall_s, cfg.steps - start_step)));
   }
   Profiler::set_enabled(false);
   if (!cfg.save.empty()) {

@@ -487,4 +487,61 @@ void ZeroEngine::with_full_params(const std::function<void()>& fn) {
   for (int u : gathered) release(u);
 }
 
+// ---------------------------------------------------------------- checkpoints
+
+std::vector<std::string> ZeroEngine::state_tensors() const {
+  std::vector<std::string> names{"param"};
+  for (const std::string& n : optimizer_->state_names()) names.push_back(n);
+  return names;
+}
+
+void ZeroEngine::save_state(const StateSink& sink) {
+  // The elements of unit u this rank saves: its partition, clipped to the real elements.
+  auto saved_range = [&](int u) {
+    const UnitShard& sh = units_[u].shard;
+    const size_t b = std::min(sh.numel, static_cast<size_t>(rank_) * sh.shard_numel);
+    return std::pair<size_t, size_t>{b, std::min(sh.numel, b + sh.shard_numel)};
+  };
+  const DType dtype = model_.compute_dtype();
+  for (int u = 0; u < num_units_; ++u) {
+    UnitState& st = units_[u];
+    auto [b, e] = saved_range(u);
+    if (b == e) continue;
+    if (params_swapped(u)) {
+      Buffer staged = acquire_staging(st.swap_bytes);
+      param_io_->wait(param_io_->start(io::IoOp::read, param_fd_.get(), param_path_, staged.data(), st.swap_bytes,
+                                       st.swap_offset));
+      sink(u, "param", dtype, b, e - b, staged.data());
+      stage_pool_.release(std::move(staged));
+    } else if (params_sharded(u)) {
+      sink(u, "param", dtype, b, e - b, st.shard_params.data());
+    } else {
+      wait_gather(u);
+      sink(u, "param", dtype, b, e - b, static_cast<const char*>(model_.units()[u].data()) + b * dsize_);
+    }
+  }
+  const std::vector<std::string> names = optimizer_->state_names();
+  optimizer_->export_state([&](const optim::Optimizer::StatePiece& piece, const float* data) {
+    const int u = static_cast<int>(piece.shard);
+    const size_t origin = config_.stage == 0 ? 0 : units_[u].shard.shard_begin;  // shard element 0 in the unit
+    auto [b, e] = saved_range(u);
+    const size_t pb = std::max(b, origin + piece.begin), pe = std::min(e, origin + piece.begin + piece.count);
+    if (pb < pe) sink(u, names[piece.tensor], DType::f32, pb, pe - pb, data + (pb - origin - piece.begin));
+  });
+}
+
+void ZeroEngine::load_optimizer_state(const StateSource& source, int64_t optimizer_steps) {
+  const std::vector<std::string> names = optimizer_->state_names();
+  optimizer_->import_state([&](const optim::Optimizer::StatePiece& piece, float* data) {
+    const int u = static_cast<int>(piece.shard);
+    const UnitShard& sh = units_[u].shard;
+    const size_t origin = config_.stage == 0 ? 0 : sh.shard_begin;
+    const size_t b = origin + piece.begin, e = std::min(sh.numel, b + piece.count);
+    const size_t real = e > b ? e - b : 0;
+    if (real > 0) source(u, names[piece.tensor], b, real, data);
+    std::fill(data + real, data + piece.count, 0.0f);  // padding: zero, as it always is
+  });
+  optimizer_->set_steps_taken(optimizer_steps);
+}
+
 }  // namespace zerone::zero

@@ -24,6 +24,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "zerone/comm/communicator.h"
@@ -78,6 +79,26 @@ class ZeroEngine : public nn::UnitHooks {
   // Runs `fn` with every unit's full parameters present (stage 3 gathers them first and releases
   // them after), e.g. to write a checkpoint. Collective: every rank must call it.
   void with_full_params(const std::function<void()>& fn);
+
+  // Note [Checkpoint state]: a checkpoint holds the engine's state in unit coordinates (element e
+  // of unit u's flat, unpadded buffer), the same at every world size, stage and offload: "param" in
+  // the compute dtype and each optimizer state tensor in f32 (optim::Optimizer::state_names; the
+  // f32 "master" of f32 training is "param" itself). Every rank saves the elements of its ZeRO
+  // partition, [r*S_u, (r+1)*S_u) clipped to numel_u, at every stage: stage 0 holds all of them
+  // but saves 1/world, so the ranks write in parallel and the pieces tile each tensor once.
+  // Gradients are not state: a checkpoint is taken between steps, when none are pending.
+  using StateSink = std::function<void(int unit, const std::string& tensor, DType dtype, size_t begin, size_t count,
+                                       const void* data)>;
+  // Hands this rank's pieces to `sink` (data valid during the call only). Not collective; call
+  // between steps. Reads NVMe-resident parameters and optimizer state through staging buffers.
+  void save_state(const StateSink& sink);
+  // Fills every optimizer state tensor of this rank's shards from `source` (elements
+  // [begin, begin+count) of `tensor` of `unit`, f32) and sets the optimizer's step count. The
+  // parameters come in through Materialize. Not collective; call right after construction.
+  using StateSource = std::function<void(int unit, const std::string& tensor, size_t begin, size_t count, float* out)>;
+  void load_optimizer_state(const StateSource& source, int64_t optimizer_steps);
+  // "param" followed by the optimizer's state names.
+  std::vector<std::string> state_tensors() const;
 
   const ZeroConfig& config() const { return config_; }
   const UnitShard& shard(int unit) const { return units_[unit].shard; }

@@ -28,6 +28,20 @@ class LossScaler {
   // Call once per optimizer step with whether its gradients overflowed.
   void update(bool overflow);
 
+  // The scaler's whole state, for checkpoints.
+  struct State {
+    double scale = 1.0;
+    int hysteresis_left = 0;
+    int64_t iteration = 0, last_overflow = -1;
+  };
+  State state() const { return {scale_, hysteresis_left_, iteration_, last_overflow_}; }
+  void set_state(const State& s) {
+    scale_ = s.scale;
+    hysteresis_left_ = s.hysteresis_left;
+    iteration_ = s.iteration;
+    last_overflow_ = s.last_overflow;
+  }
+
  private:
   LossScaleConfig config_;
   double scale_;

@@ -116,4 +116,26 @@ double SwappedAdamW::step(float lr, float grad_scale, const std::function<void(s
   return sumsq;
 }
 
+// Swap layout tensor k of a sub-group is m, v, master; state_names() order is (master,) m, v.
+namespace {
+int swap_slot(int state_index, int tensors) { return tensors == 3 ? (state_index + 2) % 3 : state_index; }
+}  // namespace
+
+void SwappedAdamW::export_state(const std::function<void(const StatePiece&, const float* data)>& fn) {
+  for (const SubGroup& g : groups_) {
+    io_->wait(io_->start(io::IoOp::read, fd_.get(), file_path_, buffers_[0].data(), group_bytes(g), g.offset));
+    for (int k = 0; k < tensors_; ++k)
+      fn(StatePiece{g.shard, k, g.begin, g.end - g.begin}, tensor(0, g, swap_slot(k, tensors_)));
+  }
+}
+
+void SwappedAdamW::import_state(const std::function<void(const StatePiece&, float* data)>& fn) {
+  for (const SubGroup& g : groups_) {
+    std::memset(buffers_[0].data(), 0, group_bytes(g));
+    for (int k = 0; k < tensors_; ++k)
+      fn(StatePiece{g.shard, k, g.begin, g.end - g.begin}, tensor(0, g, swap_slot(k, tensors_)));
+    io_->wait(io_->start(io::IoOp::write, fd_.get(), file_path_, buffers_[0].data(), group_bytes(g), g.offset));
+  }
+}
+
 }  // namespace zerone::zero

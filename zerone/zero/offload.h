@@ -63,6 +63,14 @@ class SwappedAdamW final : public optim::Optimizer {
   size_t numel(size_t i) const override { return shards_[i].numel; }
   const float* grad(size_t i) const override { return shards_[i].grad; }
 
+  std::string type_name() const override { return "adamw"; }
+  std::vector<std::string> state_names() const override { return optim::adamw_state_names(param_dtype_); }
+  // Both go through staging buffer 0, one sub-group at a time (synchronous reads/writes).
+  void export_state(const std::function<void(const StatePiece&, const float* data)>& fn) override;
+  void import_state(const std::function<void(const StatePiece&, float* data)>& fn) override;
+  int64_t steps_taken() const override { return step_; }
+  void set_steps_taken(int64_t steps) override { step_ = static_cast<int>(steps); }
+
   const std::string& swap_file() const { return file_path_; }
   size_t num_sub_groups() const { return groups_.size(); }
 

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Bad checkpoints (issue 9): each is one clear "zerone: error:" line naming the file, exit 1 on every
+# rank, no hang, nothing half-loaded, and the previous checkpoint survives a failed save.
+set -u
+Z="$(readlink -f "$1")"
+here="$(cd "$(dirname "$0")" && pwd)"
+d=$(mktemp -d); trap 'rm -rf "$d"' EXIT
+fail=0
+check() { bash "$here/expect_error.sh" "$@" || fail=1; }
+MPI=(mpiexec --allow-run-as-root --oversubscribe --bind-to none)
+export OMPI_MCA_mpi_yield_when_idle=1
+model="gpt2:layers=2,dim=32,heads=2,vocab=257,ctx=16"
+printf 'A checkpoint is a promise that no work is lost. %.0s' $(seq 1 200) > "$d/t.txt"
+"$Z" prepare --text "$d/t.txt" --out "$d/c" --val-fraction 0 >/dev/null || { echo "prepare failed"; exit 1; }
+train=(train --model "$model" --data "$d/c_train.bin" --micro-batch 2 --seq 16 --threads 1 --precision fp32)
+"${MPI[@]}" -n 2 "$Z" "${train[@]}" --steps 2 --zero-stage 2 --checkpoint-dir "$d/good" >/dev/null 2>&1 \
+  || { echo "FAIL: the reference save failed"; exit 1; }
+ck="$d/good/step-00000002"
+fresh() {  # fresh NAME: a copy of the good checkpoint root to damage
+  rm -rf "$d/$1"; cp -r "$d/good" "$d/$1"; echo "$d/$1"
+}
+resume=("$Z" "${train[@]}" --steps 4 --resume)
+
+# A truncated shard, a flipped byte, a missing rank file: found before or while loading, never trained on.
+r=$(fresh trunc); truncate -s 1000 "$r/step-00000002/rank-00001.bin"
+check "rank-00001.bin' has 1000 bytes, the manifest records" "${resume[@]}" --checkpoint-dir "$r"
+r=$(fresh flip); python3 - "$r/step-00000002/rank-00000.bin" <<'PY'
+import sys
+f = open(sys.argv[1], "r+b"); f.seek(5000); b = f.read(1); f.seek(5000); f.write(bytes([b[0] ^ 0x10]))
+PY
+check "rank-00000.bin' is corrupted: checksum mismatch" "${resume[@]}" --checkpoint-dir "$r"
+r=$(fresh missing); rm "$r/step-00000002/rank-00001.bin"
+check "is missing its file 'rank-00001.bin'" "${resume[@]}" --checkpoint-dir "$r"
+# The same failures at world 2: every rank exits, no hang.
+r=$(fresh flip2); python3 - "$r/step-00000002/rank-00001.bin" <<'PY'
+import sys
+f = open(sys.argv[1], "r+b"); f.seek(100); b = f.read(1); f.seek(100); f.write(bytes([b[0] ^ 1]))
+PY
+check "checksum mismatch" timeout 120 "${MPI[@]}" -n 2 "${resume[@]}" --checkpoint-dir "$r"
+r=$(fresh missing2); rm "$r/step-00000002/rank-00000.bin"
+check "is missing its file 'rank-00000.bin'" timeout 120 "${MPI[@]}" -n 2 "${resume[@]}" --checkpoint-dir "$r"
+
+# The manifest: another model, an unknown version, a truncated file, a file list without a rank.
+check "holds model gpt2:layers=2,dim=32.* disagrees|disagrees with checkpoint" \
+  "$Z" train --model gpt2:layers=3,dim=32,heads=2,vocab=257,ctx=16 --data "$d/c_train.bin" --micro-batch 2 --seq 16 \
+  --steps 4 --resume --checkpoint-dir "$d/good"
+r=$(fresh othermodel); sed -i 's/"model": "gpt2:layers=2,/"model": "gpt2:layers=3,/' "$r/step-00000002/manifest.json"
+check "has 4 units, the model 5" "$Z" train --data "$d/c_train.bin" --micro-batch 2 --seq 16 \
+  --threads 1 --precision fp32 --steps 4 --resume --checkpoint-dir "$r"
+r=$(fresh version); sed -i 's/"version": 1/"version": 99/' "$r/step-00000002/manifest.json"
+check "checkpoint format version 99 is not supported" "${resume[@]}" --checkpoint-dir "$r"
+r=$(fresh truncmanifest); truncate -s 300 "$r/step-00000002/manifest.json"
+check "manifest.json' is not valid JSON" "${resume[@]}" --checkpoint-dir "$r"
+r=$(fresh dropped); python3 - "$r/step-00000002/manifest.json" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1])); m["files"] = m["files"][:1]; json.dump(m, open(sys.argv[1], "w"))
+PY
+check "covers .* of .* elements|lacks param" "${resume[@]}" --checkpoint-dir "$r"
+check "was trained in fp32, this run computes in bf16" "$Z" train --model "$model" --data "$d/c_train.bin" --micro-batch 2 \
+  --seq 16 --threads 1 --precision bf16 --steps 4 --resume --checkpoint-dir "$d/good"
+check "counts its data position in micro-batches of 2 x 16" "$Z" train --model "$model" --data "$d/c_train.bin" \
+  --micro-batch 4 --seq 16 --threads 1 --precision fp32 --steps 4 --resume --checkpoint-dir "$d/good"
+
+# Directories that are not checkpoints; `latest` naming nothing.
+mkdir -p "$d/junk"; echo hi > "$d/junk/notes.txt"
+check "holds 'notes.txt' but no 'latest' pointer" "${resume[@]}" --checkpoint-dir "$d/junk"
+check "is not a zerone checkpoint" "$Z" train --init "$d/junk" --data "$d/c_train.bin" --micro-batch 2 --seq 16 --steps 1
+r=$(fresh dangling); echo step-00000077 > "$r/latest"
+check "names 'step-00000077', which does not exist" "${resume[@]}" --checkpoint-dir "$r"
+r=$(fresh badlatest); echo '../../etc' > "$r/latest"
+check "expected the name of a checkpoint directory" "${resume[@]}" --checkpoint-dir "$r"
+echo x > "$d/afile"
+check "--checkpoint-dir '.*afile' is not a directory" "$Z" "${train[@]}" --steps 1 --checkpoint-dir "$d/afile"
+check "--checkpoint-every needs --checkpoint-dir" "$Z" "${train[@]}" --steps 1 --checkpoint-every 2
+check "--resume needs --checkpoint-dir" "$Z" "${train[@]}" --steps 1 --resume
+check "parent '/nonexistent' is not an existing directory" "$Z" "${train[@]}" --steps 1 --checkpoint-dir /nonexistent/ck
+
+# A disk that fills during a save: the error names the file, the previous checkpoint survives and
+# --resume continues from it. A 700 KiB tmpfs in a private mount namespace holds one checkpoint of
+# this model (~0.45 MiB) but not two.
+mkdir -p "$d/full"
+if unshare -m true 2>/dev/null; then
+  unshare -m bash -c "mount -t tmpfs -o size=700k none '$d/full'
+    '$Z' ${train[*]} --steps 6 --checkpoint-dir '$d/full/ck' --checkpoint-every 2 > '$d/full.log' 2>&1; echo \$? > '$d/full.rc'
+    ls '$d/full/ck' > '$d/full.ls'; cat '$d/full/ck/latest' > '$d/full.latest'
+    '$Z' ${train[*]} --steps 2 --checkpoint-dir '$d/full/ck' --resume > '$d/full.resume.log' 2>&1; echo \$? > '$d/full.resume.rc'"
+  rc=$(cat "$d/full.rc" 2>/dev/null || echo none)
+  if [ "$rc" = 1 ] && grep -qE "^zerone: error: .*(No space left on device)" "$d/full.log" && \
+     grep -q "step-0000000" "$d/full.latest" && [ "$(cat "$d/full.resume.rc")" = 0 ] && \
+     grep -q "nothing left to train" "$d/full.resume.log"; then
+    echo "ok: disk full during a save: $(grep -o 'zerone: error: .*' "$d/full.log" | head -c 200); latest still $(cat "$d/full.latest"), resumable"
+  else
+    echo "FAIL: disk full during a save: rc $rc"; cat "$d/full.log" "$d/full.ls" "$d/full.resume.log" 2>/dev/null; fail=1
+  fi
+else
+  echo "FAIL: cannot create a mount namespace for the disk-full case (needs root)"; fail=1
+fi
+exit $fail

@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# Checkpoints and resume (issue 9), through the real program:
+#   1. Same world size, stage and offload: a run resumed from its step-3 checkpoint continues with
+#      losses bitwise equal to the uninterrupted run and ends with byte-identical parameters
+#      (fp32, bf16, fp16 with dynamic loss scaling; stages 0-3; NVMe offload of optimizer and
+#      parameters; shuffled data; gradient accumulation and clipping), also from an async save.
+#   2. Another world size, stage or offload (2 ranks stage 2 -> 3 ranks stage 3, 4 -> 1, NVMe ->
+#      none, 1 -> 2 stage 1): the engine reshards while loading and the continued losses match the
+#      uninterrupted run within 1e-5 (f32; only the order of the gradient sums differs).
+#   3. SIGKILL at every point of a save (Note [Crash points]): --resume continues from the previous
+#      checkpoint (or the new one, once `latest` names it) and reproduces the uninterrupted run.
+#   4. --keep-last prunes; --resume with nothing saved yet starts at step 1; a stop signal saves.
+set -euo pipefail
+Z="$(readlink -f "$1")"
+d=$(mktemp -d); trap 'rm -rf "$d"' EXIT
+mkdir "$d/swap"
+MPI=(mpiexec --allow-run-as-root --oversubscribe --bind-to none)
+export OMPI_MCA_mpi_yield_when_idle=1
+printf 'It was the best of times, it was the worst of times, it was the age of wisdom. %.0s' $(seq 1 300) > "$d/t.txt"
+"$Z" prepare --text "$d/t.txt" --out "$d/c" --val-fraction 0 >/dev/null
+common=(train --model gpt2:layers=2,dim=40,heads=4,vocab=257,ctx=16 --data "$d/c_train.bin" --micro-batch 2 --seq 16
+        --steps 6 --lr 1e-3 --weight-decay 0.1 --grad-clip 1.0 --warmup 2 --lr-schedule cosine --threads 1
+        --reduce-bucket-size 5000 --allgather-bucket-size 3000 --stage3-prefetch-bucket-size 30000
+        --stage3-param-persistence-threshold 1000)
+nvme=(--offload-optimizer nvme --nvme-path "$d/swap" --sub-group-size 700 --offload-buffer-count 2)
+fail=0
+run() {  # run NAME WORLD ACCUM ARGS...: metrics NAME.jsonl, final parameters NAME.bin, log NAME.log
+  local name="$1" world="$2" accum="$3"; shift 3
+  "${MPI[@]}" -n "$world" "$Z" "${common[@]}" --grad-accum "$accum" "$@" \
+    --metrics "$d/$name.jsonl" --save "$d/$name.bin" > "$d/$name.log" 2>&1 || { echo "FAIL $name:"; cat "$d/$name.log"; exit 1; }
+}
+# A checkpoint root holding only REF's checkpoint of step STEP, as if REF had stopped there.
+stopped_at() {  # stopped_at REF STEP NEWROOT
+  mkdir -p "$3"
+  cp -r "$d/$1.ck/$(printf 'step-%08d' "$2")" "$3/"
+  printf 'step-%08d\n' "$2" > "$3/latest"
+}
+losses_from() {  # losses_from NAME STEP: "step loss" lines from STEP on
+  python3 -c 'import json,sys
+for l in open(sys.argv[1]):
+    r = json.loads(l)
+    if r["step"] >= int(sys.argv[2]): print(r["step"], r["loss"])' "$d/$1.jsonl" "$2"
+}
+bitwise() {  # bitwise REF NAME: losses of steps 4.. and final parameters identical
+  if cmp -s "$d/$1.bin" "$d/$2.bin" && diff <(losses_from "$1" 4) <(losses_from "$2" 4) >/dev/null; then
+    echo "ok   $2: bitwise equal to $1 from step 4"
+  else
+    echo "FAIL $2: differs from $1"; diff <(losses_from "$1" 4) <(losses_from "$2" 4) || true; fail=1
+  fi
+}
+close() {  # close REF NAME: losses of steps 4.. within 1e-5 relative
+  if python3 - "$d" "$1" "$2" <<'EOF'
+import json, sys
+d, ref, name = sys.argv[1:]
+def losses(n): return {r["step"]: r["loss"] for r in map(json.loads, open(f"{d}/{n}.jsonl")) if r["step"] >= 4}
+a, b = losses(ref), losses(name)
+assert sorted(a) == sorted(b) == [4, 5, 6], (sorted(a), sorted(b))
+worst = max(abs(a[s] - b[s]) / abs(a[s]) for s in a)
+print(f"     max relative loss difference {worst:.2e}")
+sys.exit(0 if worst <= 1e-5 else 1)
+EOF
+  then echo "ok   $2: within 1e-5 of $1 from step 4"; else echo "FAIL $2: not within 1e-5 of $1"; fail=1; fi
+}
+
+# 1. Bitwise resume in the same configuration.
+same_cases=(
+  "fp32_w1_s0|1|6|--precision fp32 --zero-stage 0"
+  "bf16_w2_s2|2|3|--precision bf16 --zero-stage 2"
+  "fp16_w1_s1|1|6|--precision fp16 --zero-stage 1"
+  "fp32_w2_s3_nvme|2|3|--precision fp32 --zero-stage 3 ${nvme[*]} --offload-param nvme"
+  "bf16_w3_s1_cpu|3|2|--precision bf16 --zero-stage 1 --offload-optimizer cpu"
+)
+for c in "${same_cases[@]}"; do
+  IFS='|' read -r name world accum args <<< "$c"
+  # shellcheck disable=SC2086
+  run "$name" "$world" "$accum" $args --checkpoint-dir "$d/$name.ck" --checkpoint-every 3
+  stopped_at "$name" 3 "$d/$name.resumed.ck"
+  # shellcheck disable=SC2086
+  run "$name.resumed" "$world" "$accum" $args --checkpoint-dir "$d/$name.resumed.ck" --resume
+  grep -q "resumed from" "$d/$name.resumed.log" || { echo "FAIL $name.resumed: did not resume"; fail=1; }
+  bitwise "$name" "$name.resumed"
+done
+# The async save writes the same files, and resuming from it is bitwise too.
+run async 2 3 --precision bf16 --zero-stage 2 --checkpoint-dir "$d/async.ck" --checkpoint-every 3 --checkpoint-async
+for f in rank-00000.bin rank-00001.bin; do
+  cmp -s "$d/bf16_w2_s2.ck/step-00000003/$f" "$d/async.ck/step-00000003/$f" && echo "ok   async: $f identical to the synchronous save" \
+    || { echo "FAIL async: $f differs from the synchronous save"; fail=1; }
+done
+stopped_at async 3 "$d/async.resumed.ck"
+run async.resumed 2 3 --precision bf16 --zero-stage 2 --checkpoint-dir "$d/async.resumed.ck" --resume
+bitwise bf16_w2_s2 async.resumed
+
+# 2. Resharding: another world size, stage or offload (same global batch of 12 sequences).
+run ref_w2_s2 2 6 --precision fp32 --zero-stage 2 --checkpoint-dir "$d/ref_w2_s2.ck" --checkpoint-every 3
+run ref_w2_s2_nvme 2 6 --precision fp32 --zero-stage 2 "${nvme[@]}" --checkpoint-dir "$d/ref_w2_s2_nvme.ck" --checkpoint-every 3
+run ref_w4_s1 4 3 --precision fp32 --zero-stage 1 --checkpoint-dir "$d/ref_w4_s1.ck" --checkpoint-every 3
+run ref_w1_s0 1 12 --precision fp32 --zero-stage 0 --checkpoint-dir "$d/ref_w1_s0.ck" --checkpoint-every 3
+reshard_cases=(
+  "ref_w2_s2|w2s2_to_w3s3|3|4|--zero-stage 3"
+  "ref_w4_s1|w4s1_to_w1s0|1|12|--zero-stage 0"
+  "ref_w2_s2_nvme|w2nvme_to_w1s1|1|12|--zero-stage 1"
+  "ref_w1_s0|w1s0_to_w2s3nvme|2|6|--zero-stage 3 ${nvme[*]} --offload-param nvme"
+)
+for c in "${reshard_cases[@]}"; do
+  IFS='|' read -r ref name world accum args <<< "$c"
+  stopped_at "$ref" 3 "$d/$name.ck"
+  # shellcheck disable=SC2086
+  run "$name" "$world" "$accum" --precision fp32 $args --checkpoint-dir "$d/$name.ck" --resume
+  close "$ref" "$name"
+done
+
+# 3. SIGKILL during the save of step 4 (checkpoints every 2 steps), at each point of the protocol.
+kill_args=(--precision fp32 --zero-stage 2 --checkpoint-every 2)
+run kill_ref 2 3 "${kill_args[@]}" --checkpoint-dir "$d/kill_ref.ck"
+for point in file manifest rename latest prune; do
+  set +e
+  ZERONE_CHECKPOINT_CRASH_AT=$point ZERONE_CHECKPOINT_CRASH_STEP=4 "${MPI[@]}" -n 2 "$Z" "${common[@]}" --grad-accum 3 \
+    "${kill_args[@]}" --checkpoint-dir "$d/kill_$point.ck" --metrics "$d/kill_$point.jsonl" > "$d/kill_$point.crash.log" 2>&1
+  rc=$?
+  set -e
+  [ $rc -ne 0 ] || { echo "FAIL kill_$point: the crash point was not reached"; fail=1; continue; }
+  expected=2; [ $point = prune ] && expected=4  # `latest` is replaced just before pruning
+  run "kill_$point.resumed" 2 3 "${kill_args[@]}" --checkpoint-dir "$d/kill_$point.ck" --resume
+  first=$(losses_from "kill_$point.resumed" 1 | head -1 | cut -d' ' -f1)
+  if [ "$first" = $((expected + 1)) ] && cmp -s "$d/kill_ref.bin" "$d/kill_$point.resumed.bin" && \
+     diff <(losses_from kill_ref "$first") <(losses_from "kill_$point.resumed" 1) > /dev/null; then
+    echo "ok   SIGKILL at '$point' of the step-4 save: resumed after step $expected; bitwise equal to the uninterrupted run"
+  else
+    echo "FAIL SIGKILL at '$point': resumed at step ${first:-?} (expected $((expected + 1))) or differs"; fail=1
+  fi
+done
+
+# 4. --keep-last, --resume with nothing saved, a stop signal saves the last complete step.
+run keep 1 6 --precision fp32 --checkpoint-dir "$d/keep.ck" --checkpoint-every 1 --keep-last 2
+kept=$(cd "$d/keep.ck" && ls -d step-* | tr '\n' ' ')
+[ "$kept" = "step-00000005 step-00000006 " ] && echo "ok   --keep-last 2 keeps: $kept" || { echo "FAIL --keep-last 2 keeps: $kept"; fail=1; }
+run fresh 1 6 --precision fp32 --checkpoint-dir "$d/fresh.ck" --resume
+grep -q "no checkpoint in" "$d/fresh.log" && cmp -s "$d/fresh.bin" "$d/fp32_w1_s0.bin" \
+  && echo "ok   --resume with an empty --checkpoint-dir starts at step 1" || { echo "FAIL --resume from nothing"; fail=1; }
+"$Z" "${common[@]}" --steps 1000000 --grad-accum 6 --precision fp32 --checkpoint-dir "$d/sig.ck" > "$d/sig.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 200); do grep -q '^step  *[3-9]' "$d/sig.log" 2>/dev/null && break; sleep 0.1; done
+kill -TERM $pid; set +e; wait $pid; rc=$?; set -e
+if [ $rc -eq 143 ] && [ -f "$d/sig.ck/latest" ] && grep -q "checkpoint of step" "$d/sig.log"; then
+  echo "ok   SIGTERM saved $(cat "$d/sig.ck/latest") and exited 143"
+else
+  echo "FAIL SIGTERM: rc $rc"; cat "$d/sig.log"; fail=1
+fi
+exit $fail

@@ -1,0 +1,191 @@
+// zerone's own checkpoints: a directory per saved step, written by every rank in parallel, readable
+// at any world size, ZeRO stage or offload setting (DESIGN §4).
+//
+// Note [Checkpoint layout]:
+//   ROOT/latest                 text "step-00000100\n": the newest complete checkpoint, replaced
+//                               atomically after that checkpoint is in place
+//   ROOT/step-00000100/         one saved step, renamed into place only when complete:
+//     manifest.json             written by rank 0 last: format, version, step, model spec and unit
+//                               layout (tensor names, shapes, offsets), precision, world size,
+//                               stage, offload, optimizer, the trainer's state, and for every rank
+//                               file its size, crc32 and the pieces it holds
+//     rank-00000.bin ...        raw little-endian tensor bytes, one file per saving rank
+//   ROOT/.tmp-step-00000100/    a save in progress (a crashed save's leftovers are removed by the next)
+// A piece is a run of elements [begin, begin+count) of one tensor ("param" in the compute dtype,
+// or an optimizer state in f32: "master", "exp_avg", ...) of one unit's flat, unpadded buffer. Each
+// piece carries a crc32 per kCrcBlockBytes block, so a reader that needs only part of it (another
+// world size) verifies what it reads without reading the rest. Pieces of a (unit, tensor) from all
+// files together cover [0, numel) exactly once; the reader checks that before anything is loaded.
+//
+// Note [Atomic checkpoints]: a save writes ROOT/.tmp-step-N/, fsyncs every file and the directory,
+// renames it to ROOT/step-N, fsyncs ROOT, then replaces ROOT/latest (write, fsync, rename, fsync).
+// A process killed at any instant leaves either the previous `latest` (and its directory) or the
+// new one, both complete. Older checkpoints beyond --keep-last are removed only after `latest`
+// points at the new one.
+//
+// Thread-safety: a CheckpointFileWriter is used by one thread at a time (it may be a background
+// thread); a CheckpointReader may be read from one thread at a time; the free functions are
+// independent.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "zerone/core/dtype.h"
+#include "zerone/io/file.h"
+
+namespace zerone::io {
+
+inline constexpr const char* kCheckpointFormat = "zerone-checkpoint";
+inline constexpr int kCheckpointVersion = 1;
+inline constexpr uint64_t kCrcBlockBytes = uint64_t{16} << 20;
+
+struct CheckpointPiece {
+  int unit = 0;
+  std::string tensor;
+  DType dtype = DType::f32;
+  uint64_t begin = 0, count = 0;  // elements
+  uint64_t offset = 0;            // bytes from the start of the file
+  std::vector<uint32_t> crcs;     // one per kCrcBlockBytes of the piece's bytes (the last may be short)
+  uint64_t bytes() const { return count * dtype_size(dtype); }
+};
+
+struct CheckpointFile {
+  std::string name;  // relative to the checkpoint directory
+  uint64_t bytes = 0;
+  uint32_t crc32 = 0;  // of the whole file (combined from the pieces' block crcs)
+  std::vector<CheckpointPiece> pieces;
+};
+
+struct CheckpointTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  uint64_t offset = 0;  // elements from the start of the unit
+};
+struct CheckpointUnit {
+  std::string name;
+  uint64_t numel = 0;
+  std::vector<CheckpointTensor> tensors;
+};
+
+struct CheckpointManifest {
+  int version = kCheckpointVersion;
+  int64_t step = 0;
+  std::string model;  // spec string (nn::make_model)
+  DType dtype = DType::f32;
+  int world_size = 1;
+  int zero_stage = 0;
+  std::string offload_optimizer = "none", offload_param = "none";
+  std::vector<CheckpointUnit> units;
+  std::string optimizer;                  // "adamw", "sgd", or "" (weights only)
+  std::vector<std::string> optimizer_state;  // state tensor names every unit has (f32)
+  int64_t optimizer_steps = 0;
+  nlohmann::json trainer = nlohmann::json::object();  // the trainer's own state (train/checkpoint.h)
+  std::vector<CheckpointFile> files;
+};
+
+nlohmann::json manifest_to_json(const CheckpointManifest& manifest);
+// One file's entry of the manifest (ranks send theirs to rank 0 in this form).
+nlohmann::json checkpoint_file_to_json(const CheckpointFile& file);
+// Throws Error naming `what` for anything missing or malformed.
+CheckpointFile checkpoint_file_from_json(const nlohmann::json& json, const std::string& what);
+// Throws Error naming `what` (the manifest's path) and the key for anything missing or malformed,
+// and for another format or an unknown version.
+CheckpointManifest manifest_from_json(const nlohmann::json& json, const std::string& what);
+
+// crc32 (zlib's polynomial) of `bytes` at `data`, computed in parallel blocks and combined.
+uint32_t crc32_of(const void* data, size_t bytes, uint32_t crc = 0);
+
+// Writes one rank's data file. The file is created new (an existing one is an error) and removed
+// again if the writer is destroyed before finish(). Throws Error naming the file and the failed
+// operation (a full disk: "No space left on device").
+class CheckpointFileWriter {
+ public:
+  // `step`: the step being saved (Note [Crash points]).
+  CheckpointFileWriter(const std::string& dir, const std::string& name, int64_t step);
+  ~CheckpointFileWriter();
+  CheckpointFileWriter(const CheckpointFileWriter&) = delete;
+  CheckpointFileWriter& operator=(const CheckpointFileWriter&) = delete;
+
+  // Appends `count` elements of `dtype` at `data` as elements [begin, begin+count) of `tensor` of
+  // `unit`. `data` is only read during the call.
+  void append(int unit, const std::string& tensor, DType dtype, uint64_t begin, uint64_t count, const void* data);
+  // Makes the file durable (fsync) and closes it; returns what the manifest records of it.
+  CheckpointFile finish();
+
+ private:
+  std::string path_;
+  int64_t step_;
+  FileDescriptor fd_;
+  CheckpointFile file_;
+  bool finished_ = false;
+};
+
+// The checkpoint directory names.
+std::string checkpoint_step_name(int64_t step);  // "step-00000100"
+
+// What `root` holds, for --resume: the path of the checkpoint `latest` names, or nullopt when there
+// is nothing to resume from (`root` missing or empty, or holding only a crashed save's temporary).
+// Throws Error naming the path for `latest` naming a missing or incomplete directory, or a `root`
+// that holds something that is not zerone checkpoints.
+std::optional<std::string> find_latest_checkpoint(const std::string& root);
+// Whether `path` is one checkpoint directory (holds manifest.json).
+bool is_checkpoint_directory(const std::string& path);
+// A checkpoint directory given as either a checkpoint or a root with `latest` (zerone convert,
+// --init). Throws Error naming the path when it is neither.
+std::string resolve_checkpoint_path(const std::string& path);
+
+// Start-up check of --checkpoint-dir: it exists as a directory (or can be created: its parent
+// exists) and is writable, probed by creating and removing a file. Throws Error naming `what`.
+void check_checkpoint_root(const std::string& root, const std::string& what);
+
+// The temporary directory of the save of `step` under `root`: created empty (a leftover of the
+// same name from a crashed save is removed first). Returns its path. Throws Error.
+std::string create_checkpoint_tmp(const std::string& root, int64_t step);
+// Writes manifest.json into `tmp`, fsyncs `tmp`, renames it to ROOT/step-N, fsyncs ROOT, points
+// `latest` at it, then removes checkpoints beyond the newest `keep_last` (0: keep all) and stale
+// temporaries. Returns the final path. Throws Error naming what failed; `latest` then still names
+// the previous checkpoint.
+std::string publish_checkpoint(const std::string& root, const std::string& tmp, const CheckpointManifest& manifest,
+                               int keep_last);
+// Removes a directory tree (best effort, for temporaries). Never throws.
+void remove_tree(const std::string& path) noexcept;
+
+// A checkpoint opened for reading: the manifest parsed and checked (format, version, every file
+// present with the recorded size, every (unit, tensor) covered exactly once), files opened lazily.
+class CheckpointReader {
+ public:
+  // `dir` is a checkpoint directory (or a root with `latest`). Throws Error naming the path.
+  explicit CheckpointReader(const std::string& dir);
+  ~CheckpointReader();
+  CheckpointReader(const CheckpointReader&) = delete;
+  CheckpointReader& operator=(const CheckpointReader&) = delete;
+
+  const std::string& path() const { return dir_; }
+  const CheckpointManifest& manifest() const { return manifest_; }
+  bool has_tensor(const std::string& tensor) const;
+  // The dtype `tensor` is stored in. Throws Error if absent.
+  DType tensor_dtype(const std::string& tensor) const;
+  // Reads elements [begin, begin+count) of `tensor` of `unit` into `out`, converted to `out_dtype`
+  // (widening is exact; narrowing rounds to nearest even). Every crc block it touches is read whole
+  // and verified. Throws Error naming the file and the tensor on a checksum mismatch or a read
+  // failure. Memory: one crc block of bounce buffer.
+  void read(int unit, const std::string& tensor, uint64_t begin, uint64_t count, DType out_dtype, void* out) const;
+  // Reads every file whole and checks its crc32 against the manifest (zerone convert --verify).
+  void verify_files() const;
+
+ private:
+  struct Impl;
+  std::string dir_;
+  CheckpointManifest manifest_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace zerone::io

@@ -1,0 +1,231 @@
+#include "zerone/train/checkpoint.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+
+#include "zerone/core/error.h"
+#include "zerone/nn/model.h"
+
+namespace zerone::train {
+namespace {
+
+using nlohmann::json;
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+json trainer_state_to_json(const TrainerState& s) {
+  return {{"step", s.step},
+          {"next_chunk", s.next_chunk},
+          {"micro_batch", s.micro_batch},
+          {"seq", s.seq},
+          {"grad_accum", s.grad_accum},
+          {"world_size", s.world_size},
+          {"seed", s.seed},
+          {"shuffle", s.shuffle},
+          {"rng", "counter-based: every random number is a function of (seed, step, position)"},
+          {"lr_schedule_advances", s.lr_advances},
+          {"loss_scaler",
+           {{"scale", s.loss_scaler.scale},
+            {"hysteresis_left", s.loss_scaler.hysteresis_left},
+            {"iteration", s.loss_scaler.iteration},
+            {"last_overflow", s.loss_scaler.last_overflow}}},
+          {"skipped_steps", s.skipped_steps}};
+}
+
+TrainerState trainer_state_from_json(const json& j, const std::string& what) {
+  try {
+    TrainerState s;
+    s.step = j.at("step").get<int64_t>();
+    s.next_chunk = j.at("next_chunk").get<uint64_t>();
+    s.micro_batch = j.at("micro_batch").get<int>();
+    s.seq = j.at("seq").get<int>();
+    s.grad_accum = j.at("grad_accum").get<int>();
+    s.world_size = j.at("world_size").get<int>();
+    s.seed = j.at("seed").get<uint64_t>();
+    s.shuffle = j.at("shuffle").get<bool>();
+    s.lr_advances = j.at("lr_schedule_advances").get<int64_t>();
+    const json& ls = j.at("loss_scaler");
+    s.loss_scaler.scale = ls.at("scale").get<double>();
+    s.loss_scaler.hysteresis_left = ls.at("hysteresis_left").get<int>();
+    s.loss_scaler.iteration = ls.at("iteration").get<int64_t>();
+    s.loss_scaler.last_overflow = ls.at("last_overflow").get<int64_t>();
+    s.skipped_steps = j.at("skipped_steps").get<int64_t>();
+    return s;
+  } catch (const json::exception& e) {
+    throw Error(str_cat(what, ": the trainer state is incomplete or mistyped: ", e.what()));
+  }
+}
+
+std::vector<io::CheckpointUnit> checkpoint_units(const nn::Model& model) {
+  std::vector<io::CheckpointUnit> units;
+  for (const nn::FlatParam& unit : model.units()) {
+    io::CheckpointUnit cu;
+    cu.name = unit.name();
+    cu.numel = unit.numel();
+    for (const nn::TensorSpec& t : unit.tensors()) cu.tensors.push_back({t.name, t.shape, t.offset});
+    units.push_back(std::move(cu));
+  }
+  return units;
+}
+
+// ------------------------------------------------------------------------------------ saving
+
+struct Checkpointer::Pending {
+  TrainerState state;
+  std::string tmp;
+  std::string optimizer_type;
+  std::vector<std::string> optimizer_state;
+  int64_t optimizer_steps = 0;
+  io::CheckpointFile file;
+  // Async: the staged pieces and the thread writing them.
+  struct Staged {
+    int unit;
+    std::string tensor;
+    DType dtype;
+    size_t begin, count;
+    Buffer data;
+  };
+  std::vector<Staged> staged;
+  std::thread writer;
+  std::atomic<bool> done{false};
+  std::exception_ptr error;
+};
+
+Checkpointer::Checkpointer(std::string root, int keep_last, bool async, CheckpointRunInfo info,
+                           comm::Communicator& comm)
+    : root_(std::move(root)), keep_last_(keep_last), async_(async), info_(std::move(info)), comm_(comm) {}
+
+Checkpointer::~Checkpointer() {
+  if (pending_ && pending_->writer.joinable()) pending_->writer.join();
+}
+
+bool Checkpointer::writer_done() const { return !pending_ || pending_->done.load(); }
+
+void Checkpointer::save(zero::ZeroEngine& engine, const TrainerState& state) {
+  const auto t0 = std::chrono::steady_clock::now();
+  publish_pending();
+  auto p = std::make_unique<Pending>();
+  p->state = state;
+  // Rank 0 makes the temporary directory; the barrier orders it before every rank's file.
+  if (comm_.rank() == 0) p->tmp = io::create_checkpoint_tmp(root_, state.step);
+  comm_.barrier_async().wait();
+  if (comm_.rank() != 0) p->tmp = root_ + "/.tmp-" + io::checkpoint_step_name(state.step);
+  p->optimizer_type = engine.optimizer().type_name();
+  p->optimizer_state = engine.optimizer().state_names();
+  p->optimizer_steps = engine.optimizer().steps_taken();
+  char name[32];
+  std::snprintf(name, sizeof name, "rank-%05d.bin", comm_.rank());
+  if (!async_) {
+    io::CheckpointFileWriter writer(p->tmp, name, state.step);
+    engine.save_state([&](int u, const std::string& tensor, DType dtype, size_t begin, size_t count, const void* data) {
+      writer.append(u, tensor, dtype, begin, count, data);
+    });
+    p->file = writer.finish();
+    last_stall_s_ = seconds_since(t0);  // the whole save stalls training
+    finish(*p);
+    return;
+  }
+  // Async: copy every piece into host staging (the stall), then write in the background.
+  engine.save_state([&](int u, const std::string& tensor, DType dtype, size_t begin, size_t count, const void* data) {
+    Buffer copy(count * dtype_size(dtype), MemCategory::scratch, MemPlace::host);
+    std::memcpy(copy.data(), data, copy.bytes());
+    p->staged.push_back({u, tensor, dtype, begin, count, std::move(copy)});
+  });
+  Pending* raw = p.get();
+  const std::string file_name = name;
+  const int64_t step = state.step;
+  p->writer = std::thread([raw, file_name, step] {
+    omp_set_num_threads(1);  // the training thread keeps the cores
+    try {
+      io::CheckpointFileWriter writer(raw->tmp, file_name, step);
+      for (Pending::Staged& s : raw->staged) {
+        writer.append(s.unit, s.tensor, s.dtype, s.begin, s.count, s.data.data());
+        s.data.reset();  // staging goes as soon as it is on its way to disk
+      }
+      raw->file = writer.finish();
+    } catch (...) {
+      raw->error = std::current_exception();
+    }
+    raw->done.store(true);
+  });
+  pending_ = std::move(p);
+  last_stall_s_ = seconds_since(t0);
+}
+
+void Checkpointer::publish_pending() {
+  if (!pending_) return;
+  std::unique_ptr<Pending> p = std::move(pending_);
+  if (p->writer.joinable()) p->writer.join();
+  finish(*p);
+}
+
+void Checkpointer::finish(Pending& p) {
+  if (p.error) std::rethrow_exception(p.error);
+  // Every rank's file description to rank 0: lengths first, then the texts padded to the longest.
+  const std::string mine = io::checkpoint_file_to_json(p.file).dump();
+  const int world = comm_.world_size();
+  uint64_t my_len = mine.size();
+  std::vector<uint64_t> lens(static_cast<size_t>(world));
+  comm_.all_gather_async(&my_len, lens.data(), sizeof my_len).wait();
+  const uint64_t longest = *std::max_element(lens.begin(), lens.end());
+  std::string padded = mine;
+  padded.resize(longest, ' ');
+  std::string all(longest * static_cast<size_t>(world), ' ');
+  comm_.all_gather_async(padded.data(), all.data(), longest).wait();
+  if (comm_.rank() == 0) {
+    io::CheckpointManifest m;
+    m.step = p.state.step;
+    m.model = info_.model_spec;
+    m.dtype = info_.dtype;
+    m.world_size = world;
+    m.zero_stage = info_.zero_stage;
+    m.offload_optimizer = info_.offload_optimizer;
+    m.offload_param = info_.offload_param;
+    m.units = info_.units;
+    m.optimizer = p.optimizer_type;
+    m.optimizer_state = p.optimizer_state;
+    m.optimizer_steps = p.optimizer_steps;
+    m.trainer = trainer_state_to_json(p.state);
+    for (int r = 0; r < world; ++r) {
+      const std::string text = all.substr(static_cast<size_t>(r) * longest, lens[r]);
+      m.files.push_back(io::checkpoint_file_from_json(json::parse(text), str_cat("rank ", r, "'s checkpoint file")));
+    }
+    io::publish_checkpoint(root_, p.tmp, m, keep_last_);
+  }
+  // Every rank returns once the checkpoint is published (rank 0's failure ends the job first).
+  comm_.barrier_async().wait();
+  last_published_ = p.state.step;
+}
+
+// ------------------------------------------------------------------------------------ loading
+
+void check_checkpoint_fits(const io::CheckpointReader& reader, const nn::Model& model, DType dtype) {
+  const io::CheckpointManifest& m = reader.manifest();
+  const std::string where = str_cat("checkpoint '", reader.path(), "'");
+  ZERONE_CHECK(m.model == model.spec(), where, " holds model ", m.model, ", not ", model.spec());
+  ZERONE_CHECK(m.dtype == dtype, where, " was trained in ", dtype_name(m.dtype), ", this run computes in ",
+               dtype_name(dtype), ": resume with --precision ", m.dtype == DType::f32 ? "fp32" : dtype_name(m.dtype));
+  const std::vector<io::CheckpointUnit> units = checkpoint_units(model);
+  ZERONE_CHECK(m.units.size() == units.size(), where, " has ", m.units.size(), " units, the model ", units.size());
+  for (size_t u = 0; u < units.size(); ++u) {
+    const io::CheckpointUnit &a = m.units[u], &b = units[u];
+    bool same = a.name == b.name && a.numel == b.numel && a.tensors.size() == b.tensors.size();
+    for (size_t t = 0; same && t < a.tensors.size(); ++t)
+      same = a.tensors[t].name == b.tensors[t].name && a.tensors[t].shape == b.tensors[t].shape &&
+             a.tensors[t].offset == b.tensors[t].offset;
+    ZERONE_CHECK(same, where, ": unit ", u, " ('", a.name, "', ", a.numel, " elements) does not match the model's '",
+                 b.name, "' (", b.numel, " elements)");
+  }
+  ZERONE_CHECK(reader.has_tensor("param") && reader.tensor_dtype("param") == dtype, where,
+               " holds no parameters in ", dtype_name(dtype));
+}
+
+}  // namespace zerone::train

@@ -1,0 +1,113 @@
+// Checkpointing a training run: when and how the trainer saves (--checkpoint-dir, --checkpoint-every,
+// --keep-last, --checkpoint-async) and what it restores on --resume. The format and the atomic
+// directory protocol are zerone/io/sharded_checkpoint.h; what the engine contributes is Note
+// [Checkpoint state] in zerone/zero/engine.h; the trainer adds its own state (TrainerState).
+//
+// Note [Saving a step]: a save is collective. Rank 0 creates ROOT/.tmp-step-N/; every rank writes
+// rank-r.bin there (its partition of every tensor, engine.save_state) and fsyncs it; the ranks'
+// file descriptions (sizes, crcs, pieces) are all-gathered to rank 0, which writes manifest.json
+// and publishes the directory (Note [Atomic checkpoints]). With --checkpoint-async the step stalls
+// only while the engine's pieces are copied into a host staging buffer; a background thread per
+// rank writes the file, and the manifest is published at the first step boundary where every
+// rank's thread is done (agreed on the loss all-reduce, so every rank does the collective part at
+// the same step), or before the next save, or at the end of the run, whichever comes first.
+//
+// Note [Resume]: the newest complete checkpoint is found through `latest`. Parameters are read
+// unit by unit as the engine materializes them; the optimizer state is read straight into this
+// rank's shards (another world size, stage or offload reads the overlapping pieces), so memory
+// while loading is one unit plus the rank's own state. The data position is the global micro-batch
+// chunk index, so a run resumed at another world size with the same global batch (micro-batch x
+// accumulation x world) reads exactly the batches the uninterrupted run would.
+//
+// Thread-safety: a Checkpointer belongs to the training thread; its writer thread touches only the
+// staging buffers and the file.
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "zerone/comm/communicator.h"
+#include "zerone/core/memory.h"
+#include "zerone/io/sharded_checkpoint.h"
+#include "zerone/zero/engine.h"
+#include "zerone/zero/loss_scaler.h"
+
+namespace zerone::train {
+
+// The trainer's part of a checkpoint (manifest "trainer").
+struct TrainerState {
+  int64_t step = 0;          // optimizer steps completed
+  uint64_t next_chunk = 0;   // global micro-batch chunk index the next step starts at
+  int micro_batch = 0, seq = 0, grad_accum = 0, world_size = 0;
+  uint64_t seed = 0;
+  bool shuffle = true;
+  int64_t lr_advances = 0;   // LrSchedule position
+  zero::LossScaler::State loss_scaler;
+  int64_t skipped_steps = 0; // fp16 overflows so far
+};
+nlohmann::json trainer_state_to_json(const TrainerState& state);
+// Throws Error naming `what` for a missing or mistyped key.
+TrainerState trainer_state_from_json(const nlohmann::json& json, const std::string& what);
+
+// What the manifest records of the run besides the tensors.
+struct CheckpointRunInfo {
+  std::string model_spec;
+  DType dtype = DType::f32;
+  int zero_stage = 0;
+  std::string offload_optimizer = "none", offload_param = "none";
+  std::vector<io::CheckpointUnit> units;
+};
+// The units' layout (names, numels, tensors) of `model`, as the manifest records it.
+std::vector<io::CheckpointUnit> checkpoint_units(const nn::Model& model);
+
+class Checkpointer {
+ public:
+  Checkpointer(std::string root, int keep_last, bool async, CheckpointRunInfo info, comm::Communicator& comm);
+  // Waits for a background write (its error, if any, is lost: the destructor runs during unwinding).
+  ~Checkpointer();
+  Checkpointer(const Checkpointer&) = delete;
+  Checkpointer& operator=(const Checkpointer&) = delete;
+
+  // Saves the state after `state.step` (collective). Synchronous: returns when the checkpoint is
+  // published. Async: returns once the state is staged (after publishing a previous save that was
+  // still pending). Throws Error naming the file for an I/O failure (the previous checkpoint stays).
+  void save(zero::ZeroEngine& engine, const TrainerState& state);
+  // Async: whether this rank's background write has finished (true when none is pending). The
+  // trainer sums this over ranks with the loss and calls publish_pending() when all are done.
+  bool pending() const { return pending_ != nullptr; }
+  bool writer_done() const;
+  // Collective: waits for this rank's write and publishes the pending checkpoint. No-op when none.
+  void publish_pending();
+  // The step of the newest checkpoint this run published (0: none).
+  int64_t last_published_step() const { return last_published_; }
+  // Seconds the training thread spent in save() for the last save (the stall), and the bytes and
+  // seconds of this rank's last file write.
+  double last_stall_s() const { return last_stall_s_; }
+
+ private:
+  struct Pending;
+  void finish(Pending& p);
+
+  std::string root_;
+  int keep_last_;
+  bool async_;
+  CheckpointRunInfo info_;
+  comm::Communicator& comm_;
+  std::unique_ptr<Pending> pending_;
+  int64_t last_published_ = 0;
+  double last_stall_s_ = 0.0;
+};
+
+// Checks a checkpoint opened for --resume (or --init of a zerone checkpoint) against the run's
+// model and precision. Throws Error naming the checkpoint and what differs (another model,
+// precision or unit layout), before anything is loaded.
+void check_checkpoint_fits(const io::CheckpointReader& reader, const nn::Model& model, DType dtype);
+
+}  // namespace zerone::train

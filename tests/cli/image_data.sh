@@ -80,7 +80,7 @@ check "--optimizer 'rmsprop': expected adamw or sgd" "$Z" train --model "$mlp" -
 check "--nesterov needs a momentum above 0" "$Z" train --model "$mlp" --data "$d/raw" --optimizer sgd --nesterov
 check "--momentum applies to --optimizer sgd" "$Z" train --model "$mlp" --data "$d/raw" --momentum 0.9
 check "--beta1 applies to --optimizer adamw" "$Z" train --model "$mlp" --data "$d/raw" --optimizer sgd --beta1 0.8
-check "--offload-optimizer nvme swaps AdamW's state only" "$Z" train --model "$mlp" --data "$d/raw" --optimizer sgd --zero-stage 1 --offload-optimizer nvme --nvme-path "$d"
+check "--offload-optimizer nvme: sgd without momentum on fp32 parameters keeps no optimizer state to swap" "$Z" train --model "$mlp" --data "$d/raw" --optimizer sgd --zero-stage 1 --offload-optimizer nvme --nvme-path "$d" --precision fp32 --steps 1
 check "--activation-checkpointing applies to the transformer models" "$Z" train --model "$mlp" --data "$d/raw" --activation-checkpointing --steps 1
 check "cannot be saved" "$Z" train --model "$mlp" --data "$d/raw" --steps 1 --save "$d/out/"
 check "unknown layer 'softmax'" "$Z" train --model "seq:in=1x8x8,flatten,softmax" --data "$d/raw" --steps 1

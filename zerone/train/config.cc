@@ -737,8 +737,6 @@ void validate(const TrainConfig& c) {
     ZERONE_CHECK(!c.nesterov || (c.momentum > 0.0f && c.dampening == 0.0f), setting_name(c, "--nesterov"),
                  " needs a momentum above 0 and zero dampening (as torch.optim.SGD): --momentum ", c.momentum,
                  ", --dampening ", c.dampening);
-    ZERONE_CHECK(!sgd || c.offload_optimizer != "nvme", "--offload-optimizer nvme swaps AdamW's state only; ",
-                 "--optimizer sgd keeps its state in memory (use --offload-optimizer cpu)");
   }
   check_float("--grad-clip", c.grad_clip);
   check_int("--threads", c.threads);

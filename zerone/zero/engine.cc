@@ -37,9 +37,6 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
                offload_device_name(config.offload_optimizer), " needs --zero-stage 1, 2 or 3 (stage 0 keeps no optimizer shard)");
   ZERONE_CHECK(config.offload_param == OffloadDevice::none || config.stage == 3, "--offload-param ",
                offload_device_name(config.offload_param), " needs --zero-stage 3 (only stage 3 shards the parameters)");
-  ZERONE_CHECK(config.offload_optimizer != OffloadDevice::nvme || std::holds_alternative<optim::AdamWOptions>(optimizer),
-               "--offload-optimizer nvme swaps AdamW's state only; ", optim::optimizer_name(optimizer),
-               " is not supported there yet (use --offload-optimizer cpu)");
   const MemPlace grad_shard_place = config.offload_optimizer == OffloadDevice::none ? MemPlace::device : MemPlace::host;
   if (config.offload_optimizer == OffloadDevice::nvme || config.offload_param == OffloadDevice::nvme)
     swap_dir_ = std::make_unique<io::SwapDirectory>(nvme.nvme_path, nvme.rank, "--nvme-path");
@@ -90,8 +87,8 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
     if (params_sharded(u)) unit.release_params();
   }
   if (config_.offload_optimizer == OffloadDevice::nvme) {
-    optimizer_ = std::make_unique<SwappedAdamW>(std::move(shards), model.compute_dtype(),
-                                                std::get<optim::AdamWOptions>(optimizer), config_.sub_group_numel,
+    optimizer_ = std::make_unique<SwappedOptimizer>(std::move(shards), model.compute_dtype(), optimizer,
+                                                config_.sub_group_numel,
                                                 config_.optimizer_buffer_count, nvme, *swap_dir_);
   } else {
     optimizer_ = optim::make_optimizer(std::move(shards), model.compute_dtype(), optimizer,

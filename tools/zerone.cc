@@ -19,6 +19,7 @@
 #include "zerone/train/config.h"
 #include "zerone/train/interrupt.h"
 #include "zerone/train/metrics.h"
+#include "zerone/io/convert.h"
 #include "zerone/train/sample.h"
 #include "zerone/train/trainer.h"
 #include "zerone/zero/estimate.h"
@@ -312,6 +313,18 @@ int main(int argc, char** argv) {
 
   CLI::App* info_cmd = app.add_subcommand("info", "what this build and machine offer");
 
+  io::ConvertOptions convert_opts;
+  CLI::App* convert_cmd = app.add_subcommand(
+      "convert", "convert model weights between zerone checkpoints, llm.c files and Hugging Face directories");
+  convert_cmd->add_option("SRC", convert_opts.src,
+                          "a zerone checkpoint (step directory or --checkpoint-dir root), an llm.c file, or a Hugging "
+                          "Face model directory")->required();
+  convert_cmd->add_option("DST", convert_opts.dst, "the file or directory to write")->required();
+  convert_cmd->add_option("--to", convert_opts.to,
+                          "hf (config.json + model.safetensors), llmc (GPT-2, f32 v3 / bf16 v5) or zerone (weights-only "
+                          "checkpoint); default: llmc for DST ending in .bin, else hf");
+  convert_cmd->add_option("--dtype", convert_opts.dtype, "f32, bf16 or f16 (default: the source's)");
+
   EstimateArgs est;
   CLI::App* estimate_cmd = app.add_subcommand("estimate", "per-rank memory of each ZeRO stage, before running");
   estimate_cmd->add_option("--model", est.model, "preset or spec (as for train)")->required();
@@ -346,7 +359,7 @@ int main(int argc, char** argv) {
     // One line with the usual prefix and exit 1, like every other bad input (README).
     std::fprintf(stderr, "zerone: error: %s (zerone %s--help lists the options)\n", e.what(),
                  train_cmd->parsed() ? "train " : sample_cmd->parsed() ? "sample " : prepare_cmd->parsed() ? "prepare "
-                 : estimate_cmd->parsed() ? "estimate " : "");
+                 : estimate_cmd->parsed() ? "estimate " : convert_cmd->parsed() ? "convert " : "");
     return 1;
   }
 
@@ -394,6 +407,11 @@ int main(int argc, char** argv) {
       std::printf("\n");
     } else if (info_cmd->parsed()) {
       return cmd_info();
+    } else if (convert_cmd->parsed()) {
+      io::ConvertResult r = io::convert_checkpoint(convert_opts);
+      std::printf("converted %s '%s' (%s, %llu parameters) to %s '%s' (%s)\n", r.source_kind.c_str(),
+                  convert_opts.src.c_str(), r.model_spec.c_str(), static_cast<unsigned long long>(r.parameters),
+                  r.destination_kind.c_str(), convert_opts.dst.c_str(), r.dtype.c_str());
     } else if (estimate_cmd->parsed()) {
       return cmd_estimate(est, estimate_cmd->count("--zero-stage") > 0);
     }

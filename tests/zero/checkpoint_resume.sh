@@ -19,14 +19,14 @@ export OMPI_MCA_mpi_yield_when_idle=1
 printf 'It was the best of times, it was the worst of times, it was the age of wisdom. %.0s' $(seq 1 300) > "$d/t.txt"
 "$Z" prepare --text "$d/t.txt" --out "$d/c" --val-fraction 0 >/dev/null
 common=(train --model gpt2:layers=2,dim=40,heads=4,vocab=257,ctx=16 --data "$d/c_train.bin" --micro-batch 2 --seq 16
-        --steps 6 --lr 1e-3 --weight-decay 0.1 --grad-clip 1.0 --warmup 2 --lr-schedule cosine --threads 1
+        --lr 1e-3 --weight-decay 0.1 --grad-clip 1.0 --warmup 2 --lr-schedule cosine --threads 1
         --reduce-bucket-size 5000 --allgather-bucket-size 3000 --stage3-prefetch-bucket-size 30000
         --stage3-param-persistence-threshold 1000)
 nvme=(--offload-optimizer nvme --nvme-path "$d/swap" --sub-group-size 700 --offload-buffer-count 2)
 fail=0
 run() {  # run NAME WORLD ACCUM ARGS...: metrics NAME.jsonl, final parameters NAME.bin, log NAME.log
   local name="$1" world="$2" accum="$3"; shift 3
-  "${MPI[@]}" -n "$world" "$Z" "${common[@]}" --grad-accum "$accum" "$@" \
+  "${MPI[@]}" -n "$world" "$Z" "${common[@]}" --steps 6 --grad-accum "$accum" "$@" \
     --metrics "$d/$name.jsonl" --save "$d/$name.bin" > "$d/$name.log" 2>&1 || { echo "FAIL $name:"; cat "$d/$name.log"; exit 1; }
 }
 # A checkpoint root holding only REF's checkpoint of step STEP, as if REF had stopped there.
@@ -114,14 +114,14 @@ kill_args=(--precision fp32 --zero-stage 2 --checkpoint-every 2)
 run kill_ref 2 3 "${kill_args[@]}" --checkpoint-dir "$d/kill_ref.ck"
 for point in file manifest rename latest prune; do
   set +e
-  ZERONE_CHECKPOINT_CRASH_AT=$point ZERONE_CHECKPOINT_CRASH_STEP=4 "${MPI[@]}" -n 2 "$Z" "${common[@]}" --grad-accum 3 \
+  ZERONE_CHECKPOINT_CRASH_AT=$point ZERONE_CHECKPOINT_CRASH_STEP=4 "${MPI[@]}" -n 2 "$Z" "${common[@]}" --steps 6 --grad-accum 3 \
     "${kill_args[@]}" --checkpoint-dir "$d/kill_$point.ck" --metrics "$d/kill_$point.jsonl" > "$d/kill_$point.crash.log" 2>&1
   rc=$?
   set -e
   [ $rc -ne 0 ] || { echo "FAIL kill_$point: the crash point was not reached"; fail=1; continue; }
   expected=2; [ $point = prune ] && expected=4  # `latest` is replaced just before pruning
   run "kill_$point.resumed" 2 3 "${kill_args[@]}" --checkpoint-dir "$d/kill_$point.ck" --resume
-  first=$(losses_from "kill_$point.resumed" 1 | head -1 | cut -d' ' -f1)
+  first=$(losses_from "kill_$point.resumed" 1 | awk 'NR == 1 {print $1}')
   if [ "$first" = $((expected + 1)) ] && cmp -s "$d/kill_ref.bin" "$d/kill_$point.resumed.bin" && \
      diff <(losses_from kill_ref "$first") <(losses_from "kill_$point.resumed" 1) > /dev/null; then
     echo "ok   SIGKILL at '$point' of the step-4 save: resumed after step $expected; bitwise equal to the uninterrupted run"
@@ -140,10 +140,11 @@ grep -q "no checkpoint in" "$d/fresh.log" && cmp -s "$d/fresh.bin" "$d/fp32_w1_s
 "$Z" "${common[@]}" --steps 1000000 --grad-accum 6 --precision fp32 --checkpoint-dir "$d/sig.ck" > "$d/sig.log" 2>&1 &
 pid=$!
 for _ in $(seq 1 200); do grep -q '^step  *[3-9]' "$d/sig.log" 2>/dev/null && break; sleep 0.1; done
-kill -TERM $pid; set +e; wait $pid; rc=$?; set -e
+set +e; kill -TERM $pid; wait $pid; rc=$?; set -e
 if [ $rc -eq 143 ] && [ -f "$d/sig.ck/latest" ] && grep -q "checkpoint of step" "$d/sig.log"; then
   echo "ok   SIGTERM saved $(cat "$d/sig.ck/latest") and exited 143"
 else
   echo "FAIL SIGTERM: rc $rc"; cat "$d/sig.log"; fail=1
 fi
+[ -n "${KEEP:-}" ] && cp -r "$d" /tmp/ckpt_debug
 exit $fail

@@ -275,7 +275,7 @@ void check_hf_output(const std::string& dir, const std::string& what) {
                std::strerror(errno));
 }
 
-void save_hf_checkpoint(const std::string& dir_in, const nn::Model& model) {
+void save_hf_checkpoint(const std::string& dir_in, const nn::Model& model, const UnitLoader& load) {
   std::string dir = dir_in;
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   if (::mkdir(dir.c_str(), 0755) != 0)
@@ -311,22 +311,24 @@ void save_hf_checkpoint(const std::string& dir_in, const nn::Model& model) {
   SafetensorsWriter writer;
   writer.set_metadata("format", "pt");
   for (const HfSlice& s : map) writer.add(s.name, dtype, s.hf_shape());
-  std::vector<float> rows, hf;
+  int loaded = -1;
   writer.write(dir + "/model.safetensors", [&](size_t i, void* out) {
     const HfSlice& s = map[i];
+    if (load && s.unit != loaded) load(loaded = s.unit);
     const nn::FlatParam& unit = model.units()[s.unit];
     ZERONE_ASSERT(unit.has_params(), "save_hf_checkpoint needs full parameters (unit ", unit.name(), ")");
-    rows.resize(s.numel());
-    convert_to_f32(static_cast<const char*>(unit.param(s.tensor)) + s.row_begin * s.cols * dtype_size(unit.dtype()),
-                   unit.dtype(), rows.data(), s.numel());
-    const float* src = rows.data();
-    if (s.transposed) {
-      hf.resize(s.numel());
-      for (int64_t r = 0; r < s.rows; ++r)
-        for (int64_t col = 0; col < s.cols; ++col) hf[col * s.rows + r] = rows[r * s.cols + col];
-      src = hf.data();
+    ZERONE_ASSERT(unit.dtype() == dtype);
+    const size_t esize = dtype_size(dtype);
+    const char* rows = static_cast<const char*>(unit.param(s.tensor)) + s.row_begin * s.cols * esize;
+    if (!s.transposed) {
+      std::memcpy(out, rows, s.numel() * esize);
+      return;
     }
-    convert_from_f32(src, out, dtype, s.numel());
+    // Conv1D: (out, in) rows stored as (in, out); an element is moved, never converted.
+    char* dst = static_cast<char*>(out);
+    for (int64_t r = 0; r < s.rows; ++r)
+      for (int64_t col = 0; col < s.cols; ++col)
+        std::memcpy(dst + (col * s.rows + r) * esize, rows + (r * s.cols + col) * esize, esize);
   });
   const std::string text = config.dump(2) + "\n";
   write_file_atomically(dir + "/config.json", [&](std::FILE* f) { write_all(f, text.data(), text.size(), dir + "/config.json"); });

@@ -21,6 +21,8 @@
 // Thread-safety: independent calls are safe; a model must not be in use while loaded into.
 #pragma once
 
+#include <functional>
+
 #include <memory>
 #include <string>
 
@@ -56,10 +58,15 @@ class HfCheckpointReader {
 // Every unit (or only `only_unit`) of `model` from `dir`: an HfCheckpointReader used once.
 void load_hf_checkpoint(const std::string& dir, nn::Model& model, int only_unit = -1);
 
+// Makes unit u's parameters present in the model being saved (and may free others): streaming
+// writers call it in unit order before reading a unit, so a converter holds one unit at a time.
+using UnitLoader = std::function<void(int unit)>;
+
 // Writes config.json and model.safetensors into `dir` (created if missing; its parent must exist),
-// each file atomically, in the layout transformers loads unchanged. `model` must hold full
-// parameters (ZeroEngine::with_full_params on rank 0).
-void save_hf_checkpoint(const std::string& dir, const nn::Model& model);
+// each file atomically, in the layout transformers loads unchanged, in the model's dtype. `model`
+// must hold full parameters (ZeroEngine::with_full_params on rank 0), or `load` brings each unit in
+// as it is reached.
+void save_hf_checkpoint(const std::string& dir, const nn::Model& model, const UnitLoader& load = nullptr);
 
 // Start-up check of a --save directory: the parent exists and is writable, and `dir` is a
 // directory or does not exist yet.

@@ -1,5 +1,9 @@
 #include "zerone/io/llmc_checkpoint.h"
 
+#include <unistd.h>
+#include <cerrno>
+#include <cstring>
+
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -152,7 +156,8 @@ void gather_llmc_order_f32(const nn::GPT2& model, const std::vector<const float*
   }
 }
 
-void save_llmc_checkpoint(const std::string& path, const nn::GPT2& model, DType file_dtype) {
+void save_llmc_checkpoint(const std::string& path, const nn::GPT2& model, DType file_dtype,
+                          const std::function<void(int unit)>& load) {
   ZERONE_CHECK(file_dtype == DType::f32 || file_dtype == DType::bf16, "llm.c checkpoints hold f32 or bf16, not ",
                dtype_name(file_dtype));
   const nn::GPT2Config& c = model.config();
@@ -165,11 +170,38 @@ void save_llmc_checkpoint(const std::string& path, const nn::GPT2& model, DType 
   header[5] = c.num_heads;
   header[6] = c.channels;
   header[7] = c.padded_vocab_size;
-  std::vector<uint8_t> body(c.num_parameters() * dtype_size(file_dtype));
-  gather_llmc_order(model, file_dtype, body.data());
+  // Where each (unit, tensor) lands in the file (llm.c order is tensor-major across layers).
+  const size_t value_bytes = dtype_size(file_dtype);
+  std::vector<std::vector<uint64_t>> offset(model.units().size());
+  for (size_t u = 0; u < model.units().size(); ++u) offset[u].resize(model.units()[u].tensors().size());
+  uint64_t cursor = sizeof header;
+  for (int j = 0; j < kNumTensors; ++j)
+    for_each_slice(c, j, [&](int u, int t) {
+      offset[u][t] = cursor;
+      cursor += model.units()[u].tensors()[t].numel() * value_bytes;
+    });
   write_file_atomically(path, [&](std::FILE* f) {
     write_all(f, header, sizeof header, path);
-    write_all(f, body.data(), body.size(), path);
+    ZERONE_CHECK(std::fflush(f) == 0, "cannot write '", path, "': ", std::strerror(errno));
+    std::vector<float> tmp;
+    std::vector<uint8_t> out;
+    for (int u = 0; u < static_cast<int>(model.units().size()); ++u) {
+      if (load) load(u);
+      const nn::FlatParam& unit = model.units()[u];
+      for (size_t t = 0; t < unit.tensors().size(); ++t) {
+        const size_t n = unit.tensors()[t].numel();
+        tmp.resize(n);
+        out.resize(n * value_bytes);
+        convert_to_f32(unit.param(t), unit.dtype(), tmp.data(), n);
+        convert_from_f32(tmp.data(), out.data(), file_dtype, n);
+        for (size_t done = 0; done < out.size();) {
+          ssize_t w = ::pwrite(::fileno(f), out.data() + done, out.size() - done, static_cast<off_t>(offset[u][t] + done));
+          if (w < 0 && errno == EINTR) continue;
+          ZERONE_CHECK(w > 0, "cannot write '", path, "': ", w < 0 ? std::strerror(errno) : "no progress");
+          done += static_cast<size_t>(w);
+        }
+      }
+    }
   });
 }
 

@@ -9,6 +9,7 @@
 // Thread-safety: independent calls are safe; a model must not be in use while loaded into.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -27,8 +28,11 @@ nn::GPT2Config read_llmc_config(const std::string& path, const std::string& what
 // NaN or infinite value, which only a corrupt file holds). With only_unit >= 0, loads that unit
 // alone (its storage must be allocated); the rest are untouched.
 void load_llmc_checkpoint(const std::string& path, nn::GPT2& model, int only_unit = -1);
-// Writes `model`'s parameters as version 3 (f32) or 5 (bf16), atomically.
-void save_llmc_checkpoint(const std::string& path, const nn::GPT2& model, DType file_dtype);
+// Writes `model`'s parameters as version 3 (f32) or 5 (bf16), atomically. `model` holds full
+// parameters, or `load(u)` brings unit u in (in unit order; each unit's tensors are written at
+// their offsets in llm.c's tensor-major order), so a converter holds one unit at a time.
+void save_llmc_checkpoint(const std::string& path, const nn::GPT2& model, DType file_dtype,
+                          const std::function<void(int unit)>& load = nullptr);
 
 // The body of a checkpoint without the header: config.num_parameters() values of `dtype` in llm.c
 // order. scatter copies them into the model's units (converting to its dtype); gather is the inverse.

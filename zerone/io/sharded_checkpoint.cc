@@ -410,6 +410,7 @@ struct CheckpointReader::Impl {
   std::map<std::string, DType> tensor_dtypes;
   mutable std::vector<FileDescriptor> fds;
   mutable std::vector<char> bounce;
+  mutable uint64_t bytes_read = 0;
 };
 
 CheckpointReader::CheckpointReader(const std::string& path) : impl_(std::make_unique<Impl>()) {
@@ -501,6 +502,7 @@ void CheckpointReader::read(int unit, const std::string& tensor, uint64_t begin,
       const uint64_t bb = block * kCrcBlockBytes, be = std::min(p.bytes(), bb + kCrcBlockBytes);
       if (impl_->bounce.size() < be - bb) impl_->bounce.resize(be - bb);
       read_exactly(impl_->fds[fi].get(), impl_->bounce.data(), be - bb, p.offset + bb, file_path);
+      impl_->bytes_read += be - bb;
       const uint32_t crc = crc32_of(impl_->bounce.data(), be - bb);
       ZERONE_CHECK(crc == p.crcs[block], "checkpoint file '", file_path, "' is corrupted: checksum mismatch in ", tensor,
                    " of unit ", manifest_.units[unit].name, " (bytes ", p.offset + bb, "..", p.offset + be, ": crc32 ",
@@ -520,6 +522,8 @@ void CheckpointReader::read(int unit, const std::string& tensor, uint64_t begin,
     }
   }
 }
+
+uint64_t CheckpointReader::bytes_read() const { return impl_->bytes_read; }
 
 void CheckpointReader::verify_files() const {
   std::vector<char> buf(kCrcBlockBytes);

@@ -178,8 +178,10 @@ class CheckpointReader {
   // and verified. Throws Error naming the file and the tensor on a checksum mismatch or a read
   // failure. Memory: one crc block of bounce buffer.
   void read(int unit, const std::string& tensor, uint64_t begin, uint64_t count, DType out_dtype, void* out) const;
-  // Reads every file whole and checks its crc32 against the manifest (zerone convert --verify).
+  // Reads every file whole and checks its crc32 against the manifest.
   void verify_files() const;
+  // Bytes read from the data files so far (whole crc blocks).
+  uint64_t bytes_read() const;
 
  private:
   struct Impl;

@@ -10,7 +10,9 @@
 // only while the engine's pieces are copied into a host staging buffer; a background thread per
 // rank writes the file, and the manifest is published at the first step boundary where every
 // rank's thread is done (agreed on the loss all-reduce, so every rank does the collective part at
-// the same step), or before the next save, or at the end of the run, whichever comes first.
+// the same step), or before the next save, or at the end of the run, whichever comes first. The
+// staging buffers (the rank's checkpoint bytes, host memory) are kept between saves, as PyTorch's
+// async save keeps its pinned staging, so a save stalls for a memcpy, not for page faults.
 //
 // Note [Resume]: the newest complete checkpoint is found through `latest`. Parameters are read
 // unit by unit as the engine materializes them; the optimizer state is read straight into this
@@ -90,6 +92,10 @@ class Checkpointer {
   // Seconds the training thread spent in save() for the last save (the stall), and the bytes and
   // seconds of this rank's last file write.
   double last_stall_s() const { return last_stall_s_; }
+  // The last published checkpoint: bytes of all ranks' files (rank 0 only; 0 elsewhere), and the
+  // seconds this rank spent writing and fsyncing its file.
+  uint64_t last_bytes() const { return last_bytes_; }
+  double last_write_s() const { return last_write_s_; }
 
  private:
   struct Pending;
@@ -101,8 +107,11 @@ class Checkpointer {
   CheckpointRunInfo info_;
   comm::Communicator& comm_;
   std::unique_ptr<Pending> pending_;
+  std::vector<Buffer> staging_;  // async: host copies of this rank's pieces (kept between saves)
   int64_t last_published_ = 0;
   double last_stall_s_ = 0.0;
+  uint64_t last_bytes_ = 0;
+  double last_write_s_ = 0.0;
 };
 
 // Checks a checkpoint opened for --resume (or --init of a zerone checkpoint) against the run's

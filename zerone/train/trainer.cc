@@ -89,6 +89,13 @@ Evaluation evaluate(nn::Model& model, BatchSource& source, uint64_t batches) {
   return e;
 }
 
+// `value` with `digits` decimals, for messages.
+std::string fixed(double value, int digits) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%.*f", digits, value);
+  return text;
+}
+
 // Ranks of this job on this host, from the launcher's environment (1 when not launched by MPI).
 int local_ranks() {
   for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "MPICH_LOCAL_SIZE"}) {
@@ -512,6 +519,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     else if (hf_init) hf_init->load_unit(model, u);
     else io::load_llmc_checkpoint(cfg.init, dynamic_cast<nn::GPT2&>(model), u);
   };
+  const auto load_t0 = std::chrono::steady_clock::now();
   optim::OptimizerOptions optimizer = optim::AdamWOptions{cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay};
   if (cfg.optimizer == "sgd") optimizer = optim::SGDOptions{cfg.momentum, cfg.dampening, cfg.weight_decay, cfg.nesterov};
   zero::ZeroEngine engine(model, comm, zcfg, optimizer, materialize, nvme);
@@ -560,7 +568,10 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     skipped_steps = resumed.skipped_steps;
     if (lead)
       progress.message(str_cat("zerone: resumed from '", resume_from->path(), "' (step ", resumed.step, ", saved at world ",
-                               resume_from->manifest().world_size, ", ZeRO stage ", resume_from->manifest().zero_stage, ")"));
+                               resume_from->manifest().world_size, ", ZeRO stage ", resume_from->manifest().zero_stage,
+                               "; rank 0 read ", human_bytes(static_cast<double>(resume_from->bytes_read())), " in ",
+                               fixed(std::chrono::duration<double>(std::chrono::steady_clock::now() - load_t0).count(), 3),
+                               " s)"));
   }
   resume_from.reset();  // its files are closed; nothing more is read
   init_zerone.reset();
@@ -586,15 +597,23 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     st.skipped_steps = skipped_steps;
     return st;
   };
+  // "saved checkpoint 'DIR/step-N' (B bytes; rank 0 wrote its file in S s; stall T s)".
+  auto report_saved = [&] {
+    if (!lead) return;
+    progress.message(str_cat("saved checkpoint '", cfg.checkpoint_dir, "/",
+                             io::checkpoint_step_name(checkpointer->last_published_step()), "' (",
+                             human_bytes(static_cast<double>(checkpointer->last_bytes())), " from ", world,
+                             world > 1 ? " ranks" : " rank", "; rank 0 wrote its file in ",
+                             fixed(checkpointer->last_write_s(), 3), " s; training stalled ",
+                             fixed(checkpointer->last_stall_s(), 3), " s)"));
+  };
   auto save_checkpoint = [&](int done) {
     if (lead) progress.message(str_cat("saving checkpoint of step ", done, " in '", cfg.checkpoint_dir, "' ..."));
     checkpointer->save(engine, trainer_state(done));
-    if (!cfg.checkpoint_async) {
-      if (lead) progress.message(str_cat("saved checkpoint '", cfg.checkpoint_dir, "/", io::checkpoint_step_name(done), "' (",
-                                         checkpointer->last_stall_s(), " s)"));
-    } else if (lead) {
-      progress.message(str_cat("staged checkpoint of step ", done, " (stall ", checkpointer->last_stall_s(), " s); writing in the background"));
-    }
+    if (!cfg.checkpoint_async) report_saved();
+    else if (lead)
+      progress.message(str_cat("staged checkpoint of step ", done, " (stall ", fixed(checkpointer->last_stall_s(), 3),
+                               " s); writing in the background"));
   };
   TrainResult result;
   Profiler::set_enabled(cfg.profile);
@@ -638,8 +657,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     comm.all_reduce_sum_async(reduced, 5).wait();
     if (save_pending && reduced[4] == static_cast<double>(world)) {
       checkpointer->publish_pending();
-      if (lead) progress.message(str_cat("saved checkpoint '", cfg.checkpoint_dir, "/",
-                                         io::checkpoint_step_name(checkpointer->last_published_step()), "'"));
+      report_saved();
     }
     if (reduced[1] > 0.0 || reduced[2] > 0.0 || reduced[3] > 0.0) {
       // Every rank sees the same sums, so all agree on the signal to report and exit with
@@ -721,8 +739,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   }
   if (checkpointer && checkpointer->pending()) {
     checkpointer->publish_pending();
-    if (lead) progress.message(str_cat("saved checkpoint '", cfg.checkpoint_dir, "/",
-                                       io::checkpoint_step_name(checkpointer->last_published_step()), "'"));
+    report_saved();
   }
   progress.finish();
   if (cfg.profile && cfg.steps > start_step && lead) {

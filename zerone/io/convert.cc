@@ -1,0 +1,166 @@
+#include "zerone/io/convert.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <functional>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "zerone/core/error.h"
+#include "zerone/io/file.h"
+#include "zerone/io/hf_checkpoint.h"
+#include "zerone/io/llmc_checkpoint.h"
+#include "zerone/io/sharded_checkpoint.h"
+#include "zerone/nn/gpt2.h"
+#include "zerone/nn/model.h"
+
+namespace zerone::io {
+namespace {
+
+bool is_directory(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+std::string strip_slashes(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  return path;
+}
+
+// A source of unit parameters in some format.
+struct Source {
+  std::string kind, spec;
+  DType dtype = DType::f32;  // what the source stores
+  // Fills unit u of `model` (storage allocated, the model's dtype).
+  std::function<void(nn::Model& model, int u)> load;
+  std::unique_ptr<CheckpointReader> zerone;
+  std::unique_ptr<HfCheckpointReader> hf;
+};
+
+Source open_source(const std::string& src) {
+  Source s;
+  struct stat st;
+  ZERONE_CHECK(::stat(src.c_str(), &st) == 0, "convert: cannot open source '", src, "': ", std::strerror(errno));
+  if (is_hf_directory(src)) {
+    s.kind = "Hugging Face directory";
+    s.spec = read_hf_spec(src);
+    const auto config = nlohmann::json::parse(read_text_file(src + "/config.json", "config.json", 64 << 20), nullptr, false);
+    s.dtype = DType::f32;
+    if (config.is_object() && config.contains("torch_dtype") && config["torch_dtype"].is_string()) {
+      const std::string t = config["torch_dtype"];
+      if (t == "bfloat16") s.dtype = DType::bf16;
+      if (t == "float16") s.dtype = DType::f16;
+    }
+    return s;
+  }
+  if (S_ISDIR(st.st_mode)) {
+    s.kind = "zerone checkpoint";
+    s.zerone = std::make_unique<CheckpointReader>(src);
+    s.spec = s.zerone->manifest().model;
+    s.dtype = s.zerone->manifest().dtype;
+    return s;
+  }
+  s.kind = "llm.c checkpoint";
+  s.spec = read_llmc_config(src, "convert").to_string();
+  size_t bytes = 0;
+  FileDescriptor fd = open_regular_file(src, "convert", &bytes);
+  int32_t head[2];
+  read_exactly(fd.get(), head, sizeof head, 0, src);
+  s.dtype = head[1] == 3 ? DType::f32 : DType::bf16;
+  return s;
+}
+
+const char* kind_name(const std::string& to) {
+  return to == "hf" ? "Hugging Face directory" : to == "llmc" ? "llm.c checkpoint" : "zerone checkpoint";
+}
+
+}  // namespace
+
+ConvertResult convert_checkpoint(const ConvertOptions& o) {
+  std::string to = o.to;
+  const std::string dst = strip_slashes(o.dst);
+  if (to.empty()) to = dst.size() > 4 && dst.compare(dst.size() - 4, 4, ".bin") == 0 ? "llmc" : "hf";
+  ZERONE_CHECK(to == "hf" || to == "llmc" || to == "zerone", "convert: --to '", to, "': expected hf, llmc or zerone");
+  Source source = open_source(o.src);
+  const DType dtype = o.dtype.empty() ? source.dtype : parse_dtype(o.dtype);
+  std::unique_ptr<nn::Model> model = nn::make_model(source.spec, dtype, 64, /*allocate=*/false);
+  ZERONE_CHECK(to != "llmc" || dynamic_cast<nn::GPT2*>(model.get()) != nullptr, "convert: '", o.src, "' holds ",
+               model->spec(), ", which an llm.c checkpoint (GPT-2 only) cannot hold: use --to hf or --to zerone");
+  ZERONE_CHECK(to != "llmc" || dtype != DType::f16, "convert: llm.c checkpoints hold f32 or bf16: use --dtype f32 or bf16");
+  ZERONE_CHECK(!same_file(o.src, dst) && !same_file(strip_slashes(o.src), dst), "convert: the destination '", o.dst,
+               "' is the source");
+
+  // Per-format readers, opened once (Note [Streaming conversion]).
+  if (source.zerone) {
+    const bool master = dtype == DType::f32 && source.dtype != DType::f32 && source.zerone->has_tensor("master");
+    source.load = [&source, master](nn::Model& m, int u) {
+      source.zerone->read(u, master ? "master" : "param", 0, m.units()[u].numel(), m.compute_dtype(), m.units()[u].data());
+    };
+  } else if (source.kind == "Hugging Face directory") {
+    source.hf = std::make_unique<HfCheckpointReader>(o.src, *model);
+    source.load = [&source](nn::Model& m, int u) { source.hf->load_unit(m, u); };
+  } else {
+    const std::string path = o.src;
+    source.load = [path](nn::Model& m, int u) { load_llmc_checkpoint(path, dynamic_cast<nn::GPT2&>(m), u); };
+  }
+  int resident = -1;
+  auto load_unit = [&](int u) {
+    if (resident == u) return;
+    if (resident >= 0) model->units()[resident].release_params();
+    model->units()[u].allocate_params();
+    source.load(*model, u);
+    resident = u;
+  };
+
+  if (to == "hf") {
+    check_hf_output(dst, "convert destination");
+    save_hf_checkpoint(dst, *model, load_unit);
+  } else if (to == "llmc") {
+    check_atomic_output(dst, "convert destination");
+    save_llmc_checkpoint(dst, dynamic_cast<const nn::GPT2&>(*model), dtype, load_unit);
+  } else {
+    // A weights-only checkpoint directory, written beside its final name and renamed into place.
+    struct stat st;
+    ZERONE_CHECK(::lstat(dst.c_str(), &st) != 0, "convert: the destination '", dst,
+                 "' exists; a zerone checkpoint is written as a new directory");
+    const std::string tmp = str_cat(dst, ".tmp.", ::getpid());
+    remove_tree(tmp);
+    ZERONE_CHECK(::mkdir(tmp.c_str(), 0755) == 0, "convert: cannot create '", tmp, "': ", std::strerror(errno));
+    try {
+      CheckpointManifest m;
+      m.model = model->spec();
+      m.dtype = dtype;
+      for (const nn::FlatParam& unit : model->units()) {
+        CheckpointUnit cu{unit.name(), unit.numel(), {}};
+        for (const nn::TensorSpec& t : unit.tensors()) cu.tensors.push_back({t.name, t.shape, t.offset});
+        m.units.push_back(std::move(cu));
+      }
+      CheckpointFileWriter writer(tmp, "rank-00000.bin", 0);
+      for (int u = 0; u < model->num_units(); ++u) {
+        load_unit(u);
+        writer.append(u, "param", dtype, 0, model->units()[u].numel(), model->units()[u].data());
+      }
+      m.files.push_back(writer.finish());
+      const std::string text = manifest_to_json(m).dump(1) + "\n";
+      write_file_atomically(tmp + "/manifest.json", [&](std::FILE* f) { write_all(f, text.data(), text.size(), tmp); });
+      ZERONE_CHECK(::rename(tmp.c_str(), dst.c_str()) == 0, "convert: cannot rename '", tmp, "' to '", dst, "': ",
+                   std::strerror(errno));
+    } catch (...) {
+      remove_tree(tmp);
+      throw;
+    }
+  }
+  ConvertResult r;
+  r.source_kind = source.kind;
+  r.destination_kind = kind_name(to);
+  r.model_spec = model->spec();
+  r.dtype = dtype_name(dtype);
+  r.parameters = model->num_parameters();
+  return r;
+}
+
+}  // namespace zerone::io

@@ -1,0 +1,39 @@
+// `zerone convert`: model weights from one format to another, streaming one unit at a time.
+//
+// Sources (detected): a zerone checkpoint (a step directory, or a --checkpoint-dir root with
+// `latest`), an llm.c GPT-2 checkpoint file, a Hugging Face model directory (config.json +
+// safetensors). Destinations: a Hugging Face directory (hf), an llm.c file (llmc: GPT-2 only, v3
+// f32 or v5 bf16), or a weights-only zerone checkpoint directory (zerone; --init takes it).
+//
+// Note [Streaming conversion]: the model is built without storage; each unit is read from the
+// source (converted to the destination dtype), written, and freed before the next, so peak memory
+// is about one unit in the destination dtype plus one tensor of buffers, whatever the model size.
+// From a zerone checkpoint of a bf16/fp16 run, --dtype f32 reads the f32 master weights, not the
+// rounded parameters. Conversions that only move bytes (same dtype) are lossless both ways.
+//
+// Thread-safety: one conversion per call; nothing shared.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace zerone::io {
+
+struct ConvertOptions {
+  std::string src, dst;
+  std::string to;     // "hf", "llmc", "zerone"; empty: llmc when dst ends in ".bin", else hf
+  std::string dtype;  // "f32", "bf16", "f16" (also fp32/fp16); empty: the source's
+};
+
+struct ConvertResult {
+  std::string source_kind, destination_kind;  // "zerone checkpoint", "llm.c checkpoint", "Hugging Face directory"
+  std::string model_spec, dtype;
+  uint64_t parameters = 0;
+};
+
+// Converts; the destination is written atomically (a file or a directory renamed into place).
+// Throws Error naming the path for an undetectable source, an existing destination that would be
+// replaced by something else, a model the destination format cannot hold, or any read/write failure.
+ConvertResult convert_checkpoint(const ConvertOptions& options);
+
+}  // namespace zerone::io

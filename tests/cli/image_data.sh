@@ -107,4 +107,8 @@ import json,sys
 a=[json.loads(l) for l in open('$d/straight.jsonl')]; b=[json.loads(l) for l in open('$d/resumed.jsonl')]
 ok = len(a) == len(b) == 16 and [x['loss'] for x in a] == [x['loss'] for x in b] and a[-1]['val_loss'] == b[-1]['val_loss']
 sys.exit(0 if ok else 1)" && echo "ok: SGD classifier resumes bitwise" || { echo "FAIL: resumed classifier run differs"; fail=1; }
+# zerone convert: a classifier's checkpoint has no Hugging Face or llm.c form.
+step_dir=$(ls -d "$d/ck"/step-* | tail -1)
+check "which a Hugging Face directory \(GPT-2 or LLaMA\) cannot hold: use --to zerone" "$Z" convert "$step_dir" "$d/hf_out" --to hf
+check "which an llm.c checkpoint \(GPT-2 only\) cannot hold" "$Z" convert "$step_dir" "$d/out.bin" --to llmc
 exit $fail

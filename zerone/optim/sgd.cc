@@ -10,28 +10,48 @@
 namespace zerone::optim {
 namespace {
 
-// One run of elements with one weight decay. Note [SGD arithmetic]: the operations and their
+// Runs of elements with one weight decay. Note [SGD arithmetic]: the operations and their
 // order are torch.optim.SGD's (single-tensor path), each rounded to f32: d = g*scale; d = d + wd*p;
 // b = b*momentum + (1-dampening)*d; d = d + momentum*b (nesterov) or d = b; p = p - lr*d. The
 // compiler must not fuse them (this file is built with -ffp-contract=off), so every placement and
 // world size computes the same bits, and PyTorch's within its own rounding.
-double update_run(const float* grad, float* master, float* momentum, void* param_out, DType param_dtype, size_t n,
-                  const SGDOptions& o, float wd, float lr, float grad_scale, bool first) {
+template <bool kDecay, bool kMomentum, bool kNesterov, bool kFirst>
+double update_loop(const float* grad, float* master, float* momentum, size_t n, const SGDOptions& o, float wd, float lr,
+                   float grad_scale) {
   double sumsq = 0.0;
-  const float keep = 1.0f - o.dampening;
-#pragma omp parallel for simd reduction(+ : sumsq) schedule(static) if (n > 32768)
+  const float keep = 1.0f - o.dampening, mu = o.momentum;
+#pragma omp parallel for simd reduction(+ : sumsq) schedule(static) if (n > 65536)
   for (size_t i = 0; i < n; ++i) {
     const float g = grad[i];
     sumsq += static_cast<double>(g) * g;
     float d = g * grad_scale;
-    if (wd != 0.0f) d = d + wd * master[i];
-    if (momentum) {
-      float b = first ? d : momentum[i] * o.momentum + keep * d;
+    if constexpr (kDecay) d = d + wd * master[i];
+    if constexpr (kMomentum) {
+      const float b = kFirst ? d : momentum[i] * mu + keep * d;
       momentum[i] = b;
-      d = o.nesterov ? d + o.momentum * b : b;
+      d = kNesterov ? d + mu * b : b;
     }
     master[i] = master[i] - lr * d;
   }
+  return sumsq;
+}
+
+double update_run(const float* grad, float* master, float* momentum, void* param_out, DType param_dtype, size_t n,
+                  const SGDOptions& o, float wd, float lr, float grad_scale, bool first) {
+  // One loop per combination, so that none of them branches per element and all vectorize.
+  using Loop = double (*)(const float*, float*, float*, size_t, const SGDOptions&, float, float, float);
+  static constexpr Loop loops[16] = {
+      update_loop<false, false, false, false>, update_loop<false, false, false, true>,
+      update_loop<false, false, true, false>,  update_loop<false, false, true, true>,
+      update_loop<false, true, false, false>,  update_loop<false, true, false, true>,
+      update_loop<false, true, true, false>,   update_loop<false, true, true, true>,
+      update_loop<true, false, false, false>,  update_loop<true, false, false, true>,
+      update_loop<true, false, true, false>,   update_loop<true, false, true, true>,
+      update_loop<true, true, false, false>,   update_loop<true, true, false, true>,
+      update_loop<true, true, true, false>,    update_loop<true, true, true, true>};
+  const bool with_momentum = momentum != nullptr;
+  const int which = (wd != 0.0f ? 8 : 0) | (with_momentum ? 4 : 0) | (with_momentum && o.nesterov ? 2 : 0) | (first ? 1 : 0);
+  const double sumsq = loops[which](grad, master, momentum, n, o, wd, lr, grad_scale);
   if (param_out) convert_from_f32(master, param_out, param_dtype, n);
   return sumsq;
 }

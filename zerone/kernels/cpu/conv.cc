@@ -138,30 +138,42 @@ void add_into(float* dst, const float* src, size_t n) {
   for (size_t i = 0; i < n; ++i) dst[i] += src[i];
 }
 
+// Max pooling runs in the channel-blocked layout (nChw16c) too, where oneDNN's kernel handles 16
+// channels per vector; on plain NCHW it was slower than the reorders in and out (Note [Conv
+// layouts]). The workspace (argmax) stays in the blocked layout between forward and backward.
 struct PoolEntry {
-  memory::desc src, dst, workspace;
+  memory::desc workspace;
   dnnl::pooling_forward fwd;
   dnnl::pooling_backward bwd;
+  Operand fwd_src, fwd_dst, bwd_diff_dst, bwd_diff_src;
 };
 
 PoolEntry& pool_entry(const Pool2dShape& s) {
   static std::mutex mutex;
-  static std::map<Pool2dShape, PoolEntry> cache;
+  static std::map<Pool2dShape, std::unique_ptr<PoolEntry>> cache;
   std::lock_guard<std::mutex> lock(mutex);
-  if (auto it = cache.find(s); it != cache.end()) return it->second;
+  if (auto it = cache.find(s); it != cache.end()) return *it->second;
   dnnl::engine& eng = onednn().engine;
-  memory::desc src({s.N, s.C, s.H, s.W}, f32, tag::nchw);
-  memory::desc dst({s.N, s.C, s.OH(), s.OW()}, f32, tag::nchw);
+  const memory::dims src_dims{s.N, s.C, s.H, s.W}, dst_dims{s.N, s.C, s.OH(), s.OW()};
+  memory::desc src(src_dims, f32, tag::nchw), dst(dst_dims, f32, tag::nchw);
+  memory::desc src_blocked(src_dims, f32, tag::nChw16c), dst_blocked(dst_dims, f32, tag::nChw16c);
   const memory::dims strides{s.stride_h, s.stride_w}, kernel{s.KH, s.KW}, pad{s.pad_h, s.pad_w};
   const auto alg = dnnl::algorithm::pooling_max;
   dnnl::pooling_forward::primitive_desc fwd_pd(
-      dnnl::pooling_forward::desc(dnnl::prop_kind::forward_training, alg, src, dst, strides, kernel, pad, pad), eng);
-  dnnl::pooling_backward::primitive_desc bwd_pd(dnnl::pooling_backward::desc(alg, src, dst, strides, kernel, pad, pad),
-                                                eng, fwd_pd);
-  return cache
-      .emplace(s, PoolEntry{src, dst, fwd_pd.workspace_desc(), dnnl::pooling_forward(fwd_pd),
-                            dnnl::pooling_backward(bwd_pd)})
-      .first->second;
+      dnnl::pooling_forward::desc(dnnl::prop_kind::forward_training, alg, src_blocked, dst_blocked, strides, kernel, pad,
+                                  pad),
+      eng);
+  dnnl::pooling_backward::primitive_desc bwd_pd(
+      dnnl::pooling_backward::desc(alg, src_blocked, dst_blocked, strides, kernel, pad, pad), eng, fwd_pd);
+  auto e = std::make_unique<PoolEntry>();
+  e->workspace = fwd_pd.workspace_desc();
+  e->fwd = dnnl::pooling_forward(fwd_pd);
+  e->bwd = dnnl::pooling_backward(bwd_pd);
+  e->fwd_src.init(src, fwd_pd.src_desc());
+  e->fwd_dst.init(dst, fwd_pd.dst_desc());
+  e->bwd_diff_dst.init(dst, bwd_pd.diff_dst_desc());
+  e->bwd_diff_src.init(src, bwd_pd.diff_src_desc());
+  return *cache.emplace(s, std::move(e)).first->second;
 }
 
 }  // namespace
@@ -210,15 +222,19 @@ void maxpool2d_forward(float* out, void* workspace, const float* inp, const Pool
   ZERONE_ASSERT(s.OH() > 0 && s.OW() > 0, "maxpool2d: empty output for input ", s.H, "x", s.W);
   ProfileScope profile(ProfileCategory::elementwise);
   PoolEntry& e = pool_entry(s);
-  run(e.fwd, {{DNNL_ARG_SRC, mem(e.src, inp)}, {DNNL_ARG_DST, mem(e.dst, out)},
+  run(e.fwd, {{DNNL_ARG_SRC, e.fwd_src.input(inp)}, {DNNL_ARG_DST, e.fwd_dst.output(out)},
               {DNNL_ARG_WORKSPACE, mem(e.workspace, workspace)}});
+  e.fwd_dst.finish(out);
+  onednn().stream.wait();
 }
 
 void maxpool2d_backward(float* dinp, const float* dout, const void* workspace, const Pool2dShape& s) {
   ProfileScope profile(ProfileCategory::elementwise);
   PoolEntry& e = pool_entry(s);
-  run(e.bwd, {{DNNL_ARG_DIFF_DST, mem(e.dst, dout)}, {DNNL_ARG_DIFF_SRC, mem(e.src, dinp)},
+  run(e.bwd, {{DNNL_ARG_DIFF_DST, e.bwd_diff_dst.input(dout)}, {DNNL_ARG_DIFF_SRC, e.bwd_diff_src.output(dinp)},
               {DNNL_ARG_WORKSPACE, mem(e.workspace, workspace)}});
+  e.bwd_diff_src.finish(dinp);
+  onednn().stream.wait();
 }
 
 }  // namespace zerone::kernels::cpu

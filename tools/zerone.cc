@@ -151,6 +151,7 @@ struct EstimateArgs {
   int buffer_count = 4;
   bool json = false;
   bool activation_checkpointing = false;
+  bool seq_given = false;
 };
 
 int cmd_estimate(const EstimateArgs& a, bool stage_given) {
@@ -164,7 +165,11 @@ int cmd_estimate(const EstimateArgs& a, bool stage_given) {
   ZERONE_CHECK(a.reduce_bucket_numel >= 1, "--reduce-bucket-size ", a.reduce_bucket_numel,
                " must be at least 1 element");
   ZERONE_CHECK(a.prefetch_numel >= 0, "--stage3-prefetch-bucket-size ", a.prefetch_numel, " is negative");
-  ZERONE_CHECK(a.seq <= model.max_seq_len(), "--seq ", a.seq, " exceeds the model's context length ", model.max_seq_len());
+  // Image classifiers read one sample per row: --seq does not apply to them.
+  const bool classifier = model.input_kind() == nn::InputKind::features;
+  ZERONE_CHECK(!classifier || !a.seq_given, "--seq applies to token models; ", model.spec(), " reads one image per sample");
+  const int seq = classifier ? 1 : a.seq;
+  ZERONE_CHECK(seq <= model.max_seq_len(), "--seq ", seq, " exceeds the model's context length ", model.max_seq_len());
   zero::ZeroConfig base;
   base.persistence_threshold = static_cast<size_t>(a.persistence_threshold);
   base.reduce_bucket_numel = static_cast<size_t>(a.reduce_bucket_numel);
@@ -176,7 +181,7 @@ int cmd_estimate(const EstimateArgs& a, bool stage_given) {
                " is out of range: expected 1..64");
   base.sub_group_numel = static_cast<size_t>(a.sub_group_size);
   base.optimizer_buffer_count = a.buffer_count;
-  auto rows = zero::estimate(model, a.world, dtype, a.micro_batch, a.seq, base,
+  auto rows = zero::estimate(model, a.world, dtype, a.micro_batch, seq, base,
                              stage_given ? std::optional<int>(a.stage) : std::nullopt);
   const double limit = a.device_mem_gib * 1024.0 * 1024.0 * 1024.0;
   if (a.json) {
@@ -186,7 +191,7 @@ int cmd_estimate(const EstimateArgs& a, bool stage_given) {
     j["world"] = a.world;
     j["precision"] = dtype_name(dtype);
     j["micro_batch"] = a.micro_batch;
-    j["seq"] = a.seq;
+    j["seq"] = seq;
     for (const auto& r : rows) {
       nlohmann::ordered_json s;
       s["stage"] = r.stage;
@@ -219,7 +224,7 @@ int cmd_estimate(const EstimateArgs& a, bool stage_given) {
   std::printf("model %s (%zu parameters), world %d, %s, micro-batch %d x seq %d, offload optimizer %s, param %s; "
               "bytes per rank:\n",
               model.spec().c_str(), model.num_parameters(), a.world, dtype_name(dtype), a.micro_batch,
-              a.seq, a.offload_optimizer.c_str(), a.offload_param.c_str());
+              seq, a.offload_optimizer.c_str(), a.offload_param.c_str());
   std::printf("%-6s %12s %12s %12s %12s %12s %12s %12s %12s %12s %12s %12s%s\n", "stage", "param", "grad", "master", "optim",
               "model", "working set", "activation", "device", "host", "nvme", "in memory", limit > 0 ? "  fits" : "");
   auto h = [](int64_t b) { return train::human_bytes(static_cast<double>(b)); };
@@ -413,6 +418,7 @@ int main(int argc, char** argv) {
                   convert_opts.src.c_str(), r.model_spec.c_str(), static_cast<unsigned long long>(r.parameters),
                   r.destination_kind.c_str(), convert_opts.dst.c_str(), r.dtype.c_str());
     } else if (estimate_cmd->parsed()) {
+      est.seq_given = estimate_cmd->count("--seq") > 0;
       return cmd_estimate(est, estimate_cmd->count("--zero-stage") > 0);
     }
   } catch (const train::Interrupted& e) {

@@ -541,12 +541,12 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   Progress progress;
   if (lead) {
     progress.message(str_cat("zerone: model ", model.spec(), " (", model.num_parameters(),
-                             " parameters), ", dtype_name(dtype), ", ", optim::optimizer_name(optimizer), ", micro-batch ", B,
+                             " parameters), ", dtype_name(dtype), ", micro-batch ", B,
                              classifier ? "" : str_cat(" x seq ", T), " x accum ",
                              cfg.grad_accum, " x world ", world, ", ZeRO stage ", cfg.zero_stage,
                              zcfg.offload_optimizer != zero::OffloadDevice::none ? str_cat(", optimizer on ", cfg.offload_optimizer) : "",
                              zcfg.offload_param != zero::OffloadDevice::none ? str_cat(", params on ", cfg.offload_param) : "",
-                             ", ", cfg.steps, " steps",
+                             ", ", optim::optimizer_name(optimizer), ", ", cfg.steps, " steps",
                              classifier ? str_cat(" (", steps_per_epoch, " per epoch)") : "", ", ", omp_get_max_threads(), " threads/rank",
                              world > 1 ? str_cat(", ", comm.description()) : "",
                              default_run ? str_cat("; built-in Markov corpus, entropy ", *entropy, " nats/token") : ""));

@@ -88,22 +88,11 @@ double SGD::update_slice(const ShardRef& s, DType param_dtype, const SGDOptions&
   ZERONE_ASSERT(begin <= end && end <= s.numel);
   void* param_out = param_dtype == DType::f32 ? nullptr : s.param;
   double sumsq = 0.0;
-  auto run = [&](size_t b, size_t e, float wd) {
-    b = std::max(b, begin);
-    e = std::min(e, end);
-    if (e <= b) return;
+  for_each_decay_run(s, begin, end, options.weight_decay, [&](size_t b, size_t e, float wd) {
     void* p = param_out ? static_cast<char*>(param_out) + b * dtype_size(param_dtype) : nullptr;
     sumsq += update_run(s.grad + b, master + (b - begin), momentum ? momentum + (b - begin) : nullptr, p, param_dtype,
                         e - b, options, wd, lr, grad_scale, first);
-  };
-  // Alternating no-decay / decay ranges (decay_ranges are sorted), as AdamW::update_slice.
-  size_t pos = 0;
-  for (auto [b, e] : s.decay_ranges) {
-    run(pos, b, 0.0f);
-    run(b, e, options.weight_decay);
-    pos = e;
-  }
-  run(pos, s.numel, 0.0f);
+  });
   return sumsq;
 }
 

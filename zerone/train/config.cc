@@ -224,7 +224,7 @@ class ConfigReader {
 
   void read_precision_block(const std::string& key, const json& v);
   void read_optimizer(const json& v);
-  void read_sgd(const json& optimizer);
+  void read_sgd(const json& params);  // optimizer.params of type SGD
   void read_scheduler(const json& v);
   void read_zero(const json& v);
   // zero_optimization.offload_optimizer / offload_param and the top-level aio block (issue 8).
@@ -422,12 +422,8 @@ void ConfigReader::resolve_precision() {
 // DeepSpeed passes an SGD's params to torch.optim.SGD: lr, momentum, dampening, weight_decay,
 // nesterov (torch's defaults: momentum 0, dampening 0, weight_decay 0, nesterov false; lr has no
 // default in torch, DeepSpeed's config then needs it: zerone takes --lr's).
-void ConfigReader::read_sgd(const json& o) {
+void ConfigReader::read_sgd(const json& p) {
   if (claim("--optimizer", "optimizer.type")) cfg_.optimizer = "sgd";
-  const json empty = json::object();
-  const json& p = o.contains("params") ? object(o["params"], "optimizer.params") : empty;
-  for (auto& [pk, pv] : o.items())
-    if (pk != "type" && pk != "params") fail_text("optimizer." + pk, "is unknown (expected type, params)");
   for (auto& [pk, pv] : p.items()) {
     const std::string full = "optimizer.params." + pk;
     if (pk == "lr") set_number(pv, full, "--lr", cfg_.lr);
@@ -452,17 +448,17 @@ void ConfigReader::read_optimizer(const json& v) {
   std::string type = text(o["type"], "optimizer.type");
   std::string lower;
   for (char c : type) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const json empty = json::object();
+  const json& p = o.contains("params") ? object(o["params"], "optimizer.params") : empty;
+  for (auto& [pk, pv] : o.items())
+    if (pk != "type" && pk != "params") fail_text("optimizer." + pk, "is unknown (expected type, params)");
   if (lower == "sgd") {
-    read_sgd(o);
+    read_sgd(p);
     return;
   }
   if (lower != "adam" && lower != "adamw") not_implemented("optimizer.type", o["type"], str_cat("optimizer ", type, " (zerone has Adam, AdamW and SGD)"));
   if (claim("--optimizer", "optimizer.type")) cfg_.optimizer = "adamw";
   bool adam_w_mode = true, torch_adam = false;
-  const json empty = json::object();
-  const json& p = o.contains("params") ? object(o["params"], "optimizer.params") : empty;
-  for (auto& [pk, pv] : o.items())
-    if (pk != "type" && pk != "params") fail_text("optimizer." + pk, "is unknown (expected type, params)");
   for (auto& [pk, pv] : p.items()) {
     const std::string full = "optimizer.params." + pk;
     if (pk == "lr") set_number(pv, full, "--lr", cfg_.lr);

@@ -34,6 +34,13 @@ import json,sys
 a=[json.loads(l)['loss'] for l in open('$d/raw.jsonl')]; b=[json.loads(l)['loss'] for l in open('$d/gz.jsonl')]
 sys.exit(0 if a==b else 1)" && echo "ok: gzip and raw give the same losses" || { echo "FAIL: gzip and raw differ"; fail=1; }
 
+# cifar-cnn on 3x32x32 images in IDX4 files (N, C, H, W): the preset trains, losses finite.
+python3 "$here/make_idx.py" "$d/rgb" 32 16 32 32 10 --channels 3 || exit 1
+"$Z" train --model cifar-cnn --data "$d/rgb" --optimizer sgd --momentum 0.9 --lr 0.01 --micro-batch 8 --epochs 1 \
+  --precision fp32 --metrics "$d/rgb.jsonl" > "$d/rgb.log" 2>&1 && [ "$(wc -l < "$d/rgb.jsonl")" -eq 4 ] &&
+  grep -q '"val_accuracy"' "$d/rgb.jsonl" && echo "ok: cifar-cnn trains on 3x32x32 IDX4 images" ||
+  { echo "FAIL: cifar-cnn on IDX4"; cat "$d/rgb.log"; fail=1; }
+
 # 2. Broken files.
 img="$d/raw/train-images-idx3-ubyte"; lab="$d/raw/train-labels-idx1-ubyte"
 mk() { rm -rf "$d/b"; mkdir -p "$d/b"; cp "$d/raw/"* "$d/b/"; }

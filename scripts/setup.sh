@@ -10,7 +10,7 @@ packages=(
   libopenmpi-dev openmpi-bin
   libmpich-dev mpich       # tests also build and run zerone against MPICH (Open MPI stays the default)
   liburing-dev             # NVMe swap engine (io_uring, O_DIRECT)
-  zlib1g-dev               # crc32 of checkpoint files (zerone/io/sharded_checkpoint.cc)
+  libxxhash-dev            # checksums of checkpoint files (zerone/io/sharded_checkpoint.cc)
   fio                      # bench: W4 compares the swap engine with fio sequential O_DIRECT on the same disk
   libpcre2-dev             # GPT-2 / LLaMA-3 BPE pre-tokenizer patterns (\p{L}, lookahead)
   libsentencepiece-dev     # SentencePiece tokenizers (LLaMA-2 tokenizer.model)

@@ -413,7 +413,20 @@ int main(int argc, char** argv) {
     } else if (info_cmd->parsed()) {
       return cmd_info();
     } else if (convert_cmd->parsed()) {
-      io::ConvertResult r = io::convert_checkpoint(convert_opts);
+      // Ctrl-C stops between units: the destination is not written and its temporaries are removed
+      // (without the handler the default action left them, as large as the model).
+      train::InterruptGuard interrupts;
+      convert_opts.check_interrupt = [] {
+        if (int sig = train::interrupt_signal(); sig != 0) throw train::Interrupted(sig);
+      };
+      io::ConvertResult r;
+      try {
+        r = io::convert_checkpoint(convert_opts);
+      } catch (const train::Interrupted& e) {
+        std::fprintf(stderr, "zerone: convert stopped by %s: '%s' was not written\n", train::signal_name(e.signal_number()),
+                     convert_opts.dst.c_str());
+        return 128 + e.signal_number();
+      }
       std::printf("converted %s '%s' (%s, %llu parameters) to %s '%s' (%s)\n", r.source_kind.c_str(),
                   convert_opts.src.c_str(), r.model_spec.c_str(), static_cast<unsigned long long>(r.parameters),
                   r.destination_kind.c_str(), convert_opts.dst.c_str(), r.dtype.c_str());

@@ -75,6 +75,59 @@ check "--checkpoint-every needs --checkpoint-dir" "$Z" "${train[@]}" --steps 1 -
 check "--resume needs --checkpoint-dir" "$Z" "${train[@]}" --steps 1 --resume
 check "parent '/nonexistent' is not an existing directory" "$Z" "${train[@]}" --steps 1 --checkpoint-dir /nonexistent/ck
 
+# Hostile manifests: numbers out of range or overflowing are refused before anything trains (a
+# negative optimizer step count reached AdamW's internal assert; a trainer step beyond int restarted
+# the run at step 1; a piece offset near 2^64 wrapped past the size check into a failed pread).
+edit() {  # edit NAME PYTHON: a fresh copy whose manifest dict m was changed by PYTHON
+  local r; r=$(fresh "$1")
+  python3 - "$r/step-00000002/manifest.json" "$2" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1])); exec(sys.argv[2]); json.dump(m, open(sys.argv[1], "w"))
+PY
+  echo "$r"
+}
+r=$(edit optsteps 'm["optimizer"]["steps"] = -7')
+check '"optimizer" "steps" -7 is out of range' "${resume[@]}" --checkpoint-dir "$r"
+r=$(edit optsteps2 'm["optimizer"]["steps"] = 2**31 + 5')
+check '"optimizer" "steps" 2147483653 is out of range' "${resume[@]}" --checkpoint-dir "$r"
+r=$(edit hugestep 'm["trainer"]["step"] = 2**40')
+check 'trainer state "step" 1099511627776 is out of range' "${resume[@]}" --checkpoint-dir "$r"
+r=$(edit otherstep 'm["trainer"]["step"] = 3')
+check "the trainer state is at step 3, the manifest at step 2" "${resume[@]}" --checkpoint-dir "$r"
+r=$(edit lradv 'm["trainer"]["lr_schedule_advances"] = -100')
+check 'trainer state "lr_schedule_advances" -100 is out of range' "${resume[@]}" --checkpoint-dir "$r"
+r=$(edit offset 'm["files"][1]["pieces"][0]["offset"] = 2**64 - 16')
+check "piece param \\[6400, \\+6400\\) of unit 0 in 'rank-00001.bin' does not fit the unit or the file" \
+  timeout 120 "${MPI[@]}" -n 2 "${resume[@]}" --checkpoint-dir "$r"
+# A model spec spelled another way is the same model; one that is no spec names the checkpoint.
+r=$(edit spelled 'm["model"] = "gpt2:dim=32,layers=2,heads=2,vocab=257,ctx=16"')
+if "${resume[@]}" --checkpoint-dir "$r" > "$d/spelled.log" 2>&1 && grep -q "resumed from" "$d/spelled.log"; then
+  echo "ok: a manifest spelling the model spec in another key order resumes"
+else
+  echo "FAIL: a manifest spelling the model spec in another key order:"; cat "$d/spelled.log"; fail=1
+fi
+r=$(edit nospec 'm["model"] = "gpt2:banana=1"')
+check "holds model 'gpt2:banana=1', which is not a model spec" "${resume[@]}" --checkpoint-dir "$r"
+r=$(edit fewerstate 'm["optimizer"]["state"] = ["exp_avg"]')
+check "holds adamw state \\(exp_avg\\), this run's optimizer is adamw \\(exp_avg, exp_avg_sq\\)" "${resume[@]}" --checkpoint-dir "$r"
+# Resumed at --steps: nothing trains and no loss is reported (it said "final loss 0.0000").
+"$Z" "${train[@]}" --steps 2 --resume --checkpoint-dir "$d/good" > "$d/done.log" 2>&1
+if grep -q "nothing left to train" "$d/done.log" && ! grep -q "final loss" "$d/done.log"; then
+  echo "ok: a resume with nothing left to train reports no loss"
+else
+  echo "FAIL: a resume with nothing left to train:"; cat "$d/done.log"; fail=1
+fi
+# A dangling symlink as `latest` is a broken pointer, not "no pointer".
+r=$(fresh dangling_link); rm "$r/latest"; ln -s nowhere "$r/latest"
+check "checkpoint pointer: cannot open '.*dangling_link/latest': No such file" "${resume[@]}" --checkpoint-dir "$r"
+# --checkpoint-dir is created at start-up: the same path as --save or --metrics is refused (an
+# llm.c --save became a Hugging Face directory inside the checkpoint root).
+check "--checkpoint-dir '.*same.bin' and --save '.*same.bin' name the same path" \
+  "$Z" "${train[@]}" --steps 1 --checkpoint-dir "$d/same.bin" --save "$d/same.bin"
+check "--checkpoint-dir '.*same/' and --metrics '.*same' name the same path" \
+  "$Z" "${train[@]}" --steps 1 --checkpoint-dir "$d/same/" --metrics "$d/same"
+[ ! -e "$d/same.bin" ] && [ ! -e "$d/same" ] && echo "ok: nothing was created" || { echo "FAIL: a refused run created its outputs"; fail=1; }
+
 # A disk that fills during a save: the error names the file, the previous checkpoint survives and
 # --resume continues from it. A 700 KiB tmpfs in a private mount namespace holds one checkpoint of
 # this model (~0.45 MiB) but not two.

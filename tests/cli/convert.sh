@@ -70,7 +70,8 @@ close "$(loss_of "$d/z" --precision fp32)" "$golden_loss" "--init of a converted
 "$Z" convert "$data/hf_gpt2" "$d/hf_bf16" --dtype bf16 >/dev/null
 "$Z" convert "$d/hf_bf16" "$d/bf16.bin" >/dev/null
 "$Z" convert "$d/bf16.bin" "$d/hf_bf16_again" >/dev/null
-if diff <(tensors "$d/hf_bf16") <(tensors "$d/hf_bf16_again") >/dev/null && grep -q BF16 <(tensors "$d/hf_bf16"); then
+tensors "$d/hf_bf16" > "$d/bf16.tensors"
+if diff "$d/bf16.tensors" <(tensors "$d/hf_bf16_again") >/dev/null && grep -q BF16 "$d/bf16.tensors"; then
   echo "ok   bf16 round trip hf -> llm.c v5 -> hf is lossless"
 else
   echo "FAIL bf16 round trip"; fail=1
@@ -116,4 +117,35 @@ check "is not a zerone checkpoint" "$Z" convert "$d/empty" "$d/x"
 head -c 3000 "$d/m.bin" > "$d/trunc.bin"
 check "is truncated" "$Z" convert "$d/trunc.bin" "$d/x"
 [ ! -e "$d/x" ] && echo "ok   no partial destination was left" || { echo "FAIL a partial destination was left"; fail=1; }
+
+# A source that fails while being read (a flipped byte in a rank file) leaves no destination
+# directory behind (an empty one was left), and an existing one keeps its files.
+cp -r "$d/ck" "$d/ck_flip"
+python3 - "$d/ck_flip/step-00000003/rank-00000.bin" <<'EOF'
+import sys
+f = open(sys.argv[1], "r+b"); f.seek(100); b = f.read(1); f.seek(100); f.write(bytes([b[0] ^ 1]))
+EOF
+check "rank-00000.bin' is corrupted: checksum mismatch" "$Z" convert "$d/ck_flip" "$d/flip_hf"
+[ ! -e "$d/flip_hf" ] && echo "ok   no destination directory was left" || { echo "FAIL $d/flip_hf was left"; fail=1; }
+before=$(tensors "$d/hf1")
+check "checksum mismatch" "$Z" convert "$d/ck_flip" "$d/hf1"
+[ "$(tensors "$d/hf1")" = "$before" ] && echo "ok   an existing destination directory keeps its files" \
+  || { echo "FAIL the existing destination changed"; fail=1; }
+
+# SIGINT during a conversion: exit 130, nothing written, no temporary left (one as large as the
+# model was). The source: a sparse llm.c file of an 85M-parameter GPT-2 (zeros), 1-3 s to convert.
+mkdir "$d/sig"
+python3 -c 'import struct, sys; open(sys.argv[1], "wb").write(struct.pack("<256i", 20240326, 3, 16, 257, 12, 12, 768, 384, *[0] * 248))' "$d/big.bin"
+truncate -s 341453824 "$d/big.bin"
+for to in hf zerone llmc; do
+  "$Z" convert "$d/big.bin" "$d/sig/out_$to" --to "$to" > "$d/sig.log" 2>&1 & pid=$!
+  sleep 0.4; kill -INT "$pid"; rc=0; wait "$pid" || rc=$?
+  if [ "$rc" = 130 ] && grep -q "convert stopped by SIGINT" "$d/sig.log" && [ -z "$(ls -A "$d/sig")" ]; then
+    echo "ok   SIGINT during convert --to $to: exit 130, nothing left beside the destination"
+  else
+    echo "FAIL SIGINT during convert --to $to: exit $rc, left: $(ls -A "$d/sig")"; cat "$d/sig.log"; fail=1
+  fi
+  rm -rf "$d/sig" && mkdir "$d/sig"
+done
+rm -f "$d/big.bin"
 exit $fail

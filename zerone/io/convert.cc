@@ -102,6 +102,7 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
 
   // Per-format readers, opened once (Note [Streaming conversion]).
   if (source.zerone) {
+    source.zerone->check_layout(*model);
     const bool master = dtype == DType::f32 && source.dtype != DType::f32 && source.zerone->has_tensor("master");
     source.load = [&source, master](nn::Model& m, int u) {
       source.zerone->read(u, master ? "master" : "param", 0, m.units()[u].numel(), m.compute_dtype(), m.units()[u].data());
@@ -116,6 +117,7 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
   int resident = -1;
   auto load_unit = [&](int u) {
     if (resident == u) return;
+    if (o.check_interrupt) o.check_interrupt();
     if (resident >= 0) model->units()[resident].release_params();
     model->units()[u].allocate_params();
     source.load(*model, u);
@@ -140,11 +142,7 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
       CheckpointManifest m;
       m.model = model->spec();
       m.dtype = dtype;
-      for (const nn::FlatParam& unit : model->units()) {
-        CheckpointUnit cu{unit.name(), unit.numel(), {}};
-        for (const nn::TensorSpec& t : unit.tensors()) cu.tensors.push_back({t.name, t.shape, t.offset});
-        m.units.push_back(std::move(cu));
-      }
+      m.units = checkpoint_units(*model);
       CheckpointFileWriter writer(tmp, "rank-00000.bin", 0);
       for (int u = 0; u < model->num_units(); ++u) {
         load_unit(u);

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace zerone::io {
@@ -23,6 +24,9 @@ struct ConvertOptions {
   std::string src, dst;
   std::string to;     // "hf", "llmc", "zerone"; empty: llmc when dst ends in ".bin", else hf
   std::string dtype;  // "f32", "bf16", "f16" (also fp32/fp16); empty: the source's
+  // Called before each unit is read; throws to stop (a stop signal). The destination is then not
+  // written and no temporary is left.
+  std::function<void()> check_interrupt;
 };
 
 struct ConvertResult {

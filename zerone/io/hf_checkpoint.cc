@@ -228,21 +228,27 @@ void HfCheckpointReader::load_unit(nn::Model& model, int u) const {
     nn::FlatParam& unit = model.units()[s.unit];
     const nn::TensorSpec& spec = unit.tensors()[s.tensor];
     const SafetensorInfo* t = m.found[i];
-    hf.resize(s.numel());
-    m.reader.read_f32(*t, 0, s.numel(), hf.data());
-    for (size_t k = 0; k < hf.size(); ++k)
-      ZERONE_CHECK(std::isfinite(hf[k]), "--init '", m.dir, "': tensor '", t->name, "' holds a non-finite value at element ",
-                   k, ": the file is corrupt");
-    const float* src = hf.data();
-    if (s.transposed) {  // stored (cols, rows): zerone's row r, column c is hf[c][r]
-      rows.resize(s.numel());
-      for (int64_t r = 0; r < s.rows; ++r)
-        for (int64_t col = 0; col < s.cols; ++col) rows[r * s.cols + col] = hf[col * s.rows + r];
-      src = rows.data();
-    }
     const size_t value_bytes = dtype_size(unit.dtype());
     char* tensor = static_cast<char*>(unit.param(s.tensor));
-    convert_from_f32(src, tensor + s.row_begin * s.cols * value_bytes, unit.dtype(), s.numel());
+    char* dst = tensor + s.row_begin * s.cols * value_bytes;
+    // Untransposed tensors (the embeddings, the largest) in chunks: a few MiB beside the unit.
+    const size_t chunk = s.transposed ? s.numel() : std::min<size_t>(s.numel(), size_t{1} << 22);
+    for (size_t b = 0; b < s.numel(); b += chunk) {
+      const size_t n = std::min(chunk, s.numel() - b);
+      hf.resize(n);
+      m.reader.read_f32(*t, b, n, hf.data());
+      for (size_t k = 0; k < n; ++k)
+        ZERONE_CHECK(std::isfinite(hf[k]), "--init '", m.dir, "': tensor '", t->name,
+                     "' holds a non-finite value at element ", b + k, ": the file is corrupt");
+      const float* src = hf.data();
+      if (s.transposed) {  // stored (cols, rows): zerone's row r, column c is hf[c][r]
+        rows.resize(s.numel());
+        for (int64_t r = 0; r < s.rows; ++r)
+          for (int64_t col = 0; col < s.cols; ++col) rows[r * s.cols + col] = hf[col * s.rows + r];
+        src = rows.data();
+      }
+      convert_from_f32(src, dst + b * value_bytes, unit.dtype(), n);
+    }
     // Rows past the last Hugging Face slice of this tensor (GPT-2's padded vocabulary) are zero.
     const int64_t covered_end = s.row_begin + s.rows;
     const bool last_slice = i + 1 == m.map.size() || m.map[i + 1].unit != s.unit || m.map[i + 1].tensor != s.tensor;
@@ -278,8 +284,20 @@ void check_hf_output(const std::string& dir, const std::string& what) {
 void save_hf_checkpoint(const std::string& dir_in, const nn::Model& model, const UnitLoader& load) {
   std::string dir = dir_in;
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-  if (::mkdir(dir.c_str(), 0755) != 0)
-    ZERONE_CHECK(errno == EEXIST, "cannot create directory '", dir, "': ", std::strerror(errno));
+  const bool created = ::mkdir(dir.c_str(), 0755) == 0;
+  if (!created) ZERONE_CHECK(errno == EEXIST, "cannot create directory '", dir, "': ", std::strerror(errno));
+  // A directory this call created goes again if the save fails (a damaged source, a full disk, an
+  // interrupt): no empty or half-filled output is left. An existing one keeps its old files.
+  struct RemoveUnlessDone {
+    const std::string& dir;
+    bool armed;
+    ~RemoveUnlessDone() {
+      if (!armed) return;
+      ::unlink((dir + "/model.safetensors").c_str());
+      ::unlink((dir + "/config.json").c_str());
+      ::rmdir(dir.c_str());
+    }
+  } cleanup{dir, created};
   const DType dtype = model.compute_dtype();
   const char* torch_dtype = dtype == DType::f32 ? "float32" : dtype == DType::bf16 ? "bfloat16" : "float16";
   nlohmann::ordered_json config;
@@ -332,6 +350,7 @@ void save_hf_checkpoint(const std::string& dir_in, const nn::Model& model, const
   });
   const std::string text = config.dump(2) + "\n";
   write_file_atomically(dir + "/config.json", [&](std::FILE* f) { write_all(f, text.data(), text.size(), dir + "/config.json"); });
+  cleanup.armed = false;
 }
 
 }  // namespace zerone::io

@@ -90,21 +90,27 @@ void load_llmc_checkpoint(const std::string& path, nn::GPT2& model, int only_uni
   // being read is an Error, not SIGBUS (Note [No mmap for data]).
   const size_t value_bytes = dtype_size(header.dtype);
   uint64_t offset = kHeaderInts * sizeof(int32_t);
+  // In chunks, so that loading one unit (a converter holds one at a time) needs a few MiB beside it.
+  constexpr size_t kChunk = size_t{1} << 22;
   std::vector<uint8_t> raw;
   std::vector<float> tmp;
   for (int j = 0; j < kNumTensors; ++j) {
     for_each_slice(model.config(), j, [&](int u, int t) {
       nn::FlatParam& unit = model.units()[u];
-      size_t n = unit.tensors()[t].numel();
+      const size_t n = unit.tensors()[t].numel();
       if (only_unit < 0 || u == only_unit) {
-        raw.resize(n * value_bytes);
-        read_exactly(fd.get(), raw.data(), raw.size(), offset, path);
-        tmp.resize(n);
-        convert_to_f32(raw.data(), header.dtype, tmp.data(), n);
-        for (size_t i = 0; i < n; ++i)
-          ZERONE_CHECK(std::isfinite(tmp[i]), "checkpoint '", path, "': ", unit.name(), ".", unit.tensors()[t].name,
-                       " holds a non-finite value (", tmp[i], ") at element ", i, ": the file is corrupt");
-        convert_from_f32(tmp.data(), unit.param(t), unit.dtype(), n);
+        char* dst = static_cast<char*>(unit.param(t));
+        for (size_t b = 0; b < n; b += kChunk) {
+          const size_t m = std::min(kChunk, n - b);
+          raw.resize(m * value_bytes);
+          read_exactly(fd.get(), raw.data(), raw.size(), offset + b * value_bytes, path);
+          tmp.resize(m);
+          convert_to_f32(raw.data(), header.dtype, tmp.data(), m);
+          for (size_t i = 0; i < m; ++i)
+            ZERONE_CHECK(std::isfinite(tmp[i]), "checkpoint '", path, "': ", unit.name(), ".", unit.tensors()[t].name,
+                         " holds a non-finite value (", tmp[i], ") at element ", b + i, ": the file is corrupt");
+          convert_from_f32(tmp.data(), dst + b * dtype_size(unit.dtype()), unit.dtype(), m);
+        }
       }
       offset += n * value_bytes;
     });
@@ -183,22 +189,36 @@ void save_llmc_checkpoint(const std::string& path, const nn::GPT2& model, DType 
   write_file_atomically(path, [&](std::FILE* f) {
     write_all(f, header, sizeof header, path);
     ZERONE_CHECK(std::fflush(f) == 0, "cannot write '", path, "': ", std::strerror(errno));
+    // Each tensor is written where llm.c's order puts it: straight from the unit when the dtypes
+    // agree, else converted in chunks (a few MiB beside the unit).
+    constexpr size_t kChunk = size_t{1} << 22;
     std::vector<float> tmp;
     std::vector<uint8_t> out;
+    auto pwrite_all = [&](const void* data, size_t bytes, uint64_t at) {
+      for (size_t done = 0; done < bytes;) {
+        ssize_t w = ::pwrite(::fileno(f), static_cast<const char*>(data) + done, bytes - done, static_cast<off_t>(at + done));
+        if (w < 0 && errno == EINTR) continue;
+        ZERONE_CHECK(w > 0, "cannot write '", path, "': ", w < 0 ? std::strerror(errno) : "no progress");
+        done += static_cast<size_t>(w);
+      }
+    };
     for (int u = 0; u < static_cast<int>(model.units().size()); ++u) {
       if (load) load(u);
       const nn::FlatParam& unit = model.units()[u];
       for (size_t t = 0; t < unit.tensors().size(); ++t) {
         const size_t n = unit.tensors()[t].numel();
-        tmp.resize(n);
-        out.resize(n * value_bytes);
-        convert_to_f32(unit.param(t), unit.dtype(), tmp.data(), n);
-        convert_from_f32(tmp.data(), out.data(), file_dtype, n);
-        for (size_t done = 0; done < out.size();) {
-          ssize_t w = ::pwrite(::fileno(f), out.data() + done, out.size() - done, static_cast<off_t>(offset[u][t] + done));
-          if (w < 0 && errno == EINTR) continue;
-          ZERONE_CHECK(w > 0, "cannot write '", path, "': ", w < 0 ? std::strerror(errno) : "no progress");
-          done += static_cast<size_t>(w);
+        const char* src = static_cast<const char*>(unit.param(t));
+        if (unit.dtype() == file_dtype) {
+          pwrite_all(src, n * value_bytes, offset[u][t]);
+          continue;
+        }
+        for (size_t b = 0; b < n; b += kChunk) {
+          const size_t m = std::min(kChunk, n - b);
+          tmp.resize(m);
+          out.resize(m * value_bytes);
+          convert_to_f32(src + b * dtype_size(unit.dtype()), unit.dtype(), tmp.data(), m);
+          convert_from_f32(tmp.data(), out.data(), file_dtype, m);
+          pwrite_all(out.data(), out.size(), offset[u][t] + b * value_bytes);
         }
       }
     }

@@ -5,16 +5,19 @@
 #include <omp.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <zlib.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <set>
 
 #include "zerone/core/error.h"
+#include "zerone/nn/model.h"
 
 namespace zerone::io {
 namespace {
@@ -24,7 +27,6 @@ using nlohmann::json;
 constexpr const char* kManifestName = "manifest.json";
 constexpr const char* kLatestName = "latest";
 constexpr const char* kTmpPrefix = ".tmp-";
-constexpr size_t kCrcChunkBytes = size_t{1} << 20;  // parallel crc granularity
 
 std::string join(const std::string& dir, const std::string& name) {
   return dir.empty() || dir.back() == '/' ? dir + name : dir + "/" + name;
@@ -64,6 +66,15 @@ std::optional<int64_t> parse_step_name(const std::string& name) {
   return step;
 }
 
+// An integer of the manifest in [lo, hi]; floats, strings and values out of range are errors
+// (nlohmann's get<int> would truncate 2^32+2 to 2).
+int bounded_int(const nlohmann::json& v, const char* key, int64_t lo, int64_t hi, const std::string& what) {
+  ZERONE_CHECK(v.is_number_integer() && v.get<int64_t>() >= lo && v.get<int64_t>() <= hi &&
+                   !(v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)),
+               what, ": \"", key, "\" is ", v.dump(), ", expected an integer in ", lo, "..", hi);
+  return static_cast<int>(v.get<int64_t>());
+}
+
 DType dtype_from_name(const std::string& name, const std::string& what) {
   for (DType d : {DType::f32, DType::bf16, DType::f16})
     if (name == dtype_name(d)) return d;
@@ -85,25 +96,40 @@ void crash_point(const char* point, int64_t step) {
 
 }  // namespace
 
-// ------------------------------------------------------------------------------------ crc32
-
-uint32_t crc32_of(const void* data, size_t bytes, uint32_t crc) {
-  const auto* p = static_cast<const Bytef*>(data);
-  if (bytes <= 2 * kCrcChunkBytes) return static_cast<uint32_t>(::crc32_z(crc, p, bytes));
-  const size_t chunks = (bytes + kCrcChunkBytes - 1) / kCrcChunkBytes;
-  std::vector<uint32_t> part(chunks);
-#pragma omp parallel for schedule(static)
-  for (size_t i = 0; i < chunks; ++i) {
-    const size_t b = i * kCrcChunkBytes, n = std::min(kCrcChunkBytes, bytes - b);
-    part[i] = static_cast<uint32_t>(::crc32_z(0, p + b, n));
+std::vector<CheckpointUnit> checkpoint_units(const nn::Model& model) {
+  std::vector<CheckpointUnit> units;
+  for (const nn::FlatParam& unit : model.units()) {
+    CheckpointUnit cu;
+    cu.name = unit.name();
+    cu.numel = unit.numel();
+    for (const nn::TensorSpec& t : unit.tensors()) cu.tensors.push_back({t.name, t.shape, t.offset});
+    units.push_back(std::move(cu));
   }
-  uLong out = crc;
-  for (size_t i = 0; i < chunks; ++i) {
-    const size_t n = std::min(kCrcChunkBytes, bytes - i * kCrcChunkBytes);
-    out = ::crc32_combine(out, part[i], static_cast<z_off_t>(n));
-  }
-  return static_cast<uint32_t>(out);
+  return units;
 }
+
+// ------------------------------------------------------------------------------------ checksums
+
+uint64_t checksum_of(const void* data, size_t bytes) { return XXH3_64bits(data, bytes); }
+
+namespace {
+uint64_t checksum_of_list(const std::vector<uint64_t>& checksums) {
+  std::vector<uint8_t> le(checksums.size() * 8);
+  for (size_t i = 0; i < checksums.size(); ++i)
+    for (int k = 0; k < 8; ++k) le[i * 8 + k] = static_cast<uint8_t>(checksums[i] >> (8 * k));
+  return checksum_of(le.data(), le.size());
+}
+
+void pwrite_all(int fd, const char* data, uint64_t bytes, uint64_t offset, const std::string& path) {
+  uint64_t done = 0;
+  while (done < bytes) {
+    ssize_t w = ::pwrite(fd, data + done, bytes - done, static_cast<off_t>(offset + done));
+    if (w < 0 && errno == EINTR) continue;
+    ZERONE_CHECK(w > 0, "cannot write checkpoint file '", path, "': ", w < 0 ? std::strerror(errno) : "no progress");
+    done += static_cast<uint64_t>(w);
+  }
+}
+}  // namespace
 
 // ------------------------------------------------------------------------------------ manifest
 
@@ -111,8 +137,8 @@ json checkpoint_file_to_json(const CheckpointFile& f) {
   json pieces = json::array();
   for (const CheckpointPiece& p : f.pieces)
     pieces.push_back({{"unit", p.unit}, {"tensor", p.tensor}, {"dtype", dtype_name(p.dtype)}, {"begin", p.begin},
-                      {"count", p.count}, {"offset", p.offset}, {"crc32", p.crcs}});
-  return {{"name", f.name}, {"bytes", f.bytes}, {"crc32", f.crc32}, {"pieces", pieces}};
+                      {"count", p.count}, {"offset", p.offset}, {"xxh3", p.checksums}});
+  return {{"name", f.name}, {"bytes", f.bytes}, {"xxh3_of_blocks", f.checksum}, {"pieces", pieces}};
 }
 
 CheckpointFile checkpoint_file_from_json(const json& f, const std::string& what) {
@@ -126,16 +152,16 @@ CheckpointFile checkpoint_file_from_json(const json& f, const std::string& what)
     ZERONE_CHECK(!file.name.empty() && file.name.find('/') == std::string::npos && file.name[0] != '.', what,
                  ": file name '", file.name, "' is not a plain name in the checkpoint directory");
     file.bytes = get(f, "bytes", "file " + file.name).get<uint64_t>();
-    file.crc32 = get(f, "crc32", "file " + file.name).get<uint32_t>();
+    file.checksum = get(f, "xxh3_of_blocks", "file " + file.name).get<uint64_t>();
     for (const json& p : get(f, "pieces", "file " + file.name)) {
       CheckpointPiece piece;
-      piece.unit = get(p, "unit", "a piece").get<int>();
+      piece.unit = bounded_int(get(p, "unit", "a piece"), "a piece's unit", 0, INT32_MAX, what);
       piece.tensor = get(p, "tensor", "a piece").get<std::string>();
       piece.dtype = dtype_from_name(get(p, "dtype", "a piece").get<std::string>(), what);
       piece.begin = get(p, "begin", "a piece").get<uint64_t>();
       piece.count = get(p, "count", "a piece").get<uint64_t>();
       piece.offset = get(p, "offset", "a piece").get<uint64_t>();
-      piece.crcs = get(p, "crc32", "a piece").get<std::vector<uint32_t>>();
+      piece.checksums = get(p, "xxh3", "a piece").get<std::vector<uint64_t>>();
       file.pieces.push_back(std::move(piece));
     }
     return file;
@@ -179,17 +205,17 @@ CheckpointManifest manifest_from_json(const json& j, const std::string& what) {
     ZERONE_CHECK(j.is_object() && j.contains("format") && j["format"] == kCheckpointFormat, what,
                  " is not a zerone checkpoint manifest (\"format\" is not \"", kCheckpointFormat, "\")");
     CheckpointManifest m;
-    m.version = get(j, "version", "the manifest").get<int>();
+    m.version = bounded_int(get(j, "version", "the manifest"), "version", 0, INT32_MAX, what);
     ZERONE_CHECK(m.version == kCheckpointVersion, what, ": checkpoint format version ", m.version,
                  " is not supported (this zerone reads version ", kCheckpointVersion, ")");
     m.step = get(j, "step", "the manifest").get<int64_t>();
     m.model = get(j, "model", "the manifest").get<std::string>();
     m.dtype = dtype_from_name(get(j, "precision", "the manifest").get<std::string>(), what);
-    m.world_size = get(j, "world_size", "the manifest").get<int>();
-    m.zero_stage = get(j, "zero_stage", "the manifest").get<int>();
+    m.world_size = bounded_int(get(j, "world_size", "the manifest"), "world_size", 1, 1 << 24, what);
+    m.zero_stage = bounded_int(get(j, "zero_stage", "the manifest"), "zero_stage", 0, 3, what);
     m.offload_optimizer = get(j, "offload_optimizer", "the manifest").get<std::string>();
     m.offload_param = get(j, "offload_param", "the manifest").get<std::string>();
-    ZERONE_CHECK(m.step >= 0 && m.world_size >= 1 && m.zero_stage >= 0 && m.zero_stage <= 3, what,
+    ZERONE_CHECK(m.step >= 0 && m.step < INT32_MAX && m.world_size >= 1 && m.zero_stage >= 0 && m.zero_stage <= 3, what,
                  ": step, world_size or zero_stage out of range");
     for (const json& u : get(j, "units", "the manifest")) {
       CheckpointUnit unit;
@@ -205,6 +231,9 @@ CheckpointManifest manifest_from_json(const json& j, const std::string& what) {
     m.optimizer = get(opt, "type", "\"optimizer\"").get<std::string>();
     m.optimizer_state = get(opt, "state", "\"optimizer\"").get<std::vector<std::string>>();
     m.optimizer_steps = get(opt, "steps", "\"optimizer\"").get<int64_t>();
+    // The optimizer counts its steps in an int (AdamW's bias correction needs them 0-based, >= 0).
+    ZERONE_CHECK(m.optimizer_steps >= 0 && m.optimizer_steps < INT32_MAX, what, ": \"optimizer\" \"steps\" ",
+                 m.optimizer_steps, " is out of range (expected 0..", INT32_MAX - 1, ")");
     m.trainer = get(j, "trainer", "the manifest");
     for (const json& f : get(j, "files", "the manifest")) m.files.push_back(checkpoint_file_from_json(f, what));
     return m;
@@ -231,6 +260,35 @@ CheckpointFileWriter::~CheckpointFileWriter() {
 
 void CheckpointFileWriter::append(int unit, const std::string& tensor, DType dtype, uint64_t begin, uint64_t count,
                                   const void* data) {
+  CheckpointPiece piece = next_piece(unit, tensor, dtype, begin, count);
+  const auto* bytes = static_cast<const char*>(data);
+  const uint64_t total = piece.bytes();
+  const size_t blocks = static_cast<size_t>((total + kChecksumBlockBytes - 1) / kChecksumBlockBytes);
+  piece.checksums.resize(blocks);
+  // One thread hashes while another writes (the write is a copy into the page cache, throttled to
+  // the disk's pace by writeback); exceptions cannot leave an OpenMP region, so they are carried out.
+  std::exception_ptr write_error;
+  const int threads = blocks > 1 && omp_get_max_threads() >= 2 ? 2 : 1;
+#pragma omp parallel sections num_threads(threads)
+  {
+#pragma omp section
+    for (size_t k = 0; k < blocks; ++k) {
+      const uint64_t b = k * kChecksumBlockBytes;
+      piece.checksums[k] = checksum_of(bytes + b, std::min(kChecksumBlockBytes, total - b));
+    }
+#pragma omp section
+    try {
+      pwrite_all(fd_.get(), bytes, total, file_.bytes, path_);
+    } catch (...) {
+      write_error = std::current_exception();
+    }
+  }
+  if (write_error) std::rethrow_exception(write_error);
+  commit(std::move(piece));
+}
+
+CheckpointPiece CheckpointFileWriter::next_piece(int unit, const std::string& tensor, DType dtype, uint64_t begin,
+                                                 uint64_t count) const {
   ZERONE_ASSERT(!finished_, "append after finish");
   CheckpointPiece piece;
   piece.unit = unit;
@@ -239,26 +297,53 @@ void CheckpointFileWriter::append(int unit, const std::string& tensor, DType dty
   piece.begin = begin;
   piece.count = count;
   piece.offset = file_.bytes;
-  const auto* bytes = static_cast<const char*>(data);
-  const uint64_t total = piece.bytes();
-  for (uint64_t b = 0; b < total; b += kCrcBlockBytes) {
-    const uint64_t n = std::min(kCrcBlockBytes, total - b);
-    piece.crcs.push_back(crc32_of(bytes + b, n));
-    file_.crc32 = static_cast<uint32_t>(::crc32_combine(file_.crc32, piece.crcs.back(), static_cast<z_off_t>(n)));
-    uint64_t done = 0;
-    while (done < n) {
-      ssize_t w = ::pwrite(fd_.get(), bytes + b + done, n - done, static_cast<off_t>(file_.bytes + done));
-      if (w < 0 && errno == EINTR) continue;
-      ZERONE_CHECK(w > 0, "cannot write checkpoint file '", path_, "': ", w < 0 ? std::strerror(errno) : "no progress");
-      done += static_cast<uint64_t>(w);
-    }
-    file_.bytes += n;
-  }
+  return piece;
+}
+
+void CheckpointFileWriter::commit(CheckpointPiece piece) {
+  block_checksums_.insert(block_checksums_.end(), piece.checksums.begin(), piece.checksums.end());
+  file_.bytes += piece.bytes();
   file_.pieces.push_back(std::move(piece));
   if (file_.pieces.size() == 2) crash_point("file", step_);
 }
 
+uint64_t CheckpointFileWriter::append_from_file(int unit, const std::string& tensor, DType dtype, uint64_t begin,
+                                                uint64_t count, const std::string& path, uint64_t offset,
+                                                const std::vector<uint64_t>& checksums) {
+  CheckpointPiece piece = next_piece(unit, tensor, dtype, begin, count);
+  piece.checksums = checksums;
+  const uint64_t total = piece.bytes();
+  ZERONE_ASSERT(checksums.size() == (total + kChecksumBlockBytes - 1) / kChecksumBlockBytes, "checksums of ", tensor);
+  FileDescriptor src(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  ZERONE_CHECK(src.get() >= 0, "cannot open '", path, "' to copy ", tensor, " into checkpoint file '", path_, "': ",
+               std::strerror(errno));
+  loff_t in = static_cast<loff_t>(offset), out = static_cast<loff_t>(file_.bytes);
+  uint64_t done = 0;
+  std::vector<char> bounce;
+  while (done < total) {
+    ssize_t n = ::copy_file_range(src.get(), &in, fd_.get(), &out, total - done, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EXDEV || errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP)) {
+      // The kernel cannot copy between these files: copy through a bounded buffer instead.
+      bounce.resize(std::min<uint64_t>(kChecksumBlockBytes, total - done));
+      const uint64_t chunk = bounce.size();
+      read_exactly(src.get(), bounce.data(), chunk, static_cast<uint64_t>(in), path);
+      pwrite_all(fd_.get(), bounce.data(), chunk, static_cast<uint64_t>(out), path_);
+      in += static_cast<loff_t>(chunk);
+      out += static_cast<loff_t>(chunk);
+      done += chunk;
+      continue;
+    }
+    ZERONE_CHECK(n > 0, "cannot copy ", tensor, " from '", path, "' into checkpoint file '", path_, "': ",
+                 n < 0 ? std::strerror(errno) : "the source ended early");
+    done += static_cast<uint64_t>(n);
+  }
+  commit(std::move(piece));
+  return total;
+}
+
 CheckpointFile CheckpointFileWriter::finish() {
+  file_.checksum = checksum_of_list(block_checksums_);
   ZERONE_CHECK(::fsync(fd_.get()) == 0, "cannot write checkpoint file '", path_, "' (fsync): ", std::strerror(errno));
   const int fd = fd_.get();
   (void)fd;
@@ -288,7 +373,8 @@ std::optional<std::string> find_latest_checkpoint(const std::string& root) {
   }
   ZERONE_CHECK(S_ISDIR(st.st_mode), "--checkpoint-dir '", root, "' is not a directory");
   const std::string latest = join(root, kLatestName);
-  if (::stat(latest.c_str(), &st) == 0) {
+  // lstat: a dangling symlink is a broken pointer (read_text_file says so), not a missing one.
+  if (::lstat(latest.c_str(), &st) == 0) {
     std::string name = read_text_file(latest, "checkpoint pointer", 4096);
     while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' ')) name.pop_back();
     ZERONE_CHECK(parse_step_name(name).has_value(), "'", latest, "' holds '", name,
@@ -312,7 +398,7 @@ std::optional<std::string> find_latest_checkpoint(const std::string& root) {
 std::string resolve_checkpoint_path(const std::string& path) {
   if (is_checkpoint_directory(path)) return path;
   struct stat st;
-  if (is_directory(path) && ::stat(join(path, kLatestName).c_str(), &st) == 0) {
+  if (is_directory(path) && ::lstat(join(path, kLatestName).c_str(), &st) == 0) {
     std::optional<std::string> dir = find_latest_checkpoint(path);
     if (dir) return *dir;
   }
@@ -409,8 +495,8 @@ struct CheckpointReader::Impl {
   std::map<std::pair<int, std::string>, std::vector<std::pair<size_t, size_t>>> index;
   std::map<std::string, DType> tensor_dtypes;
   mutable std::vector<FileDescriptor> fds;
-  mutable std::vector<char> bounce;
   mutable uint64_t bytes_read = 0;
+  mutable double read_seconds = 0.0;
 };
 
 CheckpointReader::CheckpointReader(const std::string& path) : impl_(std::make_unique<Impl>()) {
@@ -438,8 +524,11 @@ CheckpointReader::CheckpointReader(const std::string& path) : impl_(std::make_un
       const CheckpointPiece& p = f.pieces[pi];
       ZERONE_CHECK(p.unit >= 0 && static_cast<size_t>(p.unit) < units.size(), "'", manifest_path, "': a piece of '",
                    f.name, "' names unit ", p.unit, " of ", units.size());
-      ZERONE_CHECK(p.count > 0 && p.begin + p.count <= units[p.unit].numel && p.offset + p.bytes() <= f.bytes &&
-                       p.crcs.size() == (p.bytes() + kCrcBlockBytes - 1) / kCrcBlockBytes,
+      // Written so that no sum or product can wrap around (the numbers are the manifest's).
+      const uint64_t numel = units[p.unit].numel, esize = dtype_size(p.dtype);
+      ZERONE_CHECK(p.count > 0 && p.count <= numel && p.begin <= numel - p.count && p.offset <= f.bytes &&
+                       p.count <= (f.bytes - p.offset) / esize &&
+                       p.checksums.size() == (p.bytes() + kChecksumBlockBytes - 1) / kChecksumBlockBytes,
                    "'", manifest_path, "': piece ", p.tensor, " [", p.begin, ", +", p.count, ") of unit ", p.unit, " in '",
                    f.name, "' does not fit the unit or the file");
       auto [it, inserted] = impl_->tensor_dtypes.emplace(p.tensor, p.dtype);
@@ -472,6 +561,22 @@ CheckpointReader::CheckpointReader(const std::string& path) : impl_(std::make_un
 
 CheckpointReader::~CheckpointReader() = default;
 
+void CheckpointReader::check_layout(const nn::Model& model) const {
+  const std::string where = str_cat("checkpoint '", dir_, "'");
+  const std::vector<CheckpointUnit> units = checkpoint_units(model);
+  ZERONE_CHECK(manifest_.units.size() == units.size(), where, " has ", manifest_.units.size(), " units, the model ",
+               units.size());
+  for (size_t u = 0; u < units.size(); ++u) {
+    const CheckpointUnit &a = manifest_.units[u], &b = units[u];
+    bool same = a.name == b.name && a.numel == b.numel && a.tensors.size() == b.tensors.size();
+    for (size_t t = 0; same && t < a.tensors.size(); ++t)
+      same = a.tensors[t].name == b.tensors[t].name && a.tensors[t].shape == b.tensors[t].shape &&
+             a.tensors[t].offset == b.tensors[t].offset;
+    ZERONE_CHECK(same, where, ": unit ", u, " ('", a.name, "', ", a.numel, " elements) does not match the model's '",
+                 b.name, "' (", b.numel, " elements)");
+  }
+}
+
 bool CheckpointReader::has_tensor(const std::string& tensor) const { return impl_->tensor_dtypes.count(tensor) > 0; }
 
 DType CheckpointReader::tensor_dtype(const std::string& tensor) const {
@@ -483,61 +588,105 @@ DType CheckpointReader::tensor_dtype(const std::string& tensor) const {
 void CheckpointReader::read(int unit, const std::string& tensor, uint64_t begin, uint64_t count, DType out_dtype,
                             void* out) const {
   if (count == 0) return;
+  const auto t0 = std::chrono::steady_clock::now();
   auto it = impl_->index.find({unit, tensor});
   ZERONE_CHECK(it != impl_->index.end(), "checkpoint '", dir_, "' holds no ", tensor, " of unit ", unit);
   const uint64_t end = begin + count;
   ZERONE_ASSERT(end <= manifest_.units[unit].numel, "read past the unit");
   const size_t out_size = dtype_size(out_dtype);
-  std::vector<float> widened;
+  // One task per checksum block the read touches. The kernel is told up front which bytes are
+  // wanted (it reads ahead with a deep queue), and the blocks are read and verified on the
+  // OpenMP team, so several reads are in flight while others are hashed.
+  struct Task {
+    size_t file;
+    const CheckpointPiece* piece;
+    uint64_t block_begin, block_end;  // bytes of the piece
+    uint64_t elem_begin, elem_end;    // the elements of the piece this read wants from the block
+    uint64_t checksum;
+    char* dst;
+  };
+  std::vector<Task> tasks;
   for (auto [fi, pi] : it->second) {
     const CheckpointPiece& p = manifest_.files[fi].pieces[pi];
     if (p.begin + p.count <= begin || p.begin >= end) continue;
-    const std::string file_path = join(dir_, manifest_.files[fi].name);
-    if (impl_->fds[fi].get() < 0) impl_->fds[fi] = open_regular_file(file_path, "checkpoint file");
+    if (impl_->fds[fi].get() < 0)
+      impl_->fds[fi] = open_regular_file(join(dir_, manifest_.files[fi].name), "checkpoint file");
     const size_t esize = dtype_size(p.dtype);
-    // The bytes of the piece this read needs, widened to whole crc blocks.
+    // The bytes of the piece this read needs, widened to whole checksum blocks.
     const uint64_t want_b = (std::max(begin, p.begin) - p.begin) * esize;
     const uint64_t want_e = (std::min(end, p.begin + p.count) - p.begin) * esize;
-    for (uint64_t block = want_b / kCrcBlockBytes; block * kCrcBlockBytes < want_e; ++block) {
-      const uint64_t bb = block * kCrcBlockBytes, be = std::min(p.bytes(), bb + kCrcBlockBytes);
-      if (impl_->bounce.size() < be - bb) impl_->bounce.resize(be - bb);
-      read_exactly(impl_->fds[fi].get(), impl_->bounce.data(), be - bb, p.offset + bb, file_path);
-      impl_->bytes_read += be - bb;
-      const uint32_t crc = crc32_of(impl_->bounce.data(), be - bb);
-      ZERONE_CHECK(crc == p.crcs[block], "checkpoint file '", file_path, "' is corrupted: checksum mismatch in ", tensor,
-                   " of unit ", manifest_.units[unit].name, " (bytes ", p.offset + bb, "..", p.offset + be, ": crc32 ",
-                   crc, ", the manifest records ", p.crcs[block], ")");
-      // Elements of this block that the read wants.
-      const uint64_t eb = std::max(want_b, bb) / esize, ee = std::min(want_e, be) / esize;  // piece-relative
-      const char* src = impl_->bounce.data() + (eb * esize - bb);
-      char* dst = static_cast<char*>(out) + (p.begin + eb - begin) * out_size;
-      const size_t n = ee - eb;
-      if (p.dtype == out_dtype) {
-        std::memcpy(dst, src, n * esize);
-      } else {
-        widened.resize(n);
-        convert_to_f32(src, p.dtype, widened.data(), n);
-        convert_from_f32(widened.data(), dst, out_dtype, n);
-      }
+    const uint64_t first = want_b / kChecksumBlockBytes, last = (want_e - 1) / kChecksumBlockBytes;
+    const uint64_t range_b = first * kChecksumBlockBytes, range_e = std::min(p.bytes(), (last + 1) * kChecksumBlockBytes);
+    ::posix_fadvise(impl_->fds[fi].get(), static_cast<off_t>(p.offset + range_b), static_cast<off_t>(range_e - range_b),
+                    POSIX_FADV_WILLNEED);
+    for (uint64_t block = first; block <= last; ++block) {
+      const uint64_t bb = block * kChecksumBlockBytes, be = std::min(p.bytes(), bb + kChecksumBlockBytes);
+      const uint64_t eb = std::max(want_b, bb) / esize, ee = std::min(want_e, be) / esize;
+      tasks.push_back({fi, &p, bb, be, eb, ee, p.checksums[block], static_cast<char*>(out) + (p.begin + eb - begin) * out_size});
     }
   }
+  std::exception_ptr error;
+  std::vector<std::vector<char>> bounce(static_cast<size_t>(omp_get_max_threads()));
+  uint64_t bytes = 0;
+#pragma omp parallel for schedule(dynamic, 1) reduction(+ : bytes) if (tasks.size() > 1)
+  for (size_t t = 0; t < tasks.size(); ++t) {
+    const Task& k = tasks[t];
+    const CheckpointPiece& p = *k.piece;
+    const size_t esize = dtype_size(p.dtype);
+    const std::string& file_name = manifest_.files[k.file].name;
+    try {
+      // A whole block wanted in its own dtype is read straight into place and verified there.
+      const bool direct = p.dtype == out_dtype && k.elem_begin * esize == k.block_begin && k.elem_end * esize == k.block_end;
+      char* buf = k.dst;
+      if (!direct) {
+        std::vector<char>& mine = bounce[static_cast<size_t>(omp_get_thread_num())];
+        if (mine.size() < k.block_end - k.block_begin) mine.resize(k.block_end - k.block_begin);
+        buf = mine.data();
+      }
+      read_exactly(impl_->fds[k.file].get(), buf, k.block_end - k.block_begin, p.offset + k.block_begin,
+                   join(dir_, file_name));
+      bytes += k.block_end - k.block_begin;
+      ZERONE_CHECK(checksum_of(buf, k.block_end - k.block_begin) == k.checksum, "checkpoint file '", join(dir_, file_name),
+                   "' is corrupted: checksum mismatch in ", tensor, " of unit ", manifest_.units[unit].name, " (bytes ",
+                   p.offset + k.block_begin, "..", p.offset + k.block_end, " of the file)");
+      if (!direct) {
+        const char* src = buf + (k.elem_begin * esize - k.block_begin);
+        const size_t n = k.elem_end - k.elem_begin;
+        if (p.dtype == out_dtype) {
+          std::memcpy(k.dst, src, n * esize);
+        } else {
+          std::vector<float> widened(n);
+          convert_to_f32(src, p.dtype, widened.data(), n);
+          convert_from_f32(widened.data(), k.dst, out_dtype, n);
+        }
+      }
+    } catch (...) {
+#pragma omp critical(zerone_checkpoint_read_error)
+      if (!error) error = std::current_exception();
+    }
+  }
+  impl_->bytes_read += bytes;
+  impl_->read_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (error) std::rethrow_exception(error);
 }
 
 uint64_t CheckpointReader::bytes_read() const { return impl_->bytes_read; }
+double CheckpointReader::read_seconds() const { return impl_->read_seconds; }
 
 void CheckpointReader::verify_files() const {
-  std::vector<char> buf(kCrcBlockBytes);
+  std::vector<char> buf(kChecksumBlockBytes);
   for (const CheckpointFile& f : manifest_.files) {
     const std::string file_path = join(dir_, f.name);
     FileDescriptor fd = open_regular_file(file_path, "checkpoint file");
-    uint32_t crc = 0;
-    for (uint64_t off = 0; off < f.bytes; off += kCrcBlockBytes) {
-      const uint64_t n = std::min<uint64_t>(kCrcBlockBytes, f.bytes - off);
-      read_exactly(fd.get(), buf.data(), n, off, file_path);
-      crc = crc32_of(buf.data(), n, crc);
-    }
-    ZERONE_CHECK(crc == f.crc32, "checkpoint file '", file_path, "' is corrupted: crc32 ", crc, ", the manifest records ",
-                 f.crc32);
+    std::vector<uint64_t> blocks;
+    for (const CheckpointPiece& p : f.pieces)
+      for (uint64_t b = 0; b < p.bytes(); b += kChecksumBlockBytes) {
+        const uint64_t n = std::min(kChecksumBlockBytes, p.bytes() - b);
+        read_exactly(fd.get(), buf.data(), n, p.offset + b, file_path);
+        blocks.push_back(checksum_of(buf.data(), n));
+      }
+    ZERONE_CHECK(checksum_of_list(blocks) == f.checksum, "checkpoint file '", file_path,
+                 "' is corrupted: its checksum differs from the manifest's");
   }
 }
 

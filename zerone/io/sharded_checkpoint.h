@@ -8,13 +8,18 @@
 //     manifest.json             written by rank 0 last: format, version, step, model spec and unit
 //                               layout (tensor names, shapes, offsets), precision, world size,
 //                               stage, offload, optimizer, the trainer's state, and for every rank
-//                               file its size, crc32 and the pieces it holds
+//                               file its size, checksum and the pieces it holds
 //     rank-00000.bin ...        raw little-endian tensor bytes, one file per saving rank
 //   ROOT/.tmp-step-00000100/    a save in progress (a crashed save's leftovers are removed by the next)
 // A piece is a run of elements [begin, begin+count) of one tensor ("param" in the compute dtype,
 // or an optimizer state in f32: "master", "exp_avg", ...) of one unit's flat, unpadded buffer. Each
-// piece carries a crc32 per kCrcBlockBytes block, so a reader that needs only part of it (another
-// world size) verifies what it reads without reading the rest. Pieces of a (unit, tensor) from all
+// piece carries a checksum per kChecksumBlockBytes block, so a reader that needs only part of it
+// (another world size) verifies what it reads without reading the rest.
+//
+// Note [Checksums]: XXH3-64 (Debian's libxxhash), not crc32: zlib's crc32 runs at ~1 GB/s per core
+// here, below the disk, while XXH3 runs at memory speed. A file's checksum is the XXH3-64 of its
+// blocks' checksums in file order (a hash list), so it costs nothing extra to write and a whole-file
+// verification reads each byte once. Pieces of a (unit, tensor) from all
 // files together cover [0, numel) exactly once; the reader checks that before anything is loaded.
 //
 // Note [Atomic checkpoints]: a save writes ROOT/.tmp-step-N/, fsyncs every file and the directory,
@@ -41,11 +46,15 @@
 #include "zerone/core/dtype.h"
 #include "zerone/io/file.h"
 
+namespace zerone::nn {
+class Model;
+}
+
 namespace zerone::io {
 
 inline constexpr const char* kCheckpointFormat = "zerone-checkpoint";
 inline constexpr int kCheckpointVersion = 1;
-inline constexpr uint64_t kCrcBlockBytes = uint64_t{16} << 20;
+inline constexpr uint64_t kChecksumBlockBytes = uint64_t{16} << 20;
 
 struct CheckpointPiece {
   int unit = 0;
@@ -53,14 +62,14 @@ struct CheckpointPiece {
   DType dtype = DType::f32;
   uint64_t begin = 0, count = 0;  // elements
   uint64_t offset = 0;            // bytes from the start of the file
-  std::vector<uint32_t> crcs;     // one per kCrcBlockBytes of the piece's bytes (the last may be short)
+  std::vector<uint64_t> checksums;  // XXH3-64 of each kChecksumBlockBytes of the piece's bytes (the last may be short)
   uint64_t bytes() const { return count * dtype_size(dtype); }
 };
 
 struct CheckpointFile {
   std::string name;  // relative to the checkpoint directory
   uint64_t bytes = 0;
-  uint32_t crc32 = 0;  // of the whole file (combined from the pieces' block crcs)
+  uint64_t checksum = 0;  // XXH3-64 of the file's block checksums in file order (Note [Checksums])
   std::vector<CheckpointPiece> pieces;
 };
 
@@ -100,8 +109,11 @@ CheckpointFile checkpoint_file_from_json(const nlohmann::json& json, const std::
 // and for another format or an unknown version.
 CheckpointManifest manifest_from_json(const nlohmann::json& json, const std::string& what);
 
-// crc32 (zlib's polynomial) of `bytes` at `data`, computed in parallel blocks and combined.
-uint32_t crc32_of(const void* data, size_t bytes, uint32_t crc = 0);
+// The units' layout (names, numels, tensors) of `model`, as a manifest records it.
+std::vector<CheckpointUnit> checkpoint_units(const nn::Model& model);
+
+// XXH3-64 of `bytes` at `data` (Note [Checksums]).
+uint64_t checksum_of(const void* data, size_t bytes);
 
 // Writes one rank's data file. The file is created new (an existing one is an error) and removed
 // again if the writer is destroyed before finish(). Throws Error naming the file and the failed
@@ -115,16 +127,28 @@ class CheckpointFileWriter {
   CheckpointFileWriter& operator=(const CheckpointFileWriter&) = delete;
 
   // Appends `count` elements of `dtype` at `data` as elements [begin, begin+count) of `tensor` of
-  // `unit`. `data` is only read during the call.
+  // `unit`. `data` is only read during the call. With two or more OpenMP threads available the
+  // checksums are computed on one while the bytes are written on the other.
   void append(int unit, const std::string& tensor, DType dtype, uint64_t begin, uint64_t count, const void* data);
+  // The same piece taken from bytes [offset, offset + count*size) of the file at `path`, whose
+  // block checksums the caller already knows: copied disk to disk (copy_file_range; a buffered
+  // copy where the kernel cannot), never hashed again (Note [Checkpoints of swapped state] in
+  // optim/adamw.h). Returns the bytes copied.
+  uint64_t append_from_file(int unit, const std::string& tensor, DType dtype, uint64_t begin, uint64_t count,
+                            const std::string& path, uint64_t offset, const std::vector<uint64_t>& checksums);
   // Makes the file durable (fsync) and closes it; returns what the manifest records of it.
   CheckpointFile finish();
 
  private:
+  // A piece starting at the end of the file; commit() records it once its bytes are written.
+  CheckpointPiece next_piece(int unit, const std::string& tensor, DType dtype, uint64_t begin, uint64_t count) const;
+  void commit(CheckpointPiece piece);
+
   std::string path_;
   int64_t step_;
   FileDescriptor fd_;
   CheckpointFile file_;
+  std::vector<uint64_t> block_checksums_;  // every block of the file so far, in order
   bool finished_ = false;
 };
 
@@ -170,18 +194,23 @@ class CheckpointReader {
 
   const std::string& path() const { return dir_; }
   const CheckpointManifest& manifest() const { return manifest_; }
+  // Checks that the manifest's units are `model`'s (names, sizes, tensor names, shapes, offsets),
+  // before anything is read into it. Throws Error naming the first unit that differs.
+  void check_layout(const nn::Model& model) const;
   bool has_tensor(const std::string& tensor) const;
   // The dtype `tensor` is stored in. Throws Error if absent.
   DType tensor_dtype(const std::string& tensor) const;
   // Reads elements [begin, begin+count) of `tensor` of `unit` into `out`, converted to `out_dtype`
-  // (widening is exact; narrowing rounds to nearest even). Every crc block it touches is read whole
-  // and verified. Throws Error naming the file and the tensor on a checksum mismatch or a read
-  // failure. Memory: one crc block of bounce buffer.
+  // (widening is exact; narrowing rounds to nearest even). Every checksum block it touches is read
+  // whole and verified (the next block is read ahead). Throws Error naming the file and the tensor
+  // on a checksum mismatch or a read failure. Blocks are read on the OpenMP team. Memory: one block
+  // of bounce buffer per thread, only for blocks not wanted whole in their stored dtype.
   void read(int unit, const std::string& tensor, uint64_t begin, uint64_t count, DType out_dtype, void* out) const;
-  // Reads every file whole and checks its crc32 against the manifest.
+  // Reads every file whole and checks its checksum against the manifest.
   void verify_files() const;
-  // Bytes read from the data files so far (whole crc blocks).
+  // Bytes read from the data files so far (whole checksum blocks), and the seconds spent in read().
   uint64_t bytes_read() const;
+  double read_seconds() const;
 
  private:
   struct Impl;

@@ -72,6 +72,22 @@ class Optimizer {
   virtual void import_state(const std::function<void(const StatePiece&, float* data)>& fn) = 0;
   virtual int64_t steps_taken() const = 0;
   virtual void set_steps_taken(int64_t steps) = 0;
+
+  // Note [Checkpoints of swapped state]: an optimizer whose state lives in a file (NVMe offload)
+  // can give a checkpoint file extents instead of memory, so that saving copies disk to disk and
+  // never reads the state back through memory. record_checksums(valid) makes the next step()
+  // compute, as it writes each sub-group, the checksums of its first valid[i] elements of shard i
+  // (the rest is padding, not saved) per io::kChecksumBlockBytes block; state_extents() then
+  // returns every (shard, tensor) piece with its file, offset and checksums, valid until the next
+  // step(), or nothing when the last step did not record them (export_state is the fallback).
+  struct StateExtent {
+    StatePiece piece;
+    std::string path;      // the file holding it (opened by the caller)
+    uint64_t offset = 0;   // bytes
+    std::vector<uint64_t> checksums;
+  };
+  virtual void record_checksums(const std::vector<size_t>& valid_numel) {}
+  virtual std::vector<StateExtent> state_extents() const { return {}; }
 };
 
 // Calls fn(b, e, weight_decay) for the runs [b, e) of [begin, end) of `shard`, in order: the runs

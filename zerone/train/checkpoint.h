@@ -5,7 +5,7 @@
 //
 // Note [Saving a step]: a save is collective. Rank 0 creates ROOT/.tmp-step-N/; every rank writes
 // rank-r.bin there (its partition of every tensor, engine.save_state) and fsyncs it; the ranks'
-// file descriptions (sizes, crcs, pieces) are all-gathered to rank 0, which writes manifest.json
+// file descriptions (sizes, checksums, pieces) are all-gathered to rank 0, which writes manifest.json
 // and publishes the directory (Note [Atomic checkpoints]). With --checkpoint-async the step stalls
 // only while the engine's pieces are copied into a host staging buffer; a background thread per
 // rank writes the file, and the manifest is published at the first step boundary where every
@@ -66,8 +66,6 @@ struct CheckpointRunInfo {
   std::string offload_optimizer = "none", offload_param = "none";
   std::vector<io::CheckpointUnit> units;
 };
-// The units' layout (names, numels, tensors) of `model`, as the manifest records it.
-std::vector<io::CheckpointUnit> checkpoint_units(const nn::Model& model);
 
 class Checkpointer {
  public:
@@ -95,6 +93,8 @@ class Checkpointer {
   // The last published checkpoint: bytes of all ranks' files (rank 0 only; 0 elsewhere), and the
   // seconds this rank spent writing and fsyncing its file.
   uint64_t last_bytes() const { return last_bytes_; }
+  // Bytes of this rank's last save that were copied disk to disk (NVMe-resident optimizer state).
+  uint64_t last_copied_bytes() const { return last_copied_bytes_; }
   double last_write_s() const { return last_write_s_; }
 
  private:
@@ -111,6 +111,7 @@ class Checkpointer {
   int64_t last_published_ = 0;
   double last_stall_s_ = 0.0;
   uint64_t last_bytes_ = 0;
+  uint64_t last_copied_bytes_ = 0;
   double last_write_s_ = 0.0;
 };
 

@@ -175,6 +175,16 @@ void check_outputs(const TrainConfig& cfg) {
       for (size_t i = 0; i < g.gl_pathc; ++i) inputs.emplace_back(flag, g.gl_pathv[i]);
     globfree(&g);
   }
+  // --checkpoint-dir is created at start-up: a --save or --metrics of the same path would be written
+  // into it (an llm.c --save silently became a Hugging Face directory among the checkpoints).
+  auto trimmed = [](std::string p) {
+    while (p.size() > 1 && p.back() == '/') p.pop_back();
+    return p;
+  };
+  for (const auto& [flag, path] : {std::pair<const char*, std::string>{"--save", cfg.save}, {"--metrics", cfg.metrics}})
+    ZERONE_CHECK(cfg.checkpoint_dir.empty() || path.empty() || !io::same_file(trimmed(cfg.checkpoint_dir), trimmed(path)),
+                 "--checkpoint-dir '", cfg.checkpoint_dir, "' and ", flag, " '", path,
+                 "' name the same path: give the checkpoints their own directory");
   if (!cfg.save.empty() && !cfg.metrics.empty())
     ZERONE_CHECK(!io::same_file(cfg.save, cfg.metrics), "--save and --metrics name the same file '", cfg.save,
                  "': the model would overwrite the metrics");
@@ -258,11 +268,22 @@ void check_memory_fits(const nn::Model& model, DType dtype, const TrainConfig& c
   }
   const long long available = available_memory_bytes();
   if (available <= 0) return;  // unknown: nothing to compare with
-  const double need = static_cast<double>(mine.total()) * local;
+  // --checkpoint-async keeps a host copy of the rank's checkpoint pieces (Note [Saving a step]):
+  // its partition of every unit in the compute dtype plus the f32 optimizer state.
+  int64_t staging = 0;
+  if (cfg.checkpoint_async) {
+    const size_t state_tensors = dtype == DType::f32 ? 2 : 3;  // (master,) exp_avg, exp_avg_sq
+    for (size_t numel : model.unit_numels()) {
+      const size_t saved = std::min(numel, zero::unit_shard(numel, world, 0, zcfg).shard_numel);
+      staging += static_cast<int64_t>(saved * (dtype_size(dtype) + 4 * state_tensors));
+    }
+  }
+  const double need = static_cast<double>(mine.total() + staging) * local;
   if (need <= static_cast<double>(available)) return;
   std::string stages;
   for (const auto& r : rows) stages += str_cat(stages.empty() ? "" : ", ", r.stage, ": ", h(static_cast<double>(r.total())));
-  throw Error(str_cat("the run needs ", hb(mine.total()), " per rank (", breakdown, ")",
+  throw Error(str_cat("the run needs ", hb(mine.total() + staging), " per rank (", breakdown,
+                      staging > 0 ? str_cat("; --checkpoint-async staging ", hb(staging)) : "", ")",
                       local > 1 ? str_cat(" x ", local, " ranks on this host") : "",
                       ", but this host has ", h(static_cast<double>(available)), " available. Per rank at world ", world,
                       " by ZeRO stage: ", stages, world == 1 ? " (at world 1 sharding saves nothing: more ranks on more hosts divide it)" : "",
@@ -346,7 +367,13 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   if (!resume_from && !cfg.init.empty() && !init_hf && ::stat(cfg.init.c_str(), &init_st) == 0 && S_ISDIR(init_st.st_mode))
     init_zerone = std::make_unique<io::CheckpointReader>(cfg.init);
   if (io::CheckpointReader* ckpt = resume_from ? resume_from.get() : init_zerone.get()) {
-    model_spec = ckpt->manifest().model;
+    // Canonical form: a spec spelled differently (a preset name, another key order) is the same model.
+    try {
+      model_spec = nn::make_model(ckpt->manifest().model, dtype, 64, false)->spec();
+    } catch (const Error& e) {
+      throw Error(str_cat("checkpoint '", ckpt->path(), "' holds model '", ckpt->manifest().model,
+                          "', which is not a model spec: ", e.what()));
+    }
     if (!cfg.model.empty()) {
       const std::string requested = nn::make_model(cfg.model, dtype, 64, false)->spec();
       ZERONE_CHECK(requested == model_spec, "--model ", requested, " disagrees with checkpoint '", ckpt->path(),
@@ -493,6 +520,8 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   if (resume_from) {
     const std::string where = str_cat("checkpoint '", resume_from->path(), "'");
     resumed = trainer_state_from_json(resume_from->manifest().trainer, where);
+    ZERONE_CHECK(resumed.step == resume_from->manifest().step, where, ": the trainer state is at step ", resumed.step,
+                 ", the manifest at step ", resume_from->manifest().step, " (a damaged or edited manifest)");
     ZERONE_CHECK(resumed.micro_batch == B && resumed.seq == T, where, " counts its data position in micro-batches of ",
                  resumed.micro_batch, " x ", resumed.seq, " tokens: resume with --micro-batch ", resumed.micro_batch,
                  " --seq ", resumed.seq, " (change --grad-accum to keep the global batch at another world size)");
@@ -526,9 +555,15 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   if (resume_from) {
     const io::CheckpointManifest& m = resume_from->manifest();
     const std::vector<std::string> needed = engine.optimizer().state_names();
+    auto state_names = [](const std::vector<std::string>& names) {
+      std::string list;
+      for (const std::string& n : names) list += str_cat(list.empty() ? "" : ", ", n);
+      return list;
+    };
     ZERONE_CHECK(m.optimizer == engine.optimizer().type_name() && m.optimizer_state == needed, "checkpoint '",
-                 resume_from->path(), "' holds ", m.optimizer.empty() ? "no optimizer" : m.optimizer,
-                 " state, this run's optimizer is ", engine.optimizer().type_name(),
+                 resume_from->path(), "' holds ", m.optimizer.empty() ? "no optimizer" : m.optimizer, " state (",
+                 state_names(m.optimizer_state), "), this run's optimizer is ", engine.optimizer().type_name(), " (",
+                 state_names(needed), ")",
                  m.optimizer.empty() ? " (a weights-only checkpoint starts a run with --init, not --resume)" : "");
     engine.load_optimizer_state(
         [&](int u, const std::string& tensor, size_t begin, size_t count, float* out) {
@@ -570,15 +605,16 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
       progress.message(str_cat("zerone: resumed from '", resume_from->path(), "' (step ", resumed.step, ", saved at world ",
                                resume_from->manifest().world_size, ", ZeRO stage ", resume_from->manifest().zero_stage,
                                "; rank 0 read ", human_bytes(static_cast<double>(resume_from->bytes_read())), " in ",
+                               fixed(resume_from->read_seconds(), 3), " s, ",
                                fixed(std::chrono::duration<double>(std::chrono::steady_clock::now() - load_t0).count(), 3),
-                               " s)"));
+                               " s with allocating the model and optimizer)"));
   }
   resume_from.reset();  // its files are closed; nothing more is read
   init_zerone.reset();
   std::unique_ptr<Checkpointer> checkpointer;
   if (!cfg.checkpoint_dir.empty()) {
     CheckpointRunInfo info{model.spec(), dtype, cfg.zero_stage, cfg.offload_optimizer, cfg.offload_param,
-                           checkpoint_units(model)};
+                           io::checkpoint_units(model)};
     checkpointer = std::make_unique<Checkpointer>(cfg.checkpoint_dir, cfg.keep_last, cfg.checkpoint_async, info, comm);
   }
   // The state after `done` steps, for a checkpoint.
@@ -604,8 +640,12 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
                              io::checkpoint_step_name(checkpointer->last_published_step()), "' (",
                              human_bytes(static_cast<double>(checkpointer->last_bytes())), " from ", world,
                              world > 1 ? " ranks" : " rank", "; rank 0 wrote its file in ",
-                             fixed(checkpointer->last_write_s(), 3), " s; training stalled ",
-                             fixed(checkpointer->last_stall_s(), 3), " s)"));
+                             fixed(checkpointer->last_write_s(), 3), " s",
+                             checkpointer->last_copied_bytes() > 0
+                                 ? str_cat(", of which ", human_bytes(static_cast<double>(checkpointer->last_copied_bytes())),
+                                           " copied disk to disk from the optimizer's swap file")
+                                 : "",
+                             "; training stalled ", fixed(checkpointer->last_stall_s(), 3), " s)"));
   };
   auto save_checkpoint = [&](int done) {
     if (lead) progress.message(str_cat("saving checkpoint of step ", done, " in '", cfg.checkpoint_dir, "' ..."));
@@ -688,6 +728,8 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     float loss = static_cast<float>(reduced[0] / (static_cast<double>(cfg.grad_accum) * world));
     ZERONE_CHECK(std::isfinite(loss), "training diverged at step ", step, ": loss ", loss, " (try a lower --lr or --grad-clip)");
     float lr = static_cast<float>(schedule.lr());
+    const bool checkpoint_after = checkpointer && ((cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0) || step == cfg.steps);
+    if (checkpoint_after) engine.prepare_checkpoint();
     zero::ZeroEngine::StepResult stepped = engine.step(lr, cfg.grad_clip, loss_scale, scaled);
     if (scaled) scaler.update(stepped.overflow);
     if (stepped.overflow) ++skipped_steps;
@@ -734,8 +776,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     result.final_train_loss = loss;
     if (record.val_loss) result.final_val_loss = record.val_loss;
     if (record.val_accuracy) result.final_val_accuracy = record.val_accuracy;
-    if (checkpointer && ((cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0) || step == cfg.steps))
-      save_checkpoint(step);
+    if (checkpoint_after) save_checkpoint(step);
   }
   if (checkpointer && checkpointer->pending()) {
     checkpointer->publish_pending();
@@ -771,6 +812,8 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     progress.warning(str_cat("--metrics '", cfg.metrics, "' lacks ", metrics.missing_lines(), " of ", cfg.steps,
                              " lines (writes failed)"));
   result.source_entropy = entropy;
+  // Resumed at or past --steps: no step ran, so there is no loss to report (it printed 0.0000).
+  if (start_step > cfg.steps) return result;
   float final_loss = result.final_val_loss.value_or(result.final_train_loss);
   char line[160];
   if (entropy) {

@@ -492,7 +492,17 @@ std::vector<std::string> ZeroEngine::state_tensors() const {
   return names;
 }
 
-void ZeroEngine::save_state(const StateSink& sink) {
+void ZeroEngine::prepare_checkpoint() {
+  std::vector<size_t> valid(units_.size());  // the shard's real elements (the rest is padding)
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const UnitShard& sh = units_[u].shard;
+    const size_t origin = config_.stage == 0 ? 0 : sh.shard_begin;
+    valid[u] = sh.numel > origin ? sh.numel - origin : 0;
+  }
+  optimizer_->record_checksums(valid);
+}
+
+void ZeroEngine::save_state(const StateSink& sink, const ExtentSink& extent_sink) {
   // The elements of unit u this rank saves: its partition, clipped to the real elements.
   auto saved_range = [&](int u) {
     const UnitShard& sh = units_[u].shard;
@@ -518,6 +528,18 @@ void ZeroEngine::save_state(const StateSink& sink) {
     }
   }
   const std::vector<std::string> names = optimizer_->state_names();
+  if (extent_sink) {
+    const std::vector<optim::Optimizer::StateExtent> extents = optimizer_->state_extents();
+    if (!extents.empty()) {
+      for (const optim::Optimizer::StateExtent& e : extents) {
+        const int u = static_cast<int>(e.piece.shard);
+        const size_t origin = config_.stage == 0 ? 0 : units_[u].shard.shard_begin;
+        ZERONE_ASSERT(config_.stage >= 1, "a swapped optimizer below stage 1");  // the shard is the saved range
+        extent_sink(u, names[e.piece.tensor], origin + e.piece.begin, e.piece.count, e.path, e.offset, e.checksums);
+      }
+      return;
+    }
+  }
   optimizer_->export_state([&](const optim::Optimizer::StatePiece& piece, const float* data) {
     const int u = static_cast<int>(piece.shard);
     const size_t origin = config_.stage == 0 ? 0 : units_[u].shard.shard_begin;  // shard element 0 in the unit

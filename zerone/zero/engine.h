@@ -90,7 +90,16 @@ class ZeroEngine : public nn::UnitHooks {
                                        const void* data)>;
   // Hands this rank's pieces to `sink` (data valid during the call only). Not collective; call
   // between steps. Reads NVMe-resident parameters and optimizer state through staging buffers.
-  void save_state(const StateSink& sink);
+  void save_state(const StateSink& sink) { save_state(sink, nullptr); }
+  // The same, with an optimizer whose state lives in a file handing `extent_sink` file extents
+  // for it (Note [Checkpoints of swapped state]) when the last step was prepared with
+  // prepare_checkpoint(); otherwise everything goes to `sink`.
+  using ExtentSink = std::function<void(int unit, const std::string& tensor, size_t begin, size_t count,
+                                        const std::string& path, uint64_t offset, const std::vector<uint64_t>& checksums)>;
+  void save_state(const StateSink& sink, const ExtentSink& extent_sink);
+  // Call before the step() that a checkpoint will follow: a swapped optimizer then records the
+  // checksums that let the checkpoint copy its state disk to disk.
+  void prepare_checkpoint();
   // Fills every optimizer state tensor of this rank's shards from `source` (elements
   // [begin, begin+count) of `tensor` of `unit`, f32) and sets the optimizer's step count. The
   // parameters come in through Materialize. Not collective; call right after construction.

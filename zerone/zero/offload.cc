@@ -7,6 +7,7 @@
 
 #include "zerone/core/error.h"
 #include "zerone/core/profiler.h"
+#include "zerone/io/sharded_checkpoint.h"
 
 namespace zerone::zero {
 
@@ -87,6 +88,10 @@ double SwappedOptimizer::step(float lr, float grad_scale, const std::function<vo
                               const std::function<void(size_t shard)>& shard_begin) {
   const bool first = step_ == 0;  // SGD: the momentum buffer starts as the gradient
   ++step_;
+  // Note [Checkpoints of swapped state]: this step records what a checkpoint needs, or nothing.
+  const std::vector<size_t> record = std::move(record_valid_);
+  record_valid_.clear();
+  extents_.clear();
   const auto* adam = std::get_if<optim::AdamWOptions>(&options_);
   const auto* sgd = std::get_if<optim::SGDOptions>(&options_);
   const kernels::cpu::AdamWHyper h = adam ? optim::AdamW::hyper(*adam, lr, grad_scale, static_cast<int>(step_))
@@ -126,6 +131,19 @@ double SwappedOptimizer::step(float lr, float grad_scale, const std::function<vo
         sumsq += optim::SGD::update_slice(s, param_dtype_, *sgd, lr, grad_scale, first, g.begin, g.end, master,
                                           optim_tensors_ > 0 ? tensor(b, g, 0) : nullptr);
     }
+    if (!record.empty()) {
+      const size_t valid = std::min(g.end, std::max(g.begin, record[g.shard])) - g.begin;
+      for (int k = 0; valid > 0 && k < tensors_; ++k) {
+        StateExtent e;
+        e.piece = StatePiece{g.shard, k, g.begin, valid};
+        e.path = file_path_;
+        e.offset = g.offset + static_cast<uint64_t>(swap_slot(k)) * g.tensor_bytes;
+        const char* data = reinterpret_cast<const char*>(tensor(b, g, swap_slot(k)));
+        for (uint64_t off = 0; off < valid * sizeof(float); off += io::kChecksumBlockBytes)
+          e.checksums.push_back(io::checksum_of(data + off, std::min<uint64_t>(io::kChecksumBlockBytes, valid * sizeof(float) - off)));
+        extents_.push_back(std::move(e));
+      }
+    }
     writes[b] = io_->start(io::IoOp::write, fd_.get(), file_path_, buffers_[b].data(), group_bytes(g), g.offset);
     if (!config_.pipeline_write) wait(writes[b]);
     if (shard_done && (gi + 1 == G || groups_[gi + 1].shard != g.shard)) shard_done(g.shard);
@@ -158,6 +176,7 @@ void SwappedOptimizer::export_state(const std::function<void(const StatePiece&, 
 }
 
 void SwappedOptimizer::import_state(const std::function<void(const StatePiece&, float* data)>& fn) {
+  extents_.clear();  // the file is about to change
   for (const SubGroup& g : groups_) {
     std::memset(buffers_[0].data(), 0, group_bytes(g));
     for (int k = 0; k < tensors_; ++k)

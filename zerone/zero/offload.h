@@ -73,6 +73,8 @@ class SwappedOptimizer final : public optim::Optimizer {
   void import_state(const std::function<void(const StatePiece&, float* data)>& fn) override;
   int64_t steps_taken() const override { return step_; }
   void set_steps_taken(int64_t steps) override { step_ = static_cast<int>(steps); }
+  void record_checksums(const std::vector<size_t>& valid_numel) override { record_valid_ = valid_numel; }
+  std::vector<StateExtent> state_extents() const override { return extents_; }
 
   const std::string& swap_file() const { return file_path_; }
   size_t num_sub_groups() const { return groups_.size(); }
@@ -97,6 +99,8 @@ class SwappedOptimizer final : public optim::Optimizer {
   int tensors_;        // optim_tensors_ (+ master)
   int step_ = 0;
   std::vector<SubGroup> groups_;
+  std::vector<size_t> record_valid_;    // record_checksums() for the next step (empty: off)
+  std::vector<StateExtent> extents_;    // recorded by the last step (Note [Checkpoints of swapped state])
   int64_t nvme_master_bytes_ = 0, nvme_optim_bytes_ = 0;
   // Destroyed in reverse: the I/O is drained before the buffers and the file go.
   std::string file_path_;

@@ -21,6 +21,8 @@ packages=(
   libbenchmark-dev
   python3                  # test scripts compare runs and parse metrics
   strace                   # tests/cli/errors_are_errors.sh checks the fsync/rename order of atomic writes
+  zlib1g-dev               # gzip-compressed IDX image files (zerone/io/idx)
+  dataset-fashion-mnist    # the seed examples' data: IDX files under /usr/share/datasets/fashion-mnist
 )
 
 missing=()

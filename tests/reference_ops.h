@@ -3,6 +3,7 @@
 // oracle for forward values and, through finite differences, for gradients.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -155,6 +156,74 @@ inline Vec swiglu(const Vec& inp, int N, int F) {
       out[n * F + i] = g / (1.0 + std::exp(-g)) * u;
     }
   return out;
+}
+
+// ---- image classifiers (nn/sequential.h)
+
+// inp (N,C,H,W), w (OC,C,KH,KW), b (OC) -> out (N,OC,OH,OW); zero padding, floor output size.
+inline Vec conv2d(const Vec& inp, const Vec& w, const Vec& b, int N, int C, int H, int W, int OC, int KH, int KW,
+                  int sh, int sw, int ph, int pw) {
+  const int OH = (H + 2 * ph - KH) / sh + 1, OW = (W + 2 * pw - KW) / sw + 1;
+  Vec out(static_cast<size_t>(N) * OC * OH * OW);
+  for (int n = 0; n < N; ++n)
+    for (int o = 0; o < OC; ++o)
+      for (int y = 0; y < OH; ++y)
+        for (int x = 0; x < OW; ++x) {
+          double s = b.empty() ? 0.0 : b[o];
+          for (int c = 0; c < C; ++c)
+            for (int i = 0; i < KH; ++i)
+              for (int j = 0; j < KW; ++j) {
+                const int iy = y * sh - ph + i, ix = x * sw - pw + j;
+                if (iy < 0 || iy >= H || ix < 0 || ix >= W) continue;
+                s += inp[((static_cast<size_t>(n) * C + c) * H + iy) * W + ix] * w[((static_cast<size_t>(o) * C + c) * KH + i) * KW + j];
+              }
+          out[((static_cast<size_t>(n) * OC + o) * OH + y) * OW + x] = s;
+        }
+  return out;
+}
+
+// inp (N,C,H,W) -> out (N,C,OH,OW), max over each window (padding excluded).
+inline Vec maxpool2d(const Vec& inp, int N, int C, int H, int W, int KH, int KW, int sh, int sw, int ph, int pw) {
+  const int OH = (H + 2 * ph - KH) / sh + 1, OW = (W + 2 * pw - KW) / sw + 1;
+  Vec out(static_cast<size_t>(N) * C * OH * OW);
+  for (int n = 0; n < N; ++n)
+    for (int c = 0; c < C; ++c)
+      for (int y = 0; y < OH; ++y)
+        for (int x = 0; x < OW; ++x) {
+          double m = -1e300;
+          for (int i = 0; i < KH; ++i)
+            for (int j = 0; j < KW; ++j) {
+              const int iy = y * sh - ph + i, ix = x * sw - pw + j;
+              if (iy >= 0 && iy < H && ix >= 0 && ix < W) m = std::max(m, inp[((static_cast<size_t>(n) * C + c) * H + iy) * W + ix]);
+            }
+          out[((static_cast<size_t>(n) * C + c) * OH + y) * OW + x] = m;
+        }
+  return out;
+}
+
+inline Vec relu(const Vec& inp) {
+  Vec out(inp.size());
+  for (size_t i = 0; i < inp.size(); ++i) out[i] = inp[i] > 0 ? inp[i] : 0.0;
+  return out;
+}
+
+// out = inp * keep / (1 - p) with a given 0/1 keep mask.
+inline Vec dropout(const Vec& inp, const std::vector<int>& keep, double p) {
+  Vec out(inp.size());
+  for (size_t i = 0; i < inp.size(); ++i) out[i] = keep[i] ? inp[i] / (1.0 - p) : 0.0;
+  return out;
+}
+
+// Mean over N rows of -log softmax(logits (N,K))[label].
+inline double softmax_cross_entropy(const Vec& logits, const std::vector<int32_t>& labels, int N, int K) {
+  double total = 0;
+  for (int n = 0; n < N; ++n) {
+    double mx = -1e300, z = 0;
+    for (int k = 0; k < K; ++k) mx = std::max(mx, logits[n * K + k]);
+    for (int k = 0; k < K; ++k) z += std::exp(logits[n * K + k] - mx);
+    total += std::log(z) + mx - logits[n * K + labels[n]];
+  }
+  return total / N;
 }
 
 }  // namespace zerone::ref

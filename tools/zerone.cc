@@ -41,8 +41,10 @@ void add_train_flags(CLI::App& cmd, train::TrainConfig& c, std::string& config_p
   cmd.add_option("--init", c.init,
                  "weights to start from: an llm.c GPT-2 file (v3 f32 / v5 bf16), a Hugging Face model directory, or a "
                  "zerone checkpoint directory");
-  cmd.add_option("--data", c.data, "glob of llm.c token shards; without it, the built-in Markov corpus");
-  cmd.add_option("--val-data", c.val_data, "glob of validation token shards");
+  cmd.add_option("--data", c.data, "glob of llm.c token shards, or a directory of IDX images (train-images-idx3-ubyte[.gz], "
+                 "train-labels-idx1-ubyte[.gz]); without it, the built-in Markov corpus");
+  cmd.add_option("--val-data", c.val_data, "glob of validation token shards, or an IDX directory (t10k-*; default: "
+                 "the t10k-* files beside --data's)");
   cmd.add_option("--save", c.save, "write an llm.c checkpoint here at the end");
   cmd.add_option("--train-batch-size", c.train_batch_size,
                  "sequences per optimizer step over all ranks (DeepSpeed's train_batch_size; derives --micro-batch or --grad-accum)");
@@ -63,6 +65,11 @@ void add_train_flags(CLI::App& cmd, train::TrainConfig& c, std::string& config_p
   cmd.add_option("--beta1", c.beta1, "AdamW beta1");
   cmd.add_option("--beta2", c.beta2, "AdamW beta2");
   cmd.add_option("--eps", c.eps, "AdamW epsilon");
+  cmd.add_option("--optimizer", c.optimizer, "adamw (default) or sgd (torch.optim.SGD's rule)");
+  cmd.add_option("--momentum", c.momentum, "SGD momentum (0: none)");
+  cmd.add_option("--dampening", c.dampening, "SGD dampening of the momentum (0)");
+  cmd.add_flag("--nesterov", c.nesterov, "SGD: Nesterov momentum (needs --momentum > 0, --dampening 0)");
+  cmd.add_option("--epochs", c.epochs, "image data: passes over --data (instead of --steps)");
   cmd.add_option("--grad-clip", c.grad_clip, "clip the global gradient norm to this (0: off)");
   cmd.add_option("--precision", c.precision, "fp32, bf16 or fp16 (default: bf16 where the CPU has it)");
   cmd.add_option("--loss-scale", c.loss_scale, "fp16: static loss scale (0: dynamic, the default)");
@@ -150,6 +157,7 @@ struct EstimateArgs {
   int buffer_count = 4;
   bool json = false;
   bool activation_checkpointing = false;
+  bool seq_given = false;
 };
 
 int cmd_estimate(const EstimateArgs& a, bool stage_given) {
@@ -163,7 +171,11 @@ int cmd_estimate(const EstimateArgs& a, bool stage_given) {
   ZERONE_CHECK(a.reduce_bucket_numel >= 1, "--reduce-bucket-size ", a.reduce_bucket_numel,
                " must be at least 1 element");
   ZERONE_CHECK(a.prefetch_numel >= 0, "--stage3-prefetch-bucket-size ", a.prefetch_numel, " is negative");
-  ZERONE_CHECK(a.seq <= model.max_seq_len(), "--seq ", a.seq, " exceeds the model's context length ", model.max_seq_len());
+  // Image classifiers read one sample per row: --seq does not apply to them.
+  const bool classifier = model.input_kind() == nn::InputKind::features;
+  ZERONE_CHECK(!classifier || !a.seq_given, "--seq applies to token models; ", model.spec(), " reads one image per sample");
+  const int seq = classifier ? 1 : a.seq;
+  ZERONE_CHECK(seq <= model.max_seq_len(), "--seq ", seq, " exceeds the model's context length ", model.max_seq_len());
   zero::ZeroConfig base;
   base.persistence_threshold = static_cast<size_t>(a.persistence_threshold);
   base.reduce_bucket_numel = static_cast<size_t>(a.reduce_bucket_numel);
@@ -175,7 +187,7 @@ int cmd_estimate(const EstimateArgs& a, bool stage_given) {
                " is out of range: expected 1..64");
   base.sub_group_numel = static_cast<size_t>(a.sub_group_size);
   base.optimizer_buffer_count = a.buffer_count;
-  auto rows = zero::estimate(model, a.world, dtype, a.micro_batch, a.seq, base,
+  auto rows = zero::estimate(model, a.world, dtype, a.micro_batch, seq, base,
                              stage_given ? std::optional<int>(a.stage) : std::nullopt);
   const double limit = a.device_mem_gib * 1024.0 * 1024.0 * 1024.0;
   if (a.json) {
@@ -185,7 +197,7 @@ int cmd_estimate(const EstimateArgs& a, bool stage_given) {
     j["world"] = a.world;
     j["precision"] = dtype_name(dtype);
     j["micro_batch"] = a.micro_batch;
-    j["seq"] = a.seq;
+    j["seq"] = seq;
     for (const auto& r : rows) {
       nlohmann::ordered_json s;
       s["stage"] = r.stage;
@@ -218,7 +230,7 @@ int cmd_estimate(const EstimateArgs& a, bool stage_given) {
   std::printf("model %s (%zu parameters), world %d, %s, micro-batch %d x seq %d, offload optimizer %s, param %s; "
               "bytes per rank:\n",
               model.spec().c_str(), model.num_parameters(), a.world, dtype_name(dtype), a.micro_batch,
-              a.seq, a.offload_optimizer.c_str(), a.offload_param.c_str());
+              seq, a.offload_optimizer.c_str(), a.offload_param.c_str());
   std::printf("%-6s %12s %12s %12s %12s %12s %12s %12s %12s %12s %12s %12s%s\n", "stage", "param", "grad", "master", "optim",
               "model", "working set", "activation", "device", "host", "nvme", "in memory", limit > 0 ? "  fits" : "");
   auto h = [](int64_t b) { return train::human_bytes(static_cast<double>(b)); };
@@ -425,6 +437,7 @@ int main(int argc, char** argv) {
                   convert_opts.src.c_str(), r.model_spec.c_str(), static_cast<unsigned long long>(r.parameters),
                   r.destination_kind.c_str(), convert_opts.dst.c_str(), r.dtype.c_str());
     } else if (estimate_cmd->parsed()) {
+      est.seq_given = estimate_cmd->count("--seq") > 0;
       return cmd_estimate(est, estimate_cmd->count("--zero-stage") > 0);
     }
   } catch (const train::Interrupted& e) {

@@ -64,7 +64,7 @@ check "counts its data position in micro-batches of 2 x 16" "$Z" train --model "
 # Directories that are not checkpoints; `latest` naming nothing.
 mkdir -p "$d/junk"; echo hi > "$d/junk/notes.txt"
 check "holds 'notes.txt' but no 'latest' pointer" "${resume[@]}" --checkpoint-dir "$d/junk"
-check "is not a zerone checkpoint" "$Z" train --init "$d/junk" --data "$d/c_train.bin" --micro-batch 2 --seq 16 --steps 1
+check "is a directory, but neither a Hugging Face model directory" "$Z" train --init "$d/junk" --data "$d/c_train.bin" --micro-batch 2 --seq 16 --steps 1
 r=$(fresh dangling); echo step-00000077 > "$r/latest"
 check "names 'step-00000077', which does not exist" "${resume[@]}" --checkpoint-dir "$r"
 r=$(fresh badlatest); echo '../../etc' > "$r/latest"

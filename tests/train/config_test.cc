@@ -60,7 +60,35 @@ TEST(Config, BrokenFilesNameTheProblem) {
   expect_error([&] { TrainConfig c; apply_json_config(dir.file("type.json"), c); }, "expected an integer");
   write_text(dir.file("opt.json"), "{\"optimizer\": {\"type\": \"Lion\"}}");
   expect_error([&] { TrainConfig c; apply_json_config(dir.file("opt.json"), c); },
-               "key 'optimizer.type' is \"Lion\": optimizer Lion (zerone has Adam and AdamW) is not implemented");
+               "key 'optimizer.type' is \"Lion\": optimizer Lion (zerone has Adam, AdamW and SGD) is not implemented");
+}
+
+TEST(Config, DeepSpeedSgd) {
+  // DeepSpeed hands SGD's params to torch.optim.SGD (issue 11).
+  TempDir dir;
+  write_text(dir.file("sgd.json"), R"({"optimizer": {"type": "SGD", "params": {"lr": 0.05, "momentum": 0.9,
+      "dampening": 0.1, "weight_decay": 5e-4, "nesterov": false}}, "epochs": 3})");
+  TrainConfig c;
+  apply_json_config(dir.file("sgd.json"), c);
+  EXPECT_EQ(c.optimizer, "sgd");
+  EXPECT_FLOAT_EQ(c.lr, 0.05f);
+  EXPECT_FLOAT_EQ(c.momentum, 0.9f);
+  EXPECT_FLOAT_EQ(c.dampening, 0.1f);
+  EXPECT_FLOAT_EQ(c.weight_decay, 5e-4f);
+  EXPECT_FALSE(c.nesterov);
+  EXPECT_EQ(c.epochs, 3);
+  validate(c);
+  // The command line wins over the file.
+  TrainConfig flags;
+  flags.optimizer = "adamw";
+  flags.given.insert("--optimizer");
+  write_text(dir.file("sgd2.json"), R"({"optimizer": {"type": "sgd", "params": {"momentum": 0.5}}})");
+  apply_json_config(dir.file("sgd2.json"), flags);
+  EXPECT_EQ(flags.optimizer, "adamw");
+  expect_error([&] { validate(flags); }, "key 'optimizer.params.momentum' applies to --optimizer sgd");
+  write_text(dir.file("nesterov.json"), R"({"optimizer": {"type": "SGD", "params": {"nesterov": true, "dampening": 0.5, "momentum": 0.9}}})");
+  expect_error([&] { TrainConfig n; apply_json_config(dir.file("nesterov.json"), n); validate(n); },
+               "needs a momentum above 0 and zero dampening");
 }
 
 // A config file written to a temporary directory and read into a fresh TrainConfig (with `flags`

@@ -18,12 +18,19 @@ inline uint64_t mix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+// Value `index` of stream (seed, stream) as a uniform in [0, 1): what the index-th call of
+// Rng(seed, stream).uniform() returns, computed directly (no state; any order, any thread).
+inline double uniform_at(uint64_t seed, uint64_t stream, uint64_t index);
+
 class Rng {
  public:
-  explicit Rng(uint64_t seed, uint64_t stream = 0) : key_(mix64(seed ^ mix64(stream + 0x632be59bd9b4e019ull))) {}
-  uint64_t next_u64() { return mix64(key_ + counter_++ * 0xd1b54a32d192ed03ull); }
+  explicit Rng(uint64_t seed, uint64_t stream = 0) : key_(key(seed, stream)) {}
+  static uint64_t key(uint64_t seed, uint64_t stream) { return mix64(seed ^ mix64(stream + 0x632be59bd9b4e019ull)); }
+  static uint64_t at(uint64_t key, uint64_t counter) { return mix64(key + counter * 0xd1b54a32d192ed03ull); }
+  static double to_uniform(uint64_t bits) { return static_cast<double>(bits >> 11) * 0x1.0p-53; }
+  uint64_t next_u64() { return at(key_, counter_++); }
   // Uniform in [0, 1) with 53 random bits.
-  double uniform() { return static_cast<double>(next_u64() >> 11) * 0x1.0p-53; }
+  double uniform() { return to_uniform(next_u64()); }
   // Uniform integer in [0, n). n > 0.
   uint64_t below(uint64_t n) { return static_cast<uint64_t>(uniform() * static_cast<double>(n)) % n; }
   // Standard normal (Box-Muller, one value per call).
@@ -37,5 +44,9 @@ class Rng {
   uint64_t key_;
   uint64_t counter_ = 0;
 };
+
+inline double uniform_at(uint64_t seed, uint64_t stream, uint64_t index) {
+  return Rng::to_uniform(Rng::at(Rng::key(seed, stream), index));
+}
 
 }  // namespace zerone

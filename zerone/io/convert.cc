@@ -16,6 +16,7 @@
 #include "zerone/io/llmc_checkpoint.h"
 #include "zerone/io/sharded_checkpoint.h"
 #include "zerone/nn/gpt2.h"
+#include "zerone/nn/llama.h"
 #include "zerone/nn/model.h"
 
 namespace zerone::io {
@@ -90,6 +91,11 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
   std::unique_ptr<nn::Model> model = nn::make_model(source.spec, dtype, 64, /*allocate=*/false);
   ZERONE_CHECK(to != "llmc" || dynamic_cast<nn::GPT2*>(model.get()) != nullptr, "convert: '", o.src, "' holds ",
                model->spec(), ", which an llm.c checkpoint (GPT-2 only) cannot hold: use --to hf or --to zerone");
+  // Hugging Face tensor names exist for the transformers only (the image classifiers of
+  // nn/sequential.h have none).
+  ZERONE_CHECK(to != "hf" || dynamic_cast<nn::GPT2*>(model.get()) != nullptr || dynamic_cast<nn::Llama*>(model.get()) != nullptr,
+               "convert: '", o.src, "' holds ", model->spec(),
+               ", which a Hugging Face directory (GPT-2 or LLaMA) cannot hold: use --to zerone");
   ZERONE_CHECK(to != "llmc" || dtype != DType::f16, "convert: llm.c checkpoints hold f32 or bf16: use --dtype f32 or bf16");
   ZERONE_CHECK(!same_file(o.src, dst) && !same_file(strip_slashes(o.src), dst), "convert: the destination '", o.dst,
                "' is the source");

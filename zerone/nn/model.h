@@ -3,9 +3,14 @@
 // loss, a backward that accumulates gradients, hooks around each unit's use (UnitHooks, for ZeRO's
 // gather/release/reduce), and a table of the activation memory a shape needs.
 //
-// Where a model plugs in: implement Model in zerone/nn (gpt2.h and llama.h are the two so far),
-// add its spec to make_model (models.cc), and its tensor names to zerone/io for checkpoints.
-// Nothing in zerone/zero or zerone/train names a concrete model.
+// Where a model plugs in: implement Model in zerone/nn (gpt2.h and llama.h are the transformers,
+// sequential.h the image classifiers), add its spec to make_model (models.cc), and its tensor
+// names to zerone/io for checkpoints. Nothing in zerone/zero or zerone/train names a concrete model.
+//
+// Note [Batches]: a model reads one kind of sample (input_kind()): token sequences with their
+// next-token targets (the language models), or dense f32 feature tensors of input_shape() with one
+// class label each (the classifiers). A Batch carries either; the trainer's batch sources
+// (train/batch_source.h) fill it, and forward(const Batch&) is the one entry point the trainer uses.
 //
 // Thread-safety: one thread drives a model.
 #pragma once
@@ -33,6 +38,23 @@ class UnitHooks {
   virtual void after_backward(int unit) {}
 };
 
+enum class InputKind { tokens, features };
+
+// One micro-batch (Note [Batches]). Pointers are borrowed for the duration of forward().
+struct Batch {
+  int size = 0;                      // B: sequences or samples
+  int seq = 1;                       // T: tokens per sequence (1 for feature samples)
+  const int32_t* tokens = nullptr;   // (B,T) token ids                   [tokens]
+  const float* features = nullptr;   // (B, prod(input_shape())) inputs   [features]
+  const int32_t* targets = nullptr;  // (B,T) next tokens, or (B) labels; null: no loss, no backward
+  // Training forward (dropout active) or evaluation. Note [Dropout keys] in kernels/cpu/classifier.h:
+  // the run's seed, the step and the position of sample 0 in the step's global batch key the masks.
+  bool training = false;
+  uint64_t seed = 0;
+  uint64_t step = 0;
+  uint64_t first_sample = 0;
+};
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -40,8 +62,11 @@ class Model {
   // The spec string that builds this model again ("gpt2:layers=...", "llama:...").
   virtual std::string spec() const = 0;
   virtual size_t num_parameters() const = 0;
-  virtual int vocab_size() const = 0;         // token ids must be below this
-  virtual int max_seq_len() const = 0;        // the context length
+  virtual int vocab_size() const = 0;         // token ids (class labels, for classifiers) must be below this
+  virtual int max_seq_len() const = 0;        // the context length (1 for classifiers)
+  virtual InputKind input_kind() const { return InputKind::tokens; }
+  // features: one sample's shape, e.g. {C, H, W}; tokens: empty.
+  virtual std::vector<int64_t> input_shape() const { return {}; }
   virtual DType compute_dtype() const = 0;
 
   virtual std::vector<FlatParam>& units() = 0;
@@ -63,6 +88,10 @@ class Model {
   // inputs (B,T) token ids < vocab_size() (validated by the caller). With targets returns the mean
   // cross-entropy over B*T and keeps what backward needs; without, computes logits only, returns 0.
   virtual float forward(const int32_t* inputs, const int32_t* targets, int B, int T) = 0;
+  // The trainer's entry point (Note [Batches]). The default serves token models: it calls the
+  // forward above with the batch's tokens and targets. Classifiers return the mean cross-entropy
+  // over the batch's labels; their logits() are (B, vocab_size()).
+  virtual float forward(const Batch& batch);
   // Accumulates into every unit's gradient the gradient of (grad_scale * mean loss).
   virtual void backward(float grad_scale) = 0;
   void zero_grad() {

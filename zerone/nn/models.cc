@@ -5,6 +5,7 @@
 #include "zerone/nn/gpt2.h"
 #include "zerone/nn/llama.h"
 #include "zerone/nn/model.h"
+#include "zerone/nn/sequential.h"
 
 namespace zerone::nn {
 
@@ -12,6 +13,12 @@ std::vector<size_t> Model::unit_numels() const {
   std::vector<size_t> out;
   for (const FlatParam& unit : units()) out.push_back(unit.numel());
   return out;
+}
+
+float Model::forward(const Batch& batch) {
+  ZERONE_ASSERT(input_kind() == InputKind::tokens && batch.tokens != nullptr, "model ", spec(),
+                " was handed a batch without tokens");
+  return forward(batch.tokens, batch.targets, batch.size, batch.seq);
 }
 
 bool UnitModel::accumulate_grads(int u, std::initializer_list<int> overwritten) {
@@ -26,6 +33,8 @@ bool UnitModel::accumulate_grads(int u, std::initializer_list<int> overwritten) 
 }
 
 std::unique_ptr<Model> make_model(const std::string& spec, DType compute_dtype, size_t align_numel, bool allocate) {
+  if (is_sequential_spec(spec))
+    return std::make_unique<Sequential>(parse_sequential_spec(spec), compute_dtype, align_numel, allocate);
   if (is_llama_spec(spec)) return std::make_unique<Llama>(parse_llama_spec(spec), compute_dtype, align_numel, allocate);
   return std::make_unique<GPT2>(parse_model_spec(spec), compute_dtype, align_numel, allocate);
 }

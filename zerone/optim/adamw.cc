@@ -43,24 +43,29 @@ double AdamW::update_slice(const ShardRef& s, DType param_dtype, const AdamWOpti
   ZERONE_ASSERT(begin <= end && end <= s.numel);
   void* param_out = param_dtype == DType::f32 ? nullptr : s.param;
   double sumsq = 0.0;
-  // Walk [begin, end) as alternating no-decay / decay ranges (decay_ranges are sorted).
-  auto run = [&](size_t b, size_t e, float wd) {
-    b = std::max(b, begin);
-    e = std::min(e, end);
-    if (e <= b) return;
+  for_each_decay_run(s, begin, end, options.weight_decay, [&](size_t b, size_t e, float wd) {
     h.weight_decay = wd;
     void* p = param_out ? static_cast<char*>(param_out) + b * dtype_size(param_dtype) : nullptr;
     sumsq += kernels::cpu::adamw_update(master + (b - begin), m + (b - begin), v + (b - begin), s.grad + b, p,
                                         param_dtype, e - b, h);
+  });
+  return sumsq;
+}
+
+void for_each_decay_run(const ShardRef& s, size_t begin, size_t end, float weight_decay,
+                        const std::function<void(size_t b, size_t e, float weight_decay)>& fn) {
+  auto run = [&](size_t b, size_t e, float wd) {
+    b = std::max(b, begin);
+    e = std::min(e, end);
+    if (b < e) fn(b, e, wd);
   };
   size_t pos = 0;
   for (auto [b, e] : s.decay_ranges) {
     run(pos, b, 0.0f);
-    run(b, e, options.weight_decay);
+    run(b, e, weight_decay);
     pos = e;
   }
   run(pos, s.numel, 0.0f);
-  return sumsq;
 }
 
 void AdamW::begin_step(float lr, float grad_scale) {

@@ -103,6 +103,12 @@ class Optimizer {
   virtual void end_step() {}
 };
 
+// Calls fn(b, e, weight_decay) for the runs [b, e) of [begin, end) of `shard`, in order: the runs
+// inside its decay ranges with `weight_decay`, the others with 0 (decay_ranges are sorted). Shared
+// by every optimizer's update_slice.
+void for_each_decay_run(const ShardRef& shard, size_t begin, size_t end, float weight_decay,
+                        const std::function<void(size_t b, size_t e, float weight_decay)>& fn);
+
 // AdamW's state names for parameters of `param_dtype` (Note [Optimizer state in checkpoints]).
 std::vector<std::string> adamw_state_names(DType param_dtype);
 

@@ -38,6 +38,7 @@ const std::map<std::string, IntRange> kIntRanges = {
     {"--seq", {1, 1048576}},
     {"--grad-accum", {1, 1048576}},
     {"--steps", {1, 100000000}},
+    {"--epochs", {0, 1000000}},
     {"--warmup", {0, 100000000}},
     {"--total-steps", {0, 100000000}},
     {"--threads", {0, 4096}},
@@ -72,6 +73,8 @@ const std::map<std::string, FloatRange> kFloatRanges = {
     {"--beta1", {0, 1, false, true}},
     {"--beta2", {0, 1, false, true}},
     {"--eps", {0, 1, true, true}},
+    {"--momentum", {0, 1, false, false}},
+    {"--dampening", {0, 1, false, false}},
     {"--grad-clip", {0, kInf, false, true}},
     {"--min-lr-frac", {0, 1, false, false}},
     {"--warmup-min-lr", {0, 10, false, false}},
@@ -221,6 +224,7 @@ class ConfigReader {
 
   void read_precision_block(const std::string& key, const json& v);
   void read_optimizer(const json& v);
+  void read_sgd(const json& params);  // optimizer.params of type SGD
   void read_scheduler(const json& v);
   void read_zero(const json& v);
   // zero_optimization.offload_optimizer / offload_param and the top-level aio block (issue 8).
@@ -256,6 +260,7 @@ void ConfigReader::read(const json& root) {
       precision_key_ = text(v, key);
     } else if (key == "seq" || key == "seq_len") set_int(v, key, "--seq", cfg_.seq);
     else if (key == "steps" || key == "train_iters") set_int(v, key, "--steps", cfg_.steps);
+    else if (key == "epochs") set_int(v, key, "--epochs", cfg_.epochs);
     else if (key == "seed") {
       if (!v.is_number_unsigned()) fail(key, v, "an integer in 0..18446744073709551615");
       uint64_t seed = v.get<uint64_t>();
@@ -414,18 +419,46 @@ void ConfigReader::resolve_precision() {
 // gradient, which zerone does not implement (an error unless weight_decay is 0, where both agree).
 // Absent params take DeepSpeed's defaults: lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight_decay 0
 // (0.01 for torch_adam AdamW, torch's default).
+// DeepSpeed passes an SGD's params to torch.optim.SGD: lr, momentum, dampening, weight_decay,
+// nesterov (torch's defaults: momentum 0, dampening 0, weight_decay 0, nesterov false; lr has no
+// default in torch, DeepSpeed's config then needs it: zerone takes --lr's).
+void ConfigReader::read_sgd(const json& p) {
+  if (claim("--optimizer", "optimizer.type")) cfg_.optimizer = "sgd";
+  for (auto& [pk, pv] : p.items()) {
+    const std::string full = "optimizer.params." + pk;
+    if (pk == "lr") set_number(pv, full, "--lr", cfg_.lr);
+    else if (pk == "momentum") set_number(pv, full, "--momentum", cfg_.momentum);
+    else if (pk == "dampening") set_number(pv, full, "--dampening", cfg_.dampening);
+    else if (pk == "weight_decay") set_number(pv, full, "--weight-decay", cfg_.weight_decay);
+    else if (pk == "nesterov") {
+      if (!is_auto(pv) && claim("--nesterov", full)) cfg_.nesterov = boolean(pv, full);
+    } else if (pk == "maximize") {
+      if (boolean(pv, full)) not_implemented(full, pv, "SGD that maximizes");
+    } else if (pk == "foreach" || pk == "differentiable") {
+      boolean(pv, full);  // implementation choices of torch's; the numbers are the same
+    } else {
+      fail_text(full, "is unknown (expected lr, momentum, dampening, weight_decay, nesterov)");
+    }
+  }
+}
+
 void ConfigReader::read_optimizer(const json& v) {
   const json& o = object(v, "optimizer");
   if (!o.contains("type")) fail_text("optimizer", "has no 'type' (expected Adam or AdamW)");
   std::string type = text(o["type"], "optimizer.type");
   std::string lower;
   for (char c : type) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  if (lower != "adam" && lower != "adamw") not_implemented("optimizer.type", o["type"], str_cat("optimizer ", type, " (zerone has Adam and AdamW)"));
-  bool adam_w_mode = true, torch_adam = false;
   const json empty = json::object();
   const json& p = o.contains("params") ? object(o["params"], "optimizer.params") : empty;
   for (auto& [pk, pv] : o.items())
     if (pk != "type" && pk != "params") fail_text("optimizer." + pk, "is unknown (expected type, params)");
+  if (lower == "sgd") {
+    read_sgd(p);
+    return;
+  }
+  if (lower != "adam" && lower != "adamw") not_implemented("optimizer.type", o["type"], str_cat("optimizer ", type, " (zerone has Adam, AdamW and SGD)"));
+  if (claim("--optimizer", "optimizer.type")) cfg_.optimizer = "adamw";
+  bool adam_w_mode = true, torch_adam = false;
   for (auto& [pk, pv] : p.items()) {
     const std::string full = "optimizer.params." + pk;
     if (pk == "lr") set_number(pv, full, "--lr", cfg_.lr);
@@ -682,6 +715,25 @@ void validate(const TrainConfig& c) {
   check_float("--beta1", c.beta1);
   check_float("--beta2", c.beta2);
   check_float("--eps", c.eps);
+  ZERONE_CHECK(c.optimizer == "adamw" || c.optimizer == "sgd", setting_name(c, "--optimizer"), " '", c.optimizer,
+               "': expected adamw or sgd");
+  check_float("--momentum", c.momentum);
+  check_float("--dampening", c.dampening);
+  check_int("--epochs", c.epochs);
+  ZERONE_CHECK(!(c.is_given("--epochs") && c.is_given("--steps")), setting_name(c, "--epochs"), " and ",
+               setting_name(c, "--steps"), " both say how long to train: give one");
+  {
+    // Settings of the other optimizer would do nothing.
+    const bool sgd = c.optimizer == "sgd";
+    const std::vector<const char*> other = sgd ? std::vector<const char*>{"--beta1", "--beta2", "--eps"}
+                                               : std::vector<const char*>{"--momentum", "--dampening", "--nesterov"};
+    for (const char* flag : other)
+      ZERONE_CHECK(!c.is_given(flag), setting_name(c, flag), " applies to --optimizer ", sgd ? "adamw" : "sgd",
+                   "; this run's optimizer is ", c.optimizer);
+    ZERONE_CHECK(!c.nesterov || (c.momentum > 0.0f && c.dampening == 0.0f), setting_name(c, "--nesterov"),
+                 " needs a momentum above 0 and zero dampening (as torch.optim.SGD): --momentum ", c.momentum,
+                 ", --dampening ", c.dampening);
+  }
   check_float("--grad-clip", c.grad_clip);
   check_int("--threads", c.threads);
   check_int("--val-every", c.val_every);
@@ -815,6 +867,11 @@ std::vector<std::pair<std::string, std::string>> consistency_settings(const Trai
           {"--beta1", str_cat(c.beta1)},
           {"--beta2", str_cat(c.beta2)},
           {"--eps", str_cat(c.eps)},
+          {"--optimizer", c.optimizer},
+          {"--momentum", str_cat(c.momentum)},
+          {"--dampening", str_cat(c.dampening)},
+          {"--nesterov", str_cat(c.nesterov)},
+          {"--epochs", str_cat(c.epochs)},
           {"--grad-clip", str_cat(c.grad_clip)},
           {"--seed", str_cat(c.seed)},
           {"--no-shuffle", str_cat(c.no_shuffle)},

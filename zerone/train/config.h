@@ -47,6 +47,10 @@ struct TrainConfig {
   std::string warmup_type = "log";  // DeepSpeed schedules: log | linear
   float weight_decay = 0.0f;
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+  std::string optimizer = "adamw";  // adamw | sgd (DeepSpeed optimizer.type Adam/AdamW or SGD)
+  float momentum = 0.0f, dampening = 0.0f;  // SGD (torch.optim.SGD's meaning)
+  bool nesterov = false;                    // SGD
+  int epochs = 0;               // image data: passes over --data (sets the steps); 0: --steps counts
   float grad_clip = 0.0f;       // 0: no clipping
   uint64_t seed = 1337;
   bool no_shuffle = false;

@@ -95,9 +95,11 @@ std::optional<std::string> MetricsWriter::write(const StepRecord& r) {
   line["lr"] = r.lr;
   line["grad_norm"] = r.grad_norm;
   line["ms"] = r.ms;
-  line["tokens_per_s"] = r.tokens_per_s;
+  if (r.samples_per_s) line["samples_per_s"] = *r.samples_per_s;
+  else line["tokens_per_s"] = r.tokens_per_s;
   line["mem"] = memory_object();
   if (r.val_loss) line["val_loss"] = *r.val_loss;
+  if (r.val_accuracy) line["val_accuracy"] = *r.val_accuracy;
   if (r.loss_scale) line["loss_scale"] = *r.loss_scale;
   if (r.skipped) line["skipped"] = true;
   const std::string text = line.dump() + "\n";
@@ -176,15 +178,19 @@ void Progress::step(const StepRecord& r) {
   elapsed_s_ += r.ms / 1000.0;
   double eta_s = r.step > 0 ? elapsed_s_ / r.step * (r.total_steps - r.step) : 0.0;
   int eta = static_cast<int>(std::lround(eta_s));
-  char line[320];
-  std::snprintf(line, sizeof line, "step %*d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f ms | %.0f tok/s | ETA %dm%02ds | mem %s%s",
+  char line[400];
+  const std::string val = r.val_accuracy ? str_cat(" | val loss ", r.val_loss.value_or(0.0f), " acc ", *r.val_accuracy * 100.0f, "%")
+                                         : "";
+  std::snprintf(line, sizeof line, "step %*d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f ms | %.0f %s | ETA %dm%02ds | mem %s%s%s",
                 static_cast<int>(std::to_string(r.total_steps).size()), r.step, r.total_steps, r.loss, r.lr,
-                r.grad_norm, r.ms, r.tokens_per_s, eta / 60, eta % 60,
+                r.grad_norm, r.ms, r.samples_per_s.value_or(r.tokens_per_s), r.samples_per_s ? "samples/s" : "tok/s",
+                eta / 60, eta % 60,
                 // In memory: device + host (this CPU build's device is host memory); nvme is on disk.
                 human_bytes(static_cast<double>(MemoryLedger::global().current_total(MemPlace::device) +
                                                 MemoryLedger::global().current_total(MemPlace::host))).c_str(),
                 r.skipped ? str_cat(" | overflow: step skipped, loss scale ", *r.loss_scale).c_str()
-                          : (r.loss_scale ? str_cat(" | scale ", *r.loss_scale).c_str() : ""));
+                          : (r.loss_scale ? str_cat(" | scale ", *r.loss_scale).c_str() : ""),
+                val.c_str());
   if (live_) {
     std::printf("\r\033[K%s", line);
     g_status_line_open = true;

@@ -2,6 +2,8 @@
 //
 // JSONL: one object per optimizer step, {"step","loss","lr","grad_norm","ms","tokens_per_s",
 // "mem":{"<place>.<category>":bytes,...,"peak_rss":bytes}} plus "val_loss" on validation steps.
+// Classifiers write "samples_per_s" in place of "tokens_per_s", and "val_accuracy" (a fraction)
+// beside "val_loss" (at each epoch end and the last step).
 // Note [Metrics never cost a run]: each line is written whole with write(2) as soon as its step
 // ends, so a crashed run keeps every finished step. The path is checked at start-up but the file
 // is created (truncated) only by the first line, so a run that fails before its first step leaves
@@ -28,7 +30,9 @@ struct StepRecord {
   float grad_norm = 0.0f;
   double ms = 0.0;
   double tokens_per_s = 0.0;
+  std::optional<double> samples_per_s;  // classifiers, in place of tokens_per_s
   std::optional<float> val_loss;
+  std::optional<float> val_accuracy;
   std::optional<double> loss_scale;  // fp16: the scale this step's backward used
   bool skipped = false;              // fp16: gradients overflowed, no update
 };

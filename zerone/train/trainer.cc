@@ -16,6 +16,7 @@
 #include "zerone/core/profiler.h"
 #include "zerone/core/sysinfo.h"
 #include "zerone/io/hf_checkpoint.h"
+#include "zerone/io/idx.h"
 #include "zerone/io/sharded_checkpoint.h"
 #include "zerone/io/llmc_checkpoint.h"
 #include "zerone/io/token_shards.h"
@@ -24,6 +25,7 @@
 #include "zerone/nn/llama.h"
 #include "zerone/nn/model.h"
 #include "zerone/optim/adamw.h"
+#include "zerone/train/batch_source.h"
 #include "zerone/train/checkpoint.h"
 #include "zerone/train/interrupt.h"
 #include "zerone/train/lr_schedule.h"
@@ -48,17 +50,43 @@ constexpr size_t kDefaultTrainTokens = 2'000'000;
 constexpr size_t kDefaultValTokens = 100'000;
 constexpr uint64_t kDefaultSourceSeed = 42;
 
-// Mean loss over the first `batches` chunks of the validation data. Collective at stage 3 (the
-// forward gathers parameters), so every rank runs it.
-float evaluate(nn::Model& model, io::DataLoader& loader, int batches, int B, int T) {
-  std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(inputs.size());
+struct Evaluation {
+  float loss = 0.0f;
+  std::optional<float> accuracy;  // classifiers: the fraction of samples whose argmax is the label
+};
+
+// Over the first `batches` chunks of the validation data: tokens, the mean of the batches' mean
+// losses; classifiers, the mean loss and accuracy over every sample read (the last chunk may be
+// short). Collective at stage 3 (the forward gathers parameters), so every rank runs it, whole.
+Evaluation evaluate(nn::Model& model, BatchSource& source, uint64_t batches) {
+  const bool classifier = model.input_kind() == nn::InputKind::features;
   double sum = 0.0;
-  int n = static_cast<int>(std::min<uint64_t>(batches, loader.chunks_per_epoch()));
-  for (int i = 0; i < n; ++i) {
-    loader.load(i, inputs.data(), targets.data());
-    sum += model.forward(inputs.data(), targets.data(), B, T);
+  int64_t samples = 0, correct = 0;
+  const uint64_t n = std::min<uint64_t>(batches, source.chunks_per_epoch());
+  for (uint64_t i = 0; i < n; ++i) {
+    const nn::Batch batch = source.load(i);
+    const float loss = model.forward(batch);
+    if (!classifier) {
+      sum += loss;
+      continue;
+    }
+    sum += static_cast<double>(loss) * batch.size;
+    samples += batch.size;
+    const float* logits = model.logits();
+    const int K = model.logits_stride();
+    for (int b = 0; b < batch.size; ++b) {
+      const float* row = logits + static_cast<size_t>(b) * K;
+      correct += std::max_element(row, row + model.vocab_size()) - row == batch.targets[b] ? 1 : 0;
+    }
   }
-  return static_cast<float>(sum / n);
+  Evaluation e;
+  if (!classifier) {
+    e.loss = static_cast<float>(sum / static_cast<double>(n));
+  } else {
+    e.loss = static_cast<float>(sum / static_cast<double>(samples));
+    e.accuracy = static_cast<float>(static_cast<double>(correct) / static_cast<double>(samples));
+  }
+  return e;
 }
 
 // `value` with `digits` decimals, for messages.
@@ -302,6 +330,9 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   const int world = comm.world_size(), rank = comm.rank();
   const bool lead = rank == 0;
   const bool default_run = cfg.data.empty();
+  // Image data (a directory of IDX files): validation defaults to the t10k-* files beside train-*.
+  const bool image_data = !default_run && io::has_image_split(cfg.data, "train");
+  if (image_data && cfg.val_data.empty() && io::has_image_split(cfg.data, "t10k")) cfg.val_data = cfg.data;
   ZERONE_CHECK(!(default_run && !cfg.val_data.empty()), "--val-data given without --data");
   resolve_batch_sizes(cfg, world);  // before the default run's batch, which fills only what is not given
   if (default_run) cfg = default_run_config(cfg);
@@ -333,8 +364,13 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   std::string model_spec = cfg.model;
   const bool init_hf = !resume_from && !cfg.init.empty() && io::is_hf_directory(cfg.init);
   struct stat init_st;
-  if (!resume_from && !cfg.init.empty() && !init_hf && ::stat(cfg.init.c_str(), &init_st) == 0 && S_ISDIR(init_st.st_mode))
+  if (!resume_from && !cfg.init.empty() && !init_hf && ::stat(cfg.init.c_str(), &init_st) == 0 && S_ISDIR(init_st.st_mode)) {
+    struct stat latest_st;
+    ZERONE_CHECK(io::is_checkpoint_directory(cfg.init) || ::stat((cfg.init + "/latest").c_str(), &latest_st) == 0,
+                 "--init '", cfg.init, "' is a directory, but neither a Hugging Face model directory (config.json) nor ",
+                 "a zerone checkpoint (manifest.json, or a 'latest' pointer); --init also takes an llm.c checkpoint file");
     init_zerone = std::make_unique<io::CheckpointReader>(cfg.init);
+  }
   if (io::CheckpointReader* ckpt = resume_from ? resume_from.get() : init_zerone.get()) {
     // Canonical form: a spec spelled differently (a preset name, another key order) is the same model.
     try {
@@ -371,6 +407,22 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   std::unique_ptr<nn::Model> model_owner = nn::make_model(model_spec, dtype, zero::kShardAlign * world, /*allocate=*/false);
   nn::Model& model = *model_owner;
   model.set_activation_checkpointing(cfg.activation_checkpointing);
+  const bool classifier = model.input_kind() == nn::InputKind::features;
+  if (classifier) {
+    ZERONE_CHECK(image_data, "--model ", model.spec(), " is an image classifier: give --data DIR, a directory with ",
+                 "train-images-idx3-ubyte[.gz] and train-labels-idx1-ubyte[.gz] (e.g. /usr/share/datasets/fashion-mnist)",
+                 default_run ? "" : str_cat("; '", cfg.data, "' is not one"));
+    ZERONE_CHECK(!cfg.is_given("--seq"), setting_name(cfg, "--seq"), " applies to token models; ", model.spec(),
+                 " reads one image per sample");
+    cfg.seq = 1;
+    ZERONE_CHECK(cfg.save.empty(), "--save writes llm.c or Hugging Face checkpoints, which hold GPT-2 and LLaMA models; ",
+                 model.spec(), " cannot be saved in them");
+  } else {
+    ZERONE_CHECK(!image_data, "--data '", cfg.data, "' holds IDX images, but --model ", model.spec(),
+                 " reads tokens: give an image classifier (mnist-mlp, mnist-cnn, cifar-cnn or seq:...)");
+    ZERONE_CHECK(!cfg.is_given("--epochs"), setting_name(cfg, "--epochs"),
+                 " applies to image data; token runs count --steps");
+  }
   ZERONE_CHECK(cfg.seq <= model.max_seq_len(), "--seq ", cfg.seq, " exceeds the model's context length ",
                model.max_seq_len());
   ZERONE_CHECK(cfg.save.empty() || save_is_hf_directory(cfg.save) || dynamic_cast<nn::GPT2*>(&model) != nullptr,
@@ -416,8 +468,30 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
 
   // Data.
   std::unique_ptr<io::TokenSource> train_tokens, val_tokens;
+  std::unique_ptr<BatchSource> train_source, val_source;
+  uint64_t steps_per_epoch = 0;  // image data (Note [Image epochs] in batch_source.h)
   std::optional<double> entropy;
-  if (default_run) {
+  if (classifier) {
+    auto train_images = std::make_unique<ImageBatches>(io::load_image_split(cfg.data, "train", "--data"), "--data",
+                                                       model.input_shape(), model.vocab_size(), cfg.micro_batch,
+                                                       cfg.grad_accum * world, !cfg.no_shuffle, cfg.seed);
+    steps_per_epoch = train_images->steps_per_epoch();
+    settings.emplace_back("the --data samples", str_cat(train_images->num_samples()));
+    if (!cfg.val_data.empty()) {
+      auto val_images = std::make_unique<ImageBatches>(io::load_image_split(cfg.val_data, "t10k", "--val-data"),
+                                                       "--val-data", model.input_shape(), model.vocab_size(),
+                                                       cfg.micro_batch, 0, false, 0);
+      settings.emplace_back("the --val-data samples", str_cat(val_images->num_samples()));
+      val_source = std::move(val_images);
+    }
+    train_source = std::move(train_images);
+    check_same_config_everywhere(settings, comm);
+    if (cfg.epochs > 0) {
+      ZERONE_CHECK(steps_per_epoch * static_cast<uint64_t>(cfg.epochs) <= 100'000'000ull, "--epochs ", cfg.epochs, " x ",
+                   steps_per_epoch, " steps per epoch is beyond 100000000 steps");
+      cfg.steps = static_cast<int>(steps_per_epoch * static_cast<uint64_t>(cfg.epochs));
+    }
+  } else if (default_run) {
     MarkovSource source(kDefaultSourceSeed);
     entropy = source.entropy_rate();
     train_tokens = std::make_unique<io::InMemoryTokens>(source.generate(kDefaultTrainTokens, 1), "built-in corpus");
@@ -427,19 +501,26 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     if (!cfg.val_data.empty()) val_tokens = std::make_unique<io::TokenDataset>(cfg.val_data, "--val-data");
   }
   const int B = cfg.micro_batch, T = cfg.seq;
-  auto check_holds_a_batch = [&](const io::TokenSource& tokens, const char* what) {
-    const size_t need = static_cast<size_t>(B) * T + 1;
-    ZERONE_CHECK(tokens.num_tokens() >= need, what, " holds ", tokens.num_tokens(), " tokens, fewer than one batch of ",
-                 "--micro-batch x --seq + 1 = ", need);
-  };
-  check_holds_a_batch(*train_tokens, default_run ? "the built-in corpus" : "--data");
-  if (val_tokens) check_holds_a_batch(*val_tokens, "--val-data");
-  // The same paths can name different files on different ranks (another working directory or
-  // host): compare what was opened too (Note [Same config]).
-  if (!default_run) {
-    settings.emplace_back("the --data tokens", str_cat(train_tokens->num_tokens()));
-    if (val_tokens) settings.emplace_back("the --val-data tokens", str_cat(val_tokens->num_tokens()));
-    check_same_config_everywhere(settings, comm);
+  if (!classifier) {
+    auto check_holds_a_batch = [&](const io::TokenSource& tokens, const char* what) {
+      const size_t need = static_cast<size_t>(B) * T + 1;
+      ZERONE_CHECK(tokens.num_tokens() >= need, what, " holds ", tokens.num_tokens(), " tokens, fewer than one batch of ",
+                   "--micro-batch x --seq + 1 = ", need);
+    };
+    check_holds_a_batch(*train_tokens, default_run ? "the built-in corpus" : "--data");
+    if (val_tokens) check_holds_a_batch(*val_tokens, "--val-data");
+    // The same paths can name different files on different ranks (another working directory or
+    // host): compare what was opened too (Note [Same config]).
+    if (!default_run) {
+      settings.emplace_back("the --data tokens", str_cat(train_tokens->num_tokens()));
+      if (val_tokens) settings.emplace_back("the --val-data tokens", str_cat(val_tokens->num_tokens()));
+      check_same_config_everywhere(settings, comm);
+    }
+    train_source = std::make_unique<TokenBatches>(*train_tokens, B, T, model.vocab_size(), !cfg.no_shuffle, cfg.seed);
+    check_tokens_in_vocabulary(*train_tokens, model.vocab_size(), default_run ? "built-in corpus" : "--data", comm);
+    if (val_tokens)
+      check_tokens_in_vocabulary(*val_tokens, model.vocab_size(), default_run ? "built-in corpus" : "--val-data", comm);
+    if (val_tokens) val_source = std::make_unique<TokenBatches>(*val_tokens, B, T, model.vocab_size(), false, 0);
   }
   // The run's position: step 1 and chunk 0, or where the checkpoint left off.
   TrainerState resumed;
@@ -462,12 +543,6 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   }
   const int start_step = static_cast<int>(resumed.step) + 1;
   const uint64_t chunk_base = resumed.next_chunk;
-  io::DataLoader train_loader(*train_tokens, B, T, model.vocab_size(), !cfg.no_shuffle, cfg.seed);
-  check_tokens_in_vocabulary(*train_tokens, model.vocab_size(), default_run ? "built-in corpus" : "--data", comm);
-  if (val_tokens)
-    check_tokens_in_vocabulary(*val_tokens, model.vocab_size(), default_run ? "built-in corpus" : "--val-data", comm);
-  std::unique_ptr<io::DataLoader> val_loader;
-  if (val_tokens) val_loader = std::make_unique<io::DataLoader>(*val_tokens, B, T, model.vocab_size(), false, 0);
 
   // Opened and checked once; each unit then reads only its own bytes.
   std::unique_ptr<io::HfCheckpointReader> hf_init;
@@ -481,8 +556,9 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     else io::load_llmc_checkpoint(cfg.init, dynamic_cast<nn::GPT2&>(model), u);
   };
   const auto load_t0 = std::chrono::steady_clock::now();
-  zero::ZeroEngine engine(model, comm, zcfg, optim::AdamWOptions{cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay},
-                          materialize, nvme);
+  optim::OptimizerOptions optimizer = optim::AdamWOptions{cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay};
+  if (cfg.optimizer == "sgd") optimizer = optim::SGDOptions{cfg.momentum, cfg.dampening, cfg.weight_decay, cfg.nesterov};
+  zero::ZeroEngine engine(model, comm, zcfg, optimizer, materialize, nvme);
   if (resume_from) {
     const io::CheckpointManifest& m = resume_from->manifest();
     const std::vector<std::string> needed = engine.optimizer().state_names();
@@ -507,12 +583,13 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   Progress progress;
   if (lead) {
     progress.message(str_cat("zerone: model ", model.spec(), " (", model.num_parameters(),
-                             " parameters), ", dtype_name(dtype), ", micro-batch ", B, " x seq ", T, " x accum ",
+                             " parameters), ", dtype_name(dtype), ", micro-batch ", B,
+                             classifier ? "" : str_cat(" x seq ", T), " x accum ",
                              cfg.grad_accum, " x world ", world, ", ZeRO stage ", cfg.zero_stage,
                              zcfg.offload_optimizer != zero::OffloadDevice::none ? str_cat(", optimizer on ", cfg.offload_optimizer) : "",
                              zcfg.offload_param != zero::OffloadDevice::none ? str_cat(", params on ", cfg.offload_param) : "",
-                             ", ", cfg.steps,
-                             " steps, ", omp_get_max_threads(), " threads/rank",
+                             ", ", optim::optimizer_name(optimizer), ", ", cfg.steps, " steps",
+                             classifier ? str_cat(" (", steps_per_epoch, " per epoch)") : "", ", ", omp_get_max_threads(), " threads/rank",
                              world > 1 ? str_cat(", ", comm.description()) : "",
                              default_run ? str_cat("; built-in Markov corpus, entropy ", *entropy, " nats/token") : ""));
   }
@@ -585,7 +662,6 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
       progress.message(str_cat("staged checkpoint of step ", done, " (stall ", fixed(checkpointer->last_stall_s(), 3),
                                " s); writing in the background"));
   };
-  std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(inputs.size());
   TrainResult result;
   Profiler::set_enabled(cfg.profile);
   double profiled_wall_s = 0.0;  // steps 2.. (the first step creates the GEMM primitives)
@@ -608,11 +684,17 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     for (int micro = 0; micro < cfg.grad_accum; ++micro) {
       // Chunk (s*accum + k)*world + r: every world size sees the same global batch.
       uint64_t chunk = chunk_base + (static_cast<uint64_t>(step - start_step) * cfg.grad_accum + micro) * world + rank;
+      nn::Batch batch;
       {
         ProfileScope profile(ProfileCategory::data);
-        train_loader.load(chunk, inputs.data(), targets.data());
+        batch = train_source->load(chunk);
       }
-      loss_sum += model.forward(inputs.data(), targets.data(), B, T);
+      // Note [Dropout keys] (kernels/cpu/classifier.h): the sample's place in the global batch.
+      batch.training = true;
+      batch.seed = cfg.seed;
+      batch.step = static_cast<uint64_t>(step);
+      batch.first_sample = (static_cast<uint64_t>(micro) * world + rank) * B;
+      loss_sum += model.forward(batch);
       engine.set_last_micro_step(micro == cfg.grad_accum - 1);
       model.backward(static_cast<float>(loss_scale / cfg.grad_accum));
     }
@@ -676,22 +758,36 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     if (scaled) record.loss_scale = loss_scale;
     record.skipped = stepped.overflow;
     record.ms = ms;
-    record.tokens_per_s = static_cast<double>(B) * T * cfg.grad_accum * world / (ms / 1000.0);
-    bool validate_now = val_loader && ((cfg.val_every > 0 && step % cfg.val_every == 0) || step == cfg.steps);
+    const double rate = static_cast<double>(B) * T * cfg.grad_accum * world / (ms / 1000.0);
+    if (classifier) record.samples_per_s = rate;
+    else record.tokens_per_s = rate;
+    // Classifiers validate at the end of every epoch too, on the whole --val-data unless
+    // --val-batches limits it.
+    const bool epoch_end = classifier && step % steps_per_epoch == 0;
+    bool validate_now = val_source && ((cfg.val_every > 0 && step % cfg.val_every == 0) || step == cfg.steps || epoch_end);
     if (validate_now) {
       // Validation is outside the step's wall time, so --profile does not count it either.
       Profiler::set_enabled(false);
-      record.val_loss = evaluate(model, *val_loader, cfg.val_batches, B, T);
+      const uint64_t batches = classifier && !cfg.is_given("--val-batches") ? val_source->chunks_per_epoch()
+                                                                            : static_cast<uint64_t>(cfg.val_batches);
+      const Evaluation e = evaluate(model, *val_source, batches);
+      record.val_loss = e.loss;
+      record.val_accuracy = e.accuracy;
       Profiler::set_enabled(cfg.profile);
     }
     if (lead) {
       progress.step(record);
-      if (record.val_loss && step != cfg.steps) progress.message(str_cat("step ", step, ": val loss ", *record.val_loss));
+      if (record.val_loss && step != cfg.steps) {
+        std::string what = epoch_end ? str_cat("epoch ", step / steps_per_epoch, " (step ", step, ")") : str_cat("step ", step);
+        std::string acc = record.val_accuracy ? str_cat(", val accuracy ", *record.val_accuracy * 100.0f, "%") : "";
+        progress.message(str_cat(what, ": val loss ", *record.val_loss, acc));
+      }
     }
     if (std::optional<std::string> warning = metrics.write(record); warning && lead) progress.warning(*warning);
     result.steps = step;
     result.final_train_loss = loss;
     if (record.val_loss) result.final_val_loss = record.val_loss;
+    if (record.val_accuracy) result.final_val_accuracy = record.val_accuracy;
     if (checkpoint_after) save_checkpoint(step);
   }
   if (checkpointer && checkpointer->pending()) {
@@ -735,8 +831,12 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   if (entropy) {
     std::snprintf(line, sizeof line, "final loss %.4f nats/token; source entropy %.4f nats/token", final_loss, *entropy);
   } else {
-    std::snprintf(line, sizeof line, "final loss %.4f nats/token (%s)", final_loss,
-                  result.final_val_loss ? "validation" : "last training step");
+    if (classifier && result.final_val_accuracy)
+      std::snprintf(line, sizeof line, "final loss %.4f (validation), val accuracy %.2f%%", final_loss,
+                    *result.final_val_accuracy * 100.0);
+    else
+      std::snprintf(line, sizeof line, "final loss %.4f %s(%s)", final_loss, classifier ? "" : "nats/token ",
+                    result.final_val_loss ? "validation" : "last training step");
   }
   if (lead) progress.message(line);
   return result;

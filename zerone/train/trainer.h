@@ -18,6 +18,7 @@ struct TrainResult {
   int steps = 0;
   float final_train_loss = 0.0f;
   std::optional<float> final_val_loss;
+  std::optional<float> final_val_accuracy;  // classifiers
   std::optional<double> source_entropy;  // the default run's floor
   int interrupted_by = 0;                // SIGINT/SIGTERM that stopped the run early (Note [Interrupts]); 0: ran to the end
 };

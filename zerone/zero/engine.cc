@@ -17,7 +17,7 @@
 namespace zerone::zero {
 
 ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroConfig& config,
-                       const optim::AdamWOptions& adam, const Materialize& materialize, const NvmeConfig& nvme)
+                       const optim::OptimizerOptions& optimizer, const Materialize& materialize, const NvmeConfig& nvme)
     : model_(model),
       comm_(comm),
       config_(config),
@@ -102,11 +102,12 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
     if (params_sharded(u)) unit.release_params();
   }
   if (config_.offload_optimizer == OffloadDevice::nvme) {
-    optimizer_ = std::make_unique<SwappedAdamW>(std::move(shards), model.compute_dtype(), adam, config_.sub_group_numel,
+    optimizer_ = std::make_unique<SwappedOptimizer>(std::move(shards), model.compute_dtype(), optimizer,
+                                                config_.sub_group_numel,
                                                 config_.optimizer_buffer_count, nvme, *swap_dir_);
   } else {
-    optimizer_ = std::make_unique<optim::AdamW>(std::move(shards), model.compute_dtype(), adam,
-                                                offload_place(config_.offload_optimizer));
+    optimizer_ = optim::make_optimizer(std::move(shards), model.compute_dtype(), optimizer,
+                                       offload_place(config_.offload_optimizer));
   }
   if (config_.offload_param == OffloadDevice::nvme) {
     // Note [Parameter swap]: every sharded unit's shard gets a 4 KiB-aligned slot in params.swp.

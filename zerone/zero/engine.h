@@ -32,7 +32,7 @@
 #include "zerone/comm/communicator.h"
 #include "zerone/core/memory.h"
 #include "zerone/nn/model.h"
-#include "zerone/optim/adamw.h"
+#include "zerone/optim/optimizers.h"
 #include "zerone/zero/offload.h"
 #include "zerone/zero/partition.h"
 
@@ -50,11 +50,12 @@ class ZeroEngine : public nn::UnitHooks {
   //
   // Offload (Note [Offload places] in partition.h): config.offload_optimizer cpu puts master,
   // moments and the stage 2-3 gradient shards on the host; nvme swaps master and moments through
-  // `nvme` (SwappedAdamW). config.offload_param cpu keeps stage 3's parameter shards on the host.
+  // `nvme` (SwappedOptimizer). config.offload_param cpu keeps stage 3's parameter shards on the host.
+  // `optimizer` names the optimizer whose state the engine shards (AdamW or SGD, optimizers.h).
   // Throws Error for offload a stage cannot do (optimizer offload at stage 0, parameter offload
   // below stage 3). config.offload_param nvme keeps them in the swap file "params.swp" (Note
   // [Parameter swap]).
-  ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroConfig& config, const optim::AdamWOptions& adam,
+  ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroConfig& config, const optim::OptimizerOptions& optimizer,
              const Materialize& materialize = nullptr, const NvmeConfig& nvme = NvmeConfig());
   ~ZeroEngine() override;
   ZeroEngine(const ZeroEngine&) = delete;

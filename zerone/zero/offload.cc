@@ -11,20 +11,24 @@
 
 namespace zerone::zero {
 
-// Swap layout tensor k of a sub-group is m, v, master; state_names() order is (master,) m, v.
 namespace {
-int swap_slot(int state_index, int tensors) { return tensors == 3 ? (state_index + 2) % 3 : state_index; }
+int optim_tensor_count(const optim::OptimizerOptions& o) {
+  if (const auto* sgd = std::get_if<optim::SGDOptions>(&o)) return sgd->momentum != 0.0f ? 1 : 0;
+  return 2;
+}
 }  // namespace
 
-
-SwappedAdamW::SwappedAdamW(std::vector<optim::ShardRef> shards, DType param_dtype, const optim::AdamWOptions& options,
-                           size_t sub_group_numel, int buffer_count, const NvmeConfig& config,
-                           io::SwapDirectory& dir)
+SwappedOptimizer::SwappedOptimizer(std::vector<optim::ShardRef> shards, DType param_dtype,
+                                   const optim::OptimizerOptions& options, size_t sub_group_numel, int buffer_count,
+                                   const NvmeConfig& config, io::SwapDirectory& dir)
     : shards_(std::move(shards)),
       param_dtype_(param_dtype),
       options_(options),
       config_(config),
-      tensors_(param_dtype == DType::f32 ? 2 : 3) {
+      optim_tensors_(optim_tensor_count(options)),
+      tensors_(optim_tensors_ + (param_dtype == DType::f32 ? 0 : 1)) {
+  ZERONE_CHECK(tensors_ > 0, "--offload-optimizer nvme: ", optim::optimizer_name(options),
+               " without momentum on fp32 parameters keeps no optimizer state to swap (use --offload-optimizer none)");
   ZERONE_CHECK(buffer_count >= 1 && buffer_count <= 64, "offload_optimizer.buffer_count ", buffer_count,
                " is out of range: expected 1..64");
   ZERONE_CHECK(sub_group_numel >= 1, "sub_group_size must be at least 1 element");
@@ -36,8 +40,8 @@ SwappedAdamW::SwappedAdamW(std::vector<optim::ShardRef> shards, DType param_dtyp
       SubGroup g{i, b, e, offset, swap_tensor_bytes(e - b)};
       offset += group_bytes(g);
       largest = std::max(largest, g.tensor_bytes);
-      nvme_optim_bytes_ += 2 * static_cast<int64_t>(g.tensor_bytes);
-      if (tensors_ == 3) nvme_master_bytes_ += static_cast<int64_t>(g.tensor_bytes);
+      nvme_optim_bytes_ += optim_tensors_ * static_cast<int64_t>(g.tensor_bytes);
+      if (tensors_ > optim_tensors_) nvme_master_bytes_ += static_cast<int64_t>(g.tensor_bytes);
       groups_.push_back(g);
     }
   }
@@ -66,9 +70,9 @@ SwappedAdamW::SwappedAdamW(std::vector<optim::ShardRef> shards, DType param_dtyp
     const size_t b = gi % buffers_.size();
     if (writes[b] != 0) io_->wait(std::exchange(writes[b], 0));
     std::memset(buffers_[b].data(), 0, group_bytes(g));
-    if (tensors_ == 3) {
+    if (tensors_ > optim_tensors_) {
       const char* param = static_cast<const char*>(shards_[g.shard].param) + g.begin * dtype_size(param_dtype_);
-      convert_to_f32(param, param_dtype_, tensor(b, g, 2), g.end - g.begin);
+      convert_to_f32(param, param_dtype_, tensor(b, g, optim_tensors_), g.end - g.begin);
     }
     writes[b] = io_->start(io::IoOp::write, fd_.get(), file_path_, buffers_[b].data(), group_bytes(g), g.offset);
   }
@@ -76,37 +80,43 @@ SwappedAdamW::SwappedAdamW(std::vector<optim::ShardRef> shards, DType param_dtyp
     if (t != 0) io_->wait(t);
 }
 
-SwappedAdamW::~SwappedAdamW() {
+SwappedOptimizer::~SwappedOptimizer() {
   if (io_) io_->drain();
   MemoryLedger::global().sub(MemPlace::nvme, MemCategory::optim, nvme_optim_bytes_);
   MemoryLedger::global().sub(MemPlace::nvme, MemCategory::master, nvme_master_bytes_);
 }
 
-void SwappedAdamW::wait_io(io::SwapIo::Ticket& t) {
+void SwappedOptimizer::wait_io(io::SwapIo::Ticket& t) {
   if (t == 0) return;
   ProfileScope profile(ProfileCategory::swap);
   io_->wait(std::exchange(t, 0));
 }
 
-void SwappedAdamW::start_read(size_t gi, size_t b) {
+void SwappedOptimizer::start_read(size_t gi, size_t b) {
   wait_io(writes_[b]);  // the buffer's previous sub-group must be on disk first
   reads_[b] = io_->start(io::IoOp::read, fd_.get(), file_path_, buffers_[b].data(), group_bytes(groups_[gi]),
                          groups_[gi].offset);
 }
 
-void SwappedAdamW::begin_step(float lr, float grad_scale) {
+void SwappedOptimizer::begin_step(float lr, float grad_scale) {
+  first_ = step_ == 0;  // SGD: the momentum buffer starts as the gradient
   ++step_;
   // Note [Checkpoints of swapped state]: this step records what a checkpoint needs, or nothing.
   record_ = std::move(record_valid_);
   record_valid_.clear();
   extents_.clear();
-  h_ = optim::AdamW::hyper(options_, lr, grad_scale, step_);
+  lr_ = lr;
+  grad_scale_ = grad_scale;
+  const auto* adam = std::get_if<optim::AdamWOptions>(&options_);
+  h_ = adam ? optim::AdamW::hyper(*adam, lr, grad_scale, static_cast<int>(step_)) : kernels::cpu::AdamWHyper{};
   reads_.assign(buffers_.size(), 0);
   if (writes_.size() != buffers_.size()) writes_.assign(buffers_.size(), 0);
   ahead_group_ = kNoShard;
 }
 
-double SwappedAdamW::update_shard(size_t shard, size_t next_shard) {
+double SwappedOptimizer::update_shard(size_t shard, size_t next_shard) {
+  const auto* adam = std::get_if<optim::AdamWOptions>(&options_);
+  const auto* sgd = std::get_if<optim::SGDOptions>(&options_);
   const size_t B = buffers_.size();
   const bool pipelined_read = config_.pipeline_read && B >= 2;
   const size_t end = first_group_[shard + 1];
@@ -136,9 +146,13 @@ double SwappedAdamW::update_shard(size_t shard, size_t next_shard) {
     {
       ProfileScope profile(ProfileCategory::optimizer);
       const optim::ShardRef& s = shards_[g.shard];
-      float* master = tensors_ == 3 ? tensor(b, g, 2) : static_cast<float*>(s.param) + g.begin;
-      sumsq += optim::AdamW::update_slice(s, param_dtype_, options_, h_, g.begin, g.end, master, tensor(b, g, 0),
-                                          tensor(b, g, 1));
+      float* master = tensors_ > optim_tensors_ ? tensor(b, g, optim_tensors_) : static_cast<float*>(s.param) + g.begin;
+      if (adam)
+        sumsq += optim::AdamW::update_slice(s, param_dtype_, *adam, h_, g.begin, g.end, master, tensor(b, g, 0),
+                                            tensor(b, g, 1));
+      else
+        sumsq += optim::SGD::update_slice(s, param_dtype_, *sgd, lr_, grad_scale_, first_, g.begin, g.end, master,
+                                          optim_tensors_ > 0 ? tensor(b, g, 0) : nullptr);
     }
     if (!record_.empty()) {
       const size_t valid = std::min(g.end, std::max(g.begin, record_[g.shard])) - g.begin;
@@ -146,8 +160,8 @@ double SwappedAdamW::update_shard(size_t shard, size_t next_shard) {
         StateExtent e;
         e.piece = StatePiece{g.shard, k, g.begin, valid};
         e.path = file_path_;
-        e.offset = g.offset + static_cast<uint64_t>(swap_slot(k, tensors_)) * g.tensor_bytes;
-        const char* data = reinterpret_cast<const char*>(tensor(b, g, swap_slot(k, tensors_)));
+        e.offset = g.offset + static_cast<uint64_t>(swap_slot(k)) * g.tensor_bytes;
+        const char* data = reinterpret_cast<const char*>(tensor(b, g, swap_slot(k)));
         for (uint64_t off = 0; off < valid * sizeof(float); off += io::kChecksumBlockBytes)
           e.checksums.push_back(io::checksum_of(data + off, std::min<uint64_t>(io::kChecksumBlockBytes, valid * sizeof(float) - off)));
         extents_.push_back(std::move(e));
@@ -159,14 +173,14 @@ double SwappedAdamW::update_shard(size_t shard, size_t next_shard) {
   return sumsq;
 }
 
-void SwappedAdamW::end_step() {
+void SwappedOptimizer::end_step() {
   for (io::SwapIo::Ticket& t : reads_) wait_io(t);  // a read ahead that no update_shard() consumed
   ahead_group_ = kNoShard;
   for (io::SwapIo::Ticket& t : writes_) wait_io(t);
 }
 
-double SwappedAdamW::step(float lr, float grad_scale, const std::function<void(size_t shard)>& shard_done,
-                          const std::function<void(size_t shard)>& shard_begin) {
+double SwappedOptimizer::step(float lr, float grad_scale, const std::function<void(size_t shard)>& shard_done,
+                              const std::function<void(size_t shard)>& shard_begin) {
   begin_step(lr, grad_scale);
   double sumsq = 0.0;
   for (size_t i = 0; i < shards_.size(); ++i) {
@@ -178,20 +192,35 @@ double SwappedAdamW::step(float lr, float grad_scale, const std::function<void(s
   return sumsq;
 }
 
-void SwappedAdamW::export_state(const std::function<void(const StatePiece&, const float* data)>& fn) {
+// Swap layout of a sub-group: the optimizer's tensors, then master; state_names() order is
+// (master,) then the optimizer's tensors.
+int SwappedOptimizer::swap_slot(int state_index) const {
+  if (tensors_ == optim_tensors_) return state_index;
+  return state_index == 0 ? optim_tensors_ : state_index - 1;
+}
+
+std::vector<std::string> SwappedOptimizer::state_names() const {
+  if (std::holds_alternative<optim::AdamWOptions>(options_)) return optim::adamw_state_names(param_dtype_);
+  std::vector<std::string> names;
+  if (tensors_ > optim_tensors_) names.push_back("master");
+  if (optim_tensors_ > 0) names.push_back("momentum_buffer");
+  return names;
+}
+
+void SwappedOptimizer::export_state(const std::function<void(const StatePiece&, const float* data)>& fn) {
   for (const SubGroup& g : groups_) {
     io_->wait(io_->start(io::IoOp::read, fd_.get(), file_path_, buffers_[0].data(), group_bytes(g), g.offset));
     for (int k = 0; k < tensors_; ++k)
-      fn(StatePiece{g.shard, k, g.begin, g.end - g.begin}, tensor(0, g, swap_slot(k, tensors_)));
+      fn(StatePiece{g.shard, k, g.begin, g.end - g.begin}, tensor(0, g, swap_slot(k)));
   }
 }
 
-void SwappedAdamW::import_state(const std::function<void(const StatePiece&, float* data)>& fn) {
+void SwappedOptimizer::import_state(const std::function<void(const StatePiece&, float* data)>& fn) {
   extents_.clear();  // the file is about to change
   for (const SubGroup& g : groups_) {
     std::memset(buffers_[0].data(), 0, group_bytes(g));
     for (int k = 0; k < tensors_; ++k)
-      fn(StatePiece{g.shard, k, g.begin, g.end - g.begin}, tensor(0, g, swap_slot(k, tensors_)));
+      fn(StatePiece{g.shard, k, g.begin, g.end - g.begin}, tensor(0, g, swap_slot(k)));
     io_->wait(io_->start(io::IoOp::write, fd_.get(), file_path_, buffers_[0].data(), group_bytes(g), g.offset));
   }
 }

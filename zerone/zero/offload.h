@@ -1,7 +1,8 @@
-// ZeRO-Infinity's optimizer offload to NVMe: AdamW whose fp32 master (bf16/fp16 runs), first and
-// second moments live in a swap file and pass through a few host staging buffers, sub-group by
-// sub-group, pipelined (Note [Pipelined swap]). The update is AdamW::update_slice, the same code
-// as in memory, so every placement gives the same numbers bit for bit.
+// ZeRO-Infinity's optimizer offload to NVMe: an optimizer (AdamW or SGD, optim/optimizers.h) whose
+// fp32 master (bf16/fp16 runs) and state (AdamW's first and second moments, SGD's momentum buffer)
+// live in a swap file and pass through a few host staging buffers, sub-group by sub-group,
+// pipelined (Note [Pipelined swap]). The update is the in-memory optimizer's update_slice, the same
+// code, so every placement gives the same numbers bit for bit.
 //
 // Thread-safety: one thread at a time (the training thread); I/O runs in the kernel.
 #pragma once
@@ -11,7 +12,7 @@
 #include <vector>
 
 #include "zerone/io/aio.h"
-#include "zerone/optim/adamw.h"
+#include "zerone/optim/optimizers.h"
 #include "zerone/zero/partition.h"
 
 namespace zerone::zero {
@@ -30,7 +31,8 @@ struct NvmeConfig {
 
 // Note [Swap layout]: each shard is cut into sub-groups of at most sub_group_size elements
 // (partition.h sub_groups). Sub-group g occupies one contiguous, 4 KiB-aligned region of the rank's
-// swap file "optimizer.swp": m, v, then (bf16/fp16) the master copy, each swap_tensor_bytes(numel)
+// swap file "optimizer.swp": the optimizer's state tensors (AdamW: m, v; SGD: the momentum buffer,
+// none without momentum), then (bf16/fp16) the master copy, each swap_tensor_bytes(numel)
 // long, so a sub-group is one transfer each way. A staging buffer holds one sub-group in the same
 // layout. The swap file's bytes are in the ledger as nvme.master / nvme.optim, the staging buffers
 // as host.swap; zerone estimate computes both with the same functions.
@@ -43,18 +45,19 @@ struct NvmeConfig {
 // PipelinedOptimizerSwapper. Without pipeline_read a sub-group is read when it is reached; without
 // pipeline_write its write is waited for at once; B = 1 cannot overlap anything. All writes are
 // complete when step() returns, so the swap file always holds the state after the last step.
-class SwappedAdamW final : public optim::Optimizer {
+class SwappedOptimizer final : public optim::Optimizer {
  public:
   // Creates the swap file "optimizer.swp" in `dir` (the run's swap directory, which must outlive
   // the optimizer) and writes the initial state (master from the parameters, zero moments). Throws
-  // Error naming the file for a full disk or any I/O failure.
-  SwappedAdamW(std::vector<optim::ShardRef> shards, DType param_dtype, const optim::AdamWOptions& options,
-               size_t sub_group_numel, int buffer_count, const NvmeConfig& config, io::SwapDirectory& dir);
-  ~SwappedAdamW() override;
-  SwappedAdamW(const SwappedAdamW&) = delete;
-  SwappedAdamW& operator=(const SwappedAdamW&) = delete;
+  // Error naming the file for a full disk or any I/O failure, and for an optimizer with no state
+  // to swap (SGD without momentum on f32 parameters).
+  SwappedOptimizer(std::vector<optim::ShardRef> shards, DType param_dtype, const optim::OptimizerOptions& options,
+                   size_t sub_group_numel, int buffer_count, const NvmeConfig& config, io::SwapDirectory& dir);
+  ~SwappedOptimizer() override;
+  SwappedOptimizer(const SwappedOptimizer&) = delete;
+  SwappedOptimizer& operator=(const SwappedOptimizer&) = delete;
 
-  // AdamW::step. On an I/O failure throws Error naming the file and operation; the state on disk
+  // The in-memory optimizer's step (AdamW::step, SGD::step). On an I/O failure throws Error naming the file and operation; the state on disk
   // is then undefined and the run must end (it does: the error ends the job).
   double step(float lr, float grad_scale, const std::function<void(size_t shard)>& shard_done = nullptr,
               const std::function<void(size_t shard)>& shard_begin = nullptr) override;
@@ -71,8 +74,8 @@ class SwappedAdamW final : public optim::Optimizer {
   size_t numel(size_t i) const override { return shards_[i].numel; }
   const float* grad(size_t i) const override { return shards_[i].grad; }
 
-  std::string type_name() const override { return "adamw"; }
-  std::vector<std::string> state_names() const override { return optim::adamw_state_names(param_dtype_); }
+  std::string type_name() const override { return optim::optimizer_name(options_); }
+  std::vector<std::string> state_names() const override;
   // Both go through staging buffer 0, one sub-group at a time (synchronous reads/writes).
   void export_state(const std::function<void(const StatePiece&, const float* data)>& fn) override;
   void import_state(const std::function<void(const StatePiece&, float* data)>& fn) override;
@@ -90,6 +93,7 @@ class SwappedAdamW final : public optim::Optimizer {
     uint64_t offset;           // in the swap file
     size_t tensor_bytes;       // swap_tensor_bytes(end - begin)
   };
+  int swap_slot(int state_index) const;  // where state_names()[state_index] sits in a sub-group
   size_t group_bytes(const SubGroup& g) const { return g.tensor_bytes * static_cast<size_t>(tensors_); }
   float* tensor(size_t buffer, const SubGroup& g, int k) {
     return reinterpret_cast<float*>(buffers_[buffer].as<char>() + static_cast<size_t>(k) * g.tensor_bytes);
@@ -97,15 +101,18 @@ class SwappedAdamW final : public optim::Optimizer {
 
   std::vector<optim::ShardRef> shards_;
   DType param_dtype_;
-  optim::AdamWOptions options_;
+  optim::OptimizerOptions options_;
   NvmeConfig config_;
-  int tensors_;  // m, v (+ master)
+  int optim_tensors_;  // AdamW: m, v; SGD: momentum (or none)
+  int tensors_;        // optim_tensors_ (+ master)
   int step_ = 0;
   std::vector<SubGroup> groups_;
   std::vector<size_t> first_group_;  // shard i's sub-groups are [first_group_[i], first_group_[i + 1])
   // The step in progress: its hyper-parameters, each staging buffer's read and write in flight,
   // the buffer the next read goes to, and the sub-group already being read ahead (if any).
-  kernels::cpu::AdamWHyper h_{};
+  kernels::cpu::AdamWHyper h_{};  // AdamW
+  float lr_ = 0.0f, grad_scale_ = 1.0f;  // SGD
+  bool first_ = false;                  // SGD: the first step (momentum buffer = gradient)
   std::vector<io::SwapIo::Ticket> reads_, writes_;
   size_t next_buffer_ = 0;
   size_t ahead_group_ = kNoShard, ahead_buffer_ = 0;
@@ -121,5 +128,8 @@ class SwappedAdamW final : public optim::Optimizer {
   std::vector<Buffer> buffers_;
   std::unique_ptr<io::SwapIo> io_;
 };
+
+// The name the engine and the tests knew first.
+using SwappedAdamW = SwappedOptimizer;
 
 }  // namespace zerone::zero

@@ -1,4 +1,4 @@
-// Every CPU kernel against an independent double-precision reference (tests/reference_ops.h):
+// Every CPU kernel (ops.h, conv.h, classifier.h) against an independent double-precision reference (tests/reference_ops.h):
 //  1. forward: the f32 kernel matches the double reference;
 //  2. backward: the f32 kernel's gradients match central finite differences of the double
 //     reference of L = sum(out * w) for a fixed random w (the oracle of DESIGN §7.1).
@@ -14,6 +14,8 @@
 
 #include "tests/reference_ops.h"
 #include "zerone/core/rng.h"
+#include "zerone/kernels/cpu/classifier.h"
+#include "zerone/kernels/cpu/conv.h"
 #include "zerone/kernels/cpu/ops.h"
 
 namespace zerone::kernels::cpu {
@@ -285,6 +287,145 @@ TEST(GradCheck, CrossEntropyIgnoresPaddedColumns) {
   expect_close(dlogits, numeric_grad(L, [&](const Vec& l) { return ref::crossentropy(l, targets, N, V, Vp); }, w),
                "crossentropy dlogits");
   for (int n = 0; n < N; ++n) EXPECT_EQ(dlogits[n * Vp + 6], 0.0f);
+}
+
+// ---------------------------------------------------------------- image classifiers
+
+struct ConvCase {
+  int N, C, H, W, OC, KH, KW, sh, sw, ph, pw;
+};
+
+TEST(GradCheck, Conv2d) {
+  // Square and rectangular kernels, strides and padding (any kernel/stride/padding, issue 11).
+  for (const ConvCase& k : {ConvCase{2, 3, 7, 6, 4, 3, 3, 1, 1, 1, 1}, ConvCase{1, 2, 9, 8, 3, 5, 5, 1, 1, 0, 0},
+                            ConvCase{2, 2, 8, 9, 3, 3, 2, 2, 3, 1, 0}, ConvCase{1, 1, 6, 6, 2, 1, 1, 2, 2, 0, 0}}) {
+    SCOPED_TRACE(testing::Message() << "conv N" << k.N << " C" << k.C << " " << k.H << "x" << k.W << " OC" << k.OC
+                                    << " k" << k.KH << "x" << k.KW << " s" << k.sh << "x" << k.sw << " p" << k.ph << "x"
+                                    << k.pw);
+    Conv2dShape s{k.N, k.C, k.H, k.W, k.OC, k.KH, k.KW, k.sh, k.sw, k.ph, k.pw};
+    const size_t in_n = static_cast<size_t>(k.N) * k.C * k.H * k.W, w_n = static_cast<size_t>(k.OC) * k.C * k.KH * k.KW;
+    const size_t out_n = static_cast<size_t>(k.N) * k.OC * s.OH() * s.OW();
+    auto inp = randn(in_n, 40), w = randn(w_n, 41), b = randn(k.OC, 42), dout = randn(out_n, 43);
+    std::vector<float> out(out_n);
+    conv2d_forward(out.data(), inp.data(), w.data(), b.data(), s);
+    Vec X = to_double(inp), W = to_double(w), Bv = to_double(b), D = to_double(dout);
+    auto f = [&](const Vec& x, const Vec& ww, const Vec& bb) {
+      return ref::conv2d(x, ww, bb, k.N, k.C, k.H, k.W, k.OC, k.KH, k.KW, k.sh, k.sw, k.ph, k.pw);
+    };
+    expect_close(out, f(X, W, Bv), "conv forward");
+    // Accumulating: parameter gradients land on top of 0.5 / 0.25.
+    std::vector<float> dinp(in_n), dw(w_n, 0.5f), db(k.OC, 0.25f);
+    conv2d_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), s, true);
+    expect_close(dinp, numeric_grad(X, [&](const Vec& x) { return f(x, W, Bv); }, D), "conv dinp");
+    Vec gw = numeric_grad(W, [&](const Vec& ww) { return f(X, ww, Bv); }, D), gb = numeric_grad(Bv, [&](const Vec& bb) { return f(X, W, bb); }, D);
+    Vec gw_acc = gw, gb_acc = gb;
+    for (double& x : gw_acc) x += 0.5;
+    for (double& x : gb_acc) x += 0.25;
+    expect_close(dw, gw_acc, "conv dweight (accumulated)");
+    expect_close(db, gb_acc, "conv dbias (accumulated)");
+    // Overwriting (fresh gradients): garbage in the buffers is replaced.
+    std::fill(dw.begin(), dw.end(), 1e30f);
+    std::fill(db.begin(), db.end(), 1e30f);
+    conv2d_backward(nullptr, dw.data(), db.data(), dout.data(), inp.data(), w.data(), s, false);
+    expect_close(dw, gw, "conv dweight (overwritten)");
+    expect_close(db, gb, "conv dbias (overwritten)");
+  }
+}
+
+TEST(GradCheck, MaxPool2d) {
+  struct PoolCase {
+    int N, C, H, W, KH, KW, sh, sw, ph, pw;
+  };
+  for (const PoolCase& k : {PoolCase{2, 3, 8, 8, 2, 2, 2, 2, 0, 0}, PoolCase{1, 2, 7, 9, 3, 3, 2, 2, 1, 1},
+                            PoolCase{1, 2, 5, 6, 3, 2, 1, 2, 0, 1}}) {
+    SCOPED_TRACE(testing::Message() << "pool " << k.H << "x" << k.W << " k" << k.KH << "x" << k.KW << " s" << k.sh
+                                    << "x" << k.sw << " p" << k.ph << "x" << k.pw);
+    Pool2dShape s{k.N, k.C, k.H, k.W, k.KH, k.KW, k.sh, k.sw, k.ph, k.pw};
+    const size_t in_n = static_cast<size_t>(k.N) * k.C * k.H * k.W, out_n = static_cast<size_t>(k.N) * k.C * s.OH() * s.OW();
+    // Distinct values (a shuffled ramp) so that no window has a tie and differences are smooth.
+    std::vector<float> inp(in_n);
+    Rng rng(44);
+    for (size_t i = 0; i < in_n; ++i) inp[i] = static_cast<float>(i) * 0.01f;
+    for (size_t i = in_n - 1; i > 0; --i) std::swap(inp[i], inp[rng.below(i + 1)]);
+    auto dout = randn(out_n, 45);
+    std::vector<float> out(out_n), dinp(in_n, 7.0f);
+    std::vector<char> ws(maxpool2d_workspace_bytes(s));
+    maxpool2d_forward(out.data(), ws.data(), inp.data(), s);
+    auto f = [&](const Vec& x) { return ref::maxpool2d(x, k.N, k.C, k.H, k.W, k.KH, k.KW, k.sh, k.sw, k.ph, k.pw); };
+    Vec X = to_double(inp);
+    expect_close(out, f(X), "maxpool forward");
+    maxpool2d_backward(dinp.data(), dout.data(), ws.data(), s);
+    expect_close(dinp, numeric_grad(X, f, to_double(dout)), "maxpool dinp");
+  }
+}
+
+TEST(GradCheck, Relu) {
+  const size_t n = 40;
+  auto inp = randn(n, 46), dout = randn(n, 47);
+  for (float& x : inp)
+    if (std::abs(x) < 1e-3f) x = 0.5f;  // away from the kink, where differences are undefined
+  std::vector<float> out(n), dinp(n);
+  relu_forward(out.data(), inp.data(), n);
+  Vec X = to_double(inp);
+  expect_close(out, ref::relu(X), "relu forward");
+  relu_backward(dinp.data(), dout.data(), out.data(), n);
+  expect_close(dinp, numeric_grad(X, ref::relu, to_double(dout)), "relu dinp");
+}
+
+TEST(GradCheck, Dropout) {
+  const int N = 6;
+  const size_t per = 50, n = N * per;
+  const float p = 0.3f;
+  auto inp = randn(n, 48), dout = randn(n, 49);
+  DropoutKey key{1337, 99, 12};
+  std::vector<float> out(n), dinp(n);
+  dropout_forward(out.data(), inp.data(), N, per, p, key);
+  // The mask the forward used, read off the output (inputs are never exactly 0).
+  std::vector<int> keep(n);
+  size_t kept = 0;
+  for (size_t i = 0; i < n; ++i) kept += keep[i] = out[i] != 0.0f;
+  EXPECT_GT(kept, n * 0.55);  // about 70% kept
+  EXPECT_LT(kept, n * 0.85);
+  Vec X = to_double(inp);
+  auto f = [&](const Vec& x) { return ref::dropout(x, keep, p); };
+  expect_close(out, f(X), "dropout forward");
+  dropout_backward(dinp.data(), dout.data(), N, per, p, key);
+  expect_close(dinp, numeric_grad(X, f, to_double(dout)), "dropout dinp");
+  // Note [Dropout keys]: sample b's mask depends on first_sample + b only, so the same samples
+  // split into two micro-batches (two ranks) get the same masks.
+  std::vector<float> split(n);
+  dropout_forward(split.data(), inp.data(), 2, per, p, key);
+  DropoutKey later = key;
+  later.first_sample += 2;
+  dropout_forward(split.data() + 2 * per, inp.data() + 2 * per, N - 2, per, p, later);
+  EXPECT_EQ(split, out);
+  // Another step (key) or seed draws another mask.
+  std::vector<float> other(n);
+  DropoutKey next = key;
+  next.key += 1;
+  dropout_forward(other.data(), inp.data(), N, per, p, next);
+  EXPECT_NE(other, out);
+}
+
+TEST(GradCheck, SoftmaxCrossEntropy) {
+  const int N = 5, K = 7;
+  auto logits = randn(N * K, 50, 3.0);
+  std::vector<int32_t> labels = {0, 6, 3, 3, 1};
+  std::vector<float> probs(N * K), losses(N), dlogits(N * K);
+  int64_t correct = -1;
+  float loss = softmax_cross_entropy_forward(probs.data(), losses.data(), logits.data(), labels.data(), N, K, &correct);
+  Vec X = to_double(logits);
+  const double want = ref::softmax_cross_entropy(X, labels, N, K);
+  EXPECT_NEAR(loss, want, 1e-5 * std::max(1.0, want));
+  int64_t want_correct = 0;
+  for (int n = 0; n < N; ++n)
+    want_correct += std::max_element(logits.begin() + n * K, logits.begin() + (n + 1) * K) - (logits.begin() + n * K) == labels[n];
+  EXPECT_EQ(correct, want_correct);
+  const float scale = 0.5f;
+  softmax_cross_entropy_backward(dlogits.data(), probs.data(), labels.data(), N, K, scale);
+  Vec w{scale};
+  Vec g = numeric_grad(X, [&](const Vec& x) { return Vec{ref::softmax_cross_entropy(x, labels, N, K)}; }, w);
+  expect_close(dlogits, g, "cross-entropy dlogits");
 }
 
 }  // namespace

@@ -9,30 +9,15 @@
 
 #include "zerone/core/error.h"
 #include "zerone/core/profiler.h"
+#include "zerone/kernels/cpu/onednn.h"
 
 namespace zerone::kernels::cpu {
 namespace {
 
 using dnnl::memory;
 
-struct Context {
-  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
-  dnnl::stream stream{engine};
-};
-
-Context& context() {
-  static Context ctx;
-  return ctx;
-}
-
-memory::data_type to_dnnl(DType dtype) {
-  switch (dtype) {
-    case DType::f32: return memory::data_type::f32;
-    case DType::bf16: return memory::data_type::bf16;
-    case DType::f16: return memory::data_type::f16;
-  }
-  ZERONE_ASSERT(false);
-}
+using Context = OneDnn;
+Context& context() { return onednn(); }
 
 // Everything that shapes a primitive. A 2-D matmul is the 1 x 1 batch.
 struct Shape {
@@ -139,6 +124,20 @@ void batched_matmul(int64_t batch0, int64_t batch1, int64_t m, int64_t n, int64_
                     const void* b, Strides4 bs, float* c, Strides4 cs, DType dtype, float alpha, bool accumulate) {
   // No profile scope of its own: the time counts to the caller's (attention).
   execute_checked(Shape{batch0, batch1, m, n, k, as, bs, cs, dtype, alpha, accumulate, false}, a, b, c, nullptr);
+}
+
+OneDnn& onednn() {
+  static OneDnn ctx;
+  return ctx;
+}
+
+dnnl::memory::data_type to_dnnl(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return dnnl::memory::data_type::f32;
+    case DType::bf16: return dnnl::memory::data_type::bf16;
+    case DType::f16: return dnnl::memory::data_type::f16;
+  }
+  ZERONE_ASSERT(false);
 }
 
 const char* onednn_version_string() {

@@ -1,0 +1,132 @@
+#include "zerone/io/idx.h"
+
+#include <sys/stat.h>
+#include <zlib.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+
+#include "zerone/core/error.h"
+
+namespace zerone::io {
+namespace {
+
+// Reads a file, raw or gzip (by its magic bytes), into memory. Error names the file.
+std::vector<uint8_t> read_maybe_gzip(const std::string& path, const std::string& what) {
+  struct stat st;
+  ZERONE_CHECK(::stat(path.c_str(), &st) == 0, what, " '", path, "': ", std::strerror(errno));
+  ZERONE_CHECK(S_ISREG(st.st_mode), what, " '", path, "' is not a regular file");
+  gzFile raw = gzopen(path.c_str(), "rb");  // reads plain files transparently too
+  ZERONE_CHECK(raw != nullptr, what, " '", path, "': cannot open: ", std::strerror(errno));
+  std::unique_ptr<gzFile_s, int (*)(gzFile)> file(raw, gzclose);
+  gzbuffer(raw, 1 << 20);
+  std::vector<uint8_t> out;
+  out.reserve(static_cast<size_t>(st.st_size));
+  uint8_t chunk[1 << 16];
+  for (;;) {
+    int n = gzread(raw, chunk, sizeof chunk);
+    if (n < 0) {
+      int code = 0;
+      const char* msg = gzerror(raw, &code);
+      throw Error(str_cat(what, " '", path, "': cannot decompress (", msg ? msg : "gzip error",
+                          "): the file is corrupt or truncated"));
+    }
+    if (n == 0) break;
+    out.insert(out.end(), chunk, chunk + n);
+  }
+  // zlib reports a gzip stream cut short as end of file with Z_BUF_ERROR.
+  int code = Z_OK;
+  gzerror(raw, &code);
+  ZERONE_CHECK(code == Z_OK, what, " '", path, "': the gzip stream ends early: the file is truncated");
+  return out;
+}
+
+uint32_t be32(const uint8_t* p) {
+  return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | uint32_t{p[3]};
+}
+
+std::string find_file(const std::string& dir, const std::string& stem) {
+  struct stat st;
+  for (const std::string& name : {stem, stem + ".gz"})
+    if (::stat((dir + "/" + name).c_str(), &st) == 0) return dir + "/" + name;
+  return "";
+}
+
+std::string images_path(const std::string& dir, const std::string& split) {
+  std::string p = find_file(dir, split + "-images-idx3-ubyte");
+  return p.empty() ? find_file(dir, split + "-images-idx4-ubyte") : p;
+}
+
+}  // namespace
+
+IdxArray read_idx(const std::string& path, const std::vector<int>& allowed_dims, const std::string& what) {
+  std::vector<uint8_t> bytes = read_maybe_gzip(path, what);
+  std::string expected;
+  for (int d : allowed_dims) expected += str_cat(expected.empty() ? "" : " or ", d);
+  ZERONE_CHECK(bytes.size() >= 4, what, " '", path, "' holds ", bytes.size(),
+               " bytes, too few for an IDX header (4 bytes of magic)");
+  ZERONE_CHECK(bytes[0] == 0 && bytes[1] == 0, what, " '", path, "' is not an IDX file: its magic starts with ",
+               int{bytes[0]}, " ", int{bytes[1]}, ", expected 0 0 (e.g. 0x00000803 for images)");
+  ZERONE_CHECK(bytes[2] == 0x08, what, " '", path, "': IDX element type 0x", std::hex, int{bytes[2]}, std::dec,
+               " is not supported: expected 0x08 (unsigned bytes)");
+  const int D = bytes[3];
+  bool allowed = false;
+  for (int d : allowed_dims) allowed |= d == D;
+  ZERONE_CHECK(allowed, what, " '", path, "': the IDX file has ", D, " dimensions, expected ", expected);
+  const size_t header = 4 + 4 * static_cast<size_t>(D);
+  ZERONE_CHECK(bytes.size() >= header, what, " '", path, "' is truncated inside its header (", bytes.size(),
+               " bytes, the header of ", D, " dimensions needs ", header, ")");
+  IdxArray a;
+  uint64_t numel = 1;
+  for (int d = 0; d < D; ++d) {
+    const uint32_t size = be32(&bytes[4 + 4 * d]);
+    ZERONE_CHECK(size >= 1 && size <= (1u << 30), what, " '", path, "': dimension ", d, " is ", size,
+                 ", expected 1..2^30");
+    numel *= size;
+    ZERONE_CHECK(numel <= (uint64_t{1} << 40), what, " '", path, "': the dimensions describe more than 2^40 elements");
+    a.dims.push_back(size);
+  }
+  const uint64_t have = bytes.size() - header;
+  ZERONE_CHECK(have >= numel, what, " '", path, "' is truncated: its header promises ", numel, " bytes of data, it holds ",
+               have);
+  ZERONE_CHECK(have == numel, what, " '", path, "' has ", have - numel, " bytes after the ", numel,
+               " its header describes");
+  a.data.assign(bytes.begin() + static_cast<std::ptrdiff_t>(header), bytes.end());
+  return a;
+}
+
+size_t ImageDataset::sample_numel() const {
+  size_t n = 1;
+  for (int64_t d : sample_shape) n *= static_cast<size_t>(d);
+  return n;
+}
+
+bool has_image_split(const std::string& dir, const std::string& split) {
+  struct stat st;
+  return ::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && !images_path(dir, split).empty();
+}
+
+ImageDataset load_image_split(const std::string& dir, const std::string& split, const std::string& flag) {
+  struct stat st;
+  ZERONE_CHECK(::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), flag, " '", dir,
+               "' is not a directory (expected one holding ", split, "-images-idx3-ubyte[.gz] and ", split,
+               "-labels-idx1-ubyte[.gz])");
+  ImageDataset ds;
+  ds.images_path = images_path(dir, split);
+  ds.labels_path = find_file(dir, split + "-labels-idx1-ubyte");
+  ZERONE_CHECK(!ds.images_path.empty(), flag, " '", dir, "' has no ", split, "-images-idx3-ubyte[.gz] (or -idx4-ubyte)");
+  ZERONE_CHECK(!ds.labels_path.empty(), flag, " '", dir, "' has no ", split, "-labels-idx1-ubyte[.gz]");
+  IdxArray images = read_idx(ds.images_path, {3, 4}, flag + " images");
+  IdxArray labels = read_idx(ds.labels_path, {1}, flag + " labels");
+  ZERONE_CHECK(images.dims[0] == labels.dims[0], flag, ": '", ds.images_path, "' holds ", images.dims[0],
+               " images but '", ds.labels_path, "' holds ", labels.dims[0], " labels; expected the same count");
+  ds.count = images.dims[0];
+  ds.sample_shape = images.dims.size() == 3 ? std::vector<int64_t>{1, images.dims[1], images.dims[2]}
+                                            : std::vector<int64_t>{images.dims[1], images.dims[2], images.dims[3]};
+  ds.pixels = std::move(images.data);
+  ds.labels = std::move(labels.data);
+  return ds;
+}
+
+}  // namespace zerone::io

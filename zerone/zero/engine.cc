@@ -446,7 +446,7 @@ double ZeroEngine::reduce_grad_norm_sq(double local_sumsq) const {
 // step (tests/zero/early_step.sh). Only the reported gradient norm may differ in its last bits: its
 // per-unit sums are added in another order.
 // What it moves earlier: NVMe offload's swap I/O (the optimizer state of unit u is read while the
-// backward of the units below runs; SwappedAdamW reads the next unit's first sub-group ahead, and
+// backward of the units below runs; SwappedOptimizer reads the next unit's first sub-group ahead, and
 // writes complete behind the next unit's backward), stage 1-2's all-gather of the updated shard
 // and stage 3's parameter-shard write-back. The update's arithmetic still runs on the training
 // thread, between two units' backward, so on a CPU it is moved, not hidden.

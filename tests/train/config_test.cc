@@ -317,6 +317,19 @@ TEST(Config, SettingsThatWouldDoNothingAreErrorsOrNotices) {
   fp16.zero_stage = 3;
   check_settings_take_effect(fp16, /*fp16=*/true, true);
   EXPECT_TRUE(fp16.notices.empty());
+  // --early-step asked for where the engine steps at the end anyway.
+  TrainConfig early = given({"--early-step"});
+  early.grad_clip = 1.0f;
+  check_settings_take_effect(early, false, true);
+  ASSERT_EQ(early.notices.size(), 1u);
+  EXPECT_EQ(early.notices[0], "--early-step: no effect with --grad-clip (clipping needs the global norm first); the "
+                              "optimizer steps at the end, with the same results");
+  TrainConfig early_fp16 = given({"--early-step"});
+  check_settings_take_effect(early_fp16, /*fp16=*/true, true);
+  ASSERT_EQ(early_fp16.notices.size(), 1u);
+  TrainConfig early_ok = given({"--early-step"});
+  check_settings_take_effect(early_ok, false, true);
+  EXPECT_TRUE(early_ok.notices.empty());
   // A setting from the file is named by its key.
   TrainConfig from_file = read_config(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 1e-5}}})",
                                       [](TrainConfig& f) {

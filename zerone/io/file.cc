@@ -225,6 +225,21 @@ bool same_file(const std::string& a, const std::string& b) {
   return canonical_path(a) == canonical_path(b);
 }
 
+void pwrite_all(int fd, const void* data, uint64_t bytes, uint64_t offset, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  for (uint64_t done = 0; done < bytes;) {
+    ssize_t w = ::pwrite(fd, p + done, bytes - done, static_cast<off_t>(offset + done));
+    if (w < 0 && errno == EINTR) continue;
+    ZERONE_CHECK(w > 0, "cannot write '", path, "': ", w < 0 ? std::strerror(errno) : "no progress");
+    done += static_cast<uint64_t>(w);
+  }
+}
+
+bool is_directory(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
 void write_all(std::FILE* file, const void* data, size_t bytes, const std::string& path) {
   ZERONE_CHECK(bytes == 0 || std::fwrite(data, 1, bytes, file) == bytes, "write to '", path, "' failed: ",
                std::strerror(errno));

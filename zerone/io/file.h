@@ -95,6 +95,13 @@ void write_file_atomically(const std::string& path, const std::function<void(std
 // filesystem to refuse a rename in a directory it just let us write, is not covered.)
 void write_files_atomically(const std::vector<std::string>& paths, const std::function<void(size_t, std::FILE*)>& write);
 
+// Writes exactly `bytes` at `offset` of `fd` (pwrite, retrying short writes and EINTR). Throws
+// Error naming `path` on a failure (a full disk: "No space left on device").
+void pwrite_all(int fd, const void* data, uint64_t bytes, uint64_t offset, const std::string& path);
+
+// Whether `path` exists and is a directory (following symlinks).
+bool is_directory(const std::string& path);
+
 // fwrite that throws Error naming `path` on a short write.
 void write_all(std::FILE* file, const void* data, size_t bytes, const std::string& path);
 

@@ -194,14 +194,6 @@ void save_llmc_checkpoint(const std::string& path, const nn::GPT2& model, DType 
     constexpr size_t kChunk = size_t{1} << 22;
     std::vector<float> tmp;
     std::vector<uint8_t> out;
-    auto pwrite_all = [&](const void* data, size_t bytes, uint64_t at) {
-      for (size_t done = 0; done < bytes;) {
-        ssize_t w = ::pwrite(::fileno(f), static_cast<const char*>(data) + done, bytes - done, static_cast<off_t>(at + done));
-        if (w < 0 && errno == EINTR) continue;
-        ZERONE_CHECK(w > 0, "cannot write '", path, "': ", w < 0 ? std::strerror(errno) : "no progress");
-        done += static_cast<size_t>(w);
-      }
-    };
     for (int u = 0; u < static_cast<int>(model.units().size()); ++u) {
       if (load) load(u);
       const nn::FlatParam& unit = model.units()[u];
@@ -209,7 +201,7 @@ void save_llmc_checkpoint(const std::string& path, const nn::GPT2& model, DType 
         const size_t n = unit.tensors()[t].numel();
         const char* src = static_cast<const char*>(unit.param(t));
         if (unit.dtype() == file_dtype) {
-          pwrite_all(src, n * value_bytes, offset[u][t]);
+          pwrite_all(::fileno(f), src, n * value_bytes, offset[u][t], path);
           continue;
         }
         for (size_t b = 0; b < n; b += kChunk) {
@@ -218,7 +210,7 @@ void save_llmc_checkpoint(const std::string& path, const nn::GPT2& model, DType 
           out.resize(m * value_bytes);
           convert_to_f32(src + b * dtype_size(unit.dtype()), unit.dtype(), tmp.data(), m);
           convert_from_f32(tmp.data(), out.data(), file_dtype, m);
-          pwrite_all(out.data(), out.size(), offset[u][t] + b * value_bytes);
+          pwrite_all(::fileno(f), out.data(), out.size(), offset[u][t] + b * value_bytes, path);
         }
       }
     }

@@ -16,11 +16,6 @@ using json = nlohmann::json;
 // Headers larger than this are refused as corrupt (the format's own reference limit is 100 MB).
 constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
 
-bool is_directory(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-
 bool exists(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0;

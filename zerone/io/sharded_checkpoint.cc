@@ -32,11 +32,6 @@ std::string join(const std::string& dir, const std::string& name) {
   return dir.empty() || dir.back() == '/' ? dir + name : dir + "/" + name;
 }
 
-bool is_directory(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-
 void fsync_directory(const std::string& dir) {
   FileDescriptor fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   ZERONE_CHECK(fd.get() >= 0 && ::fsync(fd.get()) == 0, "cannot fsync directory '", dir, "': ", std::strerror(errno));
@@ -120,15 +115,6 @@ uint64_t checksum_of_list(const std::vector<uint64_t>& checksums) {
   return checksum_of(le.data(), le.size());
 }
 
-void pwrite_all(int fd, const char* data, uint64_t bytes, uint64_t offset, const std::string& path) {
-  uint64_t done = 0;
-  while (done < bytes) {
-    ssize_t w = ::pwrite(fd, data + done, bytes - done, static_cast<off_t>(offset + done));
-    if (w < 0 && errno == EINTR) continue;
-    ZERONE_CHECK(w > 0, "cannot write checkpoint file '", path, "': ", w < 0 ? std::strerror(errno) : "no progress");
-    done += static_cast<uint64_t>(w);
-  }
-}
 }  // namespace
 
 // ------------------------------------------------------------------------------------ manifest

@@ -48,7 +48,7 @@ void with_param_type(DType dtype, Body&& body) {
 
 // Note [Scratch arena]: kernels need temporaries (bf16 copies of matmul inputs, per-thread partial
 // sums). Each slot keeps one buffer that only grows, so after the first step nothing is allocated.
-enum ScratchSlot { kScratchA, kScratchB, kScratchBias, kScratchPartials, kScratchWeight, kScratchSlots };
+enum ScratchSlot { kScratchA, kScratchB, kScratchBias, kScratchPartials, kScratchWeight, kScratchKT, kScratchKVGradT, kScratchSlots };
 
 void* scratch(ScratchSlot slot, size_t bytes) {
   static Buffer buffers[kScratchSlots];
@@ -303,6 +303,37 @@ void linear_backward(float* dinp, float* dweight, float* dbias, const float* dou
 // stride of G*hs, K and V at their own offsets with a head stride of hs, att's head stride is G*T*T.
 // So each of the G passes is one oneDNN batched GEMM and nothing is copied or repeated; dK and dV
 // accumulate over the G passes. With G = 1 (GPT-2) this is exactly one pass.
+namespace {
+
+// Note [Attention without transposed GEMM operands]: oneDNN 2.6's f32 batched matmul runs 2-4x
+// slower when an operand is a transposed strided view (column stride != 1): at the W6 shape
+// (T 256, hs 64) Q @ K^T took 1.48 ms against 0.56 ms with K^T materialized, and P^T @ dO 2.6 ms
+// against 0.67 ms for (dO^T @ P), its transpose with unit-stride rows. So K^T and V^T are copied
+// out (B*NKV*hs*T floats, a fraction of the (B,NH,T,T) scores), and dV, dK are computed
+// transposed, (hs, T) = dO^T @ P and Q^T @ dS, and copied back into dqkv. The sums are the same
+// products in the GEMM's own order: results agree with the transposed-operand form to rounding.
+
+// dst(b0, b1, i, j) = src(b0, b1, i, j) for i < rows, j < cols, through two strided views: with a
+// view whose row and column strides are swapped this is a batched transpose. Tiled so that both
+// sides are read and written in cache-line runs.
+void copy_views(float* dst, Strides4 d, const float* src, Strides4 s, int64_t n0, int64_t n1, int64_t rows, int64_t cols) {
+  constexpr int64_t kTile = 16;
+  const int64_t row_tiles = (rows + kTile - 1) / kTile, col_tiles = (cols + kTile - 1) / kTile;
+#pragma omp parallel for collapse(3) schedule(static)
+  for (int64_t b = 0; b < n0 * n1; ++b)
+    for (int64_t ti = 0; ti < row_tiles; ++ti)
+      for (int64_t tj = 0; tj < col_tiles; ++tj) {
+        const int64_t b0 = b / n1, b1 = b % n1;
+        float* dm = dst + b0 * d.batch0 + b1 * d.batch1;
+        const float* sm = src + b0 * s.batch0 + b1 * s.batch1;
+        for (int64_t i = ti * kTile; i < std::min(rows, (ti + 1) * kTile); ++i)
+          for (int64_t j = tj * kTile; j < std::min(cols, (tj + 1) * kTile); ++j)
+            dm[i * d.row + j * d.col] = sm[i * s.row + j * s.col];
+      }
+}
+
+}  // namespace
+
 void gqa_attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int NKV, int hs) {
   ProfileScope profile(ProfileCategory::attention);
   ZERONE_ASSERT(NKV >= 1 && NH % NKV == 0, "NH ", NH, " is not a multiple of NKV ", NKV);
@@ -311,15 +342,18 @@ void gqa_attention_forward(float* out, float* att, const float* qkv, int B, int 
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const Strides4 q_rows{T * R, G * hs, R, 1};                 // Q of heads kv*G+g: (T, hs)
   const Strides4 kv_rows{T * R, hs, R, 1};                    // K or V of head kv: (T, hs)
-  const Strides4 kv_rows_t{T * R, hs, 1, R};                  // K^T: (hs, T)
+  const Strides4 kv_t{NKV * hs * T, hs * T, T, 1};            // a copy of K^T of head kv: (hs, T)
+  const Strides4 kv_t_as_rows{NKV * hs * T, hs * T, 1, T};    // the same copy indexed (t, d)
   const Strides4 att_rows{NH * TT, G * TT, T, 1};             // (T, T) of head kv*G+g
   const Strides4 out_rows{T * out_row, G * hs, out_row, 1};   // (T, hs) of head kv*G+g
   const float* k = qkv + static_cast<int64_t>(NH) * hs;
   const float* v = k + static_cast<int64_t>(NKV) * hs;
+  // Note [Attention without transposed GEMM operands]
+  float* kt = static_cast<float*>(scratch(kScratchKT, sizeof(float) * B * NKV * hs * T));  // (B,NKV,hs,T)
+  copy_views(kt, kv_t_as_rows, k, kv_rows, B, NKV, T, hs);
   // att (B,NH,T,T) = scale * Q @ K^T
   for (int64_t g = 0; g < G; ++g)
-    batched_matmul(B, NKV, T, T, hs, qkv + g * hs, q_rows, k, kv_rows_t, att + g * TT, att_rows, DType::f32, scale,
-                   false);
+    batched_matmul(B, NKV, T, T, hs, qkv + g * hs, q_rows, kt, kv_t, att + g * TT, att_rows, DType::f32, scale, false);
   // causal softmax over each row's first t+1 columns, zeros after
 #pragma omp parallel for schedule(static)
   for (int64_t row = 0; row < static_cast<int64_t>(B) * NH * T; ++row) {
@@ -353,23 +387,29 @@ void gqa_attention_backward(float* dqkv, const float* dout, const float* qkv, co
   const int64_t out_row = static_cast<int64_t>(NH) * hs;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const Strides4 q_rows{T * R, G * hs, R, 1};
+  const Strides4 q_rows_t{T * R, G * hs, 1, R};              // Q^T of heads kv*G+g: (hs, T)
   const Strides4 kv_rows{T * R, hs, R, 1};
-  const Strides4 kv_rows_t{T * R, hs, 1, R};
+  const Strides4 kv_t{NKV * hs * T, hs * T, T, 1};           // a contiguous (hs, T) per kv head
+  const Strides4 kv_t_as_rows{NKV * hs * T, hs * T, 1, T};
   const Strides4 att_rows{NH * TT, G * TT, T, 1};
-  const Strides4 att_rows_t{NH * TT, G * TT, 1, T};
   const Strides4 out_rows{T * out_row, G * hs, out_row, 1};
+  const Strides4 out_rows_t{T * out_row, G * hs, 1, out_row};  // dO^T of heads kv*G+g: (hs, T)
   const float* k = qkv + static_cast<int64_t>(NH) * hs;
   const float* v = k + static_cast<int64_t>(NKV) * hs;
   float* dk = dqkv + static_cast<int64_t>(NH) * hs;
   float* dv = dk + static_cast<int64_t>(NKV) * hs;
   float* datt = static_cast<float*>(scratch(kScratchPartials, sizeof(float) * B * NH * TT));  // (B,NH,T,T)
-  // dP = dO @ V^T ; dV = sum over the group of P^T @ dO
+  // Note [Attention without transposed GEMM operands]: V^T copied out; dV^T and dK^T computed.
+  float* vt = static_cast<float*>(scratch(kScratchKT, sizeof(float) * B * NKV * hs * T));        // (B,NKV,hs,T)
+  float* dkv_t = static_cast<float*>(scratch(kScratchKVGradT, sizeof(float) * B * NKV * hs * T));  // (B,NKV,hs,T)
+  copy_views(vt, kv_t_as_rows, v, kv_rows, B, NKV, T, hs);
+  // dP = dO @ V^T ; dV^T = sum over the group of dO^T @ P
   for (int64_t g = 0; g < G; ++g) {
-    batched_matmul(B, NKV, T, T, hs, dout + g * hs, out_rows, v, kv_rows_t, datt + g * TT, att_rows, DType::f32, 1.0f,
-                   false);
-    batched_matmul(B, NKV, T, hs, T, att + g * TT, att_rows_t, dout + g * hs, out_rows, dv, kv_rows, DType::f32, 1.0f,
+    batched_matmul(B, NKV, T, T, hs, dout + g * hs, out_rows, vt, kv_t, datt + g * TT, att_rows, DType::f32, 1.0f, false);
+    batched_matmul(B, NKV, hs, T, T, dout + g * hs, out_rows_t, att + g * TT, att_rows, dkv_t, kv_t, DType::f32, 1.0f,
                    g > 0);
   }
+  copy_views(dv, kv_rows, dkv_t, kv_t_as_rows, B, NKV, T, hs);
   // dS = P * (dP - sum_j P dP) row by row (zero above the diagonal since P is)
 #pragma omp parallel for schedule(static)
   for (int64_t row = 0; row < static_cast<int64_t>(B) * NH * T; ++row) {
@@ -383,13 +423,14 @@ void gqa_attention_backward(float* dqkv, const float* dout, const float* qkv, co
     for (int t2 = 0; t2 <= t; ++t2) d[t2] = p[t2] * (d[t2] - dot);
     for (int t2 = t + 1; t2 < T; ++t2) d[t2] = 0.0f;
   }
-  // dQ = scale * dS @ K ; dK = scale * sum over the group of dS^T @ Q
+  // dQ = scale * dS @ K ; dK^T = scale * sum over the group of Q^T @ dS
   for (int64_t g = 0; g < G; ++g) {
     batched_matmul(B, NKV, T, hs, T, datt + g * TT, att_rows, k, kv_rows, dqkv + g * hs, q_rows, DType::f32, scale,
                    false);
-    batched_matmul(B, NKV, T, hs, T, datt + g * TT, att_rows_t, qkv + g * hs, q_rows, dk, kv_rows, DType::f32, scale,
+    batched_matmul(B, NKV, hs, T, T, qkv + g * hs, q_rows_t, datt + g * TT, att_rows, dkv_t, kv_t, DType::f32, scale,
                    g > 0);
   }
+  copy_views(dk, kv_rows, dkv_t, kv_t_as_rows, B, NKV, T, hs);
 }
 
 void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {

@@ -12,4 +12,7 @@ echo "$last" | grep -Eq '^final loss [0-9.]+ nats/token; source entropy [0-9.]+ 
 loss=$(echo "$last" | awk '{print $3}')
 entropy=$(echo "$last" | awk '{print $7}')
 python3 -c "import sys; l, h = float('$loss'), float('$entropy'); print(f'loss/entropy = {l/h:.4f}, {$elapsed} s'); sys.exit(0 if l <= 1.10 * h else 1)"
-[ "$elapsed" -le 120 ] || { echo "default run took $elapsed s, more than 2 minutes"; exit 1; }
+# A guard against a hang or a pathological slowdown, not a speed target (those live in bench/): the
+# run takes ~20 s on 2 idle cores, and ctest -j2 beside other multi-rank tests has stretched it to
+# 190 s. Ten minutes is far beyond any load CI sees and far below ctest's timeout.
+[ "$elapsed" -le 600 ] || { echo "default run took $elapsed s, more than 10 minutes"; exit 1; }

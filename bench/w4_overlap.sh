@@ -8,7 +8,8 @@
 # the share hidden is 1 - exposed / (bytes moved per step at bench_swap's throughput, same run).
 # W4_CLIP=X adds --grad-clip X to every run: the early step then speculates and validates (Note
 # [Speculative early step]; a clip above every norm validates every step, a small one takes the
-# first step back and holds the rest back). W4_OFFLOADS and W4_MODES pick a subset.
+# first step back and holds the rest back; mode "always" speculates on every step all the same,
+# to measure what a wrong speculation costs). W4_OFFLOADS and W4_MODES pick a subset.
 # Usage: [W4_THREADS=1 W4_ROUNDS=3 W4_STEPS=5 W4_CLIP= W4_OFFLOADS="none cpu nvme" W4_MODES="end early delayed"]
 #        bash bench/w4_overlap.sh [DIR on the disk to test]   (after make; ~10 minutes)
 set -euo pipefail
@@ -32,8 +33,9 @@ for round in $(seq 1 ${W4_ROUNDS:-3}); do
       extra=(); [ $off = nvme ] && extra=(--nvme-path "$d/swap" --sub-group-size 20000000)
       [ -n "${W4_CLIP:-}" ] && extra+=(--grad-clip "$W4_CLIP")
       case $mode in end) extra+=(--early-step false);; delayed) extra+=(--delayed-update);; esac
+      envs=(); [ $mode = always ] && envs=(ZERONE_SPECULATE=always)  # speculate after clipped steps too
       name="$off.$mode.$round"
-      $Z train --model $model --steps $steps --micro-batch 4 --seq 64 --precision bf16 --zero-stage 1 --threads $threads \
+      env "${envs[@]}" $Z train --model $model --steps $steps --micro-batch 4 --seq 64 --precision bf16 --zero-stage 1 --threads $threads \
         --offload-optimizer $off "${extra[@]}" --profile --metrics "$d/$name.jsonl" > "$d/$name.log" 2>&1
       $py - "$d/$name" "$off" "$mode" "$d/swap_bw" >> "$d/results" <<'PY'
 import json, re, sys

@@ -562,9 +562,10 @@ void ZeroEngine::plan_step(float lr, float grad_clip, double loss_scale, bool sk
   ZERONE_ASSERT(!early_.begun, "plan_step() twice without step()");
   const bool can = config_.early_step && !config_.delayed_update && optimizer_->supports_shard_steps();
   const bool exact = grad_clip <= 0.0f && !skip_on_overflow;
-  early_.speculative = can && !exact && speculation_ready_ && speculate_next_;
+  const bool predicted = speculate_next_ || config_.speculate_always;
+  early_.speculative = can && !exact && speculation_ready_ && predicted;
   early_.active = can && (exact || early_.speculative);
-  if (can && !exact && speculation_ready_ && !speculate_next_) ++early_stats_.held_back;
+  if (can && !exact && speculation_ready_ && !predicted) ++early_stats_.held_back;
   early_.lr = lr;
   early_.grad_clip = grad_clip;
   early_.loss_scale = loss_scale;

@@ -69,6 +69,9 @@ struct ZeroConfig {
   // The early step may speculate (with clipping or fp16 loss scaling): every unit but the first
   // keeps an undo copy of its in-memory state and a spare swap slot (Note [Speculative early step]).
   bool speculative_step = false;
+  // Benchmarks only (ZERONE_SPECULATE=always): speculate after a clipped step too, to measure
+  // what the prediction saves.
+  bool speculate_always = false;
 };
 
 // The sub-groups of one optimizer shard of `shard_numel` elements: [begin, end) ranges of at most

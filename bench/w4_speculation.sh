@@ -9,7 +9,9 @@
 #   nvme-clipped    --grad-clip 0.01 (every step clips): the first step taken back and redone,
 #                   the others held back by the prediction
 #   nvme-always     as nvme-clipped with ZERONE_SPECULATE=always: every step taken back and redone
-#   none-validated  --grad-clip 1000 with the optimizer in memory: the undo copies' cost
+#   none-validated  --grad-clip 1000 with the optimizer in memory, ZERONE_SPECULATE=memory: the
+#                   undo copies' cost where there is no I/O to hide (by default the engine does
+#                   not speculate there)
 # Model: W4S_MODEL (default the 45M GPT of docs/BENCHMARKS.md's early-step A/B), micro-batch 4 x
 # seq 64, bf16, stage 1, world 1, --threads W4S_THREADS (1).
 # Usage: [W4S_PAIRS=4 W4S_STEPS=6 W4S_SETTINGS="..."] bash bench/w4_speculation.sh [DIR on the disk to test]
@@ -33,7 +35,7 @@ for setting in ${W4S_SETTINGS:-nvme-exact nvme-validated nvme-clipped nvme-alway
     nvme-validated) a=("${nvme[@]}" --grad-clip 1000); b=("${a[@]}" --early-step false);;
     nvme-clipped) a=("${nvme[@]}" --grad-clip 0.01); b=("${a[@]}" --early-step false);;
     nvme-always) a=("${nvme[@]}" --grad-clip 0.01); b=("${a[@]}" --early-step false); envs=(ZERONE_SPECULATE=always);;
-    none-validated) a=(--grad-clip 1000); b=("${a[@]}" --early-step false);;
+    none-validated) a=(--grad-clip 1000); b=("${a[@]}" --early-step false); envs=(ZERONE_SPECULATE=memory);;
     *) echo "unknown setting $setting"; exit 2;;
   esac
   ratios=()

@@ -196,7 +196,8 @@ int cmd_estimate(const EstimateArgs& a, bool stage_given) {
                " is out of range: expected 1..64");
   base.sub_group_numel = static_cast<size_t>(a.sub_group_size);
   base.optimizer_buffer_count = a.buffer_count;
-  // Note [Speculative early step]: undo copies and spare slots, as train keeps them (AdamW).
+  // Note [Speculative early step]: undo copies and spare slots, as train keeps them (AdamW;
+  // only with NVMe offload, zero::speculates).
   base.early_step = a.early_step;
   base.speculative_step = a.early_step && (a.grad_clip > 0.0 || dtype == DType::f16);
   auto rows = zero::estimate(model, a.world, dtype, a.micro_batch, seq, base,

@@ -148,6 +148,7 @@ TEST(EarlyStep, UpdatesTheTopUnitDuringTheBackwardAndWithClippingOnlyWhenSpecula
       config.stage = stage;
       config.persistence_threshold = 0;
       config.speculative_step = speculative;
+      config.speculate_in_memory = true;  // the state is in memory here
       ZeroEngine engine(*model, single, config, optim::AdamWOptions{}, [&](int u) { model->init_unit(u, 7); });
       std::vector<int32_t> x(kB * kT), y(kB * kT);
       batch(1, 0, x, y);

@@ -13,7 +13,8 @@
 #     regimes: a clip that never triggers (every speculation validated), a clip that triggers on
 #     some steps (taken back and redone, the next step held back), and fp16 with a loss scale
 #     that overflows (taken back and skipped). The counts the runs print prove that each regime
-#     took the path it is there for.
+#     took the path it is there for. With the state in memory the engine speculates only when
+#     told to (ZERONE_SPECULATE=memory; by default it steps at the end there, checked too).
 #  3. --delayed-update: every stage at world 1-3 reproduces the world-1 stage-0 delayed trajectory
 #     (compare_runs.py's f32 tolerance, as tests/zero/invariance.sh), and cpu / nvme optimizer
 #     offload reproduce the in-memory delayed run bit for bit.
@@ -76,16 +77,26 @@ for regime in "${regimes[@]}"; do
       base="spec_${rname}_w${world}_s${stage}"
       PREC=$prec run "${base}_end" $world --zero-stage $stage $rargs --early-step false
       if grep -q "^early step" "$d/${base}_end.log"; then echo "FAIL ${base}_end: speculated with --early-step false"; fail=1; fi
+      # In memory the engine steps at the end unless told to speculate (ZERONE_SPECULATE=memory).
       param=(); [ $stage = 3 ] && param=(--offload-param cpu)
-      PREC=$prec run "${base}_early" $world --zero-stage $stage $rargs
+      ZERONE_SPECULATE=memory PREC=$prec run "${base}_early" $world --zero-stage $stage $rargs
       same "${base}_end" "${base}_early"
-      PREC=$prec run "${base}_early_cpu" $world --zero-stage $stage $rargs --offload-optimizer cpu "${param[@]}"
+      ZERONE_SPECULATE=memory PREC=$prec run "${base}_early_cpu" $world --zero-stage $stage $rargs \
+        --offload-optimizer cpu "${param[@]}"
       same "${base}_end" "${base}_early_cpu"
       param=(); [ $stage = 3 ] && param=(--offload-param nvme)
       PREC=$prec run "${base}_early_nvme" $world --zero-stage $stage $rargs "${nvme[@]}" "${param[@]}"
       same "${base}_end" "${base}_early_nvme"
     done
   done
+  # Without ZERONE_SPECULATE and without NVMe offload: no speculation, the step at the end.
+  PREC=$prec run "spec_${rname}_default_memory" 2 --zero-stage 2 $rargs
+  same "spec_${rname}_w2_s2_end" "spec_${rname}_default_memory"
+  if grep -q "^early step" "$d/spec_${rname}_default_memory.log"; then
+    echo "FAIL spec_${rname}_default_memory: speculated with the state in memory"; fail=1
+  else
+    echo "ok   spec_${rname}_default_memory: no speculation with the state in memory"
+  fi
   # "early step (...): V speculative steps validated, R taken back and redone (clipped), S taken
   # back and skipped (fp16 overflow), H stepped at the end after a clipped step", summed.
   read -r v r sk h < <(cat "$d"/spec_${rname}_*_early*.log | python3 -c '

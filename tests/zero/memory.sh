@@ -94,11 +94,11 @@ for c in cases:
 sys.exit(1 if failed else 0)
 PY
 
-# Note [Speculative early step] (issue 8): with --grad-clip the early step keeps undo copies in
-# memory and spare swap slots on NVMe. What a clipped run holds beyond the same run without
+# Note [Speculative early step] (issue 8): with --grad-clip and NVMe offload the early step keeps
+# undo copies in memory and spare swap slots on NVMe. What a clipped run holds beyond the same run without
 # clipping, per (place, category), equals what zerone estimate --grad-clip adds, to the byte
 # (kernels' own scratch is the same in both runs).
-spec_cases=("1 nvme none" "2 cpu none" "3 none cpu" "3 nvme nvme")
+spec_cases=("1 nvme none" "3 nvme cpu" "3 none nvme" "3 nvme nvme")
 for c in "${spec_cases[@]}"; do
   read -r stage opt par <<< "$c"
   name="off_s${stage}_${opt}_${par}"

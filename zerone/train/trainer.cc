@@ -455,8 +455,12 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   // for optimizers that step shard by shard (AdamW; any optimizer swapped to NVMe).
   zcfg.speculative_step = cfg.early_step && !cfg.delayed_update && (cfg.grad_clip > 0.0f || dtype == DType::f16) &&
                           (cfg.optimizer != "sgd" || zcfg.offload_optimizer == zero::OffloadDevice::nvme);
-  // Benchmarks only (bench/w4_overlap.sh): speculate even after a clipped step.
-  if (const char* s = std::getenv("ZERONE_SPECULATE")) zcfg.speculate_always = std::string(s) == "always";
+  // Tests and benchmarks only: speculate with the state in memory too ("memory"), and also after a
+  // clipped step ("always").
+  if (const char* s = std::getenv("ZERONE_SPECULATE")) {
+    zcfg.speculate_in_memory = std::string(s) == "memory" || std::string(s) == "always";
+    zcfg.speculate_always = std::string(s) == "always";
+  }
   zero::NvmeConfig nvme;
   nvme.nvme_path = cfg.nvme_path;
   nvme.rank = rank;

@@ -106,7 +106,7 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
   // Note [Speculative early step]: every unit but the first (whose gradients are final only at
   // the end of the backward, so it is never updated before the step is validated) gets an undo
   // copy of what its update overwrites in memory and spare swap slots.
-  const bool speculation = config_.speculative_step && config_.early_step && !config_.delayed_update;
+  const bool speculation = speculates(config_);
   if (config_.offload_optimizer == OffloadDevice::nvme) {
     std::vector<char> spare(num_units_, speculation ? 1 : 0);
     if (!spare.empty()) spare[0] = 0;
@@ -510,8 +510,13 @@ double ZeroEngine::reduce_grad_norm_sq(double local_sumsq) const {
 //     is spent on the undo; the redo reads the old slots again (the plain step's I/O).
 // The first unit (the embedding) is final only when the backward ends, so it is never updated
 // before the validation and has neither undo buffers nor spare slots.
-// Costs (config.speculative_step, set by the trainer when the early step is on with clipping or
-// fp16 loss scaling): memory, per parameter of the rank's shard of the units after the first:
+// When (speculates() in partition.h): the trainer sets config.speculative_step when the early
+// step is on with clipping or fp16 loss scaling, and the engine speculates only with optimizer
+// or parameter state on NVMe, the I/O the early step can move under the backward. With the state
+// in memory the early update is the same arithmetic on the same cores, moved and not hidden, so
+// speculating there only adds its costs (measured 6-10% per step, docs/BENCHMARKS.md) and the
+// engine steps at the end (tests force it with ZERONE_SPECULATE=memory).
+// Costs: memory, per parameter of the rank's shard of the units after the first:
 // the parameter (compute dtype) plus, with the optimizer in memory, AdamW's master (not for f32)
 // and moments, 12-16 bytes, as standing buffers (category scratch, on the state's place; in
 // `zerone estimate`); on NVMe, a second copy of the swapped state of those units on the disk

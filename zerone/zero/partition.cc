@@ -34,6 +34,11 @@ std::vector<std::pair<size_t, size_t>> sub_groups(size_t shard_numel, size_t sub
   return out;
 }
 
+bool speculates(const ZeroConfig& c) {
+  const bool nvme = c.offload_optimizer == OffloadDevice::nvme || (c.stage == 3 && c.offload_param == OffloadDevice::nvme);
+  return c.speculative_step && c.early_step && !c.delayed_update && (nvme || c.speculate_in_memory);
+}
+
 size_t swap_aligned(size_t bytes) { return (bytes + kSwapAlignBytes - 1) / kSwapAlignBytes * kSwapAlignBytes; }
 size_t swap_tensor_bytes(size_t numel) { return swap_aligned(numel * sizeof(float)); }
 
@@ -68,7 +73,7 @@ ModelStateBytes model_state_bytes(const std::vector<size_t>& unit_numels, int wo
   const MemPlace grad_shard_place = config.offload_optimizer == OffloadDevice::none ? MemPlace::device : MemPlace::host;
   const bool nvme = config.offload_optimizer == OffloadDevice::nvme;
   size_t largest_sub_group = 0;
-  const bool speculation = config.speculative_step && config.early_step && !config.delayed_update;
+  const bool speculation = speculates(config);
   for (size_t u = 0; u < unit_numels.size(); ++u) {
     const size_t numel = unit_numels[u];
     const bool spare = speculation && u > 0;  // Note [Speculative early step]: not the first unit

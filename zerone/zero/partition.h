@@ -69,10 +69,16 @@ struct ZeroConfig {
   // The early step may speculate (with clipping or fp16 loss scaling): every unit but the first
   // keeps an undo copy of its in-memory state and a spare swap slot (Note [Speculative early step]).
   bool speculative_step = false;
-  // Benchmarks only (ZERONE_SPECULATE=always): speculate after a clipped step too, to measure
-  // what the prediction saves.
+  // Tests and benchmarks only (ZERONE_SPECULATE=memory / always): speculate without NVMe offload
+  // too, where it only costs (docs/BENCHMARKS.md); `always` also after a clipped step.
+  bool speculate_in_memory = false;
   bool speculate_always = false;
 };
+
+// Whether the engine speculates (Note [Speculative early step]): speculative_step with the early
+// step, without --delayed-update, and with optimizer or parameter state swapped to NVMe (the I/O
+// that the early step hides; in memory speculating only costs) or speculate_in_memory.
+bool speculates(const ZeroConfig& config);
 
 // The sub-groups of one optimizer shard of `shard_numel` elements: [begin, end) ranges of at most
 // sub_group_numel elements, in order (a shard is split, never merged with another).

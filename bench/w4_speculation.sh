@@ -6,6 +6,8 @@
 # Settings (W4S_SETTINGS, default all):
 #   nvme-exact      no clipping: the exact early step, for reference
 #   nvme-validated  --grad-clip 1000: every speculation validated
+#   nvme-vs-exact   A as nvme-validated, B the exact early step without clipping: what validating
+#                   costs (B is not --early-step false here)
 #   nvme-clipped    --grad-clip 0.01 (every step clips): the first step taken back and redone,
 #                   the others held back by the prediction
 #   nvme-always     as nvme-clipped with ZERONE_SPECULATE=always: every step taken back and redone
@@ -33,6 +35,7 @@ for setting in ${W4S_SETTINGS:-nvme-exact nvme-validated nvme-clipped nvme-alway
   case $setting in
     nvme-exact) a=("${nvme[@]}"); b=("${nvme[@]}" --early-step false);;
     nvme-validated) a=("${nvme[@]}" --grad-clip 1000); b=("${a[@]}" --early-step false);;
+    nvme-vs-exact) a=("${nvme[@]}" --grad-clip 1000); b=("${nvme[@]}");;
     nvme-clipped) a=("${nvme[@]}" --grad-clip 0.01); b=("${a[@]}" --early-step false);;
     nvme-always) a=("${nvme[@]}" --grad-clip 0.01); b=("${a[@]}" --early-step false); envs=(ZERONE_SPECULATE=always);;
     none-validated) a=(--grad-clip 1000); b=("${a[@]}" --early-step false); envs=(ZERONE_SPECULATE=memory);;

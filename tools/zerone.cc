@@ -100,7 +100,7 @@ void add_train_flags(CLI::App& cmd, train::TrainConfig& c, std::string& config_p
                "backward, which use the parameters of step s-1 (off)");
   cmd.add_option("--early-step", c.early_step,
                  "update each unit as soon as its gradients are final, during the backward of the rest "
-                 "(true/false; same numbers either way; with --grad-clip or fp16 a speculation, validated or redone)");
+                 "(true/false; same numbers either way; with --grad-clip or fp16 and NVMe offload a speculation, validated or redone)");
   cmd.add_option("--device-mem-limit", c.device_mem_limit, "GiB of device memory per rank (0: no cap); a plan beyond it is refused");
   cmd.add_option("--offload-optimizer", c.offload_optimizer, "none, cpu or nvme: where fp32 master, moments and the step live (stages 1-3)");
   cmd.add_option("--offload-param", c.offload_param, "none, cpu or nvme: where stage 3's parameter shards live");

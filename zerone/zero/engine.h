@@ -82,9 +82,9 @@ class ZeroEngine : public nn::UnitHooks {
   // the units below it runs. step() must then be called with the same arguments. Without it (or
   // with --delayed-update or config.early_step off) step() updates every unit at the end, as
   // before; the numbers are the same either way. With clipping or loss scaling the early updates
-  // are a speculation (Note [Speculative early step]) when config.speculative_step is set, and
-  // step() validates them, or takes them back and steps at the end; otherwise step() updates
-  // every unit at the end.
+  // are a speculation (Note [Speculative early step]) where speculates(config) (partition.h:
+  // config.speculative_step with state on NVMe), and step() validates them, or takes them back
+  // and steps at the end; otherwise step() updates every unit at the end.
   void plan_step(float lr, float grad_clip, double loss_scale = 1.0, bool skip_on_overflow = false);
 
   // What the early step did so far (Note [Speculative early step]), the same on every rank.

@@ -100,7 +100,7 @@ void add_train_flags(CLI::App& cmd, train::TrainConfig& c, std::string& config_p
                "backward, which use the parameters of step s-1 (off)");
   cmd.add_option("--early-step", c.early_step,
                  "update each unit as soon as its gradients are final, during the backward of the rest "
-                 "(true/false; same numbers either way; not with --grad-clip or fp16)");
+                 "(true/false; same numbers either way; with --grad-clip or fp16 and NVMe offload a speculation, validated or redone)");
   cmd.add_option("--device-mem-limit", c.device_mem_limit, "GiB of device memory per rank (0: no cap); a plan beyond it is refused");
   cmd.add_option("--offload-optimizer", c.offload_optimizer, "none, cpu or nvme: where fp32 master, moments and the step live (stages 1-3)");
   cmd.add_option("--offload-param", c.offload_param, "none, cpu or nvme: where stage 3's parameter shards live");
@@ -162,6 +162,8 @@ struct EstimateArgs {
   bool activation_checkpointing = false;
   bool cpu_checkpointing = false;
   bool seq_given = false;
+  double grad_clip = 0.0;
+  bool early_step = true;
 };
 
 int cmd_estimate(const EstimateArgs& a, bool stage_given) {
@@ -194,6 +196,10 @@ int cmd_estimate(const EstimateArgs& a, bool stage_given) {
                " is out of range: expected 1..64");
   base.sub_group_numel = static_cast<size_t>(a.sub_group_size);
   base.optimizer_buffer_count = a.buffer_count;
+  // Note [Speculative early step]: undo copies and spare slots, as train keeps them (AdamW;
+  // only with NVMe offload, zero::speculates).
+  base.early_step = a.early_step;
+  base.speculative_step = a.early_step && (a.grad_clip > 0.0 || dtype == DType::f16);
   auto rows = zero::estimate(model, a.world, dtype, a.micro_batch, seq, base,
                              stage_given ? std::optional<int>(a.stage) : std::nullopt);
   const double limit = a.device_mem_gib * 1024.0 * 1024.0 * 1024.0;
@@ -213,6 +219,7 @@ int cmd_estimate(const EstimateArgs& a, bool stage_given) {
       s["master"] = r.model_state.master;
       s["optim"] = r.model_state.optim;
       s["model_state"] = r.model_state.total();
+      if (r.model_state.speculation != 0) s["speculation"] = r.model_state.speculation;  // Note [Speculative early step]
       s["working_set"] = {{"param", r.working_set.param}, {"grad", r.working_set.grad}, {"comm", r.working_set.comm},
                           {"host", r.working_set.host}, {"total", r.working_set.total()}};
       s["activation"] = r.activations + r.host_activations;
@@ -365,6 +372,9 @@ int main(int argc, char** argv) {
   estimate_cmd->add_option("--stage3-prefetch-bucket-size", est.prefetch_numel,
                            "as for train (elements): bounds stage 3's prefetched parameters");
   estimate_cmd->add_flag("--json", est.json, "machine-readable output");
+  estimate_cmd->add_option("--grad-clip", est.grad_clip,
+                           "as for train: with the early step, its speculation's undo copies and spare swap slots");
+  estimate_cmd->add_option("--early-step", est.early_step, "as for train (true/false)");
   estimate_cmd->add_flag("--activation-checkpointing", est.activation_checkpointing, "as for train");
   estimate_cmd->add_flag("--cpu-checkpointing", est.cpu_checkpointing, "as for train");
 

@@ -319,14 +319,29 @@ TEST(Config, SettingsThatWouldDoNothingAreErrorsOrNotices) {
   EXPECT_TRUE(fp16.notices.empty());
   // --early-step asked for where the engine steps at the end anyway.
   TrainConfig early = given({"--early-step"});
-  early.grad_clip = 1.0f;
+  early.delayed_update = true;
   check_settings_take_effect(early, false, true);
   ASSERT_EQ(early.notices.size(), 1u);
-  EXPECT_EQ(early.notices[0], "--early-step: no effect with --grad-clip (clipping needs the global norm first); the "
+  EXPECT_EQ(early.notices[0], "--early-step: no effect with --delayed-update (the update runs on its own thread); the "
                               "optimizer steps at the end, with the same results");
+  // With clipping or fp16 loss scaling it speculates where state is on NVMe (Note [Speculative
+  // early step]): no notice there; with the state in memory it steps at the end, and says so.
+  TrainConfig early_clip = given({"--early-step"});
+  early_clip.grad_clip = 1.0f;
+  early_clip.offload_optimizer = "nvme";
+  check_settings_take_effect(early_clip, false, true);
+  EXPECT_TRUE(early_clip.notices.empty());
   TrainConfig early_fp16 = given({"--early-step"});
+  early_fp16.offload_param = "nvme";
   check_settings_take_effect(early_fp16, /*fp16=*/true, true);
-  ASSERT_EQ(early_fp16.notices.size(), 1u);
+  EXPECT_TRUE(early_fp16.notices.empty());
+  TrainConfig early_clip_memory = given({"--early-step"});
+  early_clip_memory.grad_clip = 1.0f;
+  check_settings_take_effect(early_clip_memory, false, true);
+  ASSERT_EQ(early_clip_memory.notices.size(), 1u);
+  EXPECT_EQ(early_clip_memory.notices[0],
+            "--early-step: no effect with --grad-clip without NVMe offload (it would speculate, which costs time and "
+            "memory and hides no I/O when the state is in memory); the optimizer steps at the end, with the same results");
   TrainConfig early_ok = given({"--early-step"});
   check_settings_take_effect(early_ok, false, true);
   EXPECT_TRUE(early_ok.notices.empty());

@@ -5,9 +5,17 @@
 #     checkpoints, at stages 0-3, world 1, 2 and 3 (uneven shards), with gradient accumulation and
 #     weight decay, with the optimizer in memory, on the host (cpu) or on NVMe, and at stage 3 with
 #     the parameters on the host or NVMe too. NVMe runs use small sub-groups and 2 staging buffers,
-#     so the read-ahead crosses from one unit to the next many times per step. The same with
-#     clipping and with fp16 loss scaling, where the engine steps at the end (no speculation).
-#  2. --delayed-update: every stage at world 1-3 reproduces the world-1 stage-0 delayed trajectory
+#     so the read-ahead crosses from one unit to the next many times per step.
+#  2. Note [Speculative early step]: with --grad-clip and with fp16 loss scaling the early updates
+#     are speculative and validated or taken back; the trajectory is still bit for bit that of
+#     --early-step false at stages 1-3, world 1-3, optimizer in memory / on the host / on NVMe
+#     (stage 3: parameters on the host / on NVMe too), with gradient accumulation, in three
+#     regimes: a clip that never triggers (every speculation validated), a clip that triggers on
+#     some steps (taken back and redone, the next step held back), and fp16 with a loss scale
+#     that overflows (taken back and skipped). The counts the runs print prove that each regime
+#     took the path it is there for. With the state in memory the engine speculates only when
+#     told to (ZERONE_SPECULATE=memory; by default it steps at the end there, checked too).
+#  3. --delayed-update: every stage at world 1-3 reproduces the world-1 stage-0 delayed trajectory
 #     (compare_runs.py's f32 tolerance, as tests/zero/invariance.sh), and cpu / nvme optimizer
 #     offload reproduce the in-memory delayed run bit for bit.
 set -euo pipefail
@@ -58,13 +66,53 @@ for world in 1 2 3; do
     fi
   done
 done
-# Clipping and fp16 loss scaling: the flag must not change anything there either.
-run clip_end 2 --zero-stage 2 --grad-clip 0.05 --early-step false "${nvme[@]}"
-run clip_early 2 --zero-stage 2 --grad-clip 0.05 "${nvme[@]}"
-same clip_end clip_early
-PREC=fp16 run fp16_end 2 --zero-stage 2 --early-step false "${nvme[@]}"
-PREC=fp16 run fp16_early 2 --zero-stage 2 "${nvme[@]}"
-same fp16_end fp16_early
+# Speculation: clip never triggers / clip triggers on some steps / fp16 overflows.
+regimes=("never --grad-clip 1000" "some --grad-clip ${SOME_CLIP:-2.2}"
+         "fp16 --initial-scale-power 24 --loss-scale-window 2 --hysteresis 1")
+for regime in "${regimes[@]}"; do
+  read -r rname rargs <<< "$regime"
+  prec=fp32; [ $rname = fp16 ] && prec=fp16
+  for world in 1 2 3; do
+    for stage in 1 2 3; do
+      base="spec_${rname}_w${world}_s${stage}"
+      PREC=$prec run "${base}_end" $world --zero-stage $stage $rargs --early-step false
+      if grep -q "^early step" "$d/${base}_end.log"; then echo "FAIL ${base}_end: speculated with --early-step false"; fail=1; fi
+      # In memory the engine steps at the end unless told to speculate (ZERONE_SPECULATE=memory).
+      param=(); [ $stage = 3 ] && param=(--offload-param cpu)
+      ZERONE_SPECULATE=memory PREC=$prec run "${base}_early" $world --zero-stage $stage $rargs
+      same "${base}_end" "${base}_early"
+      ZERONE_SPECULATE=memory PREC=$prec run "${base}_early_cpu" $world --zero-stage $stage $rargs \
+        --offload-optimizer cpu "${param[@]}"
+      same "${base}_end" "${base}_early_cpu"
+      param=(); [ $stage = 3 ] && param=(--offload-param nvme)
+      PREC=$prec run "${base}_early_nvme" $world --zero-stage $stage $rargs "${nvme[@]}" "${param[@]}"
+      same "${base}_end" "${base}_early_nvme"
+    done
+  done
+  # Without ZERONE_SPECULATE and without NVMe offload: no speculation, the step at the end.
+  PREC=$prec run "spec_${rname}_default_memory" 2 --zero-stage 2 $rargs
+  same "spec_${rname}_w2_s2_end" "spec_${rname}_default_memory"
+  if grep -q "^early step" "$d/spec_${rname}_default_memory.log"; then
+    echo "FAIL spec_${rname}_default_memory: speculated with the state in memory"; fail=1
+  else
+    echo "ok   spec_${rname}_default_memory: no speculation with the state in memory"
+  fi
+  # "early step (...): V speculative steps validated, R taken back and redone (clipped), S taken
+  # back and skipped (fp16 overflow), H stepped at the end after a clipped step", summed.
+  read -r v r sk h < <(cat "$d"/spec_${rname}_*_early*.log | python3 -c '
+import re, sys
+t = [0, 0, 0, 0]
+for m in re.finditer(r"early step \(.*?\): (\d+) speculative steps validated, (\d+) taken back and redone.*?, (\d+) taken back and skipped.*?, (\d+) stepped at the end", sys.stdin.read()):
+    t = [a + int(b) for a, b in zip(t, m.groups())]
+print(*t)')
+  echo "     $rname: $v validated, $r redone, $sk skipped, $h held back"
+  case $rname in
+    never) ok=$(( v > 0 && r == 0 && sk == 0 && h == 0 ));;
+    some) ok=$(( v > 0 && r > 0 && h > 0 && sk == 0 ));;
+    fp16) ok=$(( v > 0 && sk > 0 && r == 0 ));;
+  esac
+  if [ $ok = 1 ]; then echo "ok   $rname: the runs took the paths the regime is for"; else echo "FAIL $rname: counts do not show the regime's paths"; fail=1; fi
+done
 # --delayed-update across world sizes and stages, and across optimizer places.
 runs=()
 for world in 1 2 3; do

@@ -816,12 +816,16 @@ void check_settings_take_effect(TrainConfig& c, bool fp16, bool has_validation_d
       }
     return names;
   };
-  // Note [Early optimizer step] (zero/engine.cc): the step runs at the end with clipping, fp16
-  // loss scaling or the delayed update, and for an in-memory SGD (no per-shard steps).
+  // Note [Early optimizer step] (zero/engine.cc): the step runs at the end with the delayed
+  // update and for an in-memory SGD (no per-shard steps). With clipping or fp16 loss scaling it
+  // speculates where state is swapped to NVMe (Note [Speculative early step]), else steps at the end.
   if (c.is_given("--early-step") && c.early_step) {
-    std::string why = c.grad_clip > 0.0f        ? "--grad-clip (clipping needs the global norm first)"
-                      : fp16                    ? "fp16 loss scaling (an overflow check needs every gradient first)"
-                      : c.delayed_update        ? "--delayed-update (the update runs on its own thread)"
+    const bool nvme = c.offload_optimizer == "nvme" || c.offload_param == "nvme";
+    std::string why = c.delayed_update          ? "--delayed-update (the update runs on its own thread)"
+                      : (c.grad_clip > 0.0f || fp16) && !nvme
+                          ? str_cat(c.grad_clip > 0.0f ? "--grad-clip" : "fp16 loss scaling",
+                                    " without NVMe offload (it would speculate, which costs time and memory "
+                                    "and hides no I/O when the state is in memory)")
                       : c.optimizer == "sgd" && c.offload_optimizer != "nvme" ? "--optimizer sgd in memory"
                                                 : "";
     if (!why.empty())

@@ -451,6 +451,16 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   zcfg.optimizer_buffer_count = cfg.offload_buffer_count;
   zcfg.delayed_update = cfg.delayed_update;
   zcfg.early_step = cfg.early_step;
+  // Note [Speculative early step]: with clipping or fp16 loss scaling the early step speculates,
+  // for optimizers that step shard by shard (AdamW; any optimizer swapped to NVMe).
+  zcfg.speculative_step = cfg.early_step && !cfg.delayed_update && (cfg.grad_clip > 0.0f || dtype == DType::f16) &&
+                          (cfg.optimizer != "sgd" || zcfg.offload_optimizer == zero::OffloadDevice::nvme);
+  // Tests and benchmarks only: speculate with the state in memory too ("memory"), and also after a
+  // clipped step ("always").
+  if (const char* s = std::getenv("ZERONE_SPECULATE")) {
+    zcfg.speculate_in_memory = std::string(s) == "memory" || std::string(s) == "always";
+    zcfg.speculate_always = std::string(s) == "always";
+  }
   zero::NvmeConfig nvme;
   nvme.nvme_path = cfg.nvme_path;
   nvme.rank = rank;
@@ -817,6 +827,11 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     result.interrupted_by = sig;
     if (lead) progress.message(str_cat("zerone: ", signal_name(sig), " arrived after the last step; everything was written"));
   }
+  if (const zero::ZeroEngine::EarlyStats& e = engine.early_stats();
+      lead && e.validated + e.redone + e.skipped + e.held_back > 0)
+    progress.message(str_cat("early step (Note [Speculative early step]): ", e.validated, " speculative steps validated, ",
+                             e.redone, " taken back and redone (clipped), ", e.skipped, " taken back and skipped (fp16 overflow), ",
+                             e.held_back, " stepped at the end after a clipped step"));
   if (skipped_steps > 0 && lead)
     progress.warning(str_cat(skipped_steps, " of ", cfg.steps, " steps were skipped for gradient overflow (fp16)",
                              skipped_steps == cfg.steps ? ": nothing was trained; lower --loss-scale or use dynamic scaling"

@@ -63,6 +63,7 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
 
     optim::ShardRef ref;
     ref.numel = numel;
+    st.opt_numel = numel;
     if (params_swapped(u)) {
       // Staged on the host until the optimizer has read it, then written to params.swp.
       st.swap_bytes = swap_aligned(st.shard.shard_numel * dsize_);
@@ -76,6 +77,7 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
     } else {
       ref.param = static_cast<char*>(unit.data()) + begin * dsize_;
     }
+    if (!params_swapped(u)) st.opt_param = ref.param;
     if (config_.stage >= 2) {
       st.shard_grads = Buffer(st.shard.shard_numel * sizeof(float), MemCategory::grad, grad_shard_place);
       ref.grad = st.shard_grads.as<float>();
@@ -101,20 +103,43 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
     shards.push_back(std::move(ref));
     if (params_sharded(u)) unit.release_params();
   }
+  // Note [Speculative early step]: every unit but the first (whose gradients are final only at
+  // the end of the backward, so it is never updated before the step is validated) gets an undo
+  // copy of what its update overwrites in memory and spare swap slots.
+  const bool speculation = speculates(config_);
   if (config_.offload_optimizer == OffloadDevice::nvme) {
+    std::vector<char> spare(num_units_, speculation ? 1 : 0);
+    if (!spare.empty()) spare[0] = 0;
     optimizer_ = std::make_unique<SwappedOptimizer>(std::move(shards), model.compute_dtype(), optimizer,
                                                 config_.sub_group_numel,
-                                                config_.optimizer_buffer_count, nvme, *swap_dir_);
+                                                config_.optimizer_buffer_count, nvme, *swap_dir_, spare);
   } else {
     optimizer_ = optim::make_optimizer(std::move(shards), model.compute_dtype(), optimizer,
                                        offload_place(config_.offload_optimizer));
   }
+  speculation_ready_ = speculation && optimizer_->supports_shard_steps();
+  if (speculation_ready_) {
+    for (int u = 1; u < num_units_; ++u) {
+      UnitState& st = units_[u];
+      if (!params_swapped(u))
+        st.undo_param = Buffer(st.opt_numel * dsize_, MemCategory::scratch,
+                               params_sharded(u) ? offload_place(config_.offload_param) : MemPlace::device);
+      if (size_t bytes = optimizer_->undo_bytes(static_cast<size_t>(u)); bytes > 0)
+        st.undo_optim = Buffer(bytes, MemCategory::scratch, offload_place(config_.offload_optimizer));
+    }
+  }
   if (config_.offload_param == OffloadDevice::nvme) {
     // Note [Parameter swap]: every sharded unit's shard gets a 4 KiB-aligned slot in params.swp.
-    uint64_t offset = 0;
-    for (UnitState& st : units_) {
-      st.swap_offset = offset;
+    uint64_t offset = 0, spare_bytes = 0;
+    for (int u = 0; u < num_units_; ++u) {
+      UnitState& st = units_[u];
+      st.swap_offset = st.swap_spare = offset;
       offset += st.swap_bytes;
+      if (speculation_ready_ && u > 0 && st.swap_bytes > 0) {  // Note [Speculative early step]
+        st.swap_spare = offset;
+        offset += st.swap_bytes;
+        spare_bytes += st.swap_bytes;
+      }
     }
     param_path_ = swap_dir_->path() + "/params.swp";
     param_fd_ = swap_dir_->create_file("params.swp", offset);
@@ -133,8 +158,10 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
       units_[u].shard_params.reset();
       optimizer_->set_param(static_cast<size_t>(u), nullptr);  // set again before each update
     }
-    nvme_param_bytes_ = static_cast<int64_t>(offset);
+    nvme_param_bytes_ = static_cast<int64_t>(offset - spare_bytes);
+    nvme_param_spare_bytes_ = static_cast<int64_t>(spare_bytes);
     MemoryLedger::global().add(MemPlace::nvme, MemCategory::param, nvme_param_bytes_);
+    MemoryLedger::global().add(MemPlace::nvme, MemCategory::scratch, nvme_param_spare_bytes_);
   }
   dpu_threads_ = std::max(1, omp_get_max_threads() / 2);
   last_toucher_.resize(num_units_);
@@ -149,6 +176,8 @@ ZeroEngine::~ZeroEngine() {
   // Never leave the kernel or the communication thread writing into freed buffers.
   if (param_io_) param_io_->drain();
   if (nvme_param_bytes_ > 0) MemoryLedger::global().sub(MemPlace::nvme, MemCategory::param, nvme_param_bytes_);
+  if (nvme_param_spare_bytes_ > 0)
+    MemoryLedger::global().sub(MemPlace::nvme, MemCategory::scratch, nvme_param_spare_bytes_);
   for (UnitState& st : units_) {
     try {
       for (comm::Work& w : st.reduce_work) w.wait();
@@ -450,17 +479,98 @@ double ZeroEngine::reduce_grad_norm_sq(double local_sumsq) const {
 // writes complete behind the next unit's backward), stage 1-2's all-gather of the updated shard
 // and stage 3's parameter-shard write-back. The update's arithmetic still runs on the training
 // thread, between two units' backward, so on a CPU it is moved, not hidden.
-// Clipping and fp16 loss scaling need the global norm of all gradients before any update; until
-// then an update would be a speculation (to be validated, and redone from a kept copy of the
-// pre-update state when the clip factor or an overflow says so). On a CPU, where the speculative
-// update would compete with the backward for the same cores, that copy (12-16 bytes per
-// parameter) could only cost time and memory, so with either the engine steps at the end as
-// before; see docs/BENCHMARKS.md.
+// Clipping and fp16 loss scaling need the global norm of all gradients before any update: there
+// the early updates are a speculation, Note [Speculative early step].
+//
+// Note [Speculative early step] (issue 8; SuperOffload and ZenFlow, 2025, speculate the same way).
+// With --grad-clip or fp16 loss scaling, the early updates assume that the clip factor will be 1
+// and that no gradient overflowed, and step() validates that once the global norm is known:
+//   - norm finite and <= clip (or no clipping): the speculation holds, every early update is
+//     exactly the plain step's (same call, grad_scale = 1/(world * loss_scale) * 1.0f, the factor the
+//     plain step uses when it does not clip), step() updates what is left, nothing else happens.
+//   - otherwise the engine takes back every early update, bit for bit (take_back_early), and then
+//     does what the plain step does: steps at the end with the clip factor, or skips the step on
+//     an overflow (the loss scaler is updated by the trainer as always).
+// The norm deciding it is the plain step's, bit for bit: each unit's sum of squares is measured
+// by grad_sumsq just before its early update (the gradients are then final and about to be read
+// anyway) and the per-shard sums are added in shard order, as step() adds them when it measures
+// the norm first (Note [Deterministic gradient norm]); so the decision, the clip factor and the
+// reported norm are those of --early-step false.
+// Taking a step back restores master, moments, step count and the compute-dtype parameters:
+//   - in memory (--offload-optimizer none/cpu; the parameters everywhere but in params.swp): before
+//     its speculative update a unit's optimizer state (Optimizer::save_undo: AdamW's master, m, v)
+//     and its parameter shard (stage 0: the whole unit) are copied to undo buffers, and put back
+//     from them. At stages 1-2 (and persistent stage-3 units) the gather of the speculative shard
+//     has reached the other ranks' full copies: it is waited for, and a skipped step gathers the
+//     restored shards again (a redone step gathers its own update). Stage-3 gathered copies were
+//     released before the update, as in the plain step.
+//   - on NVMe (optimizer.swp, params.swp): never overwritten before the step is validated; the
+//     update writes each sub-group / parameter shard to a spare slot (Note [Spare slots] in
+//     zero/offload.h), made current when the step ends, forgotten when it is taken back. No I/O
+//     is spent on the undo; the redo reads the old slots again (the plain step's I/O).
+// The first unit (the embedding) is final only when the backward ends, so it is never updated
+// before the validation and has neither undo buffers nor spare slots.
+// When (speculates() in partition.h): the trainer sets config.speculative_step when the early
+// step is on with clipping or fp16 loss scaling, and the engine speculates only with optimizer
+// or parameter state on NVMe, the I/O the early step can move under the backward. With the state
+// in memory the early update is the same arithmetic on the same cores, moved and not hidden, so
+// speculating there only adds its costs (measured 6-10% per step, docs/BENCHMARKS.md) and the
+// engine steps at the end (tests force it with ZERONE_SPECULATE=memory).
+// Costs: memory, per parameter of the rank's shard of the units after the first:
+// the parameter (compute dtype) plus, with the optimizer in memory, AdamW's master (not for f32)
+// and moments, 12-16 bytes, as standing buffers (category scratch, on the state's place; in
+// `zerone estimate`); on NVMe, a second copy of the swapped state of those units on the disk
+// (nvme.scratch), i.e. twice the disk per parameter. Time: a validated step copies the
+// in-memory state once (a memcpy of 12-16 bytes per parameter, beside the update's ~30 bytes of
+// traffic) and nothing for swapped state; a mispredicted step pays the undo copy back, and the
+// whole update and its swap I/O again at the end (about one extra optimizer step).
+// Prediction: clipping tends to persist for many steps (the norm decays slowly through the clip),
+// so a step speculates only when the step before did not clip; the first step speculates. After a
+// clipping step the next steps at the end (EarlyStats::held_back) until one does not clip. fp16
+// overflows are rare and followed by a halved loss scale, so they do not stop speculation.
+// docs/BENCHMARKS.md has the measured gain and cost.
+
+// Note [Deterministic gradient norm]: the sum of squares of a gradient shard, in f64, in fixed
+// blocks of kNormBlock elements whose partial sums are added in order, so the result does not
+// depend on the number of OpenMP threads or on how their reductions are combined; every path
+// that measures the norm before an update (step(), the speculative early step, --delayed-update)
+// uses it, so they agree to the bit.
+namespace {
+constexpr size_t kNormBlock = size_t{1} << 14;
+double grad_sumsq(const float* g, size_t n, float* copy_to = nullptr) {
+  const size_t blocks = (n + kNormBlock - 1) / kNormBlock;
+  auto block = [&](size_t b) {
+    const size_t lo = b * kNormBlock, hi = std::min(n, lo + kNormBlock);
+    double s = 0.0;
+    if (copy_to) std::memcpy(copy_to + lo, g + lo, (hi - lo) * sizeof(float));
+#pragma omp simd reduction(+ : s)
+    for (size_t k = lo; k < hi; ++k) s += static_cast<double>(g[k]) * g[k];
+    return s;
+  };
+  if (blocks <= 1) return blocks == 1 ? block(0) : 0.0;
+  std::vector<double> part(blocks);
+#pragma omp parallel for schedule(static) if (blocks > 4)
+  for (size_t b = 0; b < blocks; ++b) part[b] = block(b);
+  double total = 0.0;
+  for (double p : part) total += p;
+  return total;
+}
+}  // namespace
+
+double ZeroEngine::local_grad_sumsq() {
+  double local = 0.0;
+  for (size_t i = 0; i < optimizer_->num_shards(); ++i) local += grad_sumsq(optimizer_->grad(i), optimizer_->numel(i));
+  return local;
+}
 
 void ZeroEngine::plan_step(float lr, float grad_clip, double loss_scale, bool skip_on_overflow) {
   ZERONE_ASSERT(!early_.begun, "plan_step() twice without step()");
-  early_.active = config_.early_step && !config_.delayed_update && optimizer_->supports_shard_steps() &&
-                  grad_clip <= 0.0f && !skip_on_overflow;
+  const bool can = config_.early_step && !config_.delayed_update && optimizer_->supports_shard_steps();
+  const bool exact = grad_clip <= 0.0f && !skip_on_overflow;
+  const bool predicted = speculate_next_ || config_.speculate_always;
+  early_.speculative = can && !exact && speculation_ready_ && predicted;
+  early_.active = can && (exact || early_.speculative);
+  if (can && !exact && speculation_ready_ && !predicted) ++early_stats_.held_back;
   early_.lr = lr;
   early_.grad_clip = grad_clip;
   early_.loss_scale = loss_scale;
@@ -488,10 +598,129 @@ void ZeroEngine::early_update(int u, int next) {
   finish_reduction(u);
   release(u);  // stage 3: a gathered copy would go stale
   if (params_swapped(u)) load_shard_for_update(u);
+  UnitState& st = units_[u];
+  if (early_.speculative && early_.active) {
+    // Note [Speculative early step]: measure, and keep what the update overwrites in memory.
+    ZERONE_ASSERT(u > 0, "the first unit is never updated before the step is validated");
+    st.sumsq = grad_sumsq(optimizer_->grad(static_cast<size_t>(u)), st.opt_numel);
+    if (!st.undo_param.empty()) std::memcpy(st.undo_param.data(), st.opt_param, st.opt_numel * dsize_);
+    if (!st.undo_optim.empty()) optimizer_->save_undo(static_cast<size_t>(u), st.undo_optim.data());
+  }
   early_.sumsq += optimizer_->update_shard(static_cast<size_t>(u),
                                            next >= 0 ? static_cast<size_t>(next) : optim::Optimizer::kNoShard);
   on_shard_updated(u);
   early_.updated[u] = 1;
+}
+
+std::vector<int> ZeroEngine::take_back_early() {
+  // Note [Speculative early step]: every write of the early updates is complete before anything
+  // is restored (parameter shards on their way to params.swp, gathers of updated shards).
+  retire_param_writes(0);
+  std::vector<int> taken_back;
+  for (int u = 0; u < num_units_; ++u) {
+    if (!early_.updated[u]) continue;
+    taken_back.push_back(u);
+    UnitState& st = units_[u];
+    wait_gather(u);
+    if (!st.undo_param.empty()) std::memcpy(st.opt_param, st.undo_param.data(), st.opt_numel * dsize_);
+    if (!st.undo_optim.empty()) optimizer_->restore_undo(static_cast<size_t>(u), st.undo_optim.data());
+    st.swap_dirty = false;  // the spare slot is forgotten; the current one holds the shard
+    early_.updated[u] = 0;
+  }
+  optimizer_->abort_step();
+  early_.begun = false;
+  return taken_back;
+}
+
+void ZeroEngine::commit_param_slots() {
+  for (UnitState& st : units_)
+    if (std::exchange(st.swap_dirty, false)) std::swap(st.swap_offset, st.swap_spare);
+}
+
+double ZeroEngine::update_at_end(float lr, float grad_scale) {
+  // Stage 3: gathered copies of sharded units go stale with the update.
+  for (int u = 0; u < num_units_; ++u) release(u);
+  const double sumsq = optimizer_->step(
+      lr, grad_scale, [this](size_t shard) { on_shard_updated(static_cast<int>(shard)); },
+      [this](size_t shard) {
+        if (params_swapped(static_cast<int>(shard))) load_shard_for_update(static_cast<int>(shard));
+      });
+  retire_param_writes(0);
+  commit_param_slots();
+  // The update consumed the gradients without zeroing them (a write stream saved): stages 0-1's
+  // full buffers are overwritten by the next backward, stages 2-3's accumulators by the next
+  // step's first reduce-scatter (Note [Fresh gradients]).
+  for (UnitState& st : units_) st.accumulator_zero = true;
+  return sumsq;
+}
+
+void ZeroEngine::skip_step() {
+  // fp16 overflow: the gradients are dropped as after an update.
+  for (UnitState& st : units_) st.accumulator_zero = true;
+  for (int u = 0; u < num_units_; ++u)
+    if (config_.stage <= 1) model_.units()[u].mark_grads_fresh();
+}
+
+ZeroEngine::StepResult ZeroEngine::step_early() {
+  early_.active = false;
+  StepResult result;
+  if (early_.speculative) {
+    // Note [Speculative early step]: validate with the plain step's norm.
+    double local = 0.0;
+    for (int u = 0; u < num_units_; ++u) {
+      if (!early_.updated[u]) {
+        finish_reduction(u);
+        units_[u].sumsq = grad_sumsq(optimizer_->grad(static_cast<size_t>(u)), units_[u].opt_numel);
+      }
+      local += units_[u].sumsq;
+    }
+    result.norm = std::sqrt(reduce_grad_norm_sq(local)) / early_.loss_scale;
+    const bool finite = std::isfinite(result.norm);
+    const bool clips = finite && early_.grad_clip > 0.0f && result.norm > early_.grad_clip;
+    if (!finite || clips) {
+      ZERONE_CHECK(finite || early_.skip_on_overflow, "gradient norm is ", result.norm,
+                   ": training diverged (try a lower --lr)");
+      const std::vector<int> taken_back = take_back_early();
+      speculate_next_ = !clips;
+      if (!finite) {
+        ++early_stats_.skipped;
+        result.overflow = true;
+        // Stages 1-2 (and persistent stage-3 units): the other ranks' full copies got the
+        // speculative shards; gather the restored ones (every rank takes back the same units).
+        for (int u : taken_back) {
+          if (config_.stage == 0 || params_sharded(u)) continue;
+          char* full = static_cast<char*>(model_.units()[u].data());
+          launch_gather(u, full + units_[u].shard.shard_begin * dsize_, full);
+        }
+        skip_step();
+        return result;
+      }
+      ++early_stats_.redone;
+      const float clip = static_cast<float>(early_.grad_clip / result.norm);
+      const double unscale = 1.0 / (static_cast<double>(world_) * early_.loss_scale);
+      update_at_end(early_.lr, static_cast<float>(unscale) * clip);
+      return result;
+    }
+    ++early_stats_.validated;
+    speculate_next_ = true;
+  } else {
+    ++early_stats_.exact;
+  }
+  std::vector<int> rest;  // top down, as the backward made them final
+  for (int u = num_units_ - 1; u >= 0; --u)
+    if (!early_.updated[u]) rest.push_back(u);
+  for (size_t k = 0; k < rest.size(); ++k) early_update(rest[k], k + 1 < rest.size() ? rest[k + 1] : -1);
+  optimizer_->end_step();
+  early_.begun = false;
+  retire_param_writes(0);
+  commit_param_slots();
+  for (UnitState& st : units_) st.accumulator_zero = true;  // Note [Fresh gradients], as below
+  if (!early_.speculative) {
+    result.norm = std::sqrt(reduce_grad_norm_sq(early_.sumsq)) / early_.loss_scale;
+    ZERONE_CHECK(std::isfinite(result.norm), "gradient norm is ", result.norm,
+                 ": training diverged (try a lower --lr or --grad-clip)");
+  }
+  return result;
 }
 
 ZeroEngine::StepResult ZeroEngine::step(float lr, float grad_clip, double loss_scale, bool skip_on_overflow) {
@@ -499,20 +728,7 @@ ZeroEngine::StepResult ZeroEngine::step(float lr, float grad_clip, double loss_s
     ZERONE_ASSERT(lr == early_.lr && grad_clip == early_.grad_clip && loss_scale == early_.loss_scale &&
                       skip_on_overflow == early_.skip_on_overflow,
                   "step() called with other arguments than plan_step()");
-    early_.active = false;
-    std::vector<int> rest;  // top down, as the backward made them final
-    for (int u = num_units_ - 1; u >= 0; --u)
-      if (!early_.updated[u]) rest.push_back(u);
-    for (size_t k = 0; k < rest.size(); ++k) early_update(rest[k], k + 1 < rest.size() ? rest[k + 1] : -1);
-    optimizer_->end_step();
-    early_.begun = false;
-    retire_param_writes(0);
-    for (UnitState& st : units_) st.accumulator_zero = true;  // Note [Fresh gradients], as below
-    StepResult result;
-    result.norm = std::sqrt(reduce_grad_norm_sq(early_.sumsq)) / loss_scale;
-    ZERONE_CHECK(std::isfinite(result.norm), "gradient norm is ", result.norm,
-                 ": training diverged (try a lower --lr or --grad-clip)");
-    return result;
+    return step_early();
   }
   for (int u = 0; u < num_units_; ++u) finish_reduction(u);
   if (config_.delayed_update) return step_delayed(lr, grad_clip, loss_scale, skip_on_overflow);
@@ -522,36 +738,17 @@ ZeroEngine::StepResult ZeroEngine::step(float lr, float grad_clip, double loss_s
   float clip = 1.0f;
   if (grad_clip > 0.0f || skip_on_overflow) {
     // The norm must be known before the update: one extra read of the gradient shards.
-    double local = 0.0;
-    for (size_t i = 0; i < optimizer_->num_shards(); ++i) {
-      const float* g = optimizer_->grad(i);
-      size_t n = optimizer_->numel(i);
-#pragma omp parallel for reduction(+ : local) schedule(static)
-      for (size_t k = 0; k < n; ++k) local += static_cast<double>(g[k]) * g[k];
-    }
-    result.norm = std::sqrt(reduce_grad_norm_sq(local)) / loss_scale;
+    result.norm = std::sqrt(reduce_grad_norm_sq(local_grad_sumsq())) / loss_scale;
     if (!std::isfinite(result.norm)) {
       ZERONE_CHECK(skip_on_overflow, "gradient norm is ", result.norm, ": training diverged (try a lower --lr)");
       result.overflow = true;  // skipped: the gradients are dropped as after an update
-      for (UnitState& st : units_) st.accumulator_zero = true;
-      for (int u = 0; u < num_units_; ++u)
-        if (config_.stage <= 1) model_.units()[u].mark_grads_fresh();
+      skip_step();
       return result;
     }
     if (grad_clip > 0.0f && result.norm > grad_clip) clip = static_cast<float>(grad_clip / result.norm);
+    speculate_next_ = clip == 1.0f;  // Note [Speculative early step]: the prediction for the next step
   }
-  // Stage 3: gathered copies of sharded units go stale with the update.
-  for (int u = 0; u < num_units_; ++u) release(u);
-  const double sumsq = optimizer_->step(
-      lr, static_cast<float>(unscale) * clip, [this](size_t shard) { on_shard_updated(static_cast<int>(shard)); },
-      [this](size_t shard) {
-        if (params_swapped(static_cast<int>(shard))) load_shard_for_update(static_cast<int>(shard));
-      });
-  retire_param_writes(0);
-  // The update consumed the gradients without zeroing them (a write stream saved): stages 0-1's
-  // full buffers are overwritten by the next backward, stages 2-3's accumulators by the next
-  // step's first reduce-scatter (Note [Fresh gradients]).
-  for (UnitState& st : units_) st.accumulator_zero = true;
+  const double sumsq = update_at_end(lr, static_cast<float>(unscale) * clip);
   if (grad_clip <= 0.0f && !skip_on_overflow) {
     result.norm = std::sqrt(reduce_grad_norm_sq(sumsq)) / loss_scale;
     ZERONE_CHECK(std::isfinite(result.norm), "gradient norm is ", result.norm,
@@ -567,7 +764,8 @@ void ZeroEngine::on_shard_updated(int u) {
   if (config_.stage <= 1) unit.mark_grads_fresh();
   if (params_swapped(u)) {
     param_writes_.emplace_back(u, param_io_->start(io::IoOp::write, param_fd_.get(), param_path_, st.staged.data(),
-                                                   st.swap_bytes, st.swap_offset));
+                                                   st.swap_bytes, st.swap_spare));
+    st.swap_dirty = true;  // current from commit_param_slots() on
     return;
   }
   if (config_.stage == 0 || params_sharded(u)) return;
@@ -648,17 +846,8 @@ ZeroEngine::StepResult ZeroEngine::step_delayed(float lr, float grad_clip, doubl
   // Copy this step's gradients to the optimizer (which may then run beside the next backward) and
   // measure them on the way; the model's gradient buffers are free for the next step after this.
   double local = 0.0;
-  for (size_t i = 0; i < optimizer_->num_shards(); ++i) {
-    const float* src = grad_src_[i];
-    float* dst = dpu_grads_[i].as<float>();
-    const size_t n = optimizer_->numel(i);
-    // The same loop shape as step()'s norm pass, so the norm (and the clip factor) is bitwise the same.
-#pragma omp parallel for reduction(+ : local) schedule(static)
-    for (size_t k = 0; k < n; ++k) {
-      dst[k] = src[k];
-      local += static_cast<double>(src[k]) * src[k];
-    }
-  }
+  for (size_t i = 0; i < optimizer_->num_shards(); ++i)  // as step() measures it (Note [Deterministic gradient norm])
+    local += grad_sumsq(grad_src_[i], optimizer_->numel(i), dpu_grads_[i].as<float>());
   for (UnitState& st : units_) st.accumulator_zero = true;
   if (config_.stage <= 1)
     for (int u = 0; u < num_units_; ++u) model_.units()[u].mark_grads_fresh();

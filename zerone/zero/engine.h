@@ -80,9 +80,22 @@ class ZeroEngine : public nn::UnitHooks {
   // Note [Early optimizer step]: announces step()'s arguments before the step's last backward, so
   // that each unit's update can start as soon as its gradients are final, while the backward of
   // the units below it runs. step() must then be called with the same arguments. Without it (or
-  // with clipping, loss scaling, --delayed-update or config.early_step off) step() updates every
-  // unit at the end, as before; the numbers are the same either way.
+  // with --delayed-update or config.early_step off) step() updates every unit at the end, as
+  // before; the numbers are the same either way. With clipping or loss scaling the early updates
+  // are a speculation (Note [Speculative early step]) where speculates(config) (partition.h:
+  // config.speculative_step with state on NVMe), and step() validates them, or takes them back
+  // and steps at the end; otherwise step() updates every unit at the end.
   void plan_step(float lr, float grad_clip, double loss_scale = 1.0, bool skip_on_overflow = false);
+
+  // What the early step did so far (Note [Speculative early step]), the same on every rank.
+  struct EarlyStats {
+    int64_t exact = 0;        // early steps without clipping or loss scaling (nothing to validate)
+    int64_t validated = 0;    // speculative early steps that the norm confirmed
+    int64_t redone = 0;       // taken back because the clip factor was not 1, and stepped at the end
+    int64_t skipped = 0;      // taken back because of an fp16 overflow (the step is skipped)
+    int64_t held_back = 0;    // stepped at the end because the step before clipped (no speculation)
+  };
+  const EarlyStats& early_stats() const { return early_stats_; }
 
   // --delayed-update (Note [Delayed parameter update]): step() measures, clips and hands the
   // gradients to the optimizer thread and returns at once; the model keeps the parameters of the
@@ -153,6 +166,16 @@ class ZeroEngine : public nn::UnitHooks {
     // is in memory its host staging buffer; a read in flight into it (0: none).
     uint64_t swap_offset = 0;
     size_t swap_bytes = 0;
+    // Note [Speculative early step]: the spare slot in params.swp the update writes to (==
+    // swap_offset: none), made current when the step is validated; swap_dirty: written this step.
+    uint64_t swap_spare = 0;
+    bool swap_dirty = false;
+    // Note [Speculative early step]: where the optimizer reads and writes this unit's parameters
+    // (not for swapped shards), and copies of what a speculative update overwrites in memory.
+    void* opt_param = nullptr;
+    size_t opt_numel = 0;
+    Buffer undo_param, undo_optim;
+    double sumsq = 0.0;  // of this rank's gradient shard, grad_sumsq (Note [Deterministic gradient norm])
     Buffer staged;
     io::SwapIo::Ticket read_ticket = 0;
   };
@@ -183,6 +206,12 @@ class ZeroEngine : public nn::UnitHooks {
   void install_delayed();
   void early_update(int u, int next);
   void early_after_backward(int u);
+  StepResult step_early();
+  std::vector<int> take_back_early();  // the units it restored
+  double update_at_end(float lr, float grad_scale);
+  void skip_step();
+  void commit_param_slots();
+  double local_grad_sumsq();
 
   nn::Model& model_;
   comm::Communicator& comm_;
@@ -205,6 +234,7 @@ class ZeroEngine : public nn::UnitHooks {
   std::deque<std::pair<int, io::SwapIo::Ticket>> param_writes_;  // shards written back after the update
   std::deque<int> pending_reads_;  // units whose shard is being read, in the order the reads started
   int64_t nvme_param_bytes_ = 0;
+  int64_t nvme_param_spare_bytes_ = 0;  // Note [Speculative early step]: spare slots in params.swp
   bool pin_staging_ = false;  // offload_*.pin_memory: mlock parameter staging buffers
   Buffer acquire_staging(size_t bytes);
   // --delayed-update (Note [Delayed parameter update]). Per optimizer shard: where the reduced
@@ -223,10 +253,14 @@ class ZeroEngine : public nn::UnitHooks {
     float lr = 0.0f, grad_clip = 0.0f;
     double loss_scale = 1.0;
     bool skip_on_overflow = false;
+    bool speculative = false;  // clipping or loss scaling: the updates are validated in step()
     double sumsq = 0.0;    // of the units updated so far
     std::vector<int> waiting;    // backward done, not yet updated (newest last)
     std::vector<char> updated;   // per unit
   } early_;
+  bool speculation_ready_ = false;  // undo copies and spare slots exist (config.speculative_step)
+  bool speculate_next_ = true;  // the last step did not clip (Note [Speculative early step])
+  EarlyStats early_stats_;
   std::vector<int> last_toucher_;  // per unit: the lowest unit whose backward touches it
 };
 

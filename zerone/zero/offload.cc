@@ -3,7 +3,9 @@
 #include <sys/mman.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "zerone/core/error.h"
 #include "zerone/core/profiler.h"
@@ -20,7 +22,8 @@ int optim_tensor_count(const optim::OptimizerOptions& o) {
 
 SwappedOptimizer::SwappedOptimizer(std::vector<optim::ShardRef> shards, DType param_dtype,
                                    const optim::OptimizerOptions& options, size_t sub_group_numel, int buffer_count,
-                                   const NvmeConfig& config, io::SwapDirectory& dir)
+                                   const NvmeConfig& config, io::SwapDirectory& dir,
+                                   const std::vector<char>& spare_slots)
     : shards_(std::move(shards)),
       param_dtype_(param_dtype),
       options_(options),
@@ -37,8 +40,13 @@ SwappedOptimizer::SwappedOptimizer(std::vector<optim::ShardRef> shards, DType pa
   for (size_t i = 0; i < shards_.size(); ++i) {
     first_group_.push_back(groups_.size());
     for (auto [b, e] : sub_groups(shards_[i].numel, sub_group_numel)) {
-      SubGroup g{i, b, e, offset, swap_tensor_bytes(e - b)};
+      SubGroup g{i, b, e, offset, swap_tensor_bytes(e - b), offset};
       offset += group_bytes(g);
+      if (i < spare_slots.size() && spare_slots[i]) {
+        g.spare = offset;
+        offset += group_bytes(g);
+        nvme_spare_bytes_ += static_cast<int64_t>(group_bytes(g));
+      }
       largest = std::max(largest, g.tensor_bytes);
       nvme_optim_bytes_ += optim_tensors_ * static_cast<int64_t>(g.tensor_bytes);
       if (tensors_ > optim_tensors_) nvme_master_bytes_ += static_cast<int64_t>(g.tensor_bytes);
@@ -50,6 +58,7 @@ SwappedOptimizer::SwappedOptimizer(std::vector<optim::ShardRef> shards, DType pa
   fd_ = dir.create_file("optimizer.swp", offset);
   MemoryLedger::global().add(MemPlace::nvme, MemCategory::optim, nvme_optim_bytes_);
   MemoryLedger::global().add(MemPlace::nvme, MemCategory::master, nvme_master_bytes_);
+  MemoryLedger::global().add(MemPlace::nvme, MemCategory::scratch, nvme_spare_bytes_);
   if (!groups_.empty()) {
     for (int b = 0; b < buffer_count; ++b) {
       buffers_.emplace_back(largest * static_cast<size_t>(tensors_), MemCategory::swap, MemPlace::host, 4096);
@@ -84,6 +93,7 @@ SwappedOptimizer::~SwappedOptimizer() {
   if (io_) io_->drain();
   MemoryLedger::global().sub(MemPlace::nvme, MemCategory::optim, nvme_optim_bytes_);
   MemoryLedger::global().sub(MemPlace::nvme, MemCategory::master, nvme_master_bytes_);
+  MemoryLedger::global().sub(MemPlace::nvme, MemCategory::scratch, nvme_spare_bytes_);
 }
 
 void SwappedOptimizer::wait_io(io::SwapIo::Ticket& t) {
@@ -112,6 +122,7 @@ void SwappedOptimizer::begin_step(float lr, float grad_scale) {
   reads_.assign(buffers_.size(), 0);
   if (writes_.size() != buffers_.size()) writes_.assign(buffers_.size(), 0);
   ahead_group_ = kNoShard;
+  wrote_in_place_ = false;
 }
 
 double SwappedOptimizer::update_shard(size_t shard, size_t next_shard) {
@@ -160,14 +171,16 @@ double SwappedOptimizer::update_shard(size_t shard, size_t next_shard) {
         StateExtent e;
         e.piece = StatePiece{g.shard, k, g.begin, valid};
         e.path = file_path_;
-        e.offset = g.offset + static_cast<uint64_t>(swap_slot(k)) * g.tensor_bytes;
+        e.offset = g.spare + static_cast<uint64_t>(swap_slot(k)) * g.tensor_bytes;  // current once the step ends
         const char* data = reinterpret_cast<const char*>(tensor(b, g, swap_slot(k)));
         for (uint64_t off = 0; off < valid * sizeof(float); off += io::kChecksumBlockBytes)
           e.checksums.push_back(io::checksum_of(data + off, std::min<uint64_t>(io::kChecksumBlockBytes, valid * sizeof(float) - off)));
         extents_.push_back(std::move(e));
       }
     }
-    writes_[b] = io_->start(io::IoOp::write, fd_.get(), file_path_, buffers_[b].data(), group_bytes(g), g.offset);
+    writes_[b] = io_->start(io::IoOp::write, fd_.get(), file_path_, buffers_[b].data(), group_bytes(g), g.spare);
+    if (g.spare != g.offset) written_.push_back(gi);
+    else wrote_in_place_ = true;
     if (!config_.pipeline_write) wait_io(writes_[b]);
   }
   return sumsq;
@@ -177,6 +190,22 @@ void SwappedOptimizer::end_step() {
   for (io::SwapIo::Ticket& t : reads_) wait_io(t);  // a read ahead that no update_shard() consumed
   ahead_group_ = kNoShard;
   for (io::SwapIo::Ticket& t : writes_) wait_io(t);
+  for (size_t gi : written_) std::swap(groups_[gi].offset, groups_[gi].spare);  // Note [Spare slots]
+  written_.clear();
+}
+
+void SwappedOptimizer::abort_step() {
+  for (io::SwapIo::Ticket& t : reads_) wait_io(t);
+  ahead_group_ = kNoShard;
+  for (io::SwapIo::Ticket& t : writes_) wait_io(t);
+  // Every sub-group this step wrote went to its spare slot: the current slots hold the state of
+  // the step before, untouched.
+  ZERONE_ASSERT(!wrote_in_place_, "a sub-group without a spare slot was updated: the step cannot be taken back");
+  written_.clear();
+  --step_;
+  record_valid_ = std::move(record_);  // the step taken again records the checkpoint's checksums
+  record_.clear();
+  extents_.clear();
 }
 
 double SwappedOptimizer::step(float lr, float grad_scale, const std::function<void(size_t shard)>& shard_done,

@@ -45,6 +45,13 @@ struct NvmeConfig {
 // PipelinedOptimizerSwapper. Without pipeline_read a sub-group is read when it is reached; without
 // pipeline_write its write is waited for at once; B = 1 cannot overlap anything. All writes are
 // complete when step() returns, so the swap file always holds the state after the last step.
+//
+// Note [Spare slots]: for the engine's speculative early step (Note [Speculative early step] in
+// zero/engine.cc) the sub-groups of the shards marked in `spare_slots` get a second region of the
+// same size in the swap file. A step reads each such sub-group from its current slot and writes
+// it to the other one; end_step() makes the written slots current, abort_step() forgets them, so
+// until the step is validated the old state is never overwritten and taking the step back costs
+// no I/O at all. The spare regions are in the ledger as nvme.scratch.
 class SwappedOptimizer final : public optim::Optimizer {
  public:
   // Creates the swap file "optimizer.swp" in `dir` (the run's swap directory, which must outlive
@@ -52,7 +59,8 @@ class SwappedOptimizer final : public optim::Optimizer {
   // Error naming the file for a full disk or any I/O failure, and for an optimizer with no state
   // to swap (SGD without momentum on f32 parameters).
   SwappedOptimizer(std::vector<optim::ShardRef> shards, DType param_dtype, const optim::OptimizerOptions& options,
-                   size_t sub_group_numel, int buffer_count, const NvmeConfig& config, io::SwapDirectory& dir);
+                   size_t sub_group_numel, int buffer_count, const NvmeConfig& config, io::SwapDirectory& dir,
+                   const std::vector<char>& spare_slots = {});
   ~SwappedOptimizer() override;
   SwappedOptimizer(const SwappedOptimizer&) = delete;
   SwappedOptimizer& operator=(const SwappedOptimizer&) = delete;
@@ -70,6 +78,9 @@ class SwappedOptimizer final : public optim::Optimizer {
   void begin_step(float lr, float grad_scale) override;
   double update_shard(size_t i, size_t next_shard = kNoShard) override;
   void end_step() override;
+  // Waits for the step's I/O and forgets what it wrote (only shards with spare slots may have
+  // been updated since begin_step(); the engine restores the parameters itself).
+  void abort_step() override;
   size_t num_shards() const override { return shards_.size(); }
   size_t numel(size_t i) const override { return shards_[i].numel; }
   const float* grad(size_t i) const override { return shards_[i].grad; }
@@ -90,9 +101,12 @@ class SwappedOptimizer final : public optim::Optimizer {
  private:
   struct SubGroup {
     size_t shard, begin, end;  // elements [begin, end) of shard
-    uint64_t offset;           // in the swap file
+    uint64_t offset;           // in the swap file: the current slot
     size_t tensor_bytes;       // swap_tensor_bytes(end - begin)
+    uint64_t spare;            // Note [Spare slots]: where this step writes it (== offset: no spare)
   };
+  std::vector<size_t> written_;  // sub-groups written to their spare slot this step
+  bool wrote_in_place_ = false;  // a sub-group without a spare slot was written this step
   int swap_slot(int state_index) const;  // where state_names()[state_index] sits in a sub-group
   size_t group_bytes(const SubGroup& g) const { return g.tensor_bytes * static_cast<size_t>(tensors_); }
   float* tensor(size_t buffer, const SubGroup& g, int k) {
@@ -121,7 +135,7 @@ class SwappedOptimizer final : public optim::Optimizer {
   std::vector<size_t> record_valid_;    // record_checksums() for the next step (empty: off)
   std::vector<StateExtent> extents_;    // recorded by the last step (Note [Checkpoints of swapped state])
   std::vector<size_t> record_;          // record_valid_ of the step in progress
-  int64_t nvme_master_bytes_ = 0, nvme_optim_bytes_ = 0;
+  int64_t nvme_master_bytes_ = 0, nvme_optim_bytes_ = 0, nvme_spare_bytes_ = 0;
   // Destroyed in reverse: the I/O is drained before the buffers and the file go.
   std::string file_path_;
   io::FileDescriptor fd_;

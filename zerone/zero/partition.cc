@@ -34,6 +34,11 @@ std::vector<std::pair<size_t, size_t>> sub_groups(size_t shard_numel, size_t sub
   return out;
 }
 
+bool speculates(const ZeroConfig& c) {
+  const bool nvme = c.offload_optimizer == OffloadDevice::nvme || (c.stage == 3 && c.offload_param == OffloadDevice::nvme);
+  return c.speculative_step && c.early_step && !c.delayed_update && (nvme || c.speculate_in_memory);
+}
+
 size_t swap_aligned(size_t bytes) { return (bytes + kSwapAlignBytes - 1) / kSwapAlignBytes * kSwapAlignBytes; }
 size_t swap_tensor_bytes(size_t numel) { return swap_aligned(numel * sizeof(float)); }
 
@@ -68,7 +73,10 @@ ModelStateBytes model_state_bytes(const std::vector<size_t>& unit_numels, int wo
   const MemPlace grad_shard_place = config.offload_optimizer == OffloadDevice::none ? MemPlace::device : MemPlace::host;
   const bool nvme = config.offload_optimizer == OffloadDevice::nvme;
   size_t largest_sub_group = 0;
-  for (size_t numel : unit_numels) {
+  const bool speculation = speculates(config);
+  for (size_t u = 0; u < unit_numels.size(); ++u) {
+    const size_t numel = unit_numels[u];
+    const bool spare = speculation && u > 0;  // Note [Speculative early step]: not the first unit
     UnitShard s = unit_shard(numel, world, rank, config);
     const int64_t P = static_cast<int64_t>(s.padded_numel), S = static_cast<int64_t>(s.shard_numel);
     const int64_t opt_numel = config.stage == 0 ? static_cast<int64_t>(numel) : S;
@@ -78,17 +86,32 @@ ModelStateBytes model_state_bytes(const std::vector<size_t>& unit_numels, int wo
     const int64_t grad = (config.stage <= 1 ? P : S) * 4;
     b.param += param;
     b.placed.at(sharded ? offload_place(config.offload_param) : MemPlace::device, MemCategory::param) += param;
+    if (spare) {
+      // An undo copy of the parameter slice the optimizer writes, or a spare slot for a swapped shard.
+      const bool swapped = sharded && config.offload_param == OffloadDevice::nvme;
+      const int64_t undo = swapped ? param : opt_numel * ds;
+      b.speculation += undo;
+      b.placed.at(sharded ? offload_place(config.offload_param) : MemPlace::device, MemCategory::scratch) += undo;
+    }
     b.grad += grad;
     b.placed.at(config.stage <= 1 ? MemPlace::device : grad_shard_place, MemCategory::grad) += grad;
     if (!nvme) {
       b.master += has_master ? opt_numel * 4 : 0;
       b.optim += 2 * opt_numel * 4;
+      if (spare) {
+        b.speculation += (has_master ? 3 : 2) * opt_numel * 4;
+        b.placed.at(opt_place, MemCategory::scratch) += (has_master ? 3 : 2) * opt_numel * 4;
+      }
     } else {
       for (auto [begin, end] : sub_groups(static_cast<size_t>(opt_numel), config.sub_group_numel)) {
         const int64_t aligned = static_cast<int64_t>(swap_tensor_bytes(end - begin));
         b.master += has_master ? aligned : 0;
         b.optim += 2 * aligned;
         largest_sub_group = std::max(largest_sub_group, end - begin);
+        if (spare) {
+          b.speculation += (has_master ? 3 : 2) * aligned;
+          b.placed.at(MemPlace::nvme, MemCategory::scratch) += (has_master ? 3 : 2) * aligned;
+        }
       }
     }
   }

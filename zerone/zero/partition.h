@@ -23,6 +23,11 @@
 //          sub-group's master (bf16/fp16 only), m and v, every tensor rounded up to the 4 KiB
 //          O_DIRECT block; the swap file holds every sub-group in the same aligned layout, so the
 //          nvme bytes are the aligned sizes (Note [Swap layout] in zero/offload.h).
+//   scratch with config.speculative_step, for every unit but the first: an undo copy of the
+//          optimizer's parameter slice (compute dtype, on the parameters' place; for swapped
+//          shards a spare 4 KiB-aligned slot in params.swp instead) and of the optimizer state
+//          in memory (master unless f32, m, v, on its place), or with --offload-optimizer nvme a
+//          spare slot for each of its sub-groups (nvme) (Note [Speculative early step]).
 // Thread-safety: pure functions.
 #pragma once
 
@@ -61,7 +66,19 @@ struct ZeroConfig {
   int optimizer_buffer_count = 4;                    // offload_optimizer.buffer_count (staging buffers)
   bool delayed_update = false;                       // --delayed-update (Note [Delayed parameter update])
   bool early_step = true;                            // --early-step (Note [Early optimizer step])
+  // The early step may speculate (with clipping or fp16 loss scaling): every unit but the first
+  // keeps an undo copy of its in-memory state and a spare swap slot (Note [Speculative early step]).
+  bool speculative_step = false;
+  // Tests and benchmarks only (ZERONE_SPECULATE=memory / always): speculate without NVMe offload
+  // too, where it only costs (docs/BENCHMARKS.md); `always` also after a clipped step.
+  bool speculate_in_memory = false;
+  bool speculate_always = false;
 };
+
+// Whether the engine speculates (Note [Speculative early step]): speculative_step with the early
+// step, without --delayed-update, and with optimizer or parameter state swapped to NVMe (the I/O
+// that the early step hides; in memory speculating only costs) or speculate_in_memory.
+bool speculates(const ZeroConfig& config);
 
 // The sub-groups of one optimizer shard of `shard_numel` elements: [begin, end) ranges of at most
 // sub_group_numel elements, in order (a shard is split, never merged with another).
@@ -94,6 +111,9 @@ struct PlacedBytes {
 // `swap` is the host staging of NVMe offload (not in the category totals).
 struct ModelStateBytes {
   int64_t param = 0, grad = 0, master = 0, optim = 0, swap = 0;
+  // config.speculative_step (Note [Speculative early step] in zero/engine.cc): undo copies in
+  // memory and spare swap slots on NVMe, as scratch on their places; not in the category totals.
+  int64_t speculation = 0;
   PlacedBytes placed;
   int64_t total() const { return param + grad + master + optim; }
   // Bytes held in memory (device + host, including swap staging), i.e. not on NVMe.

@@ -25,6 +25,7 @@
 #include "zerone/nn/llama.h"
 #include "zerone/nn/model.h"
 #include "zerone/optim/adamw.h"
+#include "zerone/optim/optimizers.h"
 #include "zerone/train/batch_source.h"
 #include "zerone/train/checkpoint.h"
 #include "zerone/train/interrupt.h"
@@ -222,9 +223,16 @@ void check_tokens_in_vocabulary(const io::TokenSource& tokens, int vocab_size, c
 // refused before anything is allocated, with the estimate, instead of being killed by the kernel
 // minutes later. The estimate is zerone estimate's, the engine's own partition arithmetic (model
 // states and working set to the byte, activations from the model's table); ranks on one host share it.
+// The optimizer the configuration names.
+optim::OptimizerOptions optimizer_options(const TrainConfig& cfg) {
+  if (cfg.optimizer == "sgd") return optim::SGDOptions{cfg.momentum, cfg.dampening, cfg.weight_decay, cfg.nesterov};
+  return optim::AdamWOptions{cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay};
+}
+
 void check_memory_fits(const nn::Model& model, DType dtype, const TrainConfig& cfg, const zero::ZeroConfig& zcfg,
                        int world) {
-  auto rows = zero::estimate(model, world, dtype, cfg.micro_batch, cfg.seq, zcfg, std::nullopt);
+  const optim::OptimizerOptions optimizer = optimizer_options(cfg);
+  auto rows = zero::estimate(model, world, dtype, cfg.micro_batch, cfg.seq, zcfg, optimizer, std::nullopt);
   const zero::StageEstimate& mine = rows[cfg.zero_stage];
   auto h = [](double b) { return human_bytes(b); };
   auto hb = [&](int64_t b) { return h(static_cast<double>(b)); };
@@ -245,7 +253,7 @@ void check_memory_fits(const nn::Model& model, DType dtype, const TrainConfig& c
         zero::ZeroConfig alt = zcfg;
         alt.offload_optimizer = o;
         alt.offload_param = p;
-        auto r = zero::estimate(model, world, dtype, cfg.micro_batch, cfg.seq, alt, cfg.zero_stage)[0];
+        auto r = zero::estimate(model, world, dtype, cfg.micro_batch, cfg.seq, alt, optimizer, cfg.zero_stage)[0];
         if (static_cast<double>(r.device()) <= cap)
           fits += str_cat(fits.empty() ? "" : "; ", "--offload-optimizer ", zero::offload_device_name(o),
                           cfg.zero_stage == 3 ? str_cat(" --offload-param ", zero::offload_device_name(p)) : "", " (device ",
@@ -272,7 +280,7 @@ void check_memory_fits(const nn::Model& model, DType dtype, const TrainConfig& c
   // its partition of every unit in the compute dtype plus the f32 optimizer state.
   int64_t staging = 0;
   if (cfg.checkpoint_async) {
-    const size_t state_tensors = dtype == DType::f32 ? 2 : 3;  // (master,) exp_avg, exp_avg_sq
+    const size_t state_tensors = (dtype == DType::f32 ? 0 : 1) + optim::optimizer_state_tensors(optimizer);  // master, state
     for (size_t numel : model.unit_numels()) {
       const size_t saved = std::min(numel, zero::unit_shard(numel, world, 0, zcfg).shard_numel);
       staging += static_cast<int64_t>(saved * (dtype_size(dtype) + 4 * state_tensors));
@@ -556,8 +564,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     else io::load_llmc_checkpoint(cfg.init, dynamic_cast<nn::GPT2&>(model), u);
   };
   const auto load_t0 = std::chrono::steady_clock::now();
-  optim::OptimizerOptions optimizer = optim::AdamWOptions{cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay};
-  if (cfg.optimizer == "sgd") optimizer = optim::SGDOptions{cfg.momentum, cfg.dampening, cfg.weight_decay, cfg.nesterov};
+  const optim::OptimizerOptions optimizer = optimizer_options(cfg);
   zero::ZeroEngine engine(model, comm, zcfg, optimizer, materialize, nvme);
   if (resume_from) {
     const io::CheckpointManifest& m = resume_from->manifest();

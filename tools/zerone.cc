@@ -164,6 +164,9 @@ struct EstimateArgs {
   bool seq_given = false;
   double grad_clip = 0.0;
   bool early_step = true;
+  std::string optimizer = "adamw";  // as for train: its state is what is estimated
+  double momentum = 0.0;
+  bool momentum_given = false;
 };
 
 int cmd_estimate(const EstimateArgs& a, bool stage_given) {
@@ -200,7 +203,14 @@ int cmd_estimate(const EstimateArgs& a, bool stage_given) {
   // only with NVMe offload, zero::speculates).
   base.early_step = a.early_step;
   base.speculative_step = a.early_step && (a.grad_clip > 0.0 || dtype == DType::f16);
-  auto rows = zero::estimate(model, a.world, dtype, a.micro_batch, seq, base,
+  ZERONE_CHECK(a.optimizer == "adamw" || a.optimizer == "sgd", "--optimizer '", a.optimizer, "': expected adamw or sgd");
+  ZERONE_CHECK(a.optimizer == "sgd" || !a.momentum_given, "--momentum applies to --optimizer sgd; the optimizer is ",
+               a.optimizer);
+  ZERONE_CHECK(std::isfinite(a.momentum) && a.momentum >= 0.0, "--momentum ", a.momentum,
+               " is out of range: expected a finite number >= 0");
+  optim::OptimizerOptions optimizer = optim::AdamWOptions{};
+  if (a.optimizer == "sgd") optimizer = optim::SGDOptions{static_cast<float>(a.momentum)};
+  auto rows = zero::estimate(model, a.world, dtype, a.micro_batch, seq, base, optimizer,
                              stage_given ? std::optional<int>(a.stage) : std::nullopt);
   const double limit = a.device_mem_gib * 1024.0 * 1024.0 * 1024.0;
   if (a.json) {
@@ -209,6 +219,7 @@ int cmd_estimate(const EstimateArgs& a, bool stage_given) {
     j["parameters"] = model.num_parameters();
     j["world"] = a.world;
     j["precision"] = dtype_name(dtype);
+    j["optimizer"] = a.optimizer;
     j["micro_batch"] = a.micro_batch;
     j["seq"] = seq;
     for (const auto& r : rows) {
@@ -242,10 +253,11 @@ int cmd_estimate(const EstimateArgs& a, bool stage_given) {
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
-  std::printf("model %s (%zu parameters), world %d, %s, micro-batch %d x seq %d, offload optimizer %s, param %s; "
+  std::printf("model %s (%zu parameters), world %d, %s, %s, micro-batch %d x seq %d, offload optimizer %s, param %s; "
               "bytes per rank:\n",
-              model.spec().c_str(), model.num_parameters(), a.world, dtype_name(dtype), a.micro_batch,
-              seq, a.offload_optimizer.c_str(), a.offload_param.c_str());
+              model.spec().c_str(), model.num_parameters(), a.world, dtype_name(dtype),
+              a.optimizer == "sgd" ? str_cat("sgd (momentum ", a.momentum, ")").c_str() : "adamw", a.micro_batch, seq,
+              a.offload_optimizer.c_str(), a.offload_param.c_str());
   std::printf("%-6s %12s %12s %12s %12s %12s %12s %12s %12s %12s %12s %12s%s\n", "stage", "param", "grad", "master", "optim",
               "model", "working set", "activation", "device", "host", "nvme", "in memory", limit > 0 ? "  fits" : "");
   auto h = [](int64_t b) { return train::human_bytes(static_cast<double>(b)); };
@@ -375,6 +387,8 @@ int main(int argc, char** argv) {
   estimate_cmd->add_option("--grad-clip", est.grad_clip,
                            "as for train: with the early step, its speculation's undo copies and spare swap slots");
   estimate_cmd->add_option("--early-step", est.early_step, "as for train (true/false)");
+  estimate_cmd->add_option("--optimizer", est.optimizer, "adamw or sgd (as for train; default adamw): whose state");
+  estimate_cmd->add_option("--momentum", est.momentum, "as for train (SGD: a momentum buffer unless 0)");
   estimate_cmd->add_flag("--activation-checkpointing", est.activation_checkpointing, "as for train");
   estimate_cmd->add_flag("--cpu-checkpointing", est.cpu_checkpointing, "as for train");
 
@@ -457,6 +471,7 @@ int main(int argc, char** argv) {
                   r.destination_kind.c_str(), convert_opts.dst.c_str(), r.dtype.c_str());
     } else if (estimate_cmd->parsed()) {
       est.seq_given = estimate_cmd->count("--seq") > 0;
+      est.momentum_given = estimate_cmd->count("--momentum") > 0;
       return cmd_estimate(est, estimate_cmd->count("--zero-stage") > 0);
     }
   } catch (const train::Interrupted& e) {

@@ -150,6 +150,53 @@ TEST(SequentialGolden, MatchesPyTorch) {
   }
 }
 
+// Note [Conv layouts]: holding the conv chain's activations blocked (the default) gives the same
+// bits as holding them plain: loss, logits and every gradient, in training (dropout after a
+// blocked layer included) and evaluation.
+TEST(SequentialLayouts, BlockedEqualsPlainBitwise) {
+  for (const char* spec : {"mnist-cnn", "seq:in=3x10x10,conv=20:k3,relu,dropout=0.3,conv=5:k3:p1,maxpool=2,relu,flatten,linear=6",
+                           "seq:in=2x9x8,maxpool=2:s1,conv=17:k3:p1,relu,maxpool=3:s2:p1,dropout=0.2,flatten,linear=4"}) {
+    SCOPED_TRACE(spec);
+    const nn::SequentialConfig config = nn::parse_sequential_spec(spec);
+    nn::Sequential blocked(config, DType::f32), plain(config, DType::f32, 64, true, false);
+    blocked.init_weights(5);
+    plain.init_weights(5);
+    const int B = 5;
+    size_t sample = 1;
+    for (int64_t d : blocked.input_shape()) sample *= static_cast<size_t>(d);
+    std::vector<float> x(B * sample);
+    Rng rng(9);
+    for (float& v : x) v = static_cast<float>(rng.uniform());
+    std::vector<int32_t> y(B);
+    for (int b = 0; b < B; ++b) y[b] = b % blocked.vocab_size();
+    for (bool training : {true, false}) {
+      nn::Batch batch;
+      batch.size = B;
+      batch.features = x.data();
+      batch.targets = y.data();
+      batch.training = training;
+      batch.seed = 3;
+      batch.step = 2;
+      EXPECT_EQ(blocked.forward(batch), plain.forward(batch));
+      const size_t K = static_cast<size_t>(blocked.vocab_size());
+      EXPECT_EQ(std::vector<float>(blocked.logits(), blocked.logits() + B * K),
+                std::vector<float>(plain.logits(), plain.logits() + B * K));
+      blocked.zero_grad();
+      plain.zero_grad();
+      blocked.backward(1.0f);
+      plain.backward(1.0f);
+      for (int u = 0; u < blocked.num_units(); ++u) {
+        nn::FlatParam& a = blocked.units()[u];
+        nn::FlatParam& b = plain.units()[u];
+        for (size_t t = 0; t < a.tensors().size(); ++t)
+          EXPECT_EQ(std::vector<float>(a.grad(t), a.grad(t) + a.tensors()[t].numel()),
+                    std::vector<float>(b.grad(t), b.grad(t) + b.tensors()[t].numel()))
+              << a.name() << "." << a.tensors()[t].name << (training ? " (training)" : " (evaluation)");
+      }
+    }
+  }
+}
+
 TEST(SequentialSpec, PresetsAndRoundTrips) {
   EXPECT_EQ(nn::parse_sequential_spec("mnist-mlp").to_string(), "seq:in=1x28x28,flatten,linear=256,relu,linear=10");
   nn::Sequential mlp(nn::parse_sequential_spec("mnist-mlp"), DType::f32, 64, false);

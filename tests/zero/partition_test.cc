@@ -37,8 +37,17 @@ TEST(Partition, ModelStateFollowsTheZeroFormulas) {
   double want[4] = {P + G + O, P + G + O / N, P + (G + O) / N, (P + G + O) / N};
   for (int stage = 0; stage <= 3; ++stage) {
     config.stage = stage;
-    EXPECT_DOUBLE_EQ(static_cast<double>(model_state_bytes(units, 4, 0, DType::bf16, config).total()), want[stage])
+    EXPECT_DOUBLE_EQ(static_cast<double>(model_state_bytes(units, 4, 0, DType::bf16, config, 2).total()), want[stage])
         << "stage " << stage;
+    // SGD with momentum: master + momentum buffer (8 Psi); without momentum, the master only.
+    const double O_sgd = 8 * psi, O_plain = 4 * psi;
+    const double sgd[4] = {P + G + O_sgd, P + G + O_sgd / N, P + (G + O_sgd) / N, (P + G + O_sgd) / N};
+    const double plain[4] = {P + G + O_plain, P + G + O_plain / N, P + (G + O_plain) / N, (P + G + O_plain) / N};
+    EXPECT_DOUBLE_EQ(static_cast<double>(model_state_bytes(units, 4, 0, DType::bf16, config, 1).total()), sgd[stage]);
+    EXPECT_DOUBLE_EQ(static_cast<double>(model_state_bytes(units, 4, 0, DType::bf16, config, 0).total()), plain[stage]);
+    // f32 parameters are their own master: SGD without momentum keeps no optimizer state at all.
+    const ModelStateBytes f32_plain = model_state_bytes(units, 4, 0, DType::f32, config, 0);
+    EXPECT_EQ(f32_plain.master + f32_plain.optim, 0) << "stage " << stage;
   }
 }
 
@@ -71,28 +80,40 @@ TEST(Partition, WorkingSetBoundFollowsTheBucketsAndTheLargestUnits) {
 }
 
 TEST(Engine, EveryStageMatchesTheLedgerAndEstimateAtWorldOne) {
-  // In process at world 1: the ledger after a step equals estimate's model-state bytes.
+  // In process at world 1: the ledger after a step equals estimate's model-state bytes, for the
+  // optimizer's own state: AdamW (master for bf16, m, v), SGD with momentum (master for bf16, the
+  // momentum buffer) and without (bf16: the master only; f32: nothing).
   nn::GPT2Config c = nn::parse_model_spec("gpt2:layers=2,dim=40,heads=4,vocab=100,ctx=16");
+  const std::pair<const char*, optim::OptimizerOptions> optimizers[] = {
+      {"adamw", optim::AdamWOptions{}}, {"sgd momentum 0.9", optim::SGDOptions{0.9f}}, {"sgd", optim::SGDOptions{}}};
+  for (const auto& [name, optimizer] : optimizers)
+  for (DType dtype : {DType::bf16, DType::f32})
   for (int stage = 0; stage <= 3; ++stage) {
+    SCOPED_TRACE(testing::Message() << name << ", " << dtype_name(dtype) << ", stage " << stage);
     MemoryLedger& ledger = MemoryLedger::global();
     auto before = [&](MemCategory cat) { return ledger.current(MemPlace::device, cat); };
     int64_t p0 = before(MemCategory::param), g0 = before(MemCategory::grad), m0 = before(MemCategory::master),
             o0 = before(MemCategory::optim), c0 = before(MemCategory::comm);
     {
       comm::SingleProcessCommunicator single;
-      nn::GPT2 model(c, DType::bf16, 64, /*allocate=*/false);
+      nn::GPT2 model(c, dtype, 64, /*allocate=*/false);
       ZeroConfig config;
       config.stage = stage;
       config.persistence_threshold = 0;
-      ZeroEngine engine(model, single, config, optim::AdamWOptions{}, [&](int u) { model.init_unit(u, 1); });
+      ZeroEngine engine(model, single, config, optimizer, [&](int u) { model.init_unit(u, 1); });
       std::vector<int32_t> x(2 * 16, 3), y(2 * 16, 4);
       for (int step = 0; step < 2; ++step) {
         model.forward(x.data(), y.data(), 2, 16);
         model.backward(1.0f);
         engine.step(1e-3f, 0.0f);
       }
-      StageEstimate e = estimate(model, 1, DType::bf16, 2, 16, config, stage)[0];
+      StageEstimate e = estimate(model, 1, dtype, 2, 16, config, optimizer, stage)[0];
       auto want = e.model_state;
+      if (std::string(name) == "sgd" && dtype == DType::f32) {
+        EXPECT_EQ(want.master + want.optim, 0);
+      } else {
+        EXPECT_GT(want.optim + want.master, 0);
+      }
       // Stages 2-3 keep their working set pooled (idle buffers under `comm`), within the bound.
       EXPECT_LE(before(MemCategory::comm) - c0, e.working_set.total()) << "stage " << stage;
       if (stage >= 2) {

@@ -9,6 +9,8 @@
 # dropout masks are keyed by the sample's place in the global batch (Note [Dropout keys]).
 # 2 epochs of 10 steps, validation at each epoch end:
 #   losses and val_loss within 1e-5 relative, val_accuracy equal.
+# Validation is sharded over the ranks (Note [Sharded validation] in train/trainer.cc); the last
+# section checks that its figures do not depend on the split, even or uneven.
 set -euo pipefail
 Z="$(readlink -f "$1")"
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -81,4 +83,43 @@ lb = [json.loads(l)["loss"] for l in open(f"{d}/{b}.jsonl")]
 ok = la == lb and len(la) == 20
 print(f"{'ok' if ok else 'FAIL'}: bf16 SGD with its state on NVMe is bitwise the in-memory run")
 sys.exit(0 if ok else 1)
+PY
+
+# Sharded validation: each rank evaluates its share of the validation chunks (chunks r, r+w, ...)
+# and the sums are all-reduced. 101 test samples in chunks of 4 are 26 chunks, the last holding
+# one sample: world 2 splits them 13/13 (52/49 samples), world 3 9/9/8 (36/33/32), so at stage 3
+# rank 2 runs one uncounted forward to keep the parameter gathers collective (a missing one hangs
+# the job); --val-batches 5 at world 3 splits 5 chunks 2/2/1. At every epoch end val_accuracy
+# equals world 1's exactly and val_loss within 1e-6 relative; rank 0's log names its share.
+python3 "$here/../cli/make_idx.py" "$d/data101" 480 101 12 12 5
+val_common=("${common[@]/#$d\/data/$d/data101}")
+runs=()
+vrun() {  # name world share extra-flags...
+  local name="$1" world="$2" share="$3"; shift 3
+  "${MPI[@]}" -n "$world" "$Z" "${val_common[@]}" --precision fp32 --grad-accum $((12 / world)) --metrics "$d/$name.jsonl" "$@" \
+    > "$d/$name.log" 2>&1 || { cat "$d/$name.log"; exit 1; }
+  grep -q "epoch 1 (step 10): val loss .*($share)" "$d/$name.log" || { echo "FAIL: $name: no '($share)' in:"; cat "$d/$name.log"; exit 1; }
+  runs+=("$name")
+}
+vrun v_w1_s0 1 "101 samples" --zero-stage 0
+vrun v_w2_s0 2 "101 samples, 52 on rank 0" --zero-stage 0
+vrun v_w2_s3 2 "101 samples, 52 on rank 0" --zero-stage 3
+vrun v_w3_s2 3 "101 samples, 36 on rank 0" --zero-stage 2
+vrun v_w3_s3 3 "101 samples, 36 on rank 0" --zero-stage 3
+vrun v_w1_b5 1 "20 samples" --zero-stage 0 --val-batches 5
+vrun v_w3_b5 3 "20 samples, 8 on rank 0" --zero-stage 3 --val-batches 5
+python3 - "$d" "${runs[@]}" <<'PY'
+import json, sys
+d, names = sys.argv[1], sys.argv[2:]
+def vals(name):
+    return [(l["step"], l["val_loss"], l["val_accuracy"]) for l in map(json.loads, open(f"{d}/{name}.jsonl")) if "val_loss" in l]
+failed = False
+for name in names:
+    ref = vals("v_w1_b5" if name.endswith("_b5") else "v_w1_s0")
+    got = vals(name)
+    ok = len(got) == 2 and [g[0] for g in got] == [10, 20] and all(
+        g[0] == r[0] and g[2] == r[2] and abs(g[1] - r[1]) <= 1e-6 * abs(r[1]) for g, r in zip(got, ref))
+    failed |= not ok
+    print(f"{'ok' if ok else 'FAIL'}: sharded validation {name}: {got} (world 1: {ref})")
+sys.exit(1 if failed else 0)
 PY

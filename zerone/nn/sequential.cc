@@ -210,11 +210,16 @@ SequentialConfig parse_sequential_spec(const std::string& given) {
   return c;
 }
 
-Sequential::Sequential(const SequentialConfig& config, DType compute_dtype, size_t align_numel, bool allocate)
+Sequential::Sequential(const SequentialConfig& config, DType compute_dtype, size_t align_numel, bool allocate,
+                       bool blocked_activations)
     : UnitModel(compute_dtype), config_(config) {
   using Kind = LayerSpec::Kind;
   std::vector<int64_t> shape = config.input;
   const std::string spec = config.to_string();
+  // Note [Conv layouts] (kernels/cpu/conv.cc): convolutions output blocked; pooling and ReLU keep
+  // their input's layout; flatten and dropout convert a blocked input to plain.
+  const bool can_block = blocked_activations && k::activation_channel_block() > 0;
+  bool blocked = false;  // the layout of the next layer's input (the model's input is plain)
   for (size_t i = 0; i < config.layers.size(); ++i) {
     Layer l;
     l.spec = config.layers[i];
@@ -222,7 +227,21 @@ Sequential::Sequential(const SequentialConfig& config, DType compute_dtype, size
     l.out_shape = shape = output_shape(l.spec, shape, spec, i);
     l.in_numel = product(l.in_shape);
     l.out_numel = product(l.out_shape);
-    l.aliases_input = l.spec.kind == Kind::flatten;
+    l.in_blocked = blocked;
+    switch (l.spec.kind) {
+      case Kind::conv2d: l.out_blocked = can_block; break;
+      case Kind::maxpool2d:
+      case Kind::relu: l.out_blocked = blocked; break;
+      case Kind::flatten:
+      case Kind::dropout:
+      case Kind::linear: l.convert_in = blocked; break;
+    }
+    blocked = l.out_blocked;
+    l.out_stored = l.out_blocked ? k::activation_numel(static_cast<int>(l.out_shape[0]), static_cast<int>(l.out_shape[1]),
+                                                       static_cast<int>(l.out_shape[2]), k::ActLayout::blocked)
+                                 : l.out_numel;
+    ZERONE_ASSERT(!(l.convert_in && l.spec.kind == Kind::linear), "a linear layer after a blocked activation");
+    l.aliases_input = l.spec.kind == Kind::flatten && !l.convert_in;
     if (l.spec.kind == Kind::linear || l.spec.kind == Kind::conv2d) {
       l.unit = static_cast<int>(units_.size());
       std::vector<int64_t> wshape = l.spec.kind == Kind::linear
@@ -259,18 +278,33 @@ void Sequential::init_unit(int u, uint64_t seed) {
 }
 
 k::Conv2dShape Sequential::conv_shape(const Layer& l, int B) const {
-  return {B, static_cast<int>(l.in_shape[0]), static_cast<int>(l.in_shape[1]), static_cast<int>(l.in_shape[2]),
-          l.spec.out, l.spec.kh, l.spec.kw, l.spec.stride_h, l.spec.stride_w, l.spec.pad_h, l.spec.pad_w};
+  using L = k::ActLayout;
+  return {B,
+          static_cast<int>(l.in_shape[0]),
+          static_cast<int>(l.in_shape[1]),
+          static_cast<int>(l.in_shape[2]),
+          l.spec.out,
+          l.spec.kh,
+          l.spec.kw,
+          l.spec.stride_h,
+          l.spec.stride_w,
+          l.spec.pad_h,
+          l.spec.pad_w,
+          l.in_blocked ? L::blocked : L::plain,
+          l.out_blocked ? L::blocked : L::plain};
 }
 
 k::Pool2dShape Sequential::pool_shape(const Layer& l, int B) const {
-  return {B, static_cast<int>(l.in_shape[0]), static_cast<int>(l.in_shape[1]), static_cast<int>(l.in_shape[2]),
-          l.spec.kh, l.spec.kw, l.spec.stride_h, l.spec.stride_w, l.spec.pad_h, l.spec.pad_w};
+  ZERONE_ASSERT(l.in_blocked == l.out_blocked);
+  return {B,         static_cast<int>(l.in_shape[0]), static_cast<int>(l.in_shape[1]), static_cast<int>(l.in_shape[2]),
+          l.spec.kh, l.spec.kw,    l.spec.stride_h, l.spec.stride_w, l.spec.pad_h, l.spec.pad_w,
+          l.out_blocked ? k::ActLayout::blocked : k::ActLayout::plain};
 }
 
 size_t Sequential::Plan::total() const {
   size_t t = input_bytes + 2 * grad_bytes + head_bytes + weight_bytes;
   for (size_t b : out_bytes) t += b;
+  for (size_t b : in_bytes) t += b;
   for (size_t b : workspace_bytes) t += b;
   return t;
 }
@@ -279,17 +313,19 @@ size_t Sequential::Plan::total() const {
 // aliases its input; dropout outside training too, but its buffer is kept for training batches),
 // max pooling's argmax workspace, and the head's probabilities, losses and labels; backward runs
 // the gradient through two ping-pong buffers of the largest layer and, for non-f32 parameters,
-// widens conv weights into one f32 buffer. All of it scales with B, so one table serves the
-// buffers and activation_bytes().
+// widens conv weights into one f32 buffer. Blocked activations (and their gradients) take their
+// padded size; dropout after a blocked layer keeps a plain copy of its input. All of it scales
+// with B, so one table serves the buffers and activation_bytes().
 Sequential::Plan Sequential::plan(int B) const {
   Plan p;
   const size_t b = static_cast<size_t>(B);
   p.input_bytes = b * product(config_.input) * sizeof(float);
   size_t widest = product(config_.input), weight_numel = 0;
   for (const Layer& l : layers_) {
-    p.out_bytes.push_back(l.aliases_input ? 0 : b * l.out_numel * sizeof(float));
+    p.out_bytes.push_back(l.aliases_input ? 0 : b * l.out_stored * sizeof(float));
+    p.in_bytes.push_back(l.convert_in && l.spec.kind == LayerSpec::Kind::dropout ? b * l.in_numel * sizeof(float) : 0);
     p.workspace_bytes.push_back(l.spec.kind == LayerSpec::Kind::maxpool2d ? k::maxpool2d_workspace_bytes(pool_shape(l, B)) : 0);
-    widest = std::max(widest, l.out_numel);
+    widest = std::max(widest, l.out_stored);
     if (l.spec.kind == LayerSpec::Kind::conv2d && dtype_ != DType::f32)
       weight_numel = std::max(weight_numel, units_[l.unit].tensors()[0].numel() + units_[l.unit].tensors()[1].numel());
   }
@@ -312,8 +348,10 @@ void Sequential::ensure_buffers(int B) {
   input_ = make(p.input_bytes);
   outs_.clear();
   workspaces_.clear();
+  ins_.clear();
   for (size_t i = 0; i < layers_.size(); ++i) {
     outs_.push_back(make(p.out_bytes[i]));
+    ins_.push_back(make(p.in_bytes[i]));
     workspaces_.push_back(make(p.workspace_bytes[i]));
   }
   grad_a_ = make(p.grad_bytes);
@@ -360,11 +398,20 @@ float Sequential::forward(const Batch& batch) {
     const Layer& l = layers_[i];
     const float* x = layer_input(i);
     float* y = outs_[i].as<float>();
-    const size_t n = static_cast<size_t>(B) * l.out_numel;
+    const size_t n = static_cast<size_t>(B) * l.out_stored;
+    const int C = l.in_shape.size() == 3 ? static_cast<int>(l.in_shape[0]) : 0;
+    const int H = C ? static_cast<int>(l.in_shape[1]) : 0, W = C ? static_cast<int>(l.in_shape[2]) : 0;
     switch (l.spec.kind) {
-      case Kind::flatten: y = const_cast<float*>(x); break;
+      case Kind::flatten:
+        if (l.convert_in) k::activation_to_plain(y, x, B, C, H, W);
+        else y = const_cast<float*>(x);
+        break;
       case Kind::relu: k::relu_forward(y, x, n); break;
       case Kind::dropout:
+        if (l.convert_in) {
+          k::activation_to_plain(ins_[i].as<float>(), x, B, C, H, W);
+          x = ins_[i].as<float>();
+        }
         if (training_ && l.spec.p > 0.0f) {
           k::dropout_forward(y, x, B, l.out_numel, l.spec.p, dropout_key(i));
         } else {
@@ -413,7 +460,7 @@ void Sequential::backward(float grad_scale) {
     const Layer& l = layers_[i];
     const float* x = layer_input(i);
     const bool first = i == 0;  // the input needs no gradient
-    const size_t n = static_cast<size_t>(B) * l.out_numel;
+    const size_t n = static_cast<size_t>(B) * l.out_stored;
     switch (l.spec.kind) {
       case Kind::flatten: break;
       case Kind::relu: k::relu_backward(dout, dout, out_ptr_[i], n); break;
@@ -439,6 +486,11 @@ void Sequential::backward(float grad_scale) {
         std::swap(dout, spare);
         break;
       }
+    }
+    if (l.convert_in && !first) {  // the plain gradient of a blocked input
+      k::activation_to_blocked(spare, dout, B, static_cast<int>(l.in_shape[0]), static_cast<int>(l.in_shape[1]),
+                               static_cast<int>(l.in_shape[2]));
+      std::swap(dout, spare);
     }
   }
 }

@@ -23,6 +23,10 @@
 // Precision: parameters live in the compute dtype. Linear layers run their GEMMs in it (ops.h);
 // convolutions widen the weights to f32 and run in f32. Activations and gradients are f32.
 // Activation checkpointing does not apply (no blocks to recompute) and is refused.
+// Layout: the outputs of conv layers, and of the max-pool and ReLU layers that follow them, are
+// held in oneDNN's channel-blocked layout (Note [Conv layouts] in kernels/cpu/conv.cc) unless the
+// constructor is told otherwise; flatten and dropout convert to plain NCHW. The layout changes no
+// value (tests/nn/sequential_test.cc holds both to the same bits).
 //
 // Thread-safety: one thread drives a model.
 #pragma once
@@ -64,7 +68,9 @@ SequentialConfig parse_sequential_spec(const std::string& spec);
 
 class Sequential final : public UnitModel {
  public:
-  Sequential(const SequentialConfig& config, DType compute_dtype, size_t align_numel = 64, bool allocate = true);
+  // blocked_activations false holds every activation plain (NCHW), for comparison.
+  Sequential(const SequentialConfig& config, DType compute_dtype, size_t align_numel = 64, bool allocate = true,
+             bool blocked_activations = true);
   const SequentialConfig& config() const { return config_; }
 
   std::string spec() const override { return config_.to_string(); }
@@ -94,13 +100,17 @@ class Sequential final : public UnitModel {
     int unit = -1;                          // linear, conv2d: the unit of its parameters
     std::vector<int64_t> in_shape, out_shape;
     size_t in_numel = 0, out_numel = 0;     // per sample
-    bool aliases_input = false;             // flatten (always), dropout (when not training)
+    size_t out_stored = 0;                  // floats per sample of the output as held (blocked: padded)
+    bool in_blocked = false, out_blocked = false;  // the layouts of its input and output
+    bool convert_in = false;                // flatten, dropout: a blocked input converted to plain first
+    bool aliases_input = false;             // flatten (plain input), dropout (when not training)
   };
   kernels::cpu::Conv2dShape conv_shape(const Layer& l, int B) const;
   kernels::cpu::Pool2dShape pool_shape(const Layer& l, int B) const;
   // Sizes every buffer for B samples (reallocating when B grows); the table activation_bytes uses.
   struct Plan {
     std::vector<size_t> out_bytes, workspace_bytes;  // per layer; 0 when nothing is stored
+    std::vector<size_t> in_bytes;                    // per layer: dropout's plain copy of a blocked input
     size_t input_bytes = 0, grad_bytes = 0, head_bytes = 0, weight_bytes = 0;
     size_t total() const;
   };
@@ -117,7 +127,7 @@ class Sequential final : public UnitModel {
   // Activations of the last forward.
   int capacity_ = 0;  // samples the buffers hold
   Buffer input_;      // (B, prod(input))
-  std::vector<Buffer> outs_, workspaces_;
+  std::vector<Buffer> outs_, workspaces_, ins_;
   Buffer grad_a_, grad_b_, probs_, losses_, labels_, weight_f32_;
   std::vector<const float*> out_ptr_;  // per layer: its output (an alias for flatten / eval dropout)
   int batch_ = 0;

@@ -19,6 +19,12 @@ using OptimizerOptions = std::variant<AdamWOptions, SGDOptions>;
 // "adamw" or "sgd".
 std::string optimizer_name(const OptimizerOptions& options);
 
+// f32 tensors per parameter element the optimizer keeps besides the fp32 master (which every
+// optimizer keeps for bf16/fp16 parameters only), memory category `optim`: AdamW 2 (exp_avg,
+// exp_avg_sq); SGD 1 (the momentum buffer) when momentum is not 0, else 0. zerone estimate
+// sizes the optimizer state with it (zero/partition.h).
+int optimizer_state_tensors(const OptimizerOptions& options);
+
 // The in-memory optimizer the options name, its state on `state_place`. Throws Error for options
 // the optimizer refuses (e.g. Nesterov without momentum).
 std::unique_ptr<Optimizer> make_optimizer(std::vector<ShardRef> shards, DType param_dtype,

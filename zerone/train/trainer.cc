@@ -25,6 +25,7 @@
 #include "zerone/nn/llama.h"
 #include "zerone/nn/model.h"
 #include "zerone/optim/adamw.h"
+#include "zerone/optim/optimizers.h"
 #include "zerone/train/batch_source.h"
 #include "zerone/train/checkpoint.h"
 #include "zerone/train/interrupt.h"
@@ -53,38 +54,51 @@ constexpr uint64_t kDefaultSourceSeed = 42;
 struct Evaluation {
   float loss = 0.0f;
   std::optional<float> accuracy;  // classifiers: the fraction of samples whose argmax is the label
+  int64_t samples = 0, samples_here = 0;  // classifiers: all ranks', and this rank's share
 };
 
-// Over the first `batches` chunks of the validation data: tokens, the mean of the batches' mean
-// losses; classifiers, the mean loss and accuracy over every sample read (the last chunk may be
-// short). Collective at stage 3 (the forward gathers parameters), so every rank runs it, whole.
-Evaluation evaluate(nn::Model& model, BatchSource& source, uint64_t batches) {
+// Note [Sharded validation]: over the first `batches` chunks of the validation data, rank r
+// evaluates chunks r, r + world, r + 2 world, ... and the sums are all-reduced, so every rank
+// gets the same figures at every world size: tokens, the mean of the batches' mean losses;
+// classifiers, the mean loss and the accuracy over every sample read (the last chunk may be
+// short). The accuracy is a ratio of integer counts, exact at any world size; the loss is a
+// double sum whose order alone depends on the world size. The forward is collective at stage 3
+// (it gathers parameters), so every rank runs the same number of forwards: a rank whose share is
+// one chunk short repeats its first chunk (or chunk 0) once and counts nothing from it.
+Evaluation evaluate(nn::Model& model, BatchSource& source, uint64_t batches, comm::Communicator& comm) {
   const bool classifier = model.input_kind() == nn::InputKind::features;
-  double sum = 0.0;
-  int64_t samples = 0, correct = 0;
+  const uint64_t world = static_cast<uint64_t>(comm.world_size()), rank = static_cast<uint64_t>(comm.rank());
   const uint64_t n = std::min<uint64_t>(batches, source.chunks_per_epoch());
-  for (uint64_t i = 0; i < n; ++i) {
-    const nn::Batch batch = source.load(i);
+  const uint64_t rounds = (n + world - 1) / world;
+  double sums[3] = {0.0, 0.0, 0.0};  // loss (classifiers: times the batch size), samples, correct
+  for (uint64_t round = 0; round < rounds; ++round) {
+    const uint64_t chunk = round * world + rank;
+    const bool counted = chunk < n;
+    const nn::Batch batch = source.load(counted ? chunk : rank < n ? rank : 0);
     const float loss = model.forward(batch);
+    if (!counted) continue;
     if (!classifier) {
-      sum += loss;
+      sums[0] += loss;
       continue;
     }
-    sum += static_cast<double>(loss) * batch.size;
-    samples += batch.size;
+    sums[0] += static_cast<double>(loss) * batch.size;
+    sums[1] += batch.size;
     const float* logits = model.logits();
     const int K = model.logits_stride();
     for (int b = 0; b < batch.size; ++b) {
       const float* row = logits + static_cast<size_t>(b) * K;
-      correct += std::max_element(row, row + model.vocab_size()) - row == batch.targets[b] ? 1 : 0;
+      sums[2] += std::max_element(row, row + model.vocab_size()) - row == batch.targets[b] ? 1 : 0;
     }
   }
   Evaluation e;
+  e.samples_here = static_cast<int64_t>(sums[1]);
+  comm.all_reduce_sum_async(sums, 3).wait();
   if (!classifier) {
-    e.loss = static_cast<float>(sum / static_cast<double>(n));
+    e.loss = static_cast<float>(sums[0] / static_cast<double>(n));
   } else {
-    e.loss = static_cast<float>(sum / static_cast<double>(samples));
-    e.accuracy = static_cast<float>(static_cast<double>(correct) / static_cast<double>(samples));
+    e.loss = static_cast<float>(sums[0] / sums[1]);
+    e.accuracy = static_cast<float>(sums[2] / sums[1]);
+    e.samples = static_cast<int64_t>(sums[1]);
   }
   return e;
 }
@@ -222,9 +236,16 @@ void check_tokens_in_vocabulary(const io::TokenSource& tokens, int vocab_size, c
 // refused before anything is allocated, with the estimate, instead of being killed by the kernel
 // minutes later. The estimate is zerone estimate's, the engine's own partition arithmetic (model
 // states and working set to the byte, activations from the model's table); ranks on one host share it.
+// The optimizer the configuration names.
+optim::OptimizerOptions optimizer_options(const TrainConfig& cfg) {
+  if (cfg.optimizer == "sgd") return optim::SGDOptions{cfg.momentum, cfg.dampening, cfg.weight_decay, cfg.nesterov};
+  return optim::AdamWOptions{cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay};
+}
+
 void check_memory_fits(const nn::Model& model, DType dtype, const TrainConfig& cfg, const zero::ZeroConfig& zcfg,
                        int world) {
-  auto rows = zero::estimate(model, world, dtype, cfg.micro_batch, cfg.seq, zcfg, std::nullopt);
+  const optim::OptimizerOptions optimizer = optimizer_options(cfg);
+  auto rows = zero::estimate(model, world, dtype, cfg.micro_batch, cfg.seq, zcfg, optimizer, std::nullopt);
   const zero::StageEstimate& mine = rows[cfg.zero_stage];
   auto h = [](double b) { return human_bytes(b); };
   auto hb = [&](int64_t b) { return h(static_cast<double>(b)); };
@@ -245,7 +266,7 @@ void check_memory_fits(const nn::Model& model, DType dtype, const TrainConfig& c
         zero::ZeroConfig alt = zcfg;
         alt.offload_optimizer = o;
         alt.offload_param = p;
-        auto r = zero::estimate(model, world, dtype, cfg.micro_batch, cfg.seq, alt, cfg.zero_stage)[0];
+        auto r = zero::estimate(model, world, dtype, cfg.micro_batch, cfg.seq, alt, optimizer, cfg.zero_stage)[0];
         if (static_cast<double>(r.device()) <= cap)
           fits += str_cat(fits.empty() ? "" : "; ", "--offload-optimizer ", zero::offload_device_name(o),
                           cfg.zero_stage == 3 ? str_cat(" --offload-param ", zero::offload_device_name(p)) : "", " (device ",
@@ -272,7 +293,7 @@ void check_memory_fits(const nn::Model& model, DType dtype, const TrainConfig& c
   // its partition of every unit in the compute dtype plus the f32 optimizer state.
   int64_t staging = 0;
   if (cfg.checkpoint_async) {
-    const size_t state_tensors = dtype == DType::f32 ? 2 : 3;  // (master,) exp_avg, exp_avg_sq
+    const size_t state_tensors = (dtype == DType::f32 ? 0 : 1) + optim::optimizer_state_tensors(optimizer);  // master, state
     for (size_t numel : model.unit_numels()) {
       const size_t saved = std::min(numel, zero::unit_shard(numel, world, 0, zcfg).shard_numel);
       staging += static_cast<int64_t>(saved * (dtype_size(dtype) + 4 * state_tensors));
@@ -567,8 +588,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     else io::load_llmc_checkpoint(cfg.init, dynamic_cast<nn::GPT2&>(model), u);
   };
   const auto load_t0 = std::chrono::steady_clock::now();
-  optim::OptimizerOptions optimizer = optim::AdamWOptions{cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay};
-  if (cfg.optimizer == "sgd") optimizer = optim::SGDOptions{cfg.momentum, cfg.dampening, cfg.weight_decay, cfg.nesterov};
+  const optim::OptimizerOptions optimizer = optimizer_options(cfg);
   zero::ZeroEngine engine(model, comm, zcfg, optimizer, materialize, nvme);
   if (resume_from) {
     const io::CheckpointManifest& m = resume_from->manifest();
@@ -775,22 +795,28 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     // Classifiers validate at the end of every epoch too, on the whole --val-data unless
     // --val-batches limits it.
     const bool epoch_end = classifier && step % steps_per_epoch == 0;
+    int64_t val_samples = 0, val_samples_here = 0;
     bool validate_now = val_source && ((cfg.val_every > 0 && step % cfg.val_every == 0) || step == cfg.steps || epoch_end);
     if (validate_now) {
       // Validation is outside the step's wall time, so --profile does not count it either.
       Profiler::set_enabled(false);
       const uint64_t batches = classifier && !cfg.is_given("--val-batches") ? val_source->chunks_per_epoch()
                                                                             : static_cast<uint64_t>(cfg.val_batches);
-      const Evaluation e = evaluate(model, *val_source, batches);
+      const Evaluation e = evaluate(model, *val_source, batches, comm);
       record.val_loss = e.loss;
       record.val_accuracy = e.accuracy;
+      val_samples = e.samples;
+      val_samples_here = e.samples_here;
       Profiler::set_enabled(cfg.profile);
     }
     if (lead) {
       progress.step(record);
       if (record.val_loss && step != cfg.steps) {
         std::string what = epoch_end ? str_cat("epoch ", step / steps_per_epoch, " (step ", step, ")") : str_cat("step ", step);
-        std::string acc = record.val_accuracy ? str_cat(", val accuracy ", *record.val_accuracy * 100.0f, "%") : "";
+        std::string acc = record.val_accuracy ? str_cat(", val accuracy ", *record.val_accuracy * 100.0f, "% (", val_samples,
+                                                        " samples", world > 1 ? str_cat(", ", val_samples_here, " on rank 0") : "",
+                                                        ")")
+                                              : "";
         progress.message(str_cat(what, ": val loss ", *record.val_loss, acc));
       }
     }

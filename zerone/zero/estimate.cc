@@ -5,7 +5,8 @@
 namespace zerone::zero {
 
 std::vector<StageEstimate> estimate(const nn::Model& model, int world, DType dtype, int micro_batch, int seq,
-                                    const ZeroConfig& base, std::optional<int> only_stage) {
+                                    const ZeroConfig& base, const optim::OptimizerOptions& optimizer,
+                                    std::optional<int> only_stage) {
   ZERONE_CHECK(world >= 1 && world <= 1'000'000, "--world ", world, " is out of range: expected 1..1000000");
   ZERONE_CHECK(micro_batch >= 1, "--micro-batch ", micro_batch, " must be at least 1");
   ZERONE_CHECK(seq >= 1 && seq <= model.max_seq_len(), "--seq ", seq, " is outside 1..", model.max_seq_len(),
@@ -24,7 +25,7 @@ std::vector<StageEstimate> estimate(const nn::Model& model, int world, DType dty
     if (stage != 3) config.offload_param = OffloadDevice::none;
     StageEstimate e;
     e.stage = stage;
-    e.model_state = model_state_bytes(numels, world, 0, dtype, config);
+    e.model_state = model_state_bytes(numels, world, 0, dtype, config, optim::optimizer_state_tensors(optimizer));
     e.working_set = working_set_bytes(numels, world, dtype, config);
     e.host_activations = static_cast<int64_t>(model.host_activation_bytes(micro_batch, seq));
     e.activations = static_cast<int64_t>(model.activation_bytes(micro_batch, seq)) - e.host_activations;

@@ -9,6 +9,7 @@
 
 #include "zerone/core/memory.h"
 #include "zerone/nn/model.h"
+#include "zerone/optim/optimizers.h"
 #include "zerone/zero/partition.h"
 
 namespace zerone::zero {
@@ -34,7 +35,9 @@ std::string describe_places(const StageEstimate& e);
 // One row per stage (or only `only_stage`), for rank 0 (all ranks hold equal shards). `model` needs
 // no storage (make_model(..., allocate=false)): only its unit shapes and activation table are read.
 // The offload settings of `base` apply to the stages that can use them (optimizer: 1-3; param: 3).
+// The optimizer state is `optimizer`'s (optim::optimizer_state_tensors).
 std::vector<StageEstimate> estimate(const nn::Model& model, int world, DType dtype, int micro_batch, int seq,
-                                    const ZeroConfig& base, std::optional<int> only_stage);
+                                    const ZeroConfig& base, const optim::OptimizerOptions& optimizer,
+                                    std::optional<int> only_stage);
 
 }  // namespace zerone::zero

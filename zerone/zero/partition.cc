@@ -65,8 +65,10 @@ UnitShard unit_shard(size_t numel, int world, int rank, const ZeroConfig& config
 }
 
 ModelStateBytes model_state_bytes(const std::vector<size_t>& unit_numels, int world, int rank, DType dtype,
-                                  const ZeroConfig& config) {
+                                  const ZeroConfig& config, int optim_tensors) {
+  ZERONE_ASSERT(optim_tensors >= 0);
   ModelStateBytes b;
+  const int64_t K = optim_tensors;
   const int64_t ds = static_cast<int64_t>(dtype_size(dtype));
   const bool has_master = dtype != DType::f32;
   const MemPlace opt_place = offload_place(config.offload_optimizer);
@@ -97,20 +99,20 @@ ModelStateBytes model_state_bytes(const std::vector<size_t>& unit_numels, int wo
     b.placed.at(config.stage <= 1 ? MemPlace::device : grad_shard_place, MemCategory::grad) += grad;
     if (!nvme) {
       b.master += has_master ? opt_numel * 4 : 0;
-      b.optim += 2 * opt_numel * 4;
+      b.optim += K * opt_numel * 4;
       if (spare) {
-        b.speculation += (has_master ? 3 : 2) * opt_numel * 4;
-        b.placed.at(opt_place, MemCategory::scratch) += (has_master ? 3 : 2) * opt_numel * 4;
+        b.speculation += ((has_master ? 1 : 0) + K) * opt_numel * 4;
+        b.placed.at(opt_place, MemCategory::scratch) += ((has_master ? 1 : 0) + K) * opt_numel * 4;
       }
     } else {
       for (auto [begin, end] : sub_groups(static_cast<size_t>(opt_numel), config.sub_group_numel)) {
         const int64_t aligned = static_cast<int64_t>(swap_tensor_bytes(end - begin));
         b.master += has_master ? aligned : 0;
-        b.optim += 2 * aligned;
+        b.optim += K * aligned;
         largest_sub_group = std::max(largest_sub_group, end - begin);
         if (spare) {
-          b.speculation += (has_master ? 3 : 2) * aligned;
-          b.placed.at(MemPlace::nvme, MemCategory::scratch) += (has_master ? 3 : 2) * aligned;
+          b.speculation += ((has_master ? 1 : 0) + K) * aligned;
+          b.placed.at(MemPlace::nvme, MemCategory::scratch) += ((has_master ? 1 : 0) + K) * aligned;
         }
       }
     }
@@ -118,7 +120,7 @@ ModelStateBytes model_state_bytes(const std::vector<size_t>& unit_numels, int wo
   b.placed.at(opt_place, MemCategory::master) = b.master;
   b.placed.at(opt_place, MemCategory::optim) = b.optim;
   if (nvme && largest_sub_group > 0) {
-    b.swap = static_cast<int64_t>(config.optimizer_buffer_count) * (has_master ? 3 : 2) *
+    b.swap = static_cast<int64_t>(config.optimizer_buffer_count) * ((has_master ? 1 : 0) + K) *
              static_cast<int64_t>(swap_tensor_bytes(largest_sub_group));
     b.placed.at(MemPlace::host, MemCategory::swap) = b.swap;
   }

@@ -4,11 +4,14 @@
 // Unit u has numel_u real elements, padded to P_u = ceil(numel_u / (world*64)) * world*64; rank r
 // owns the shard [r*S_u, (r+1)*S_u) with S_u = P_u / world. Per rank, at the end of a step:
 //
-//   stage | param (compute dtype)        | grad (f32)  | master (f32, bf16 only) | optim (m, v f32)
-//   0     | sum P_u                      | sum P_u     | sum numel_u             | 2 sum numel_u
-//   1     | sum P_u                      | sum P_u     | sum S_u                 | 2 sum S_u
-//   2     | sum P_u                      | sum S_u     | sum S_u                 | 2 sum S_u
-//   3     | sum S_u (+ P_u persistent)   | sum S_u     | sum S_u                 | 2 sum S_u
+//   stage | param (compute dtype)        | grad (f32)  | master (f32, bf16 only) | optim (K f32 tensors)
+//   0     | sum P_u                      | sum P_u     | sum numel_u             | K sum numel_u
+//   1     | sum P_u                      | sum P_u     | sum S_u                 | K sum S_u
+//   2     | sum P_u                      | sum S_u     | sum S_u                 | K sum S_u
+//   3     | sum S_u (+ P_u persistent)   | sum S_u     | sum S_u                 | K sum S_u
+//
+// K is the optimizer's state tensors per element (optim::optimizer_state_tensors): AdamW 2 (m, v),
+// SGD 1 (momentum buffer) with momentum, else 0.
 //
 // "persistent" units (numel < stage3_param_persistence_threshold) keep their full parameters at
 // stage 3 instead of a shard.
@@ -20,7 +23,7 @@
 //          offloaded (its step reads them there, as DeepSpeed's CPU gradient partitions), else device
 //   master, optim: --offload-optimizer (none: device, cpu: host, nvme: nvme swap files)
 //   swap   with --offload-optimizer nvme: buffer_count host staging buffers, each holding one
-//          sub-group's master (bf16/fp16 only), m and v, every tensor rounded up to the 4 KiB
+//          sub-group's master (bf16/fp16 only) and K state tensors, every tensor rounded up to the 4 KiB
 //          O_DIRECT block; the swap file holds every sub-group in the same aligned layout, so the
 //          nvme bytes are the aligned sizes (Note [Swap layout] in zero/offload.h).
 //   scratch with config.speculative_step, for every unit but the first: an undo copy of the
@@ -120,9 +123,10 @@ struct ModelStateBytes {
   int64_t in_memory() const { return placed.place_total(MemPlace::device) + placed.place_total(MemPlace::host); }
 };
 
-// Per-rank model-state bytes at the end of a step (the table above).
+// Per-rank model-state bytes at the end of a step (the table above), for an optimizer with
+// `optim_tensors` (K) f32 state tensors per element.
 ModelStateBytes model_state_bytes(const std::vector<size_t>& unit_numels, int world, int rank, DType dtype,
-                                  const ZeroConfig& config);
+                                  const ZeroConfig& config, int optim_tensors);
 
 // Note [Working-set bound]: stages 2-3 also hold transient buffers while a step runs (the engine
 // pools them, Note [Working-set pool] in core/memory.h). With P_1 >= P_2 the two largest units

@@ -359,6 +359,94 @@ TEST(GradCheck, MaxPool2d) {
   }
 }
 
+// Note [Conv layouts] (kernels/cpu/conv.cc): holding activations blocked changes no value. Every
+// combination of input and output layouts gives the plain run's bits (forward, data, weight and
+// bias gradients; pooling forward and backward), and blocked outputs keep zeros in the padding
+// channels. Channel counts below, at and above one block, and not multiples of it.
+TEST(ConvLayouts, BlockedEqualsPlainBitwise) {
+  const int block = activation_channel_block();
+  if (block == 0) GTEST_SKIP() << "oneDNN prefers plain layouts on this CPU: nothing is held blocked";
+  auto blocked_of = [](const std::vector<float>& plain, int N, int C, int H, int W) {
+    std::vector<float> b(static_cast<size_t>(N) * activation_numel(C, H, W, ActLayout::blocked), -1.0f);
+    activation_to_blocked(b.data(), plain.data(), N, C, H, W);
+    return b;
+  };
+  auto plain_of = [](const std::vector<float>& blocked, int N, int C, int H, int W) {
+    std::vector<float> p(static_cast<size_t>(N) * C * H * W);
+    activation_to_plain(p.data(), blocked.data(), N, C, H, W);
+    return p;
+  };
+  // The padding channels (c >= C) of a blocked tensor are zero.
+  auto expect_zero_padding = [&](const std::vector<float>& blocked, int N, int C, int H, int W, const char* what) {
+    const int Cp = (C + block - 1) / block * block;
+    size_t bad = 0;
+    for (int n = 0; n < N; ++n)
+      for (int c = C; c < Cp; ++c)
+        for (int hw = 0; hw < H * W; ++hw) {
+          const size_t at = ((static_cast<size_t>(n) * (Cp / block) + c / block) * H * W + hw) * block + c % block;
+          bad += blocked[at] != 0.0f;
+        }
+    EXPECT_EQ(bad, 0u) << what << ": nonzero padding";
+  };
+  const ActLayout layouts[] = {ActLayout::plain, ActLayout::blocked};
+  for (const ConvCase& k : {ConvCase{3, 10, 12, 12, 20, 5, 5, 1, 1, 0, 0}, ConvCase{2, 1, 9, 9, 10, 5, 5, 1, 1, 0, 0},
+                            ConvCase{2, 16, 7, 6, 17, 3, 3, 2, 1, 1, 1}, ConvCase{2, 24, 6, 6, 8, 3, 3, 1, 1, 1, 1}}) {
+    SCOPED_TRACE(testing::Message() << "conv C" << k.C << " OC" << k.OC);
+    Conv2dShape plain{k.N, k.C, k.H, k.W, k.OC, k.KH, k.KW, k.sh, k.sw, k.ph, k.pw};
+    const int OH = plain.OH(), OW = plain.OW();
+    const size_t in_n = static_cast<size_t>(k.N) * k.C * k.H * k.W, w_n = static_cast<size_t>(k.OC) * k.C * k.KH * k.KW;
+    const size_t out_n = static_cast<size_t>(k.N) * k.OC * OH * OW;
+    auto inp = randn(in_n, 50), w = randn(w_n, 51), b = randn(k.OC, 52), dout = randn(out_n, 53);
+    std::vector<float> out(out_n), dinp(in_n), dw(w_n), db(k.OC);
+    conv2d_forward(out.data(), inp.data(), w.data(), b.data(), plain);
+    conv2d_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), plain, false);
+    for (ActLayout src : layouts)
+      for (ActLayout dst : layouts) {
+        if (src == ActLayout::plain && dst == ActLayout::plain) continue;
+        SCOPED_TRACE(testing::Message() << "src " << (src == ActLayout::blocked ? "blocked" : "plain") << ", dst "
+                                        << (dst == ActLayout::blocked ? "blocked" : "plain"));
+        Conv2dShape s = plain;
+        s.src_layout = src;
+        s.dst_layout = dst;
+        const bool bs = src == ActLayout::blocked, bd = dst == ActLayout::blocked;
+        std::vector<float> x = bs ? blocked_of(inp, k.N, k.C, k.H, k.W) : inp;
+        std::vector<float> g = bd ? blocked_of(dout, k.N, k.OC, OH, OW) : dout;
+        std::vector<float> y(static_cast<size_t>(k.N) * activation_numel(k.OC, OH, OW, dst), -1.0f);
+        std::vector<float> dx(static_cast<size_t>(k.N) * activation_numel(k.C, k.H, k.W, src), -1.0f);
+        std::vector<float> dw2(w_n, 0.0f), db2(k.OC, 0.0f);
+        conv2d_forward(y.data(), x.data(), w.data(), b.data(), s);
+        conv2d_backward(dx.data(), dw2.data(), db2.data(), g.data(), x.data(), w.data(), s, false);
+        if (bd) expect_zero_padding(y, k.N, k.OC, OH, OW, "conv output");
+        if (bs) expect_zero_padding(dx, k.N, k.C, k.H, k.W, "conv input gradient");
+        EXPECT_EQ(bd ? plain_of(y, k.N, k.OC, OH, OW) : y, out);
+        EXPECT_EQ(bs ? plain_of(dx, k.N, k.C, k.H, k.W) : dx, dinp);
+        EXPECT_EQ(dw2, dw);
+        EXPECT_EQ(db2, db);
+      }
+  }
+  for (int C : {10, 16, 20}) {
+    SCOPED_TRACE(testing::Message() << "pool C" << C);
+    Pool2dShape plain{2, C, 8, 8, 2, 2, 2, 2, 0, 0};
+    const size_t in_n = static_cast<size_t>(2) * C * 64, out_n = static_cast<size_t>(2) * C * 16;
+    auto inp = randn(in_n, 54), dout = randn(out_n, 55);
+    std::vector<float> out(out_n), dinp(in_n);
+    std::vector<char> ws(maxpool2d_workspace_bytes(plain));
+    maxpool2d_forward(out.data(), ws.data(), inp.data(), plain);
+    maxpool2d_backward(dinp.data(), dout.data(), ws.data(), plain);
+    Pool2dShape s = plain;
+    s.layout = ActLayout::blocked;
+    std::vector<float> y(2 * activation_numel(C, 4, 4, ActLayout::blocked), -1.0f);
+    std::vector<float> dx(2 * activation_numel(C, 8, 8, ActLayout::blocked), -1.0f);
+    std::vector<char> ws2(maxpool2d_workspace_bytes(s));
+    maxpool2d_forward(y.data(), ws2.data(), blocked_of(inp, 2, C, 8, 8).data(), s);
+    maxpool2d_backward(dx.data(), blocked_of(dout, 2, C, 4, 4).data(), ws2.data(), s);
+    expect_zero_padding(y, 2, C, 4, 4, "pool output");
+    expect_zero_padding(dx, 2, C, 8, 8, "pool input gradient");
+    EXPECT_EQ(plain_of(y, 2, C, 4, 4), out);
+    EXPECT_EQ(plain_of(dx, 2, C, 8, 8), dinp);
+  }
+}
+
 TEST(GradCheck, Relu) {
   const size_t n = 40;
   auto inp = randn(n, 46), dout = randn(n, 47);

@@ -1,6 +1,11 @@
 // 2-D convolution and max pooling on the CPU through oneDNN (its convolution and pooling
 // primitives), forward and backward, in f32 with PyTorch's layouts:
 //   activations (N, C, H, W) row-major (NCHW), conv weights (OC, C, KH, KW) (OIHW), bias (OC).
+// Activations (and their gradients) may instead be held in oneDNN's channel-blocked layout
+// (ActLayout::blocked: nChw16c or nChw8c, whichever this CPU's convolutions use, channels padded
+// to the block with zeros), so that a chain conv -> pool -> relu -> conv runs without converting
+// between layers (Note [Conv layouts] in conv.cc). Each shape says the layout of its input and
+// output; a gradient has the layout of the tensor it is the gradient of.
 // Output size per spatial dim: (in + 2 * pad - kernel) / stride + 1 (floor), as torch.nn.Conv2d
 // and torch.nn.MaxPool2d (ceil_mode false, dilation 1).
 //
@@ -14,17 +19,33 @@
 
 namespace zerone::kernels::cpu {
 
+enum class ActLayout : uint8_t { plain, blocked };
+
+// Channels per block of ActLayout::blocked on this CPU (16 with AVX-512, 8 with AVX2), or 0 when
+// oneDNN's convolutions prefer plain layouts here (then nothing should be held blocked).
+int activation_channel_block();
+// Floats of one sample (C, H, W) held in `layout` (blocked: C rounded up to the block).
+size_t activation_numel(int C, int H, int W, ActLayout layout);
+// Converts N samples (C, H, W) between the layouts (padding channels written as zeros). `out` and
+// `in` must not overlap.
+void activation_to_plain(float* out, const float* blocked, int N, int C, int H, int W);
+void activation_to_blocked(float* out, const float* plain, int N, int C, int H, int W);
+
 struct Conv2dShape {
   int N = 1, C = 1, H = 1, W = 1;      // input
   int OC = 1, KH = 1, KW = 1;          // filters
   int stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
+  ActLayout src_layout = ActLayout::plain, dst_layout = ActLayout::plain;  // input / output (and gradients)
   int OH() const { return (H + 2 * pad_h - KH) / stride_h + 1; }
   int OW() const { return (W + 2 * pad_w - KW) / stride_w + 1; }
-  auto tie() const { return std::tie(N, C, H, W, OC, KH, KW, stride_h, stride_w, pad_h, pad_w); }
+  auto tie() const {
+    return std::tie(N, C, H, W, OC, KH, KW, stride_h, stride_w, pad_h, pad_w, src_layout, dst_layout);
+  }
   bool operator<(const Conv2dShape& o) const { return tie() < o.tie(); }
 };
 
 // out (N,OC,OH,OW) = conv(inp (N,C,H,W), weight (OC,C,KH,KW)) + bias (OC); bias may be null.
+// Blocked outputs have zeros in their padding channels; blocked inputs must too.
 void conv2d_forward(float* out, const float* inp, const float* weight, const float* bias, const Conv2dShape& s);
 // dinp (N,C,H,W) = gradient wrt the input (overwrite; skipped when null). dweight (OC,C,KH,KW) and
 // dbias (OC; skipped when null) accumulate (+=), or are overwritten when accumulate_param_grads is
@@ -35,9 +56,10 @@ void conv2d_backward(float* dinp, float* dweight, float* dbias, const float* dou
 struct Pool2dShape {
   int N = 1, C = 1, H = 1, W = 1;
   int KH = 1, KW = 1, stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
+  ActLayout layout = ActLayout::plain;  // input and output (and their gradients)
   int OH() const { return (H + 2 * pad_h - KH) / stride_h + 1; }
   int OW() const { return (W + 2 * pad_w - KW) / stride_w + 1; }
-  auto tie() const { return std::tie(N, C, H, W, KH, KW, stride_h, stride_w, pad_h, pad_w); }
+  auto tie() const { return std::tie(N, C, H, W, KH, KW, stride_h, stride_w, pad_h, pad_w, layout); }
   bool operator<(const Pool2dShape& o) const { return tie() < o.tie(); }
 };
 

@@ -42,6 +42,41 @@ TEST(Partition, ModelStateFollowsTheZeroFormulas) {
   }
 }
 
+TEST(Partition, PartialOffloadTakesTheFirstSubGroupsAsDeepSpeedCountsThem) {
+  // Shards of 2, 5 and 2 sub-groups of 500: int(0.5 * 9) = 4 sub-groups, all of the first shard
+  // and two of the second.
+  EXPECT_EQ(offloaded_prefix({1000, 2500, 700}, 500, 0.5), (std::vector<size_t>{1000, 1000, 0}));
+  EXPECT_EQ(offloaded_prefix({1000, 2500, 700}, 500, 1.0), (std::vector<size_t>{1000, 2500, 700}));
+  EXPECT_EQ(offloaded_prefix({1000, 2500, 700}, 500, 0.0), (std::vector<size_t>{0, 0, 0}));
+  EXPECT_EQ(offloaded_prefix({1000, 2500, 700}, 500, 0.99), (std::vector<size_t>{1000, 2500, 500}));  // int(8.91)
+  // Python's int(0.29 * 100) is 28 (0.29 * 100 = 28.999999999999996): the same truncation.
+  EXPECT_EQ(offloaded_prefix({100}, 1, 0.29), (std::vector<size_t>{28}));
+
+  // The bytes split between the device and the offloaded place, summing to the whole offload's.
+  std::vector<size_t> units = {256 * 1000, 256 * 2000, 256 * 500};
+  ZeroConfig config;
+  config.stage = 2;
+  config.offload_optimizer = OffloadDevice::cpu;
+  config.sub_group_numel = 64000;
+  ModelStateBytes whole = model_state_bytes(units, 2, 0, DType::bf16, config);
+  config.offload_optimizer_ratio = 0.5;  // 7 sub-groups of 64000 per rank: 3 offloaded, the first unit's 2 and one more
+  ModelStateBytes part = model_state_bytes(units, 2, 0, DType::bf16, config);
+  EXPECT_EQ(part.total(), whole.total());
+  EXPECT_EQ(part.placed.get(MemPlace::host, MemCategory::optim), int64_t{3} * 64000 * 8);
+  EXPECT_EQ(part.placed.get(MemPlace::device, MemCategory::optim), int64_t{4} * 64000 * 8);
+  EXPECT_EQ(part.placed.get(MemPlace::host, MemCategory::master), int64_t{3} * 64000 * 4);
+  // Gradient shards: the first two units have offloaded sub-groups (host), the third none.
+  EXPECT_EQ(part.placed.get(MemPlace::host, MemCategory::grad), int64_t{6} * 64000 * 4);
+  EXPECT_EQ(part.placed.get(MemPlace::device, MemCategory::grad), int64_t{1} * 64000 * 4);
+  // --delayed-update: a gradient and a parameter copy of every optimizer shard, where it steps.
+  config.delayed_update = true;
+  ModelStateBytes dpu = model_state_bytes(units, 2, 0, DType::bf16, config);
+  EXPECT_EQ(dpu.grad - part.grad, int64_t{7} * 64000 * 4);
+  EXPECT_EQ(dpu.param - part.param, int64_t{7} * 64000 * 2);
+  EXPECT_EQ(dpu.placed.get(MemPlace::device, MemCategory::param) - part.placed.get(MemPlace::device, MemCategory::param),
+            int64_t{64000} * 2);
+}
+
 TEST(Partition, WorkingSetBoundFollowsTheBucketsAndTheLargestUnits) {
   // Units of 4096, 8192 and 1024 elements at world 2 (already multiples of 128: P = numel).
   std::vector<size_t> units = {4096, 8192, 1024};

@@ -96,16 +96,26 @@ double SGD::update_slice(const ShardRef& s, DType param_dtype, const SGDOptions&
   return sumsq;
 }
 
+void SGD::begin_step(float lr, float grad_scale) {
+  first_ = step_ == 0;
+  ++step_;
+  lr_ = lr;
+  grad_scale_ = grad_scale;
+}
+
+double SGD::update_shard(size_t i, size_t /*next_shard*/) {
+  ProfileScope profile(ProfileCategory::optimizer);
+  return update_slice(shards_[i], param_dtype_, options_, lr_, grad_scale_, first_, 0, shards_[i].numel, master(i),
+                      momentum_buffer(i));
+}
+
 double SGD::step(float lr, float grad_scale, const std::function<void(size_t shard)>& shard_done,
                  const std::function<void(size_t shard)>& shard_begin) {
-  ProfileScope profile(ProfileCategory::optimizer);
-  const bool first = step_ == 0;
-  ++step_;
+  begin_step(lr, grad_scale);
   double sumsq = 0.0;
   for (size_t i = 0; i < shards_.size(); ++i) {
     if (shard_begin) shard_begin(i);
-    sumsq += update_slice(shards_[i], param_dtype_, options_, lr, grad_scale, first, 0, shards_[i].numel, master(i),
-                          momentum_buffer(i));
+    sumsq += update_shard(i);
     if (shard_done) shard_done(i);
   }
   return sumsq;

@@ -448,6 +448,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   zcfg.offload_param = zero::parse_offload_device(cfg.offload_param, "--offload-param");
   zcfg.sub_group_numel = static_cast<size_t>(cfg.sub_group_size);
   zcfg.optimizer_buffer_count = cfg.offload_buffer_count;
+  zcfg.offload_optimizer_ratio = cfg.offload_optimizer_ratio;
   zcfg.delayed_update = cfg.delayed_update;
   zcfg.early_step = cfg.early_step;
   zero::NvmeConfig nvme;

@@ -13,6 +13,7 @@
 
 #include "zerone/core/error.h"
 #include "zerone/core/profiler.h"
+#include "zerone/zero/partial_offload.h"
 
 namespace zerone::zero {
 
@@ -41,7 +42,14 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
   ZERONE_CHECK(!config.delayed_update || config.offload_param != OffloadDevice::nvme,
                "--delayed-update cannot be combined with --offload-param nvme (the optimizer thread and the "
                "forward would share the parameter swap); use --offload-param cpu or none");
-  const MemPlace grad_shard_place = config.offload_optimizer == OffloadDevice::none ? MemPlace::device : MemPlace::host;
+  ZERONE_CHECK(config.offload_optimizer_ratio >= 0.0 && config.offload_optimizer_ratio <= 1.0,
+               "offload_optimizer.ratio ", config.offload_optimizer_ratio, " is out of range: expected [0, 1]");
+  // Note [Partial optimizer offload]: how much of each optimizer shard is offloaded; a unit's
+  // gradient shard (and the delayed update's copies) live where its offloaded part steps.
+  const std::vector<size_t> offloaded = offloaded_optimizer_numels(model.unit_numels(), world_, rank_, config);
+  size_t offloaded_total = 0, optimizer_total = 0;
+  for (size_t n : offloaded) offloaded_total += n;
+  for (size_t n : optimizer_shard_numels(model.unit_numels(), world_, rank_, config)) optimizer_total += n;
   if (config.offload_optimizer == OffloadDevice::nvme || config.offload_param == OffloadDevice::nvme)
     swap_dir_ = std::make_unique<io::SwapDirectory>(nvme.nvme_path, nvme.rank, "--nvme-path");
   units_.resize(num_units_);
@@ -53,6 +61,7 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
     ZERONE_ASSERT(st.shard.padded_numel == unit.padded_numel(), "model built with the wrong alignment for world ", world_);
     const size_t begin = config_.stage == 0 ? 0 : st.shard.shard_begin;
     const size_t numel = config_.stage == 0 ? unit.numel() : st.shard.shard_numel;
+    const MemPlace grad_shard_place = offloaded[u] > 0 ? MemPlace::host : MemPlace::device;
     if (!unit.has_params()) {
       ZERONE_ASSERT(materialize, "unit ", u, " has no parameters and no way to materialize them");
       unit.allocate_params();
@@ -101,13 +110,17 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
     shards.push_back(std::move(ref));
     if (params_sharded(u)) unit.release_params();
   }
-  if (config_.offload_optimizer == OffloadDevice::nvme) {
+  if (offloaded_total > 0 && offloaded_total < optimizer_total) {
+    optimizer_ = std::make_unique<PartialOffloadOptimizer>(std::move(shards), offloaded, model.compute_dtype(), optimizer,
+                                                           config_.offload_optimizer, config_.sub_group_numel,
+                                                           config_.optimizer_buffer_count, nvme, swap_dir_.get());
+  } else if (config_.offload_optimizer == OffloadDevice::nvme && offloaded_total > 0) {
     optimizer_ = std::make_unique<SwappedOptimizer>(std::move(shards), model.compute_dtype(), optimizer,
                                                 config_.sub_group_numel,
                                                 config_.optimizer_buffer_count, nvme, *swap_dir_);
   } else {
     optimizer_ = optim::make_optimizer(std::move(shards), model.compute_dtype(), optimizer,
-                                       offload_place(config_.offload_optimizer));
+                                       offloaded_total > 0 ? offload_place(config_.offload_optimizer) : MemPlace::device);
   }
   if (config_.offload_param == OffloadDevice::nvme) {
     // Note [Parameter swap]: every sharded unit's shard gets a 4 KiB-aligned slot in params.swp.
@@ -607,7 +620,8 @@ void ZeroEngine::on_shard_updated(int u) {
 // docs/BENCHMARKS.md for whether it pays on 2 cores). It does no collective and no parameter swap
 // I/O (hence no --offload-param nvme); optimizer NVMe swap runs on it unchanged. Memory: one more
 // f32 gradient copy and one parameter copy (compute dtype) of the rank's optimizer shard, in the
-// ledger as grad and param on the optimizer's place. Gradient accumulation is unchanged: every
+// ledger as grad and param where that shard's optimizer runs, and in zerone estimate --delayed-update
+// (Note [Offload places] in partition.h). Gradient accumulation is unchanged: every
 // micro-step of step s+1 sees theta_{s-1}.
 
 void ZeroEngine::join_delayed() {

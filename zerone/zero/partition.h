@@ -17,8 +17,14 @@
 //   param  full (stages 0-2, persistent units): device; stage-3 shards: --offload-param
 //          (none: device, cpu: host, nvme: nvme, each shard rounded up to 4 KiB in "params.swp")
 //   grad   stages 0-1 full: device; stages 2-3 shard accumulators: host when the optimizer is
-//          offloaded (its step reads them there, as DeepSpeed's CPU gradient partitions), else device
-//   master, optim: --offload-optimizer (none: device, cpu: host, nvme: nvme swap files)
+//          offloaded (its step reads them there, as DeepSpeed's CPU gradient partitions), else device;
+//          under a partial offload, host for the units with offloaded sub-groups, device for the rest
+//   delayed update (--delayed-update, Note [Delayed parameter update] in engine.cc): one more f32
+//          gradient copy (grad) and one parameter copy in the compute dtype (param) of each
+//          optimizer shard, at least one element each, where the optimizer of that shard runs:
+//          host when any of its sub-groups is offloaded, else device
+//   master, optim: --offload-optimizer (none: device, cpu: host, nvme: nvme swap files); with a
+//          ratio below 1 only a leading part of the sub-groups (Note [Partial optimizer offload])
 //   swap   with --offload-optimizer nvme: buffer_count host staging buffers, each holding one
 //          sub-group's master (bf16/fp16 only), m and v, every tensor rounded up to the 4 KiB
 //          O_DIRECT block; the swap file holds every sub-group in the same aligned layout, so the
@@ -59,6 +65,7 @@ struct ZeroConfig {
   OffloadDevice offload_param = OffloadDevice::none;      // stage 3
   size_t sub_group_numel = 1'000'000'000;            // sub_group_size: optimizer elements per swap unit
   int optimizer_buffer_count = 4;                    // offload_optimizer.buffer_count (staging buffers)
+  double offload_optimizer_ratio = 1.0;              // offload_optimizer.ratio (Note [Partial optimizer offload])
   bool delayed_update = false;                       // --delayed-update (Note [Delayed parameter update])
   bool early_step = true;                            // --early-step (Note [Early optimizer step])
 };
@@ -66,6 +73,27 @@ struct ZeroConfig {
 // The sub-groups of one optimizer shard of `shard_numel` elements: [begin, end) ranges of at most
 // sub_group_numel elements, in order (a shard is split, never merged with another).
 std::vector<std::pair<size_t, size_t>> sub_groups(size_t shard_numel, size_t sub_group_numel);
+// Note [Partial optimizer offload]: DeepSpeed's offload_optimizer.ratio (stage3.py,
+// _create_fp32_partitions) offloads the first int(ratio * n) of the rank's n optimizer sub-groups
+// and keeps the rest on the accelerator, gradients included. zerone does the same at stages 1-3,
+// with cpu and nvme: the rank's sub-groups are those of its optimizer shards (one per unit, in unit
+// order, each cut by sub_group_numel), so the offloaded part of each shard is a leading run of
+// whole sub-groups: all of the shards before the boundary, a prefix of the boundary shard, none
+// after. The offloaded part runs on the offloaded optimizer (host AdamW/SGD, or the NVMe swap),
+// the rest on an in-memory one with its state on the device (PartialOffloadOptimizer,
+// zero/partial_offload.h); a unit's f32 gradient shard (stages 2-3) is on the host when any of its
+// sub-groups is offloaded, else on the device. The update of every element is the same function
+// whichever optimizer runs it, so the trajectory is the one of ratio 1 and of no offload, bit for bit.
+// ratio * n is computed in double and truncated, as Python's int() does.
+// Per optimizer shard (elements `shard_numels[i]`), how many leading elements are offloaded.
+std::vector<size_t> offloaded_prefix(const std::vector<size_t>& shard_numels, size_t sub_group_numel, double ratio);
+// The optimizer shard of each unit: the rank's shard (stages 1-3) or the whole unit (stage 0).
+std::vector<size_t> optimizer_shard_numels(const std::vector<size_t>& unit_numels, int world, int rank,
+                                           const ZeroConfig& config);
+// offloaded_prefix() of the run's shards, or all zero without optimizer offload.
+std::vector<size_t> offloaded_optimizer_numels(const std::vector<size_t>& unit_numels, int world, int rank,
+                                               const ZeroConfig& config);
+
 // Bytes of one swapped tensor of `numel` f32 elements, rounded up to kSwapAlignBytes.
 size_t swap_tensor_bytes(size_t numel);
 // `bytes` rounded up to kSwapAlignBytes.
@@ -100,7 +128,8 @@ struct ModelStateBytes {
   int64_t in_memory() const { return placed.place_total(MemPlace::device) + placed.place_total(MemPlace::host); }
 };
 
-// Per-rank model-state bytes at the end of a step (the table above).
+// Per-rank model-state bytes at the end of a step (the table above), with the delayed update's
+// copies in param and grad.
 ModelStateBytes model_state_bytes(const std::vector<size_t>& unit_numels, int world, int rank, DType dtype,
                                   const ZeroConfig& config);
 

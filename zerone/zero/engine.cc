@@ -53,11 +53,50 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
   if (config.offload_optimizer == OffloadDevice::nvme || config.offload_param == OffloadDevice::nvme)
     swap_dir_ = std::make_unique<io::SwapDirectory>(nvme.nvme_path, nvme.rank, "--nvme-path");
   units_.resize(num_units_);
+  for (int u = 0; u < num_units_; ++u) units_[u].shard = unit_shard(model.units()[u].numel(), world_, rank_, config_);
+  // Note [Streaming construction]: with --offload-param nvme each unit's parameter shard is written
+  // to params.swp as soon as the unit is materialized, through at most two pooled staging buffers,
+  // so building the engine never holds more than a unit or two of parameters. The optimizer's
+  // initial master (bf16/fp16) is then made from the shards read back one at a time
+  // (SwappedOptimizer's ParamSource); f32 runs need none (the parameters are the master). An
+  // in-memory optimizer with a master copy (optimizer offload none/cpu, or partial) reads every
+  // shard at its construction, so there the shards stay staged until it is built, as before.
+  const bool fully_swapped = config_.offload_optimizer == OffloadDevice::nvme && offloaded_total > 0 &&
+                             offloaded_total == optimizer_total;
+  const bool stream_params = config_.offload_param == OffloadDevice::nvme &&
+                             (model.compute_dtype() == DType::f32 || fully_swapped);
+  if (config_.offload_param == OffloadDevice::nvme) {
+    // Note [Parameter swap]: every sharded unit's shard gets a 4 KiB-aligned slot in params.swp.
+    uint64_t offset = 0;
+    for (int u = 0; u < num_units_; ++u) {
+      UnitState& st = units_[u];
+      if (!params_swapped(u)) continue;
+      st.swap_bytes = swap_aligned(st.shard.shard_numel * dsize_);
+      st.swap_offset = offset;
+      offset += st.swap_bytes;
+    }
+    param_path_ = swap_dir_->path() + "/params.swp";
+    param_fd_ = swap_dir_->create_file("params.swp", offset);
+    pin_staging_ = nvme.pin_memory;
+    param_io_ = io::make_uring_io(nvme.aio);
+    if (!nvme.fault_plan.empty())  // tests: the plan counts this file's transfers on its own
+      param_io_ = io::make_fault_injecting_io(std::move(param_io_), io::parse_fault_plan(nvme.fault_plan));
+    nvme_param_bytes_ = static_cast<int64_t>(offset);
+    MemoryLedger::global().add(MemPlace::nvme, MemCategory::param, nvme_param_bytes_);
+  }
+  std::deque<std::pair<int, io::SwapIo::Ticket>> init_writes;  // stream_params: shards being written
+  auto retire_init_writes = [&](size_t keep) {
+    while (init_writes.size() > keep) {
+      auto [u, ticket] = init_writes.front();
+      init_writes.pop_front();
+      param_io_->wait(ticket);
+      stage_pool_.release(std::move(units_[u].shard_params));
+    }
+  };
   std::vector<optim::ShardRef> shards;
   for (int u = 0; u < num_units_; ++u) {
     nn::FlatParam& unit = model.units()[u];
     UnitState& st = units_[u];
-    st.shard = unit_shard(unit.numel(), world_, rank_, config_);
     ZERONE_ASSERT(st.shard.padded_numel == unit.padded_numel(), "model built with the wrong alignment for world ", world_);
     const size_t begin = config_.stage == 0 ? 0 : st.shard.shard_begin;
     const size_t numel = config_.stage == 0 ? unit.numel() : st.shard.shard_numel;
@@ -72,9 +111,15 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
 
     optim::ShardRef ref;
     ref.numel = numel;
-    if (params_swapped(u)) {
+    if (params_swapped(u) && stream_params) {
+      retire_init_writes(1);
+      st.shard_params = acquire_staging(st.swap_bytes);
+      std::memcpy(st.shard_params.data(), static_cast<char*>(unit.data()) + begin * dsize_, numel * dsize_);
+      init_writes.emplace_back(u, param_io_->start(io::IoOp::write, param_fd_.get(), param_path_, st.shard_params.data(),
+                                                   st.swap_bytes, st.swap_offset));
+      ref.param = nullptr;  // set before each update (load_shard_for_update)
+    } else if (params_swapped(u)) {
       // Staged on the host until the optimizer has read it, then written to params.swp.
-      st.swap_bytes = swap_aligned(st.shard.shard_numel * dsize_);
       st.shard_params = Buffer(st.swap_bytes, MemCategory::param, MemPlace::host, kSwapAlignBytes);
       std::memcpy(st.shard_params.data(), static_cast<char*>(unit.data()) + begin * dsize_, numel * dsize_);
       ref.param = st.shard_params.data();
@@ -110,44 +155,49 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
     shards.push_back(std::move(ref));
     if (params_sharded(u)) unit.release_params();
   }
+  retire_init_writes(0);
+  // stream_params: the optimizer's initial master reads the shards back one at a time.
+  Buffer source_staging;
+  int source_unit = -1;
+  auto param_source = [&](size_t shard) -> const void* {
+    const int u = static_cast<int>(shard);
+    if (!params_swapped(u)) return shards[shard].param;
+    if (source_unit >= 0) stage_pool_.release(std::move(source_staging));
+    source_unit = u;
+    source_staging = acquire_staging(units_[u].swap_bytes);
+    param_io_->wait(param_io_->start(io::IoOp::read, param_fd_.get(), param_path_, source_staging.data(),
+                                     units_[u].swap_bytes, units_[u].swap_offset));
+    return source_staging.data();
+  };
   if (offloaded_total > 0 && offloaded_total < optimizer_total) {
     optimizer_ = std::make_unique<PartialOffloadOptimizer>(std::move(shards), offloaded, model.compute_dtype(), optimizer,
                                                            config_.offload_optimizer, config_.sub_group_numel,
                                                            config_.optimizer_buffer_count, nvme, swap_dir_.get());
-  } else if (config_.offload_optimizer == OffloadDevice::nvme && offloaded_total > 0) {
-    optimizer_ = std::make_unique<SwappedOptimizer>(std::move(shards), model.compute_dtype(), optimizer,
-                                                config_.sub_group_numel,
-                                                config_.optimizer_buffer_count, nvme, *swap_dir_);
+  } else if (fully_swapped) {
+    // `shards` stays readable for param_source (the optimizer keeps its own copy).
+    optimizer_ = std::make_unique<SwappedOptimizer>(shards, model.compute_dtype(), optimizer, config_.sub_group_numel,
+                                                    config_.optimizer_buffer_count, nvme, *swap_dir_,
+                                                    stream_params ? SwappedOptimizer::ParamSource(param_source) : nullptr);
   } else {
     optimizer_ = optim::make_optimizer(std::move(shards), model.compute_dtype(), optimizer,
                                        offloaded_total > 0 ? offload_place(config_.offload_optimizer) : MemPlace::device);
   }
+  if (source_unit >= 0) stage_pool_.release(std::move(source_staging));
   if (config_.offload_param == OffloadDevice::nvme) {
-    // Note [Parameter swap]: every sharded unit's shard gets a 4 KiB-aligned slot in params.swp.
-    uint64_t offset = 0;
-    for (UnitState& st : units_) {
-      st.swap_offset = offset;
-      offset += st.swap_bytes;
+    if (!stream_params) {
+      // The optimizer has read the staged shards: write them to params.swp.
+      std::vector<io::SwapIo::Ticket> writes;
+      for (int u = 0; u < num_units_; ++u)
+        if (params_swapped(u))
+          writes.push_back(param_io_->start(io::IoOp::write, param_fd_.get(), param_path_,
+                                            units_[u].shard_params.data(), units_[u].swap_bytes, units_[u].swap_offset));
+      for (io::SwapIo::Ticket t : writes) param_io_->wait(t);
     }
-    param_path_ = swap_dir_->path() + "/params.swp";
-    param_fd_ = swap_dir_->create_file("params.swp", offset);
-    pin_staging_ = nvme.pin_memory;
-    param_io_ = io::make_uring_io(nvme.aio);
-    if (!nvme.fault_plan.empty())  // tests: the plan counts this file's transfers on its own
-      param_io_ = io::make_fault_injecting_io(std::move(param_io_), io::parse_fault_plan(nvme.fault_plan));
-    std::vector<io::SwapIo::Ticket> writes;
-    for (int u = 0; u < num_units_; ++u)
-      if (params_swapped(u))
-        writes.push_back(param_io_->start(io::IoOp::write, param_fd_.get(), param_path_, units_[u].shard_params.data(),
-                                          units_[u].swap_bytes, units_[u].swap_offset));
-    for (io::SwapIo::Ticket t : writes) param_io_->wait(t);
     for (int u = 0; u < num_units_; ++u) {
       if (!params_swapped(u)) continue;
       units_[u].shard_params.reset();
       optimizer_->set_param(static_cast<size_t>(u), nullptr);  // set again before each update
     }
-    nvme_param_bytes_ = static_cast<int64_t>(offset);
-    MemoryLedger::global().add(MemPlace::nvme, MemCategory::param, nvme_param_bytes_);
   }
   dpu_threads_ = std::max(1, omp_get_max_threads() / 2);
   last_toucher_.resize(num_units_);

@@ -51,8 +51,16 @@ class SwappedOptimizer final : public optim::Optimizer {
   // the optimizer) and writes the initial state (master from the parameters, zero moments). Throws
   // Error naming the file for a full disk or any I/O failure, and for an optimizer with no state
   // to swap (SGD without momentum on f32 parameters).
+  //
+  // `param_source`, when given, supplies shard i's parameters for the initial master instead of
+  // shards[i].param (which may then be null): it is called once per shard, in order, and its
+  // pointer need only stay valid until the next call. The ZeRO engine reads NVMe-resident
+  // parameter shards back through it, so no rank holds every shard at once while it is built
+  // (Note [Streaming construction] in engine.cc).
+  using ParamSource = std::function<const void*(size_t shard)>;
   SwappedOptimizer(std::vector<optim::ShardRef> shards, DType param_dtype, const optim::OptimizerOptions& options,
-                   size_t sub_group_numel, int buffer_count, const NvmeConfig& config, io::SwapDirectory& dir);
+                   size_t sub_group_numel, int buffer_count, const NvmeConfig& config, io::SwapDirectory& dir,
+                   const ParamSource& param_source = nullptr);
   ~SwappedOptimizer() override;
   SwappedOptimizer(const SwappedOptimizer&) = delete;
   SwappedOptimizer& operator=(const SwappedOptimizer&) = delete;

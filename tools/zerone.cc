@@ -92,6 +92,9 @@ void add_train_flags(CLI::App& cmd, train::TrainConfig& c, std::string& config_p
   cmd.add_flag("--profile", c.profile, "report where step time goes (after the first step)");
   cmd.add_flag("--activation-checkpointing", c.activation_checkpointing,
                "recompute each block's forward in its backward: activation memory of one block, same results");
+  cmd.add_flag("--cpu-checkpointing", c.cpu_checkpointing,
+               "with --activation-checkpointing: keep the saved block inputs in host memory, off the device "
+               "(DeepSpeed's cpu_checkpointing; same results)");
   cmd.add_flag("--delayed-update", c.delayed_update,
                "ZeRO-Offload's delayed parameter update: step s's optimizer runs beside step s+1's forward and "
                "backward, which use the parameters of step s-1 (off)");
@@ -161,13 +164,17 @@ struct EstimateArgs {
   bool delayed_update = false;
   bool json = false;
   bool activation_checkpointing = false;
+  bool cpu_checkpointing = false;
   bool seq_given = false;
 };
 
 int cmd_estimate(const EstimateArgs& a, bool stage_given) {
   DType dtype = train::resolve_precision(a.precision);
   std::unique_ptr<nn::Model> shape = nn::make_model(a.model, dtype, 64, /*allocate=*/false);
+  ZERONE_CHECK(!a.cpu_checkpointing || a.activation_checkpointing,
+               "--cpu-checkpointing keeps the inputs that activation checkpointing saves: give --activation-checkpointing too");
   shape->set_activation_checkpointing(a.activation_checkpointing);
+  shape->set_cpu_checkpointing(a.cpu_checkpointing);
   const nn::Model& model = *shape;
   ZERONE_CHECK(std::isfinite(a.device_mem_gib) && a.device_mem_gib >= 0.0, "--device-mem ", a.device_mem_gib,
                " is out of range: expected a finite number of GiB >= 0");
@@ -218,7 +225,8 @@ int cmd_estimate(const EstimateArgs& a, bool stage_given) {
       s["model_state"] = r.model_state.total();
       s["working_set"] = {{"param", r.working_set.param}, {"grad", r.working_set.grad}, {"comm", r.working_set.comm},
                           {"host", r.working_set.host}, {"total", r.working_set.total()}};
-      s["activation"] = r.activations;
+      s["activation"] = r.activations + r.host_activations;
+      s["activation_places"] = {{"device", r.activations}, {"host", r.host_activations}};
       s["total"] = r.total();
       // Where the bytes live (Note [Offload places]): device = model state there + working set +
       // activations; "places" has every (place, category) the ledger will show.
@@ -247,7 +255,7 @@ int cmd_estimate(const EstimateArgs& a, bool stage_given) {
   for (const auto& r : rows) {
     std::printf("%-6d %12s %12s %12s %12s %12s %12s %12s %12s %12s %12s %12s%s\n", r.stage, h(r.model_state.param).c_str(),
                 h(r.model_state.grad).c_str(), h(r.model_state.master).c_str(), h(r.model_state.optim).c_str(),
-                h(r.model_state.total()).c_str(), h(r.working_set.total()).c_str(), h(r.activations).c_str(),
+                h(r.model_state.total()).c_str(), h(r.working_set.total()).c_str(), h(r.activations + r.host_activations).c_str(),
                 h(r.device()).c_str(), h(r.host()).c_str(), h(r.nvme()).c_str(), h(r.total()).c_str(),
                 limit > 0 ? (static_cast<double>(r.device()) <= limit ? "  yes" : "  no") : "");
   }
@@ -370,6 +378,7 @@ int main(int argc, char** argv) {
                            "as for train (elements): bounds stage 3's prefetched parameters");
   estimate_cmd->add_flag("--json", est.json, "machine-readable output");
   estimate_cmd->add_flag("--activation-checkpointing", est.activation_checkpointing, "as for train");
+  estimate_cmd->add_flag("--cpu-checkpointing", est.cpu_checkpointing, "as for train");
 
   make_values_strict(app);
   try {

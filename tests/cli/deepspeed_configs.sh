@@ -153,6 +153,31 @@ else
   bad "activation_checkpointing/aio config failed: $(cat "$d/h.err")"
 fi
 
+# activation_checkpointing.cpu_checkpointing (Note [CPU checkpointing]) is honoured: the saved block
+# inputs leave the device, so a device cap that refuses plain checkpointing admits it; the flag alone
+# (without checkpointing) is an error naming it.
+ck_model="gpt2:layers=16,dim=64,heads=2,vocab=257,ctx=128"
+ck=(train --model "$ck_model" --seq 128 --micro-batch 8 --steps 1 --data "$d/c_train.bin" --activation-checkpointing)
+dev=$("$Z" estimate --world 1 --zero-stage 0 --model "$ck_model" --seq 128 --micro-batch 8 --activation-checkpointing --json |
+      python3 -c "import json,sys; print(json.load(sys.stdin)['stages'][0]['device'])")
+dev_cpu=$("$Z" estimate --world 1 --zero-stage 0 --model "$ck_model" --seq 128 --micro-batch 8 --activation-checkpointing \
+          --cpu-checkpointing --json | python3 -c "import json,sys; s=json.load(sys.stdin)['stages'][0]; print(s['device'], s['activation_places']['host'])")
+read -r dev_cpu host_act <<< "$dev_cpu"
+[ "$host_act" -eq $((15 * 8 * 128 * 64 * 4)) ] || bad "estimate: host activations $host_act, expected L-1=15 saved (B,T,C) inputs"
+# The cap: the CPU-checkpointing plan plus 3 MiB (the kernels' scratch, which the estimate leaves out,
+# grows to about 1 MiB here), below the plain plan (3.67 MiB more: 14 block outputs of 8 x 128 x 64 f32).
+[ $((dev - dev_cpu)) -eq $((14 * 8 * 128 * 64 * 4)) ] || bad "estimate: device saving $((dev - dev_cpu)), expected 14 block outputs"
+cap=$(python3 -c "print(($dev_cpu + 3 * 2**20) / 2**30)")
+if "$Z" "${ck[@]}" --device-mem-limit "$cap" >/dev/null 2>"$d/ck1.err"; then bad "device cap $cap GiB admitted plain checkpointing"; fi
+grep -q "over --device-mem-limit" "$d/ck1.err" || bad "cap refusal: $(cat "$d/ck1.err")"
+printf '{"activation_checkpointing": {"cpu_checkpointing": true}}' > "$d/ck.json"
+"$Z" "${ck[@]}" --device-mem-limit "$cap" --config "$d/ck.json" >/dev/null 2>"$d/ck2.err" \
+  || bad "cpu_checkpointing under the cap failed: $(cat "$d/ck2.err")"
+grep -q "no effect" "$d/ck2.err" && bad "cpu_checkpointing reported as having no effect: $(cat "$d/ck2.err")"
+"$Z" "${ck[@]:0:11}" --cpu-checkpointing >/dev/null 2>"$d/ck3.err" && bad "--cpu-checkpointing without checkpointing accepted"
+grep -q "^zerone: error: --cpu-checkpointing keeps the inputs that activation checkpointing saves" "$d/ck3.err" \
+  || bad "--cpu-checkpointing alone: $(cat "$d/ck3.err")"
+
 # 6. train_batch_size is checked: train_batch_size = micro x accum x world, at world 1 and 2.
 printf '{"train_batch_size": 10, "train_micro_batch_size_per_gpu": 3}' > "$d/tb.json"
 check "train_batch_size 10 is not micro-batch 3 x gradient accumulation 3 x world size 1 \(= 9\)" "$Z" train "${tiny[@]}" --config "$d/tb.json"

@@ -144,41 +144,67 @@ namespace {
 // Note [Activation checkpointing]: recomputing each block in backward gives bitwise the same loss
 // and gradients (two micro-steps of accumulation), for GPT-2 and LLaMA, f32 and bf16, with an
 // activation table that shrinks by L-1 blocks' internals (and the buffers really are that size).
+// Note [CPU checkpointing]: the same with the saved block inputs in the host place: bitwise the
+// same again, the device holds two block-output slots instead of L, and the ledger's host and
+// device activation bytes are what host_activation_bytes / activation_bytes say. Four blocks, so
+// that the two device slots are each reused (a slot mix-up changes the gradients).
 TEST(ActivationCheckpointing, BitwiseSameLossAndGradientsWithLessMemory) {
-  for (const char* spec : {"gpt2:layers=3,dim=32,heads=2,vocab=60,ctx=16",
-                           "llama:layers=3,dim=32,heads=4,kv_heads=2,ffn=40,vocab=60,ctx=16,tied=0"}) {
+  for (const char* spec : {"gpt2:layers=4,dim=32,heads=2,vocab=60,ctx=16",
+                           "llama:layers=4,dim=32,heads=4,kv_heads=2,ffn=40,vocab=60,ctx=16,tied=0"}) {
     for (DType dtype : {DType::f32, DType::bf16}) {
-      std::unique_ptr<Model> plain = make_model(spec, dtype), ckpt = make_model(spec, dtype);
+      std::unique_ptr<Model> plain = make_model(spec, dtype), ckpt = make_model(spec, dtype),
+                             cpu = make_model(spec, dtype);
       ckpt->set_activation_checkpointing(true);
-      plain->init_weights(5);
-      ckpt->init_weights(5);
-      plain->zero_grad();
-      ckpt->zero_grad();
+      cpu->set_activation_checkpointing(true);
+      cpu->set_cpu_checkpointing(true);
+      for (Model* m : {plain.get(), ckpt.get(), cpu.get()}) {
+        m->init_weights(5);
+        m->zero_grad();
+      }
       const int B = 2, T = 12;
       std::vector<int32_t> x(B * T), y(B * T);
       for (int micro = 0; micro < 2; ++micro) {
         for (int i = 0; i < B * T; ++i) x[i] = (i * 7 + micro * 13) % 60, y[i] = (i * 11 + micro) % 60;
-        auto activation_bytes_now = [] {
-          const MemoryLedger& l = MemoryLedger::global();
-          return l.current(MemPlace::device, MemCategory::activation) + l.current(MemPlace::host, MemCategory::activation);
-        };
-        const int64_t before = activation_bytes_now();
+        const MemoryLedger& ledger = MemoryLedger::global();
+        auto device_now = [&] { return ledger.current(MemPlace::device, MemCategory::activation); };
+        auto host_now = [&] { return ledger.current(MemPlace::host, MemCategory::activation); };
+        const int64_t device_before = device_now(), host_before = host_now();
         const float a = plain->forward(x.data(), y.data(), B, T);
         const float b = ckpt->forward(x.data(), y.data(), B, T);
-        if (micro == 0)
-          EXPECT_EQ(activation_bytes_now() - before,
-                    static_cast<int64_t>(plain->activation_bytes(B, T) + ckpt->activation_bytes(B, T)))
+        const int64_t device_mid = device_now();
+        const float c = cpu->forward(x.data(), y.data(), B, T);
+        if (micro == 0) {
+          EXPECT_EQ(device_mid - device_before, static_cast<int64_t>(plain->activation_bytes(B, T) + ckpt->activation_bytes(B, T)))
               << "the ledger holds what activation_bytes says";
+          EXPECT_EQ(plain->host_activation_bytes(B, T) + ckpt->host_activation_bytes(B, T), 0u);
+          const int64_t host = static_cast<int64_t>(cpu->host_activation_bytes(B, T));
+          EXPECT_EQ(host, int64_t{3} * B * T * 32 * 4) << "L-1 saved inputs of (B,T,C) f32 on the host";
+          EXPECT_EQ(host_now() - host_before, host);
+          EXPECT_EQ(device_now() - device_mid, static_cast<int64_t>(cpu->activation_bytes(B, T)) - host);
+          EXPECT_EQ(static_cast<int64_t>(ckpt->activation_bytes(B, T)) - (static_cast<int64_t>(cpu->activation_bytes(B, T)) - host),
+                    int64_t{2} * B * T * 32 * 4)
+              << "the device keeps 2 block-output slots instead of 4";
+        }
         ASSERT_EQ(a, b) << spec << " " << dtype_name(dtype);
+        ASSERT_EQ(a, c) << spec << " " << dtype_name(dtype) << " cpu checkpointing";
         plain->backward(0.5f);
         ckpt->backward(0.5f);
+        cpu->backward(0.5f);
       }
-      for (size_t u = 0; u < plain->units().size(); ++u)
+      for (size_t u = 0; u < plain->units().size(); ++u) {
         ASSERT_EQ(std::memcmp(plain->units()[u].grad(), ckpt->units()[u].grad(), plain->units()[u].grad_bytes()), 0)
             << spec << " " << dtype_name(dtype) << " unit " << u;
+        ASSERT_EQ(std::memcmp(plain->units()[u].grad(), cpu->units()[u].grad(), plain->units()[u].grad_bytes()), 0)
+            << spec << " " << dtype_name(dtype) << " unit " << u << " cpu checkpointing";
+      }
       EXPECT_LT(ckpt->activation_bytes(B, T), plain->activation_bytes(B, T));
     }
   }
+}
+
+TEST(ActivationCheckpointing, CpuCheckpointingIsRefusedWithoutBlocks) {
+  std::unique_ptr<Model> mlp = make_model("mnist-mlp", DType::f32, 64, /*allocate=*/false);
+  zerone::testing::expect_error([&] { mlp->set_cpu_checkpointing(true); }, "has no blocks whose inputs are saved");
 }
 
 }  // namespace

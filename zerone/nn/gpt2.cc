@@ -142,21 +142,22 @@ namespace {
 // two are int32 token ids; the rest are f32.
 // With activation checkpointing (Note [Activation checkpointing] in model.h) the block internals
 // are kept for one block (S = 1 slot, recomputed in backward) and only the block outputs
-// (residual3) for all L.
-std::array<size_t, 27> activation_numels(const GPT2Config& c, int B, int T, bool checkpointing) {
+// (residual3) for all L; with CPU checkpointing two device slots of them, and the last entry, the
+// host copies (Note [CPU checkpointing] in model.h).
+std::array<size_t, 28> activation_numels(const GPT2Config& c, int B, int T, bool checkpointing, bool on_host) {
   const size_t L = c.num_layers, C = c.channels, NH = c.num_heads, Vp = c.padded_vocab_size;
   const size_t S = checkpointing ? 1 : L;
   const size_t BT = static_cast<size_t>(B) * T;
   return {BT * C,         S * BT * C, S * BT,     S * BT,     S * BT * 3 * C, S * BT * C,
           S * B * NH * T * T, S * BT * C, S * BT * C, S * BT,     S * BT,         S * BT * 4 * C,
-          S * BT * 4 * C, L * BT * C, BT * C,     BT,         BT,             BT * Vp,
+          S * BT * 4 * C, UnitModel::output_slots_numel(on_host, L, BT * C), BT * C, BT, BT, BT * Vp,
           BT,             BT,         BT * C,     BT * C,     BT * C,         BT * 3 * C,
-          BT * 4 * C,     BT,         BT};
+          BT * 4 * C,     BT,         BT,         UnitModel::saved_inputs_numel(on_host, L, BT * C)};
 }
 
 }  // namespace
 
-size_t GPT2::activation_bytes(const GPT2Config& config, int B, int T, bool checkpointing) {
+size_t GPT2::activation_bytes(const GPT2Config& config, int B, int T, bool checkpointing, bool on_host) {
   // In long double first: L * B * NH * T * T overflows 64 bits for absurd shapes, and a wrapped
   // total would pass the start-up memory check.
   const long double L = config.num_layers, C = config.channels, NH = config.num_heads, Vp = config.padded_vocab_size;
@@ -166,7 +167,7 @@ size_t GPT2::activation_bytes(const GPT2Config& config, int B, int T, bool check
   ZERONE_CHECK(approx < 0x1p62L, "activations of ", config.to_string(), " at micro-batch ", B, " x seq ", T,
                " would need about ", static_cast<double>(approx), " bytes: beyond any machine");
   size_t total = 0;
-  for (size_t n : activation_numels(config, B, T, checkpointing)) total += n * 4;  // f32 and int32 alike
+  for (size_t n : activation_numels(config, B, T, checkpointing, on_host)) total += n * 4;  // f32 and int32 alike
   return total;
 }
 
@@ -181,18 +182,20 @@ std::vector<size_t> GPT2::unit_numels(const GPT2Config& c) {
 
 void GPT2::ensure_activations(int B, int T) {
   Activations& a = acts_;
-  if (a.B == B && a.T == T && a.checkpointing == checkpointing_) return;
+  if (a.B == B && a.T == T && a.checkpointing == checkpointing_ && a.on_host == saved_inputs_on_host()) return;
   a = Activations{};
   a.B = B;
   a.T = T;
   a.checkpointing = checkpointing_;
-  auto sizes = activation_numels(config_, B, T, checkpointing_);
+  a.on_host = saved_inputs_on_host();
+  auto sizes = activation_numels(config_, B, T, checkpointing_, a.on_host);
   Buffer* buffers[] = {&a.encoded, &a.ln1,      &a.ln1_mean, &a.ln1_rstd, &a.qkv,    &a.atty,   &a.att,
                        &a.residual2, &a.ln2,    &a.ln2_mean, &a.ln2_rstd, &a.fch,    &a.fch_gelu, &a.residual3,
                        &a.lnf,     &a.lnf_mean, &a.lnf_rstd, &a.logits,   &a.losses, &a.lse,    &a.tmp_c,
-                       &a.dresidual, &a.dbuf_c, &a.dqkv,     &a.dfch,     &a.inputs, &a.targets};
+                       &a.dresidual, &a.dbuf_c, &a.dqkv,     &a.dfch,     &a.inputs, &a.targets, &a.saved};
   static_assert(sizeof(buffers) / sizeof(buffers[0]) == std::tuple_size_v<decltype(sizes)>);
-  for (size_t i = 0; i < sizes.size(); ++i) *buffers[i] = Buffer(sizes[i] * 4, MemCategory::activation);
+  for (size_t i = 0; i < sizes.size(); ++i)  // the last: the host copies of the saved block inputs
+    *buffers[i] = Buffer(sizes[i] * 4, MemCategory::activation, i + 1 == sizes.size() ? MemPlace::host : MemPlace::device);
 }
 
 float GPT2::forward(const int32_t* inputs, const int32_t* targets, int B, int T) {
@@ -215,12 +218,13 @@ float GPT2::forward(const int32_t* inputs, const int32_t* targets, int B, int T)
   for (int l = 0; l < L; ++l) {
     hooks_->before_forward(1 + l);
     block_forward(l);
+    save_block_output(a.residual3, a.saved, l, L, BTC);
     hooks_->after_forward(1 + l);
   }
 
   const int uf = L + 1;
   hooks_->before_forward(uf);  // the head also reads wte (unit 0): the engine keeps it available
-  const float* last = L == 0 ? a.encoded.as<float>() : a.residual3.as<float>() + (L - 1) * BTC;
+  const float* last = L == 0 ? a.encoded.as<float>() : block_output(a.residual3, L - 1, BTC);
   k::layernorm_forward(a.lnf.as<float>(), a.lnf_mean.as<float>(), a.lnf_rstd.as<float>(), last, p(uf, kLnfw),
                        p(uf, kLnfb), dtype_, N, C);
   k::linear_forward(a.logits.as<float>(), a.lnf.as<float>(), p(0, kWte), nullptr, dtype_, N, C, Vp);  // (B,T,Vp)
@@ -237,7 +241,7 @@ GPT2::BlockActs GPT2::block_acts(int l) {
   const size_t N = static_cast<size_t>(a.B) * a.T, C = config_.channels, BTC = N * C;
   const size_t s = checkpointing_ ? 0 : l;  // the slot of the block internals
   BlockActs b;
-  b.residual = l == 0 ? a.encoded.as<float>() : a.residual3.as<float>() + (l - 1) * BTC;  // (B,T,C)
+  b.residual = l == 0 ? a.encoded.as<float>() : block_output(a.residual3, l - 1, BTC);  // (B,T,C)
   b.ln1 = a.ln1.as<float>() + s * BTC;                                                       // (B,T,C)
   b.ln1_mean = a.ln1_mean.as<float>() + s * N;                                               // (B,T)
   b.ln1_rstd = a.ln1_rstd.as<float>() + s * N;
@@ -250,7 +254,7 @@ GPT2::BlockActs GPT2::block_acts(int l) {
   b.ln2_rstd = a.ln2_rstd.as<float>() + s * N;
   b.fch = a.fch.as<float>() + s * BTC * 4;                                                   // (B,T,4C)
   b.fch_gelu = a.fch_gelu.as<float>() + s * BTC * 4;
-  b.residual3 = a.residual3.as<float>() + l * BTC;                                          // always kept
+  b.residual3 = block_output(a.residual3, l, BTC);  // always kept (Note [CPU checkpointing]: a slot)
   return b;
 }
 
@@ -291,7 +295,7 @@ void GPT2::backward(float grad_scale) {
   const bool accumulate_wte = accumulate_grads(0, {kWte});
   k::linear_backward(dbuf, g(0, kWte), nullptr, dlogits, a.lnf.as<float>(), p(0, kWte), dtype_, N, C, Vp,
                      accumulate_wte);
-  const float* last = L == 0 ? a.encoded.as<float>() : a.residual3.as<float>() + (L - 1) * BTC;
+  const float* last = L == 0 ? a.encoded.as<float>() : block_output(a.residual3, L - 1, BTC);
   std::memset(dresidual, 0, BTC * sizeof(float));
   k::layernorm_backward(dresidual, g(uf, kLnfw), g(uf, kLnfb), dbuf, last, p(uf, kLnfw), dtype_,
                         a.lnf_mean.as<float>(), a.lnf_rstd.as<float>(), N, C);
@@ -302,7 +306,10 @@ void GPT2::backward(float grad_scale) {
     hooks_->before_backward(u);
     // Note [Activation checkpointing]: the block's internals are recomputed from its saved input
     // (the engine has gathered its parameters for backward), bit for bit what forward computed.
-    if (checkpointing_) block_forward(l);
+    if (checkpointing_) {
+      restore_block_input(a.residual3, a.saved, l, BTC);
+      block_forward(l);
+    }
     const BlockActs b = block_acts(l);
     const float* residual = b.residual;
     const float *ln1 = b.ln1, *ln1_mean = b.ln1_mean, *ln1_rstd = b.ln1_rstd, *qkv = b.qkv, *atty = b.atty, *att = b.att;

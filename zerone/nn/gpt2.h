@@ -96,19 +96,26 @@ class GPT2 : public UnitModel {
 
   // Bytes of activations (and backward temporaries) that forward/backward at (B, T) allocate;
   // the same table sizes the buffers, so `zerone estimate` and the ledger agree.
-  static size_t activation_bytes(const GPT2Config& config, int B, int T, bool checkpointing = false);
-  size_t activation_bytes(int B, int T) const override { return activation_bytes(config_, B, T, checkpointing_); }
+  static size_t activation_bytes(const GPT2Config& config, int B, int T, bool checkpointing = false,
+                                 bool saved_inputs_on_host = false);
+  size_t activation_bytes(int B, int T) const override {
+    return activation_bytes(config_, B, T, checkpointing_, saved_inputs_on_host());
+  }
+  size_t host_activation_bytes(int B, int T) const override {
+    return saved_inputs_numel(saved_inputs_on_host(), config_.num_layers, static_cast<size_t>(B) * T * config_.channels) * 4;
+  }
   // Real elements of each unit, in unit order (no allocation).
   static std::vector<size_t> unit_numels(const GPT2Config& config);
 
  private:
   struct Activations {
     int B = 0, T = 0;
-    bool checkpointing = false;
+    bool checkpointing = false, on_host = false;
     Buffer encoded, ln1, ln1_mean, ln1_rstd, qkv, atty, att, residual2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu,
         residual3, lnf, lnf_mean, lnf_rstd, logits, losses, lse, tmp_c;
     Buffer dresidual, dbuf_c, dqkv, dfch;  // backward temporaries
     Buffer inputs, targets;                // copies of the last forward's token ids
+    Buffer saved;  // host copies of the saved block inputs (Note [CPU checkpointing])
   };
   void ensure_activations(int B, int T);
   // One block's activations: its input, internals (slot l, or slot 0 with checkpointing) and output.

@@ -159,21 +159,22 @@ namespace {
 // Element counts of every activation buffer, in the order of Llama::Activations' members (the
 // last two are int32 token ids, the rest f32).
 // With activation checkpointing (Note [Activation checkpointing] in model.h) one slot (S = 1) of block
-// internals, recomputed in backward; the block outputs (residual3) for all L.
-std::array<size_t, 26> llama_activation_numels(const LlamaConfig& c, int B, int T, bool checkpointing) {
+// internals, recomputed in backward; the block outputs (residual3) for all L, or two device slots
+// of them and, as the last entry, their host copies (Note [CPU checkpointing] in model.h).
+std::array<size_t, 27> llama_activation_numels(const LlamaConfig& c, int B, int T, bool checkpointing, bool on_host) {
   const size_t L = c.num_layers, C = c.channels, NH = c.num_heads, V = c.vocab_size, F = c.ffn;
   const size_t S = checkpointing ? 1 : L;
   const size_t A = NH * c.head_dim, R = static_cast<size_t>(c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
   const size_t BT = static_cast<size_t>(B) * T;
   return {BT * C,     S * BT * C, S * BT,         S * BT * R, S * BT * A, S * B * NH * T * T, S * BT * C,
-          S * BT * C, S * BT,     S * BT * 2 * F, S * BT * F, L * BT * C, BT * C,             BT,
+          S * BT * C, S * BT,     S * BT * 2 * F, S * BT * F, UnitModel::output_slots_numel(on_host, L, BT * C), BT * C, BT,
           BT * V,     BT,         BT,             BT * C,     BT * C,     BT * C,             BT * A,
-          BT * R,     BT * 2 * F, BT * F,         BT,         BT};
+          BT * R,     BT * 2 * F, BT * F,         BT,         BT,         UnitModel::saved_inputs_numel(on_host, L, BT * C)};
 }
 
 }  // namespace
 
-size_t Llama::activation_bytes(const LlamaConfig& config, int B, int T, bool checkpointing) {
+size_t Llama::activation_bytes(const LlamaConfig& config, int B, int T, bool checkpointing, bool on_host) {
   // Overflow guard as GPT2::activation_bytes: the per-layer attention matrix dominates for long T.
   const long double L = config.num_layers, NH = config.num_heads, BT = static_cast<long double>(B) * T;
   const long double width = 8.0L * config.channels + 3.0L * (config.num_heads + 2 * config.num_kv_heads) * config.head_dim +
@@ -182,7 +183,7 @@ size_t Llama::activation_bytes(const LlamaConfig& config, int B, int T, bool che
   ZERONE_CHECK(approx < 0x1p62L, "activations of ", config.to_string(), " at micro-batch ", B, " x seq ", T,
                " would need about ", static_cast<double>(approx), " bytes: beyond any machine");
   size_t total = 0;
-  for (size_t n : llama_activation_numels(config, B, T, checkpointing)) total += n * 4;
+  for (size_t n : llama_activation_numels(config, B, T, checkpointing, on_host)) total += n * 4;
   return total;
 }
 
@@ -195,18 +196,20 @@ std::vector<size_t> Llama::unit_numels(const LlamaConfig& c) {
 
 void Llama::ensure_activations(int B, int T) {
   Activations& a = acts_;
-  if (a.B == B && a.T == T && a.checkpointing == checkpointing_) return;
+  if (a.B == B && a.T == T && a.checkpointing == checkpointing_ && a.on_host == saved_inputs_on_host()) return;
   a = Activations{};
   a.B = B;
   a.T = T;
   a.checkpointing = checkpointing_;
-  auto sizes = llama_activation_numels(config_, B, T, checkpointing_);
+  a.on_host = saved_inputs_on_host();
+  auto sizes = llama_activation_numels(config_, B, T, checkpointing_, a.on_host);
   Buffer* buffers[] = {&a.encoded, &a.h1,       &a.rstd1,  &a.qkv,    &a.atty,      &a.att,   &a.residual2,
                        &a.h2,      &a.rstd2,    &a.gate_up, &a.act,   &a.residual3, &a.hf,    &a.rstdf,
                        &a.logits,  &a.losses,   &a.lse,    &a.tmp_c,  &a.dresidual, &a.dbuf_c, &a.datty,
-                       &a.dqkv,    &a.dgate_up, &a.dact,   &a.inputs, &a.targets};
+                       &a.dqkv,    &a.dgate_up, &a.dact,   &a.inputs, &a.targets, &a.saved};
   static_assert(sizeof(buffers) / sizeof(buffers[0]) == std::tuple_size_v<decltype(sizes)>);
-  for (size_t i = 0; i < sizes.size(); ++i) *buffers[i] = Buffer(sizes[i] * 4, MemCategory::activation);
+  for (size_t i = 0; i < sizes.size(); ++i)  // the last: the host copies of the saved block inputs
+    *buffers[i] = Buffer(sizes[i] * 4, MemCategory::activation, i + 1 == sizes.size() ? MemPlace::host : MemPlace::device);
 }
 
 float Llama::forward(const int32_t* inputs, const int32_t* targets, int B, int T) {
@@ -229,12 +232,13 @@ float Llama::forward(const int32_t* inputs, const int32_t* targets, int B, int T
   for (int l = 0; l < L; ++l) {
     hooks_->before_forward(1 + l);
     block_forward(l);
+    save_block_output(a.residual3, a.saved, l, L, BTC);
     hooks_->after_forward(1 + l);
   }
 
   const int uf = L + 1;
   hooks_->before_forward(uf);
-  const float* last = L == 0 ? a.encoded.as<float>() : a.residual3.as<float>() + (L - 1) * BTC;
+  const float* last = L == 0 ? a.encoded.as<float>() : block_output(a.residual3, L - 1, BTC);
   k::rmsnorm_forward(a.hf.as<float>(), a.rstdf.as<float>(), last, p(uf, kNorm), dtype_, N, C, eps);
   k::linear_forward(a.logits.as<float>(), a.hf.as<float>(), head(), nullptr, dtype_, N, C, V);  // (B,T,V)
   hooks_->after_forward(uf);
@@ -252,7 +256,7 @@ Llama::BlockActs Llama::block_acts(int l) {
   const size_t R = static_cast<size_t>(config_.num_heads + 2 * config_.num_kv_heads) * config_.head_dim;
   const size_t s = checkpointing_ ? 0 : l;  // the slot of the block internals
   BlockActs b;
-  b.residual = l == 0 ? a.encoded.as<float>() : a.residual3.as<float>() + (l - 1) * BTC;  // (B,T,C)
+  b.residual = l == 0 ? a.encoded.as<float>() : block_output(a.residual3, l - 1, BTC);  // (B,T,C)
   b.h1 = a.h1.as<float>() + s * BTC;                                                        // (B,T,C)
   b.rstd1 = a.rstd1.as<float>() + s * N;                                                    // (B,T)
   b.qkv = a.qkv.as<float>() + s * N * R;                                                    // (B,T,R), q and k rotated
@@ -263,7 +267,7 @@ Llama::BlockActs Llama::block_acts(int l) {
   b.rstd2 = a.rstd2.as<float>() + s * N;
   b.gate_up = a.gate_up.as<float>() + s * N * 2 * F;                                        // (B,T,2F)
   b.act = a.act.as<float>() + s * N * F;                                                    // (B,T,F)
-  b.residual3 = a.residual3.as<float>() + l * BTC;                                         // always kept
+  b.residual3 = block_output(a.residual3, l, BTC);  // always kept (Note [CPU checkpointing]: a slot)
   return b;
 }
 
@@ -315,7 +319,7 @@ void Llama::backward(float grad_scale) {
     dhead = g(uf, kLmHead);
   }
   k::linear_backward(dbuf, dhead, nullptr, dlogits, a.hf.as<float>(), head(), dtype_, N, C, V, accumulate_head);
-  const float* last = L == 0 ? a.encoded.as<float>() : a.residual3.as<float>() + (L - 1) * BTC;
+  const float* last = L == 0 ? a.encoded.as<float>() : block_output(a.residual3, L - 1, BTC);
   std::memset(dresidual, 0, BTC * sizeof(float));
   k::rmsnorm_backward(dresidual, g(uf, kNorm), dbuf, last, p(uf, kNorm), dtype_, a.rstdf.as<float>(), N, C);
   hooks_->after_backward(uf);
@@ -324,7 +328,10 @@ void Llama::backward(float grad_scale) {
     const int u = 1 + l;
     hooks_->before_backward(u);
     // Note [Activation checkpointing]: recompute the block's internals from its saved input.
-    if (checkpointing_) block_forward(l);
+    if (checkpointing_) {
+      restore_block_input(a.residual3, a.saved, l, BTC);
+      block_forward(l);
+    }
     const BlockActs b = block_acts(l);
     const float *residual = b.residual, *h1 = b.h1, *rstd1 = b.rstd1, *qkv = b.qkv, *atty = b.atty, *att = b.att;
     const float *residual2 = b.residual2, *h2 = b.h2, *rstd2 = b.rstd2, *gate_up = b.gate_up, *act = b.act;

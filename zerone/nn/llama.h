@@ -80,18 +80,25 @@ class Llama : public UnitModel {
   std::vector<int> units_touched(int u) const override {
     return u == num_units() - 1 && config_.tie_word_embeddings ? std::vector<int>{u, 0} : std::vector<int>{u};
   }
-  static size_t activation_bytes(const LlamaConfig& config, int B, int T, bool checkpointing = false);
-  size_t activation_bytes(int B, int T) const override { return activation_bytes(config_, B, T, checkpointing_); }
+  static size_t activation_bytes(const LlamaConfig& config, int B, int T, bool checkpointing = false,
+                                 bool saved_inputs_on_host = false);
+  size_t activation_bytes(int B, int T) const override {
+    return activation_bytes(config_, B, T, checkpointing_, saved_inputs_on_host());
+  }
+  size_t host_activation_bytes(int B, int T) const override {
+    return saved_inputs_numel(saved_inputs_on_host(), config_.num_layers, static_cast<size_t>(B) * T * config_.channels) * 4;
+  }
   static std::vector<size_t> unit_numels(const LlamaConfig& config);
 
  private:
   struct Activations {
     int B = 0, T = 0;
-    bool checkpointing = false;
+    bool checkpointing = false, on_host = false;
     Buffer encoded, h1, rstd1, qkv, atty, att, residual2, h2, rstd2, gate_up, act, residual3, hf, rstdf, logits,
         losses, lse, tmp_c;
     Buffer dresidual, dbuf_c, datty, dqkv, dgate_up, dact;  // backward temporaries
     Buffer inputs, targets;
+    Buffer saved;  // host copies of the saved block inputs (Note [CPU checkpointing])
   };
   void ensure_activations(int B, int T);
   // One block's activations: its input, internals (slot l, or slot 0 with checkpointing) and output.

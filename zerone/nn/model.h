@@ -15,6 +15,7 @@
 // Thread-safety: one thread drives a model.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
@@ -109,10 +110,24 @@ class Model {
   virtual void set_activation_checkpointing(bool on) = 0;
   virtual bool activation_checkpointing() const = 0;
 
+  // Note [CPU checkpointing]: DeepSpeed's activation_checkpointing.cpu_checkpointing. With
+  // checkpointing on, the saved block inputs (L-1 copies of the (B,T,C) residual stream) live in
+  // the host place instead of the device: forward computes each block's output in one of two
+  // device slots and copies it to the host; backward copies a block's input back into its device
+  // slot just before recomputing the block. The copies are exact, so losses and gradients are
+  // bitwise those without it; the device holds two slots instead of L, which is what lets a
+  // larger batch or sequence fit under --device-mem-limit (the host pays the rest). It has an
+  // effect only together with checkpointing. The default refuses (models without blocks).
+  virtual void set_cpu_checkpointing(bool on);
+  virtual bool cpu_checkpointing() const { return false; }
+
   // Bytes of activations (and backward temporaries) forward/backward at (B, T) allocate: the same
   // table sizes the buffers, so `zerone estimate` and the ledger agree. Throws Error for a shape
   // beyond any machine (sizes that would overflow).
   virtual size_t activation_bytes(int B, int T) const = 0;
+  // The part of activation_bytes(B, T) that lives in the host place (Note [CPU checkpointing]);
+  // the rest is on the device.
+  virtual size_t host_activation_bytes(int /*B*/, int /*T*/) const { return 0; }
 };
 
 // The plumbing every transformer here shares: the units, the compute dtype, the hooks, the
@@ -125,6 +140,13 @@ class UnitModel : public Model {
   void set_hooks(UnitHooks* hooks) override { hooks_ = hooks ? hooks : &default_hooks_; }
   void set_activation_checkpointing(bool on) override { checkpointing_ = on; }
   bool activation_checkpointing() const override { return checkpointing_; }
+  void set_cpu_checkpointing(bool on) override { cpu_checkpointing_ = on; }
+  bool cpu_checkpointing() const override { return cpu_checkpointing_; }
+
+  // Elements of the device block-output slots and of their host copies for L blocks of BTC floats
+  // (Note [CPU checkpointing]; the activation tables of the transformers use them).
+  static size_t output_slots_numel(bool on_host, size_t L, size_t BTC) { return (on_host ? std::min<size_t>(L, 2) : L) * BTC; }
+  static size_t saved_inputs_numel(bool on_host, size_t L, size_t BTC) { return on_host && L > 0 ? (L - 1) * BTC : 0; }
 
  protected:
   explicit UnitModel(DType dtype) : dtype_(dtype) {}
@@ -135,11 +157,25 @@ class UnitModel : public Model {
   // false: the GEMMs must overwrite. Otherwise returns true (accumulate).
   bool accumulate_grads(int u, std::initializer_list<int> overwritten);
 
+  // Note [CPU checkpointing], shared by the transformers. `outputs` holds the block outputs on the
+  // device (L slots, or 2 alternating slots when the saved inputs go to the host), `saved` the
+  // host copies of blocks 0..L-2's outputs (the inputs of blocks 1..L-1); BTC floats per block.
+  bool saved_inputs_on_host() const { return checkpointing_ && cpu_checkpointing_; }
+  float* block_output(Buffer& outputs, int l, size_t BTC) const {
+    return outputs.as<float>() + (saved_inputs_on_host() ? l % 2 : l) * BTC;
+  }
+  // After block l's forward: its output goes to the host (the last block's is read on the device
+  // by the final norm, forward and backward, and never becomes a block input).
+  void save_block_output(Buffer& outputs, Buffer& saved, int l, int L, size_t BTC) const;
+  // Before block l's recomputation in backward: its input (block l-1's output) back on the device.
+  void restore_block_input(Buffer& outputs, const Buffer& saved, int l, size_t BTC) const;
+
   DType dtype_;
   std::vector<FlatParam> units_;
   UnitHooks default_hooks_;
   UnitHooks* hooks_ = &default_hooks_;
   bool checkpointing_ = false;
+  bool cpu_checkpointing_ = false;
 };
 
 // Builds the model a spec names: a GPT-2 preset or "gpt2:..." (gpt2.h), a LLaMA preset or

@@ -32,6 +32,22 @@ bool UnitModel::accumulate_grads(int u, std::initializer_list<int> overwritten) 
   return false;
 }
 
+void Model::set_cpu_checkpointing(bool on) {
+  ZERONE_CHECK(!on, "activation_checkpointing.cpu_checkpointing applies to the transformer models; ", spec(),
+               " has no blocks whose inputs are saved");
+}
+
+void UnitModel::save_block_output(Buffer& outputs, Buffer& saved, int l, int L, size_t BTC) const {
+  if (!saved_inputs_on_host() || l == L - 1) return;
+  std::memcpy(saved.as<float>() + static_cast<size_t>(l) * BTC, block_output(outputs, l, BTC), BTC * sizeof(float));
+}
+
+void UnitModel::restore_block_input(Buffer& outputs, const Buffer& saved, int l, size_t BTC) const {
+  if (!saved_inputs_on_host() || l == 0) return;
+  std::memcpy(block_output(outputs, l - 1, BTC), saved.as<float>() + static_cast<size_t>(l - 1) * BTC,
+              BTC * sizeof(float));
+}
+
 std::unique_ptr<Model> make_model(const std::string& spec, DType compute_dtype, size_t align_numel, bool allocate) {
   if (is_sequential_spec(spec))
     return std::make_unique<Sequential>(parse_sequential_spec(spec), compute_dtype, align_numel, allocate);

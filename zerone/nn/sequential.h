@@ -85,6 +85,7 @@ class Sequential final : public UnitModel {
   const float* logits() const override;
   int logits_stride() const override { return classes_; }
   void set_activation_checkpointing(bool on) override;
+  void set_cpu_checkpointing(bool on) override { Model::set_cpu_checkpointing(on); }  // refuses: no blocks
   size_t activation_bytes(int B, int T) const override;
 
  private:

@@ -286,7 +286,7 @@ void ConfigReader::read(const json& root) {
         if (ak == "partition_activations") {
           if (boolean(av, full)) no_effect(full + " (it partitions across model-parallel ranks; zerone has none)");
         } else if (ak == "cpu_checkpointing") {
-          if (boolean(av, full)) no_effect(full + " (on a CPU build the saved block inputs are in host memory already)");
+          if (boolean(av, full) && claim("--cpu-checkpointing", full)) cfg_.cpu_checkpointing = true;
         } else if (ak == "contiguous_memory_optimization" || ak == "synchronize_checkpoint_boundary" || ak == "profile") {
           boolean(av, full);
           no_effect(full);
@@ -806,6 +806,8 @@ void check_settings_take_effect(TrainConfig& c, bool fp16, bool has_validation_d
     throw Error(str_cat(setting_name(c, p.flag), " applies only to --lr-schedule ", users, "; this run's schedule is ",
                         lr_schedule_name(kind)));
   }
+  ZERONE_CHECK(!c.cpu_checkpointing || c.activation_checkpointing, setting_name(c, "--cpu-checkpointing"),
+               " keeps the inputs that activation checkpointing saves: give --activation-checkpointing too");
   for (const char* flag : {"--val-every", "--val-batches"})
     ZERONE_CHECK(!c.is_given(flag) || has_validation_data, setting_name(c, flag),
                  " has nothing to validate on: give --val-data");
@@ -863,6 +865,7 @@ std::vector<std::pair<std::string, std::string>> consistency_settings(const Trai
           {"--warmup-type", c.warmup_type},
           {"--train-batch-size", str_cat(c.train_batch_size)},
           {"--activation-checkpointing", str_cat(c.activation_checkpointing)},
+          {"--cpu-checkpointing", str_cat(c.cpu_checkpointing)},
           {"--delayed-update", str_cat(c.delayed_update)},
           {"--early-step", str_cat(c.early_step)},
           {"--device-mem-limit", str_cat(c.device_mem_limit)},

@@ -72,6 +72,9 @@ struct TrainConfig {
   bool profile = false;         // report where step time goes (GEMM, attention, ...)
   // Recompute each block's forward in its backward (Note [Activation checkpointing] in nn/model.h).
   bool activation_checkpointing = false;
+  // With it, the saved block inputs live in the host place (Note [CPU checkpointing] in nn/model.h;
+  // DeepSpeed's activation_checkpointing.cpu_checkpointing).
+  bool cpu_checkpointing = false;
   // ZeRO-Offload's one-step delayed parameter update (Note [Delayed parameter update] in zero/engine.cc).
   bool delayed_update = false;
   // Update each unit as soon as its gradients are final (Note [Early optimizer step] in zero/engine.cc).

@@ -231,7 +231,7 @@ void check_memory_fits(const nn::Model& model, DType dtype, const TrainConfig& c
   const std::string breakdown = str_cat(
       "param ", hb(mine.model_state.param), ", grad ", hb(mine.model_state.grad), ", master ", hb(mine.model_state.master),
       ", optim ", hb(mine.model_state.optim), ", working set ", hb(mine.working_set.total()), ", activations ",
-      hb(mine.activations), "; by place: ", zero::describe_places(mine), " bytes");
+      hb(mine.activations + mine.host_activations), "; by place: ", zero::describe_places(mine), " bytes");
   // Note [Device cap]: --device-mem-limit caps the device arena (core/memory.h). The plan is
   // checked against it before anything is allocated; the message lists the offload settings of
   // this stage that would fit, from the same estimate.
@@ -407,6 +407,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   std::unique_ptr<nn::Model> model_owner = nn::make_model(model_spec, dtype, zero::kShardAlign * world, /*allocate=*/false);
   nn::Model& model = *model_owner;
   model.set_activation_checkpointing(cfg.activation_checkpointing);
+  model.set_cpu_checkpointing(cfg.cpu_checkpointing);
   const bool classifier = model.input_kind() == nn::InputKind::features;
   if (classifier) {
     ZERONE_CHECK(image_data, "--model ", model.spec(), " is an image classifier: give --data DIR, a directory with ",

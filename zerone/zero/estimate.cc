@@ -26,7 +26,8 @@ std::vector<StageEstimate> estimate(const nn::Model& model, int world, DType dty
     e.stage = stage;
     e.model_state = model_state_bytes(numels, world, 0, dtype, config);
     e.working_set = working_set_bytes(numels, world, dtype, config);
-    e.activations = static_cast<int64_t>(model.activation_bytes(micro_batch, seq));
+    e.host_activations = static_cast<int64_t>(model.host_activation_bytes(micro_batch, seq));
+    e.activations = static_cast<int64_t>(model.activation_bytes(micro_batch, seq)) - e.host_activations;
     out.push_back(e);
   }
   return out;
@@ -35,6 +36,7 @@ std::vector<StageEstimate> estimate(const nn::Model& model, int world, DType dty
 std::string describe_places(const StageEstimate& e) {
   PlacedBytes all = e.model_state.placed;
   all.at(MemPlace::device, MemCategory::activation) += e.activations;
+  all.at(MemPlace::host, MemCategory::activation) += e.host_activations;
   all.at(MemPlace::device, MemCategory::param) += e.working_set.param;
   all.at(MemPlace::device, MemCategory::grad) += e.working_set.grad;
   all.at(MemPlace::device, MemCategory::comm) += e.working_set.comm;

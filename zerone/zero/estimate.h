@@ -13,15 +13,16 @@
 
 namespace zerone::zero {
 
-// Per rank. The working set and activations are on the device; model state where Note [Offload
-// places] puts it.
+// Per rank. The working set and activations are on the device (the saved block inputs on the host
+// with CPU checkpointing); model state where Note [Offload places] puts it.
 struct StageEstimate {
   int stage = 0;
   ModelStateBytes model_state;  // per rank, at the end of a step
   WorkingSetBytes working_set;  // per rank, bound on transient buffers (Note [Working-set bound])
-  int64_t activations = 0;      // per rank, for one micro-batch (live through backward)
+  int64_t activations = 0;       // per rank on the device, for one micro-batch (live through backward)
+  int64_t host_activations = 0;  // per rank on the host (Note [CPU checkpointing] in nn/model.h)
   int64_t device() const { return model_state.placed.place_total(MemPlace::device) + working_set.device() + activations; }
-  int64_t host() const { return model_state.placed.place_total(MemPlace::host) + working_set.host; }
+  int64_t host() const { return model_state.placed.place_total(MemPlace::host) + working_set.host + host_activations; }
   int64_t nvme() const { return model_state.placed.place_total(MemPlace::nvme); }
   // Bytes in memory (device + host): on this CPU build both are RAM.
   int64_t total() const { return device() + host(); }

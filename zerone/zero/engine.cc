@@ -84,6 +84,30 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
     nvme_param_bytes_ = static_cast<int64_t>(offset);
     MemoryLedger::global().add(MemPlace::nvme, MemCategory::param, nvme_param_bytes_);
   }
+  grads_swapped_ = gradients_swapped(model.unit_numels(), world_, rank_, config);
+  if (grads_swapped_) {
+    // Note [Gradient swap]: one 4 KiB-aligned slot per unit in grads.swp, buffer_count staging buffers.
+    uint64_t offset = 0;
+    size_t largest = 0;
+    for (UnitState& st : units_) {
+      st.grad_bytes = swap_tensor_bytes(st.shard.shard_numel);
+      st.grad_offset = offset;
+      offset += st.grad_bytes;
+      largest = std::max(largest, st.grad_bytes);
+    }
+    grad_path_ = swap_dir_->path() + "/grads.swp";
+    grad_fd_ = swap_dir_->create_file("grads.swp", offset);
+    for (int b = 0; b < config_.optimizer_buffer_count; ++b) {
+      grad_buffers_.emplace_back(largest, MemCategory::swap, MemPlace::host, kSwapAlignBytes);
+      ZERONE_CHECK(!nvme.pin_memory || ::mlock(grad_buffers_.back().data(), largest) == 0,
+                   "offload_optimizer.pin_memory: cannot lock ", largest, " bytes of gradient staging in memory: ",
+                   std::strerror(errno), " (raise the locked-memory limit, ulimit -l, or set pin_memory false)");
+    }
+    grad_buffer_user_.assign(grad_buffers_.size(), -1);
+    grad_io_ = io::make_uring_io(nvme.aio);
+    nvme_grad_bytes_ = static_cast<int64_t>(offset);
+    MemoryLedger::global().add(MemPlace::nvme, MemCategory::grad, nvme_grad_bytes_);
+  }
   std::deque<std::pair<int, io::SwapIo::Ticket>> init_writes;  // stream_params: shards being written
   auto retire_init_writes = [&](size_t keep) {
     while (init_writes.size() > keep) {
@@ -130,7 +154,9 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
     } else {
       ref.param = static_cast<char*>(unit.data()) + begin * dsize_;
     }
-    if (config_.stage >= 2) {
+    if (grads_swapped_) {
+      ref.grad = nullptr;  // staged before each update (load_grad)
+    } else if (config_.stage >= 2) {
       st.shard_grads = Buffer(st.shard.shard_numel * sizeof(float), MemCategory::grad, grad_shard_place);
       ref.grad = st.shard_grads.as<float>();
     } else {
@@ -183,6 +209,10 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
                                        offloaded_total > 0 ? offload_place(config_.offload_optimizer) : MemPlace::device);
   }
   if (source_unit >= 0) stage_pool_.release(std::move(source_staging));
+  if (grads_swapped_) {
+    swapped_ = dynamic_cast<SwappedOptimizer*>(optimizer_.get());
+    ZERONE_ASSERT(swapped_ != nullptr, "swapped gradients without a swapped optimizer");
+  }
   if (config_.offload_param == OffloadDevice::nvme) {
     if (!stream_params) {
       // The optimizer has read the staged shards: write them to params.swp.
@@ -211,6 +241,8 @@ ZeroEngine::~ZeroEngine() {
   if (dpu_worker_.joinable()) dpu_worker_.join();  // its error, if any, is dropped: we are unwinding
   // Never leave the kernel or the communication thread writing into freed buffers.
   if (param_io_) param_io_->drain();
+  if (grad_io_) grad_io_->drain();
+  if (nvme_grad_bytes_ > 0) MemoryLedger::global().sub(MemPlace::nvme, MemCategory::grad, nvme_grad_bytes_);
   if (nvme_param_bytes_ > 0) MemoryLedger::global().sub(MemPlace::nvme, MemCategory::param, nvme_param_bytes_);
   for (UnitState& st : units_) {
     try {
@@ -441,8 +473,10 @@ void ZeroEngine::launch_reduction(int u) {
   st.reduce_src = unit.take_grads();
   float* out;
   if (st.accumulator_zero) {
-    // First micro-step of the step: the accumulator is zero, so the shard can land in it directly.
-    out = st.shard_grads.as<float>();
+    // First micro-step of the step: the accumulator is zero, so the shard can land in it directly
+    // (Note [Gradient swap]: in a staging buffer, written to the slot once reduced).
+    if (grads_swapped_) finish_grad_write(u);  // a skipped step's write may still hold a buffer
+    out = grads_swapped_ ? acquire_grad_buffer(u) : st.shard_grads.as<float>();
     st.accumulator_zero = false;
   } else {
     st.reduce_out = pool_.acquire(S * sizeof(float), MemCategory::comm, /*zeroed=*/false);
@@ -475,21 +509,115 @@ void ZeroEngine::finish_reduction(int u) {
   }
   st.reduce_work.clear();
   if (config_.stage < 2) return;
-  // Accumulate this micro-step's reduced shard (unless it landed in the accumulator directly)
-  // and give the full gradients back to the pool.
-  if (!st.reduce_out.empty()) {
-    float* acc = st.shard_grads.as<float>();
-    const float* in = st.reduce_out.as<float>();
-    const size_t S = st.shard.shard_numel;
-#pragma omp parallel for simd schedule(static) if (S > 65536)
-    for (size_t i = 0; i < S; ++i) acc[i] += in[i];
-    pool_.release(std::move(st.reduce_out));
-  }
-  pool_.release(std::move(st.reduce_src));
   auto it = std::find(reducing_.begin(), reducing_.end(), u);
   ZERONE_ASSERT(it != reducing_.end(), "unit ", u, " finished a reduction it never launched");
   reducing_.erase(it);
   reducing_numel_ -= st.shard.padded_numel;
+  const size_t S = st.shard.shard_numel;
+  auto accumulate = [&](float* acc) {
+    const float* in = st.reduce_out.as<float>();
+#pragma omp parallel for simd schedule(static) if (S > 65536)
+    for (size_t i = 0; i < S; ++i) acc[i] += in[i];
+    pool_.release(std::move(st.reduce_out));
+  };
+  if (grads_swapped_) {
+    // Note [Gradient swap]: the first micro-step's shard landed in a staging buffer; a later one
+    // landed in the pool and is added to the slot read back. Either way the sum goes to the slot.
+    float* acc;
+    if (st.reduce_out.empty()) {
+      acc = grad_buffers_[st.grad_buffer].as<float>();
+    } else {
+      finish_grad_write(u);  // the previous micro-step's
+      acc = acquire_grad_buffer(u);
+      {
+        ProfileScope profile(ProfileCategory::swap);
+        grad_io_->wait(grad_io_->start(io::IoOp::read, grad_fd_.get(), grad_path_, acc, st.grad_bytes, st.grad_offset));
+      }
+      accumulate(acc);
+    }
+    if (last_micro_step_) {
+      // The norm of the step's gradients, as step()'s pass would measure it (the same loop).
+      double sumsq = 0.0;
+#pragma omp parallel for reduction(+ : sumsq) schedule(static)
+      for (size_t k = 0; k < S; ++k) sumsq += static_cast<double>(acc[k]) * acc[k];
+      st.grad_sumsq = sumsq;
+    }
+    st.grad_write = grad_io_->start(io::IoOp::write, grad_fd_.get(), grad_path_, acc, st.grad_bytes, st.grad_offset);
+    grad_writes_.push_back(u);
+    pool_.release(std::move(st.reduce_src));
+    return;
+  }
+  // Accumulate this micro-step's reduced shard (unless it landed in the accumulator directly)
+  // and give the full gradients back to the pool.
+  if (!st.reduce_out.empty()) accumulate(st.shard_grads.as<float>());
+  pool_.release(std::move(st.reduce_src));
+}
+
+// Note [Gradient swap]: with the whole optimizer on NVMe at stages 2-3 (and no delayed update),
+// the f32 gradient shard accumulators, 4 bytes per parameter, live in the rank's grads.swp (one
+// 4 KiB-aligned slot per unit) instead of memory; buffer_count host staging buffers of the
+// largest slot carry them (ZeRO-Infinity keeps its gradient partitions on NVMe the same way).
+//   - the first micro-step's reduce-scatter of a unit lands in a staging buffer, which is written
+//     to the slot once the reduction is done; a later micro-step's lands in the pooled buffer it
+//     lands in without the swap, and is added to the slot read back into a staging buffer, which
+//     is then written back (a slot is read only after its previous write completed);
+//   - the last micro-step also measures the sum's squares with step()'s own loop, so clipping and
+//     the overflow check see the norm they would see in memory;
+//   - before a unit's update its slot is staged again (or its buffer still holds it, when the
+//     write has not been waited for yet) and handed to the optimizer (set_grad); the buffer is
+//     freed after the update. Every value is the same f32, summed in the same order, as in
+//     memory, so the trajectory is unchanged (tests/zero/offload_invariance.sh, early_step.sh).
+// A staging buffer is taken free, or by waiting for the oldest write, or else by finishing the
+// oldest reduction (its write then frees one). Writes are waited for lazily; all are done when
+// step() returns. The swap's reads and writes are not routed through the tests' fault plan.
+
+float* ZeroEngine::acquire_grad_buffer(int u) {
+  for (;;) {
+    for (size_t b = 0; b < grad_buffers_.size(); ++b) {
+      if (grad_buffer_user_[b] >= 0) continue;
+      grad_buffer_user_[b] = u;
+      units_[u].grad_buffer = static_cast<int>(b);
+      return grad_buffers_[b].as<float>();
+    }
+    if (!grad_writes_.empty()) {
+      finish_grad_write(grad_writes_.front());
+      continue;
+    }
+    ZERONE_ASSERT(!reducing_.empty(), "no gradient staging buffer can be freed");
+    finish_reduction(reducing_.front());
+  }
+}
+
+void ZeroEngine::finish_grad_write(int u) {
+  UnitState& st = units_[u];
+  if (st.grad_write != 0) {
+    {
+      ProfileScope profile(ProfileCategory::swap);
+      grad_io_->wait(std::exchange(st.grad_write, 0));
+    }
+    grad_writes_.erase(std::find(grad_writes_.begin(), grad_writes_.end(), u));
+  }
+  if (st.grad_buffer >= 0) grad_buffer_user_[std::exchange(st.grad_buffer, -1)] = -1;
+}
+
+void ZeroEngine::load_grad(int u) {
+  if (!grads_swapped_) return;
+  UnitState& st = units_[u];
+  float* g;
+  if (st.grad_buffer >= 0) {
+    g = grad_buffers_[st.grad_buffer].as<float>();  // still holds what is being written
+  } else {
+    g = acquire_grad_buffer(u);
+    ProfileScope profile(ProfileCategory::swap);
+    grad_io_->wait(grad_io_->start(io::IoOp::read, grad_fd_.get(), grad_path_, g, st.grad_bytes, st.grad_offset));
+  }
+  swapped_->set_grad(static_cast<size_t>(u), g);
+}
+
+void ZeroEngine::unload_grad(int u) {
+  if (!grads_swapped_) return;
+  finish_grad_write(u);
+  swapped_->set_grad(static_cast<size_t>(u), nullptr);
 }
 
 double ZeroEngine::reduce_grad_norm_sq(double local_sumsq) const {
@@ -551,6 +679,7 @@ void ZeroEngine::early_update(int u, int next) {
   finish_reduction(u);
   release(u);  // stage 3: a gathered copy would go stale
   if (params_swapped(u)) load_shard_for_update(u);
+  load_grad(u);
   early_.sumsq += optimizer_->update_shard(static_cast<size_t>(u),
                                            next >= 0 ? static_cast<size_t>(next) : optim::Optimizer::kNoShard);
   on_shard_updated(u);
@@ -587,6 +716,10 @@ ZeroEngine::StepResult ZeroEngine::step(float lr, float grad_clip, double loss_s
     // The norm must be known before the update: one extra read of the gradient shards.
     double local = 0.0;
     for (size_t i = 0; i < optimizer_->num_shards(); ++i) {
+      if (grads_swapped_) {  // measured as the last micro-step finished (Note [Gradient swap])
+        local += units_[i].grad_sumsq;
+        continue;
+      }
       const float* g = optimizer_->grad(i);
       size_t n = optimizer_->numel(i);
 #pragma omp parallel for reduction(+ : local) schedule(static)
@@ -609,6 +742,7 @@ ZeroEngine::StepResult ZeroEngine::step(float lr, float grad_clip, double loss_s
       lr, static_cast<float>(unscale) * clip, [this](size_t shard) { on_shard_updated(static_cast<int>(shard)); },
       [this](size_t shard) {
         if (params_swapped(static_cast<int>(shard))) load_shard_for_update(static_cast<int>(shard));
+        load_grad(static_cast<int>(shard));
       });
   retire_param_writes(0);
   // The update consumed the gradients without zeroing them (a write stream saved): stages 0-1's
@@ -627,6 +761,7 @@ void ZeroEngine::on_shard_updated(int u) {
   // Shards map one to one to units (constructor). Note [Gathers overlap the next forward].
   nn::FlatParam& unit = model_.units()[u];
   UnitState& st = units_[u];
+  unload_grad(u);
   if (config_.stage <= 1) unit.mark_grads_fresh();
   if (params_swapped(u)) {
     param_writes_.emplace_back(u, param_io_->start(io::IoOp::write, param_fd_.get(), param_path_, st.staged.data(),

@@ -157,6 +157,13 @@ class ZeroEngine : public nn::UnitHooks {
     size_t swap_bytes = 0;
     Buffer staged;
     io::SwapIo::Ticket read_ticket = 0;
+    // Note [Gradient swap]: the accumulator's slot in grads.swp, the staging buffer holding it
+    // (-1: none), its write in flight (0: none), and the sum of squares of the step's final sum.
+    uint64_t grad_offset = 0;
+    size_t grad_bytes = 0;
+    int grad_buffer = -1;
+    io::SwapIo::Ticket grad_write = 0;
+    double grad_sumsq = 0.0;
   };
 
   bool params_sharded(int u) const { return config_.stage == 3 && !units_[u].shard.persistent; }
@@ -209,6 +216,20 @@ class ZeroEngine : public nn::UnitHooks {
   int64_t nvme_param_bytes_ = 0;
   bool pin_staging_ = false;  // offload_*.pin_memory: mlock parameter staging buffers
   Buffer acquire_staging(size_t bytes);
+  // Note [Gradient swap].
+  bool grads_swapped_ = false;
+  SwappedOptimizer* swapped_ = nullptr;  // optimizer_, when the gradients are swapped
+  std::string grad_path_;
+  io::FileDescriptor grad_fd_;
+  std::vector<Buffer> grad_buffers_;     // host.swap
+  std::vector<int> grad_buffer_user_;    // the unit holding each (-1: free)
+  std::deque<int> grad_writes_;          // units whose slot is being written, oldest first
+  int64_t nvme_grad_bytes_ = 0;
+  std::unique_ptr<io::SwapIo> grad_io_;  // after the buffers: drained before they go
+  float* acquire_grad_buffer(int u);
+  void finish_grad_write(int u);
+  void load_grad(int u);
+  void unload_grad(int u);
   // --delayed-update (Note [Delayed parameter update]). Per optimizer shard: where the reduced
   // gradients land (what the optimizer reads without the flag), the copy the optimizer thread
   // reads, and the parameters it writes (installed into the model at the next step()).

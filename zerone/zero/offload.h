@@ -70,6 +70,9 @@ class SwappedOptimizer final : public optim::Optimizer {
   double step(float lr, float grad_scale, const std::function<void(size_t shard)>& shard_done = nullptr,
               const std::function<void(size_t shard)>& shard_begin = nullptr) override;
   void set_param(size_t i, void* param) override { shards_[i].param = param; }
+  // Where shard i's gradients are from now on (numel f32): the ZeRO engine stages swapped
+  // gradient shards before each update (Note [Gradient swap] in engine.cc).
+  void set_grad(size_t i, const float* grad) { shards_[i].grad = grad; }
   // Per-shard stepping (optim::Optimizer). The pipeline of Note [Pipelined swap] runs across
   // update_shard() calls: the sub-group after the current one (the next of the shard, else the
   // first of `next_shard`) is read while the current one steps, and writes complete in the

@@ -62,6 +62,11 @@ std::vector<size_t> offloaded_optimizer_numels(const std::vector<size_t>& unit_n
   return offloaded_prefix(shards, config.sub_group_numel, config.offload_optimizer_ratio);
 }
 
+bool gradients_swapped(const std::vector<size_t>& unit_numels, int world, int rank, const ZeroConfig& config) {
+  if (config.stage < 2 || config.offload_optimizer != OffloadDevice::nvme || config.delayed_update) return false;
+  return offloaded_optimizer_numels(unit_numels, world, rank, config) == optimizer_shard_numels(unit_numels, world, rank, config);
+}
+
 size_t swap_aligned(size_t bytes) { return (bytes + kSwapAlignBytes - 1) / kSwapAlignBytes * kSwapAlignBytes; }
 size_t swap_tensor_bytes(size_t numel) { return swap_aligned(numel * sizeof(float)); }
 
@@ -95,7 +100,8 @@ ModelStateBytes model_state_bytes(const std::vector<size_t>& unit_numels, int wo
   const MemPlace opt_place = offload_place(config.offload_optimizer);
   const bool nvme = config.offload_optimizer == OffloadDevice::nvme;
   const std::vector<size_t> offloaded = offloaded_optimizer_numels(unit_numels, world, rank, config);
-  size_t largest_sub_group = 0;
+  const bool grads_swapped = gradients_swapped(unit_numels, world, rank, config);
+  size_t largest_sub_group = 0, largest_grad_slot = 0;
   auto add = [&](MemPlace place, MemCategory category, int64_t bytes, int64_t& total) {
     b.placed.at(place, category) += bytes;
     total += bytes;
@@ -112,7 +118,13 @@ ModelStateBytes model_state_bytes(const std::vector<size_t>& unit_numels, int wo
     add(sharded ? offload_place(config.offload_param) : MemPlace::device, MemCategory::param, param, b.param);
     // Note [Partial optimizer offload]: a gradient shard follows the unit's offloaded sub-groups.
     const MemPlace grad_place = config.stage <= 1 || off == 0 ? MemPlace::device : MemPlace::host;
-    add(grad_place, MemCategory::grad, (config.stage <= 1 ? P : S) * 4, b.grad);
+    if (grads_swapped) {  // Note [Gradient swap]
+      const size_t slot = swap_tensor_bytes(static_cast<size_t>(S));
+      add(MemPlace::nvme, MemCategory::grad, static_cast<int64_t>(slot), b.grad);
+      largest_grad_slot = std::max(largest_grad_slot, slot);
+    } else {
+      add(grad_place, MemCategory::grad, (config.stage <= 1 ? P : S) * 4, b.grad);
+    }
     if (config.delayed_update) {
       // Note [Delayed parameter update]: the optimizer's own gradients and parameters.
       const int64_t n = std::max<int64_t>(opt_numel, 1);
@@ -137,8 +149,9 @@ ModelStateBytes model_state_bytes(const std::vector<size_t>& unit_numels, int wo
   if (nvme && largest_sub_group > 0) {
     b.swap = static_cast<int64_t>(config.optimizer_buffer_count) * (has_master ? 3 : 2) *
              static_cast<int64_t>(swap_tensor_bytes(largest_sub_group));
-    b.placed.at(MemPlace::host, MemCategory::swap) = b.swap;
   }
+  b.swap += static_cast<int64_t>(config.optimizer_buffer_count) * static_cast<int64_t>(largest_grad_slot);
+  if (b.swap > 0) b.placed.at(MemPlace::host, MemCategory::swap) = b.swap;
   return b;
 }
 

@@ -18,7 +18,8 @@
 //          (none: device, cpu: host, nvme: nvme, each shard rounded up to 4 KiB in "params.swp")
 //   grad   stages 0-1 full: device; stages 2-3 shard accumulators: host when the optimizer is
 //          offloaded (its step reads them there, as DeepSpeed's CPU gradient partitions), else device;
-//          under a partial offload, host for the units with offloaded sub-groups, device for the rest
+//          under a partial offload, host for the units with offloaded sub-groups, device for the rest;
+//          nvme (each rounded up to 4 KiB in "grads.swp") when Note [Gradient swap] applies
 //   delayed update (--delayed-update, Note [Delayed parameter update] in engine.cc): one more f32
 //          gradient copy (grad) and one parameter copy in the compute dtype (param) of each
 //          optimizer shard, at least one element each, where the optimizer of that shard runs:
@@ -28,7 +29,8 @@
 //   swap   with --offload-optimizer nvme: buffer_count host staging buffers, each holding one
 //          sub-group's master (bf16/fp16 only), m and v, every tensor rounded up to the 4 KiB
 //          O_DIRECT block; the swap file holds every sub-group in the same aligned layout, so the
-//          nvme bytes are the aligned sizes (Note [Swap layout] in zero/offload.h).
+//          nvme bytes are the aligned sizes (Note [Swap layout] in zero/offload.h); with swapped
+//          gradients also buffer_count host buffers of the largest aligned gradient shard.
 // Thread-safety: pure functions.
 #pragma once
 
@@ -69,6 +71,12 @@ struct ZeroConfig {
   bool delayed_update = false;                       // --delayed-update (Note [Delayed parameter update])
   bool early_step = true;                            // --early-step (Note [Early optimizer step])
 };
+
+// Note [Gradient swap]: stages 2-3 with the whole optimizer on NVMe (ratio 1) and no
+// --delayed-update keep their f32 gradient shard accumulators in the swap file "grads.swp" (one
+// 4 KiB-aligned slot per unit, nvme.grad) instead of memory, staged through buffer_count host
+// buffers of the largest slot (host.swap). zero/engine.cc has the protocol.
+bool gradients_swapped(const std::vector<size_t>& unit_numels, int world, int rank, const ZeroConfig& config);
 
 // The sub-groups of one optimizer shard of `shard_numel` elements: [begin, end) ranges of at most
 // sub_group_numel elements, in order (a shard is split, never merged with another).

@@ -77,6 +77,32 @@ TEST(Partition, PartialOffloadTakesTheFirstSubGroupsAsDeepSpeedCountsThem) {
             int64_t{64000} * 2);
 }
 
+TEST(Partition, GradientShardsGoToNvmeWithTheWholeOptimizer) {
+  // Note [Gradient swap]: stages 2-3, the whole optimizer on NVMe, no delayed update.
+  std::vector<size_t> units = {256 * 1000, 256 * 2000, 300};
+  ZeroConfig config;
+  config.stage = 2;
+  config.offload_optimizer = OffloadDevice::nvme;
+  config.optimizer_buffer_count = 3;
+  ASSERT_TRUE(gradients_swapped(units, 2, 0, config));
+  ModelStateBytes b = model_state_bytes(units, 2, 0, DType::bf16, config);
+  // Slots of 128000, 256000 and 192 (300 padded to 384, halved) f32 elements, each rounded up to 4 KiB.
+  const int64_t slots = static_cast<int64_t>(swap_tensor_bytes(128000) + swap_tensor_bytes(256000) + swap_tensor_bytes(192));
+  EXPECT_EQ(b.placed.get(MemPlace::nvme, MemCategory::grad), slots);
+  EXPECT_EQ(b.placed.get(MemPlace::host, MemCategory::grad), 0);
+  EXPECT_EQ(b.grad, slots);
+  const int64_t optimizer_staging = int64_t{3} * 3 * static_cast<int64_t>(swap_tensor_bytes(256000));
+  EXPECT_EQ(b.placed.get(MemPlace::host, MemCategory::swap), optimizer_staging + 3 * int64_t{1024000});
+  // Not at stage 1, not with a partial offload, not with the delayed update: in memory as before.
+  for (auto change : {+[](ZeroConfig& c) { c.stage = 1; }, +[](ZeroConfig& c) { c.offload_optimizer_ratio = 0.5; },
+                      +[](ZeroConfig& c) { c.delayed_update = true; }, +[](ZeroConfig& c) { c.offload_optimizer = OffloadDevice::cpu; }}) {
+    ZeroConfig other = config;
+    change(other);
+    EXPECT_FALSE(gradients_swapped(units, 2, 0, other));
+    EXPECT_EQ(model_state_bytes(units, 2, 0, DType::bf16, other).placed.get(MemPlace::nvme, MemCategory::grad), 0);
+  }
+}
+
 TEST(Partition, WorkingSetBoundFollowsTheBucketsAndTheLargestUnits) {
   // Units of 4096, 8192 and 1024 elements at world 2 (already multiples of 128: P = numel).
   std::vector<size_t> units = {4096, 8192, 1024};

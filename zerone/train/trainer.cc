@@ -465,6 +465,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   nvme.aio.overlap_events = cfg.aio_overlap_events;
   // Tests only (tests/zero/offload_faults.sh): make the Nth swap transfer fail (io::parse_fault_plan).
   if (const char* plan = std::getenv("ZERONE_SWAP_FAULT")) nvme.fault_plan = plan;
+  if (const char* plan = std::getenv("ZERONE_GRAD_SWAP_FAULT")) nvme.grad_fault_plan = plan;
   check_memory_fits(model, dtype, cfg, zcfg, world);
   DeviceLimitGuard device_limit(static_cast<int64_t>(cfg.device_mem_limit * 1024.0 * 1024.0 * 1024.0));
 

@@ -105,6 +105,8 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
     }
     grad_buffer_user_.assign(grad_buffers_.size(), -1);
     grad_io_ = io::make_uring_io(nvme.aio);
+    if (!nvme.grad_fault_plan.empty())  // tests: a plan of its own, counting this file's transfers
+      grad_io_ = io::make_fault_injecting_io(std::move(grad_io_), io::parse_fault_plan(nvme.grad_fault_plan));
     nvme_grad_bytes_ = static_cast<int64_t>(offset);
     MemoryLedger::global().add(MemPlace::nvme, MemCategory::grad, nvme_grad_bytes_);
   }
@@ -569,7 +571,8 @@ void ZeroEngine::finish_reduction(int u) {
 //     memory, so the trajectory is unchanged (tests/zero/offload_invariance.sh, early_step.sh).
 // A staging buffer is taken free, or by waiting for the oldest write, or else by finishing the
 // oldest reduction (its write then frees one). Writes are waited for lazily; all are done when
-// step() returns. The swap's reads and writes are not routed through the tests' fault plan.
+// step() returns. Faults are injected in tests through a plan of their own (ZERONE_GRAD_SWAP_FAULT,
+// tests/zero/offload_faults.sh).
 
 float* ZeroEngine::acquire_grad_buffer(int u) {
   for (;;) {

@@ -27,6 +27,7 @@ struct NvmeConfig {
   io::AioConfig aio;
   std::string fault_plan;         // tests only: io::parse_fault_plan spec ("" none), applied to the
                                   // optimizer's and the parameters' swap I/O, each counting its own
+  std::string grad_fault_plan;    // tests only: the same for the gradient swap (Note [Gradient swap])
 };
 
 // Note [Swap layout]: each shard is cut into sub-groups of at most sub_group_size elements

@@ -107,6 +107,8 @@ void add_train_flags(CLI::App& cmd, train::TrainConfig& c, std::string& config_p
   cmd.add_option("--nvme-path", c.nvme_path, "directory for swap files (NVMe offload; one subdirectory per run and rank)");
   cmd.add_option("--sub-group-size", c.sub_group_size, "optimizer elements swapped at once (NVMe offload)");
   cmd.add_option("--offload-buffer-count", c.offload_buffer_count, "staging buffers of the optimizer swap (NVMe offload)");
+  cmd.add_option("--offload-optimizer-ratio", c.offload_optimizer_ratio,
+                 "share of the optimizer's sub-groups offloaded, the first ones (DeepSpeed's offload_optimizer.ratio; 1)");
   cmd.add_option("--pipeline-read", c.pipeline_read, "read the next sub-group while one steps (true/false)");
   cmd.add_option("--pipeline-write", c.pipeline_write, "write a sub-group back while the next steps (true/false)");
   cmd.add_option("--pin-memory", c.pin_memory, "lock the staging buffers in memory (true/false)");
@@ -158,6 +160,8 @@ struct EstimateArgs {
   std::string offload_optimizer = "none", offload_param = "none";
   int64_t sub_group_size = 1'000'000'000;
   int buffer_count = 4;
+  double ratio = 1.0;
+  bool delayed_update = false;
   bool json = false;
   bool activation_checkpointing = false;
   bool cpu_checkpointing = false;
@@ -199,8 +203,8 @@ int cmd_estimate(const EstimateArgs& a, bool stage_given) {
                " is out of range: expected 1..64");
   base.sub_group_numel = static_cast<size_t>(a.sub_group_size);
   base.optimizer_buffer_count = a.buffer_count;
-  // Note [Speculative early step]: undo copies and spare slots, as train keeps them (AdamW;
-  // only with NVMe offload, zero::speculates).
+  // Note [Speculative early step]: undo copies and spare slots, as train keeps them (only with
+  // NVMe offload and no partial optimizer offload, zero::speculates).
   base.early_step = a.early_step;
   base.speculative_step = a.early_step && (a.grad_clip > 0.0 || dtype == DType::f16);
   ZERONE_CHECK(a.optimizer == "adamw" || a.optimizer == "sgd", "--optimizer '", a.optimizer, "': expected adamw or sgd");
@@ -208,6 +212,12 @@ int cmd_estimate(const EstimateArgs& a, bool stage_given) {
                a.optimizer);
   ZERONE_CHECK(std::isfinite(a.momentum) && a.momentum >= 0.0, "--momentum ", a.momentum,
                " is out of range: expected a finite number >= 0");
+  ZERONE_CHECK(std::isfinite(a.ratio) && a.ratio >= 0.0 && a.ratio <= 1.0, "--offload-optimizer-ratio ", a.ratio,
+               " is out of range: expected a number in [0, 1]");
+  ZERONE_CHECK(a.ratio == 1.0 || base.offload_optimizer != zero::OffloadDevice::none, "--offload-optimizer-ratio ",
+               a.ratio, " offloads a part of the optimizer, but --offload-optimizer is none: give --offload-optimizer cpu or nvme");
+  base.offload_optimizer_ratio = a.ratio;
+  base.delayed_update = a.delayed_update;
   optim::OptimizerOptions optimizer = optim::AdamWOptions{};
   if (a.optimizer == "sgd") optimizer = optim::SGDOptions{static_cast<float>(a.momentum)};
   auto rows = zero::estimate(model, a.world, dtype, a.micro_batch, seq, base, optimizer,
@@ -377,6 +387,8 @@ int main(int argc, char** argv) {
   estimate_cmd->add_option("--offload-param", est.offload_param, "none, cpu or nvme (as for train; stage 3)");
   estimate_cmd->add_option("--sub-group-size", est.sub_group_size, "as for train (NVMe swap sub-group, elements)");
   estimate_cmd->add_option("--offload-buffer-count", est.buffer_count, "as for train (NVMe staging buffers)");
+  estimate_cmd->add_option("--offload-optimizer-ratio", est.ratio, "as for train (share of the sub-groups offloaded)");
+  estimate_cmd->add_flag("--delayed-update", est.delayed_update, "as for train (its gradient and parameter copies)");
   estimate_cmd->add_option("--stage3-param-persistence-threshold", est.persistence_threshold,
                            "as for train (elements)");
   estimate_cmd->add_option("--reduce-bucket-size", est.reduce_bucket_numel,

@@ -195,8 +195,8 @@ TEST(Config, AutoLeavesTheFlagOrDefault) {
 }
 
 TEST(Config, KeysThatWouldChangeResultsAreErrorsNamingTheKey) {
-  expect_config_error(R"({"zero_optimization": {"offload_optimizer": {"device": "cpu", "ratio": 0.3}}})",
-                      "key 'zero_optimization.offload_optimizer.ratio' is 0.3: partial optimizer offload");
+  expect_config_error(R"({"zero_optimization": {"offload_optimizer": {"device": "cpu", "ratio": 1.5}}})",
+                      "key 'zero_optimization.offload_optimizer.ratio' is 1.5, expected a number in [0, 1]");
   expect_config_error(R"({"zero_optimization": {"offload_param": {"device": "gpu"}}})", "expected \"none\", \"cpu\" or \"nvme\"");
   expect_config_error(R"({"zero_optimization": {"cpu_offload": true}})", "key 'zero_optimization.cpu_offload' is true");
   expect_config_error(R"({"zero_optimization": {"zero_quantized_gradients": true}})", "zero_quantized_gradients");

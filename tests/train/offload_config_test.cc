@@ -18,7 +18,7 @@ TEST(OffloadConfig, DeepSpeedKeysAreHonoured) {
   write_text(dir.file("ds.json"), R"({
     "zero_optimization": {"stage": 3, "sub_group_size": 12345,
       "offload_optimizer": {"device": "nvme", "nvme_path": "/mnt/nvme", "buffer_count": 5, "pin_memory": true,
-                            "pipeline_read": false, "pipeline_write": true, "ratio": 1.0},
+                            "pipeline_read": false, "pipeline_write": true, "ratio": 0.25},
       "offload_param": {"device": "cpu", "pin_memory": true, "buffer_count": 5, "buffer_size": 100000000,
                         "max_in_cpu": 1000000000}},
     "aio": {"block_size": 262144, "queue_depth": 16, "thread_count": 2, "single_submit": true,
@@ -35,6 +35,7 @@ TEST(OffloadConfig, DeepSpeedKeysAreHonoured) {
   EXPECT_TRUE(c.pin_memory);
   EXPECT_FALSE(c.pipeline_read);
   EXPECT_TRUE(c.pipeline_write);
+  EXPECT_EQ(c.offload_optimizer_ratio, 0.25);
   EXPECT_EQ(c.offload_param, "cpu");
   EXPECT_EQ(c.aio_block_size, 262144);
   EXPECT_EQ(c.aio_queue_depth, 4);
@@ -46,8 +47,13 @@ TEST(OffloadConfig, DeepSpeedKeysAreHonoured) {
 
 TEST(OffloadConfig, WhatCannotBeDoneIsRefusedByName) {
   TempDir dir;
-  write_text(dir.file("ratio.json"), R"({"zero_optimization": {"offload_optimizer": {"device": "cpu", "ratio": 0.5}}})");
-  expect_error([&] { TrainConfig c; apply_json_config(dir.file("ratio.json"), c); }, "offload_optimizer.ratio' is 0.5: partial optimizer offload");
+  write_text(dir.file("ratio.json"), R"({"zero_optimization": {"offload_optimizer": {"device": "cpu", "ratio": -0.5}}})");
+  expect_error([&] { TrainConfig c; apply_json_config(dir.file("ratio.json"), c); },
+               "offload_optimizer.ratio' is -0.5, expected a number in [0, 1]");
+  // A part of nothing offloaded does nothing: an error, named by the key it came from.
+  write_text(dir.file("ratio_none.json"), R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "none", "ratio": 0.5}}})");
+  expect_error([&] { TrainConfig c; apply_json_config(dir.file("ratio_none.json"), c); validate(c); },
+               "key 'zero_optimization.offload_optimizer.ratio' 0.5 offloads a part of the optimizer, but --offload-optimizer is none");
   write_text(dir.file("unknown.json"), R"({"aio": {"blok_size": 4096}})");
   expect_error([&] { TrainConfig c; apply_json_config(dir.file("unknown.json"), c); }, "key 'aio.blok_size' is unknown");
   write_text(dir.file("type.json"), R"({"zero_optimization": {"offload_optimizer": {"buffer_count": "four"}}})");

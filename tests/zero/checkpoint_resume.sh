@@ -3,9 +3,10 @@
 #   1. Same world size, stage and offload: a run resumed from its step-3 checkpoint continues with
 #      losses bitwise equal to the uninterrupted run and ends with byte-identical parameters
 #      (fp32, bf16, fp16 with dynamic loss scaling; stages 0-3; NVMe offload of optimizer and
-#      parameters; shuffled data; gradient accumulation and clipping), also from an async save.
+#      parameters; a partial optimizer offload; shuffled data; gradient accumulation and clipping),
+#      also from an async save.
 #   2. Another world size, stage or offload (2 ranks stage 2 -> 3 ranks stage 3, 4 -> 1, NVMe ->
-#      none, 1 -> 2 stage 1): the engine reshards while loading and the continued losses match the
+#      none, 1 -> 2 stage 1, NVMe -> half on the host): the engine reshards while loading and the continued losses match the
 #      uninterrupted run within 1e-5 (f32; only the order of the gradient sums differs).
 #   3. SIGKILL at every point of a save (Note [Crash points]): --resume continues from the previous
 #      checkpoint (or the new one, once `latest` names it) and reproduces the uninterrupted run.
@@ -70,6 +71,7 @@ same_cases=(
   "fp16_w1_s1|1|6|--precision fp16 --zero-stage 1"
   "fp32_w2_s3_nvme|2|3|--precision fp32 --zero-stage 3 ${nvme[*]} --offload-param nvme"
   "bf16_w3_s1_cpu|3|2|--precision bf16 --zero-stage 1 --offload-optimizer cpu"
+  "bf16_w2_s2_partial|2|3|--precision bf16 --zero-stage 2 ${nvme[*]} --offload-optimizer-ratio 0.5"
 )
 for c in "${same_cases[@]}"; do
   IFS='|' read -r name world accum args <<< "$c"
@@ -110,6 +112,7 @@ reshard_cases=(
   "ref_w4_s1|w4s1_to_w1s0|1|12|--zero-stage 0"
   "ref_w2_s2_nvme|w2nvme_to_w1s1|1|12|--zero-stage 1"
   "ref_w1_s0|w1s0_to_w2s3nvme|2|6|--zero-stage 3 ${nvme[*]} --offload-param nvme"
+  "ref_w2_s2_nvme|w2nvme_to_w3s2partial|3|4|--zero-stage 2 --offload-optimizer cpu --offload-optimizer-ratio 0.5 --sub-group-size 700"
 )
 for c in "${reshard_cases[@]}"; do
   IFS='|' read -r ref name world accum args <<< "$c"

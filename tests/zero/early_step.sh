@@ -113,6 +113,23 @@ print(*t)')
   esac
   if [ $ok = 1 ]; then echo "ok   $rname: the runs took the paths the regime is for"; else echo "FAIL $rname: counts do not show the regime's paths"; fail=1; fi
 done
+# SGD with momentum in bf16 speculating (its undo copies: master and momentum buffer), in memory
+# (ZERONE_SPECULATE=memory) and at stage 3 with the parameters on NVMe (the optimizer in memory):
+# bitwise the step at the end, with steps taken back and redone.
+for stage in 2 3; do
+  param=(); [ $stage = 3 ] && param=(--offload-param nvme --nvme-path "$d/swap")
+  spec=none; [ $stage = 2 ] && spec=memory
+  PREC=bf16 run "sgd_s${stage}_end" 2 --zero-stage $stage --optimizer sgd --momentum 0.9 --grad-clip ${SOME_CLIP:-2.2} \
+    "${param[@]}" --early-step false
+  ZERONE_SPECULATE=$spec PREC=bf16 run "sgd_s${stage}_early" 2 --zero-stage $stage --optimizer sgd --momentum 0.9 \
+    --grad-clip ${SOME_CLIP:-2.2} "${param[@]}"
+  same "sgd_s${stage}_end" "sgd_s${stage}_early"
+  if grep -Eq "early step \(.*\): [0-9]+ speculative steps validated, [1-9][0-9]* taken back and redone" "$d/sgd_s${stage}_early.log"; then
+    echo "ok   sgd_s${stage}_early: speculated, took steps back and redid them"
+  else
+    echo "FAIL sgd_s${stage}_early: no step taken back"; grep "^early step" "$d/sgd_s${stage}_early.log"; fail=1
+  fi
+done
 # --delayed-update across world sizes and stages, and across optimizer places.
 runs=()
 for world in 1 2 3; do

@@ -59,28 +59,36 @@ sys.exit(1 if failed else 0)
 PY
 
 # Offload (issue 8), world 2, bf16: for every offload setting the ledger's model state per
-# (place, category), swap staging included, equals zerone estimate's to the byte.
-cases=("1 cpu none" "2 cpu none" "3 cpu cpu" "3 none cpu" "1 nvme none" "2 nvme none" "3 nvme cpu" "3 none nvme" "3 nvme nvme")
+# (place, category), swap staging included, equals zerone estimate's to the byte; also with a
+# partial optimizer offload (ratio below 1: Note [Partial optimizer offload], the boundary inside a
+# block's shard of 4 sub-groups) and with --delayed-update's gradient and parameter copies.
+# Each case: stage, optimizer offload, param offload, ratio, delayed update (0/1).
+cases=("1 cpu none 1 0" "2 cpu none 1 0" "3 cpu cpu 1 0" "3 none cpu 1 0" "1 nvme none 1 0" "2 nvme none 1 0"
+       "3 nvme cpu 1 0" "3 none nvme 1 0" "3 nvme nvme 1 0"
+       "2 cpu none 0.5 0" "1 nvme none 0.5 0" "3 nvme cpu 0.4 0" "3 nvme nvme 0.6 0" "3 cpu cpu 0 0"
+       "0 none none 1 1" "1 none none 1 1" "2 none none 1 1" "3 cpu cpu 1 1" "2 nvme none 0.5 1" "1 cpu none 0.7 1")
 mkdir "$d/swap"
 for c in "${cases[@]}"; do
-  read -r stage opt par <<< "$c"
-  name="off_s${stage}_${opt}_${par}"
-  extra=(); [ "$opt" = nvme ] || [ "$par" = nvme ] && extra=(--nvme-path "$d/swap" --sub-group-size 300000 --offload-buffer-count 3)
+  read -r stage opt par ratio dpu <<< "$c"
+  name="off_s${stage}_${opt}_${par}_r${ratio}_d${dpu}"
+  extra=(); [ "$opt" != none ] && extra=(--sub-group-size 300000 --offload-buffer-count 3 --offload-optimizer-ratio $ratio)
+  [ "$dpu" = 1 ] && extra+=(--delayed-update)
+  nvme=(); [ "$opt" = nvme ] || [ "$par" = nvme ] && nvme=(--nvme-path "$d/swap")
   "${MPI[@]:0:5}" -n 2 "$Z" train --model $model --data "$d/c_train.bin" --micro-batch 1 --seq 16 --steps 2 --threads 1 \
     --precision bf16 --zero-stage $stage --stage3-param-persistence-threshold 0 --stage3-prefetch-bucket-size 3000000 \
-    --reduce-bucket-size 1000000 --offload-optimizer $opt --offload-param $par "${extra[@]}" \
+    --reduce-bucket-size 1000000 --offload-optimizer $opt --offload-param $par "${extra[@]}" "${nvme[@]}" \
     --metrics "$d/$name.jsonl" > "$d/$name.log" 2>&1 || { cat "$d/$name.log"; exit 1; }
   "$Z" estimate --model $model --world 2 --precision bf16 --micro-batch 1 --seq 16 --zero-stage $stage \
     --stage3-param-persistence-threshold 0 --stage3-prefetch-bucket-size 3000000 --reduce-bucket-size 1000000 \
-    --offload-optimizer $opt --offload-param $par "${extra[@]:2}" --json > "$d/$name.estimate.json"
+    --offload-optimizer $opt --offload-param $par "${extra[@]}" --json > "$d/$name.estimate.json"
 done
 python3 - "$d" "${cases[@]}" <<'PY'
 import json, sys
 d, cases = sys.argv[1], sys.argv[2:]
 failed = False
 for c in cases:
-    stage, opt, par = c.split()
-    name = f"off_s{stage}_{opt}_{par}"
+    stage, opt, par, ratio, dpu = c.split()
+    name = f"off_s{stage}_{opt}_{par}_r{ratio}_d{dpu}"
     est = json.load(open(f"{d}/{name}.estimate.json"))["stages"][0]
     want = est["model_state_places"]
     mem = json.loads(open(f"{d}/{name}.jsonl").readlines()[-1])["mem"]
@@ -88,9 +96,13 @@ for c in cases:
     got = {k: v for k, v in mem.items() if k.split(".")[-1] in cats}
     ws = est["working_set"]
     ok = got == want and mem.get("device.comm", 0) <= ws["param"] + ws["grad"] + ws["comm"] and mem.get("host.comm", 0) <= ws["host"]
+    # A partial offload puts optimizer state on both sides.
+    if 0 < float(ratio) < 1:
+        place = "host" if opt == "cpu" else "nvme"
+        ok = ok and want.get("device.optim", 0) > 0 and want.get(f"{place}.optim", 0) > 0
     failed |= not ok
-    print(f"{'ok  ' if ok else 'FAIL'} stage {stage} optimizer {opt} param {par}: ledger {got} estimate {want}; "
-          f"pooled host staging {mem.get('host.comm', 0)} <= {ws['host']}")
+    print(f"{'ok  ' if ok else 'FAIL'} stage {stage} optimizer {opt} (ratio {ratio}) param {par} delayed update {dpu}: "
+          f"ledger {got} estimate {want}; pooled host staging {mem.get('host.comm', 0)} <= {ws['host']}")
 sys.exit(1 if failed else 0)
 PY
 
@@ -101,7 +113,7 @@ PY
 spec_cases=("1 nvme none" "3 nvme cpu" "3 none nvme" "3 nvme nvme")
 for c in "${spec_cases[@]}"; do
   read -r stage opt par <<< "$c"
-  name="off_s${stage}_${opt}_${par}"
+  name="off_s${stage}_${opt}_${par}_r1_d0"  # the ratio-1, no-delayed-update run above
   extra=(); [ "$opt" = nvme ] || [ "$par" = nvme ] && extra=(--nvme-path "$d/swap" --sub-group-size 300000 --offload-buffer-count 3)
   "${MPI[@]:0:5}" -n 2 "$Z" train --model $model --data "$d/c_train.bin" --micro-batch 1 --seq 16 --steps 2 --threads 1 \
     --precision bf16 --zero-stage $stage --stage3-param-persistence-threshold 0 --stage3-prefetch-bucket-size 3000000 \
@@ -119,7 +131,7 @@ def delta(a, b):
     return {k: a.get(k, 0) - b.get(k, 0) for k in set(a) | set(b) if a.get(k, 0) != b.get(k, 0)}
 for c in cases:
     stage, opt, par = c.split()
-    name = f"off_s{stage}_{opt}_{par}"
+    name = f"off_s{stage}_{opt}_{par}_r1_d0"
     est = json.load(open(f"{d}/{name}.clip.estimate.json"))["stages"][0]
     est0 = json.load(open(f"{d}/{name}.estimate.json"))["stages"][0]
     want = delta(est["model_state_places"], est0["model_state_places"])

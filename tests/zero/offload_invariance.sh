@@ -6,7 +6,8 @@
 # short of identical bytes is a bug (a sub-group boundary, a stale swap buffer, a missed write).
 # NVMe runs use small sub-groups (several per shard, not dividing them) and 2 staging buffers, so
 # the read-ahead / write-behind pipeline wraps around many times per step; one run per precision
-# turns pipelining off. bf16 runs exercise the swapped master copy.
+# turns pipelining off. bf16 runs exercise the swapped master copy. Partial offload (a ratio below
+# 1) splits the optimizer between the device and the host or NVMe: the same bytes again.
 set -euo pipefail
 Z="$(readlink -f "$1")"
 d=$(mktemp -d); trap 'rm -rf "$d"' EXIT
@@ -58,6 +59,48 @@ for precision in fp32 bf16; do
     --nvme-path "$d/swap" --sub-group-size 700 --offload-buffer-count 1 --pipeline-read false --pipeline-write false
   same "${precision}_w2_s2_none" "${precision}_w2_s2_nvme_serial"
 done
+# Partial offload (offload_optimizer.ratio, Note [Partial optimizer offload]): the first sub-groups
+# on the host or NVMe, the rest on the device. Sub-groups of 700 elements put the boundary inside a
+# shard, so one shard steps on both optimizers; ratio 0 keeps everything on the device.
+partial=("fp32 1 2 nvme 0.5" "fp32 2 1 cpu 0.5" "fp32 3 3 nvme 0.3" "fp32 2 3 cpu 0.6" "fp32 2 2 nvme 0"
+         "bf16 2 2 nvme 0.5" "bf16 2 3 cpu 0.4" "bf16 2 1 nvme 0.8")
+for c in "${partial[@]}"; do
+  read -r precision world stage dev ratio <<< "$c"
+  name="${precision}_w${world}_s${stage}_${dev}_ratio${ratio}"
+  extra=(--sub-group-size 700); [ $dev = nvme ] && extra=("${nvme[@]:2}")  # without --offload-optimizer nvme
+  param=(); [ $stage = 3 ] && param=(--offload-param $dev)
+  run "$name" $world --precision $precision --zero-stage $stage --offload-optimizer $dev --offload-optimizer-ratio $ratio \
+    "${extra[@]}" "${param[@]}"
+  same "${precision}_w${world}_s${stage}_none" "$name"
+  # And the split is real: optimizer state on both places (ratio 0: on the device only).
+  python3 - "$d/$name.jsonl" $dev $ratio <<'PY' || fail=1
+import json, sys
+mem = json.loads(open(sys.argv[1]).readlines()[-1])["mem"]
+place = {"cpu": "host", "nvme": "nvme"}[sys.argv[2]]
+want = (True, float(sys.argv[3]) > 0)
+got = (mem.get("device.optim", 0) > 0, mem.get(place + ".optim", 0) > 0)
+print(f"{'ok  ' if got == want else 'FAIL'} {sys.argv[1].split('/')[-1]}: optimizer state on device {got[0]}, on {place} {got[1]}")
+sys.exit(got != want)
+PY
+done
+# Without clipping the engine steps each unit during the backward (Note [Early optimizer step]): a
+# split shard's two parts step there too; and --delayed-update steps both parts on its thread.
+noclip=(); skip=0
+for a in "${common[@]}"; do
+  if [ $skip = 1 ]; then skip=0; continue; fi
+  if [ "$a" = --grad-clip ]; then skip=1; continue; fi
+  noclip+=("$a")
+done
+common=("${noclip[@]}")
+run early_w2_s3_end 2 --zero-stage 3 --early-step false
+run early_w2_s3_nvme_ratio0.5 2 --zero-stage 3 "${nvme[@]}" --offload-optimizer-ratio 0.5 --offload-param nvme
+same early_w2_s3_end early_w2_s3_nvme_ratio0.5
+run early_w3_s2_cpu_ratio0.5 3 --zero-stage 2 --offload-optimizer cpu --offload-optimizer-ratio 0.5 --sub-group-size 700
+run early_w3_s2_end 3 --zero-stage 2 --early-step false
+same early_w3_s2_end early_w3_s2_cpu_ratio0.5
+run dpu_w2_s2 2 --zero-stage 2 --delayed-update
+run dpu_w2_s2_nvme_ratio0.5 2 --zero-stage 2 --delayed-update "${nvme[@]}" --offload-optimizer-ratio 0.5
+same dpu_w2_s2 dpu_w2_s2_nvme_ratio0.5
 # Every swap directory is gone once the runs ended.
 if [ -n "$(ls -A "$d/swap")" ]; then echo "FAIL swap directories left behind: $(ls "$d/swap")"; fail=1; else echo "ok   no swap directory left behind"; fi
 exit $fail

@@ -51,6 +51,76 @@ TEST(Partition, ModelStateFollowsTheZeroFormulas) {
   }
 }
 
+TEST(Partition, PartialOffloadTakesTheFirstSubGroupsAsDeepSpeedCountsThem) {
+  // Shards of 2, 5 and 2 sub-groups of 500: int(0.5 * 9) = 4 sub-groups, all of the first shard
+  // and two of the second.
+  EXPECT_EQ(offloaded_prefix({1000, 2500, 700}, 500, 0.5), (std::vector<size_t>{1000, 1000, 0}));
+  EXPECT_EQ(offloaded_prefix({1000, 2500, 700}, 500, 1.0), (std::vector<size_t>{1000, 2500, 700}));
+  EXPECT_EQ(offloaded_prefix({1000, 2500, 700}, 500, 0.0), (std::vector<size_t>{0, 0, 0}));
+  EXPECT_EQ(offloaded_prefix({1000, 2500, 700}, 500, 0.99), (std::vector<size_t>{1000, 2500, 500}));  // int(8.91)
+  // Python's int(0.29 * 100) is 28 (0.29 * 100 = 28.999999999999996): the same truncation.
+  EXPECT_EQ(offloaded_prefix({100}, 1, 0.29), (std::vector<size_t>{28}));
+
+  // The bytes split between the device and the offloaded place, summing to the whole offload's.
+  std::vector<size_t> units = {256 * 1000, 256 * 2000, 256 * 500};
+  ZeroConfig config;
+  config.stage = 2;
+  config.offload_optimizer = OffloadDevice::cpu;
+  config.sub_group_numel = 64000;
+  ModelStateBytes whole = model_state_bytes(units, 2, 0, DType::bf16, config, 2);
+  config.offload_optimizer_ratio = 0.5;  // 7 sub-groups of 64000 per rank: 3 offloaded, the first unit's 2 and one more
+  ModelStateBytes part = model_state_bytes(units, 2, 0, DType::bf16, config, 2);
+  EXPECT_EQ(part.total(), whole.total());
+  EXPECT_EQ(part.placed.get(MemPlace::host, MemCategory::optim), int64_t{3} * 64000 * 8);
+  EXPECT_EQ(part.placed.get(MemPlace::device, MemCategory::optim), int64_t{4} * 64000 * 8);
+  EXPECT_EQ(part.placed.get(MemPlace::host, MemCategory::master), int64_t{3} * 64000 * 4);
+  // Gradient shards: the first two units have offloaded sub-groups (host), the third none.
+  EXPECT_EQ(part.placed.get(MemPlace::host, MemCategory::grad), int64_t{6} * 64000 * 4);
+  EXPECT_EQ(part.placed.get(MemPlace::device, MemCategory::grad), int64_t{1} * 64000 * 4);
+  // --delayed-update: a gradient and a parameter copy of every optimizer shard, where it steps.
+  config.delayed_update = true;
+  ModelStateBytes dpu = model_state_bytes(units, 2, 0, DType::bf16, config, 2);
+  EXPECT_EQ(dpu.grad - part.grad, int64_t{7} * 64000 * 4);
+  EXPECT_EQ(dpu.param - part.param, int64_t{7} * 64000 * 2);
+  EXPECT_EQ(dpu.placed.get(MemPlace::device, MemCategory::param) - part.placed.get(MemPlace::device, MemCategory::param),
+            int64_t{64000} * 2);
+  // Note [Speculative early step]: never with a partial offload (no undo copies, no spare slots).
+  ZeroConfig spec;
+  spec.stage = 2;
+  spec.offload_optimizer = OffloadDevice::nvme;
+  spec.speculative_step = true;
+  EXPECT_TRUE(speculates(spec));
+  spec.offload_optimizer_ratio = 0.5;
+  EXPECT_FALSE(speculates(spec));
+  EXPECT_EQ(model_state_bytes(units, 2, 0, DType::bf16, spec, 2).speculation, 0);
+}
+
+TEST(Partition, GradientShardsGoToNvmeWithTheWholeOptimizer) {
+  // Note [Gradient swap]: stages 2-3, the whole optimizer on NVMe, no delayed update.
+  std::vector<size_t> units = {256 * 1000, 256 * 2000, 300};
+  ZeroConfig config;
+  config.stage = 2;
+  config.offload_optimizer = OffloadDevice::nvme;
+  config.optimizer_buffer_count = 3;
+  ASSERT_TRUE(gradients_swapped(units, 2, 0, config));
+  ModelStateBytes b = model_state_bytes(units, 2, 0, DType::bf16, config, 2);
+  // Slots of 128000, 256000 and 192 (300 padded to 384, halved) f32 elements, each rounded up to 4 KiB.
+  const int64_t slots = static_cast<int64_t>(swap_tensor_bytes(128000) + swap_tensor_bytes(256000) + swap_tensor_bytes(192));
+  EXPECT_EQ(b.placed.get(MemPlace::nvme, MemCategory::grad), slots);
+  EXPECT_EQ(b.placed.get(MemPlace::host, MemCategory::grad), 0);
+  EXPECT_EQ(b.grad, slots);
+  const int64_t optimizer_staging = int64_t{3} * 3 * static_cast<int64_t>(swap_tensor_bytes(256000));
+  EXPECT_EQ(b.placed.get(MemPlace::host, MemCategory::swap), optimizer_staging + 3 * int64_t{1024000});
+  // Not at stage 1, not with a partial offload, not with the delayed update: in memory as before.
+  for (auto change : {+[](ZeroConfig& c) { c.stage = 1; }, +[](ZeroConfig& c) { c.offload_optimizer_ratio = 0.5; },
+                      +[](ZeroConfig& c) { c.delayed_update = true; }, +[](ZeroConfig& c) { c.offload_optimizer = OffloadDevice::cpu; }}) {
+    ZeroConfig other = config;
+    change(other);
+    EXPECT_FALSE(gradients_swapped(units, 2, 0, other));
+    EXPECT_EQ(model_state_bytes(units, 2, 0, DType::bf16, other, 2).placed.get(MemPlace::nvme, MemCategory::grad), 0);
+  }
+}
+
 TEST(Partition, WorkingSetBoundFollowsTheBucketsAndTheLargestUnits) {
   // Units of 4096, 8192 and 1024 elements at world 2 (already multiples of 128: P = numel).
   std::vector<size_t> units = {4096, 8192, 1024};

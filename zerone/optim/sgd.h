@@ -36,6 +36,17 @@ class SGD final : public Optimizer {
   double step(float lr, float grad_scale, const std::function<void(size_t shard)>& shard_done = nullptr,
               const std::function<void(size_t shard)>& shard_begin = nullptr) override;
   void set_param(size_t i, void* param) override { shards_[i].param = param; }
+  // Per-shard stepping (Optimizer): step() is begin_step, update_shard(0..n-1), end_step.
+  bool supports_shard_steps() const override { return true; }
+  void begin_step(float lr, float grad_scale) override;
+  double update_shard(size_t i, size_t next_shard = kNoShard) override;
+  // Taking a step back (Optimizer; Note [Speculative early step] in zero/engine.cc): the state
+  // update_shard(i) writes besides the parameters is the master (unless the parameters are the
+  // master) and the momentum buffer (unless momentum is 0).
+  size_t undo_bytes(size_t i) const override;
+  void save_undo(size_t i, void* dst) override;
+  void restore_undo(size_t i, const void* src) override;
+  void abort_step() override { --step_; }
   size_t num_shards() const override { return shards_.size(); }
   size_t numel(size_t i) const override { return shards_[i].numel; }
   const float* grad(size_t i) const override { return shards_[i].grad; }
@@ -66,6 +77,8 @@ class SGD final : public Optimizer {
   DType param_dtype_;
   SGDOptions options_;
   int64_t step_ = 0;
+  float lr_ = 0.0f, grad_scale_ = 1.0f;  // of the step begun last
+  bool first_ = false;                  // it is the first step (the momentum buffer = gradient)
   std::vector<float*> state_tensors(size_t i);  // of shard i, in state_names() order
 };
 

@@ -81,6 +81,7 @@ const std::map<std::string, FloatRange> kFloatRanges = {
     {"--warmup-min-ratio", {0, 1, false, false}},
     {"--loss-scale", {0, kInf, false, true}},
     {"--min-loss-scale", {0, kInf, true, true}},
+    {"--offload-optimizer-ratio", {0, 1, false, false}},
 };
 
 // Note [DeepSpeed config keys]: every key of a config file is honoured (it sets a zerone setting),
@@ -579,8 +580,7 @@ void ConfigReader::read_offload(const std::string& key, const json& v) {
       set_bool(kv, full, "--pipeline-read", cfg_.pipeline_read);
       set_bool(kv, full, "--pipeline-write", cfg_.pipeline_write);
     } else if (opt && k == "ratio") {
-      if (!is_auto(kv) && number(kv, full, FloatRange{0.0, 1.0, false, false}) != 1.0)
-        not_implemented(full, kv, "partial optimizer offload (only 1.0, the whole optimizer)");
+      set_number(kv, full, "--offload-optimizer-ratio", cfg_.offload_optimizer_ratio);
     } else if (opt && (k == "fast_init" || k == "super_offload" || k == "cpuadam_cores_perc")) {
       no_effect(full);
     } else if (param && (k == "buffer_count" || k == "buffer_size" || k == "max_in_cpu")) {
@@ -772,6 +772,11 @@ void validate(const TrainConfig& c) {
                " is out of range: expected 1..2^40 elements");
   ZERONE_CHECK(c.offload_buffer_count >= 1 && c.offload_buffer_count <= 64, "--offload-buffer-count ",
                c.offload_buffer_count, " is out of range: expected 1..64 staging buffers");
+  check_float("--offload-optimizer-ratio", c.offload_optimizer_ratio);
+  // Note [Partial optimizer offload]: a part of nothing offloaded would do nothing.
+  ZERONE_CHECK(c.offload_optimizer_ratio == 1.0 || c.offload_optimizer != "none", setting_name(c, "--offload-optimizer-ratio"),
+               " ", c.offload_optimizer_ratio, " offloads a part of the optimizer, but --offload-optimizer is none: "
+               "give --offload-optimizer cpu or nvme");
   ZERONE_CHECK(c.aio_block_size >= 4096 && c.aio_block_size <= (int64_t{1} << 30) && c.aio_block_size % 4096 == 0,
                "--aio-block-size ", c.aio_block_size, " is out of range: expected a multiple of 4096 in 4096..2^30 bytes");
   ZERONE_CHECK(c.aio_queue_depth >= 1 && c.aio_queue_depth <= 4096, "--aio-queue-depth ", c.aio_queue_depth,
@@ -817,8 +822,9 @@ void check_settings_take_effect(TrainConfig& c, bool fp16, bool has_validation_d
     return names;
   };
   // Note [Early optimizer step] (zero/engine.cc): the step runs at the end with the delayed
-  // update and for an in-memory SGD (no per-shard steps). With clipping or fp16 loss scaling it
-  // speculates where state is swapped to NVMe (Note [Speculative early step]), else steps at the end.
+  // update. With clipping or fp16 loss scaling it speculates where state is swapped to NVMe
+  // (Note [Speculative early step]) and the optimizer is not partially offloaded (zero::speculates),
+  // else steps at the end.
   if (c.is_given("--early-step") && c.early_step) {
     const bool nvme = c.offload_optimizer == "nvme" || c.offload_param == "nvme";
     std::string why = c.delayed_update          ? "--delayed-update (the update runs on its own thread)"
@@ -826,7 +832,10 @@ void check_settings_take_effect(TrainConfig& c, bool fp16, bool has_validation_d
                           ? str_cat(c.grad_clip > 0.0f ? "--grad-clip" : "fp16 loss scaling",
                                     " without NVMe offload (it would speculate, which costs time and memory "
                                     "and hides no I/O when the state is in memory)")
-                      : c.optimizer == "sgd" && c.offload_optimizer != "nvme" ? "--optimizer sgd in memory"
+                      : (c.grad_clip > 0.0f || fp16) && c.offload_optimizer_ratio < 1.0
+                          ? str_cat(setting_name(c, "--offload-optimizer-ratio"), " below 1 and ",
+                                    c.grad_clip > 0.0f ? "--grad-clip" : "fp16 loss scaling",
+                                    " (a partial optimizer offload does not speculate, Note [Partial optimizer offload])")
                                                 : "";
     if (!why.empty())
       c.notices.push_back(str_cat(setting_name(c, "--early-step"), ": no effect with ", why,
@@ -874,6 +883,7 @@ std::vector<std::pair<std::string, std::string>> consistency_settings(const Trai
           {"--nvme-path", c.nvme_path},
           {"--sub-group-size", str_cat(c.sub_group_size)},
           {"--offload-buffer-count", str_cat(c.offload_buffer_count)},
+          {"--offload-optimizer-ratio", str_cat(c.offload_optimizer_ratio)},
           {"--pipeline-read", str_cat(c.pipeline_read)},
           {"--pipeline-write", str_cat(c.pipeline_write)},
           {"--pin-memory", str_cat(c.pin_memory)},

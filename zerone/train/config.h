@@ -86,6 +86,7 @@ struct TrainConfig {
   std::string nvme_path;                // parent of the run's swap directories
   int64_t sub_group_size = 1'000'000'000;  // optimizer elements per swap sub-group
   int offload_buffer_count = 4;         // offload_optimizer.buffer_count: staging buffers
+  double offload_optimizer_ratio = 1.0; // offload_optimizer.ratio: offloaded share of the sub-groups
   bool pipeline_read = true, pipeline_write = true;  // overlap swap I/O with the optimizer step
   bool pin_memory = false;              // mlock the staging buffers
   int64_t aio_block_size = 1 << 20;     // aio.block_size (bytes)

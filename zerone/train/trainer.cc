@@ -470,12 +470,13 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   zcfg.offload_param = zero::parse_offload_device(cfg.offload_param, "--offload-param");
   zcfg.sub_group_numel = static_cast<size_t>(cfg.sub_group_size);
   zcfg.optimizer_buffer_count = cfg.offload_buffer_count;
+  zcfg.offload_optimizer_ratio = cfg.offload_optimizer_ratio;
   zcfg.delayed_update = cfg.delayed_update;
   zcfg.early_step = cfg.early_step;
   // Note [Speculative early step]: with clipping or fp16 loss scaling the early step speculates,
-  // for optimizers that step shard by shard (AdamW; any optimizer swapped to NVMe).
-  zcfg.speculative_step = cfg.early_step && !cfg.delayed_update && (cfg.grad_clip > 0.0f || dtype == DType::f16) &&
-                          (cfg.optimizer != "sgd" || zcfg.offload_optimizer == zero::OffloadDevice::nvme);
+  // for every optimizer (AdamW and SGD step shard by shard and keep undo copies; zero::speculates
+  // decides where: with NVMe state and no partial optimizer offload).
+  zcfg.speculative_step = cfg.early_step && !cfg.delayed_update && (cfg.grad_clip > 0.0f || dtype == DType::f16);
   // Tests and benchmarks only: speculate with the state in memory too ("memory"), and also after a
   // clipped step ("always").
   if (const char* s = std::getenv("ZERONE_SPECULATE")) {
@@ -495,6 +496,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   nvme.aio.overlap_events = cfg.aio_overlap_events;
   // Tests only (tests/zero/offload_faults.sh): make the Nth swap transfer fail (io::parse_fault_plan).
   if (const char* plan = std::getenv("ZERONE_SWAP_FAULT")) nvme.fault_plan = plan;
+  if (const char* plan = std::getenv("ZERONE_GRAD_SWAP_FAULT")) nvme.grad_fault_plan = plan;
   check_memory_fits(model, dtype, cfg, zcfg, world);
   DeviceLimitGuard device_limit(static_cast<int64_t>(cfg.device_mem_limit * 1024.0 * 1024.0 * 1024.0));
 

@@ -13,8 +13,38 @@
 
 #include "zerone/core/error.h"
 #include "zerone/core/profiler.h"
+#include "zerone/zero/partial_offload.h"
 
 namespace zerone::zero {
+
+// Note [Deterministic gradient norm]: the sum of squares of a gradient shard, in f64, in fixed
+// blocks of kNormBlock elements whose partial sums are added in order, so the result does not
+// depend on the number of OpenMP threads or on how their reductions are combined; every path
+// that measures the norm before an update (step(), the speculative early step, --delayed-update)
+// uses it, so they agree to the bit. With swapped gradients (Note [Gradient swap]) each unit's sum
+// is measured with it as the last micro-step finishes and kept (UnitState::grad_sumsq); the other
+// paths then take that value (unit_grad_sumsq), so again every path adds the same per-unit sums.
+namespace {
+constexpr size_t kNormBlock = size_t{1} << 14;
+double grad_sumsq(const float* g, size_t n, float* copy_to = nullptr) {
+  const size_t blocks = (n + kNormBlock - 1) / kNormBlock;
+  auto block = [&](size_t b) {
+    const size_t lo = b * kNormBlock, hi = std::min(n, lo + kNormBlock);
+    double s = 0.0;
+    if (copy_to) std::memcpy(copy_to + lo, g + lo, (hi - lo) * sizeof(float));
+#pragma omp simd reduction(+ : s)
+    for (size_t k = lo; k < hi; ++k) s += static_cast<double>(g[k]) * g[k];
+    return s;
+  };
+  if (blocks <= 1) return blocks == 1 ? block(0) : 0.0;
+  std::vector<double> part(blocks);
+#pragma omp parallel for schedule(static) if (blocks > 4)
+  for (size_t b = 0; b < blocks; ++b) part[b] = block(b);
+  double total = 0.0;
+  for (double p : part) total += p;
+  return total;
+}
+}  // namespace
 
 ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroConfig& config,
                        const optim::OptimizerOptions& optimizer, const Materialize& materialize, const NvmeConfig& nvme)
@@ -41,18 +71,104 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
   ZERONE_CHECK(!config.delayed_update || config.offload_param != OffloadDevice::nvme,
                "--delayed-update cannot be combined with --offload-param nvme (the optimizer thread and the "
                "forward would share the parameter swap); use --offload-param cpu or none");
-  const MemPlace grad_shard_place = config.offload_optimizer == OffloadDevice::none ? MemPlace::device : MemPlace::host;
+  ZERONE_CHECK(config.offload_optimizer_ratio >= 0.0 && config.offload_optimizer_ratio <= 1.0,
+               "offload_optimizer.ratio ", config.offload_optimizer_ratio, " is out of range: expected [0, 1]");
+  // Note [Partial optimizer offload]: how much of each optimizer shard is offloaded; a unit's
+  // gradient shard (and the delayed update's copies) live where its offloaded part steps.
+  const std::vector<size_t> offloaded = offloaded_optimizer_numels(model.unit_numels(), world_, rank_, config);
+  size_t offloaded_total = 0, optimizer_total = 0;
+  for (size_t n : offloaded) offloaded_total += n;
+  for (size_t n : optimizer_shard_numels(model.unit_numels(), world_, rank_, config)) optimizer_total += n;
   if (config.offload_optimizer == OffloadDevice::nvme || config.offload_param == OffloadDevice::nvme)
     swap_dir_ = std::make_unique<io::SwapDirectory>(nvme.nvme_path, nvme.rank, "--nvme-path");
   units_.resize(num_units_);
+  for (int u = 0; u < num_units_; ++u) units_[u].shard = unit_shard(model.units()[u].numel(), world_, rank_, config_);
+  // Note [Streaming construction]: with --offload-param nvme each unit's parameter shard is written
+  // to params.swp as soon as the unit is materialized, through at most two pooled staging buffers,
+  // so building the engine never holds more than a unit or two of parameters. The optimizer's
+  // initial master (bf16/fp16) is then made from the shards read back one at a time
+  // (SwappedOptimizer's ParamSource); f32 runs need none (the parameters are the master). An
+  // in-memory optimizer with a master copy (optimizer offload none/cpu, or partial) reads every
+  // shard at its construction, so there the shards stay staged until it is built, as before.
+  const bool fully_swapped = config_.offload_optimizer == OffloadDevice::nvme && offloaded_total > 0 &&
+                             offloaded_total == optimizer_total;
+  const bool stream_params = config_.offload_param == OffloadDevice::nvme &&
+                             (model.compute_dtype() == DType::f32 || fully_swapped);
+  // Note [Speculative early step]: every unit but the first (whose gradients are final only at
+  // the end of the backward, so it is never updated before the step is validated) gets an undo
+  // copy of what its update overwrites in memory and spare swap slots. Every optimizer the engine
+  // builds steps shard by shard; speculates() is false under a partial offload.
+  const bool speculation = speculates(config_);
+  if (config_.offload_param == OffloadDevice::nvme) {
+    // Note [Parameter swap]: every sharded unit's shard gets a 4 KiB-aligned slot in params.swp,
+    // and with speculation a spare slot after it (not the first unit).
+    uint64_t offset = 0, spare_bytes = 0;
+    for (int u = 0; u < num_units_; ++u) {
+      UnitState& st = units_[u];
+      if (!params_swapped(u)) continue;
+      st.swap_bytes = swap_aligned(st.shard.shard_numel * dsize_);
+      st.swap_offset = st.swap_spare = offset;
+      offset += st.swap_bytes;
+      if (speculation && u > 0) {
+        st.swap_spare = offset;
+        offset += st.swap_bytes;
+        spare_bytes += st.swap_bytes;
+      }
+    }
+    param_path_ = swap_dir_->path() + "/params.swp";
+    param_fd_ = swap_dir_->create_file("params.swp", offset);
+    pin_staging_ = nvme.pin_memory;
+    param_io_ = io::make_uring_io(nvme.aio);
+    if (!nvme.fault_plan.empty())  // tests: the plan counts this file's transfers on its own
+      param_io_ = io::make_fault_injecting_io(std::move(param_io_), io::parse_fault_plan(nvme.fault_plan));
+    nvme_param_bytes_ = static_cast<int64_t>(offset - spare_bytes);
+    nvme_param_spare_bytes_ = static_cast<int64_t>(spare_bytes);
+    MemoryLedger::global().add(MemPlace::nvme, MemCategory::param, nvme_param_bytes_);
+    MemoryLedger::global().add(MemPlace::nvme, MemCategory::scratch, nvme_param_spare_bytes_);
+  }
+  grads_swapped_ = gradients_swapped(model.unit_numels(), world_, rank_, config);
+  if (grads_swapped_) {
+    // Note [Gradient swap]: one 4 KiB-aligned slot per unit in grads.swp, buffer_count staging buffers.
+    uint64_t offset = 0;
+    size_t largest = 0;
+    for (UnitState& st : units_) {
+      st.grad_bytes = swap_tensor_bytes(st.shard.shard_numel);
+      st.grad_offset = offset;
+      offset += st.grad_bytes;
+      largest = std::max(largest, st.grad_bytes);
+    }
+    grad_path_ = swap_dir_->path() + "/grads.swp";
+    grad_fd_ = swap_dir_->create_file("grads.swp", offset);
+    for (int b = 0; b < config_.optimizer_buffer_count; ++b) {
+      grad_buffers_.emplace_back(largest, MemCategory::swap, MemPlace::host, kSwapAlignBytes);
+      ZERONE_CHECK(!nvme.pin_memory || ::mlock(grad_buffers_.back().data(), largest) == 0,
+                   "offload_optimizer.pin_memory: cannot lock ", largest, " bytes of gradient staging in memory: ",
+                   std::strerror(errno), " (raise the locked-memory limit, ulimit -l, or set pin_memory false)");
+    }
+    grad_buffer_user_.assign(grad_buffers_.size(), -1);
+    grad_io_ = io::make_uring_io(nvme.aio);
+    if (!nvme.grad_fault_plan.empty())  // tests: a plan of its own, counting this file's transfers
+      grad_io_ = io::make_fault_injecting_io(std::move(grad_io_), io::parse_fault_plan(nvme.grad_fault_plan));
+    nvme_grad_bytes_ = static_cast<int64_t>(offset);
+    MemoryLedger::global().add(MemPlace::nvme, MemCategory::grad, nvme_grad_bytes_);
+  }
+  std::deque<std::pair<int, io::SwapIo::Ticket>> init_writes;  // stream_params: shards being written
+  auto retire_init_writes = [&](size_t keep) {
+    while (init_writes.size() > keep) {
+      auto [u, ticket] = init_writes.front();
+      init_writes.pop_front();
+      param_io_->wait(ticket);
+      stage_pool_.release(std::move(units_[u].shard_params));
+    }
+  };
   std::vector<optim::ShardRef> shards;
   for (int u = 0; u < num_units_; ++u) {
     nn::FlatParam& unit = model.units()[u];
     UnitState& st = units_[u];
-    st.shard = unit_shard(unit.numel(), world_, rank_, config_);
     ZERONE_ASSERT(st.shard.padded_numel == unit.padded_numel(), "model built with the wrong alignment for world ", world_);
     const size_t begin = config_.stage == 0 ? 0 : st.shard.shard_begin;
     const size_t numel = config_.stage == 0 ? unit.numel() : st.shard.shard_numel;
+    const MemPlace grad_shard_place = offloaded[u] > 0 ? MemPlace::host : MemPlace::device;
     if (!unit.has_params()) {
       ZERONE_ASSERT(materialize, "unit ", u, " has no parameters and no way to materialize them");
       unit.allocate_params();
@@ -64,9 +180,15 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
     optim::ShardRef ref;
     ref.numel = numel;
     st.opt_numel = numel;
-    if (params_swapped(u)) {
+    if (params_swapped(u) && stream_params) {
+      retire_init_writes(1);
+      st.shard_params = acquire_staging(st.swap_bytes);
+      std::memcpy(st.shard_params.data(), static_cast<char*>(unit.data()) + begin * dsize_, numel * dsize_);
+      init_writes.emplace_back(u, param_io_->start(io::IoOp::write, param_fd_.get(), param_path_, st.shard_params.data(),
+                                                   st.swap_bytes, st.swap_offset));
+      ref.param = nullptr;  // set before each update (load_shard_for_update)
+    } else if (params_swapped(u)) {
       // Staged on the host until the optimizer has read it, then written to params.swp.
-      st.swap_bytes = swap_aligned(st.shard.shard_numel * dsize_);
       st.shard_params = Buffer(st.swap_bytes, MemCategory::param, MemPlace::host, kSwapAlignBytes);
       std::memcpy(st.shard_params.data(), static_cast<char*>(unit.data()) + begin * dsize_, numel * dsize_);
       ref.param = st.shard_params.data();
@@ -78,7 +200,9 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
       ref.param = static_cast<char*>(unit.data()) + begin * dsize_;
     }
     if (!params_swapped(u)) st.opt_param = ref.param;
-    if (config_.stage >= 2) {
+    if (grads_swapped_) {
+      ref.grad = nullptr;  // staged before each update (load_grad)
+    } else if (config_.stage >= 2) {
       st.shard_grads = Buffer(st.shard.shard_numel * sizeof(float), MemCategory::grad, grad_shard_place);
       ref.grad = st.shard_grads.as<float>();
     } else {
@@ -103,21 +227,46 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
     shards.push_back(std::move(ref));
     if (params_sharded(u)) unit.release_params();
   }
-  // Note [Speculative early step]: every unit but the first (whose gradients are final only at
-  // the end of the backward, so it is never updated before the step is validated) gets an undo
-  // copy of what its update overwrites in memory and spare swap slots.
-  const bool speculation = speculates(config_);
-  if (config_.offload_optimizer == OffloadDevice::nvme) {
+  retire_init_writes(0);
+  // stream_params: the optimizer's initial master reads the shards back one at a time.
+  Buffer source_staging;
+  int source_unit = -1;
+  auto param_source = [&](size_t shard) -> const void* {
+    const int u = static_cast<int>(shard);
+    if (!params_swapped(u)) return shards[shard].param;
+    if (source_unit >= 0) stage_pool_.release(std::move(source_staging));
+    source_unit = u;
+    source_staging = acquire_staging(units_[u].swap_bytes);
+    param_io_->wait(param_io_->start(io::IoOp::read, param_fd_.get(), param_path_, source_staging.data(),
+                                     units_[u].swap_bytes, units_[u].swap_offset));
+    return source_staging.data();
+  };
+  if (offloaded_total > 0 && offloaded_total < optimizer_total) {
+    // speculates() is false here (Note [Partial optimizer offload]): no undo copies, no spare slots.
+    ZERONE_ASSERT(!speculation, "a speculative early step with a partial optimizer offload");
+    optimizer_ = std::make_unique<PartialOffloadOptimizer>(std::move(shards), offloaded, model.compute_dtype(), optimizer,
+                                                           config_.offload_optimizer, config_.sub_group_numel,
+                                                           config_.optimizer_buffer_count, nvme, swap_dir_.get());
+  } else if (fully_swapped) {
+    // Note [Speculative early step]: every unit but the first (whose gradients are final only at
+    // the end of the backward, so it is never updated before the step is validated) gets spare
+    // swap slots. `shards` stays readable for param_source (the optimizer keeps its own copy).
     std::vector<char> spare(num_units_, speculation ? 1 : 0);
     if (!spare.empty()) spare[0] = 0;
-    optimizer_ = std::make_unique<SwappedOptimizer>(std::move(shards), model.compute_dtype(), optimizer,
-                                                config_.sub_group_numel,
-                                                config_.optimizer_buffer_count, nvme, *swap_dir_, spare);
+    optimizer_ = std::make_unique<SwappedOptimizer>(shards, model.compute_dtype(), optimizer, config_.sub_group_numel,
+                                                    config_.optimizer_buffer_count, nvme, *swap_dir_, spare,
+                                                    stream_params ? SwappedOptimizer::ParamSource(param_source) : nullptr);
   } else {
     optimizer_ = optim::make_optimizer(std::move(shards), model.compute_dtype(), optimizer,
-                                       offload_place(config_.offload_optimizer));
+                                       offloaded_total > 0 ? offload_place(config_.offload_optimizer) : MemPlace::device);
   }
-  speculation_ready_ = speculation && optimizer_->supports_shard_steps();
+  if (source_unit >= 0) stage_pool_.release(std::move(source_staging));
+  if (grads_swapped_) {
+    swapped_ = dynamic_cast<SwappedOptimizer*>(optimizer_.get());
+    ZERONE_ASSERT(swapped_ != nullptr, "swapped gradients without a swapped optimizer");
+  }
+  ZERONE_ASSERT(!speculation || optimizer_->supports_shard_steps(), "a speculative early step without shard steps");
+  speculation_ready_ = speculation;
   if (speculation_ready_) {
     for (int u = 1; u < num_units_; ++u) {
       UnitState& st = units_[u];
@@ -129,39 +278,20 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
     }
   }
   if (config_.offload_param == OffloadDevice::nvme) {
-    // Note [Parameter swap]: every sharded unit's shard gets a 4 KiB-aligned slot in params.swp.
-    uint64_t offset = 0, spare_bytes = 0;
-    for (int u = 0; u < num_units_; ++u) {
-      UnitState& st = units_[u];
-      st.swap_offset = st.swap_spare = offset;
-      offset += st.swap_bytes;
-      if (speculation_ready_ && u > 0 && st.swap_bytes > 0) {  // Note [Speculative early step]
-        st.swap_spare = offset;
-        offset += st.swap_bytes;
-        spare_bytes += st.swap_bytes;
-      }
+    if (!stream_params) {
+      // The optimizer has read the staged shards: write them to params.swp.
+      std::vector<io::SwapIo::Ticket> writes;
+      for (int u = 0; u < num_units_; ++u)
+        if (params_swapped(u))
+          writes.push_back(param_io_->start(io::IoOp::write, param_fd_.get(), param_path_,
+                                            units_[u].shard_params.data(), units_[u].swap_bytes, units_[u].swap_offset));
+      for (io::SwapIo::Ticket t : writes) param_io_->wait(t);
     }
-    param_path_ = swap_dir_->path() + "/params.swp";
-    param_fd_ = swap_dir_->create_file("params.swp", offset);
-    pin_staging_ = nvme.pin_memory;
-    param_io_ = io::make_uring_io(nvme.aio);
-    if (!nvme.fault_plan.empty())  // tests: the plan counts this file's transfers on its own
-      param_io_ = io::make_fault_injecting_io(std::move(param_io_), io::parse_fault_plan(nvme.fault_plan));
-    std::vector<io::SwapIo::Ticket> writes;
-    for (int u = 0; u < num_units_; ++u)
-      if (params_swapped(u))
-        writes.push_back(param_io_->start(io::IoOp::write, param_fd_.get(), param_path_, units_[u].shard_params.data(),
-                                          units_[u].swap_bytes, units_[u].swap_offset));
-    for (io::SwapIo::Ticket t : writes) param_io_->wait(t);
     for (int u = 0; u < num_units_; ++u) {
       if (!params_swapped(u)) continue;
       units_[u].shard_params.reset();
       optimizer_->set_param(static_cast<size_t>(u), nullptr);  // set again before each update
     }
-    nvme_param_bytes_ = static_cast<int64_t>(offset - spare_bytes);
-    nvme_param_spare_bytes_ = static_cast<int64_t>(spare_bytes);
-    MemoryLedger::global().add(MemPlace::nvme, MemCategory::param, nvme_param_bytes_);
-    MemoryLedger::global().add(MemPlace::nvme, MemCategory::scratch, nvme_param_spare_bytes_);
   }
   dpu_threads_ = std::max(1, omp_get_max_threads() / 2);
   last_toucher_.resize(num_units_);
@@ -175,6 +305,8 @@ ZeroEngine::~ZeroEngine() {
   if (dpu_worker_.joinable()) dpu_worker_.join();  // its error, if any, is dropped: we are unwinding
   // Never leave the kernel or the communication thread writing into freed buffers.
   if (param_io_) param_io_->drain();
+  if (grad_io_) grad_io_->drain();
+  if (nvme_grad_bytes_ > 0) MemoryLedger::global().sub(MemPlace::nvme, MemCategory::grad, nvme_grad_bytes_);
   if (nvme_param_bytes_ > 0) MemoryLedger::global().sub(MemPlace::nvme, MemCategory::param, nvme_param_bytes_);
   if (nvme_param_spare_bytes_ > 0)
     MemoryLedger::global().sub(MemPlace::nvme, MemCategory::scratch, nvme_param_spare_bytes_);
@@ -407,8 +539,10 @@ void ZeroEngine::launch_reduction(int u) {
   st.reduce_src = unit.take_grads();
   float* out;
   if (st.accumulator_zero) {
-    // First micro-step of the step: the accumulator is zero, so the shard can land in it directly.
-    out = st.shard_grads.as<float>();
+    // First micro-step of the step: the accumulator is zero, so the shard can land in it directly
+    // (Note [Gradient swap]: in a staging buffer, written to the slot once reduced).
+    if (grads_swapped_) finish_grad_write(u);  // a skipped step's write may still hold a buffer
+    out = grads_swapped_ ? acquire_grad_buffer(u) : st.shard_grads.as<float>();
     st.accumulator_zero = false;
   } else {
     st.reduce_out = pool_.acquire(S * sizeof(float), MemCategory::comm, /*zeroed=*/false);
@@ -441,21 +575,114 @@ void ZeroEngine::finish_reduction(int u) {
   }
   st.reduce_work.clear();
   if (config_.stage < 2) return;
-  // Accumulate this micro-step's reduced shard (unless it landed in the accumulator directly)
-  // and give the full gradients back to the pool.
-  if (!st.reduce_out.empty()) {
-    float* acc = st.shard_grads.as<float>();
-    const float* in = st.reduce_out.as<float>();
-    const size_t S = st.shard.shard_numel;
-#pragma omp parallel for simd schedule(static) if (S > 65536)
-    for (size_t i = 0; i < S; ++i) acc[i] += in[i];
-    pool_.release(std::move(st.reduce_out));
-  }
-  pool_.release(std::move(st.reduce_src));
   auto it = std::find(reducing_.begin(), reducing_.end(), u);
   ZERONE_ASSERT(it != reducing_.end(), "unit ", u, " finished a reduction it never launched");
   reducing_.erase(it);
   reducing_numel_ -= st.shard.padded_numel;
+  const size_t S = st.shard.shard_numel;
+  auto accumulate = [&](float* acc) {
+    const float* in = st.reduce_out.as<float>();
+#pragma omp parallel for simd schedule(static) if (S > 65536)
+    for (size_t i = 0; i < S; ++i) acc[i] += in[i];
+    pool_.release(std::move(st.reduce_out));
+  };
+  if (grads_swapped_) {
+    // Note [Gradient swap]: the first micro-step's shard landed in a staging buffer; a later one
+    // landed in the pool and is added to the slot read back. Either way the sum goes to the slot.
+    float* acc;
+    if (st.reduce_out.empty()) {
+      acc = grad_buffers_[st.grad_buffer].as<float>();
+    } else {
+      finish_grad_write(u);  // the previous micro-step's
+      acc = acquire_grad_buffer(u);
+      {
+        ProfileScope profile(ProfileCategory::swap);
+        grad_io_->wait(grad_io_->start(io::IoOp::read, grad_fd_.get(), grad_path_, acc, st.grad_bytes, st.grad_offset));
+      }
+      accumulate(acc);
+    }
+    if (last_micro_step_) {
+      // The norm of the step's gradients, as step()'s pass would measure it (the same function,
+      // Note [Deterministic gradient norm]).
+      st.grad_sumsq = grad_sumsq(acc, S);
+    }
+    st.grad_write = grad_io_->start(io::IoOp::write, grad_fd_.get(), grad_path_, acc, st.grad_bytes, st.grad_offset);
+    grad_writes_.push_back(u);
+    pool_.release(std::move(st.reduce_src));
+    return;
+  }
+  // Accumulate this micro-step's reduced shard (unless it landed in the accumulator directly)
+  // and give the full gradients back to the pool.
+  if (!st.reduce_out.empty()) accumulate(st.shard_grads.as<float>());
+  pool_.release(std::move(st.reduce_src));
+}
+
+// Note [Gradient swap]: with the whole optimizer on NVMe at stages 2-3 (and no delayed update),
+// the f32 gradient shard accumulators, 4 bytes per parameter, live in the rank's grads.swp (one
+// 4 KiB-aligned slot per unit) instead of memory; buffer_count host staging buffers of the
+// largest slot carry them (ZeRO-Infinity keeps its gradient partitions on NVMe the same way).
+//   - the first micro-step's reduce-scatter of a unit lands in a staging buffer, which is written
+//     to the slot once the reduction is done; a later micro-step's lands in the pooled buffer it
+//     lands in without the swap, and is added to the slot read back into a staging buffer, which
+//     is then written back (a slot is read only after its previous write completed);
+//   - the last micro-step also measures the sum's squares with step()'s own loop, so clipping and
+//     the overflow check see the norm they would see in memory;
+//   - before a unit's update its slot is staged again (or its buffer still holds it, when the
+//     write has not been waited for yet) and handed to the optimizer (set_grad); the buffer is
+//     freed after the update. Every value is the same f32, summed in the same order, as in
+//     memory, so the trajectory is unchanged (tests/zero/offload_invariance.sh, early_step.sh).
+// A staging buffer is taken free, or by waiting for the oldest write, or else by finishing the
+// oldest reduction (its write then frees one). Writes are waited for lazily; all are done when
+// step() returns. Faults are injected in tests through a plan of their own (ZERONE_GRAD_SWAP_FAULT,
+// tests/zero/offload_faults.sh).
+
+float* ZeroEngine::acquire_grad_buffer(int u) {
+  for (;;) {
+    for (size_t b = 0; b < grad_buffers_.size(); ++b) {
+      if (grad_buffer_user_[b] >= 0) continue;
+      grad_buffer_user_[b] = u;
+      units_[u].grad_buffer = static_cast<int>(b);
+      return grad_buffers_[b].as<float>();
+    }
+    if (!grad_writes_.empty()) {
+      finish_grad_write(grad_writes_.front());
+      continue;
+    }
+    ZERONE_ASSERT(!reducing_.empty(), "no gradient staging buffer can be freed");
+    finish_reduction(reducing_.front());
+  }
+}
+
+void ZeroEngine::finish_grad_write(int u) {
+  UnitState& st = units_[u];
+  if (st.grad_write != 0) {
+    {
+      ProfileScope profile(ProfileCategory::swap);
+      grad_io_->wait(std::exchange(st.grad_write, 0));
+    }
+    grad_writes_.erase(std::find(grad_writes_.begin(), grad_writes_.end(), u));
+  }
+  if (st.grad_buffer >= 0) grad_buffer_user_[std::exchange(st.grad_buffer, -1)] = -1;
+}
+
+void ZeroEngine::load_grad(int u) {
+  if (!grads_swapped_) return;
+  UnitState& st = units_[u];
+  float* g;
+  if (st.grad_buffer >= 0) {
+    g = grad_buffers_[st.grad_buffer].as<float>();  // still holds what is being written
+  } else {
+    g = acquire_grad_buffer(u);
+    ProfileScope profile(ProfileCategory::swap);
+    grad_io_->wait(grad_io_->start(io::IoOp::read, grad_fd_.get(), grad_path_, g, st.grad_bytes, st.grad_offset));
+  }
+  swapped_->set_grad(static_cast<size_t>(u), g);
+}
+
+void ZeroEngine::unload_grad(int u) {
+  if (!grads_swapped_) return;
+  finish_grad_write(u);
+  swapped_->set_grad(static_cast<size_t>(u), nullptr);
 }
 
 double ZeroEngine::reduce_grad_norm_sq(double local_sumsq) const {
@@ -515,10 +742,17 @@ double ZeroEngine::reduce_grad_norm_sq(double local_sumsq) const {
 // or parameter state on NVMe, the I/O the early step can move under the backward. With the state
 // in memory the early update is the same arithmetic on the same cores, moved and not hidden, so
 // speculating there only adds its costs (measured 6-10% per step, docs/BENCHMARKS.md) and the
-// engine steps at the end (tests force it with ZERONE_SPECULATE=memory).
+// engine steps at the end (tests force it with ZERONE_SPECULATE=memory). Never under a partial
+// optimizer offload (ratio below 1, Note [Partial optimizer offload] in partition.h): there the
+// step is at the end. Optimizers: AdamW and SGD keep undo copies of their in-memory state
+// (Optimizer::save_undo; SGD: master unless f32, momentum buffer unless momentum 0); a swapped one
+// uses spare slots. With swapped gradients (Note [Gradient swap]) a unit's sum of squares is the
+// one measured with grad_sumsq as its last micro-step finished (unit_grad_sumsq), the value the
+// plain step adds too; the gradient slot is only read by an update, so a redone step stages it
+// again (update_at_end's load_grad) and a skipped one drops it as the plain step does.
 // Costs: memory, per parameter of the rank's shard of the units after the first:
 // the parameter (compute dtype) plus, with the optimizer in memory, AdamW's master (not for f32)
-// and moments, 12-16 bytes, as standing buffers (category scratch, on the state's place; in
+// and moments, 12-16 bytes (SGD: master and momentum buffer, 0-8 bytes), as standing buffers (category scratch, on the state's place; in
 // `zerone estimate`); on NVMe, a second copy of the swapped state of those units on the disk
 // (nvme.scratch), i.e. twice the disk per parameter. Time: a validated step copies the
 // in-memory state once (a memcpy of 12-16 bytes per parameter, beside the update's ~30 bytes of
@@ -530,36 +764,16 @@ double ZeroEngine::reduce_grad_norm_sq(double local_sumsq) const {
 // overflows are rare and followed by a halved loss scale, so they do not stop speculation.
 // docs/BENCHMARKS.md has the measured gain and cost.
 
-// Note [Deterministic gradient norm]: the sum of squares of a gradient shard, in f64, in fixed
-// blocks of kNormBlock elements whose partial sums are added in order, so the result does not
-// depend on the number of OpenMP threads or on how their reductions are combined; every path
-// that measures the norm before an update (step(), the speculative early step, --delayed-update)
-// uses it, so they agree to the bit.
-namespace {
-constexpr size_t kNormBlock = size_t{1} << 14;
-double grad_sumsq(const float* g, size_t n, float* copy_to = nullptr) {
-  const size_t blocks = (n + kNormBlock - 1) / kNormBlock;
-  auto block = [&](size_t b) {
-    const size_t lo = b * kNormBlock, hi = std::min(n, lo + kNormBlock);
-    double s = 0.0;
-    if (copy_to) std::memcpy(copy_to + lo, g + lo, (hi - lo) * sizeof(float));
-#pragma omp simd reduction(+ : s)
-    for (size_t k = lo; k < hi; ++k) s += static_cast<double>(g[k]) * g[k];
-    return s;
-  };
-  if (blocks <= 1) return blocks == 1 ? block(0) : 0.0;
-  std::vector<double> part(blocks);
-#pragma omp parallel for schedule(static) if (blocks > 4)
-  for (size_t b = 0; b < blocks; ++b) part[b] = block(b);
-  double total = 0.0;
-  for (double p : part) total += p;
-  return total;
+
+double ZeroEngine::unit_grad_sumsq(int u) {
+  // Note [Gradient swap]: the slot's sum was measured as the last micro-step finished.
+  if (grads_swapped_) return units_[u].grad_sumsq;
+  return grad_sumsq(optimizer_->grad(static_cast<size_t>(u)), optimizer_->numel(static_cast<size_t>(u)));
 }
-}  // namespace
 
 double ZeroEngine::local_grad_sumsq() {
   double local = 0.0;
-  for (size_t i = 0; i < optimizer_->num_shards(); ++i) local += grad_sumsq(optimizer_->grad(i), optimizer_->numel(i));
+  for (size_t i = 0; i < optimizer_->num_shards(); ++i) local += unit_grad_sumsq(static_cast<int>(i));
   return local;
 }
 
@@ -602,10 +816,11 @@ void ZeroEngine::early_update(int u, int next) {
   if (early_.speculative && early_.active) {
     // Note [Speculative early step]: measure, and keep what the update overwrites in memory.
     ZERONE_ASSERT(u > 0, "the first unit is never updated before the step is validated");
-    st.sumsq = grad_sumsq(optimizer_->grad(static_cast<size_t>(u)), st.opt_numel);
+    st.sumsq = unit_grad_sumsq(u);
     if (!st.undo_param.empty()) std::memcpy(st.undo_param.data(), st.opt_param, st.opt_numel * dsize_);
     if (!st.undo_optim.empty()) optimizer_->save_undo(static_cast<size_t>(u), st.undo_optim.data());
   }
+  load_grad(u);
   early_.sumsq += optimizer_->update_shard(static_cast<size_t>(u),
                                            next >= 0 ? static_cast<size_t>(next) : optim::Optimizer::kNoShard);
   on_shard_updated(u);
@@ -644,6 +859,7 @@ double ZeroEngine::update_at_end(float lr, float grad_scale) {
       lr, grad_scale, [this](size_t shard) { on_shard_updated(static_cast<int>(shard)); },
       [this](size_t shard) {
         if (params_swapped(static_cast<int>(shard))) load_shard_for_update(static_cast<int>(shard));
+        load_grad(static_cast<int>(shard));
       });
   retire_param_writes(0);
   commit_param_slots();
@@ -670,7 +886,7 @@ ZeroEngine::StepResult ZeroEngine::step_early() {
     for (int u = 0; u < num_units_; ++u) {
       if (!early_.updated[u]) {
         finish_reduction(u);
-        units_[u].sumsq = grad_sumsq(optimizer_->grad(static_cast<size_t>(u)), units_[u].opt_numel);
+        units_[u].sumsq = unit_grad_sumsq(u);
       }
       local += units_[u].sumsq;
     }
@@ -761,6 +977,7 @@ void ZeroEngine::on_shard_updated(int u) {
   // Shards map one to one to units (constructor). Note [Gathers overlap the next forward].
   nn::FlatParam& unit = model_.units()[u];
   UnitState& st = units_[u];
+  unload_grad(u);
   if (config_.stage <= 1) unit.mark_grads_fresh();
   if (params_swapped(u)) {
     param_writes_.emplace_back(u, param_io_->start(io::IoOp::write, param_fd_.get(), param_path_, st.staged.data(),
@@ -805,7 +1022,8 @@ void ZeroEngine::on_shard_updated(int u) {
 // docs/BENCHMARKS.md for whether it pays on 2 cores). It does no collective and no parameter swap
 // I/O (hence no --offload-param nvme); optimizer NVMe swap runs on it unchanged. Memory: one more
 // f32 gradient copy and one parameter copy (compute dtype) of the rank's optimizer shard, in the
-// ledger as grad and param on the optimizer's place. Gradient accumulation is unchanged: every
+// ledger as grad and param where that shard's optimizer runs, and in zerone estimate --delayed-update
+// (Note [Offload places] in partition.h). Gradient accumulation is unchanged: every
 // micro-step of step s+1 sees theta_{s-1}.
 
 void ZeroEngine::join_delayed() {

@@ -50,7 +50,9 @@ class ZeroEngine : public nn::UnitHooks {
   //
   // Offload (Note [Offload places] in partition.h): config.offload_optimizer cpu puts master,
   // moments and the stage 2-3 gradient shards on the host; nvme swaps master and moments through
-  // `nvme` (SwappedOptimizer). config.offload_param cpu keeps stage 3's parameter shards on the host.
+  // `nvme` (SwappedOptimizer); with config.offload_optimizer_ratio below 1 only the first sub-groups
+  // go there and the rest stays on the device (Note [Partial optimizer offload] in partition.h,
+  // PartialOffloadOptimizer). config.offload_param cpu keeps stage 3's parameter shards on the host.
   // `optimizer` names the optimizer whose state the engine shards (AdamW or SGD, optimizers.h).
   // Throws Error for offload a stage cannot do (optimizer offload at stage 0, parameter offload
   // below stage 3). config.offload_param nvme keeps them in the swap file "params.swp" (Note
@@ -178,6 +180,13 @@ class ZeroEngine : public nn::UnitHooks {
     double sumsq = 0.0;  // of this rank's gradient shard, grad_sumsq (Note [Deterministic gradient norm])
     Buffer staged;
     io::SwapIo::Ticket read_ticket = 0;
+    // Note [Gradient swap]: the accumulator's slot in grads.swp, the staging buffer holding it
+    // (-1: none), its write in flight (0: none), and the sum of squares of the step's final sum.
+    uint64_t grad_offset = 0;
+    size_t grad_bytes = 0;
+    int grad_buffer = -1;
+    io::SwapIo::Ticket grad_write = 0;
+    double grad_sumsq = 0.0;
   };
 
   bool params_sharded(int u) const { return config_.stage == 3 && !units_[u].shard.persistent; }
@@ -211,6 +220,9 @@ class ZeroEngine : public nn::UnitHooks {
   double update_at_end(float lr, float grad_scale);
   void skip_step();
   void commit_param_slots();
+  // This rank's per-unit gradient sum of squares (Note [Deterministic gradient norm]; swapped
+  // gradients: as measured at the last micro-step), and their sum in shard order.
+  double unit_grad_sumsq(int u);
   double local_grad_sumsq();
 
   nn::Model& model_;
@@ -237,6 +249,20 @@ class ZeroEngine : public nn::UnitHooks {
   int64_t nvme_param_spare_bytes_ = 0;  // Note [Speculative early step]: spare slots in params.swp
   bool pin_staging_ = false;  // offload_*.pin_memory: mlock parameter staging buffers
   Buffer acquire_staging(size_t bytes);
+  // Note [Gradient swap].
+  bool grads_swapped_ = false;
+  SwappedOptimizer* swapped_ = nullptr;  // optimizer_, when the gradients are swapped
+  std::string grad_path_;
+  io::FileDescriptor grad_fd_;
+  std::vector<Buffer> grad_buffers_;     // host.swap
+  std::vector<int> grad_buffer_user_;    // the unit holding each (-1: free)
+  std::deque<int> grad_writes_;          // units whose slot is being written, oldest first
+  int64_t nvme_grad_bytes_ = 0;
+  std::unique_ptr<io::SwapIo> grad_io_;  // after the buffers: drained before they go
+  float* acquire_grad_buffer(int u);
+  void finish_grad_write(int u);
+  void load_grad(int u);
+  void unload_grad(int u);
   // --delayed-update (Note [Delayed parameter update]). Per optimizer shard: where the reduced
   // gradients land (what the optimizer reads without the flag), the copy the optimizer thread
   // reads, and the parameters it writes (installed into the model at the next step()).

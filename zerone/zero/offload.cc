@@ -23,7 +23,7 @@ int optim_tensor_count(const optim::OptimizerOptions& o) {
 SwappedOptimizer::SwappedOptimizer(std::vector<optim::ShardRef> shards, DType param_dtype,
                                    const optim::OptimizerOptions& options, size_t sub_group_numel, int buffer_count,
                                    const NvmeConfig& config, io::SwapDirectory& dir,
-                                   const std::vector<char>& spare_slots)
+                                   const std::vector<char>& spare_slots, const ParamSource& param_source)
     : shards_(std::move(shards)),
       param_dtype_(param_dtype),
       options_(options),
@@ -74,13 +74,15 @@ SwappedOptimizer::SwappedOptimizer(std::vector<optim::ShardRef> shards, DType pa
 
   // The initial state: master = parameters widened to f32, m = v = 0.
   std::vector<io::SwapIo::Ticket> writes(buffers_.size(), 0);
+  const void* shard_param = nullptr;
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
     const SubGroup& g = groups_[gi];
     const size_t b = gi % buffers_.size();
     if (writes[b] != 0) io_->wait(std::exchange(writes[b], 0));
     std::memset(buffers_[b].data(), 0, group_bytes(g));
     if (tensors_ > optim_tensors_) {
-      const char* param = static_cast<const char*>(shards_[g.shard].param) + g.begin * dtype_size(param_dtype_);
+      if (gi == first_group_[g.shard]) shard_param = param_source ? param_source(g.shard) : shards_[g.shard].param;
+      const char* param = static_cast<const char*>(shard_param) + g.begin * dtype_size(param_dtype_);
       convert_to_f32(param, param_dtype_, tensor(b, g, optim_tensors_), g.end - g.begin);
     }
     writes[b] = io_->start(io::IoOp::write, fd_.get(), file_path_, buffers_[b].data(), group_bytes(g), g.offset);

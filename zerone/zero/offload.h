@@ -27,6 +27,7 @@ struct NvmeConfig {
   io::AioConfig aio;
   std::string fault_plan;         // tests only: io::parse_fault_plan spec ("" none), applied to the
                                   // optimizer's and the parameters' swap I/O, each counting its own
+  std::string grad_fault_plan;    // tests only: the same for the gradient swap (Note [Gradient swap])
 };
 
 // Note [Swap layout]: each shard is cut into sub-groups of at most sub_group_size elements
@@ -58,9 +59,16 @@ class SwappedOptimizer final : public optim::Optimizer {
   // the optimizer) and writes the initial state (master from the parameters, zero moments). Throws
   // Error naming the file for a full disk or any I/O failure, and for an optimizer with no state
   // to swap (SGD without momentum on f32 parameters).
+  //
+  // `param_source`, when given, supplies shard i's parameters for the initial master instead of
+  // shards[i].param (which may then be null): it is called once per shard, in order, and its
+  // pointer need only stay valid until the next call. The ZeRO engine reads NVMe-resident
+  // parameter shards back through it, so no rank holds every shard at once while it is built
+  // (Note [Streaming construction] in engine.cc).
+  using ParamSource = std::function<const void*(size_t shard)>;
   SwappedOptimizer(std::vector<optim::ShardRef> shards, DType param_dtype, const optim::OptimizerOptions& options,
                    size_t sub_group_numel, int buffer_count, const NvmeConfig& config, io::SwapDirectory& dir,
-                   const std::vector<char>& spare_slots = {});
+                   const std::vector<char>& spare_slots = {}, const ParamSource& param_source = nullptr);
   ~SwappedOptimizer() override;
   SwappedOptimizer(const SwappedOptimizer&) = delete;
   SwappedOptimizer& operator=(const SwappedOptimizer&) = delete;
@@ -70,6 +78,9 @@ class SwappedOptimizer final : public optim::Optimizer {
   double step(float lr, float grad_scale, const std::function<void(size_t shard)>& shard_done = nullptr,
               const std::function<void(size_t shard)>& shard_begin = nullptr) override;
   void set_param(size_t i, void* param) override { shards_[i].param = param; }
+  // Where shard i's gradients are from now on (numel f32): the ZeRO engine stages swapped
+  // gradient shards before each update (Note [Gradient swap] in engine.cc).
+  void set_grad(size_t i, const float* grad) { shards_[i].grad = grad; }
   // Per-shard stepping (optim::Optimizer). The pipeline of Note [Pipelined swap] runs across
   // update_shard() calls: the sub-group after the current one (the next of the shard, else the
   // first of `next_shard`) is read while the current one steps, and writes complete in the

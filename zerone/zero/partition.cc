@@ -36,7 +36,42 @@ std::vector<std::pair<size_t, size_t>> sub_groups(size_t shard_numel, size_t sub
 
 bool speculates(const ZeroConfig& c) {
   const bool nvme = c.offload_optimizer == OffloadDevice::nvme || (c.stage == 3 && c.offload_param == OffloadDevice::nvme);
-  return c.speculative_step && c.early_step && !c.delayed_update && (nvme || c.speculate_in_memory);
+  // Note [Partial optimizer offload]: not combined with a partial offload (ratio below 1).
+  const bool partial = c.offload_optimizer != OffloadDevice::none && c.offload_optimizer_ratio < 1.0;
+  return c.speculative_step && c.early_step && !c.delayed_update && !partial && (nvme || c.speculate_in_memory);
+}
+
+std::vector<size_t> offloaded_prefix(const std::vector<size_t>& shard_numels, size_t sub_group_numel, double ratio) {
+  ZERONE_ASSERT(sub_group_numel >= 1 && ratio >= 0.0 && ratio <= 1.0);
+  size_t groups = 0;
+  for (size_t n : shard_numels) groups += (n + sub_group_numel - 1) / sub_group_numel;
+  size_t left = static_cast<size_t>(ratio * static_cast<double>(groups));  // int(ratio * n), as DeepSpeed
+  std::vector<size_t> out;
+  for (size_t n : shard_numels) {
+    const size_t count = (n + sub_group_numel - 1) / sub_group_numel, take = std::min(left, count);
+    out.push_back(take == count ? n : take * sub_group_numel);
+    left -= take;
+  }
+  return out;
+}
+
+std::vector<size_t> optimizer_shard_numels(const std::vector<size_t>& unit_numels, int world, int rank,
+                                           const ZeroConfig& config) {
+  std::vector<size_t> out;
+  for (size_t numel : unit_numels) out.push_back(config.stage == 0 ? numel : unit_shard(numel, world, rank, config).shard_numel);
+  return out;
+}
+
+std::vector<size_t> offloaded_optimizer_numels(const std::vector<size_t>& unit_numels, int world, int rank,
+                                               const ZeroConfig& config) {
+  std::vector<size_t> shards = optimizer_shard_numels(unit_numels, world, rank, config);
+  if (config.offload_optimizer == OffloadDevice::none) return std::vector<size_t>(shards.size(), 0);
+  return offloaded_prefix(shards, config.sub_group_numel, config.offload_optimizer_ratio);
+}
+
+bool gradients_swapped(const std::vector<size_t>& unit_numels, int world, int rank, const ZeroConfig& config) {
+  if (config.stage < 2 || config.offload_optimizer != OffloadDevice::nvme || config.delayed_update) return false;
+  return offloaded_optimizer_numels(unit_numels, world, rank, config) == optimizer_shard_numels(unit_numels, world, rank, config);
 }
 
 size_t swap_aligned(size_t bytes) { return (bytes + kSwapAlignBytes - 1) / kSwapAlignBytes * kSwapAlignBytes; }
@@ -72,58 +107,72 @@ ModelStateBytes model_state_bytes(const std::vector<size_t>& unit_numels, int wo
   const int64_t ds = static_cast<int64_t>(dtype_size(dtype));
   const bool has_master = dtype != DType::f32;
   const MemPlace opt_place = offload_place(config.offload_optimizer);
-  const MemPlace grad_shard_place = config.offload_optimizer == OffloadDevice::none ? MemPlace::device : MemPlace::host;
   const bool nvme = config.offload_optimizer == OffloadDevice::nvme;
-  size_t largest_sub_group = 0;
+  const std::vector<size_t> offloaded = offloaded_optimizer_numels(unit_numels, world, rank, config);
+  const bool grads_swapped = gradients_swapped(unit_numels, world, rank, config);
   const bool speculation = speculates(config);
+  size_t largest_sub_group = 0, largest_grad_slot = 0;
+  auto add = [&](MemPlace place, MemCategory category, int64_t bytes, int64_t& total) {
+    b.placed.at(place, category) += bytes;
+    total += bytes;
+  };
   for (size_t u = 0; u < unit_numels.size(); ++u) {
     const size_t numel = unit_numels[u];
     const bool spare = speculation && u > 0;  // Note [Speculative early step]: not the first unit
     UnitShard s = unit_shard(numel, world, rank, config);
     const int64_t P = static_cast<int64_t>(s.padded_numel), S = static_cast<int64_t>(s.shard_numel);
     const int64_t opt_numel = config.stage == 0 ? static_cast<int64_t>(numel) : S;
+    const int64_t off = static_cast<int64_t>(offloaded[u]), resident = opt_numel - off;
     const bool sharded = config.stage == 3 && !s.persistent;
     int64_t param = (sharded ? S : P) * ds;
     if (sharded && config.offload_param == OffloadDevice::nvme) param = static_cast<int64_t>(swap_aligned(static_cast<size_t>(param)));
-    const int64_t grad = (config.stage <= 1 ? P : S) * 4;
-    b.param += param;
-    b.placed.at(sharded ? offload_place(config.offload_param) : MemPlace::device, MemCategory::param) += param;
+    add(sharded ? offload_place(config.offload_param) : MemPlace::device, MemCategory::param, param, b.param);
     if (spare) {
       // An undo copy of the parameter slice the optimizer writes, or a spare slot for a swapped shard.
       const bool swapped = sharded && config.offload_param == OffloadDevice::nvme;
-      const int64_t undo = swapped ? param : opt_numel * ds;
-      b.speculation += undo;
-      b.placed.at(sharded ? offload_place(config.offload_param) : MemPlace::device, MemCategory::scratch) += undo;
+      add(sharded ? offload_place(config.offload_param) : MemPlace::device, MemCategory::scratch,
+          swapped ? param : opt_numel * ds, b.speculation);
     }
-    b.grad += grad;
-    b.placed.at(config.stage <= 1 ? MemPlace::device : grad_shard_place, MemCategory::grad) += grad;
-    if (!nvme) {
-      b.master += has_master ? opt_numel * 4 : 0;
-      b.optim += K * opt_numel * 4;
-      if (spare) {
-        b.speculation += ((has_master ? 1 : 0) + K) * opt_numel * 4;
-        b.placed.at(opt_place, MemCategory::scratch) += ((has_master ? 1 : 0) + K) * opt_numel * 4;
-      }
+    // Note [Partial optimizer offload]: a gradient shard follows the unit's offloaded sub-groups.
+    const MemPlace grad_place = config.stage <= 1 || off == 0 ? MemPlace::device : MemPlace::host;
+    if (grads_swapped) {  // Note [Gradient swap]
+      const size_t slot = swap_tensor_bytes(static_cast<size_t>(S));
+      add(MemPlace::nvme, MemCategory::grad, static_cast<int64_t>(slot), b.grad);
+      largest_grad_slot = std::max(largest_grad_slot, slot);
     } else {
-      for (auto [begin, end] : sub_groups(static_cast<size_t>(opt_numel), config.sub_group_numel)) {
+      add(grad_place, MemCategory::grad, (config.stage <= 1 ? P : S) * 4, b.grad);
+    }
+    if (config.delayed_update) {
+      // Note [Delayed parameter update]: the optimizer's own gradients and parameters.
+      const int64_t n = std::max<int64_t>(opt_numel, 1);
+      const MemPlace dpu_place = off == 0 ? MemPlace::device : MemPlace::host;
+      add(dpu_place, MemCategory::grad, n * 4, b.grad);
+      add(dpu_place, MemCategory::param, n * ds, b.param);
+    }
+    if (has_master) add(MemPlace::device, MemCategory::master, resident * 4, b.master);
+    add(MemPlace::device, MemCategory::optim, K * resident * 4, b.optim);
+    if (!nvme) {
+      if (has_master) add(opt_place, MemCategory::master, off * 4, b.master);
+      add(opt_place, MemCategory::optim, K * off * 4, b.optim);
+      // Speculation's undo copy of the in-memory state (master unless f32, K tensors); never
+      // under a partial offload (speculates()), so the whole shard is on opt_place.
+      if (spare) add(opt_place, MemCategory::scratch, ((has_master ? 1 : 0) + K) * opt_numel * 4, b.speculation);
+    } else {
+      for (auto [begin, end] : sub_groups(static_cast<size_t>(off), config.sub_group_numel)) {
         const int64_t aligned = static_cast<int64_t>(swap_tensor_bytes(end - begin));
-        b.master += has_master ? aligned : 0;
-        b.optim += K * aligned;
+        if (has_master) add(MemPlace::nvme, MemCategory::master, aligned, b.master);
+        add(MemPlace::nvme, MemCategory::optim, K * aligned, b.optim);
         largest_sub_group = std::max(largest_sub_group, end - begin);
-        if (spare) {
-          b.speculation += ((has_master ? 1 : 0) + K) * aligned;
-          b.placed.at(MemPlace::nvme, MemCategory::scratch) += ((has_master ? 1 : 0) + K) * aligned;
-        }
+        if (spare) add(MemPlace::nvme, MemCategory::scratch, ((has_master ? 1 : 0) + K) * aligned, b.speculation);
       }
     }
   }
-  b.placed.at(opt_place, MemCategory::master) = b.master;
-  b.placed.at(opt_place, MemCategory::optim) = b.optim;
   if (nvme && largest_sub_group > 0) {
     b.swap = static_cast<int64_t>(config.optimizer_buffer_count) * ((has_master ? 1 : 0) + K) *
              static_cast<int64_t>(swap_tensor_bytes(largest_sub_group));
-    b.placed.at(MemPlace::host, MemCategory::swap) = b.swap;
   }
+  b.swap += static_cast<int64_t>(config.optimizer_buffer_count) * static_cast<int64_t>(largest_grad_slot);
+  if (b.swap > 0) b.placed.at(MemPlace::host, MemCategory::swap) = b.swap;
   return b;
 }
 

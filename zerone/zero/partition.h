@@ -20,17 +20,25 @@
 //   param  full (stages 0-2, persistent units): device; stage-3 shards: --offload-param
 //          (none: device, cpu: host, nvme: nvme, each shard rounded up to 4 KiB in "params.swp")
 //   grad   stages 0-1 full: device; stages 2-3 shard accumulators: host when the optimizer is
-//          offloaded (its step reads them there, as DeepSpeed's CPU gradient partitions), else device
-//   master, optim: --offload-optimizer (none: device, cpu: host, nvme: nvme swap files)
+//          offloaded (its step reads them there, as DeepSpeed's CPU gradient partitions), else device;
+//          under a partial offload, host for the units with offloaded sub-groups, device for the rest;
+//          nvme (each rounded up to 4 KiB in "grads.swp") when Note [Gradient swap] applies
+//   delayed update (--delayed-update, Note [Delayed parameter update] in engine.cc): one more f32
+//          gradient copy (grad) and one parameter copy in the compute dtype (param) of each
+//          optimizer shard, at least one element each, where the optimizer of that shard runs:
+//          host when any of its sub-groups is offloaded, else device
+//   master, optim: --offload-optimizer (none: device, cpu: host, nvme: nvme swap files); with a
+//          ratio below 1 only a leading part of the sub-groups (Note [Partial optimizer offload])
 //   swap   with --offload-optimizer nvme: buffer_count host staging buffers, each holding one
 //          sub-group's master (bf16/fp16 only) and K state tensors, every tensor rounded up to the 4 KiB
 //          O_DIRECT block; the swap file holds every sub-group in the same aligned layout, so the
-//          nvme bytes are the aligned sizes (Note [Swap layout] in zero/offload.h).
-//   scratch with config.speculative_step, for every unit but the first: an undo copy of the
+//          nvme bytes are the aligned sizes (Note [Swap layout] in zero/offload.h); with swapped
+//          gradients also buffer_count host buffers of the largest aligned gradient shard.
+//   scratch when speculates(), for every unit but the first: an undo copy of the
 //          optimizer's parameter slice (compute dtype, on the parameters' place; for swapped
 //          shards a spare 4 KiB-aligned slot in params.swp instead) and of the optimizer state
-//          in memory (master unless f32, m, v, on its place), or with --offload-optimizer nvme a
-//          spare slot for each of its sub-groups (nvme) (Note [Speculative early step]).
+//          in memory (master unless f32, K state tensors, on its place), or with --offload-optimizer
+//          nvme a spare slot for each of its sub-groups (nvme) (Note [Speculative early step]).
 // Thread-safety: pure functions.
 #pragma once
 
@@ -67,6 +75,7 @@ struct ZeroConfig {
   OffloadDevice offload_param = OffloadDevice::none;      // stage 3
   size_t sub_group_numel = 1'000'000'000;            // sub_group_size: optimizer elements per swap unit
   int optimizer_buffer_count = 4;                    // offload_optimizer.buffer_count (staging buffers)
+  double offload_optimizer_ratio = 1.0;              // offload_optimizer.ratio (Note [Partial optimizer offload])
   bool delayed_update = false;                       // --delayed-update (Note [Delayed parameter update])
   bool early_step = true;                            // --early-step (Note [Early optimizer step])
   // The early step may speculate (with clipping or fp16 loss scaling): every unit but the first
@@ -79,13 +88,46 @@ struct ZeroConfig {
 };
 
 // Whether the engine speculates (Note [Speculative early step]): speculative_step with the early
-// step, without --delayed-update, and with optimizer or parameter state swapped to NVMe (the I/O
+// step, without --delayed-update, without a partial optimizer offload (ratio below 1, Note
+// [Partial optimizer offload]), and with optimizer or parameter state swapped to NVMe (the I/O
 // that the early step hides; in memory speculating only costs) or speculate_in_memory.
 bool speculates(const ZeroConfig& config);
+
+// Note [Gradient swap]: stages 2-3 with the whole optimizer on NVMe (ratio 1) and no
+// --delayed-update keep their f32 gradient shard accumulators in the swap file "grads.swp" (one
+// 4 KiB-aligned slot per unit, nvme.grad) instead of memory, staged through buffer_count host
+// buffers of the largest slot (host.swap). zero/engine.cc has the protocol.
+bool gradients_swapped(const std::vector<size_t>& unit_numels, int world, int rank, const ZeroConfig& config);
 
 // The sub-groups of one optimizer shard of `shard_numel` elements: [begin, end) ranges of at most
 // sub_group_numel elements, in order (a shard is split, never merged with another).
 std::vector<std::pair<size_t, size_t>> sub_groups(size_t shard_numel, size_t sub_group_numel);
+// Note [Partial optimizer offload]: DeepSpeed's offload_optimizer.ratio (stage3.py,
+// _create_fp32_partitions) offloads the first int(ratio * n) of the rank's n optimizer sub-groups
+// and keeps the rest on the accelerator, gradients included. zerone does the same at stages 1-3,
+// with cpu and nvme: the rank's sub-groups are those of its optimizer shards (one per unit, in unit
+// order, each cut by sub_group_numel), so the offloaded part of each shard is a leading run of
+// whole sub-groups: all of the shards before the boundary, a prefix of the boundary shard, none
+// after. The offloaded part runs on the offloaded optimizer (host AdamW/SGD, or the NVMe swap),
+// the rest on an in-memory one with its state on the device (PartialOffloadOptimizer,
+// zero/partial_offload.h); a unit's f32 gradient shard (stages 2-3) is on the host when any of its
+// sub-groups is offloaded, else on the device. The update of every element is the same function
+// whichever optimizer runs it, so the trajectory is the one of ratio 1 and of no offload, bit for bit.
+// ratio * n is computed in double and truncated, as Python's int() does.
+// Not combined with the speculative early step (Note [Speculative early step] in zero/engine.cc):
+// with a ratio below 1 speculates() is false, so with --grad-clip or fp16 the early updates are
+// not made and the optimizer steps at the end (the config gives a notice when --early-step is
+// given). PartialOffloadOptimizer keeps no undo copies and no spare slots; taking back a step
+// across its two optimizers is left undone until it is measured to be worth it.
+// Per optimizer shard (elements `shard_numels[i]`), how many leading elements are offloaded.
+std::vector<size_t> offloaded_prefix(const std::vector<size_t>& shard_numels, size_t sub_group_numel, double ratio);
+// The optimizer shard of each unit: the rank's shard (stages 1-3) or the whole unit (stage 0).
+std::vector<size_t> optimizer_shard_numels(const std::vector<size_t>& unit_numels, int world, int rank,
+                                           const ZeroConfig& config);
+// offloaded_prefix() of the run's shards, or all zero without optimizer offload.
+std::vector<size_t> offloaded_optimizer_numels(const std::vector<size_t>& unit_numels, int world, int rank,
+                                               const ZeroConfig& config);
+
 // Bytes of one swapped tensor of `numel` f32 elements, rounded up to kSwapAlignBytes.
 size_t swap_tensor_bytes(size_t numel);
 // `bytes` rounded up to kSwapAlignBytes.
@@ -124,7 +166,8 @@ struct ModelStateBytes {
 };
 
 // Per-rank model-state bytes at the end of a step (the table above), for an optimizer with
-// `optim_tensors` (K) f32 state tensors per element.
+// `optim_tensors` (K) f32 state tensors per element, with the delayed update's copies in param
+// and grad and speculation's undo copies and spare slots in scratch.
 ModelStateBytes model_state_bytes(const std::vector<size_t>& unit_numels, int world, int rank, DType dtype,
                                   const ZeroConfig& config, int optim_tensors);
 

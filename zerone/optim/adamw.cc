@@ -109,15 +109,18 @@ void AdamW::restore_undo(size_t i, const void* src) {
   }
 }
 
-double AdamW::step(float lr, float grad_scale, const std::function<void(size_t shard)>& shard_done,
-                   const std::function<void(size_t shard)>& shard_begin) {
+double Optimizer::step(float lr, float grad_scale, const std::function<void(size_t shard)>& shard_done,
+                       const std::function<void(size_t shard)>& shard_begin) {
+  ZERONE_ASSERT(supports_shard_steps(), "an optimizer without per-shard steps must override step()");
   begin_step(lr, grad_scale);
   double sumsq = 0.0;
-  for (size_t i = 0; i < shards_.size(); ++i) {
+  const size_t n = num_shards();
+  for (size_t i = 0; i < n; ++i) {
     if (shard_begin) shard_begin(i);
-    sumsq += update_shard(i);
+    sumsq += update_shard(i, i + 1 < n ? i + 1 : kNoShard);
     if (shard_done) shard_done(i);
   }
+  end_step();
   return sumsq;
 }
 

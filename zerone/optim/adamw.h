@@ -44,10 +44,13 @@ struct AdamWOptions {
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
-  // See AdamW::step. `shard_begin(i)`, when given, runs before shard i is read or written: the
-  // ZeRO engine loads an NVMe-offloaded parameter shard there and points set_param at it.
+  // One whole step over every shard (AdamW's semantics: see AdamW). `shard_begin(i)`, when given,
+  // runs before shard i is read or written: the ZeRO engine loads an NVMe-offloaded parameter
+  // shard there and points set_param at it; `shard_done(i)` after shard i is updated. Returns the
+  // gradients' sum of squares. The default, for optimizers with per-shard steps, is begin_step,
+  // update_shard(0..n-1) in order (each told the next), end_step.
   virtual double step(float lr, float grad_scale, const std::function<void(size_t shard)>& shard_done = nullptr,
-                      const std::function<void(size_t shard)>& shard_begin = nullptr) = 0;
+                      const std::function<void(size_t shard)>& shard_begin = nullptr);
   // Where shard i's parameters are from now on (numel elements of the parameter dtype).
   virtual void set_param(size_t i, void* param) = 0;
   virtual size_t num_shards() const = 0;
@@ -147,8 +150,6 @@ class AdamW final : public Optimizer {
   // the gradient norm without another pass. Shards are updated in order; `shard_done(i)`, when
   // given, runs as soon as shard i's parameters are written (the ZeRO engine starts gathering
   // them while the later shards update).
-  double step(float lr, float grad_scale, const std::function<void(size_t shard)>& shard_done = nullptr,
-              const std::function<void(size_t shard)>& shard_begin = nullptr) override;
   void set_param(size_t i, void* param) override { shards_[i].param = param; }
   bool supports_shard_steps() const override { return true; }
   void begin_step(float lr, float grad_scale) override;

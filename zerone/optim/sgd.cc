@@ -133,18 +133,6 @@ void SGD::restore_undo(size_t i, const void* src) {
   }
 }
 
-double SGD::step(float lr, float grad_scale, const std::function<void(size_t shard)>& shard_done,
-                 const std::function<void(size_t shard)>& shard_begin) {
-  begin_step(lr, grad_scale);
-  double sumsq = 0.0;
-  for (size_t i = 0; i < shards_.size(); ++i) {
-    if (shard_begin) shard_begin(i);
-    sumsq += update_shard(i);
-    if (shard_done) shard_done(i);
-  }
-  return sumsq;
-}
-
 std::vector<std::string> SGD::state_names() const {
   std::vector<std::string> names;
   if (param_dtype_ != DType::f32) names.push_back("master");

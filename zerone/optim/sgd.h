@@ -33,8 +33,6 @@ class SGD final : public Optimizer {
 
   // As AdamW::step: updates every shard in order with learning rate `lr`, gradients times
   // grad_scale; returns the sum of squares of the (unscaled) gradients; leaves them as they were.
-  double step(float lr, float grad_scale, const std::function<void(size_t shard)>& shard_done = nullptr,
-              const std::function<void(size_t shard)>& shard_begin = nullptr) override;
   void set_param(size_t i, void* param) override { shards_[i].param = param; }
   // Per-shard stepping (Optimizer): step() is begin_step, update_shard(0..n-1), end_step.
   bool supports_shard_steps() const override { return true; }

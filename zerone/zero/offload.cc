@@ -210,19 +210,6 @@ void SwappedOptimizer::abort_step() {
   extents_.clear();
 }
 
-double SwappedOptimizer::step(float lr, float grad_scale, const std::function<void(size_t shard)>& shard_done,
-                              const std::function<void(size_t shard)>& shard_begin) {
-  begin_step(lr, grad_scale);
-  double sumsq = 0.0;
-  for (size_t i = 0; i < shards_.size(); ++i) {
-    if (shard_begin) shard_begin(i);
-    sumsq += update_shard(i, i + 1 < shards_.size() ? i + 1 : kNoShard);
-    if (shard_done) shard_done(i);
-  }
-  end_step();
-  return sumsq;
-}
-
 // Swap layout of a sub-group: the optimizer's tensors, then master; state_names() order is
 // (master,) then the optimizer's tensors.
 int SwappedOptimizer::swap_slot(int state_index) const {

@@ -75,8 +75,6 @@ class SwappedOptimizer final : public optim::Optimizer {
 
   // The in-memory optimizer's step (AdamW::step, SGD::step). On an I/O failure throws Error naming the file and operation; the state on disk
   // is then undefined and the run must end (it does: the error ends the job).
-  double step(float lr, float grad_scale, const std::function<void(size_t shard)>& shard_done = nullptr,
-              const std::function<void(size_t shard)>& shard_begin = nullptr) override;
   void set_param(size_t i, void* param) override { shards_[i].param = param; }
   // Where shard i's gradients are from now on (numel f32): the ZeRO engine stages swapped
   // gradient shards before each update (Note [Gradient swap] in engine.cc).

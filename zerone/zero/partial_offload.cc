@@ -88,19 +88,6 @@ void PartialOffloadOptimizer::end_step() {
   resident_->end_step();
 }
 
-double PartialOffloadOptimizer::step(float lr, float grad_scale, const std::function<void(size_t shard)>& shard_done,
-                                     const std::function<void(size_t shard)>& shard_begin) {
-  begin_step(lr, grad_scale);
-  double sumsq = 0.0;
-  for (size_t i = 0; i < shards_.size(); ++i) {
-    if (shard_begin) shard_begin(i);
-    sumsq += update_shard(i, i + 1 < shards_.size() ? i + 1 : kNoShard);
-    if (shard_done) shard_done(i);
-  }
-  end_step();
-  return sumsq;
-}
-
 std::vector<std::string> PartialOffloadOptimizer::state_names() const { return resident_->state_names(); }
 
 void PartialOffloadOptimizer::export_state(const std::function<void(const StatePiece&, const float* data)>& fn) {

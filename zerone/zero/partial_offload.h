@@ -34,8 +34,6 @@ class PartialOffloadOptimizer final : public optim::Optimizer {
                           const optim::OptimizerOptions& options, OffloadDevice device, size_t sub_group_numel,
                           int buffer_count, const NvmeConfig& nvme, io::SwapDirectory* dir);
 
-  double step(float lr, float grad_scale, const std::function<void(size_t shard)>& shard_done = nullptr,
-              const std::function<void(size_t shard)>& shard_begin = nullptr) override;
   void set_param(size_t i, void* param) override;
   size_t num_shards() const override { return shards_.size(); }
   size_t numel(size_t i) const override { return shards_[i].numel; }

@@ -232,16 +232,16 @@ void check_tokens_in_vocabulary(const io::TokenSource& tokens, int vocab_size, c
                " is out of range for the model's vocabulary of ", vocab_size, " (ids 0..", vocab_size - 1, ")");
 }
 
-// Note [Refuse what cannot fit]: a run whose estimated memory exceeds what this host has left is
-// refused before anything is allocated, with the estimate, instead of being killed by the kernel
-// minutes later. The estimate is zerone estimate's, the engine's own partition arithmetic (model
-// states and working set to the byte, activations from the model's table); ranks on one host share it.
 // The optimizer the configuration names.
 optim::OptimizerOptions optimizer_options(const TrainConfig& cfg) {
   if (cfg.optimizer == "sgd") return optim::SGDOptions{cfg.momentum, cfg.dampening, cfg.weight_decay, cfg.nesterov};
   return optim::AdamWOptions{cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay};
 }
 
+// Note [Refuse what cannot fit]: a run whose estimated memory exceeds what this host has left is
+// refused before anything is allocated, with the estimate, instead of being killed by the kernel
+// minutes later. The estimate is zerone estimate's, the engine's own partition arithmetic (model
+// states and working set to the byte, activations from the model's table); ranks on one host share it.
 void check_memory_fits(const nn::Model& model, DType dtype, const TrainConfig& cfg, const zero::ZeroConfig& zcfg,
                        int world) {
   const optim::OptimizerOptions optimizer = optimizer_options(cfg);

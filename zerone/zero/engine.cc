@@ -750,10 +750,10 @@ double ZeroEngine::reduce_grad_norm_sq(double local_sumsq) const {
 // one measured with grad_sumsq as its last micro-step finished (unit_grad_sumsq), the value the
 // plain step adds too; the gradient slot is only read by an update, so a redone step stages it
 // again (update_at_end's load_grad) and a skipped one drops it as the plain step does.
-// Costs: memory, per parameter of the rank's shard of the units after the first:
-// the parameter (compute dtype) plus, with the optimizer in memory, AdamW's master (not for f32)
-// and moments, 12-16 bytes (SGD: master and momentum buffer, 0-8 bytes), as standing buffers (category scratch, on the state's place; in
-// `zerone estimate`); on NVMe, a second copy of the swapped state of those units on the disk
+// Costs: memory, per parameter of the rank's shard of the units after the first: the parameter
+// (compute dtype) plus, with the optimizer in memory, AdamW's master (not for f32) and moments,
+// 12-16 bytes (SGD: master and momentum buffer, 0-8 bytes), as standing buffers (category
+// scratch, on the state's place; in `zerone estimate`); on NVMe, a second copy of the swapped state of those units on the disk
 // (nvme.scratch), i.e. twice the disk per parameter. Time: a validated step copies the
 // in-memory state once (a memcpy of 12-16 bytes per parameter, beside the update's ~30 bytes of
 // traffic) and nothing for swapped state; a mispredicted step pays the undo copy back, and the
@@ -763,7 +763,6 @@ double ZeroEngine::reduce_grad_norm_sq(double local_sumsq) const {
 // clipping step the next steps at the end (EarlyStats::held_back) until one does not clip. fp16
 // overflows are rare and followed by a halved loss scale, so they do not stop speculation.
 // docs/BENCHMARKS.md has the measured gain and cost.
-
 
 double ZeroEngine::unit_grad_sumsq(int u) {
   // Note [Gradient swap]: the slot's sum was measured as the last micro-step finished.
@@ -861,13 +860,17 @@ double ZeroEngine::update_at_end(float lr, float grad_scale) {
         if (params_swapped(static_cast<int>(shard))) load_shard_for_update(static_cast<int>(shard));
         load_grad(static_cast<int>(shard));
       });
+  finish_update();
+  return sumsq;
+}
+
+void ZeroEngine::finish_update() {
   retire_param_writes(0);
   commit_param_slots();
   // The update consumed the gradients without zeroing them (a write stream saved): stages 0-1's
   // full buffers are overwritten by the next backward, stages 2-3's accumulators by the next
   // step's first reduce-scatter (Note [Fresh gradients]).
   for (UnitState& st : units_) st.accumulator_zero = true;
-  return sumsq;
 }
 
 void ZeroEngine::skip_step() {
@@ -928,9 +931,7 @@ ZeroEngine::StepResult ZeroEngine::step_early() {
   for (size_t k = 0; k < rest.size(); ++k) early_update(rest[k], k + 1 < rest.size() ? rest[k + 1] : -1);
   optimizer_->end_step();
   early_.begun = false;
-  retire_param_writes(0);
-  commit_param_slots();
-  for (UnitState& st : units_) st.accumulator_zero = true;  // Note [Fresh gradients], as below
+  finish_update();
   if (!early_.speculative) {
     result.norm = std::sqrt(reduce_grad_norm_sq(early_.sumsq)) / early_.loss_scale;
     ZERONE_CHECK(std::isfinite(result.norm), "gradient norm is ", result.norm,

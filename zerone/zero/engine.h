@@ -218,6 +218,8 @@ class ZeroEngine : public nn::UnitHooks {
   StepResult step_early();
   std::vector<int> take_back_early();  // the units it restored
   double update_at_end(float lr, float grad_scale);
+  // After an update: parameter writes done, spare slots current, accumulators fresh.
+  void finish_update();
   void skip_step();
   void commit_param_slots();
   // This rank's per-unit gradient sum of squares (Note [Deterministic gradient norm]; swapped

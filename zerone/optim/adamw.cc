@@ -79,31 +79,24 @@ double AdamW::update_shard(size_t i, size_t /*next_shard*/) {
   return update_slice(shards_[i], param_dtype_, options_, h_, 0, shards_[i].numel, master(i), m(i), v(i));
 }
 
-size_t AdamW::undo_bytes(size_t i) const {
-  return (param_dtype_ == DType::f32 ? 2 : 3) * shards_[i].numel * sizeof(float);
+std::vector<float*> AdamW::undo_tensors(size_t i) {
+  if (param_dtype_ == DType::f32) return {m(i), v(i)};
+  return {master(i), m(i), v(i)};
 }
 
-namespace {
-// The state update_shard(i) writes besides the parameters: master (when separate), m, v.
-std::vector<float*> undo_tensors(AdamW& adam, size_t i, DType param_dtype) {
-  if (param_dtype == DType::f32) return {adam.m(i), adam.v(i)};
-  return {adam.master(i), adam.m(i), adam.v(i)};
-}
-}  // namespace
-
-void AdamW::save_undo(size_t i, void* dst) {
+void Optimizer::save_undo(size_t i, void* dst) {
   char* out = static_cast<char*>(dst);
-  const size_t bytes = shards_[i].numel * sizeof(float);
-  for (float* t : undo_tensors(*this, i, param_dtype_)) {
+  const size_t bytes = numel(i) * sizeof(float);
+  for (float* t : undo_tensors(i)) {
     std::memcpy(out, t, bytes);
     out += bytes;
   }
 }
 
-void AdamW::restore_undo(size_t i, const void* src) {
+void Optimizer::restore_undo(size_t i, const void* src) {
   const char* in = static_cast<const char*>(src);
-  const size_t bytes = shards_[i].numel * sizeof(float);
-  for (float* t : undo_tensors(*this, i, param_dtype_)) {
+  const size_t bytes = numel(i) * sizeof(float);
+  for (float* t : undo_tensors(i)) {
     std::memcpy(t, in, bytes);
     in += bytes;
   }

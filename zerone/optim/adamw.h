@@ -108,15 +108,17 @@ class Optimizer {
   // Taking a step back, for the engine's speculative early step (Note [Speculative early step] in
   // zero/engine.cc). update_shard(i) may write two kinds of state: the parameters (the engine
   // keeps their undo copy) and the optimizer's own. What of the latter lives in memory is
-  // undo_bytes(i) bytes (AdamW: master unless the parameters are the master, m, v); save_undo
-  // copies it to `dst` before the update, restore_undo puts it back. abort_step(), after the
+  // undo_tensors(i), numel(i) f32 each (AdamW: master unless the parameters are the master, m, v;
+  // none for state kept elsewhere), undo_bytes(i) in all; save_undo copies them to `dst` before
+  // the update, restore_undo puts them back. abort_step(), after the
   // shards updated in this step were restored, takes back begin_step(): the step count, and what
   // the step wrote anywhere else (a swapped optimizer's sub-groups went to their spare slots and
   // are forgotten). The next begin_step() then begins the same step again. Call it only before
   // end_step().
-  virtual size_t undo_bytes(size_t i) const { return 0; }
-  virtual void save_undo(size_t i, void* dst) {}
-  virtual void restore_undo(size_t i, const void* src) {}
+  virtual std::vector<float*> undo_tensors(size_t /*i*/) { return {}; }
+  size_t undo_bytes(size_t i) { return undo_tensors(i).size() * numel(i) * sizeof(float); }
+  void save_undo(size_t i, void* dst);
+  void restore_undo(size_t i, const void* src);
   virtual void abort_step() {}
 };
 
@@ -154,9 +156,7 @@ class AdamW final : public Optimizer {
   bool supports_shard_steps() const override { return true; }
   void begin_step(float lr, float grad_scale) override;
   double update_shard(size_t i, size_t next_shard = kNoShard) override;
-  size_t undo_bytes(size_t i) const override;
-  void save_undo(size_t i, void* dst) override;
-  void restore_undo(size_t i, const void* src) override;
+  std::vector<float*> undo_tensors(size_t i) override;
   void abort_step() override { --step_; }
 
   size_t num_shards() const override { return shards_.size(); }

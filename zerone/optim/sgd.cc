@@ -3,7 +3,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <cstring>
 
 #include "zerone/core/error.h"
 #include "zerone/core/profiler.h"
@@ -108,29 +107,6 @@ double SGD::update_shard(size_t i, size_t /*next_shard*/) {
   ProfileScope profile(ProfileCategory::optimizer);
   return update_slice(shards_[i], param_dtype_, options_, lr_, grad_scale_, first_, 0, shards_[i].numel, master(i),
                       momentum_buffer(i));
-}
-
-size_t SGD::undo_bytes(size_t i) const {
-  const size_t tensors = (param_dtype_ == DType::f32 ? 0 : 1) + (options_.momentum != 0.0f ? 1 : 0);
-  return tensors * shards_[i].numel * sizeof(float);
-}
-
-void SGD::save_undo(size_t i, void* dst) {
-  char* out = static_cast<char*>(dst);
-  const size_t bytes = shards_[i].numel * sizeof(float);
-  for (float* t : state_tensors(i)) {  // master (not for f32), momentum_buffer (momentum > 0)
-    std::memcpy(out, t, bytes);
-    out += bytes;
-  }
-}
-
-void SGD::restore_undo(size_t i, const void* src) {
-  const char* in = static_cast<const char*>(src);
-  const size_t bytes = shards_[i].numel * sizeof(float);
-  for (float* t : state_tensors(i)) {
-    std::memcpy(t, in, bytes);
-    in += bytes;
-  }
 }
 
 std::vector<std::string> SGD::state_names() const {

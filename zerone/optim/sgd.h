@@ -41,9 +41,7 @@ class SGD final : public Optimizer {
   // Taking a step back (Optimizer; Note [Speculative early step] in zero/engine.cc): the state
   // update_shard(i) writes besides the parameters is the master (unless the parameters are the
   // master) and the momentum buffer (unless momentum is 0).
-  size_t undo_bytes(size_t i) const override;
-  void save_undo(size_t i, void* dst) override;
-  void restore_undo(size_t i, const void* src) override;
+  std::vector<float*> undo_tensors(size_t i) override { return state_tensors(i); }
   void abort_step() override { --step_; }
   size_t num_shards() const override { return shards_.size(); }
   size_t numel(size_t i) const override { return shards_[i].numel; }

@@ -120,10 +120,10 @@ ConvEntry& conv_entry(const Conv2dShape& s) {
   // on blocked layouts that pad them (10 -> 16), and for the weight gradient even falls to its
   // AVX2 kernel in 8-channel blocks. Its AVX-512 kernels on NHWC tensors, which need no padding,
   // take 0.30 instead of 0.45 ms (data) and 0.43 instead of 0.79 ms (weights) per call there (B 64,
-  // one core of an AVX-512 AMD EPYC), against about 0.02 ms per reorder to and from NHWC. So NHWC is tried first for
-  // such layers (with more than 4 input channels: below that oneDNN's plain-input "first
-  // convolution" kernels are its fast path), then "any", then (weights) NHWC; the first that runs
-  // an AVX-512 (or AMX) kernel wins, else "any"'s choice. The rule reads only what oneDNN offers,
+  // one core of an AVX-512 AMD EPYC), against about 0.02 ms per reorder to and from NHWC. So NHWC
+  // is tried first for such layers (with more than 4 input channels: below that oneDNN's
+  // plain-input "first convolution" kernels are its fast path), then "any", then (weights) NHWC;
+  // the first that runs an AVX-512 (or AMX) kernel wins, else "any"'s choice. The rule reads only what oneDNN offers,
   // never timings, so every rank and run picks the same kernels (and gets the same bits).
   const memory::desc src_nhwc(src_dims, f32, tag::nhwc), dst_nhwc(dst_dims, f32, tag::nhwc);
   const int block = activation_channel_block();
@@ -180,7 +180,6 @@ ConvEntry& conv_entry(const Conv2dShape& s) {
 }
 
 memory mem(const memory::desc& md, const void* p) { return memory(md, onednn().engine, const_cast<void*>(p)); }
-
 
 void run(dnnl::primitive& p, const std::unordered_map<int, memory>& args) {
   p.execute(onednn().stream, args);

@@ -1110,7 +1110,31 @@ void ZeroEngine::with_full_params(const std::function<void()>& fn) {
     if (params_sharded(u) && !model_.units()[u].has_params()) gathered.push_back(u);
     ensure_params(u);
   }
-  fn();
+  // Where the host cannot read device memory, fn sees host copies of the units, and the device
+  // buffers are put back afterwards, also when fn throws.
+  std::vector<Buffer> on_device;
+  if (!device_.host_addressable()) {
+    for (nn::FlatParam& unit : model_.units()) {
+      Buffer host(unit.param_bytes(), MemCategory::param, MemPlace::host);
+      device_.copy_to_host(host.data(), unit.data(), unit.param_bytes());
+      on_device.push_back(unit.take_params());
+      unit.set_params(std::move(host));
+    }
+  }
+  auto put_back = [&] {
+    for (size_t u = 0; u < on_device.size(); ++u) {
+      model_.units()[u].take_params();  // the host copy goes
+      model_.units()[u].set_params(std::move(on_device[u]));
+    }
+    on_device.clear();
+  };
+  try {
+    fn();
+  } catch (...) {
+    put_back();
+    throw;
+  }
+  put_back();
   for (int u : gathered) release(u);
 }
 

@@ -107,8 +107,9 @@ class ZeroEngine : public nn::UnitHooks {
   // finish_delayed_update() so the final model holds every update. No-op without the flag.
   void finish_delayed_update();
 
-  // Runs `fn` with every unit's full parameters present (stage 3 gathers them first and releases
-  // them after), e.g. to write a checkpoint. Collective: every rank must call it.
+  // Runs `fn` with every unit's full parameters present in host-readable memory (stage 3 gathers
+  // them first and releases them after; on a device whose memory the host cannot read, the units
+  // hold host copies during the call), e.g. to write a checkpoint. Collective: every rank must call it.
   void with_full_params(const std::function<void()>& fn);
 
   // Note [Checkpoint state]: a checkpoint holds the engine's state in unit coordinates (element e

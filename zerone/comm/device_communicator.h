@@ -5,7 +5,9 @@
 // communicator. Otherwise each collective is staged: the training thread copies the device operand
 // into a host staging buffer with the backend (category comm, place host), the host communicator
 // runs on the staging buffer, and the Work's completion step copies the result back to the device
-// when it is first waited on. Staging buffers live until then. Reduce-scatter's result lands in
+// when it is first waited on. Staging buffers live until then. Either operand may also be host
+// memory (an offloaded shard): the copies take each side's place from the backend (Note [Places of
+// pointers] in kernels/backend.h). Reduce-scatter's result lands in
 // `out` as given; in place (out == in) it lands at in_place_shard_offset(shard_n), the host
 // communicator's convention, so callers need no case for the library underneath.
 //

@@ -80,8 +80,13 @@ class Backend {
   // True when device memory is host memory (cpu): a communicator may then hand device buffers
   // to MPI directly instead of staging them through host buffers.
   virtual bool host_addressable() const = 0;
-  // Where Buffers of MemPlace::device come from while this backend is installed (use_backend).
+  // Where Buffers of MemPlace::device come from while this backend is installed (use_device).
   virtual MemoryArena& device_arena() = 0;
+  // Note [Places of pointers]: the place of the memory at p, as CUDA's unified addressing tells a
+  // device pointer from a host one: device for memory of this backend's device, host otherwise.
+  // A backend whose device memory is host memory (cpu) says host for every pointer: for it the
+  // distinction never changes what an operation does.
+  virtual MemPlace place_of(const void* p) const = 0;
 
   // --- streams and events (Note [Streams and events]) ---
   virtual Event record(Stream stream) { return Event(); }
@@ -96,6 +101,8 @@ class Backend {
   void copy_to_device(void* dst, const void* host_src, size_t bytes) { copy(dst, MemPlace::device, host_src, MemPlace::host, bytes); }
   void copy_to_host(void* host_dst, const void* src, size_t bytes) { copy(host_dst, MemPlace::host, src, MemPlace::device, bytes); }
   void copy_on_device(void* dst, const void* src, size_t bytes) { copy(dst, MemPlace::device, src, MemPlace::device, bytes); }
+  // The same with each side's place told by place_of (cudaMemcpyDefault's rule).
+  void copy_any(void* dst, const void* src, size_t bytes) { copy(dst, place_of(dst), src, place_of(src), bytes); }
   // dst (bytes) = 0.
   virtual void fill_zero(void* dst, size_t bytes) = 0;
   // dst (n) += src (n).

@@ -9,11 +9,7 @@
 namespace zerone::optim {
 
 AdamW::AdamW(std::vector<ShardRef> shards, DType param_dtype, const AdamWOptions& options, MemPlace state_place)
-    : shards_(std::move(shards)),
-      param_dtype_(param_dtype),
-      options_(options),
-      state_place_(state_place),
-      backend_(kernels::backend_for(state_place)) {
+    : shards_(std::move(shards)), param_dtype_(param_dtype), options_(options), state_place_(state_place) {
   state_.resize(shards_.size());
   for (size_t i = 0; i < shards_.size(); ++i) {
     const ShardRef& s = shards_[i];
@@ -22,7 +18,7 @@ AdamW::AdamW(std::vector<ShardRef> shards, DType param_dtype, const AdamWOptions
     st.v = Buffer(s.numel * sizeof(float), MemCategory::optim, state_place);
     if (param_dtype_ != DType::f32) {
       st.master = Buffer(s.numel * sizeof(float), MemCategory::master, state_place);
-      backend_.convert(st.master.data(), DType::f32, s.param, param_dtype_, s.numel);
+      load_master(st.master.as<float>(), state_place, s.param, param_dtype_, s.numel);
     }
     for (auto [b, e] : s.decay_ranges) ZERONE_ASSERT(b <= e && e <= s.numel, "bad decay range");
   }
@@ -43,18 +39,61 @@ kernels::AdamWHyper AdamW::hyper(const AdamWOptions& options, float lr, float gr
   return h;
 }
 
-double AdamW::update_slice(kernels::Backend& backend, const ShardRef& s, DType param_dtype, const AdamWOptions& options,
+double AdamW::update_slice(MemPlace run_place, const ShardRef& s, DType param_dtype, const AdamWOptions& options,
                            kernels::AdamWHyper h, size_t begin, size_t end, float* master, float* m, float* v) {
   ZERONE_ASSERT(begin <= end && end <= s.numel);
+  kernels::Backend& backend = kernels::backend_for(run_place);
   void* param_out = param_dtype == DType::f32 ? nullptr : s.param;
   double sumsq = 0.0;
   for_each_decay_run(s, begin, end, options.weight_decay, [&](size_t b, size_t e, float wd) {
     h.weight_decay = wd;
-    void* p = param_out ? static_cast<char*>(param_out) + b * dtype_size(param_dtype) : nullptr;
-    sumsq += backend.adamw_update(master + (b - begin), m + (b - begin), v + (b - begin), s.grad + b, p, param_dtype,
-                                  e - b, h);
+    RunOperands ops{master + (b - begin), s.grad + b,
+                    param_out ? static_cast<char*>(param_out) + b * dtype_size(param_dtype) : nullptr};
+    sumsq += run_with_operands_in(run_place, param_dtype, e - b, ops, [&](const RunOperands& o) {
+      return backend.adamw_update(o.master, m + (b - begin), v + (b - begin), o.grad, o.param, param_dtype, e - b, h);
+    });
   });
   return sumsq;
+}
+
+double run_with_operands_in(MemPlace run_place, DType param_dtype, size_t n, const RunOperands& operands,
+                            const std::function<double(const RunOperands& local)>& run) {
+  kernels::Backend& device = kernels::device_backend();
+  auto elsewhere = [&](const void* p) { return p != nullptr && device.place_of(p) != run_place; };
+  if (device.host_addressable() ||
+      (!elsewhere(operands.master) && !elsewhere(operands.grad) && !elsewhere(operands.param)))
+    return run(operands);
+  RunOperands local = operands;
+  Buffer master, grad, param;  // scratch in run_place for the operands that live elsewhere
+  if (elsewhere(operands.master)) {
+    master = Buffer(n * sizeof(float), MemCategory::scratch, run_place);
+    device.copy_any(master.data(), operands.master, n * sizeof(float));
+    local.master = master.as<float>();
+  }
+  if (elsewhere(operands.grad)) {
+    grad = Buffer(n * sizeof(float), MemCategory::scratch, run_place);
+    device.copy_any(grad.data(), operands.grad, n * sizeof(float));
+    local.grad = grad.as<float>();
+  }
+  if (elsewhere(operands.param)) {
+    param = Buffer(n * dtype_size(param_dtype), MemCategory::scratch, run_place);
+    local.param = param.data();
+  }
+  const double sumsq = run(local);
+  if (!master.empty()) device.copy_any(operands.master, master.data(), master.bytes());
+  if (!param.empty()) device.copy_any(operands.param, param.data(), param.bytes());
+  return sumsq;
+}
+
+void load_master(float* master, MemPlace master_place, const void* param, DType param_dtype, size_t n) {
+  kernels::Backend& device = kernels::device_backend();
+  if (device.host_addressable() || device.place_of(param) == master_place) {
+    kernels::backend_for(master_place).convert(master, DType::f32, param, param_dtype, n);
+    return;
+  }
+  Buffer local(n * dtype_size(param_dtype), MemCategory::scratch, master_place);
+  device.copy_any(local.data(), param, local.bytes());
+  kernels::backend_for(master_place).convert(master, DType::f32, local.data(), param_dtype, n);
 }
 
 void for_each_decay_run(const ShardRef& s, size_t begin, size_t end, float weight_decay,
@@ -80,7 +119,7 @@ void AdamW::begin_step(float lr, float grad_scale) {
 
 double AdamW::update_shard(size_t i, size_t /*next_shard*/) {
   ProfileScope profile(ProfileCategory::optimizer);
-  return update_slice(backend_, shards_[i], param_dtype_, options_, h_, 0, shards_[i].numel, master(i), m(i), v(i));
+  return update_slice(state_place_, shards_[i], param_dtype_, options_, h_, 0, shards_[i].numel, master(i), m(i), v(i));
 }
 
 std::vector<float*> AdamW::undo_tensors(size_t i) {

@@ -132,6 +132,23 @@ class Optimizer {
 void for_each_decay_run(const ShardRef& shard, size_t begin, size_t end, float weight_decay,
                         const std::function<void(size_t b, size_t e, float weight_decay)>& fn);
 
+// Note [Operands in another place]: an update runs where its optimizer state lives (run_place:
+// the device, or the host with --offload-optimizer). Its gradients and parameters may live
+// elsewhere: a shard offloaded to the host updates parameters that stay on the device and reads
+// gradients the device produced. Where the device's memory is host memory (the cpu device) that
+// changes nothing. Elsewhere each operand in another place is staged: copied into a scratch buffer
+// of run_place before the run (gradients, a master that is the parameters themselves) and copied
+// back after it (parameters, master). The arithmetic is the same, so the bits are too.
+struct RunOperands {
+  float* master = nullptr;       // n f32, read and written (may be the f32 parameters themselves)
+  const float* grad = nullptr;   // n f32, read
+  void* param = nullptr;         // n of the parameter dtype, written; null: none
+};
+double run_with_operands_in(MemPlace run_place, DType param_dtype, size_t n, const RunOperands& operands,
+                            const std::function<double(const RunOperands& local)>& run);
+// master (n f32, in master_place) = param (n of param_dtype, wherever it lives) widened to f32.
+void load_master(float* master, MemPlace master_place, const void* param, DType param_dtype, size_t n);
+
 // AdamW's state names for parameters of `param_dtype` (Note [Optimizer state in checkpoints]).
 std::vector<std::string> adamw_state_names(DType param_dtype);
 
@@ -145,8 +162,8 @@ class AdamW final : public Optimizer {
   // Updates elements [begin, end) of `shard`: `master`, `m`, `v` point at element `begin`'s state
   // (master may be the parameters themselves for f32). Applies weight decay where the shard's
   // decay ranges say. Returns the gradients' sum of squares. The only update code of every placement.
-  // `backend` runs on the memory of every pointer involved.
-  static double update_slice(kernels::Backend& backend, const ShardRef& shard, DType param_dtype,
+  // The run happens in run_place (master, m and v live there; Note [Operands in another place]).
+  static double update_slice(MemPlace run_place, const ShardRef& shard, DType param_dtype,
                              const AdamWOptions& options, kernels::AdamWHyper h, size_t begin, size_t end, float* master,
                              float* m, float* v);
 
@@ -190,7 +207,6 @@ class AdamW final : public Optimizer {
   DType param_dtype_;
   AdamWOptions options_;
   MemPlace state_place_;
-  kernels::Backend& backend_;  // of state_place_
   int step_ = 0;
   kernels::AdamWHyper h_{};  // of the step begun last
 };

@@ -8,11 +8,7 @@
 namespace zerone::optim {
 
 SGD::SGD(std::vector<ShardRef> shards, DType param_dtype, const SGDOptions& options, MemPlace state_place)
-    : shards_(std::move(shards)),
-      param_dtype_(param_dtype),
-      options_(options),
-      state_place_(state_place),
-      backend_(kernels::backend_for(state_place)) {
+    : shards_(std::move(shards)), param_dtype_(param_dtype), options_(options), state_place_(state_place) {
   ZERONE_CHECK(options.momentum >= 0.0f && options.dampening >= 0.0f && options.weight_decay >= 0.0f,
                "SGD: momentum ", options.momentum, ", dampening ", options.dampening, " and weight decay ",
                options.weight_decay, " must not be negative");
@@ -26,7 +22,7 @@ SGD::SGD(std::vector<ShardRef> shards, DType param_dtype, const SGDOptions& opti
     if (options_.momentum != 0.0f) st.momentum = Buffer(s.numel * sizeof(float), MemCategory::optim, state_place);
     if (param_dtype_ != DType::f32) {
       st.master = Buffer(s.numel * sizeof(float), MemCategory::master, state_place);
-      backend_.convert(st.master.data(), DType::f32, s.param, param_dtype_, s.numel);
+      load_master(st.master.as<float>(), state_place, s.param, param_dtype_, s.numel);
     }
     for (auto [b, e] : s.decay_ranges) ZERONE_ASSERT(b <= e && e <= s.numel, "bad decay range");
   }
@@ -36,17 +32,21 @@ float* SGD::master(size_t i) {
   return param_dtype_ == DType::f32 ? static_cast<float*>(shards_[i].param) : state_[i].master.as<float>();
 }
 
-double SGD::update_slice(kernels::Backend& backend, const ShardRef& s, DType param_dtype, const SGDOptions& options,
+double SGD::update_slice(MemPlace run_place, const ShardRef& s, DType param_dtype, const SGDOptions& options,
                          float lr, float grad_scale, bool first, size_t begin, size_t end, float* master,
                          float* momentum) {
   ZERONE_ASSERT(begin <= end && end <= s.numel);
+  kernels::Backend& backend = kernels::backend_for(run_place);
   void* param_out = param_dtype == DType::f32 ? nullptr : s.param;
   double sumsq = 0.0;
   for_each_decay_run(s, begin, end, options.weight_decay, [&](size_t b, size_t e, float wd) {
     void* p = param_out ? static_cast<char*>(param_out) + b * dtype_size(param_dtype) : nullptr;
     const kernels::SGDHyper h{lr, options.momentum, options.dampening, options.nesterov, wd, grad_scale, first};
-    sumsq += backend.sgd_update(master + (b - begin), momentum ? momentum + (b - begin) : nullptr, s.grad + b, p,
-                                param_dtype, e - b, h);
+    sumsq += run_with_operands_in(run_place, param_dtype, e - b, RunOperands{master + (b - begin), s.grad + b, p},
+                                  [&](const RunOperands& o) {
+                                    return backend.sgd_update(o.master, momentum ? momentum + (b - begin) : nullptr,
+                                                              o.grad, o.param, param_dtype, e - b, h);
+                                  });
   });
   return sumsq;
 }
@@ -60,7 +60,7 @@ void SGD::begin_step(float lr, float grad_scale) {
 
 double SGD::update_shard(size_t i, size_t /*next_shard*/) {
   ProfileScope profile(ProfileCategory::optimizer);
-  return update_slice(backend_, shards_[i], param_dtype_, options_, lr_, grad_scale_, first_, 0, shards_[i].numel, master(i),
+  return update_slice(state_place_, shards_[i], param_dtype_, options_, lr_, grad_scale_, first_, 0, shards_[i].numel, master(i),
                       momentum_buffer(i));
 }
 

@@ -62,9 +62,9 @@ class SGD final : public Optimizer {
 
   // Updates elements [begin, end) of `shard` (master and momentum point at element `begin`'s
   // state; momentum null when options.momentum is 0). `first` marks the first step (the buffer
-  // is initialized to the gradient). Returns the gradients' sum of squares. `backend` runs on the
-  // memory of every pointer involved.
-  static double update_slice(kernels::Backend& backend, const ShardRef& shard, DType param_dtype,
+  // is initialized to the gradient). Returns the gradients' sum of squares. The run happens in
+  // run_place (Note [Operands in another place] in adamw.h).
+  static double update_slice(MemPlace run_place, const ShardRef& shard, DType param_dtype,
                              const SGDOptions& options, float lr, float grad_scale, bool first, size_t begin,
                              size_t end, float* master, float* momentum);
 
@@ -77,7 +77,6 @@ class SGD final : public Optimizer {
   DType param_dtype_;
   SGDOptions options_;
   MemPlace state_place_;
-  kernels::Backend& backend_;  // of state_place_
   int64_t step_ = 0;
   float lr_ = 0.0f, grad_scale_ = 1.0f;  // of the step begun last
   bool first_ = false;                  // it is the first step (the momentum buffer = gradient)

@@ -51,15 +51,6 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
   ZERONE_CHECK(!config.delayed_update || config.offload_param != OffloadDevice::nvme,
                "--delayed-update cannot be combined with --offload-param nvme (the optimizer thread and the "
                "forward would share the parameter swap); use --offload-param cpu or none");
-  // Note [Offload on a device the host cannot address]: moving optimizer state and parameter
-  // shards between the device and host memory (pinned staging, copies overlapped with backward) is
-  // the GPU offload work still to come; until then a device whose memory is not host memory runs
-  // without offload, refused here before anything is built.
-  ZERONE_CHECK(device_.host_addressable() ||
-                   (config.offload_optimizer == OffloadDevice::none && config.offload_param == OffloadDevice::none),
-               "--device ", kernels::device_kind_name(device_.kind()), " does not offload yet: --offload-optimizer ",
-               offload_device_name(config.offload_optimizer), " and --offload-param ",
-               offload_device_name(config.offload_param), " need --device cpu (or none on this device)");
   ZERONE_CHECK(config.offload_optimizer_ratio >= 0.0 && config.offload_optimizer_ratio <= 1.0,
                "offload_optimizer.ratio ", config.offload_optimizer_ratio, " is out of range: expected [0, 1]");
   // Note [Partial optimizer offload]: how much of each optimizer shard is offloaded; a unit's
@@ -588,7 +579,7 @@ void ZeroEngine::finish_reduction(int u) {
   const size_t S = st.shard.shard_numel;
   auto accumulate = [&](float* acc) {
     const float* in = st.reduce_out.as<float>();
-    device_.accumulate(acc, in, S);
+    accumulate_into(acc, in, S);
     pool_.release(std::move(st.reduce_out));
   };
   if (grads_swapped_) {
@@ -609,7 +600,7 @@ void ZeroEngine::finish_reduction(int u) {
     if (last_micro_step_) {
       // The norm of the step's gradients, as step()'s pass would measure it (the same function,
       // Note [Deterministic gradient norm]).
-      st.grad_sumsq = device_.sum_squares(acc, S);
+      st.grad_sumsq = backend_of(acc).sum_squares(acc, S);
     }
     st.grad_write = grad_io_->start(io::IoOp::write, grad_fd_.get(), grad_path_, acc, st.grad_bytes, st.grad_offset);
     grad_writes_.push_back(u);
@@ -772,7 +763,8 @@ double ZeroEngine::reduce_grad_norm_sq(double local_sumsq) const {
 double ZeroEngine::unit_grad_sumsq(int u) {
   // Note [Gradient swap]: the slot's sum was measured as the last micro-step finished.
   if (grads_swapped_) return units_[u].grad_sumsq;
-  return device_.sum_squares(optimizer_->grad(static_cast<size_t>(u)), optimizer_->numel(static_cast<size_t>(u)));
+  const float* grad = optimizer_->grad(static_cast<size_t>(u));
+  return backend_of(grad).sum_squares(grad, optimizer_->numel(static_cast<size_t>(u)));
 }
 
 double ZeroEngine::local_grad_sumsq() {
@@ -821,8 +813,7 @@ void ZeroEngine::early_update(int u, int next) {
     // Note [Speculative early step]: measure, and keep what the update overwrites in memory.
     ZERONE_ASSERT(u > 0, "the first unit is never updated before the step is validated");
     st.sumsq = unit_grad_sumsq(u);
-    if (!st.undo_param.empty())
-      device_.copy(st.undo_param.data(), st.undo_param.place(), st.opt_param, st.undo_param.place(), st.opt_numel * dsize_);
+    if (!st.undo_param.empty()) device_.copy_any(st.undo_param.data(), st.opt_param, st.opt_numel * dsize_);
     if (!st.undo_optim.empty()) optimizer_->save_undo(static_cast<size_t>(u), st.undo_optim.data());
   }
   load_grad(u);
@@ -842,8 +833,7 @@ std::vector<int> ZeroEngine::take_back_early() {
     taken_back.push_back(u);
     UnitState& st = units_[u];
     wait_gather(u);
-    if (!st.undo_param.empty())
-      device_.copy(st.opt_param, st.undo_param.place(), st.undo_param.data(), st.undo_param.place(), st.opt_numel * dsize_);
+    if (!st.undo_param.empty()) device_.copy_any(st.opt_param, st.undo_param.data(), st.opt_numel * dsize_);
     if (!st.undo_optim.empty()) optimizer_->restore_undo(static_cast<size_t>(u), st.undo_optim.data());
     st.swap_dirty = false;  // the spare slot is forgotten; the current one holds the shard
     early_.updated[u] = 0;
@@ -1075,7 +1065,7 @@ ZeroEngine::StepResult ZeroEngine::step_delayed(float lr, float grad_clip, doubl
   // measure them on the way; the model's gradient buffers are free for the next step after this.
   double local = 0.0;
   for (size_t i = 0; i < optimizer_->num_shards(); ++i)  // as step() measures it (Note [Deterministic gradient norm])
-    local += device_.sum_squares(grad_src_[i], optimizer_->numel(i), dpu_grads_[i].as<float>());
+    local += sum_squares_and_copy(grad_src_[i], optimizer_->numel(i), dpu_grads_[i].as<float>());
   for (UnitState& st : units_) st.accumulator_zero = true;
   if (config_.stage <= 1)
     for (int u = 0; u < num_units_; ++u) model_.units()[u].mark_grads_fresh();
@@ -1210,6 +1200,26 @@ void ZeroEngine::save_state(const StateSink& sink, const ExtentSink& extent_sink
       with_host_view(data + (pb - origin - piece.begin), optimizer_->state_place(), (pe - pb) * sizeof(float),
                      [&](const void* host) { sink(u, names[piece.tensor], DType::f32, pb, pe - pb, host); });
   });
+}
+
+kernels::Backend& ZeroEngine::backend_of(const void* p) const {
+  return device_.place_of(p) == MemPlace::device ? device_ : kernels::host_backend();
+}
+
+void ZeroEngine::accumulate_into(float* acc, const float* in, size_t n) {
+  kernels::Backend& backend = backend_of(acc);
+  if (device_.place_of(in) == device_.place_of(acc)) return backend.accumulate(acc, in, n);
+  // Note [Operands in another place] (optim/adamw.h): the addend comes over first.
+  Buffer local(n * sizeof(float), MemCategory::scratch, device_.place_of(acc));
+  device_.copy_any(local.data(), in, local.bytes());
+  backend.accumulate(acc, local.as<float>(), n);
+}
+
+double ZeroEngine::sum_squares_and_copy(const float* grad, size_t n, float* copy_to) {
+  if (device_.place_of(grad) == device_.place_of(copy_to)) return backend_of(grad).sum_squares(grad, n, copy_to);
+  const double sumsq = backend_of(grad).sum_squares(grad, n);
+  device_.copy_any(copy_to, grad, n * sizeof(float));
+  return sumsq;
 }
 
 void ZeroEngine::with_host_view(const void* data, MemPlace place, size_t bytes,

@@ -230,6 +230,13 @@ class ZeroEngine : public nn::UnitHooks {
   double unit_grad_sumsq(int u);
   double local_grad_sumsq();
 
+  // The backend that runs on the memory at p (the device's, or the host's for offloaded buffers;
+  // Note [Places of pointers] in kernels/backend.h).
+  kernels::Backend& backend_of(const void* p) const;
+  // acc (n) += in (n), wherever each lives.
+  void accumulate_into(float* acc, const float* in, size_t n);
+  // The sum of squares of grad (n) (Note [Deterministic gradient norm]), copying it to copy_to.
+  double sum_squares_and_copy(const float* grad, size_t n, float* copy_to);
   // Hands fn `bytes` at `data` (memory of `place`) as host memory: itself where the host can read
   // it, else a host copy (checkpoints read device memory this way).
   void with_host_view(const void* data, MemPlace place, size_t bytes, const std::function<void(const void* host)>& fn);

@@ -83,7 +83,7 @@ SwappedOptimizer::SwappedOptimizer(std::vector<optim::ShardRef> shards, DType pa
     if (tensors_ > optim_tensors_) {
       if (gi == first_group_[g.shard]) shard_param = param_source ? param_source(g.shard) : shards_[g.shard].param;
       const char* param = static_cast<const char*>(shard_param) + g.begin * dtype_size(param_dtype_);
-      convert_to_f32(param, param_dtype_, tensor(b, g, optim_tensors_), g.end - g.begin);
+      optim::load_master(tensor(b, g, optim_tensors_), MemPlace::host, param, param_dtype_, g.end - g.begin);
     }
     writes[b] = io_->start(io::IoOp::write, fd_.get(), file_path_, buffers_[b].data(), group_bytes(g), g.offset);
   }
@@ -161,10 +161,10 @@ double SwappedOptimizer::update_shard(size_t shard, size_t next_shard) {
       const optim::ShardRef& s = shards_[g.shard];
       float* master = tensors_ > optim_tensors_ ? tensor(b, g, optim_tensors_) : static_cast<float*>(s.param) + g.begin;
       if (adam)
-        sumsq += optim::AdamW::update_slice(kernels::host_backend(), s, param_dtype_, *adam, h_, g.begin, g.end, master, tensor(b, g, 0),
+        sumsq += optim::AdamW::update_slice(MemPlace::host, s, param_dtype_, *adam, h_, g.begin, g.end, master, tensor(b, g, 0),
                                             tensor(b, g, 1));
       else
-        sumsq += optim::SGD::update_slice(kernels::host_backend(), s, param_dtype_, *sgd, lr_, grad_scale_, first_, g.begin, g.end, master,
+        sumsq += optim::SGD::update_slice(MemPlace::host, s, param_dtype_, *sgd, lr_, grad_scale_, first_, g.begin, g.end, master,
                                           optim_tensors_ > 0 ? tensor(b, g, 0) : nullptr);
     }
     if (!record_.empty()) {

@@ -15,6 +15,7 @@ class CpuBackend final : public Backend {
   std::string description() const override;
   bool host_addressable() const override { return true; }
   MemoryArena& device_arena() override { return default_arena(); }
+  MemPlace place_of(const void*) const override { return MemPlace::host; }
 
   void copy(void* dst, MemPlace dst_place, const void* src, MemPlace src_place, size_t bytes) override;
   void fill_zero(void* dst, size_t bytes) override;

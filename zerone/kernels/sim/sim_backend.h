@@ -58,6 +58,7 @@ class SimBackend final : public Backend {
   std::string description() const override;
   bool host_addressable() const override { return false; }
   MemoryArena& device_arena() override { return arena_; }
+  MemPlace place_of(const void* p) const override { return arena_.contains(p) ? MemPlace::device : MemPlace::host; }
   SimArena& arena() { return arena_; }
 
   void copy(void* dst, MemPlace dst_place, const void* src, MemPlace src_place, size_t bytes) override;

@@ -127,27 +127,27 @@ std::vector<float*> AdamW::undo_tensors(size_t i) {
   return {master(i), m(i), v(i)};
 }
 
-void Optimizer::save_undo(size_t i, void* dst) {
+void StepUndo::save_undo(size_t i, void* dst) {
   char* out = static_cast<char*>(dst);
-  const size_t bytes = numel(i) * sizeof(float);
-  kernels::Backend& backend = kernels::backend_for(state_place());
+  const size_t bytes = undo_numel(i) * sizeof(float);
+  kernels::Backend& backend = kernels::backend_for(undo_place());
   for (float* t : undo_tensors(i)) {
-    backend.copy(out, state_place(), t, state_place(), bytes);
+    backend.copy(out, undo_place(), t, undo_place(), bytes);
     out += bytes;
   }
 }
 
-void Optimizer::restore_undo(size_t i, const void* src) {
+void StepUndo::restore_undo(size_t i, const void* src) {
   const char* in = static_cast<const char*>(src);
-  const size_t bytes = numel(i) * sizeof(float);
-  kernels::Backend& backend = kernels::backend_for(state_place());
+  const size_t bytes = undo_numel(i) * sizeof(float);
+  kernels::Backend& backend = kernels::backend_for(undo_place());
   for (float* t : undo_tensors(i)) {
-    backend.copy(t, state_place(), in, state_place(), bytes);
+    backend.copy(t, undo_place(), in, undo_place(), bytes);
     in += bytes;
   }
 }
 
-double Optimizer::step(float lr, float grad_scale, const std::function<void(size_t shard)>& shard_done,
+double ShardStepping::step(float lr, float grad_scale, const std::function<void(size_t shard)>& shard_done,
                        const std::function<void(size_t shard)>& shard_begin) {
   ZERONE_ASSERT(supports_shard_steps(), "an optimizer without per-shard steps must override step()");
   begin_step(lr, grad_scale);

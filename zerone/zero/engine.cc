@@ -249,18 +249,17 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
     // swap slots. `shards` stays readable for param_source (the optimizer keeps its own copy).
     std::vector<char> spare(num_units_, speculation ? 1 : 0);
     if (!spare.empty()) spare[0] = 0;
-    optimizer_ = std::make_unique<SwappedOptimizer>(shards, model.compute_dtype(), optimizer, config_.sub_group_numel,
-                                                    config_.optimizer_buffer_count, nvme, *swap_dir_, spare,
-                                                    stream_params ? SwappedOptimizer::ParamSource(param_source) : nullptr);
+    auto swapped = std::make_unique<SwappedOptimizer>(shards, model.compute_dtype(), optimizer, config_.sub_group_numel,
+                                                      config_.optimizer_buffer_count, nvme, *swap_dir_, spare,
+                                                      stream_params ? SwappedOptimizer::ParamSource(param_source) : nullptr);
+    if (grads_swapped_) swapped_ = swapped.get();  // Note [Gradient swap]: the gradients stage through it
+    optimizer_ = std::move(swapped);
   } else {
     optimizer_ = optim::make_optimizer(std::move(shards), model.compute_dtype(), optimizer,
                                        offloaded_total > 0 ? offload_place(config_.offload_optimizer) : MemPlace::device);
   }
   if (source_unit >= 0) stage_pool_.release(std::move(source_staging));
-  if (grads_swapped_) {
-    swapped_ = dynamic_cast<SwappedOptimizer*>(optimizer_.get());
-    ZERONE_ASSERT(swapped_ != nullptr, "swapped gradients without a swapped optimizer");
-  }
+  ZERONE_ASSERT(!grads_swapped_ || swapped_ != nullptr, "swapped gradients without a swapped optimizer");
   ZERONE_ASSERT(!speculation || optimizer_->supports_shard_steps(), "a speculative early step without shard steps");
   speculation_ready_ = speculation;
   if (speculation_ready_) {

@@ -23,6 +23,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -314,13 +315,18 @@ void engine_cases() {
            b.copy_to_device(d.f("back"), host2.data() + 1, (n - 1) * 4);                       // host -> device, offset
            b.copy(d.f("back") + n - 1, MemPlace::device, host2.data(), MemPlace::host, 4);     // 4 bytes
            b.copy_to_device(d.f("back"), host2.data(), 0);                                     // nothing
-           return std::vector<double>{host2[0], host2[n - 1]};
+           // Note [Streams and events]: the copies are done once an event recorded after them is.
+           const Event done = b.record(Stream::copy);
+           b.wait(Stream::compute, done);
+           done.wait();
+           b.synchronize(Stream::copy);
+           return std::vector<double>{host2[0], host2[n - 1], double(done.ready())};
          },
          [=] {
            Vec rotated(n);
            for (size_t i = 0; i < n; ++i) rotated[i] = x[(i + 1) % n];
            return std::vector<Want>{exact("on_device", to_double(x)), exact("back", rotated),
-                                    exact("#0", {x[0]}), exact("#1", {x[n - 1]})};
+                                    exact("#0", {x[0]}), exact("#1", {x[n - 1]}), exact("#2", {1})};
          }});
   }
   {  // fill_zero of an odd byte range inside a buffer
@@ -1208,8 +1214,21 @@ const std::vector<OpCase>& cases() {
 
 // ---------------------------------------------------------------- the tests
 
-using Param = std::tuple<size_t, DeviceKind>;
-class BackendOps : public ::testing::TestWithParam<Param> {};
+// One case on one backend.
+struct OpParam {
+  size_t index;
+  DeviceKind kind;
+  std::string name() const { return cases()[index].name + "_" + device_kind_name(kind); }
+  friend void PrintTo(const OpParam& p, std::ostream* os) { *os << p.name(); }
+};
+std::vector<OpParam> every_case_on_every_backend() {
+  std::vector<OpParam> out;
+  for (size_t i = 0; i < cases().size(); ++i)
+    for (DeviceKind kind : {DeviceKind::cpu, DeviceKind::sim, DeviceKind::cuda}) out.push_back({i, kind});
+  return out;
+}
+
+class BackendOps : public ::testing::TestWithParam<OpParam> {};
 
 TEST_P(BackendOps, MatchesReferenceAndCpu) {
   const auto [index, kind] = GetParam();
@@ -1229,13 +1248,8 @@ TEST_P(BackendOps, MatchesReferenceAndCpu) {
   if (kind != DeviceKind::cpu) expect_bitwise_equal(got, run_on(backend(DeviceKind::cpu), c));
 }
 
-INSTANTIATE_TEST_SUITE_P(Ops, BackendOps,
-                         ::testing::Combine(::testing::Range(size_t{0}, cases().size()),
-                                            ::testing::Values(DeviceKind::cpu, DeviceKind::sim, DeviceKind::cuda)),
-                         [](const ::testing::TestParamInfo<Param>& info) {
-                           return cases()[std::get<0>(info.param)].name + "_" +
-                                  device_kind_name(std::get<1>(info.param));
-                         });
+INSTANTIATE_TEST_SUITE_P(Ops, BackendOps, ::testing::ValuesIn(every_case_on_every_backend()),
+                         [](const ::testing::TestParamInfo<OpParam>& info) { return info.param.name(); });
 
 // Every Backend operation has a case (a new operation must bring its own).
 TEST(BackendOps, TableCoversEveryOperation) {

@@ -306,7 +306,7 @@ void engine_cases() {
     const size_t n = 1001;
     auto x = randn(n, 100);
     add({"copy_places_n1001",
-         {f32("x", x), fill("on_device", n, -1), fill("back", n, -1)},
+         {f32("x", x), fill("on_device", n, -1), fill("back", n, -1), fill("any", n, -1)},
          [n](Backend& b, const Dev& d) {
            std::vector<float> host(n, 0.0f), host2(n, 0.0f);
            b.copy_on_device(d.f("on_device"), d.f("x"), n * 4);                                // device -> device
@@ -315,6 +315,11 @@ void engine_cases() {
            b.copy_to_device(d.f("back"), host2.data() + 1, (n - 1) * 4);                       // host -> device, offset
            b.copy(d.f("back") + n - 1, MemPlace::device, host2.data(), MemPlace::host, 4);     // 4 bytes
            b.copy_to_device(d.f("back"), host2.data(), 0);                                     // nothing
+           // copy_any: each side's place from place_of (Note [Places of pointers]).
+           std::vector<float> host3(n, 0.0f);
+           b.copy_any(host3.data(), d.f("x"), n * 4);                                          // device -> host
+           b.copy_any(d.f("any"), host3.data(), n * 4);                                        // host -> device
+           b.copy_any(d.f("any"), d.f("any") + 1, 4);                                          // device -> device
            // Note [Streams and events]: the copies are done once an event recorded after them is.
            const Event done = b.record(Stream::copy);
            b.wait(Stream::compute, done);
@@ -325,7 +330,9 @@ void engine_cases() {
          [=] {
            Vec rotated(n);
            for (size_t i = 0; i < n; ++i) rotated[i] = x[(i + 1) % n];
-           return std::vector<Want>{exact("on_device", to_double(x)), exact("back", rotated),
+           Vec any = to_double(x);
+           any[0] = x[1];
+           return std::vector<Want>{exact("on_device", to_double(x)), exact("back", rotated), exact("any", any),
                                     exact("#0", {x[0]}), exact("#1", {x[n - 1]}), exact("#2", {1})};
          }});
   }
@@ -1250,6 +1257,26 @@ TEST_P(BackendOps, MatchesReferenceAndCpu) {
 
 INSTANTIATE_TEST_SUITE_P(Ops, BackendOps, ::testing::ValuesIn(every_case_on_every_backend()),
                          [](const ::testing::TestParamInfo<OpParam>& info) { return info.param.name(); });
+
+// Note [Places of pointers]: a backend tells its device's memory from host memory; one whose
+// device memory is host memory (cpu) says host for every pointer.
+TEST(BackendPlaces, PlaceOfTellsDeviceFromHostMemory) {
+  std::vector<float> host(16);
+  for (DeviceKind kind : {DeviceKind::cpu, DeviceKind::sim, DeviceKind::cuda}) {
+    SCOPED_TRACE(device_kind_name(kind));
+    Backend* b = nullptr;
+    try {
+      b = &backend(kind);
+    } catch (const Error&) {
+      continue;  // not in this build or on this machine
+    }
+    Buffer dev(64, MemCategory::scratch, MemPlace::device, 64, b->device_arena());
+    const MemPlace device_place = b->host_addressable() ? MemPlace::host : MemPlace::device;
+    EXPECT_EQ(b->place_of(dev.data()), device_place);
+    EXPECT_EQ(b->place_of(static_cast<char*>(dev.data()) + 63), device_place);
+    EXPECT_EQ(b->place_of(host.data()), MemPlace::host);
+  }
+}
 
 // Every Backend operation has a case (a new operation must bring its own).
 TEST(BackendOps, TableCoversEveryOperation) {

@@ -1,6 +1,7 @@
-// Double-precision reference implementations of the GPT-2 layers: the simplest loops that say
-// what each kernel computes, written independently of zerone/kernels (no shared code), used as the
-// oracle for forward values and, through finite differences, for gradients.
+// Double-precision reference implementations of every backend operation (the oracle of
+// tests/kernels/backend_ops_test.cc): the simplest loops that say what each kernel computes,
+// written independently of zerone/kernels (no shared code), used for forward values and, through
+// finite differences, for gradients.
 #pragma once
 
 #include <algorithm>
@@ -224,6 +225,179 @@ inline double softmax_cross_entropy(const Vec& logits, const std::vector<int32_t
     total += std::log(z) + mx - logits[n * K + labels[n]];
   }
   return total / N;
+}
+
+// ---- saved statistics and per-row values of the layers above
+
+// Per-row mean and 1/sqrt(var + 1e-5) of layernorm (the kernels save them for backward).
+inline void layernorm_stats(const Vec& inp, int N, int C, Vec& mean, Vec& rstd) {
+  mean.assign(N, 0.0);
+  rstd.assign(N, 0.0);
+  for (int n = 0; n < N; ++n) {
+    double m = 0, v = 0;
+    for (int c = 0; c < C; ++c) m += inp[n * C + c];
+    m /= C;
+    for (int c = 0; c < C; ++c) v += (inp[n * C + c] - m) * (inp[n * C + c] - m);
+    mean[n] = m;
+    rstd[n] = 1.0 / std::sqrt(v / C + 1e-5);
+  }
+}
+
+// Per-row 1/sqrt(mean(x^2) + eps) of rmsnorm.
+inline Vec rmsnorm_rstd(const Vec& inp, int N, int C, double eps) {
+  Vec out(N);
+  for (int n = 0; n < N; ++n) {
+    double ss = 0;
+    for (int c = 0; c < C; ++c) ss += inp[n * C + c] * inp[n * C + c];
+    out[n] = 1.0 / std::sqrt(ss / C + eps);
+  }
+  return out;
+}
+
+// The causal softmax probabilities (B,NH,T,T) of grouped-query attention (gqa_attention's layout;
+// NKV = NH and hs = C/NH is plain attention's (B,T,3C)), zero above the diagonal.
+inline Vec gqa_attention_probs(const Vec& qkv, int B, int T, int NH, int NKV, int hs) {
+  const int R = (NH + 2 * NKV) * hs, G = NH / NKV;
+  Vec att(static_cast<size_t>(B) * NH * T * T, 0.0);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < NH; ++h)
+      for (int t = 0; t < T; ++t) {
+        double* row = &att[((static_cast<size_t>(b) * NH + h) * T + t) * T];
+        double mx = -1e300, z = 0;
+        for (int u = 0; u <= t; ++u) {
+          double d = 0;
+          for (int i = 0; i < hs; ++i) d += qkv[(b * T + t) * R + h * hs + i] * qkv[(b * T + u) * R + (NH + h / G) * hs + i];
+          row[u] = d / std::sqrt(static_cast<double>(hs));
+          mx = std::max(mx, row[u]);
+        }
+        for (int u = 0; u <= t; ++u) z += (row[u] = std::exp(row[u] - mx));
+        for (int u = 0; u <= t; ++u) row[u] /= z;
+      }
+  return att;
+}
+
+// Per-row log-sum-exp over the first V of Vp columns.
+inline Vec logsumexp(const Vec& logits, int N, int V, int Vp) {
+  Vec out(N);
+  for (int n = 0; n < N; ++n) {
+    double mx = -1e300, z = 0;
+    for (int v = 0; v < V; ++v) mx = std::max(mx, logits[n * Vp + v]);
+    for (int v = 0; v < V; ++v) z += std::exp(logits[n * Vp + v] - mx);
+    out[n] = mx + std::log(z);
+  }
+  return out;
+}
+
+// Row-wise softmax of logits (N,K).
+inline Vec softmax(const Vec& logits, int N, int K) {
+  Vec out(logits.size());
+  for (int n = 0; n < N; ++n) {
+    double mx = -1e300, z = 0;
+    for (int k = 0; k < K; ++k) mx = std::max(mx, logits[n * K + k]);
+    for (int k = 0; k < K; ++k) z += (out[n * K + k] = std::exp(logits[n * K + k] - mx));
+    for (int k = 0; k < K; ++k) out[n * K + k] /= z;
+  }
+  return out;
+}
+
+// Inverse rotary frequencies 1 / theta^(2i/hs), with Hugging Face's llama3 rule when factor > 0:
+// wavelengths above original/low divided by factor, below original/high kept, blended between.
+inline Vec rope_inv_freq(int hs, double theta, double factor = 0, double low = 1, double high = 4,
+                         double original = 8192) {
+  const double pi = 3.14159265358979323846;
+  Vec out(hs / 2);
+  for (int i = 0; i < hs / 2; ++i) {
+    double f = 1.0 / std::pow(theta, 2.0 * i / hs);
+    if (factor > 0) {
+      const double wavelen = 2 * pi / f;
+      if (wavelen > original / low) f /= factor;
+      else if (wavelen >= original / high) {
+        const double smooth = (original / wavelen - low) / (high - low);
+        f = (1 - smooth) * f / factor + smooth * f;
+      }
+    }
+    out[i] = f;
+  }
+  return out;
+}
+
+// ---- optimizers (torch.optim.AdamW and torch.optim.SGD, one tensor, in double)
+
+struct AdamWRef {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0, grad_scale = 1;
+};
+// One step `step` (1-based) over p, m, v with gradients g.
+inline void adamw_step(Vec& p, Vec& m, Vec& v, const Vec& g, const AdamWRef& h, int step) {
+  const double bc1 = 1 - std::pow(h.beta1, step), bc2 = 1 - std::pow(h.beta2, step);
+  for (size_t i = 0; i < p.size(); ++i) {
+    const double gi = g[i] * h.grad_scale;
+    p[i] *= 1 - h.lr * h.weight_decay;
+    m[i] = h.beta1 * m[i] + (1 - h.beta1) * gi;
+    v[i] = h.beta2 * v[i] + (1 - h.beta2) * gi * gi;
+    p[i] -= h.lr / bc1 * m[i] / (std::sqrt(v[i]) / std::sqrt(bc2) + h.eps);
+  }
+}
+
+struct SGDRef {
+  double lr = 1e-2, momentum = 0, dampening = 0, weight_decay = 0, grad_scale = 1;
+  bool nesterov = false;
+};
+// One step over p (and the momentum buffer b when momentum != 0); `first`: b starts as the gradient.
+inline void sgd_step(Vec& p, Vec& b, const Vec& g, const SGDRef& h, bool first) {
+  for (size_t i = 0; i < p.size(); ++i) {
+    double gi = g[i] * h.grad_scale + h.weight_decay * p[i];
+    if (h.momentum != 0) {
+      b[i] = first ? gi : h.momentum * b[i] + (1 - h.dampening) * gi;
+      gi = h.nesterov ? gi + h.momentum * b[i] : b[i];
+    }
+    p[i] -= h.lr * gi;
+  }
+}
+
+// ---- number formats
+
+// x rounded to bfloat16 (8 significant bits, f32's exponent range), to nearest, ties to even;
+// beyond the largest bfloat16 it is infinite. NaN and infinities pass through.
+inline double round_bf16(double x) {
+  if (!std::isfinite(x) || x == 0) return x;
+  const int e = std::max(std::ilogb(x), -126);
+  const double q = std::ldexp(1.0, e - 7);
+  const double r = std::nearbyint(x / q) * q;  // the default rounding mode: ties to even
+  const double max_bf16 = std::ldexp(255.0, 120);
+  return std::abs(r) > max_bf16 ? std::copysign(INFINITY, x) : r;
+}
+
+// x rounded to IEEE half (11 significant bits, exponents -14..15), as round_bf16.
+inline double round_f16(double x) {
+  if (!std::isfinite(x) || x == 0) return x;
+  const int e = std::max(std::ilogb(x), -14);
+  const double q = std::ldexp(1.0, e - 10);
+  const double r = std::nearbyint(x / q) * q;
+  return std::abs(r) > 65504.0 ? std::copysign(INFINITY, x) : r;
+}
+
+// ---- channel-blocked activations (nChw<block>c: channels padded to the block with zeros)
+
+inline size_t blocked_index(int n, int c, int hw, int C, int HW, int block) {
+  const int Cp = (C + block - 1) / block * block;
+  return ((static_cast<size_t>(n) * (Cp / block) + c / block) * HW + hw) * block + c % block;
+}
+inline Vec to_blocked(const Vec& plain, int N, int C, int H, int W, int block) {
+  const int Cp = (C + block - 1) / block * block;
+  Vec out(static_cast<size_t>(N) * Cp * H * W, 0.0);
+  for (int n = 0; n < N; ++n)
+    for (int c = 0; c < C; ++c)
+      for (int hw = 0; hw < H * W; ++hw)
+        out[blocked_index(n, c, hw, C, H * W, block)] = plain[(static_cast<size_t>(n) * C + c) * H * W + hw];
+  return out;
+}
+inline Vec to_plain(const Vec& blocked, int N, int C, int H, int W, int block) {
+  Vec out(static_cast<size_t>(N) * C * H * W);
+  for (int n = 0; n < N; ++n)
+    for (int c = 0; c < C; ++c)
+      for (int hw = 0; hw < H * W; ++hw)
+        out[(static_cast<size_t>(n) * C + c) * H * W + hw] = blocked[blocked_index(n, c, hw, C, H * W, block)];
+  return out;
 }
 
 }  // namespace zerone::ref

@@ -80,7 +80,7 @@ void execute(const Shape& s, const void* a, const void* b, float* c, const float
 // transposed B. GPT-2's padded shapes never hit it; LLaMA's unpadded vocabulary and small test
 // shapes do. Such GEMMs run in f32 on the bf16 operands widened exactly: the same products, f32
 // accumulation as oneDNN's bf16 path, only slower (and only for these shapes, only on AMX).
-// tests/kernels/cpu/gradcheck_test.cc (Bf16LinearOddColumns) holds it to the bf16 tolerance.
+// tests/kernels/backend_ops_test.cc (linear_bf16_columns_1_to_80) holds it to the reference.
 bool bf16_needs_f32_fallback(DType dtype, int64_t n) {
   static const bool amx = dnnl::get_effective_cpu_isa() == dnnl::cpu_isa::avx512_core_amx;
   return dtype == DType::bf16 && amx && n % 16 != 0;

@@ -86,6 +86,13 @@ void add_train_flags(CLI::App& cmd, train::TrainConfig& c, std::string& config_p
   cmd.add_option("--seed", c.seed, "seed for initialisation and shuffling");
   cmd.add_flag("--no-shuffle", c.no_shuffle, "read batches in order (llm.c's layout)");
   cmd.add_option("--metrics", c.metrics, "write one JSON line per step here");
+  cmd.add_option("--peak-tflops", c.peak_tflops,
+                 "TFLOP/s per rank that MFU is measured against (default: the GEMM peak measured at start-up)");
+  cmd.add_option("--report", c.report, "write an HTML report of the run here at the end (needs --metrics)");
+  cmd.add_option("--tensorboard", c.tensorboard_dir,
+                 "write TensorBoard event files into this directory (DeepSpeed's tensorboard block)");
+  cmd.add_option("--csv-monitor", c.csv_monitor_dir,
+                 "write one CSV per metric into this directory (DeepSpeed's csv_monitor block)");
   cmd.add_option("--threads", c.threads, "OpenMP threads (0: all cores)");
   cmd.add_option("--val-every", c.val_every, "validate every N steps (0: at the end)");
   cmd.add_option("--val-batches", c.val_batches, "batches per validation");

@@ -339,11 +339,11 @@ nlohmann::ordered_json run_info(const TrainConfig& cfg, const nn::Model& model, 
   run["offload_optimizer"] = cfg.offload_optimizer;
   run["offload_param"] = cfg.offload_param;
   run["optimizer"] = cfg.optimizer;
-  run["lr"] = cfg.lr;
+  run["lr"] = std::strtod(str_cat(cfg.lr).c_str(), nullptr);  // 0.002, not 0.0020000000949949026
   run["lr_schedule"] = cfg.lr_schedule;
   run["warmup"] = cfg.warmup;
-  run["weight_decay"] = cfg.weight_decay;
-  run["grad_clip"] = cfg.grad_clip;
+  run["weight_decay"] = std::strtod(str_cat(cfg.weight_decay).c_str(), nullptr);
+  run["grad_clip"] = std::strtod(str_cat(cfg.grad_clip).c_str(), nullptr);
   run["seed"] = cfg.seed;
   char host[256] = "";
   ::gethostname(host, sizeof host - 1);

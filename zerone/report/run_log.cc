@@ -1,5 +1,7 @@
 #include "zerone/report/run_log.h"
 
+#include <sys/stat.h>
+
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -19,6 +21,9 @@ bool RunLog::classifier() const {
 }
 
 RunLog read_run_log(const std::string& path) {
+  struct stat st;
+  ZERONE_CHECK(::stat(path.c_str(), &st) == 0, "cannot open metrics file '", path, "': ", std::strerror(errno));
+  ZERONE_CHECK(!S_ISDIR(st.st_mode), "metrics file '", path, "' is a directory, expected a JSONL file written by zerone train --metrics");
   std::ifstream in(path, std::ios::binary);
   ZERONE_CHECK(in.good(), "cannot open metrics file '", path, "': ", std::strerror(errno));
   std::stringstream buffer;

@@ -280,7 +280,7 @@ std::vector<std::string> RunSummary::lines() const {
   const double seen = static_cast<double>(seen_last_ - seen_first_);
   std::string head = str_cat("summary: ", steps_, steps_ == 1 ? " step" : " steps",
                              first_step_ > 1 ? str_cat(" (", first_step_, "..", last_step_, ", resumed)") : "", " in ",
-                             fixed_digits(step_s_, 1), " s of ", fixed_digits(wall_s, 1), " s (start-up, validation and saving ",
+                             fixed_digits(step_s_, step_s_ < 10 ? 2 : 1), " s of ", fixed_digits(wall_s, wall_s < 10 ? 2 : 1), " s (start-up, validation and saving ",
                              fixed_digits(std::max(0.0, wall_s - step_s_), 1), " s); ", human_count(seen), " ", unit, ", ",
                              human_count(step_s_ > 0 ? seen / step_s_ : 0.0), " ", unit, "/s on average");
   if (flop_step_s_ > 0) {

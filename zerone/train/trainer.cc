@@ -34,6 +34,8 @@
 #include "zerone/train/markov_source.h"
 #include "zerone/train/metrics.h"
 #include "zerone/train/throughput.h"
+#include "zerone/report/html_report.h"
+#include "zerone/report/monitors.h"
 #include "zerone/zero/engine.h"
 #include "zerone/zero/estimate.h"
 #include "zerone/zero/loss_scaler.h"
@@ -181,6 +183,13 @@ void check_outputs(const TrainConfig& cfg) {
   if (save_is_hf_directory(cfg.save)) io::check_hf_output(cfg.save, "--save");
   else if (!cfg.save.empty()) io::check_atomic_output(cfg.save, "--save");
   if (!cfg.metrics.empty()) MetricsWriter::check_path(cfg.metrics);
+  if (!cfg.report.empty()) {
+    ZERONE_CHECK(!cfg.metrics.empty(), "--report '", cfg.report, "' is drawn from the run's metrics: give --metrics FILE.jsonl too");
+    io::check_atomic_output(cfg.report, "--report");
+    for (const auto& [flag, path] : {std::pair<const char*, std::string>{"--metrics", cfg.metrics}, {"--save", cfg.save},
+                                     {"--init", cfg.init}, {"--config", cfg.config_file}})
+      ZERONE_CHECK(path.empty() || !io::same_file(cfg.report, path), "--report and ", flag, " name the same file '", path, "'");
+  }
   std::vector<std::pair<std::string, std::string>> inputs;
   if (!cfg.init.empty()) inputs.emplace_back("--init", cfg.init);
   if (!cfg.config_file.empty()) inputs.emplace_back("--config", cfg.config_file);
@@ -647,6 +656,13 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   }
   const int start_step = static_cast<int>(resumed.step) + 1;
   const uint64_t chunk_base = resumed.next_chunk;
+  // DeepSpeed's tensorboard and csv_monitor (report/monitors.h), rank 0; their directories are
+  // created now, before the model is built (Note [No late errors]).
+  std::unique_ptr<report::Monitors> monitors;
+  if (lead && (!cfg.tensorboard_dir.empty() || !cfg.csv_monitor_dir.empty()))
+    monitors = std::make_unique<report::Monitors>(cfg.tensorboard_dir, setting_name(cfg, "--tensorboard"), cfg.csv_monitor_dir,
+                                                  setting_name(cfg, "--csv-monitor"),
+                                                  resume_from ? static_cast<int64_t>(chunk_base) * B : -1);
 
   // Opened and checked once; each unit then reads only its own bytes.
   std::unique_ptr<io::HfCheckpointReader> hf_init;
@@ -924,6 +940,15 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     }
     if (std::optional<std::string> warning = metrics.write(record); warning && lead) progress.warning(*warning);
     if (lead) summary.add(record);
+    if (monitors) {
+      // DeepSpeed's tags and x axis: global samples (sequences) so far.
+      const int64_t samples = record.seen / T;
+      std::vector<report::MonitorEvent> events = {{"Train/Samples/train_loss", loss, samples}, {"Train/Samples/lr", lr, samples}};
+      if (scaled) events.push_back({"Train/Samples/loss_scale", loss_scale, samples});
+      if (std::isfinite(record.grad_norm)) events.push_back({"Train/Samples/grad_norm", record.grad_norm, samples});
+      if (record.val_loss) events.push_back({"Train/Samples/val_loss", *record.val_loss, samples});
+      if (std::optional<std::string> warning = monitors->write(events, record.timestamp_s)) progress.warning(*warning);
+    }
     result.steps = step;
     result.final_train_loss = loss;
     if (record.val_loss) result.final_val_loss = record.val_loss;
@@ -989,6 +1014,17 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
       summary.written.push_back(str_cat("checkpoint '", cfg.checkpoint_dir, "/",
                                         io::checkpoint_step_name(checkpointer->last_published_step()), "'"));
     if (!cfg.save.empty()) summary.written.push_back(str_cat("--save '", cfg.save, "'"));
+    if (monitors)
+      for (const std::string& w : monitors->written()) summary.written.push_back(w);
+    if (!cfg.report.empty()) {
+      // A report that cannot be written costs the run nothing: everything else is saved already.
+      try {
+        report::write_html_report(report::read_run_logs({cfg.metrics}), cfg.report);
+        summary.written.push_back(str_cat("report '", cfg.report, "'"));
+      } catch (const Error& e) {
+        progress.warning(str_cat("--report: ", e.what()));
+      }
+    }
     for (const std::string& line : summary.lines()) progress.message(line);
   }
   float final_loss = result.final_val_loss.value_or(result.final_train_loss);

@@ -212,6 +212,13 @@ void Progress::step(const StepRecord& r) {
   }
 }
 
+void Progress::starting(int step, int total_steps) {
+  if (!live_) return;
+  std::printf("\r\033[Kstep %d/%d: running (the first step also prepares the kernels) ...", step, total_steps);
+  g_status_line_open = true;
+  std::fflush(stdout);
+}
+
 void Progress::message(const std::string& text) {
   end_status_line();
   std::printf("%s\n", text.c_str());

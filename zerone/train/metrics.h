@@ -135,6 +135,9 @@ class Progress {
  public:
   Progress();  // decides between the live line (stdout is a terminal) and log lines
   void step(const StepRecord& record);
+  // On a terminal: a status line saying the first step is running, until its line replaces it
+  // (a large model's first step takes seconds; the screen should not sit still).
+  void starting(int step, int total_steps);
   // A line that must stay visible (validation, warnings, the summary).
   void message(const std::string& text);
   // "zerone: warning: <text>" on stderr, after ending the status line.

@@ -813,6 +813,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   if (start_step > cfg.steps && lead)
     progress.message(str_cat("zerone: the checkpoint is at step ", start_step - 1, ", --steps is ", cfg.steps,
                              ": nothing left to train"));
+  if (lead && start_step <= cfg.steps) progress.starting(start_step, cfg.steps);
   for (int step = start_step; step <= cfg.steps; ++step) {
     if (step == start_step + 1) Profiler::reset();
     auto t0 = std::chrono::steady_clock::now();

@@ -5,7 +5,7 @@ BUILD_DIR ?= build
 BUILD_TYPE ?= Release
 JOBS ?= $(shell nproc)
 
-.PHONY: all setup configure build train test bench clean
+.PHONY: all setup configure build train test bench interop clean
 
 all: build
 
@@ -25,6 +25,11 @@ train: build
 
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
+
+# Interoperability with tools from the Python package index (not Debian; not part of `make test`):
+# zerone's TensorBoard event files read by the real tensorboard package.
+interop: build
+	bash tests/interop/tensorboard.sh $(BUILD_DIR)/zerone $(BUILD_DIR)/interop-venv
 
 bench: build
 	bash bench/run_all.sh

@@ -23,6 +23,7 @@ packages=(
   strace                   # tests/cli/errors_are_errors.sh checks the fsync/rename order of atomic writes
   zlib1g-dev               # gzip-compressed IDX image files (zerone/io/idx)
   dataset-fashion-mnist    # the seed examples' data: IDX files under /usr/share/datasets/fashion-mnist
+  chromium                 # tests/cli/report.sh loads zerone report's HTML in headless Chromium
 )
 
 missing=()

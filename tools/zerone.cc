@@ -16,6 +16,7 @@
 #include "zerone/io/tokenizer.h"
 #include "zerone/kernels/cpu/matmul.h"
 #include "zerone/nn/model.h"
+#include "zerone/report/html_report.h"
 #include "zerone/train/config.h"
 #include "zerone/train/interrupt.h"
 #include "zerone/train/metrics.h"
@@ -86,6 +87,13 @@ void add_train_flags(CLI::App& cmd, train::TrainConfig& c, std::string& config_p
   cmd.add_option("--seed", c.seed, "seed for initialisation and shuffling");
   cmd.add_flag("--no-shuffle", c.no_shuffle, "read batches in order (llm.c's layout)");
   cmd.add_option("--metrics", c.metrics, "write one JSON line per step here");
+  cmd.add_option("--peak-tflops", c.peak_tflops,
+                 "TFLOP/s per rank that MFU is measured against (default: the GEMM peak measured at start-up)");
+  cmd.add_option("--report", c.report, "write an HTML report of the run here at the end (needs --metrics)");
+  cmd.add_option("--tensorboard", c.tensorboard_dir,
+                 "write TensorBoard event files into this directory (DeepSpeed's tensorboard block)");
+  cmd.add_option("--csv-monitor", c.csv_monitor_dir,
+                 "write one CSV per metric into this directory (DeepSpeed's csv_monitor block)");
   cmd.add_option("--threads", c.threads, "OpenMP threads (0: all cores)");
   cmd.add_option("--val-every", c.val_every, "validate every N steps (0: at the end)");
   cmd.add_option("--val-batches", c.val_batches, "batches per validation");
@@ -411,6 +419,12 @@ int main(int argc, char** argv) {
   estimate_cmd->add_flag("--activation-checkpointing", est.activation_checkpointing, "as for train");
   estimate_cmd->add_flag("--cpu-checkpointing", est.cpu_checkpointing, "as for train");
 
+  std::vector<std::string> report_inputs;
+  std::string report_out;
+  CLI::App* report_cmd = app.add_subcommand("report", "an HTML report (inline SVG plots) of one or more runs' --metrics files");
+  report_cmd->add_option("RUN.jsonl", report_inputs, "metrics files written by zerone train --metrics (several: overlaid)")->required();
+  report_cmd->add_option("-o,--output", report_out, "the HTML file to write")->required();
+
   make_values_strict(app);
   try {
     app.parse(argc, argv);
@@ -422,7 +436,7 @@ int main(int argc, char** argv) {
     // One line with the usual prefix and exit 1, like every other bad input (README).
     std::fprintf(stderr, "zerone: error: %s (zerone %s--help lists the options)\n", e.what(),
                  train_cmd->parsed() ? "train " : sample_cmd->parsed() ? "sample " : prepare_cmd->parsed() ? "prepare "
-                 : estimate_cmd->parsed() ? "estimate " : convert_cmd->parsed() ? "convert " : "");
+                 : estimate_cmd->parsed() ? "estimate " : convert_cmd->parsed() ? "convert " : report_cmd->parsed() ? "report " : "");
     return 1;
   }
 
@@ -488,6 +502,10 @@ int main(int argc, char** argv) {
       std::printf("converted %s '%s' (%s, %llu parameters) to %s '%s' (%s)\n", r.source_kind.c_str(),
                   convert_opts.src.c_str(), r.model_spec.c_str(), static_cast<unsigned long long>(r.parameters),
                   r.destination_kind.c_str(), convert_opts.dst.c_str(), r.dtype.c_str());
+    } else if (report_cmd->parsed()) {
+      const std::vector<report::RunLog> runs = report::read_run_logs(report_inputs);
+      report::write_html_report(runs, report_out);
+      std::printf("wrote '%s' (%zu run%s)\n", report_out.c_str(), runs.size(), runs.size() == 1 ? "" : "s");
     } else if (estimate_cmd->parsed()) {
       est.seq_given = estimate_cmd->count("--seq") > 0;
       est.momentum_given = estimate_cmd->count("--momentum") > 0;

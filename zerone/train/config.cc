@@ -84,6 +84,7 @@ const std::map<std::string, FloatRange> kFloatRanges = {
     {"--loss-scale", {0, kInf, false, true}},
     {"--min-loss-scale", {0, kInf, true, true}},
     {"--offload-optimizer-ratio", {0, 1, false, false}},
+    {"--peak-tflops", {0, 1e9, false, false}},
 };
 
 // Note [DeepSpeed config keys]: every key of a config file is honoured (it sets a zerone setting),
@@ -95,8 +96,8 @@ const std::map<std::string, FloatRange> kFloatRanges = {
 // Top-level keys that tune machinery zerone lacks (logging, profiling, I/O, checkpoint engines).
 const std::set<std::string> kNoEffectTop = {
     "steps_per_print", "wall_clock_breakdown", "memory_breakdown", "dump_state", "comment", "prescale_gradients",
-    "gradient_predivide_factor", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "tensorboard",
-    "wandb", "csv_monitor", "comet", "flops_profiler", "comms_logger", "monitor_config",
+    "gradient_predivide_factor", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer",
+    "flops_profiler", "comms_logger", "monitor_config",
     "compile", "timers", "nebula", "eigenvalue", "pipeline", "dataloader_drop_last", "sparse_gradients",
     "legacy_fusion", "seq_parallel_communication_data_type", "disable_allgather", "fp32_allreduce"};
 // Top-level blocks whose "enabled": true would change training; disabled they do nothing.
@@ -234,6 +235,24 @@ class ConfigReader {
   void read_offload(const std::string& key, const json& v);
   // "checkpoint": zerone's dir/every/keep_last/async/resume and DeepSpeed's own keys.
   void read_checkpoint(const json& v);
+  // "tensorboard" / "csv_monitor": DeepSpeed's {enabled, output_path, job_name}; the directory is
+  // output_path/job_name (job_name "DeepSpeedJobName" by default, as DeepSpeed's).
+  void read_monitor(const std::string& key, const json& v) {
+    std::optional<bool> on = false;
+    std::string output_path, job_name = "DeepSpeedJobName";
+    for (auto& [mk, mv] : object(v, key).items()) {
+      const std::string full = key + "." + mk;
+      if (mk == "enabled") on = is_auto(mv) ? std::optional<bool>(false) : std::optional<bool>(boolean(mv, full));
+      else if (mk == "output_path") output_path = text(mv, full);
+      else if (mk == "job_name") job_name = text(mv, full);
+      else fail_text(full, "is unknown (expected enabled, output_path, job_name)");
+    }
+    if (!on.value_or(false)) return;
+    if (job_name.empty()) fail_text(key + ".job_name", "is empty: it names the directory under output_path");
+    const std::string dir = output_path.empty() ? job_name : output_path + (output_path.back() == '/' ? "" : "/") + job_name;
+    const std::string flag = key == "tensorboard" ? "--tensorboard" : "--csv-monitor";
+    if (claim(flag, key)) (key == "tensorboard" ? cfg_.tensorboard_dir : cfg_.csv_monitor_dir) = dir;
+  }
   void resolve_precision();
 
   const std::string path_;
@@ -318,6 +337,15 @@ void ConfigReader::read(const json& root) {
       no_effect(key);
     } else if (key == "sparse_attention") {
       not_implemented(key, v, "sparse attention");
+    } else if (key == "tensorboard" || key == "csv_monitor") {
+      read_monitor(key, v);
+    } else if (key == "wandb" || key == "comet") {
+      // Both log to a hosted service through its Python client; zerone has neither.
+      for (auto& [mk, mv] : object(v, key).items())
+        if (mk == "enabled" && boolean(mv, key + ".enabled"))
+          fail_text(key + ".enabled", str_cat("is true: zerone cannot log to ", key == "wandb" ? "Weights & Biases" : "Comet",
+                                              " (its client is a Python library talking to a service); use \"tensorboard\" or "
+                                              "\"csv_monitor\" (--tensorboard DIR, --csv-monitor DIR), whose files it can import"));
     } else if (kNoEffectTop.count(key)) {
       no_effect(key);
     } else {
@@ -737,6 +765,7 @@ void validate(const TrainConfig& c) {
                  ", --dampening ", c.dampening);
   }
   check_float("--grad-clip", c.grad_clip);
+  check_float("--peak-tflops", c.peak_tflops);
   check_int("--threads", c.threads);
   check_int("--val-every", c.val_every);
   check_int("--val-batches", c.val_batches);
@@ -862,6 +891,10 @@ std::vector<std::pair<std::string, std::string>> consistency_settings(const Trai
           {"--val-data", c.val_data},
           {"--save", c.save},
           {"--metrics", c.metrics},
+          {"--report", c.report},
+          {"--tensorboard", c.tensorboard_dir},
+          {"--csv-monitor", c.csv_monitor_dir},
+          {"--peak-tflops", str_cat(c.peak_tflops)},
           {"--precision", c.precision},
           {"--micro-batch", str_cat(c.micro_batch)},
           {"--seq", str_cat(c.seq)},

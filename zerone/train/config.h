@@ -101,6 +101,11 @@ struct TrainConfig {
   int keep_last = 0;                    // keep the newest K checkpoints (0: all)
   bool resume = false;                  // continue from checkpoint_dir's latest checkpoint, if any
   bool checkpoint_async = false;        // write in the background; the step stalls only for a copy
+  // Seeing a run (train/metrics.h, zerone/report): MFU's peak, the report and DeepSpeed's monitors.
+  double peak_tflops = 0.0;             // per rank; 0: the GEMM peak measured at start-up
+  std::string report;                   // HTML report written from --metrics at the end
+  std::string tensorboard_dir;          // TensorBoard event files (tensorboard.output_path/job_name)
+  std::string csv_monitor_dir;          // one CSV per metric (csv_monitor.output_path/job_name)
 
   // Flags the user set (on the command line or through the JSON file), by flag name ("--lr").
   // Defaults that depend on the kind of run (the default run's model, batch and schedule) fill

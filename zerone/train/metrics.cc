@@ -102,6 +102,12 @@ std::optional<std::string> MetricsWriter::write(const StepRecord& r) {
   if (r.val_accuracy) line["val_accuracy"] = *r.val_accuracy;
   if (r.loss_scale) line["loss_scale"] = *r.loss_scale;
   if (r.skipped) line["skipped"] = true;
+  line["timestamp"] = std::round(r.timestamp_s * 1000.0) / 1000.0;
+  line["elapsed_s"] = std::round(r.elapsed_s * 1000.0) / 1000.0;
+  line[r.samples_per_s ? "samples" : "tokens"] = r.seen;
+  if (r.tflop_per_s) line["tflop_per_s"] = *r.tflop_per_s;
+  if (r.mfu) line["mfu"] = *r.mfu;
+  if (!run_info_.is_null()) line["run"] = run_info_;
   const std::string text = line.dump() + "\n";
 
   int err = 0;
@@ -143,6 +149,7 @@ std::optional<std::string> MetricsWriter::write(const StepRecord& r) {
   }
   if (err == 0) {
     good_bytes_ += static_cast<int64_t>(text.size());
+    run_info_ = nullptr;
     if (failing_since_ == 0) return std::nullopt;
     std::string note = str_cat("--metrics: writing to '", path_, "' works again from step ", r.step, "; steps ",
                                failing_since_, "..", r.step - 1, " have no line");
@@ -205,6 +212,13 @@ void Progress::step(const StepRecord& r) {
   }
 }
 
+void Progress::starting(int step, int total_steps) {
+  if (!live_) return;
+  std::printf("\r\033[Kstep %d/%d: running (the first step also prepares the kernels) ...", step, total_steps);
+  g_status_line_open = true;
+  std::fflush(stdout);
+}
+
 void Progress::message(const std::string& text) {
   end_status_line();
   std::printf("%s\n", text.c_str());
@@ -219,5 +233,101 @@ void Progress::warning(const std::string& text) {
 }
 
 void Progress::finish() { end_status_line(); }
+
+void RunSummary::add(const StepRecord& r) {
+  const int64_t step_seen = r.ms > 0.0 ? static_cast<int64_t>(std::llround(r.samples_per_s.value_or(r.tokens_per_s) * r.ms / 1000.0)) : 0;
+  if (steps_ == 0) {
+    first_step_ = r.step;
+    seen_first_ = r.seen - step_seen;
+  }
+  ++steps_;
+  last_step_ = r.step;
+  seen_last_ = r.seen;
+  step_s_ += r.ms / 1000.0;
+  if (r.tflop_per_s) {
+    model_tflop_ += *r.tflop_per_s * r.ms / 1000.0;
+    flop_step_s_ += r.ms / 1000.0;
+  }
+  final_loss_ = r.loss;
+  if (r.val_loss) {
+    final_val_ = r.val_loss;
+    if (!best_val_ || *r.val_loss < *best_val_) {
+      best_val_ = r.val_loss;
+      best_val_step_ = r.step;
+    }
+  }
+  if (r.val_accuracy) final_accuracy_ = r.val_accuracy;
+  if (r.skipped) ++skipped_;
+}
+
+namespace {
+
+// "4.92M" style counts for tokens and samples.
+std::string human_count(double n) {
+  char text[32];
+  if (n >= 1e9) std::snprintf(text, sizeof text, "%.2fG", n / 1e9);
+  else if (n >= 1e6) std::snprintf(text, sizeof text, "%.2fM", n / 1e6);
+  else if (n >= 1e4) std::snprintf(text, sizeof text, "%.1fk", n / 1e3);
+  else std::snprintf(text, sizeof text, "%.0f", n);
+  return text;
+}
+
+std::string fixed_digits(double value, int digits) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%.*f", digits, value);
+  return text;
+}
+
+}  // namespace
+
+std::vector<std::string> RunSummary::lines() const {
+  std::vector<std::string> out;
+  if (steps_ == 0) return out;
+  const char* unit = classifier ? "samples" : "tokens";
+  const double seen = static_cast<double>(seen_last_ - seen_first_);
+  std::string head = str_cat("summary: ", steps_, steps_ == 1 ? " step" : " steps",
+                             first_step_ > 1 ? str_cat(" (", first_step_, "..", last_step_, ", resumed)") : "", " in ",
+                             fixed_digits(step_s_, step_s_ < 10 ? 2 : 1), " s of ", fixed_digits(wall_s, wall_s < 10 ? 2 : 1), " s (start-up, validation and saving ",
+                             fixed_digits(std::max(0.0, wall_s - step_s_), 1), " s); ", human_count(seen), " ", unit, ", ",
+                             human_count(step_s_ > 0 ? seen / step_s_ : 0.0), " ", unit, "/s on average");
+  if (flop_step_s_ > 0) {
+    const double tflops = model_tflop_ / flop_step_s_;
+    head += str_cat(", ", fixed_digits(tflops, 3), " TFLOP/s");
+    if (peak_tflop_per_s && *peak_tflop_per_s > 0)
+      head += str_cat(" (MFU ", fixed_digits(100.0 * tflops / (world * *peak_tflop_per_s), 1), "% of ", world > 1 ? str_cat(world, " x ") : "",
+                      fixed_digits(*peak_tflop_per_s, 3), " TFLOP/s, ", peak_source, ")");
+  }
+  out.push_back(head);
+  std::string loss = str_cat("  loss: final training ", fixed_digits(final_loss_, 4));
+  if (final_val_) loss += str_cat(", final validation ", fixed_digits(*final_val_, 4), ", best validation ",
+                                  fixed_digits(*best_val_, 4), " (step ", best_val_step_, ")");
+  if (final_accuracy_) loss += str_cat(", final validation accuracy ", fixed_digits(*final_accuracy_ * 100.0, 2), "%");
+  if (skipped_ > 0) loss += str_cat("; ", skipped_, " steps skipped (fp16 overflow)");
+  out.push_back(loss);
+  if (profiled_steps > 0 && profiled_wall_s > 0) {
+    auto pct = [&](double s) { return fixed_digits(100.0 * s / profiled_wall_s, 1) + "%"; };
+    const double other = std::max(0.0, profiled_wall_s - compute_s - comm_s - optimizer_s - io_s);
+    out.push_back(str_cat("  time of steps 2..", last_step_, ": compute ", pct(compute_s), ", communication (exposed) ",
+                          pct(comm_s), ", optimizer ", pct(optimizer_s), ", I/O (data, swap) ", pct(io_s), ", other ",
+                          pct(other), " (", fixed_digits(1000.0 * profiled_wall_s / profiled_steps, 1),
+                          " ms/step; --profile itemizes)"));
+  }
+  for (const PlacePeak& p : memory) {
+    std::string text = str_cat("  peak memory, ", p.place, ": ", human_bytes(static_cast<double>(p.peak_bytes)));
+    if (p.estimate_bytes) text += str_cat(" (zerone estimate ", human_bytes(static_cast<double>(*p.estimate_bytes)), ")");
+    std::string parts;
+    for (const auto& [category, bytes] : p.categories)
+      parts += str_cat(parts.empty() ? "" : ", ", category, " ", human_bytes(static_cast<double>(bytes)));
+    if (!parts.empty()) text += str_cat(": ", parts);
+    out.push_back(text);
+  }
+  if (peak_rss_bytes > 0) out.push_back(str_cat("  peak RSS (rank 0 process): ", human_bytes(static_cast<double>(peak_rss_bytes))));
+  if (!written.empty()) {
+    std::string list;
+    for (const std::string& w : written) list += str_cat(list.empty() ? "" : "; ", w);
+    out.push_back(str_cat("  wrote: ", list));
+  }
+  return out;
+}
 
 }  // namespace zerone::train

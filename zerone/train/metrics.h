@@ -3,7 +3,12 @@
 // JSONL: one object per optimizer step, {"step","loss","lr","grad_norm","ms","tokens_per_s",
 // "mem":{"<place>.<category>":bytes,...,"peak_rss":bytes}} plus "val_loss" on validation steps.
 // Classifiers write "samples_per_s" in place of "tokens_per_s", and "val_accuracy" (a fraction)
-// beside "val_loss" (at each epoch end and the last step).
+// beside "val_loss" (at each epoch end and the last step). Every line also has "timestamp" (Unix
+// seconds at the step's end), "elapsed_s" (seconds since `zerone train` started, start-up
+// included), "tokens" (classifiers: "samples") trained on so far, resumed steps included, and, for
+// models whose FLOPs are known (the transformers), "tflop_per_s" (model FLOPs of the step over its
+// wall time, all ranks) and "mfu" (that over world x the per-rank peak). The first line a process
+// writes carries "run": the settings, machine and peak (docs/metrics.md lists every field).
 // Note [Metrics never cost a run]: each line is written whole with write(2) as soon as its step
 // ends, so a crashed run keeps every finished step. The path is checked at start-up but the file
 // is created (truncated) only by the first line, so a run that fails before its first step leaves
@@ -19,6 +24,9 @@
 #include <cstdio>
 #include <optional>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 namespace zerone::train {
 
@@ -35,6 +43,11 @@ struct StepRecord {
   std::optional<float> val_accuracy;
   std::optional<double> loss_scale;  // fp16: the scale this step's backward used
   bool skipped = false;              // fp16: gradients overflowed, no update
+  double timestamp_s = 0.0;          // Unix time at the end of the step
+  double elapsed_s = 0.0;            // since `zerone train` started (start-up included)
+  int64_t seen = 0;                  // tokens (classifiers: samples) trained on so far, resumed steps included
+  std::optional<double> tflop_per_s; // model FLOPs of the step / its wall time, summed over ranks
+  std::optional<double> mfu;         // tflop_per_s / (world x peak TFLOP/s per rank), a fraction
 };
 
 class MetricsWriter {
@@ -56,6 +69,8 @@ class MetricsWriter {
   // resumed run writes again), drops the rest, and appends. A file that is not JSON lines is
   // replaced as for a new run.
   void continue_after(int64_t step) { continue_after_ = step; }
+  // The "run" object (settings, machine, peak) that the first line this writer writes carries.
+  void set_run_info(nlohmann::ordered_json info) { run_info_ = std::move(info); }
   // Steps whose line could not be written.
   int missing_lines() const { return missing_lines_; }
   const std::string& path() const { return path_; }
@@ -68,6 +83,49 @@ class MetricsWriter {
   int missing_lines_ = 0;
   int failing_since_ = 0;    // first step of the current series of failures; 0: writes succeed
   int64_t continue_after_ = -1;  // >= 0: keep lines of steps up to this one (resume)
+  nlohmann::ordered_json run_info_;  // null once written
+};
+
+// The end-of-run summary (rank 0): what the run did, how fast, where its time and memory went
+// and what it wrote. The trainer adds every step's record and fills the rest at the end.
+class RunSummary {
+ public:
+  void add(const StepRecord& record);
+  bool empty() const { return steps_ == 0; }
+
+  // Filled by the trainer before lines():
+  bool classifier = false;               // counts samples, not tokens
+  double wall_s = 0.0;                   // `zerone train` from start to end
+  std::optional<double> peak_tflop_per_s;  // per rank
+  std::string peak_source;               // "--peak-tflops" or "measured ..."
+  int world = 1;
+  // Where the time of steps 2.. went (Profiler categories), over profiled_wall_s of steps.
+  double profiled_wall_s = 0.0, compute_s = 0.0, comm_s = 0.0, optimizer_s = 0.0, io_s = 0.0;
+  int profiled_steps = 0;
+  // Peak bytes per (place, category) on rank 0, and zerone estimate's figures per place.
+  struct PlacePeak {
+    std::string place;
+    int64_t peak_bytes = 0;                  // the sum of the categories' peaks (an upper bound of the place's peak)
+    std::optional<int64_t> estimate_bytes;   // zerone estimate's figure for this place
+    std::vector<std::pair<std::string, int64_t>> categories;  // nonzero peaks
+  };
+  std::vector<PlacePeak> memory;
+  int64_t peak_rss_bytes = 0;
+  std::vector<std::string> written;      // "metrics 'm.jsonl' (300 lines)", ...
+
+  // The summary as lines for the terminal, without trailing newlines.
+  std::vector<std::string> lines() const;
+
+ private:
+  int steps_ = 0, first_step_ = 0, last_step_ = 0;
+  double step_s_ = 0.0;                  // the steps' wall time
+  int64_t seen_first_ = 0, seen_last_ = 0;  // before the first step of this process, after the last
+  double model_tflop_ = 0.0;             // model TFLOPs of the steps with known FLOPs
+  double flop_step_s_ = 0.0;             // their wall time
+  float final_loss_ = 0.0f;
+  std::optional<float> final_val_, best_val_, final_accuracy_;
+  int best_val_step_ = 0;
+  int skipped_ = 0;
 };
 
 // Bytes as "12.3 MiB".
@@ -77,6 +135,9 @@ class Progress {
  public:
   Progress();  // decides between the live line (stdout is a terminal) and log lines
   void step(const StepRecord& record);
+  // On a terminal: a status line saying the first step is running, until its line replaces it
+  // (a large model's first step takes seconds; the screen should not sit still).
+  void starting(int step, int total_steps);
   // A line that must stay visible (validation, warnings, the summary).
   void message(const std::string& text);
   // "zerone: warning: <text>" on stderr, after ending the status line.

@@ -2,6 +2,7 @@
 
 #include <glob.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <omp.h>
 
 #include <chrono>
@@ -32,6 +33,9 @@
 #include "zerone/train/lr_schedule.h"
 #include "zerone/train/markov_source.h"
 #include "zerone/train/metrics.h"
+#include "zerone/train/throughput.h"
+#include "zerone/report/html_report.h"
+#include "zerone/report/monitors.h"
 #include "zerone/zero/engine.h"
 #include "zerone/zero/estimate.h"
 #include "zerone/zero/loss_scaler.h"
@@ -181,6 +185,13 @@ void check_outputs(const TrainConfig& cfg) {
   if (save_is_hf_directory(cfg.save)) io::check_hf_output(cfg.save, "--save");
   else if (!cfg.save.empty()) io::check_atomic_output(cfg.save, "--save");
   if (!cfg.metrics.empty()) MetricsWriter::check_path(cfg.metrics);
+  if (!cfg.report.empty()) {
+    ZERONE_CHECK(!cfg.metrics.empty(), "--report '", cfg.report, "' is drawn from the run's metrics: give --metrics FILE.jsonl too");
+    io::check_atomic_output(cfg.report, "--report");
+    for (const auto& [flag, path] : {std::pair<const char*, std::string>{"--metrics", cfg.metrics}, {"--save", cfg.save},
+                                     {"--init", cfg.init}, {"--config", cfg.config_file}})
+      ZERONE_CHECK(path.empty() || !io::same_file(cfg.report, path), "--report and ", flag, " name the same file '", path, "'");
+  }
   std::vector<std::pair<std::string, std::string>> inputs;
   if (!cfg.init.empty()) inputs.emplace_back("--init", cfg.init);
   if (!cfg.config_file.empty()) inputs.emplace_back("--config", cfg.config_file);
@@ -315,6 +326,73 @@ void check_memory_fits(const nn::Model& model, DType dtype, const TrainConfig& c
                       "(zerone estimate --model ", model.spec(), " --world N shows what fits)"));
 }
 
+// The "run" object of the first metrics line: settings, machine and peak (docs/metrics.md).
+nlohmann::ordered_json run_info(const TrainConfig& cfg, const nn::Model& model, DType dtype, int world,
+                                const comm::Communicator& comm, int start_step, std::optional<double> flops_per_token,
+                                std::optional<double> peak_tflops, const std::string& peak_source) {
+  nlohmann::ordered_json run;
+  run["zerone"] = "0.1.0";
+  run["start_time"] = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  if (start_step > 1) run["resumed_from_step"] = start_step - 1;
+  run["model"] = model.spec();
+  run["parameters"] = model.num_parameters();
+  run["precision"] = dtype_name(dtype);
+  run["data"] = cfg.data.empty() ? "built-in Markov corpus" : cfg.data;
+  if (!cfg.val_data.empty()) run["val_data"] = cfg.val_data;
+  if (!cfg.init.empty()) run["init"] = cfg.init;
+  if (!cfg.config_file.empty()) run["config"] = cfg.config_file;
+  run["micro_batch"] = cfg.micro_batch;
+  if (model.input_kind() == nn::InputKind::tokens) run["seq"] = cfg.seq;
+  run["grad_accum"] = cfg.grad_accum;
+  run["world"] = world;
+  run["steps"] = cfg.steps;
+  run["zero_stage"] = cfg.zero_stage;
+  run["offload_optimizer"] = cfg.offload_optimizer;
+  run["offload_param"] = cfg.offload_param;
+  run["optimizer"] = cfg.optimizer;
+  run["lr"] = std::strtod(str_cat(cfg.lr).c_str(), nullptr);  // 0.002, not 0.0020000000949949026
+  run["lr_schedule"] = cfg.lr_schedule;
+  run["warmup"] = cfg.warmup;
+  run["weight_decay"] = std::strtod(str_cat(cfg.weight_decay).c_str(), nullptr);
+  run["grad_clip"] = std::strtod(str_cat(cfg.grad_clip).c_str(), nullptr);
+  run["seed"] = cfg.seed;
+  char host[256] = "";
+  ::gethostname(host, sizeof host - 1);
+  run["host"] = host;
+  run["cpu"] = cpu_info().model_name;
+  run["threads_per_rank"] = omp_get_max_threads();
+  if (world > 1) run["comm"] = comm.description();
+  if (flops_per_token) run["flops_per_token"] = *flops_per_token;
+  if (peak_tflops) {
+    run["peak_tflop_per_s"] = *peak_tflops;
+    run["peak_source"] = peak_source;
+  }
+  return run;
+}
+
+// Rank 0's peak bytes per place and category, beside zerone estimate's figure for each place.
+void fill_memory_summary(RunSummary& summary, const nn::Model& model, DType dtype, const TrainConfig& cfg,
+                         const zero::ZeroConfig& zcfg, int world) {
+  const auto rows = zero::estimate(model, world, dtype, cfg.micro_batch, cfg.seq, zcfg, optimizer_options(cfg), cfg.zero_stage);
+  const MemoryLedger& ledger = MemoryLedger::global();
+  for (size_t p = 0; p < MemoryLedger::kPlaces; ++p) {
+    const auto place = static_cast<MemPlace>(p);
+    RunSummary::PlacePeak peak;
+    peak.place = mem_place_name(place);
+    for (size_t c = 0; c < MemoryLedger::kCategories; ++c) {
+      const auto category = static_cast<MemCategory>(c);
+      if (int64_t bytes = ledger.peak(place, category); bytes > 0) {
+        peak.categories.emplace_back(mem_category_name(category), bytes);
+        peak.peak_bytes += bytes;
+      }
+    }
+    if (!rows.empty())
+      peak.estimate_bytes = place == MemPlace::device ? rows[0].device() : place == MemPlace::host ? rows[0].host() : rows[0].nvme();
+    if (peak.peak_bytes > 0 || (peak.estimate_bytes && *peak.estimate_bytes > 0)) summary.memory.push_back(peak);
+  }
+  summary.peak_rss_bytes = peak_rss_bytes();
+}
+
 // Sets the device cap for the lifetime of a run (Note [Device cap]).
 class DeviceLimitGuard {
  public:
@@ -350,6 +428,7 @@ TrainResult run_training(TrainConfig cfg) {
 }
 
 TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
+  const auto run_t0 = std::chrono::steady_clock::now();
   const int world = comm.world_size(), rank = comm.rank();
   const bool lead = rank == 0;
   const bool default_run = cfg.data.empty();
@@ -581,6 +660,13 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   }
   const int start_step = static_cast<int>(resumed.step) + 1;
   const uint64_t chunk_base = resumed.next_chunk;
+  // DeepSpeed's tensorboard and csv_monitor (report/monitors.h), rank 0; their directories are
+  // created now, before the model is built (Note [No late errors]).
+  std::unique_ptr<report::Monitors> monitors;
+  if (lead && (!cfg.tensorboard_dir.empty() || !cfg.csv_monitor_dir.empty()))
+    monitors = std::make_unique<report::Monitors>(cfg.tensorboard_dir, setting_name(cfg, "--tensorboard"), cfg.csv_monitor_dir,
+                                                  setting_name(cfg, "--csv-monitor"),
+                                                  resume_from ? static_cast<int64_t>(chunk_base) * B : -1);
 
   // Opened and checked once; each unit then reads only its own bytes.
   std::unique_ptr<io::HfCheckpointReader> hf_init;
@@ -595,6 +681,12 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   };
   const auto load_t0 = std::chrono::steady_clock::now();
   const optim::OptimizerOptions optimizer = optimizer_options(cfg);
+  Progress progress;
+  // A large model takes seconds to materialize (or read) before anything else is printed.
+  if (lead)
+    progress.message(str_cat("zerone: building ", model.spec(), " (", model.num_parameters(), " parameters, ",
+                             resume_from ? "from the checkpoint" : cfg.init.empty() ? "initialized from the seed" : "read from --init",
+                             ") ..."));
   zero::ZeroEngine engine(model, comm, zcfg, optimizer, materialize, nvme);
   if (resume_from) {
     const io::CheckpointManifest& m = resume_from->manifest();
@@ -617,7 +709,6 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
         m.optimizer_steps);
   }
 
-  Progress progress;
   if (lead) {
     progress.message(str_cat("zerone: model ", model.spec(), " (", model.num_parameters(),
                              " parameters), ", dtype_name(dtype), ", micro-batch ", B,
@@ -632,6 +723,23 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   }
   MetricsWriter metrics(lead ? cfg.metrics : "");
   if (resume_from) metrics.continue_after(start_step - 1);
+  // Note [Model FLOPs] (throughput.h): MFU against --peak-tflops, else the GEMM peak measured now.
+  const std::optional<double> flops_per_token = model_flops_per_token(model, T);
+  std::optional<double> peak_tflops;
+  std::string peak_source;
+  if (cfg.peak_tflops > 0) {
+    peak_tflops = cfg.peak_tflops;
+    peak_source = "--peak-tflops";
+  } else if (lead && flops_per_token) {
+    peak_tflops = measure_gemm_peak_tflop_per_s(dtype);
+    peak_source = str_cat("measured ", dtype == DType::bf16 ? "bf16" : "f32", " GEMM peak");
+  }
+  RunSummary summary;
+  summary.classifier = classifier;
+  summary.world = world;
+  summary.peak_tflop_per_s = peak_tflops;
+  summary.peak_source = peak_source;
+  if (lead) metrics.set_run_info(run_info(cfg, model, dtype, world, comm, start_step, flops_per_token, peak_tflops, peak_source));
 
   // fp16: dynamic (or static) loss scaling; bf16 and fp32 need none.
   const bool scaled = dtype == DType::f16;
@@ -700,7 +808,8 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
                                " s); writing in the background"));
   };
   TrainResult result;
-  Profiler::set_enabled(cfg.profile);
+  // Always on: the summary says where the time went (a scope costs two clock reads).
+  Profiler::set_enabled(true);
   double profiled_wall_s = 0.0;  // steps 2.. (the first step creates the GEMM primitives)
   if (cfg.profile && cfg.steps - start_step < 1 && lead)
     progress.warning("--profile reports steps 2 and later (the first creates the GEMM primitives): nothing to report in 1 step");
@@ -708,6 +817,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   if (start_step > cfg.steps && lead)
     progress.message(str_cat("zerone: the checkpoint is at step ", start_step - 1, ", --steps is ", cfg.steps,
                              ": nothing left to train"));
+  if (lead && start_step <= cfg.steps) progress.starting(start_step, cfg.steps);
   for (int step = start_step; step <= cfg.steps; ++step) {
     if (step == start_step + 1) Profiler::reset();
     auto t0 = std::chrono::steady_clock::now();
@@ -798,6 +908,13 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     const double rate = static_cast<double>(B) * T * cfg.grad_accum * world / (ms / 1000.0);
     if (classifier) record.samples_per_s = rate;
     else record.tokens_per_s = rate;
+    record.timestamp_s = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    record.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_t0).count();
+    record.seen = static_cast<int64_t>(chunk_base + static_cast<uint64_t>(step - start_step + 1) * cfg.grad_accum * world) * B * T;
+    if (flops_per_token) {
+      record.tflop_per_s = *flops_per_token * static_cast<double>(B) * T * cfg.grad_accum * world / (ms / 1000.0) / 1e12;
+      if (peak_tflops) record.mfu = *record.tflop_per_s / (world * *peak_tflops);
+    }
     // Classifiers validate at the end of every epoch too, on the whole --val-data unless
     // --val-batches limits it.
     const bool epoch_end = classifier && step % steps_per_epoch == 0;
@@ -813,7 +930,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
       record.val_accuracy = e.accuracy;
       val_samples = e.samples;
       val_samples_here = e.samples_here;
-      Profiler::set_enabled(cfg.profile);
+      Profiler::set_enabled(true);
     }
     if (lead) {
       progress.step(record);
@@ -827,6 +944,16 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
       }
     }
     if (std::optional<std::string> warning = metrics.write(record); warning && lead) progress.warning(*warning);
+    if (lead) summary.add(record);
+    if (monitors) {
+      // DeepSpeed's tags and x axis: global samples (sequences) so far.
+      const int64_t samples = record.seen / T;
+      std::vector<report::MonitorEvent> events = {{"Train/Samples/train_loss", loss, samples}, {"Train/Samples/lr", lr, samples}};
+      if (scaled) events.push_back({"Train/Samples/loss_scale", loss_scale, samples});
+      if (std::isfinite(record.grad_norm)) events.push_back({"Train/Samples/grad_norm", record.grad_norm, samples});
+      if (record.val_loss) events.push_back({"Train/Samples/val_loss", *record.val_loss, samples});
+      if (std::optional<std::string> warning = monitors->write(events, record.timestamp_s)) progress.warning(*warning);
+    }
     result.steps = step;
     result.final_train_loss = loss;
     if (record.val_loss) result.final_val_loss = record.val_loss;
@@ -843,6 +970,15 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
                              Profiler::report(profiled_wall_s, cfg.steps - start_step)));
   }
   Profiler::set_enabled(false);
+  if (lead && cfg.steps > start_step) {
+    summary.profiled_steps = cfg.steps - start_step;
+    summary.profiled_wall_s = profiled_wall_s;
+    summary.compute_s = Profiler::seconds(ProfileCategory::gemm) + Profiler::seconds(ProfileCategory::attention) +
+                        Profiler::seconds(ProfileCategory::elementwise);
+    summary.comm_s = Profiler::seconds(ProfileCategory::comm);
+    summary.optimizer_s = Profiler::seconds(ProfileCategory::optimizer);
+    summary.io_s = Profiler::seconds(ProfileCategory::data) + Profiler::seconds(ProfileCategory::swap);
+  }
   if (!cfg.save.empty()) {
     const bool hf = save_is_hf_directory(cfg.save);
     const char* kind = hf ? "Hugging Face checkpoint" : "llm.c checkpoint";
@@ -874,6 +1010,28 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   result.source_entropy = entropy;
   // Resumed at or past --steps: no step ran, so there is no loss to report (it printed 0.0000).
   if (start_step > cfg.steps) return result;
+  if (lead) {
+    summary.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_t0).count();
+    fill_memory_summary(summary, model, dtype, cfg, zcfg, world);
+    if (!cfg.metrics.empty())
+      summary.written.push_back(str_cat("metrics '", cfg.metrics, "' (", result.steps - start_step + 1 - metrics.missing_lines(), " lines)"));
+    if (checkpointer && checkpointer->last_published_step() > 0)
+      summary.written.push_back(str_cat("checkpoint '", cfg.checkpoint_dir, "/",
+                                        io::checkpoint_step_name(checkpointer->last_published_step()), "'"));
+    if (!cfg.save.empty()) summary.written.push_back(str_cat("--save '", cfg.save, "'"));
+    if (monitors)
+      for (const std::string& w : monitors->written()) summary.written.push_back(w);
+    if (!cfg.report.empty()) {
+      // A report that cannot be written costs the run nothing: everything else is saved already.
+      try {
+        report::write_html_report(report::read_run_logs({cfg.metrics}), cfg.report);
+        summary.written.push_back(str_cat("report '", cfg.report, "'"));
+      } catch (const Error& e) {
+        progress.warning(str_cat("--report: ", e.what()));
+      }
+    }
+    for (const std::string& line : summary.lines()) progress.message(line);
+  }
   float final_loss = result.final_val_loss.value_or(result.final_train_loss);
   char line[160];
   if (entropy) {

@@ -1,0 +1,29 @@
+// Model FLOPs and the peak they are measured against, for the TFLOP/s and MFU of the metrics and
+// the end-of-run summary.
+//
+// Note [Model FLOPs]: MFU counts the FLOPs the model needs, not what the engine executes
+// (activation recomputation is not counted, as in PaLM's definition): per trained token,
+// 6 x parameters (forward 2, backward 4 per weight; the tied head counted once, through the
+// embedding) plus 12 x layers x width x sequence for attention's two (T, T) products. Known for the
+// transformers (gpt2:, llama:); the image classifiers' convolutions reuse weights across positions,
+// so their FLOPs are not 6 x parameters and no figure is given for them.
+// Thread-safety: pure functions; measure_gemm_peak runs GEMMs on the calling thread's OpenMP team.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "zerone/core/dtype.h"
+#include "zerone/nn/model.h"
+
+namespace zerone::train {
+
+// Model FLOPs per trained token at sequence length `seq` (Note [Model FLOPs]); nullopt for
+// classifiers and any model whose spec does not name its layers and width.
+std::optional<double> model_flops_per_token(const nn::Model& model, int seq);
+
+// The GEMM throughput this rank reaches in `dtype` (bf16: bf16 GEMMs; otherwise f32), in TFLOP/s:
+// the best of several 1024^3 products after a warm-up, about 0.1 s on 2 cores.
+double measure_gemm_peak_tflop_per_s(DType dtype);
+
+}  // namespace zerone::train

@@ -13,7 +13,9 @@
 #include <vector>
 
 #include "zerone/comm/communicator.h"
+#include "zerone/comm/device_communicator.h"
 #include "zerone/core/error.h"
+#include "zerone/kernels/backend.h"
 
 namespace zerone::comm {
 namespace {
@@ -129,6 +131,94 @@ TEST(Communicator, CountsBeyondMpiLimitsAreErrorsNotCrashes) {
   EXPECT_THROW(comm().all_gather_strided_async(&dummy, &dummy, 4, size_t{INT_MAX}), Error);
   comm().barrier();  // still usable
 }
+
+TEST(Communicator, SplitGroupsRanksByColorInKeyOrder) {
+  const int world = comm().world_size(), rank = comm().rank();
+  // Even and odd ranks, each group ordered by descending rank (the key).
+  std::unique_ptr<Communicator> group = comm().split(rank % 2, world - rank);
+  const int members = (world + 1 - rank % 2) / 2;
+  ASSERT_EQ(group->world_size(), members);
+  std::vector<int> ranks_in_group;
+  for (int r = world - 1; r >= 0; --r)
+    if (r % 2 == rank % 2) ranks_in_group.push_back(r);
+  EXPECT_EQ(ranks_in_group[group->rank()], rank);
+  // A collective stays inside the group: the sum of the group's world ranks.
+  float mine = static_cast<float>(rank);
+  group->all_reduce_sum(&mine, 1);
+  float want = 0.0f;
+  for (int r : ranks_in_group) want += static_cast<float>(r);
+  EXPECT_EQ(mine, want);
+  // The ranks of one host: every rank here runs on this machine.
+  std::unique_ptr<Communicator> host = comm().split_by_host();
+  EXPECT_EQ(host->world_size(), world);
+  EXPECT_EQ(host->rank(), rank);
+  EXPECT_DOUBLE_EQ(host->all_reduce_sum(1.0), static_cast<double>(world));
+  comm().barrier();
+}
+
+// Note [Collective endpoints]: the same collectives over device buffers of the simulated device,
+// whose memory the host cannot touch (DeviceCommunicator stages them through host memory), and of
+// the cpu device (handed straight through).
+class DeviceCollectives : public ::testing::TestWithParam<kernels::DeviceKind> {};
+
+TEST_P(DeviceCollectives, ReduceScatterAllGatherAllReduceBroadcast) {
+  kernels::Backend& device = kernels::backend(GetParam());
+  DeviceCommunicator dcomm(comm(), device);
+  EXPECT_EQ(dcomm.staged(), !device.host_addressable());
+  const int world = comm().world_size(), rank = comm().rank();
+  const size_t shard = 130;
+  auto on_device = [&](size_t bytes) { return Buffer(bytes, MemCategory::scratch, MemPlace::device, 64, device.device_arena()); };
+  auto to_host = [&](const Buffer& b) {
+    std::vector<float> h(b.bytes() / sizeof(float));
+    device.copy_to_host(h.data(), b.data(), b.bytes());
+    return h;
+  };
+  std::vector<float> in(shard * world);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(i) * (rank + 1);
+  const float factor = static_cast<float>(world * (world + 1) / 2);
+  Buffer d_in = on_device(in.size() * sizeof(float)), d_out = on_device(shard * sizeof(float));
+  device.copy_to_device(d_in.data(), in.data(), d_in.bytes());
+  dcomm.reduce_scatter_sum(d_in.as<float>(), d_out.as<float>(), shard);
+  std::vector<float> out = to_host(d_out);
+  for (size_t i = 0; i < shard; ++i) EXPECT_EQ(out[i], static_cast<float>(rank * shard + i) * factor) << i;
+  // In place: the shard lands at in_place_shard_offset (MPI: the start).
+  dcomm.reduce_scatter_sum(d_in.as<float>(), d_in.as<float>(), shard);
+  std::vector<float> inplace = to_host(d_in);
+  const size_t at = dcomm.in_place_shard_offset(shard);
+  for (size_t i = 0; i < shard; ++i) EXPECT_EQ(inplace[at + i], static_cast<float>(rank * shard + i) * factor) << i;
+  // A strided all-gather writes only the slots: the bytes between them keep their values.
+  const size_t S = 8, stride = 12;
+  std::vector<float> slots(stride * world, -7.0f), mine(S);
+  for (size_t i = 0; i < S; ++i) mine[i] = static_cast<float>(100 * rank + i);
+  Buffer d_slots = on_device(slots.size() * sizeof(float)), d_mine = on_device(S * sizeof(float));
+  device.copy_to_device(d_slots.data(), slots.data(), d_slots.bytes());
+  device.copy_to_device(d_mine.data(), mine.data(), d_mine.bytes());
+  dcomm.all_gather_strided_async(d_mine.data(), d_slots.data(), S * sizeof(float), stride * sizeof(float)).wait();
+  std::vector<float> gathered = to_host(d_slots);
+  for (int r = 0; r < world; ++r)
+    for (size_t i = 0; i < stride; ++i)
+      EXPECT_EQ(gathered[r * stride + i], i < S ? static_cast<float>(100 * r + i) : -7.0f) << r << " " << i;
+  // All-reduce and broadcast.
+  std::vector<float> ones(1001, 1.0f);
+  Buffer d_ones = on_device(ones.size() * sizeof(float));
+  device.copy_to_device(d_ones.data(), ones.data(), d_ones.bytes());
+  Work pending = dcomm.all_reduce_sum_async(d_ones.as<float>(), ones.size());
+  pending.wait();
+  EXPECT_TRUE(pending.ready());
+  for (float x : to_host(d_ones)) EXPECT_EQ(x, static_cast<float>(world));
+  std::vector<float> value(5, rank == 0 ? 2.5f : 0.0f);
+  Buffer d_value = on_device(value.size() * sizeof(float));
+  device.copy_to_device(d_value.data(), value.data(), d_value.bytes());
+  dcomm.broadcast(d_value.data(), d_value.bytes(), 0);
+  for (float x : to_host(d_value)) EXPECT_EQ(x, 2.5f);
+  comm().barrier();
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, DeviceCollectives,
+                         ::testing::Values(kernels::DeviceKind::cpu, kernels::DeviceKind::sim),
+                         [](const ::testing::TestParamInfo<kernels::DeviceKind>& info) {
+                           return std::string(kernels::device_kind_name(info.param));
+                         });
 
 }  // namespace
 }  // namespace zerone::comm

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -119,6 +120,14 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
     resident = u;
   };
 
+  // Temporaries of conversions (and atomic writes) that were killed (Note [Stale temporaries]).
+  {
+    const size_t slash = dst.rfind('/');
+    const std::string parent = slash == std::string::npos ? "." : dst.substr(0, std::max<size_t>(slash, 1));
+    remove_stale_temporaries(parent, slash == std::string::npos ? dst : dst.substr(slash + 1));
+    if (to == "hf" && is_directory(dst))
+      for (const char* name : {"model.safetensors", "config.json"}) remove_stale_temporaries(dst, name);
+  }
   if (to == "hf") {
     check_hf_output(dst, "convert destination");
     save_hf_checkpoint(dst, *model, load_unit);

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <omp.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -17,6 +18,7 @@
 #include <set>
 
 #include "zerone/core/error.h"
+#include "zerone/io/aio.h"
 #include "zerone/nn/model.h"
 
 namespace zerone::io {
@@ -77,16 +79,22 @@ DType dtype_from_name(const std::string& name, const std::string& what) {
 }
 
 // Note [Crash points]: tests kill the process at named moments of a save
-// (ZERONE_CHECKPOINT_CRASH_AT=file|manifest|rename|latest|prune, in the save of step
+// (ZERONE_CHECKPOINT_CRASH_AT=copy|file|manifest|rename|latest|prune, in the save of step
 // ZERONE_CHECKPOINT_CRASH_STEP) to prove that a save killed at any of them leaves the previous
 // checkpoint usable (tests/zero/checkpoint_resume.sh). SIGKILL, so nothing is cleaned up, as
-// after a power loss or the OOM killer.
+// after a power loss or the OOM killer. "POINT:TERM" sends one SIGTERM instead, the first time the
+// save passes POINT: the save must still complete (tests/cli/checkpoint_runs.sh).
 void crash_point(const char* point, int64_t step) {
   static const char* const wanted = std::getenv("ZERONE_CHECKPOINT_CRASH_AT");
   static const char* const wanted_step = std::getenv("ZERONE_CHECKPOINT_CRASH_STEP");
-  if (wanted != nullptr && std::strcmp(wanted, point) == 0 &&
-      (wanted_step == nullptr || std::atoll(wanted_step) == step))
-    ::raise(SIGKILL);
+  static bool terminated = false;
+  if (wanted == nullptr || (wanted_step != nullptr && std::atoll(wanted_step) != step)) return;
+  const size_t n = std::strlen(point);
+  if (std::strcmp(wanted, point) == 0) ::raise(SIGKILL);
+  if (std::strncmp(wanted, point, n) == 0 && std::strcmp(wanted + n, ":TERM") == 0 && !terminated) {
+    terminated = true;
+    ::raise(SIGTERM);
+  }
 }
 
 }  // namespace
@@ -300,7 +308,8 @@ uint64_t CheckpointFileWriter::append_from_file(int unit, const std::string& ten
   piece.checksums = checksums;
   const uint64_t total = piece.bytes();
   ZERONE_ASSERT(checksums.size() == (total + kChecksumBlockBytes - 1) / kChecksumBlockBytes, "checksums of ", tensor);
-  FileDescriptor src(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  crash_point("copy", step_);
+  FileDescriptor src = open_swap_file_for_reading(path);
   ZERONE_CHECK(src.get() >= 0, "cannot open '", path, "' to copy ", tensor, " into checkpoint file '", path_, "': ",
                std::strerror(errno));
   loff_t in = static_cast<loff_t>(offset), out = static_cast<loff_t>(file_.bytes);
@@ -351,7 +360,41 @@ bool is_checkpoint_directory(const std::string& path) {
   return is_directory(path) && ::stat(join(path, kManifestName).c_str(), &st) == 0;
 }
 
-std::optional<std::string> find_latest_checkpoint(const std::string& root) {
+namespace {
+
+constexpr const char* kLockName = ".zerone-lock";
+
+// Names a root may hold beside its checkpoints: the lock, temporaries of saves in progress or
+// killed (".tmp-step-N", "latest.tmp.<pid>").
+bool is_bookkeeping_name(const std::string& name) {
+  return name == kLockName || name.compare(0, std::strlen(kTmpPrefix), kTmpPrefix) == 0 ||
+         name.compare(0, std::strlen(kLatestName) + 5, std::string(kLatestName) + ".tmp.") == 0;
+}
+
+// The step directories of `root` that hold a manifest, newest first.
+std::vector<std::pair<int64_t, std::string>> step_directories(const std::string& root) {
+  std::vector<std::pair<int64_t, std::string>> steps;
+  for (const std::string& entry : list_directory(root))
+    if (std::optional<int64_t> s = parse_step_name(entry); s && is_checkpoint_directory(join(root, entry)))
+      steps.emplace_back(*s, entry);
+  std::sort(steps.rbegin(), steps.rend());
+  return steps;
+}
+
+// Whether the manifest of checkpoint directory `dir` parses and passes manifest_from_json.
+bool manifest_is_sound(const std::string& dir) {
+  try {
+    const std::string path = join(dir, kManifestName);
+    manifest_from_json(json::parse(read_text_file(path, "checkpoint manifest", size_t{1} << 30)), path);
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+}  // namespace
+
+std::optional<std::string> find_latest_checkpoint(const std::string& root, std::string* notice) {
   struct stat st;
   if (::stat(root.c_str(), &st) != 0) {
     ZERONE_CHECK(errno == ENOENT, "--checkpoint-dir '", root, "': ", std::strerror(errno));
@@ -361,6 +404,9 @@ std::optional<std::string> find_latest_checkpoint(const std::string& root) {
   const std::string latest = join(root, kLatestName);
   // lstat: a dangling symlink is a broken pointer (read_text_file says so), not a missing one.
   if (::lstat(latest.c_str(), &st) == 0) {
+    ZERONE_CHECK(!is_directory(latest), "'", latest, "' is a directory", S_ISLNK(st.st_mode) ? " (a symlink to one)" : "",
+                 ", but zerone's checkpoint pointer is a text file naming the newest checkpoint (step-NNNNNNNN): ",
+                 "replace it with such a file or remove it");
     std::string name = read_text_file(latest, "checkpoint pointer", 4096);
     while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' ')) name.pop_back();
     ZERONE_CHECK(parse_step_name(name).has_value(), "'", latest, "' holds '", name,
@@ -372,13 +418,71 @@ std::optional<std::string> find_latest_checkpoint(const std::string& root) {
                  " (not a complete zerone checkpoint)");
     return dir;
   }
-  // No pointer: only an empty root (or one with a crashed save's temporaries) means "nothing yet".
+  // No pointer. A step directory is renamed into place complete before `latest` is written (Note
+  // [Atomic checkpoints]), so one with a sound manifest is a checkpoint whose pointer a kill cut off.
+  for (const auto& [step, entry] : step_directories(root)) {
+    if (!manifest_is_sound(join(root, entry))) continue;
+    if (notice != nullptr)
+      *notice = str_cat("'", latest, "' is missing (a save stopped before writing it): resuming from the newest ",
+                        "complete checkpoint '", join(root, entry), "'");
+    return join(root, entry);
+  }
+  // Only an empty root (or one with a crashed save's temporaries) means "nothing yet".
   for (const std::string& name : list_directory(root)) {
-    if (name.compare(0, std::strlen(kTmpPrefix), kTmpPrefix) == 0) continue;
+    if (is_bookkeeping_name(name)) continue;
     throw Error(str_cat("--checkpoint-dir '", root, "' holds '", name, "' but no '", kLatestName,
                         "' pointer: it is not a zerone checkpoint directory (give an empty or new directory)"));
   }
   return std::nullopt;
+}
+
+CheckpointDirLock::CheckpointDirLock(const std::string& root) {
+  const std::string path = join(root, kLockName);
+  fd_ = FileDescriptor(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+  ZERONE_CHECK(fd_.get() >= 0, "--checkpoint-dir '", root, "': cannot create the lock file '", path, "': ",
+               std::strerror(errno));
+  if (::flock(fd_.get(), LOCK_EX | LOCK_NB) != 0) {
+    ZERONE_CHECK(errno == EWOULDBLOCK, "--checkpoint-dir '", root, "': cannot lock '", path, "': ", std::strerror(errno));
+    char text[32] = {0};
+    const ssize_t n = ::pread(fd_.get(), text, sizeof text - 1, 0);
+    const long holder = n > 0 ? std::atol(text) : 0;
+    throw Error(str_cat("--checkpoint-dir '", root, "' is in use by another zerone run (",
+                        holder > 0 ? str_cat("process ", holder) : std::string("another process"), " holds '", path,
+                        "'): two runs in one directory would replace each other's checkpoints; wait for it to ",
+                        "end or give another --checkpoint-dir"));
+  }
+  const std::string pid = str_cat(::getpid(), "\n");
+  if (::ftruncate(fd_.get(), 0) == 0) {
+    const ssize_t ignored = ::pwrite(fd_.get(), pid.data(), pid.size(), 0);
+    (void)ignored;
+  }
+}
+
+std::optional<std::string> describe_checkpoint_run(const std::string& root) {
+  struct stat st;
+  const std::string latest = join(root, kLatestName);
+  if (::lstat(latest.c_str(), &st) == 0) {
+    std::string name;
+    try {
+      name = read_text_file(latest, "checkpoint pointer", 4096);
+    } catch (const Error&) {
+    }
+    while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' ')) name.pop_back();
+    return str_cat("its 'latest' names ", name.empty() ? std::string("a checkpoint") : str_cat("'", name, "'"));
+  }
+  const auto steps = step_directories(root);
+  if (steps.empty()) return std::nullopt;
+  return str_cat("it holds ", steps.size() == 1 ? steps[0].second : str_cat(steps.back().second, " .. ", steps[0].second));
+}
+
+void remove_stale_checkpoint_temporaries(const std::string& root) noexcept {
+  try {
+    for (const std::string& name : list_directory(root))
+      if (name.compare(0, std::strlen(kTmpPrefix) + 5, std::string(kTmpPrefix) + "step-") == 0)
+        remove_tree(join(root, name));
+    remove_stale_temporaries(root, kLatestName);
+  } catch (...) {
+  }
 }
 
 std::string resolve_checkpoint_path(const std::string& path) {
@@ -436,11 +540,26 @@ std::string publish_checkpoint(const std::string& root, const std::string& tmp, 
                                int keep_last) {
   const std::string text = manifest_to_json(manifest).dump(1) + "\n";
   crash_point("manifest", manifest.step);
-  write_file_atomically(join(tmp, kManifestName), [&](std::FILE* f) { write_all(f, text.data(), text.size(), join(tmp, kManifestName)); });
-  fsync_directory(tmp);
-  crash_point("rename", manifest.step);
   const std::string name = checkpoint_step_name(manifest.step);
   const std::string final_dir = join(root, name);
+  try {
+    // `latest` never moves back: a newer step there is another run's (Note [One run per checkpoint directory]).
+    if (std::optional<std::string> newest = find_latest_checkpoint(root)) {
+      std::string newest_name = *newest;
+      newest_name = newest_name.substr(newest_name.rfind('/') + 1);
+      const std::optional<int64_t> newest_step = parse_step_name(newest_name);
+      ZERONE_CHECK(!newest_step || *newest_step <= manifest.step, "cannot publish checkpoint '", final_dir, "': '",
+                   join(root, kLatestName), "' names the newer '", newest_name,
+                   "' of another run (the pointer never moves back)");
+    }
+    write_file_atomically(join(tmp, kManifestName),
+                          [&](std::FILE* f) { write_all(f, text.data(), text.size(), join(tmp, kManifestName)); });
+    fsync_directory(tmp);
+  } catch (...) {
+    remove_tree(tmp);  // a full disk or a refused save leaves no half-written step behind
+    throw;
+  }
+  crash_point("rename", manifest.step);
   // A checkpoint of the same step (a run restarted from an older one) is replaced: move it aside
   // first, so that there is never a moment without a complete one where `latest` points.
   const std::string old = join(root, str_cat(kTmpPrefix, "old-", name));
@@ -460,10 +579,11 @@ std::string publish_checkpoint(const std::string& root, const std::string& tmp, 
   });
   crash_point("prune", manifest.step);
   remove_tree(old);
-  // Prune: the newest keep_last complete checkpoints stay; stale temporaries of other steps go.
+  // Prune: the newest keep_last complete checkpoints up to this one stay (steps after it are not
+  // this run's to remove); stale temporaries of other steps go.
   std::vector<std::pair<int64_t, std::string>> steps;
   for (const std::string& entry : list_directory(root)) {
-    if (std::optional<int64_t> s = parse_step_name(entry); s && is_directory(join(root, entry)))
+    if (std::optional<int64_t> s = parse_step_name(entry); s && *s <= manifest.step && is_directory(join(root, entry)))
       steps.emplace_back(*s, entry);
   }
   std::sort(steps.begin(), steps.end());

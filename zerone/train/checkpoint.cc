@@ -134,6 +134,15 @@ void Checkpointer::save(zero::ZeroEngine& engine, const TrainerState& state) {
                                                        const std::vector<uint64_t>& checksums) {
     last_copied_bytes_ += writer->append_from_file(u, tensor, DType::f32, begin, count, path, offset, checksums);
   };
+  // A failed write (a full disk) leaves no temporary directory behind on a single rank; with more
+  // ranks others may still be writing into it, and the next run's start-up sweep removes it.
+  struct RemoveTmpUnlessDone {
+    const std::string& tmp;
+    bool armed;
+    ~RemoveTmpUnlessDone() {
+      if (armed) io::remove_tree(tmp);
+    }
+  } cleanup{p->tmp, comm_.world_size() == 1};
   if (!async_) {
     engine.save_state(
         [&](int u, const std::string& tensor, DType dtype, size_t begin, size_t count, const void* data) {
@@ -141,9 +150,11 @@ void Checkpointer::save(zero::ZeroEngine& engine, const TrainerState& state) {
         },
         copy_extent);
     p->file = writer->finish();
+    writer.reset();
     p->write_s = seconds_since(w0);
     last_stall_s_ = seconds_since(t0);  // the whole save stalls training
     finish(*p);
+    cleanup.armed = false;
     return;
   }
   // Async: copy every piece into host staging (the stall), then write in the background.
@@ -179,6 +190,7 @@ void Checkpointer::save(zero::ZeroEngine& engine, const TrainerState& state) {
     }
     raw->done.store(true);
   });
+  cleanup.armed = false;  // the writer thread owns the file now; finish() reports its failure
   pending_ = std::move(p);
   last_stall_s_ = seconds_since(t0);
 }
@@ -191,7 +203,10 @@ void Checkpointer::publish_pending() {
 }
 
 void Checkpointer::finish(Pending& p) {
-  if (p.error) std::rethrow_exception(p.error);
+  if (p.error) {
+    if (comm_.world_size() == 1) io::remove_tree(p.tmp);
+    std::rethrow_exception(p.error);
+  }
   // Every rank's file description to rank 0: lengths first, then the texts padded to the longest.
   const std::string mine = io::checkpoint_file_to_json(p.file).dump();
   const int world = comm_.world_size();
@@ -223,7 +238,7 @@ void Checkpointer::finish(Pending& p) {
       m.files.push_back(io::checkpoint_file_from_json(json::parse(text), str_cat("rank ", r, "'s checkpoint file")));
       total_bytes += m.files.back().bytes;
     }
-    io::publish_checkpoint(root_, p.tmp, m, keep_last_);
+    io::publish_checkpoint(root_, p.tmp, m, keep_last_);  // removes p.tmp if it fails
   }
   // Every rank returns once the checkpoint is published (rank 0's failure ends the job first).
   comm_.barrier_async().wait();

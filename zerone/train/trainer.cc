@@ -372,8 +372,24 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   // Note [Resume] (train/checkpoint.h): the checkpoint to continue from decides the model; a
   // zerone checkpoint given to --init gives the weights only.
   std::unique_ptr<io::CheckpointReader> resume_from, init_zerone;
+  // Note [One run per checkpoint directory] (io/sharded_checkpoint.h): rank 0 locks an existing
+  // --checkpoint-dir before reading it (one created at start-up is locked once it exists), refuses
+  // another run's checkpoints without --resume, and sweeps the temporaries of killed saves.
+  std::optional<io::CheckpointDirLock> checkpoint_lock;
+  auto lock_checkpoint_dir = [&] {
+    checkpoint_lock.emplace(cfg.checkpoint_dir);
+    if (!cfg.resume)
+      if (std::optional<std::string> run = io::describe_checkpoint_run(cfg.checkpoint_dir))
+        throw Error(str_cat("--checkpoint-dir '", cfg.checkpoint_dir, "' holds the checkpoints of an earlier run (", *run,
+                            "): give --resume to continue it, or a new --checkpoint-dir to start over (a new run ",
+                            "there would move 'latest' back to its own steps and prune the earlier run's)"));
+    io::remove_stale_checkpoint_temporaries(cfg.checkpoint_dir);
+  };
+  if (lead && !cfg.checkpoint_dir.empty() && io::is_directory(cfg.checkpoint_dir)) lock_checkpoint_dir();
   if (cfg.resume) {
-    if (std::optional<std::string> dir = io::find_latest_checkpoint(cfg.checkpoint_dir)) {
+    std::string found_notice;
+    if (std::optional<std::string> dir = io::find_latest_checkpoint(cfg.checkpoint_dir, &found_notice)) {
+      if (lead && !found_notice.empty()) std::fprintf(stderr, "zerone: notice: %s\n", found_notice.c_str());
       resume_from = std::make_unique<io::CheckpointReader>(*dir);
       if (lead && !cfg.init.empty())
         std::fprintf(stderr, "zerone: notice: resuming from '%s': --init '%s' is not read\n", dir->c_str(), cfg.init.c_str());
@@ -458,7 +474,10 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   settings.emplace_back("the precision", dtype_name(dtype));
   check_same_config_everywhere(settings, comm);
   if (lead) check_outputs(cfg);  // only rank 0 writes; its error ends the job (Note [Errors under MPI])
-  if (lead && !cfg.checkpoint_dir.empty()) io::check_checkpoint_root(cfg.checkpoint_dir, "--checkpoint-dir");
+  if (lead && !cfg.checkpoint_dir.empty()) {
+    io::check_checkpoint_root(cfg.checkpoint_dir, "--checkpoint-dir");
+    if (!checkpoint_lock) lock_checkpoint_dir();
+  }
 
   zero::ZeroConfig zcfg;
   zcfg.stage = cfg.zero_stage;

@@ -97,4 +97,57 @@ if [ -z "$left" ] && [ -d "nv/zerone-swap-$$-rank0" ]; then ok "stale temporarie
 else bad "stale temporaries left: $left"; ls -a ck4 nv; fi
 rmdir "nv/zerone-swap-$$-rank0"
 
+# 6. Hostile manifest numbers: every field range-checked, printed as written.
+"$Z" "${train[@]}" --steps 2 --checkpoint-dir good > /dev/null 2>&1 || bad "the reference save failed"
+edit() {  # edit NAME PYTHON: a copy of good/ whose manifest dict m was changed by PYTHON
+  rm -rf "$1"; cp -r good "$1"; rm -f "$1/.zerone-lock"
+  python3 - "$1/step-00000002/manifest.json" "$2" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1])); exec(sys.argv[2]); json.dump(m, open(sys.argv[1], "w"))
+PY
+}
+resume=("$Z" "${train[@]}" --steps 4 --resume)
+edit chunk1 'm["trainer"]["next_chunk"] = -5'
+check 'trainer state "next_chunk" -5 is out of range \(expected step..step x 2\^32' "${resume[@]}" --checkpoint-dir chunk1
+edit chunk2 'm["trainer"]["next_chunk"] = 10**15'
+check 'trainer state "next_chunk" 1000000000000000 is out of range' "${resume[@]}" --checkpoint-dir chunk2
+edit chunk3 'm["trainer"]["next_chunk"] = -10**18'
+check 'trainer state "next_chunk" -1000000000000000000 is out of range' "${resume[@]}" --checkpoint-dir chunk3
+edit chunk4 'm["trainer"]["next_chunk"] = 1e15'
+check 'trainer state "next_chunk" 1e\+15 is out of range' "${resume[@]}" --checkpoint-dir chunk4
+edit optsteps 'm["optimizer"]["steps"] = 1e30'
+check '"optimizer" "steps" 1e\+30 is out of range' "${resume[@]}" --checkpoint-dir optsteps
+edit mbatch 'm["trainer"]["micro_batch"] = 2**40'
+check 'trainer state "micro_batch" 1099511627776 is out of range' "${resume[@]}" --checkpoint-dir mbatch
+edit scale 'm["trainer"]["loss_scaler"]["scale"] = -3'
+check 'trainer state "scale" -3 is out of range' "${resume[@]}" --checkpoint-dir scale
+
+# 7. A weights-only checkpoint given to --resume names --init; --init converts its precision.
+"$Z" convert good wonly --to zerone > /dev/null 2>&1 || bad "convert --to zerone"
+mkdir -p wroot && cp -r wonly wroot/step-00000000 && echo step-00000000 > wroot/latest
+check "checkpoint 'wroot/step-00000000' holds weights only .*start one from it with --init 'wroot/step-00000000'" \
+  "$Z" "${train[@]}" --steps 4 --resume --checkpoint-dir wroot
+"$Z" train --model "$model" --data c_train.bin --micro-batch 2 --seq 16 --threads 1 --precision bf16 --steps 1 --init good \
+  > i7.log 2>&1 && ok "--init of an fp32 zerone checkpoint at --precision bf16" || { bad "--init of fp32 at bf16"; cat i7.log; }
+
+# 8. A stop signal during validation ends the pass (it has no state to save) and keeps step 2.
+python3 -c "
+import random
+random.seed(1)
+w = ['alpha', 'beta', 'gamma', 'delta', 'run', 'lost', 'never', 'checkpoint', 'promise', 'work']
+open('big.txt', 'w').write(' '.join(random.choice(w) for _ in range(400000)))"
+"$Z" prepare --text big.txt --out b --val-fraction 0.5 > /dev/null || bad "prepare big"
+# Step 2 takes milliseconds, its validation (every token of b_val.bin) seconds: the signal sent a
+# second after step 1's metrics line arrives during the validation.
+"$Z" train --model gpt2:layers=2,dim=64,heads=2,vocab=257,ctx=64 --data b_train.bin --val-data b_val.bin --micro-batch 4 \
+  --seq 64 --threads 1 --precision fp32 --steps 100 --val-every 2 --val-batches 1000000 --metrics m8.jsonl \
+  --checkpoint-dir ck8 > s8.log 2>&1 &
+p=$!; wait_lines m8.jsonl 1 $p; sleep 1; kill -INT $p; wait $p; rc=$?
+if [ $rc = 130 ] && grep -q "stopped by SIGINT during the validation after step 2 of 100" s8.log &&
+   [ "$(cat ck8/latest)" = step-00000002 ] && [ "$(wc -l < m8.jsonl)" = 2 ]; then
+  ok "SIGINT during validation: stopped at once, step 2 kept"
+else
+  bad "SIGINT during validation: rc $rc"; cat s8.log
+fi
+
 exit $fail

@@ -190,6 +190,18 @@ json manifest_to_json(const CheckpointManifest& m) {
   return j;
 }
 
+std::optional<int64_t> manifest_integer(const json& v, int64_t lo, int64_t hi) {
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (u > static_cast<uint64_t>(INT64_MAX)) return std::nullopt;
+  } else if (!v.is_number_integer()) {
+    return std::nullopt;
+  }
+  const int64_t x = v.get<int64_t>();
+  if (x < lo || x > hi) return std::nullopt;
+  return x;
+}
+
 CheckpointManifest manifest_from_json(const json& j, const std::string& what) {
   auto get = [&](const json& obj, const char* key, const std::string& where) -> const json& {
     ZERONE_CHECK(obj.is_object() && obj.contains(key), what, ": ", where, " lacks \"", key, "\"");
@@ -202,7 +214,11 @@ CheckpointManifest manifest_from_json(const json& j, const std::string& what) {
     m.version = bounded_int(get(j, "version", "the manifest"), "version", 0, INT32_MAX, what);
     ZERONE_CHECK(m.version == kCheckpointVersion, what, ": checkpoint format version ", m.version,
                  " is not supported (this zerone reads version ", kCheckpointVersion, ")");
-    m.step = get(j, "step", "the manifest").get<int64_t>();
+    const json& step = get(j, "step", "the manifest");
+    const std::optional<int64_t> step_value = manifest_integer(step, 0, INT32_MAX - 1);
+    ZERONE_CHECK(step_value.has_value(), what, ": \"step\" ", step.dump(), " is out of range (expected an integer in 0..",
+                 INT32_MAX - 1, ")");
+    m.step = *step_value;
     m.model = get(j, "model", "the manifest").get<std::string>();
     m.dtype = dtype_from_name(get(j, "precision", "the manifest").get<std::string>(), what);
     m.world_size = bounded_int(get(j, "world_size", "the manifest"), "world_size", 1, 1 << 24, what);
@@ -224,10 +240,12 @@ CheckpointManifest manifest_from_json(const json& j, const std::string& what) {
     const json& opt = get(j, "optimizer", "the manifest");
     m.optimizer = get(opt, "type", "\"optimizer\"").get<std::string>();
     m.optimizer_state = get(opt, "state", "\"optimizer\"").get<std::vector<std::string>>();
-    m.optimizer_steps = get(opt, "steps", "\"optimizer\"").get<int64_t>();
     // The optimizer counts its steps in an int (AdamW's bias correction needs them 0-based, >= 0).
-    ZERONE_CHECK(m.optimizer_steps >= 0 && m.optimizer_steps < INT32_MAX, what, ": \"optimizer\" \"steps\" ",
-                 m.optimizer_steps, " is out of range (expected 0..", INT32_MAX - 1, ")");
+    const json& steps = get(opt, "steps", "\"optimizer\"");
+    const std::optional<int64_t> optimizer_steps = manifest_integer(steps, 0, INT32_MAX - 1);
+    ZERONE_CHECK(optimizer_steps.has_value(), what, ": \"optimizer\" \"steps\" ", steps.dump(),
+                 " is out of range (expected an integer in 0..", INT32_MAX - 1, ")");
+    m.optimizer_steps = *optimizer_steps;
     m.trainer = get(j, "trainer", "the manifest");
     for (const json& f : get(j, "files", "the manifest")) m.files.push_back(checkpoint_file_from_json(f, what));
     return m;

@@ -101,6 +101,9 @@ struct CheckpointManifest {
 };
 
 nlohmann::json manifest_to_json(const CheckpointManifest& manifest);
+// An integer of a manifest in [lo, hi] (numbers written as floats, strings, values beyond 64 bits
+// are not), or nullopt; the caller's error prints the value as written (json.dump()).
+std::optional<int64_t> manifest_integer(const nlohmann::json& value, int64_t lo, int64_t hi);
 // One file's entry of the manifest (ranks send theirs to rank 0 in this form).
 nlohmann::json checkpoint_file_to_json(const CheckpointFile& file);
 // Throws Error naming `what` for anything missing or malformed.

@@ -65,13 +65,21 @@ struct Evaluation {
 // double sum whose order alone depends on the world size. The forward is collective at stage 3
 // (it gathers parameters), so every rank runs the same number of forwards: a rank whose share is
 // one chunk short repeats its first chunk (or chunk 0) once and counts nothing from it.
-Evaluation evaluate(nn::Model& model, BatchSource& source, uint64_t batches, comm::Communicator& comm) {
+//
+// Note [Interrupted evaluation]: an evaluation has no state to save, so a stop signal ends it at the
+// next batch (a pass over a large validation set takes minutes) and it returns nothing. The ranks
+// agree on the signal before every batch (one small all-reduce), so all stop at the same batch and
+// none waits in another's forward.
+std::optional<Evaluation> evaluate(nn::Model& model, BatchSource& source, uint64_t batches, comm::Communicator& comm) {
   const bool classifier = model.input_kind() == nn::InputKind::features;
   const uint64_t world = static_cast<uint64_t>(comm.world_size()), rank = static_cast<uint64_t>(comm.rank());
   const uint64_t n = std::min<uint64_t>(batches, source.chunks_per_epoch());
   const uint64_t rounds = (n + world - 1) / world;
   double sums[3] = {0.0, 0.0, 0.0};  // loss (classifiers: times the batch size), samples, correct
   for (uint64_t round = 0; round < rounds; ++round) {
+    double stop = interrupt_signal() != 0 ? 1.0 : 0.0;
+    if (world > 1) comm.all_reduce_sum_async(&stop, 1).wait();
+    if (stop > 0.0) return std::nullopt;
     const uint64_t chunk = round * world + rank;
     const bool counted = chunk < n;
     const nn::Batch batch = source.load(counted ? chunk : rank < n ? rank : 0);
@@ -391,6 +399,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     if (std::optional<std::string> dir = io::find_latest_checkpoint(cfg.checkpoint_dir, &found_notice)) {
       if (lead && !found_notice.empty()) std::fprintf(stderr, "zerone: notice: %s\n", found_notice.c_str());
       resume_from = std::make_unique<io::CheckpointReader>(*dir);
+      check_resumable(*resume_from);
       if (lead && !cfg.init.empty())
         std::fprintf(stderr, "zerone: notice: resuming from '%s': --init '%s' is not read\n", dir->c_str(), cfg.init.c_str());
     } else if (lead) {
@@ -467,7 +476,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
                "--save '", cfg.save, "' names a file, which is an llm.c GPT-2 checkpoint and cannot hold ", model.spec(),
                ": give a directory (ending in '/') for a Hugging Face checkpoint");
   if (resume_from) check_checkpoint_fits(*resume_from, model, dtype);
-  if (init_zerone) check_checkpoint_fits(*init_zerone, model, dtype);
+  if (init_zerone) check_checkpoint_fits(*init_zerone, model, dtype, /*weights_only=*/true);
   auto settings = consistency_settings(cfg);
   settings.emplace_back("the model", model.spec());
   if (resume_from) settings.emplace_back("the checkpoint resumed", str_cat(resume_from->path(), " step ", resume_from->manifest().step));
@@ -602,8 +611,12 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   if (init_hf) hf_init = std::make_unique<io::HfCheckpointReader>(cfg.init, model);
   auto materialize = [&](int u) {
     throw_if_interrupted();
-    if (io::CheckpointReader* ckpt = resume_from ? resume_from.get() : init_zerone.get())
-      ckpt->read(u, "param", 0, model.units()[u].numel(), dtype, model.units()[u].data());
+    if (resume_from)
+      resume_from->read(u, "param", 0, model.units()[u].numel(), dtype, model.units()[u].data());
+    else if (init_zerone)  // f32 from the f32 master weights where a bf16/fp16 run kept them (as convert does)
+      init_zerone->read(u, dtype == DType::f32 && init_zerone->manifest().dtype != DType::f32 && init_zerone->has_tensor("master")
+                               ? "master" : "param",
+                        0, model.units()[u].numel(), dtype, model.units()[u].data());
     else if (cfg.init.empty()) model.init_unit(u, cfg.seed);
     else if (hf_init) hf_init->load_unit(model, u);
     else io::load_llmc_checkpoint(cfg.init, dynamic_cast<nn::GPT2&>(model), u);
@@ -823,12 +836,46 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
       Profiler::set_enabled(false);
       const uint64_t batches = classifier && !cfg.is_given("--val-batches") ? val_source->chunks_per_epoch()
                                                                             : static_cast<uint64_t>(cfg.val_batches);
-      const Evaluation e = evaluate(model, *val_source, batches, comm);
+      const std::optional<Evaluation> evaluated = evaluate(model, *val_source, batches, comm);
+      Profiler::set_enabled(cfg.profile);
+      if (!evaluated) {
+        // Stopped during validation (Note [Interrupted evaluation]): step `step` is complete, so
+        // its metrics are written and the stop checkpoint holds it.
+        int sig = interrupt_signal();
+        double reduced_sig[3] = {sig == SIGINT ? 1.0 : 0.0, sig == SIGHUP ? 1.0 : 0.0, sig == SIGTERM ? 1.0 : 0.0};
+        comm.all_reduce_sum_async(reduced_sig, 3).wait();
+        result.interrupted_by = reduced_sig[2] > 0.0 ? SIGTERM : reduced_sig[1] > 0.0 ? SIGHUP : SIGINT;
+        result.steps = step;
+        result.final_train_loss = loss;
+        if (lead) progress.step(record);
+        metrics.write(record);
+        if (checkpointer) {
+          checkpointer->publish_pending();
+          if (checkpointer->last_published_step() < step) {
+            save_checkpoint(step);
+            if (cfg.checkpoint_async) {
+              checkpointer->publish_pending();
+              report_saved();
+            }
+          }
+        }
+        if (lead) {
+          std::string kept = str_cat("steps 1..", step, " were trained");
+          if (!cfg.metrics.empty()) kept += str_cat("; their metrics are in '", cfg.metrics, "'");
+          if (!cfg.save.empty()) kept += str_cat("; --save '", cfg.save, "' was not written (it is written when training ends)");
+          if (checkpointer && checkpointer->last_published_step() > 0)
+            kept += str_cat("; checkpoint '", cfg.checkpoint_dir, "/", io::checkpoint_step_name(checkpointer->last_published_step()),
+                            "' holds the last of them (--resume continues)");
+          progress.message(str_cat("zerone: stopped by ", signal_name(result.interrupted_by), " during the validation after step ",
+                                   step, " of ", cfg.steps, ": ", kept));
+        }
+        return result;
+      }
+      const Evaluation& e = *evaluated;
       record.val_loss = e.loss;
       record.val_accuracy = e.accuracy;
       val_samples = e.samples;
       val_samples_here = e.samples_here;
-      Profiler::set_enabled(cfg.profile);
     }
     if (lead) {
       progress.step(record);

@@ -15,6 +15,7 @@
 #include "zerone/io/aio.h"
 #include "zerone/core/profiler.h"
 #include "zerone/core/sysinfo.h"
+#include "zerone/io/convert.h"
 #include "zerone/io/hf_checkpoint.h"
 #include "zerone/io/idx.h"
 #include "zerone/io/sharded_checkpoint.h"
@@ -431,7 +432,9 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
                    "', which holds ", model_spec);
     }
   } else if (init_hf) {
-    model_spec = io::read_hf_spec(cfg.init);
+    std::string notice;
+    model_spec = io::read_hf_spec(cfg.init, &notice);
+    if (lead && !notice.empty()) std::fprintf(stderr, "zerone: notice: %s\n", notice.c_str());
     if (!cfg.model.empty()) {
       const std::string requested = nn::make_model(cfg.model, dtype, 64, false)->spec();
       const std::string held = nn::make_model(model_spec, dtype, 64, false)->spec();
@@ -609,17 +612,26 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   // Opened and checked once; each unit then reads only its own bytes.
   std::unique_ptr<io::HfCheckpointReader> hf_init;
   if (init_hf) hf_init = std::make_unique<io::HfCheckpointReader>(cfg.init, model);
+  // --init's weights into unit u of `m` (the run's model, or an f32 copy for Note [f16 range]).
+  auto load_init = [&](nn::Model& m, int u) {
+    const DType d = m.compute_dtype();
+    if (init_zerone)  // f32 from the f32 master weights where a bf16/fp16 run kept them (as convert does)
+      init_zerone->read(u, d == DType::f32 && init_zerone->manifest().dtype != DType::f32 && init_zerone->has_tensor("master")
+                               ? "master" : "param",
+                        0, m.units()[u].numel(), d, m.units()[u].data());
+    else if (hf_init) hf_init->load_unit(m, u);
+    else io::load_llmc_checkpoint(cfg.init, dynamic_cast<nn::GPT2&>(m), u);
+  };
   auto materialize = [&](int u) {
     throw_if_interrupted();
-    if (resume_from)
+    if (resume_from) {
       resume_from->read(u, "param", 0, model.units()[u].numel(), dtype, model.units()[u].data());
-    else if (init_zerone)  // f32 from the f32 master weights where a bf16/fp16 run kept them (as convert does)
-      init_zerone->read(u, dtype == DType::f32 && init_zerone->manifest().dtype != DType::f32 && init_zerone->has_tensor("master")
-                               ? "master" : "param",
-                        0, model.units()[u].numel(), dtype, model.units()[u].data());
-    else if (cfg.init.empty()) model.init_unit(u, cfg.seed);
-    else if (hf_init) hf_init->load_unit(model, u);
-    else io::load_llmc_checkpoint(cfg.init, dynamic_cast<nn::GPT2&>(model), u);
+    } else if (init_zerone || !cfg.init.empty()) {
+      load_init(model, u);
+      io::check_unit_fits_f16(model, u, load_init, str_cat("--init '", cfg.init, "' at --precision fp16"));
+    } else {
+      model.init_unit(u, cfg.seed);
+    }
   };
   const auto load_t0 = std::chrono::steady_clock::now();
   const optim::OptimizerOptions optimizer = optimizer_options(cfg);

@@ -84,6 +84,11 @@ check "--checkpoint-dir 'ck4' holds the checkpoints of an earlier run \(its 'lat
 [ "$(cat ck4/latest)" = step-00000030 ] && [ -d ck4/step-00000010 ] && [ -d ck4/step-00000020 ] && [ ! -e ck4/step-00000002 ] \
   && ok "the earlier run's checkpoints are untouched" || { bad "the earlier run's checkpoints changed"; ls ck4; }
 
+# A directory holding other files but no checkpoints is no earlier run: the run saves there.
+mkdir -p ck4b && echo notes > ck4b/notes.txt
+"$Z" "${train[@]}" --steps 2 --checkpoint-dir ck4b > s4b.log 2>&1 && [ "$(cat ck4b/latest)" = step-00000002 ] \
+  && ok "a directory with other files takes checkpoints" || { bad "a directory with other files"; cat s4b.log; }
+
 # 5. Temporaries of killed runs are swept at start-up: a crashed save's .tmp-step-N, latest.tmp.<pid>,
 # convert's DST.tmp.<pid>, and swap directories zerone-swap-<pid>-rank<r> of a process that is gone.
 pid=$(dead_pid)

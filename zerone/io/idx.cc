@@ -38,7 +38,12 @@ std::optional<uint64_t> idx_file_bytes(const std::vector<uint8_t>& head) {
 // MB to 8 GB). Inflation stops one byte past the size the IDX header declares (read_idx then
 // reports the extra data), or as soon as the header is found not to be one, so memory stays at
 // what a valid file of that header needs.
-std::vector<uint8_t> read_maybe_gzip(const std::string& path, const std::string& what) {
+struct IdxBytes {
+  std::vector<uint8_t> bytes;  // the file's first bytes, or all of them
+  std::optional<uint64_t> total_bytes;  // the whole (inflated) size, unless inflation stopped early
+};
+
+IdxBytes read_maybe_gzip(const std::string& path, const std::string& what) {
   struct stat st;
   ZERONE_CHECK(::stat(path.c_str(), &st) == 0, what, " '", path, "': ", std::strerror(errno));
   ZERONE_CHECK(S_ISREG(st.st_mode), what, " '", path, "' is not a regular file");
@@ -72,12 +77,18 @@ std::vector<uint8_t> read_maybe_gzip(const std::string& path, const std::string&
     if (n == 0) break;
     out.insert(out.end(), chunk, chunk + n);
   }
-  if (stopped_early) return out;
+  if (stopped_early) {
+    // A plain file's size is known without reading it; a gzip stream's is not.
+    std::optional<uint64_t> total;
+    if (gzdirect(raw) == 1) total = static_cast<uint64_t>(st.st_size);
+    return IdxBytes{std::move(out), total};
+  }
   // zlib reports a gzip stream cut short as end of file with Z_BUF_ERROR.
   int code = Z_OK;
   gzerror(raw, &code);
   ZERONE_CHECK(code == Z_OK, what, " '", path, "': the gzip stream ends early: the file is truncated");
-  return out;
+  const uint64_t total = out.size();
+  return IdxBytes{std::move(out), total};
 }
 
 uint32_t be32(const uint8_t* p) {
@@ -101,7 +112,8 @@ std::string images_path(const std::string& dir, const std::string& split) {
 }  // namespace
 
 IdxArray read_idx(const std::string& path, const std::vector<int>& allowed_dims, const std::string& what) {
-  std::vector<uint8_t> bytes = read_maybe_gzip(path, what);
+  IdxBytes file = read_maybe_gzip(path, what);
+  std::vector<uint8_t>& bytes = file.bytes;
   std::string expected;
   for (int d : allowed_dims) expected += str_cat(expected.empty() ? "" : " or ", d);
   ZERONE_CHECK(bytes.size() >= 4, what, " '", path, "' holds ", bytes.size(),
@@ -130,8 +142,13 @@ IdxArray read_idx(const std::string& path, const std::vector<int>& allowed_dims,
   const uint64_t have = bytes.size() - header;
   ZERONE_CHECK(have >= numel, what, " '", path, "' is truncated: its header promises ", numel, " bytes of data, it holds ",
                have);
-  ZERONE_CHECK(have == numel, what, " '", path, "' holds more data than the ", numel,
-               " bytes its header describes (reading stopped there)");
+  if (have != numel) {
+    if (file.total_bytes)
+      throw Error(str_cat(what, " '", path, "' has ", *file.total_bytes - header - numel, " bytes after the ", numel,
+                          " its header describes"));
+    throw Error(str_cat(what, " '", path, "' inflates to more data than the ", numel,
+                        " bytes its header describes (a damaged file or a decompression bomb: inflation stopped there)"));
+  }
   a.data.assign(bytes.begin() + static_cast<std::ptrdiff_t>(header), bytes.end());
   return a;
 }

@@ -460,6 +460,7 @@ CheckpointDirLock::CheckpointDirLock(const std::string& root) {
   ZERONE_CHECK(fd_.get() >= 0, "--checkpoint-dir '", root, "': cannot create the lock file '", path, "': ",
                std::strerror(errno));
   if (::flock(fd_.get(), LOCK_EX | LOCK_NB) != 0) {
+    if (errno == ENOLCK || errno == EOPNOTSUPP || errno == ENOSYS) return;  // a filesystem without locks: unguarded
     ZERONE_CHECK(errno == EWOULDBLOCK, "--checkpoint-dir '", root, "': cannot lock '", path, "': ", std::strerror(errno));
     char text[32] = {0};
     const ssize_t n = ::pread(fd_.get(), text, sizeof text - 1, 0);
@@ -562,13 +563,18 @@ std::string publish_checkpoint(const std::string& root, const std::string& tmp, 
   const std::string final_dir = join(root, name);
   try {
     // `latest` never moves back: a newer step there is another run's (Note [One run per checkpoint directory]).
-    if (std::optional<std::string> newest = find_latest_checkpoint(root)) {
-      std::string newest_name = *newest;
-      newest_name = newest_name.substr(newest_name.rfind('/') + 1);
-      const std::optional<int64_t> newest_step = parse_step_name(newest_name);
-      ZERONE_CHECK(!newest_step || *newest_step <= manifest.step, "cannot publish checkpoint '", final_dir, "': '",
-                   join(root, kLatestName), "' names the newer '", newest_name,
-                   "' of another run (the pointer never moves back)");
+    const std::string latest = join(root, kLatestName);
+    struct stat latest_st;
+    if (::lstat(latest.c_str(), &latest_st) == 0 && !is_directory(latest)) {
+      std::string current;
+      try {
+        current = read_text_file(latest, "checkpoint pointer", 4096);
+      } catch (const Error&) {
+      }
+      while (!current.empty() && (current.back() == '\n' || current.back() == '\r' || current.back() == ' ')) current.pop_back();
+      const std::optional<int64_t> current_step = parse_step_name(current);
+      ZERONE_CHECK(!current_step || *current_step <= manifest.step, "cannot publish checkpoint '", final_dir, "': '",
+                   latest, "' names the newer '", current, "' of another run (the pointer never moves back)");
     }
     write_file_atomically(join(tmp, kManifestName),
                           [&](std::FILE* f) { write_all(f, text.data(), text.size(), join(tmp, kManifestName)); });

@@ -169,7 +169,8 @@ std::optional<std::string> find_latest_checkpoint(const std::string& root, std::
 // Note [One run per checkpoint directory]: two runs saving into one root would replace and prune
 // each other's checkpoints. A run holds an exclusive flock(2) on ROOT/.zerone-lock (which holds its
 // pid, for the message) from start-up to exit; the kernel releases it however the process ends, so
-// a killed run never leaves a stale lock. Under MPI rank 0 holds it for the job. A run that is not
+// a killed run never leaves a stale lock (on a filesystem without flock the run goes unguarded).
+// Under MPI rank 0 holds it for the job. A run that is not
 // --resume'd refuses a root that already holds checkpoints (describe_checkpoint_run), so it never
 // moves `latest` back to its own step 1 or prunes another run's steps.
 class CheckpointDirLock {

@@ -38,7 +38,7 @@ void BM_AdamW(benchmark::State& state) {
   const bool bf16_param = state.range(0) != 0;
   Buffer master(n * 4, MemCategory::master), m(n * 4, MemCategory::optim), v(n * 4, MemCategory::optim),
       grad(n * 4, MemCategory::grad), param(n * 2, MemCategory::param);
-  kernels::cpu::AdamWHyper h;
+  kernels::AdamWHyper h;
   for (auto _ : state) {
     kernels::cpu::adamw_update(master.as<float>(), m.as<float>(), v.as<float>(), grad.as<float>(),
                                bf16_param ? param.data() : nullptr, DType::bf16, n, h);

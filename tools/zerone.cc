@@ -101,6 +101,9 @@ void add_train_flags(CLI::App& cmd, train::TrainConfig& c, std::string& config_p
   cmd.add_option("--early-step", c.early_step,
                  "update each unit as soon as its gradients are final, during the backward of the rest "
                  "(true/false; same numbers either way; with --grad-clip or fp16 and NVMe offload a speculation, validated or redone)");
+  cmd.add_option("--device", c.device,
+                 "where compute runs: cpu, sim (a simulated device the host cannot touch) or cuda; default: cuda "
+                 "when a GPU and the CUDA backend are present, else cpu");
   cmd.add_option("--device-mem-limit", c.device_mem_limit, "GiB of device memory per rank (0: no cap); a plan beyond it is refused");
   cmd.add_option("--offload-optimizer", c.offload_optimizer, "none, cpu or nvme: where fp32 master, moments and the step live (stages 1-3)");
   cmd.add_option("--offload-param", c.offload_param, "none, cpu or nvme: where stage 3's parameter shards live");
@@ -148,6 +151,10 @@ int cmd_info() {
   std::printf("CUDA         not compiled in\n");
 #endif
   std::printf("NCCL         not compiled in\n");
+  std::string devices;
+  for (kernels::DeviceKind d : kernels::available_devices())
+    devices += str_cat(devices.empty() ? "" : ", ", kernels::device_kind_name(d));
+  std::printf("devices      %s (default %s)\n", devices.c_str(), kernels::device_kind_name(kernels::default_device()));
   return 0;
 }
 

@@ -37,7 +37,7 @@ inline std::vector<LlamaGolden> load_llama_golden() {
     c.ffn = h[7], c.vocab_size = h[8], c.max_seq_len = h[9], c.tie_word_embeddings = h[10] != 0;
     g.B = h[11], g.T = h[12];
     c.rope_theta = f[0], c.rms_norm_eps = f[1];
-    c.rope_scaling = kernels::cpu::RopeScaling{f[2], f[3], f[4], static_cast<int>(f[5])};
+    c.rope_scaling = kernels::RopeScaling{f[2], f[3], f[4], static_cast<int>(f[5])};
     const size_t BT = static_cast<size_t>(g.B) * g.T, P = c.num_parameters();
     auto read = [&](auto& v, size_t count) {
       v.resize(count);

@@ -8,12 +8,40 @@
 
 namespace zerone::comm {
 
+Work::Work(std::shared_future<void> done, std::function<void()> on_complete)
+    : state_(std::make_shared<State>()) {
+  state_->done = std::move(done);
+  state_->on_complete = std::move(on_complete);
+}
+
+Work Work::then(Work before, std::function<void()> on_complete) {
+  Work work;
+  work.state_ = std::make_shared<State>();
+  work.state_->before = std::move(before.state_);
+  work.state_->on_complete = std::move(on_complete);
+  return work;
+}
+
 void Work::wait() {
-  if (done_.valid()) done_.get();
+  if (!state_) return;
+  if (state_->before) {
+    Work before;
+    before.state_ = state_->before;
+    before.wait();
+  } else {
+    state_->done.get();  // rethrows the collective's error
+  }
+  if (state_->on_complete) std::call_once(state_->completed, state_->on_complete);
 }
 
 bool Work::ready() const {
-  return !done_.valid() || done_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  if (!state_) return true;
+  if (state_->before) {
+    Work before;
+    before.state_ = state_->before;
+    return before.ready();
+  }
+  return state_->done.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
 }
 
 namespace {
@@ -24,7 +52,8 @@ Work done() {
     p.set_value();
     return p.get_future().share();
   }();
-  return Work(ready);
+  static const Work work(ready);
+  return work;
 }
 }  // namespace
 
@@ -43,6 +72,12 @@ Work SingleProcessCommunicator::broadcast_async(void*, size_t, int root) {
   return done();
 }
 Work SingleProcessCommunicator::barrier_async() { return done(); }
+std::unique_ptr<Communicator> SingleProcessCommunicator::split(int, int) {
+  return std::make_unique<SingleProcessCommunicator>();
+}
+std::unique_ptr<Communicator> SingleProcessCommunicator::split_by_host() {
+  return std::make_unique<SingleProcessCommunicator>();
+}
 
 bool launched_by_mpi() {
   for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS", "SLURM_PROCID"}) {

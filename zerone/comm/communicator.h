@@ -2,7 +2,15 @@
 //
 // Data layout follows NCCL/MPI: reduce_scatter's input holds world_size equal shards back to back
 // and rank r receives the reduction of shard r; all_gather's output holds every rank's shard in rank
-// order. Reductions are sums over f32 (gradients are f32 in zerone; bf16 tensors are reduced in f32,
+// order. Where an in-place reduce-scatter leaves rank r's shard differs between libraries (MPI: at
+// the start of the buffer; NCCL: at r * shard_n, its own slot): in_place_shard_offset() says.
+//
+// Note [Collective endpoints]: a communicator's buffers are memory of one kind. Those made by
+// make_communicator take host memory (MPI reads and writes them on the communication thread).
+// Device memory reaches a collective only through a communicator made for it: DeviceCommunicator
+// (device_communicator.h) hands device buffers on directly where the device's memory is host
+// memory (the cpu backend), and otherwise stages them through host buffers with the backend's
+// copies, so no host code ever reads device memory implicitly. Reductions are sums over f32 (gradients are f32 in zerone; bf16 tensors are reduced in f32,
 // so MPI needs no bf16 type). Gathers and broadcasts move raw bytes of any dtype.
 //
 // Asynchrony (Note [Communication thread]): every collective runs, in submission order, on the
@@ -21,23 +29,41 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
+#include "zerone/kernels/backend.h"
+
 namespace zerone::comm {
 
-// A pending collective. wait() blocks until it finished and rethrows its error, if any.
+// A pending collective, event-like (Note [Streams and events] in kernels/backend.h): ready() tells
+// whether it finished, wait() makes the host wait for it (rethrowing its error, if any),
+// wait_on(stream) orders a device stream's later work after it. An empty Work is complete.
+// A Work may carry a completion step (a staged collective's copy back to the device), run once by
+// the first wait on the waiting thread. Copies of a Work share that state.
 class Work {
  public:
   Work() = default;
-  explicit Work(std::shared_future<void> done) : done_(std::move(done)) {}
+  explicit Work(std::shared_future<void> done, std::function<void()> on_complete = nullptr);
+  // A Work that completes when `before` does and then runs `on_complete` (once, on the waiter).
+  static Work then(Work before, std::function<void()> on_complete);
   void wait();
-  bool valid() const { return done_.valid(); }
-  // True when wait() would not block (an empty Work is ready).
+  bool valid() const { return state_ != nullptr; }
+  // True when the collective itself finished (wait() then blocks at most for its completion step).
   bool ready() const;
+  // Work submitted to `stream` of `backend` after this call runs after the collective. Collectives
+  // run by a host thread (MPI) make the host wait; a stream-native library records an event instead.
+  void wait_on(kernels::Backend& backend, kernels::Stream stream) { wait(); }
 
  private:
-  std::shared_future<void> done_;
+  struct State {
+    std::shared_future<void> done;  // or, when `before` is set, its completion
+    std::shared_ptr<State> before;
+    std::function<void()> on_complete;
+    std::once_flag completed;
+  };
+  std::shared_ptr<State> state_;
 };
 
 class Communicator {
@@ -47,6 +73,16 @@ class Communicator {
   virtual int world_size() const = 0;
   // "single process", "Open MPI v4.1.4", ...
   virtual std::string description() const = 0;
+  // Where an in-place reduce_scatter leaves this rank's shard, in elements from the buffer's start
+  // (0 for MPI and the single process; rank * shard_n for NCCL).
+  virtual size_t in_place_shard_offset(size_t shard_n) const { return 0; }
+
+  // Sub-communicators (hierarchical ZeRO, NCCL bootstrap). split(color, key): the ranks that pass
+  // the same color form one communicator, ordered by key (ties by rank). split_by_host(): the
+  // ranks of this machine. Collective over this communicator: every rank calls it. The result uses
+  // the same communication thread and must not outlive this communicator.
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+  virtual std::unique_ptr<Communicator> split_by_host() = 0;
 
   // data (n) = sum over ranks of data.
   virtual Work all_reduce_sum_async(float* data, size_t n) = 0;
@@ -88,6 +124,8 @@ class SingleProcessCommunicator : public Communicator {
   int rank() const override { return 0; }
   int world_size() const override { return 1; }
   std::string description() const override { return "single process"; }
+  std::unique_ptr<Communicator> split(int color, int key) override;
+  std::unique_ptr<Communicator> split_by_host() override;
   Work all_reduce_sum_async(float* data, size_t n) override;
   Work all_reduce_sum_async(double* data, size_t n) override;
   Work reduce_scatter_sum_async(const float* in, float* out, size_t shard_n) override;

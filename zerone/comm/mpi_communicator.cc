@@ -45,32 +45,18 @@ std::string mpi_library_version() {
   return out;
 }
 
-MpiCommunicator::MpiCommunicator() {
-  int initialized = 0;
-  MPI_Initialized(&initialized);
-  ZERONE_ASSERT(!initialized, "MPI initialized twice");
-  int provided = 0;
-  ZERONE_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided));
-  ZERONE_CHECK(provided >= MPI_THREAD_SERIALIZED, "this MPI library provides thread level ", provided,
-               ", zerone needs MPI_THREAD_SERIALIZED (its collectives run on a communication thread)");
-  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
-  MPI_Comm_size(MPI_COMM_WORLD, &world_);
-  library_ = mpi_library_version();
-  thread_ = std::thread([this] { loop(); });
-}
+MpiWorker::MpiWorker() : thread_([this] { loop(); }) {}
 
-MpiCommunicator::~MpiCommunicator() {
+MpiWorker::~MpiWorker() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
   }
   cv_.notify_all();
   thread_.join();
-  MPI_Finalize();
 }
 
-void MpiCommunicator::loop() {
+void MpiWorker::loop() {
   for (;;) {
     std::packaged_task<void()> task;
     {
@@ -84,7 +70,7 @@ void MpiCommunicator::loop() {
   }
 }
 
-Work MpiCommunicator::submit(std::function<void()> op) {
+Work MpiWorker::submit(std::function<void()> op) {
   std::packaged_task<void()> task(std::move(op));
   Work work(task.get_future().share());
   {
@@ -95,32 +81,103 @@ Work MpiCommunicator::submit(std::function<void()> op) {
   return work;
 }
 
+namespace {
+MPI_Comm& handle(void* comm) { return *static_cast<MPI_Comm*>(comm); }
+}  // namespace
+
+MpiCommunicator::MpiCommunicator() : owns_mpi_(true), comm_(new MPI_Comm(MPI_COMM_WORLD)) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  ZERONE_ASSERT(!initialized, "MPI initialized twice");
+  int provided = 0;
+  ZERONE_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided));
+  ZERONE_CHECK(provided >= MPI_THREAD_SERIALIZED, "this MPI library provides thread level ", provided,
+               ", zerone needs MPI_THREAD_SERIALIZED (its collectives run on a communication thread)");
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &world_);
+  library_ = mpi_library_version();
+  worker_ = std::make_shared<MpiWorker>();
+}
+
+MpiCommunicator::MpiCommunicator(std::shared_ptr<MpiWorker> worker, void* comm, std::string library, int rank, int world)
+    : rank_(rank), world_(world), library_(std::move(library)), comm_(comm), worker_(std::move(worker)) {}
+
+MpiCommunicator::~MpiCommunicator() {
+  if (owns_mpi_) {
+    worker_.reset();  // joined: the last MPI call of the worker has returned
+    MPI_Finalize();
+  } else {
+    void* comm = comm_;
+    try {
+      submit([comm] { MPI_Comm_free(&handle(comm)); }).wait();
+    } catch (...) {  // a failed free at the end of a run loses nothing
+    }
+  }
+  delete static_cast<MPI_Comm*>(comm_);
+}
+
+std::unique_ptr<Communicator> MpiCommunicator::split_with(const std::function<void(void* new_comm)>& make) {
+  auto* fresh = new MPI_Comm(MPI_COMM_NULL);
+  int rank = 0, world = 1;
+  try {
+    submit([&] {  // every MPI call on the worker (MPI_THREAD_SERIALIZED)
+      make(fresh);
+      MPI_Comm_set_errhandler(*fresh, MPI_ERRORS_RETURN);
+      MPI_Comm_rank(*fresh, &rank);
+      MPI_Comm_size(*fresh, &world);
+    }).wait();
+  } catch (...) {
+    delete fresh;
+    throw;
+  }
+  return std::unique_ptr<Communicator>(new MpiCommunicator(worker_, fresh, library_, rank, world));
+}
+
+std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {
+  ZERONE_ASSERT(color >= 0, "split: color ", color, " must not be negative");
+  MPI_Comm parent = handle(comm_);
+  return split_with([=](void* fresh) { ZERONE_MPI_CHECK(MPI_Comm_split(parent, color, key, &handle(fresh))); });
+}
+
+std::unique_ptr<Communicator> MpiCommunicator::split_by_host() {
+  MPI_Comm parent = handle(comm_);
+  const int rank = rank_;
+  return split_with([=](void* fresh) {
+    ZERONE_MPI_CHECK(MPI_Comm_split_type(parent, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &handle(fresh)));
+  });
+}
+
 Work MpiCommunicator::all_reduce_sum_async(float* data, size_t n) {
+  MPI_Comm comm = handle(comm_);
   int count = checked_count(n, "all-reduce");
-  return submit([=] { ZERONE_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD)); });
+  return submit([=] { ZERONE_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, count, MPI_FLOAT, MPI_SUM, comm)); });
 }
 
 Work MpiCommunicator::all_reduce_sum_async(double* data, size_t n) {
+  MPI_Comm comm = handle(comm_);
   int count = checked_count(n, "all-reduce");
-  return submit([=] { ZERONE_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, count, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD)); });
+  return submit([=] { ZERONE_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, count, MPI_DOUBLE, MPI_SUM, comm)); });
 }
 
 Work MpiCommunicator::reduce_scatter_sum_async(const float* in, float* out, size_t shard_n) {
+  MPI_Comm comm = handle(comm_);
   int count = checked_count(shard_n, "reduce-scatter");
   const void* send = in == out ? MPI_IN_PLACE : in;
   return submit([=] {
-    ZERONE_MPI_CHECK(MPI_Reduce_scatter_block(send, out, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
+    ZERONE_MPI_CHECK(MPI_Reduce_scatter_block(send, out, count, MPI_FLOAT, MPI_SUM, comm));
   });
 }
 
 Work MpiCommunicator::all_gather_strided_async(const void* in, void* out, size_t bytes, size_t stride_bytes) {
+  MPI_Comm comm = handle(comm_);
   ZERONE_ASSERT(stride_bytes >= bytes, "all-gather slots of ", stride_bytes, " bytes cannot hold ", bytes);
   int count = checked_count(bytes, "all-gather");
   const bool in_place = in == static_cast<const char*>(out) + static_cast<size_t>(rank_) * stride_bytes;
   const void* send = in_place ? MPI_IN_PLACE : in;
   if (stride_bytes == bytes) {
     return submit([=] {
-      ZERONE_MPI_CHECK(MPI_Allgather(send, in_place ? 0 : count, MPI_BYTE, out, count, MPI_BYTE, MPI_COMM_WORLD));
+      ZERONE_MPI_CHECK(MPI_Allgather(send, in_place ? 0 : count, MPI_BYTE, out, count, MPI_BYTE, comm));
     });
   }
   // Slots apart: MPI_Allgatherv places rank r's bytes at displacement r*stride.
@@ -131,20 +188,22 @@ Work MpiCommunicator::all_gather_strided_async(const void* in, void* out, size_t
   for (int r = 0; r < world_; ++r) displs[r] = static_cast<int>(static_cast<size_t>(r) * stride_bytes);
   return submit([=, counts = std::move(counts), displs = std::move(displs)] {
     ZERONE_MPI_CHECK(MPI_Allgatherv(send, in_place ? 0 : count, MPI_BYTE, out, counts.data(), displs.data(), MPI_BYTE,
-                                    MPI_COMM_WORLD));
+                                    comm));
   });
 }
 
 Work MpiCommunicator::broadcast_async(void* data, size_t bytes, int root) {
+  MPI_Comm comm = handle(comm_);
   int count = checked_count(bytes, "broadcast");
-  return submit([=] { ZERONE_MPI_CHECK(MPI_Bcast(data, count, MPI_BYTE, root, MPI_COMM_WORLD)); });
+  return submit([=] { ZERONE_MPI_CHECK(MPI_Bcast(data, count, MPI_BYTE, root, comm)); });
 }
 
 Work MpiCommunicator::barrier_async() {
-  return submit([] { ZERONE_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD)); });
+  MPI_Comm comm = handle(comm_);
+  return submit([=] { ZERONE_MPI_CHECK(MPI_Barrier(comm)); });
 }
 
-void MpiCommunicator::abort_job(int exit_code) { MPI_Abort(MPI_COMM_WORLD, exit_code); }
+void MpiCommunicator::abort_job(int exit_code) { MPI_Abort(MPI_COMM_WORLD, exit_code); }  // the whole job
 
 std::unique_ptr<Communicator> make_communicator() {
   if (!launched_by_mpi()) return std::make_unique<SingleProcessCommunicator>();

@@ -3,21 +3,40 @@
 // MPI_THREAD_SERIALIZED: the training thread initializes and finalizes, the communication thread
 // makes every call in between. Errors return codes (MPI_ERRORS_RETURN) that become Error naming the
 // call, file and line.
+// Sub-communicators (split, split_by_host) share the world communicator's thread, so every MPI call
+// stays on that one thread.
 // Thread-safety: as Communicator.
 #pragma once
 
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <memory>
 #include <thread>
 
 #include "zerone/comm/communicator.h"
 
 namespace zerone::comm {
 
+// The thread that makes every MPI call (Note [Communication thread] in communicator.h).
+class MpiWorker {
+ public:
+  MpiWorker();
+  ~MpiWorker();  // drains the queue, joins
+  Work submit(std::function<void()> op);
+
+ private:
+  void loop();
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::packaged_task<void()>> queue_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
 class MpiCommunicator : public Communicator {
  public:
-  MpiCommunicator();  // MPI_Init_thread; throws Error if MPI cannot start
+  MpiCommunicator();  // MPI_Init_thread on MPI_COMM_WORLD; throws Error if MPI cannot start
   ~MpiCommunicator() override;
 
   int rank() const override { return rank_; }
@@ -30,18 +49,20 @@ class MpiCommunicator : public Communicator {
   Work broadcast_async(void* data, size_t bytes, int root) override;
   Work barrier_async() override;
   void abort_job(int exit_code) override;
+  std::unique_ptr<Communicator> split(int color, int key) override;
+  std::unique_ptr<Communicator> split_by_host() override;
 
  private:
-  Work submit(std::function<void()> op);
-  void loop();
+  // A sub-communicator over `comm` (owned: freed on destruction), on the parent's worker.
+  MpiCommunicator(std::shared_ptr<MpiWorker> worker, void* comm, std::string library, int rank, int world);
+  Work submit(std::function<void()> op) { return worker_->submit(std::move(op)); }
+  std::unique_ptr<Communicator> split_with(const std::function<void(void* new_comm)>& make);
 
   int rank_ = 0, world_ = 1;
   std::string library_;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<std::packaged_task<void()>> queue_;
-  bool stopping_ = false;
-  std::thread thread_;
+  bool owns_mpi_ = false;  // the world communicator initializes and finalizes MPI
+  void* comm_ = nullptr;   // the MPI_Comm (a handle type that differs between libraries), heap-held
+  std::shared_ptr<MpiWorker> worker_;
 };
 
 }  // namespace zerone::comm

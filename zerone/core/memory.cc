@@ -90,6 +90,12 @@ int64_t g_device_limit_bytes = 0;
 
 }  // namespace
 
+void MemoryArena::zero(void* data, size_t bytes) {
+  if (bytes > 0) std::memset(data, 0, bytes);
+}
+
+MemoryArena& default_arena() { return g_default_arena; }
+
 MemoryArena& arena(MemPlace place) {
   ZERONE_ASSERT(place == MemPlace::device || place == MemPlace::host, "no memory arena for place ",
                 mem_place_name(place));
@@ -105,7 +111,10 @@ void set_device_limit_bytes(int64_t limit_bytes) { g_device_limit_bytes = limit_
 int64_t device_limit_bytes() { return g_device_limit_bytes; }
 
 Buffer::Buffer(size_t bytes, MemCategory category, MemPlace place, size_t alignment)
-    : bytes_(bytes), category_(category), place_(place), alignment_(alignment) {
+    : Buffer(bytes, category, place, alignment, arena(place)) {}
+
+Buffer::Buffer(size_t bytes, MemCategory category, MemPlace place, size_t alignment, MemoryArena& from)
+    : bytes_(bytes), category_(category), place_(place), alignment_(alignment), arena_(&from) {
   (void)kMmapThresholdPinned;
   ZERONE_ASSERT(alignment >= 64 && (alignment & (alignment - 1)) == 0, "bad alignment ", alignment);
   if (bytes == 0) return;
@@ -115,7 +124,7 @@ Buffer::Buffer(size_t bytes, MemCategory category, MemPlace place, size_t alignm
                  bytes, " more bytes of ", mem_category_name(category), " on top of ", in_use, " in use would pass ",
                  "--device-mem-limit (", g_device_limit_bytes, " bytes); zerone estimate shows what fits");
   }
-  data_ = arena(place).allocate(bytes, alignment);
+  data_ = arena_->allocate(bytes, alignment);
   ZERONE_CHECK(data_ != nullptr, "out of memory: could not allocate ", bytes, " bytes for ",
                mem_category_name(category), " (try a smaller model, micro-batch or sequence length)");
   MemoryLedger::global().add(place_, category_, static_cast<int64_t>(bytes_));
@@ -131,13 +140,14 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
     category_ = other.category_;
     place_ = other.place_;
     alignment_ = other.alignment_;
+    arena_ = other.arena_;
   }
   return *this;
 }
 
 void Buffer::reset() {
   if (data_ == nullptr) return;
-  arena(place_).deallocate(data_, bytes_, alignment_);
+  arena_->deallocate(data_, bytes_, alignment_);
   MemoryLedger::global().sub(place_, category_, static_cast<int64_t>(bytes_));
   data_ = nullptr;
   bytes_ = 0;
@@ -154,6 +164,10 @@ void Buffer::retag(MemCategory category) {
 BufferPool::BufferPool(size_t capacity_bytes, MemCategory idle_category, MemPlace place, size_t alignment)
     : capacity_bytes_(capacity_bytes), idle_category_(idle_category), place_(place), alignment_(alignment) {}
 
+void Buffer::zero() {
+  if (data_ != nullptr) arena_->zero(data_, bytes_);
+}
+
 Buffer BufferPool::acquire(size_t bytes, MemCategory category, bool zeroed) {
   auto it = idle_.find(bytes);
   if (it == idle_.end()) return Buffer(bytes, category, place_, alignment_);
@@ -161,7 +175,7 @@ Buffer BufferPool::acquire(size_t bytes, MemCategory category, bool zeroed) {
   idle_.erase(it);
   idle_bytes_ -= bytes;
   buffer.retag(category);
-  if (zeroed) std::memset(buffer.data(), 0, bytes);
+  if (zeroed) buffer.zero();
   return buffer;
 }
 

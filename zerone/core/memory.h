@@ -76,7 +76,12 @@ class MemoryArena {
   virtual ~MemoryArena() = default;
   virtual void* allocate(size_t bytes, size_t alignment) = 0;
   virtual void deallocate(void* data, size_t bytes, size_t alignment) noexcept = 0;
+  // data (bytes, inside an allocation of this arena) = 0. An arena whose memory the host cannot
+  // touch (a device's) zeroes it its own way.
+  virtual void zero(void* data, size_t bytes);
 };
+// The arena of host memory (aligned_alloc): the default of both places.
+MemoryArena& default_arena();
 // The arena of `place` (device or host). set_arena installs another (null: the default); the arena
 // must outlive every Buffer allocated from it.
 MemoryArena& arena(MemPlace place);
@@ -99,6 +104,9 @@ class Buffer {
  public:
   Buffer() = default;
   Buffer(size_t bytes, MemCategory category, MemPlace place = MemPlace::device, size_t alignment = 64);
+  // The same from a given arena, accounted under `place`: the cpu kernels' own scratch is host
+  // memory (default_arena()) whichever device they run for, and counts as that device's scratch.
+  Buffer(size_t bytes, MemCategory category, MemPlace place, size_t alignment, MemoryArena& from);
   ~Buffer();
   Buffer(Buffer&& other) noexcept { *this = std::move(other); }
   Buffer& operator=(Buffer&& other) noexcept;
@@ -113,6 +121,8 @@ class Buffer {
   MemCategory category() const { return category_; }
   MemPlace place() const { return place_; }
   bool empty() const { return data_ == nullptr; }
+  // Sets every byte to 0 through the arena of its place (device memory may not be host-writable).
+  void zero();
   // Frees the memory now (the ledger drops it); the buffer becomes empty.
   void reset();
   // Moves the buffer's bytes to another category in the ledger (same memory, new purpose).
@@ -124,6 +134,7 @@ class Buffer {
   MemCategory category_ = MemCategory::scratch;
   MemPlace place_ = MemPlace::device;
   size_t alignment_ = 64;
+  MemoryArena* arena_ = nullptr;  // where data_ came from (given back there)
 };
 
 // Note [Working-set pool]: ZeRO stages 2-3 hold a unit's full gradients and gathered parameters

@@ -50,7 +50,7 @@ void FlatParam::set_grads(Buffer grads, bool fresh) {
 
 void FlatParam::zero_grad() {
   grads_fresh_ = false;
-  if (!grads_.empty()) std::memset(grads_.data(), 0, grads_.bytes());
+  if (!grads_.empty()) grads_.zero();
 }
 
 }  // namespace zerone::nn

@@ -10,11 +10,8 @@
 
 #include "zerone/core/error.h"
 #include "zerone/core/rng.h"
-#include "zerone/kernels/cpu/ops.h"
 
 namespace zerone::nn {
-
-namespace k = kernels::cpu;
 
 int pad_vocab(int vocab_size) { return (vocab_size + 127) / 128 * 128; }
 
@@ -207,12 +204,12 @@ float GPT2::forward(const int32_t* inputs, const int32_t* targets, int B, int T)
   const int L = config_.num_layers, C = config_.channels;
   const int V = config_.vocab_size, Vp = config_.padded_vocab_size, N = B * T;
   const size_t BTC = static_cast<size_t>(N) * C;
-  std::memcpy(a.inputs.data(), inputs, sizeof(int32_t) * N);
+  backend_.copy_to_device(a.inputs.data(), inputs, sizeof(int32_t) * N);  // (B,T)
   have_targets_ = targets != nullptr;
-  if (have_targets_) std::memcpy(a.targets.data(), targets, sizeof(int32_t) * N);
+  if (have_targets_) backend_.copy_to_device(a.targets.data(), targets, sizeof(int32_t) * N);
 
   hooks_->before_forward(0);
-  k::embedding_forward(a.encoded.as<float>(), inputs, p(0, kWte), p(0, kWpe), dtype_, B, T, C);  // (B,T,C)
+  backend_.embedding_forward(a.encoded.as<float>(), a.inputs.as<int32_t>(), p(0, kWte), p(0, kWpe), dtype_, B, T, C);  // (B,T,C)
   hooks_->after_forward(0);
 
   for (int l = 0; l < L; ++l) {
@@ -225,15 +222,14 @@ float GPT2::forward(const int32_t* inputs, const int32_t* targets, int B, int T)
   const int uf = L + 1;
   hooks_->before_forward(uf);  // the head also reads wte (unit 0): the engine keeps it available
   const float* last = L == 0 ? a.encoded.as<float>() : block_output(a.residual3, L - 1, BTC);
-  k::layernorm_forward(a.lnf.as<float>(), a.lnf_mean.as<float>(), a.lnf_rstd.as<float>(), last, p(uf, kLnfw),
+  backend_.layernorm_forward(a.lnf.as<float>(), a.lnf_mean.as<float>(), a.lnf_rstd.as<float>(), last, p(uf, kLnfw),
                        p(uf, kLnfb), dtype_, N, C);
-  k::linear_forward(a.logits.as<float>(), a.lnf.as<float>(), p(0, kWte), nullptr, dtype_, N, C, Vp);  // (B,T,Vp)
+  backend_.linear_forward(a.logits.as<float>(), a.lnf.as<float>(), p(0, kWte), nullptr, dtype_, N, C, Vp);  // (B,T,Vp)
   hooks_->after_forward(uf);
   if (!have_targets_) return 0.0f;
-  k::crossentropy_forward(a.losses.as<float>(), a.lse.as<float>(), a.logits.as<float>(), targets, N, V, Vp);
-  double sum = 0.0;
-  for (int i = 0; i < N; ++i) sum += a.losses.as<float>()[i];
-  return static_cast<float>(sum / N);
+  backend_.crossentropy_forward(a.losses.as<float>(), a.lse.as<float>(), a.logits.as<float>(), a.targets.as<int32_t>(),
+                                N, V, Vp);
+  return static_cast<float>(backend_.sum(a.losses.as<float>(), N) / N);
 }
 
 GPT2::BlockActs GPT2::block_acts(int l) {
@@ -263,16 +259,16 @@ void GPT2::block_forward(int l) {
   const size_t BTC = static_cast<size_t>(N) * C;
   BlockActs b = block_acts(l);
   float* tmp = acts_.tmp_c.as<float>();
-  k::layernorm_forward(b.ln1, b.ln1_mean, b.ln1_rstd, b.residual, p(u, kLn1w), p(u, kLn1b), dtype_, N, C);
-  k::linear_forward(b.qkv, b.ln1, p(u, kQkvw), p(u, kQkvb), dtype_, N, C, 3 * C);
-  k::attention_forward(b.atty, b.att, b.qkv, B, T, C, NH);
-  k::linear_forward(tmp, b.atty, p(u, kAttprojw), p(u, kAttprojb), dtype_, N, C, C);
-  k::residual_forward(b.residual2, b.residual, tmp, BTC);
-  k::layernorm_forward(b.ln2, b.ln2_mean, b.ln2_rstd, b.residual2, p(u, kLn2w), p(u, kLn2b), dtype_, N, C);
-  k::linear_forward(b.fch, b.ln2, p(u, kFcw), p(u, kFcb), dtype_, N, C, 4 * C);
-  k::gelu_forward(b.fch_gelu, b.fch, BTC * 4);
-  k::linear_forward(tmp, b.fch_gelu, p(u, kFcprojw), p(u, kFcprojb), dtype_, N, 4 * C, C);
-  k::residual_forward(b.residual3, b.residual2, tmp, BTC);
+  backend_.layernorm_forward(b.ln1, b.ln1_mean, b.ln1_rstd, b.residual, p(u, kLn1w), p(u, kLn1b), dtype_, N, C);
+  backend_.linear_forward(b.qkv, b.ln1, p(u, kQkvw), p(u, kQkvb), dtype_, N, C, 3 * C);
+  backend_.attention_forward(b.atty, b.att, b.qkv, B, T, C, NH);
+  backend_.linear_forward(tmp, b.atty, p(u, kAttprojw), p(u, kAttprojb), dtype_, N, C, C);
+  backend_.residual_forward(b.residual2, b.residual, tmp, BTC);
+  backend_.layernorm_forward(b.ln2, b.ln2_mean, b.ln2_rstd, b.residual2, p(u, kLn2w), p(u, kLn2b), dtype_, N, C);
+  backend_.linear_forward(b.fch, b.ln2, p(u, kFcw), p(u, kFcb), dtype_, N, C, 4 * C);
+  backend_.gelu_forward(b.fch_gelu, b.fch, BTC * 4);
+  backend_.linear_forward(tmp, b.fch_gelu, p(u, kFcprojw), p(u, kFcprojb), dtype_, N, 4 * C, C);
+  backend_.residual_forward(b.residual3, b.residual2, tmp, BTC);
 }
 
 void GPT2::backward(float grad_scale) {
@@ -289,15 +285,15 @@ void GPT2::backward(float grad_scale) {
   const int uf = L + 1;
   hooks_->before_backward(uf);
   float* dlogits = a.logits.as<float>();  // in place: (B,T,Vp)
-  k::crossentropy_backward(dlogits, a.logits.as<float>(), a.lse.as<float>(), targets, grad_scale / N, N, V, Vp);
+  backend_.crossentropy_backward(dlogits, a.logits.as<float>(), a.lse.as<float>(), targets, grad_scale / N, N, V, Vp);
   accumulate_grads(uf, {});
   // The tied head writes wte's gradient first; the embedding's backward adds to it below.
   const bool accumulate_wte = accumulate_grads(0, {kWte});
-  k::linear_backward(dbuf, g(0, kWte), nullptr, dlogits, a.lnf.as<float>(), p(0, kWte), dtype_, N, C, Vp,
+  backend_.linear_backward(dbuf, g(0, kWte), nullptr, dlogits, a.lnf.as<float>(), p(0, kWte), dtype_, N, C, Vp,
                      accumulate_wte);
   const float* last = L == 0 ? a.encoded.as<float>() : block_output(a.residual3, L - 1, BTC);
-  std::memset(dresidual, 0, BTC * sizeof(float));
-  k::layernorm_backward(dresidual, g(uf, kLnfw), g(uf, kLnfb), dbuf, last, p(uf, kLnfw), dtype_,
+  backend_.fill_zero(dresidual, BTC * sizeof(float));
+  backend_.layernorm_backward(dresidual, g(uf, kLnfw), g(uf, kLnfb), dbuf, last, p(uf, kLnfw), dtype_,
                         a.lnf_mean.as<float>(), a.lnf_rstd.as<float>(), N, C);
   hooks_->after_backward(uf);
 
@@ -320,24 +316,24 @@ void GPT2::backward(float grad_scale) {
     const bool acc = accumulate_grads(u, {kQkvw, kQkvb, kAttprojw, kAttprojb, kFcw, kFcb, kFcprojw, kFcprojb});
 
     // residual3 = residual2 + fcproj: dresidual flows to both unchanged.
-    k::linear_backward(dfch, g(u, kFcprojw), g(u, kFcprojb), dresidual, fch_gelu, p(u, kFcprojw), dtype_, N, 4 * C, C,
+    backend_.linear_backward(dfch, g(u, kFcprojw), g(u, kFcprojb), dresidual, fch_gelu, p(u, kFcprojw), dtype_, N, 4 * C, C,
                        acc);
-    k::gelu_backward(dfch, fch, dfch, BTC * 4);
-    k::linear_backward(dbuf, g(u, kFcw), g(u, kFcb), dfch, ln2, p(u, kFcw), dtype_, N, C, 4 * C, acc);
-    k::layernorm_backward(dresidual, g(u, kLn2w), g(u, kLn2b), dbuf, residual2, p(u, kLn2w), dtype_, ln2_mean,
+    backend_.gelu_backward(dfch, fch, dfch, BTC * 4);
+    backend_.linear_backward(dbuf, g(u, kFcw), g(u, kFcb), dfch, ln2, p(u, kFcw), dtype_, N, C, 4 * C, acc);
+    backend_.layernorm_backward(dresidual, g(u, kLn2w), g(u, kLn2b), dbuf, residual2, p(u, kLn2w), dtype_, ln2_mean,
                           ln2_rstd, N, C);
     // residual2 = residual + attproj
-    k::linear_backward(dbuf, g(u, kAttprojw), g(u, kAttprojb), dresidual, atty, p(u, kAttprojw), dtype_, N, C, C,
+    backend_.linear_backward(dbuf, g(u, kAttprojw), g(u, kAttprojb), dresidual, atty, p(u, kAttprojw), dtype_, N, C, C,
                        acc);
-    k::attention_backward(dqkv, dbuf, qkv, att, B, T, C, NH);
-    k::linear_backward(dbuf, g(u, kQkvw), g(u, kQkvb), dqkv, ln1, p(u, kQkvw), dtype_, N, C, 3 * C, acc);
-    k::layernorm_backward(dresidual, g(u, kLn1w), g(u, kLn1b), dbuf, residual, p(u, kLn1w), dtype_, ln1_mean,
+    backend_.attention_backward(dqkv, dbuf, qkv, att, B, T, C, NH);
+    backend_.linear_backward(dbuf, g(u, kQkvw), g(u, kQkvb), dqkv, ln1, p(u, kQkvw), dtype_, N, C, 3 * C, acc);
+    backend_.layernorm_backward(dresidual, g(u, kLn1w), g(u, kLn1b), dbuf, residual, p(u, kLn1w), dtype_, ln1_mean,
                           ln1_rstd, N, C);
     hooks_->after_backward(u);
   }
 
   hooks_->before_backward(0);
-  k::embedding_backward(g(0, kWte), g(0, kWpe), dresidual, inputs, B, T, C);
+  backend_.embedding_backward(g(0, kWte), g(0, kWpe), dresidual, inputs, B, T, C);
   hooks_->after_backward(0);
 }
 

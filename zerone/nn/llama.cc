@@ -12,7 +12,6 @@
 
 namespace zerone::nn {
 
-namespace k = kernels::cpu;
 
 size_t LlamaConfig::num_parameters() const {
   const size_t C = channels, V = vocab_size, R = static_cast<size_t>(num_heads + 2 * num_kv_heads) * head_dim;
@@ -40,7 +39,7 @@ bool is_llama_spec(const std::string& spec) {
 
 LlamaConfig parse_llama_spec(const std::string& spec) {
   LlamaConfig c;  // Llama-3.2-1B
-  c.rope_scaling = k::RopeScaling{32.0f, 1.0f, 4.0f, 8192};
+  c.rope_scaling = kernels::RopeScaling{32.0f, 1.0f, 4.0f, 8192};
   auto preset = [&](int L, int C, int NH, int NKV, int F, int V, int ctx, float theta, bool tied) {
     c.num_layers = L;
     c.channels = C;
@@ -52,7 +51,7 @@ LlamaConfig parse_llama_spec(const std::string& spec) {
     c.max_seq_len = ctx;
     c.rope_theta = theta;
     c.tie_word_embeddings = tied;
-    c.rope_scaling = k::RopeScaling{};
+    c.rope_scaling = kernels::RopeScaling{};
   };
   if (spec == "llama-3.2-1b") return c;
   if (spec == "tinyllama-1.1b") { preset(22, 2048, 32, 4, 5632, 32000, 2048, 10000.0f, false); return c; }
@@ -62,7 +61,7 @@ LlamaConfig parse_llama_spec(const std::string& spec) {
   ZERONE_CHECK(spec.rfind(prefix, 0) == 0, "--model '", spec, "': expected a LLaMA preset (tinyllama-1.1b, llama-3.2-1b, ",
                "llama-2-7b, llama-3-8b) or llama:layers=..,dim=..,heads=..,kv_heads=..,ffn=..,vocab=..,ctx=..");
   // A spec names its rotary scaling explicitly (rope_factor ...): none unless given.
-  c.rope_scaling = k::RopeScaling{};
+  c.rope_scaling = kernels::RopeScaling{};
   bool head_dim_given = false;
   std::stringstream items(spec.substr(prefix.size()));
   for (std::string item; std::getline(items, item, ',');) {
@@ -136,7 +135,7 @@ Llama::Llama(const LlamaConfig& config, DType compute_dtype, size_t align_numel,
   if (!config.tie_word_embeddings) final_tensors.push_back({"lm_head", {V, C}, true});
   units_.emplace_back("final", std::move(final_tensors), dtype_, align_numel, allocate);
   inv_freq_.resize(hs / 2);
-  k::rope_inv_freq(inv_freq_.data(), static_cast<int>(hs), config.rope_theta, config.rope_scaling);
+  kernels::rope_inv_freq(inv_freq_.data(), static_cast<int>(hs), config.rope_theta, config.rope_scaling);
 }
 
 void Llama::init_unit(int u, uint64_t seed) {
@@ -156,12 +155,12 @@ void Llama::init_unit(int u, uint64_t seed) {
 
 namespace {
 
-// Element counts of every activation buffer, in the order of Llama::Activations' members (the
-// last two are int32 token ids, the rest f32).
+// Element counts of every activation buffer, in the order of Llama::Activations' members (inputs
+// and targets are int32 token ids, the rest f32; inv_freq is the device copy of the rotary table).
 // With activation checkpointing (Note [Activation checkpointing] in model.h) one slot (S = 1) of block
 // internals, recomputed in backward; the block outputs (residual3) for all L, or two device slots
 // of them and, as the last entry, their host copies (Note [CPU checkpointing] in model.h).
-std::array<size_t, 27> llama_activation_numels(const LlamaConfig& c, int B, int T, bool checkpointing, bool on_host) {
+std::array<size_t, 28> llama_activation_numels(const LlamaConfig& c, int B, int T, bool checkpointing, bool on_host) {
   const size_t L = c.num_layers, C = c.channels, NH = c.num_heads, V = c.vocab_size, F = c.ffn;
   const size_t S = checkpointing ? 1 : L;
   const size_t A = NH * c.head_dim, R = static_cast<size_t>(c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
@@ -169,7 +168,8 @@ std::array<size_t, 27> llama_activation_numels(const LlamaConfig& c, int B, int 
   return {BT * C,     S * BT * C, S * BT,         S * BT * R, S * BT * A, S * B * NH * T * T, S * BT * C,
           S * BT * C, S * BT,     S * BT * 2 * F, S * BT * F, UnitModel::output_slots_numel(on_host, L, BT * C), BT * C, BT,
           BT * V,     BT,         BT,             BT * C,     BT * C,     BT * C,             BT * A,
-          BT * R,     BT * 2 * F, BT * F,         BT,         BT,         UnitModel::saved_inputs_numel(on_host, L, BT * C)};
+          BT * R,     BT * 2 * F, BT * F,         BT,         BT,         static_cast<size_t>(c.head_dim) / 2,
+          UnitModel::saved_inputs_numel(on_host, L, BT * C)};
 }
 
 }  // namespace
@@ -206,10 +206,11 @@ void Llama::ensure_activations(int B, int T) {
   Buffer* buffers[] = {&a.encoded, &a.h1,       &a.rstd1,  &a.qkv,    &a.atty,      &a.att,   &a.residual2,
                        &a.h2,      &a.rstd2,    &a.gate_up, &a.act,   &a.residual3, &a.hf,    &a.rstdf,
                        &a.logits,  &a.losses,   &a.lse,    &a.tmp_c,  &a.dresidual, &a.dbuf_c, &a.datty,
-                       &a.dqkv,    &a.dgate_up, &a.dact,   &a.inputs, &a.targets, &a.saved};
+                       &a.dqkv,    &a.dgate_up, &a.dact,   &a.inputs, &a.targets, &a.inv_freq, &a.saved};
   static_assert(sizeof(buffers) / sizeof(buffers[0]) == std::tuple_size_v<decltype(sizes)>);
   for (size_t i = 0; i < sizes.size(); ++i)  // the last: the host copies of the saved block inputs
     *buffers[i] = Buffer(sizes[i] * 4, MemCategory::activation, i + 1 == sizes.size() ? MemPlace::host : MemPlace::device);
+  backend_.copy_to_device(a.inv_freq.data(), inv_freq_.data(), inv_freq_.size() * sizeof(float));
 }
 
 float Llama::forward(const int32_t* inputs, const int32_t* targets, int B, int T) {
@@ -221,12 +222,12 @@ float Llama::forward(const int32_t* inputs, const int32_t* targets, int B, int T
   const int L = config_.num_layers, C = config_.channels, V = config_.vocab_size, N = B * T;
   const float eps = config_.rms_norm_eps;
   const size_t BTC = static_cast<size_t>(N) * C;
-  std::memcpy(a.inputs.data(), inputs, sizeof(int32_t) * N);
+  backend_.copy_to_device(a.inputs.data(), inputs, sizeof(int32_t) * N);  // (B,T)
   have_targets_ = targets != nullptr;
-  if (have_targets_) std::memcpy(a.targets.data(), targets, sizeof(int32_t) * N);
+  if (have_targets_) backend_.copy_to_device(a.targets.data(), targets, sizeof(int32_t) * N);
 
   hooks_->before_forward(0);
-  k::embedding_forward(a.encoded.as<float>(), inputs, p(0, 0), nullptr, dtype_, B, T, C);  // (B,T,C)
+  backend_.embedding_forward(a.encoded.as<float>(), a.inputs.as<int32_t>(), p(0, 0), nullptr, dtype_, B, T, C);  // (B,T,C)
   hooks_->after_forward(0);
 
   for (int l = 0; l < L; ++l) {
@@ -239,14 +240,13 @@ float Llama::forward(const int32_t* inputs, const int32_t* targets, int B, int T
   const int uf = L + 1;
   hooks_->before_forward(uf);
   const float* last = L == 0 ? a.encoded.as<float>() : block_output(a.residual3, L - 1, BTC);
-  k::rmsnorm_forward(a.hf.as<float>(), a.rstdf.as<float>(), last, p(uf, kNorm), dtype_, N, C, eps);
-  k::linear_forward(a.logits.as<float>(), a.hf.as<float>(), head(), nullptr, dtype_, N, C, V);  // (B,T,V)
+  backend_.rmsnorm_forward(a.hf.as<float>(), a.rstdf.as<float>(), last, p(uf, kNorm), dtype_, N, C, eps);
+  backend_.linear_forward(a.logits.as<float>(), a.hf.as<float>(), head(), nullptr, dtype_, N, C, V);  // (B,T,V)
   hooks_->after_forward(uf);
   if (!have_targets_) return 0.0f;
-  k::crossentropy_forward(a.losses.as<float>(), a.lse.as<float>(), a.logits.as<float>(), targets, N, V, V);
-  double sum = 0.0;
-  for (int i = 0; i < N; ++i) sum += a.losses.as<float>()[i];
-  return static_cast<float>(sum / N);
+  backend_.crossentropy_forward(a.losses.as<float>(), a.lse.as<float>(), a.logits.as<float>(), a.targets.as<int32_t>(), N, V,
+                          V);
+  return static_cast<float>(backend_.sum(a.losses.as<float>(), N) / N);
 }
 
 Llama::BlockActs Llama::block_acts(int l) {
@@ -279,17 +279,17 @@ void Llama::block_forward(int l) {
   const size_t BTC = static_cast<size_t>(N) * C;
   BlockActs b = block_acts(l);
   float* tmp = acts_.tmp_c.as<float>();
-  k::rmsnorm_forward(b.h1, b.rstd1, b.residual, p(u, kAttnNorm), dtype_, N, C, eps);
-  k::linear_forward(b.qkv, b.h1, p(u, kWqkv), nullptr, dtype_, N, C, R);
-  k::rope_forward(b.qkv, inv_freq_.data(), B, T, R, NH + NKV, hs);
-  k::gqa_attention_forward(b.atty, b.att, b.qkv, B, T, NH, NKV, hs);
-  k::linear_forward(tmp, b.atty, p(u, kWo), nullptr, dtype_, N, A, C);
-  k::residual_forward(b.residual2, b.residual, tmp, BTC);
-  k::rmsnorm_forward(b.h2, b.rstd2, b.residual2, p(u, kMlpNorm), dtype_, N, C, eps);
-  k::linear_forward(b.gate_up, b.h2, p(u, kWGateUp), nullptr, dtype_, N, C, 2 * F);
-  k::swiglu_forward(b.act, b.gate_up, N, F);
-  k::linear_forward(tmp, b.act, p(u, kWDown), nullptr, dtype_, N, F, C);
-  k::residual_forward(b.residual3, b.residual2, tmp, BTC);
+  backend_.rmsnorm_forward(b.h1, b.rstd1, b.residual, p(u, kAttnNorm), dtype_, N, C, eps);
+  backend_.linear_forward(b.qkv, b.h1, p(u, kWqkv), nullptr, dtype_, N, C, R);
+  backend_.rope_forward(b.qkv, acts_.inv_freq.as<float>(), B, T, R, NH + NKV, hs);
+  backend_.gqa_attention_forward(b.atty, b.att, b.qkv, B, T, NH, NKV, hs);
+  backend_.linear_forward(tmp, b.atty, p(u, kWo), nullptr, dtype_, N, A, C);
+  backend_.residual_forward(b.residual2, b.residual, tmp, BTC);
+  backend_.rmsnorm_forward(b.h2, b.rstd2, b.residual2, p(u, kMlpNorm), dtype_, N, C, eps);
+  backend_.linear_forward(b.gate_up, b.h2, p(u, kWGateUp), nullptr, dtype_, N, C, 2 * F);
+  backend_.swiglu_forward(b.act, b.gate_up, N, F);
+  backend_.linear_forward(tmp, b.act, p(u, kWDown), nullptr, dtype_, N, F, C);
+  backend_.residual_forward(b.residual3, b.residual2, tmp, BTC);
 }
 
 void Llama::backward(float grad_scale) {
@@ -306,7 +306,7 @@ void Llama::backward(float grad_scale) {
   const int uf = L + 1;
   hooks_->before_backward(uf);
   float* dlogits = a.logits.as<float>();  // in place: (B,T,V)
-  k::crossentropy_backward(dlogits, a.logits.as<float>(), a.lse.as<float>(), a.targets.as<int32_t>(), grad_scale / N,
+  backend_.crossentropy_backward(dlogits, a.logits.as<float>(), a.lse.as<float>(), a.targets.as<int32_t>(), grad_scale / N,
                            N, V, V);
   bool accumulate_head;
   float* dhead;
@@ -318,10 +318,10 @@ void Llama::backward(float grad_scale) {
     accumulate_head = accumulate_grads(uf, {kLmHead});
     dhead = g(uf, kLmHead);
   }
-  k::linear_backward(dbuf, dhead, nullptr, dlogits, a.hf.as<float>(), head(), dtype_, N, C, V, accumulate_head);
+  backend_.linear_backward(dbuf, dhead, nullptr, dlogits, a.hf.as<float>(), head(), dtype_, N, C, V, accumulate_head);
   const float* last = L == 0 ? a.encoded.as<float>() : block_output(a.residual3, L - 1, BTC);
-  std::memset(dresidual, 0, BTC * sizeof(float));
-  k::rmsnorm_backward(dresidual, g(uf, kNorm), dbuf, last, p(uf, kNorm), dtype_, a.rstdf.as<float>(), N, C);
+  backend_.fill_zero(dresidual, BTC * sizeof(float));
+  backend_.rmsnorm_backward(dresidual, g(uf, kNorm), dbuf, last, p(uf, kNorm), dtype_, a.rstdf.as<float>(), N, C);
   hooks_->after_backward(uf);
 
   for (int l = L - 1; l >= 0; --l) {
@@ -342,22 +342,22 @@ void Llama::backward(float grad_scale) {
     const bool acc = accumulate_grads(u, {kWqkv, kWo, kWGateUp, kWDown});
 
     // residual3 = residual2 + down(swiglu(gate_up(norm(residual2))))
-    k::linear_backward(dact, g(u, kWDown), nullptr, dresidual, act, p(u, kWDown), dtype_, N, F, C, acc);
-    k::swiglu_backward(dgate_up, dact, gate_up, N, F);
-    k::linear_backward(dbuf, g(u, kWGateUp), nullptr, dgate_up, h2, p(u, kWGateUp), dtype_, N, C, 2 * F, acc);
-    k::rmsnorm_backward(dresidual, g(u, kMlpNorm), dbuf, residual2, p(u, kMlpNorm), dtype_, rstd2, N, C);
+    backend_.linear_backward(dact, g(u, kWDown), nullptr, dresidual, act, p(u, kWDown), dtype_, N, F, C, acc);
+    backend_.swiglu_backward(dgate_up, dact, gate_up, N, F);
+    backend_.linear_backward(dbuf, g(u, kWGateUp), nullptr, dgate_up, h2, p(u, kWGateUp), dtype_, N, C, 2 * F, acc);
+    backend_.rmsnorm_backward(dresidual, g(u, kMlpNorm), dbuf, residual2, p(u, kMlpNorm), dtype_, rstd2, N, C);
     // residual2 = residual + wo(attention(rope(wqkv(norm(residual)))))
-    k::linear_backward(datty, g(u, kWo), nullptr, dresidual, atty, p(u, kWo), dtype_, N, A, C, acc);
-    k::gqa_attention_backward(dqkv, datty, qkv, att, B, T, NH, NKV, hs);
-    k::rope_backward(dqkv, inv_freq_.data(), B, T, R, NH + NKV, hs);
-    k::linear_backward(dbuf, g(u, kWqkv), nullptr, dqkv, h1, p(u, kWqkv), dtype_, N, C, R, acc);
-    k::rmsnorm_backward(dresidual, g(u, kAttnNorm), dbuf, residual, p(u, kAttnNorm), dtype_, rstd1, N, C);
+    backend_.linear_backward(datty, g(u, kWo), nullptr, dresidual, atty, p(u, kWo), dtype_, N, A, C, acc);
+    backend_.gqa_attention_backward(dqkv, datty, qkv, att, B, T, NH, NKV, hs);
+    backend_.rope_backward(dqkv, a.inv_freq.as<float>(), B, T, R, NH + NKV, hs);
+    backend_.linear_backward(dbuf, g(u, kWqkv), nullptr, dqkv, h1, p(u, kWqkv), dtype_, N, C, R, acc);
+    backend_.rmsnorm_backward(dresidual, g(u, kAttnNorm), dbuf, residual, p(u, kAttnNorm), dtype_, rstd1, N, C);
     hooks_->after_backward(u);
   }
 
   hooks_->before_backward(0);
   if (!tied) accumulate_grads(0, {});
-  k::embedding_backward(g(0, 0), nullptr, dresidual, a.inputs.as<int32_t>(), B, T, C);
+  backend_.embedding_backward(g(0, 0), nullptr, dresidual, a.inputs.as<int32_t>(), B, T, C);
   hooks_->after_backward(0);
 }
 

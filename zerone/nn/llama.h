@@ -21,7 +21,7 @@
 
 #include "zerone/core/dtype.h"
 #include "zerone/core/memory.h"
-#include "zerone/kernels/cpu/ops.h"
+#include "zerone/kernels/types.h"
 #include "zerone/nn/flat_param.h"
 #include "zerone/nn/model.h"
 
@@ -37,7 +37,7 @@ struct LlamaConfig {
   int vocab_size = 128256;    // V
   int max_seq_len = 131072;   // context length (max_position_embeddings)
   float rope_theta = 500000.0f;
-  kernels::cpu::RopeScaling rope_scaling;  // factor 0: none
+  kernels::RopeScaling rope_scaling;  // factor 0: none
   float rms_norm_eps = 1e-5f;
   bool tie_word_embeddings = true;
 
@@ -98,6 +98,7 @@ class Llama : public UnitModel {
         losses, lse, tmp_c;
     Buffer dresidual, dbuf_c, datty, dqkv, dgate_up, dact;  // backward temporaries
     Buffer inputs, targets;
+    Buffer inv_freq;  // (hs/2) the rotary frequencies, on the device
     Buffer saved;  // host copies of the saved block inputs (Note [CPU checkpointing])
   };
   void ensure_activations(int B, int T);
@@ -111,7 +112,7 @@ class Llama : public UnitModel {
   const void* head() const { return config_.tie_word_embeddings ? p(0, 0) : p(num_units() - 1, kLmHead); }
 
   LlamaConfig config_;
-  std::vector<float> inv_freq_;  // (hs/2) rotary frequencies
+  std::vector<float> inv_freq_;  // (hs/2) rotary frequencies, computed on the host (copied to Activations)
   Activations acts_;
   bool have_targets_ = false;
 };

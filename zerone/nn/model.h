@@ -12,6 +12,12 @@
 // class label each (the classifiers). A Batch carries either; the trainer's batch sources
 // (train/batch_source.h) fill it, and forward(const Batch&) is the one entry point the trainer uses.
 //
+// Note [Models and their device]: a model computes on the device backend in use when it is built
+// (kernels::device_backend(), chosen by --device), where its parameters, gradients and activations
+// live (Buffers of MemPlace::device). Every operation on them goes through that backend; the model
+// never reads or writes device memory from the host. Pointers it hands out (logits()) are device
+// memory: read them with backend().copy_to_host.
+//
 // Thread-safety: one thread drives a model.
 #pragma once
 
@@ -24,6 +30,7 @@
 
 #include "zerone/core/dtype.h"
 #include "zerone/core/memory.h"
+#include "zerone/kernels/backend.h"
 #include "zerone/nn/flat_param.h"
 
 namespace zerone::nn {
@@ -48,7 +55,7 @@ struct Batch {
   const int32_t* tokens = nullptr;   // (B,T) token ids                   [tokens]
   const float* features = nullptr;   // (B, prod(input_shape())) inputs   [features]
   const int32_t* targets = nullptr;  // (B,T) next tokens, or (B) labels; null: no loss, no backward
-  // Training forward (dropout active) or evaluation. Note [Dropout keys] in kernels/cpu/classifier.h:
+  // Training forward (dropout active) or evaluation. Note [Dropout keys] in kernels/types.h:
   // the run's seed, the step and the position of sample 0 in the step's global batch key the masks.
   bool training = false;
   uint64_t seed = 0;
@@ -59,6 +66,8 @@ struct Batch {
 class Model {
  public:
   virtual ~Model() = default;
+  // The backend of the device this model's memory lives on (Note [Models and their device]).
+  kernels::Backend& backend() const { return backend_; }
 
   // The spec string that builds this model again ("gpt2:layers=...", "llama:...").
   virtual std::string spec() const = 0;
@@ -98,7 +107,8 @@ class Model {
   void zero_grad() {
     for (FlatParam& unit : units()) unit.zero_grad();
   }
-  // Logits (B,T,logits_stride()) of the last forward; the first vocab_size() columns are real.
+  // Logits (B,T,logits_stride()) of the last forward, in device memory; the first vocab_size()
+  // columns are real.
   virtual const float* logits() const = 0;
   virtual int logits_stride() const = 0;
 
@@ -128,6 +138,9 @@ class Model {
   // The part of activation_bytes(B, T) that lives in the host place (Note [CPU checkpointing]);
   // the rest is on the device.
   virtual size_t host_activation_bytes(int /*B*/, int /*T*/) const { return 0; }
+
+ protected:
+  kernels::Backend& backend_ = kernels::device_backend();
 };
 
 // The plumbing every transformer here shares: the units, the compute dtype, the hooks, the

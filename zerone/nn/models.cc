@@ -1,5 +1,4 @@
 #include <algorithm>
-#include <cstring>
 
 #include "zerone/core/error.h"
 #include "zerone/nn/gpt2.h"
@@ -26,8 +25,8 @@ bool UnitModel::accumulate_grads(int u, std::initializer_list<int> overwritten) 
   if (!unit.grads_fresh()) return true;
   for (size_t t = 0; t < unit.tensors().size(); ++t)
     if (std::find(overwritten.begin(), overwritten.end(), static_cast<int>(t)) == overwritten.end())
-      std::memset(unit.grad(t), 0, unit.tensors()[t].numel() * sizeof(float));
-  std::memset(unit.grad() + unit.numel(), 0, (unit.padded_numel() - unit.numel()) * sizeof(float));
+      backend_.fill_zero(unit.grad(t), unit.tensors()[t].numel() * sizeof(float));
+  backend_.fill_zero(unit.grad() + unit.numel(), (unit.padded_numel() - unit.numel()) * sizeof(float));
   unit.mark_grads_written();
   return false;
 }
@@ -39,13 +38,14 @@ void Model::set_cpu_checkpointing(bool on) {
 
 void UnitModel::save_block_output(Buffer& outputs, Buffer& saved, int l, int L, size_t BTC) const {
   if (!saved_inputs_on_host() || l == L - 1) return;
-  std::memcpy(saved.as<float>() + static_cast<size_t>(l) * BTC, block_output(outputs, l, BTC), BTC * sizeof(float));
+  backend_.copy_to_host(saved.as<float>() + static_cast<size_t>(l) * BTC, block_output(outputs, l, BTC),
+                        BTC * sizeof(float));
 }
 
 void UnitModel::restore_block_input(Buffer& outputs, const Buffer& saved, int l, size_t BTC) const {
   if (!saved_inputs_on_host() || l == 0) return;
-  std::memcpy(block_output(outputs, l - 1, BTC), saved.as<float>() + static_cast<size_t>(l - 1) * BTC,
-              BTC * sizeof(float));
+  backend_.copy_to_device(block_output(outputs, l - 1, BTC), saved.as<float>() + static_cast<size_t>(l - 1) * BTC,
+                          BTC * sizeof(float));
 }
 
 std::unique_ptr<Model> make_model(const std::string& spec, DType compute_dtype, size_t align_numel, bool allocate) {

@@ -8,12 +8,8 @@
 
 #include "zerone/core/error.h"
 #include "zerone/core/rng.h"
-#include "zerone/kernels/cpu/classifier.h"
-#include "zerone/kernels/cpu/ops.h"
 
 namespace zerone::nn {
-
-namespace k = kernels::cpu;
 
 namespace {
 
@@ -220,9 +216,10 @@ Sequential::Sequential(const SequentialConfig& config, DType compute_dtype, size
   using Kind = LayerSpec::Kind;
   std::vector<int64_t> shape = config.input;
   const std::string spec = config.to_string();
-  // Note [Conv layouts] (kernels/cpu/conv.cc): convolutions output blocked; pooling and ReLU keep
-  // their input's layout; flatten and dropout convert a blocked input to plain.
-  const bool can_block = blocked_activations && k::activation_channel_block() > 0;
+  // Note [Conv layouts] (kernels/cpu/conv.cc): convolutions output blocked (where the backend has a
+  // blocked layout); pooling and ReLU keep their input's layout; flatten and dropout convert a
+  // blocked input to plain.
+  const bool can_block = blocked_activations && backend_.activation_channel_block() > 0;
   bool blocked = false;  // the layout of the next layer's input (the model's input is plain)
   for (size_t i = 0; i < config.layers.size(); ++i) {
     Layer l;
@@ -241,8 +238,8 @@ Sequential::Sequential(const SequentialConfig& config, DType compute_dtype, size
       case Kind::linear: l.convert_in = blocked; break;
     }
     blocked = l.out_blocked;
-    l.out_stored = l.out_blocked ? k::activation_numel(static_cast<int>(l.out_shape[0]), static_cast<int>(l.out_shape[1]),
-                                                       static_cast<int>(l.out_shape[2]), k::ActLayout::blocked)
+    l.out_stored = l.out_blocked ? backend_.activation_numel(static_cast<int>(l.out_shape[0]), static_cast<int>(l.out_shape[1]),
+                                                       static_cast<int>(l.out_shape[2]), kernels::ActLayout::blocked)
                                  : l.out_numel;
     ZERONE_ASSERT(!(l.convert_in && l.spec.kind == Kind::linear), "a linear layer after a blocked activation");
     l.aliases_input = l.spec.kind == Kind::flatten && !l.convert_in;
@@ -281,8 +278,8 @@ void Sequential::init_unit(int u, uint64_t seed) {
   }
 }
 
-k::Conv2dShape Sequential::conv_shape(const Layer& l, int B) const {
-  using L = k::ActLayout;
+kernels::Conv2dShape Sequential::conv_shape(const Layer& l, int B) const {
+  using L = kernels::ActLayout;
   return {B,
           static_cast<int>(l.in_shape[0]),
           static_cast<int>(l.in_shape[1]),
@@ -298,11 +295,11 @@ k::Conv2dShape Sequential::conv_shape(const Layer& l, int B) const {
           l.out_blocked ? L::blocked : L::plain};
 }
 
-k::Pool2dShape Sequential::pool_shape(const Layer& l, int B) const {
+kernels::Pool2dShape Sequential::pool_shape(const Layer& l, int B) const {
   ZERONE_ASSERT(l.in_blocked == l.out_blocked);
   return {B,         static_cast<int>(l.in_shape[0]), static_cast<int>(l.in_shape[1]), static_cast<int>(l.in_shape[2]),
           l.spec.kh, l.spec.kw,    l.spec.stride_h, l.spec.stride_w, l.spec.pad_h, l.spec.pad_w,
-          l.out_blocked ? k::ActLayout::blocked : k::ActLayout::plain};
+          l.out_blocked ? kernels::ActLayout::blocked : kernels::ActLayout::plain};
 }
 
 size_t Sequential::Plan::total() const {
@@ -328,7 +325,7 @@ Sequential::Plan Sequential::plan(int B) const {
   for (const Layer& l : layers_) {
     p.out_bytes.push_back(l.aliases_input ? 0 : b * l.out_stored * sizeof(float));
     p.in_bytes.push_back(l.convert_in && l.spec.kind == LayerSpec::Kind::dropout ? b * l.in_numel * sizeof(float) : 0);
-    p.workspace_bytes.push_back(l.spec.kind == LayerSpec::Kind::maxpool2d ? k::maxpool2d_workspace_bytes(pool_shape(l, B)) : 0);
+    p.workspace_bytes.push_back(l.spec.kind == LayerSpec::Kind::maxpool2d ? backend_.maxpool2d_workspace_bytes(pool_shape(l, B)) : 0);
     widest = std::max(widest, l.out_stored);
     if (l.spec.kind == LayerSpec::Kind::conv2d && dtype_ != DType::f32)
       weight_numel = std::max(weight_numel, units_[l.unit].tensors()[0].numel() + units_[l.unit].tensors()[1].numel());
@@ -367,8 +364,8 @@ void Sequential::ensure_buffers(int B) {
   capacity_ = B;
 }
 
-k::DropoutKey Sequential::dropout_key(size_t layer) const {
-  // Note [Dropout keys] (kernels/cpu/classifier.h): layer and step name the stream.
+kernels::DropoutKey Sequential::dropout_key(size_t layer) const {
+  // Note [Dropout keys] (kernels/types.h): layer and step name the stream.
   return {dropout_seed_, mix64(static_cast<uint64_t>(layer) * 0x9e3779b97f4a7c15ull ^ mix64(dropout_step_)),
           dropout_first_sample_};
 }
@@ -378,7 +375,7 @@ const float* Sequential::layer_input(size_t i) const { return i == 0 ? input_.as
 const float* Sequential::conv_weight(const Layer& l) {
   if (dtype_ == DType::f32) return static_cast<const float*>(p(l.unit, 0));
   const size_t n = units_[l.unit].tensors()[0].numel();
-  convert_to_f32(p(l.unit, 0), dtype_, weight_f32_.as<float>(), n);
+  backend_.convert(weight_f32_.data(), DType::f32, p(l.unit, 0), dtype_, n);
   return weight_f32_.as<float>();
 }
 
@@ -396,7 +393,7 @@ float Sequential::forward(const Batch& batch) {
   dropout_seed_ = batch.seed;
   dropout_step_ = batch.step;
   dropout_first_sample_ = batch.first_sample;
-  std::memcpy(input_.data(), batch.features, static_cast<size_t>(B) * product(config_.input) * sizeof(float));
+  backend_.copy_to_device(input_.data(), batch.features, static_cast<size_t>(B) * product(config_.input) * sizeof(float));
   out_ptr_.assign(layers_.size(), nullptr);
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Layer& l = layers_[i];
@@ -407,34 +404,34 @@ float Sequential::forward(const Batch& batch) {
     const int H = C ? static_cast<int>(l.in_shape[1]) : 0, W = C ? static_cast<int>(l.in_shape[2]) : 0;
     switch (l.spec.kind) {
       case Kind::flatten:
-        if (l.convert_in) k::activation_to_plain(y, x, B, C, H, W);
+        if (l.convert_in) backend_.activation_to_plain(y, x, B, C, H, W);
         else y = const_cast<float*>(x);
         break;
-      case Kind::relu: k::relu_forward(y, x, n); break;
+      case Kind::relu: backend_.relu_forward(y, x, n); break;
       case Kind::dropout:
         if (l.convert_in) {
-          k::activation_to_plain(ins_[i].as<float>(), x, B, C, H, W);
+          backend_.activation_to_plain(ins_[i].as<float>(), x, B, C, H, W);
           x = ins_[i].as<float>();
         }
         if (training_ && l.spec.p > 0.0f) {
-          k::dropout_forward(y, x, B, l.out_numel, l.spec.p, dropout_key(i));
+          backend_.dropout_forward(y, x, B, l.out_numel, l.spec.p, dropout_key(i));
         } else {
           y = const_cast<float*>(x);
         }
         break;
-      case Kind::maxpool2d: k::maxpool2d_forward(y, workspaces_[i].data(), x, pool_shape(l, B)); break;
+      case Kind::maxpool2d: backend_.maxpool2d_forward(y, workspaces_[i].data(), x, pool_shape(l, B)); break;
       case Kind::linear:
       case Kind::conv2d:
         hooks_->before_forward(l.unit);
         if (l.spec.kind == Kind::linear)
-          k::linear_forward(y, x, p(l.unit, 0), p(l.unit, 1), dtype_, B, static_cast<int>(l.in_numel), l.spec.out);
+          backend_.linear_forward(y, x, p(l.unit, 0), p(l.unit, 1), dtype_, B, static_cast<int>(l.in_numel), l.spec.out);
         else if (dtype_ == DType::f32)
-          k::conv2d_forward(y, x, conv_weight(l), static_cast<const float*>(p(l.unit, 1)), conv_shape(l, B));
+          backend_.conv2d_forward(y, x, conv_weight(l), static_cast<const float*>(p(l.unit, 1)), conv_shape(l, B));
         else {
           // Widen weight and bias (adjacent in the unit) together.
           const size_t wn = units_[l.unit].tensors()[0].numel();
-          convert_to_f32(p(l.unit, 0), dtype_, weight_f32_.as<float>(), wn + l.spec.out);
-          k::conv2d_forward(y, x, weight_f32_.as<float>(), weight_f32_.as<float>() + wn, conv_shape(l, B));
+          backend_.convert(weight_f32_.data(), DType::f32, p(l.unit, 0), dtype_, wn + l.spec.out);
+          backend_.conv2d_forward(y, x, weight_f32_.as<float>(), weight_f32_.as<float>() + wn, conv_shape(l, B));
         }
         hooks_->after_forward(l.unit);
         break;
@@ -443,11 +440,11 @@ float Sequential::forward(const Batch& batch) {
   }
   has_targets_ = batch.targets != nullptr;
   if (!has_targets_) return 0.0f;
-  std::memcpy(labels_.data(), batch.targets, static_cast<size_t>(B) * sizeof(int32_t));
+  backend_.copy_to_device(labels_.data(), batch.targets, static_cast<size_t>(B) * sizeof(int32_t));
   for (int b = 0; b < B; ++b)
     ZERONE_ASSERT(batch.targets[b] >= 0 && batch.targets[b] < classes_, "label ", batch.targets[b], " of sample ", b,
                   " is outside 0..", classes_ - 1, " (the batch source validates labels)");
-  return k::softmax_cross_entropy_forward(probs_.as<float>(), losses_.as<float>(), out_ptr_.back(), labels_.as<int32_t>(),
+  return backend_.softmax_cross_entropy_forward(probs_.as<float>(), losses_.as<float>(), out_ptr_.back(), labels_.as<int32_t>(),
                                           B, classes_);
 }
 
@@ -459,7 +456,7 @@ void Sequential::backward(float grad_scale) {
   const int B = batch_;
   float* dout = grad_a_.as<float>();
   float* spare = grad_b_.as<float>();
-  k::softmax_cross_entropy_backward(dout, probs_.as<float>(), labels_.as<int32_t>(), B, classes_, grad_scale);
+  backend_.softmax_cross_entropy_backward(dout, probs_.as<float>(), labels_.as<int32_t>(), B, classes_, grad_scale);
   for (size_t i = layers_.size(); i-- > 0;) {
     const Layer& l = layers_[i];
     const float* x = layer_input(i);
@@ -467,12 +464,12 @@ void Sequential::backward(float grad_scale) {
     const size_t n = static_cast<size_t>(B) * l.out_stored;
     switch (l.spec.kind) {
       case Kind::flatten: break;
-      case Kind::relu: k::relu_backward(dout, dout, out_ptr_[i], n); break;
+      case Kind::relu: backend_.relu_backward(dout, dout, out_ptr_[i], n); break;
       case Kind::dropout:
-        if (training_ && l.spec.p > 0.0f) k::dropout_backward(dout, dout, B, l.out_numel, l.spec.p, dropout_key(i));
+        if (training_ && l.spec.p > 0.0f) backend_.dropout_backward(dout, dout, B, l.out_numel, l.spec.p, dropout_key(i));
         break;
       case Kind::maxpool2d:
-        k::maxpool2d_backward(spare, dout, workspaces_[i].data(), pool_shape(l, B));
+        backend_.maxpool2d_backward(spare, dout, workspaces_[i].data(), pool_shape(l, B));
         std::swap(dout, spare);
         break;
       case Kind::linear:
@@ -480,10 +477,10 @@ void Sequential::backward(float grad_scale) {
         hooks_->before_backward(l.unit);
         const bool accumulate = accumulate_grads(l.unit, {0, 1});
         if (l.spec.kind == Kind::linear) {
-          k::linear_backward(first ? nullptr : spare, g(l.unit, 0), g(l.unit, 1), dout, x, p(l.unit, 0), dtype_, B,
+          backend_.linear_backward(first ? nullptr : spare, g(l.unit, 0), g(l.unit, 1), dout, x, p(l.unit, 0), dtype_, B,
                              static_cast<int>(l.in_numel), l.spec.out, accumulate);
         } else {
-          k::conv2d_backward(first ? nullptr : spare, g(l.unit, 0), g(l.unit, 1), dout, x, conv_weight(l),
+          backend_.conv2d_backward(first ? nullptr : spare, g(l.unit, 0), g(l.unit, 1), dout, x, conv_weight(l),
                              conv_shape(l, B), accumulate);
         }
         hooks_->after_backward(l.unit);
@@ -492,7 +489,7 @@ void Sequential::backward(float grad_scale) {
       }
     }
     if (l.convert_in && !first) {  // the plain gradient of a blocked input
-      k::activation_to_blocked(spare, dout, B, static_cast<int>(l.in_shape[0]), static_cast<int>(l.in_shape[1]),
+      backend_.activation_to_blocked(spare, dout, B, static_cast<int>(l.in_shape[0]), static_cast<int>(l.in_shape[1]),
                                static_cast<int>(l.in_shape[2]));
       std::swap(dout, spare);
     }

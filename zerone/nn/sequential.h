@@ -36,8 +36,7 @@
 #include <vector>
 
 #include "zerone/core/memory.h"
-#include "zerone/kernels/cpu/classifier.h"
-#include "zerone/kernels/cpu/conv.h"
+#include "zerone/kernels/types.h"
 #include "zerone/nn/model.h"
 
 namespace zerone::nn {
@@ -105,8 +104,8 @@ class Sequential final : public UnitModel {
     bool convert_in = false;                // flatten, dropout: a blocked input converted to plain first
     bool aliases_input = false;             // flatten (plain input), dropout (when not training)
   };
-  kernels::cpu::Conv2dShape conv_shape(const Layer& l, int B) const;
-  kernels::cpu::Pool2dShape pool_shape(const Layer& l, int B) const;
+  kernels::Conv2dShape conv_shape(const Layer& l, int B) const;
+  kernels::Pool2dShape pool_shape(const Layer& l, int B) const;
   // Sizes every buffer for B samples (reallocating when B grows); the table activation_bytes uses.
   struct Plan {
     std::vector<size_t> out_bytes, workspace_bytes;  // per layer; 0 when nothing is stored
@@ -119,7 +118,7 @@ class Sequential final : public UnitModel {
   // f32 view of a conv layer's weight: the parameters themselves for f32, else widened to scratch.
   const float* conv_weight(const Layer& l);
   const float* layer_input(size_t i) const;
-  kernels::cpu::DropoutKey dropout_key(size_t layer) const;
+  kernels::DropoutKey dropout_key(size_t layer) const;
 
   SequentialConfig config_;
   std::vector<Layer> layers_;

@@ -9,7 +9,11 @@
 namespace zerone::optim {
 
 AdamW::AdamW(std::vector<ShardRef> shards, DType param_dtype, const AdamWOptions& options, MemPlace state_place)
-    : shards_(std::move(shards)), param_dtype_(param_dtype), options_(options) {
+    : shards_(std::move(shards)),
+      param_dtype_(param_dtype),
+      options_(options),
+      state_place_(state_place),
+      backend_(kernels::backend_for(state_place)) {
   state_.resize(shards_.size());
   for (size_t i = 0; i < shards_.size(); ++i) {
     const ShardRef& s = shards_[i];
@@ -18,7 +22,7 @@ AdamW::AdamW(std::vector<ShardRef> shards, DType param_dtype, const AdamWOptions
     st.v = Buffer(s.numel * sizeof(float), MemCategory::optim, state_place);
     if (param_dtype_ != DType::f32) {
       st.master = Buffer(s.numel * sizeof(float), MemCategory::master, state_place);
-      convert_to_f32(s.param, param_dtype_, st.master.as<float>(), s.numel);
+      backend_.convert(st.master.data(), DType::f32, s.param, param_dtype_, s.numel);
     }
     for (auto [b, e] : s.decay_ranges) ZERONE_ASSERT(b <= e && e <= s.numel, "bad decay range");
   }
@@ -28,8 +32,8 @@ float* AdamW::master(size_t i) {
   return param_dtype_ == DType::f32 ? static_cast<float*>(shards_[i].param) : state_[i].master.as<float>();
 }
 
-kernels::cpu::AdamWHyper AdamW::hyper(const AdamWOptions& options, float lr, float grad_scale, int step) {
-  kernels::cpu::AdamWHyper h;
+kernels::AdamWHyper AdamW::hyper(const AdamWOptions& options, float lr, float grad_scale, int step) {
+  kernels::AdamWHyper h;
   h.lr = lr;
   h.beta1 = options.beta1;
   h.beta2 = options.beta2;
@@ -39,16 +43,16 @@ kernels::cpu::AdamWHyper AdamW::hyper(const AdamWOptions& options, float lr, flo
   return h;
 }
 
-double AdamW::update_slice(const ShardRef& s, DType param_dtype, const AdamWOptions& options,
-                           kernels::cpu::AdamWHyper h, size_t begin, size_t end, float* master, float* m, float* v) {
+double AdamW::update_slice(kernels::Backend& backend, const ShardRef& s, DType param_dtype, const AdamWOptions& options,
+                           kernels::AdamWHyper h, size_t begin, size_t end, float* master, float* m, float* v) {
   ZERONE_ASSERT(begin <= end && end <= s.numel);
   void* param_out = param_dtype == DType::f32 ? nullptr : s.param;
   double sumsq = 0.0;
   for_each_decay_run(s, begin, end, options.weight_decay, [&](size_t b, size_t e, float wd) {
     h.weight_decay = wd;
     void* p = param_out ? static_cast<char*>(param_out) + b * dtype_size(param_dtype) : nullptr;
-    sumsq += kernels::cpu::adamw_update(master + (b - begin), m + (b - begin), v + (b - begin), s.grad + b, p,
-                                        param_dtype, e - b, h);
+    sumsq += backend.adamw_update(master + (b - begin), m + (b - begin), v + (b - begin), s.grad + b, p, param_dtype,
+                                  e - b, h);
   });
   return sumsq;
 }
@@ -76,7 +80,7 @@ void AdamW::begin_step(float lr, float grad_scale) {
 
 double AdamW::update_shard(size_t i, size_t /*next_shard*/) {
   ProfileScope profile(ProfileCategory::optimizer);
-  return update_slice(shards_[i], param_dtype_, options_, h_, 0, shards_[i].numel, master(i), m(i), v(i));
+  return update_slice(backend_, shards_[i], param_dtype_, options_, h_, 0, shards_[i].numel, master(i), m(i), v(i));
 }
 
 std::vector<float*> AdamW::undo_tensors(size_t i) {
@@ -87,8 +91,9 @@ std::vector<float*> AdamW::undo_tensors(size_t i) {
 void Optimizer::save_undo(size_t i, void* dst) {
   char* out = static_cast<char*>(dst);
   const size_t bytes = numel(i) * sizeof(float);
+  kernels::Backend& backend = kernels::backend_for(state_place());
   for (float* t : undo_tensors(i)) {
-    std::memcpy(out, t, bytes);
+    backend.copy(out, state_place(), t, state_place(), bytes);
     out += bytes;
   }
 }
@@ -96,8 +101,9 @@ void Optimizer::save_undo(size_t i, void* dst) {
 void Optimizer::restore_undo(size_t i, const void* src) {
   const char* in = static_cast<const char*>(src);
   const size_t bytes = numel(i) * sizeof(float);
+  kernels::Backend& backend = kernels::backend_for(state_place());
   for (float* t : undo_tensors(i)) {
-    std::memcpy(t, in, bytes);
+    backend.copy(t, state_place(), in, state_place(), bytes);
     in += bytes;
   }
 }

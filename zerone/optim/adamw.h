@@ -8,7 +8,9 @@
 // parameters back rounded to the compute dtype (RNE). At world size 1 the shard is the whole unit;
 // the ZeRO engine hands in each rank's slice, so the same code serves every stage.
 //
-// The state lives on `state_place` (device, or host for --offload-optimizer cpu); the NVMe-swapped
+// The state lives on `state_place` (device, or host for --offload-optimizer cpu) and the updates
+// run on that place's backend (kernels::backend_for), the parameters and gradients handed in being
+// memory of the same place; the NVMe-swapped
 // variant (zero/offload.h) shares the update through AdamW::update_slice, so every placement
 // computes bit for bit the same numbers.
 //
@@ -24,7 +26,7 @@
 
 #include "zerone/core/dtype.h"
 #include "zerone/core/memory.h"
-#include "zerone/kernels/cpu/adamw.h"
+#include "zerone/kernels/backend.h"
 
 namespace zerone::optim {
 
@@ -116,6 +118,8 @@ class Optimizer {
   // are forgotten). The next begin_step() then begins the same step again. Call it only before
   // end_step().
   virtual std::vector<float*> undo_tensors(size_t /*i*/) { return {}; }
+  // Where undo_tensors live (the place of save_undo's `dst` too).
+  virtual MemPlace state_place() const { return MemPlace::device; }
   size_t undo_bytes(size_t i) { return undo_tensors(i).size() * numel(i) * sizeof(float); }
   void save_undo(size_t i, void* dst);
   void restore_undo(size_t i, const void* src);
@@ -137,12 +141,14 @@ class AdamW final : public Optimizer {
         MemPlace state_place = MemPlace::device);
 
   // The hyper-parameters of step number `step` (1-based).
-  static kernels::cpu::AdamWHyper hyper(const AdamWOptions& options, float lr, float grad_scale, int step);
+  static kernels::AdamWHyper hyper(const AdamWOptions& options, float lr, float grad_scale, int step);
   // Updates elements [begin, end) of `shard`: `master`, `m`, `v` point at element `begin`'s state
   // (master may be the parameters themselves for f32). Applies weight decay where the shard's
   // decay ranges say. Returns the gradients' sum of squares. The only update code of every placement.
-  static double update_slice(const ShardRef& shard, DType param_dtype, const AdamWOptions& options,
-                             kernels::cpu::AdamWHyper h, size_t begin, size_t end, float* master, float* m, float* v);
+  // `backend` runs on the memory of every pointer involved.
+  static double update_slice(kernels::Backend& backend, const ShardRef& shard, DType param_dtype,
+                             const AdamWOptions& options, kernels::AdamWHyper h, size_t begin, size_t end, float* master,
+                             float* m, float* v);
 
   // One update with learning rate `lr`; every gradient is multiplied by grad_scale first
   // (clipping factor / inverse loss scale). Reads the gradients and leaves them as they were: the
@@ -157,6 +163,7 @@ class AdamW final : public Optimizer {
   void begin_step(float lr, float grad_scale) override;
   double update_shard(size_t i, size_t next_shard = kNoShard) override;
   std::vector<float*> undo_tensors(size_t i) override;
+  MemPlace state_place() const override { return state_place_; }
   void abort_step() override { --step_; }
 
   size_t num_shards() const override { return shards_.size(); }
@@ -182,8 +189,10 @@ class AdamW final : public Optimizer {
   std::vector<State> state_;
   DType param_dtype_;
   AdamWOptions options_;
+  MemPlace state_place_;
+  kernels::Backend& backend_;  // of state_place_
   int step_ = 0;
-  kernels::cpu::AdamWHyper h_{};  // of the step begun last
+  kernels::AdamWHyper h_{};  // of the step begun last
 };
 
 }  // namespace zerone::optim

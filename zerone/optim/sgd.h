@@ -8,6 +8,7 @@
 //   p -= lr * g
 // State: the f32 master (category `master`; none for f32 training, where the parameters are the
 // master) and, when momentum != 0, the momentum buffer b (category `optim`), on `state_place`.
+// Updates run on the state place's backend (kernels/cpu/sgd.h is the arithmetic's spec).
 // Nesterov needs momentum > 0 and dampening 0 (as PyTorch requires); the constructor throws Error
 // otherwise.
 //
@@ -42,6 +43,7 @@ class SGD final : public Optimizer {
   // update_shard(i) writes besides the parameters is the master (unless the parameters are the
   // master) and the momentum buffer (unless momentum is 0).
   std::vector<float*> undo_tensors(size_t i) override { return state_tensors(i); }
+  MemPlace state_place() const override { return state_place_; }
   void abort_step() override { --step_; }
   size_t num_shards() const override { return shards_.size(); }
   size_t numel(size_t i) const override { return shards_[i].numel; }
@@ -60,9 +62,11 @@ class SGD final : public Optimizer {
 
   // Updates elements [begin, end) of `shard` (master and momentum point at element `begin`'s
   // state; momentum null when options.momentum is 0). `first` marks the first step (the buffer
-  // is initialized to the gradient). Returns the gradients' sum of squares.
-  static double update_slice(const ShardRef& shard, DType param_dtype, const SGDOptions& options, float lr,
-                             float grad_scale, bool first, size_t begin, size_t end, float* master, float* momentum);
+  // is initialized to the gradient). Returns the gradients' sum of squares. `backend` runs on the
+  // memory of every pointer involved.
+  static double update_slice(kernels::Backend& backend, const ShardRef& shard, DType param_dtype,
+                             const SGDOptions& options, float lr, float grad_scale, bool first, size_t begin,
+                             size_t end, float* master, float* momentum);
 
  private:
   struct State {
@@ -72,6 +76,8 @@ class SGD final : public Optimizer {
   std::vector<State> state_;
   DType param_dtype_;
   SGDOptions options_;
+  MemPlace state_place_;
+  kernels::Backend& backend_;  // of state_place_
   int64_t step_ = 0;
   float lr_ = 0.0f, grad_scale_ = 1.0f;  // of the step begun last
   bool first_ = false;                  // it is the first step (the momentum buffer = gradient)

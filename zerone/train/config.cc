@@ -1,5 +1,7 @@
 #include "zerone/train/config.h"
 
+#include "zerone/kernels/backend.h"
+
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -778,6 +780,7 @@ void validate(const TrainConfig& c) {
   check_int("--allgather-bucket-size", c.allgather_bucket_size);
   check_int("--stage3-prefetch-bucket-size", c.stage3_prefetch_bucket_size);
   check_int("--stage3-param-persistence-threshold", c.stage3_param_persistence_threshold);
+  if (!c.device.empty()) (void)kernels::parse_device_kind(c.device);  // throws naming --device
   ZERONE_CHECK(std::isfinite(c.device_mem_limit) && c.device_mem_limit >= 0.0, "--device-mem-limit ",
                c.device_mem_limit, " is out of range: expected a number of GiB >= 0 (0: no limit)");
   for (auto [flag, value] : {std::pair{"--offload-optimizer", &c.offload_optimizer}, {"--offload-param", &c.offload_param}})
@@ -939,6 +942,7 @@ std::vector<std::pair<std::string, std::string>> consistency_settings(const Trai
           {"--loss-scale-window", str_cat(c.loss_scale_window)},
           {"--hysteresis", str_cat(c.hysteresis)},
           {"--min-loss-scale", str_cat(c.min_loss_scale)},
+          {"--device", c.device},
           {"--device-mem-limit", str_cat(c.device_mem_limit)},
           {"--offload-optimizer", c.offload_optimizer},
           {"--offload-param", c.offload_param},

@@ -74,13 +74,17 @@ void sample(const SampleOptions& o, const std::function<void(const std::string&)
   for (int32_t t : tokens) emit(decode(t));
 
   Rng rng(o.seed, 0x5a3b1e);
-  std::vector<float> probs(vocab);
+  std::vector<float> probs(vocab), logits_row(vocab);
   for (int i = 0; i < o.num_tokens; ++i) {
     // The context is the last maxT tokens; recompute the forward over it (simple and exact).
     size_t ctx = std::min<size_t>(tokens.size(), max_seq);
     const int32_t* window = tokens.data() + tokens.size() - ctx;
     model->forward(window, nullptr, 1, static_cast<int>(ctx));
-    const float* logits = model->logits() + (ctx - 1) * static_cast<size_t>(model->logits_stride());  // (Vp) of the last position
+    // The logits of the last position (vocab), from the device.
+    model->backend().copy_to_host(logits_row.data(),
+                                  model->logits() + (ctx - 1) * static_cast<size_t>(model->logits_stride()),
+                                  vocab * sizeof(float));
+    const float* logits = logits_row.data();
     int32_t next = 0;
     if (o.temperature == 0.0f) {
       next = static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);

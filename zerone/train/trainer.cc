@@ -92,8 +92,10 @@ std::optional<Evaluation> evaluate(nn::Model& model, BatchSource& source, uint64
     }
     sums[0] += static_cast<double>(loss) * batch.size;
     sums[1] += batch.size;
-    const float* logits = model.logits();
     const int K = model.logits_stride();
+    std::vector<float> logits_host(static_cast<size_t>(batch.size) * K);  // (B, K) from the device
+    model.backend().copy_to_host(logits_host.data(), model.logits(), logits_host.size() * sizeof(float));
+    const float* logits = logits_host.data();
     for (int b = 0; b < batch.size; ++b) {
       const float* row = logits + static_cast<size_t>(b) * K;
       sums[2] += std::max_element(row, row + model.vocab_size()) - row == batch.targets[b] ? 1 : 0;
@@ -453,6 +455,8 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   } else {
     ZERONE_CHECK(!cfg.model.empty(), "--model is required with --data (or --init FILE to take the shape from a checkpoint)");
   }
+  // Note [Models and their device] (nn/model.h): the device is chosen before anything lives on it.
+  kernels::use_device(cfg.device.empty() ? kernels::default_device() : kernels::parse_device_kind(cfg.device));
   std::unique_ptr<nn::Model> model_owner = nn::make_model(model_spec, dtype, zero::kShardAlign * world, /*allocate=*/false);
   nn::Model& model = *model_owner;
   model.set_activation_checkpointing(cfg.activation_checkpointing);

@@ -17,34 +17,12 @@
 
 namespace zerone::zero {
 
-// Note [Deterministic gradient norm]: the sum of squares of a gradient shard, in f64, in fixed
-// blocks of kNormBlock elements whose partial sums are added in order, so the result does not
-// depend on the number of OpenMP threads or on how their reductions are combined; every path
-// that measures the norm before an update (step(), the speculative early step, --delayed-update)
-// uses it, so they agree to the bit. With swapped gradients (Note [Gradient swap]) each unit's sum
-// is measured with it as the last micro-step finishes and kept (UnitState::grad_sumsq); the other
-// paths then take that value (unit_grad_sumsq), so again every path adds the same per-unit sums.
-namespace {
-constexpr size_t kNormBlock = size_t{1} << 14;
-double grad_sumsq(const float* g, size_t n, float* copy_to = nullptr) {
-  const size_t blocks = (n + kNormBlock - 1) / kNormBlock;
-  auto block = [&](size_t b) {
-    const size_t lo = b * kNormBlock, hi = std::min(n, lo + kNormBlock);
-    double s = 0.0;
-    if (copy_to) std::memcpy(copy_to + lo, g + lo, (hi - lo) * sizeof(float));
-#pragma omp simd reduction(+ : s)
-    for (size_t k = lo; k < hi; ++k) s += static_cast<double>(g[k]) * g[k];
-    return s;
-  };
-  if (blocks <= 1) return blocks == 1 ? block(0) : 0.0;
-  std::vector<double> part(blocks);
-#pragma omp parallel for schedule(static) if (blocks > 4)
-  for (size_t b = 0; b < blocks; ++b) part[b] = block(b);
-  double total = 0.0;
-  for (double p : part) total += p;
-  return total;
-}
-}  // namespace
+// Note [Deterministic gradient norm] (kernels/cpu/reduce.h): every path that measures the norm
+// before an update (step(), the speculative early step, --delayed-update) uses the backend's
+// sum_squares, whose order depends only on the length, so they agree to the bit. With swapped
+// gradients (Note [Gradient swap]) each unit's sum is measured as the last micro-step finishes and
+// kept (UnitState::grad_sumsq); the other paths then take that value (unit_grad_sumsq), so again
+// every path adds the same per-unit sums.
 
 ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroConfig& config,
                        const optim::OptimizerOptions& optimizer, const Materialize& materialize, const NvmeConfig& nvme)
@@ -54,6 +32,8 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
       world_(comm.world_size()),
       rank_(comm.rank()),
       num_units_(model.num_units()),
+      device_(model.backend()),
+      device_comm_(comm, model.backend()),
       dsize_(dtype_size(model.compute_dtype())),
       pool_(static_cast<size_t>(
                 working_set_bytes(model.unit_numels(), world_, model.compute_dtype(), config).device()),
@@ -71,6 +51,15 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
   ZERONE_CHECK(!config.delayed_update || config.offload_param != OffloadDevice::nvme,
                "--delayed-update cannot be combined with --offload-param nvme (the optimizer thread and the "
                "forward would share the parameter swap); use --offload-param cpu or none");
+  // Note [Offload on a device the host cannot address]: moving optimizer state and parameter
+  // shards between the device and host memory (pinned staging, copies overlapped with backward) is
+  // the GPU offload work still to come; until then a device whose memory is not host memory runs
+  // without offload, refused here before anything is built.
+  ZERONE_CHECK(device_.host_addressable() ||
+                   (config.offload_optimizer == OffloadDevice::none && config.offload_param == OffloadDevice::none),
+               "--device ", kernels::device_kind_name(device_.kind()), " does not offload yet: --offload-optimizer ",
+               offload_device_name(config.offload_optimizer), " and --offload-param ",
+               offload_device_name(config.offload_param), " need --device cpu (or none on this device)");
   ZERONE_CHECK(config.offload_optimizer_ratio >= 0.0 && config.offload_optimizer_ratio <= 1.0,
                "offload_optimizer.ratio ", config.offload_optimizer_ratio, " is out of range: expected [0, 1]");
   // Note [Partial optimizer offload]: how much of each optimizer shard is offloaded; a unit's
@@ -171,31 +160,47 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
     const MemPlace grad_shard_place = offloaded[u] > 0 ? MemPlace::host : MemPlace::device;
     if (!unit.has_params()) {
       ZERONE_ASSERT(materialize, "unit ", u, " has no parameters and no way to materialize them");
-      unit.allocate_params();
-      materialize(u);
+      if (device_.host_addressable()) {
+        unit.allocate_params();
+        materialize(u);
+      } else {
+        // Note [Materializing on a device]: initialization and the checkpoint readers write the
+        // parameters from the host, so the unit is filled in host memory and copied over whole.
+        unit.set_params(Buffer(unit.param_bytes(), MemCategory::param, MemPlace::host));
+        materialize(u);
+        Buffer on_device(unit.param_bytes(), MemCategory::param, MemPlace::device);
+        Buffer on_host = unit.take_params();
+        device_.copy_to_device(on_device.data(), on_host.data(), on_host.bytes());
+        unit.set_params(std::move(on_device));
+      }
     }
     if (config_.stage <= 1) unit.allocate_grads();
     else unit.release_grads();
 
     optim::ShardRef ref;
     ref.numel = numel;
+    MemPlace param_place = MemPlace::device;  // of ref.param
     st.opt_numel = numel;
     if (params_swapped(u) && stream_params) {
       retire_init_writes(1);
       st.shard_params = acquire_staging(st.swap_bytes);
-      std::memcpy(st.shard_params.data(), static_cast<char*>(unit.data()) + begin * dsize_, numel * dsize_);
+      device_.copy_to_host(st.shard_params.data(), static_cast<char*>(unit.data()) + begin * dsize_, numel * dsize_);
       init_writes.emplace_back(u, param_io_->start(io::IoOp::write, param_fd_.get(), param_path_, st.shard_params.data(),
                                                    st.swap_bytes, st.swap_offset));
       ref.param = nullptr;  // set before each update (load_shard_for_update)
+      param_place = MemPlace::host;
     } else if (params_swapped(u)) {
       // Staged on the host until the optimizer has read it, then written to params.swp.
       st.shard_params = Buffer(st.swap_bytes, MemCategory::param, MemPlace::host, kSwapAlignBytes);
-      std::memcpy(st.shard_params.data(), static_cast<char*>(unit.data()) + begin * dsize_, numel * dsize_);
+      device_.copy_to_host(st.shard_params.data(), static_cast<char*>(unit.data()) + begin * dsize_, numel * dsize_);
       ref.param = st.shard_params.data();
+      param_place = MemPlace::host;
     } else if (params_sharded(u)) {
       st.shard_params = Buffer(st.shard.shard_numel * dsize_, MemCategory::param, offload_place(config_.offload_param));
-      std::memcpy(st.shard_params.data(), static_cast<char*>(unit.data()) + begin * dsize_, numel * dsize_);
+      device_.copy(st.shard_params.data(), st.shard_params.place(), static_cast<char*>(unit.data()) + begin * dsize_,
+                   MemPlace::device, numel * dsize_);
       ref.param = st.shard_params.data();
+      param_place = st.shard_params.place();
     } else {
       ref.param = static_cast<char*>(unit.data()) + begin * dsize_;
     }
@@ -206,7 +211,7 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
       st.shard_grads = Buffer(st.shard.shard_numel * sizeof(float), MemCategory::grad, grad_shard_place);
       ref.grad = st.shard_grads.as<float>();
     } else {
-      ref.grad = unit.grad();  // stage 1: the reduce-scatter is in place, the shard lands at offset 0
+      ref.grad = unit.grad() + comm_.in_place_shard_offset(st.shard.shard_numel);  // stage 1: reduced in place
     }
     for (const nn::TensorSpec& t : unit.tensors()) {
       if (!t.weight_decay) continue;
@@ -220,7 +225,7 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
       grad_src_.push_back(ref.grad);
       dpu_grads_.emplace_back(std::max<size_t>(numel, 1) * sizeof(float), MemCategory::grad, place);
       dpu_params_.emplace_back(std::max<size_t>(numel, 1) * dsize_, MemCategory::param, place);
-      std::memcpy(dpu_params_.back().data(), ref.param, numel * dsize_);
+      device_.copy(dpu_params_.back().data(), place, ref.param, param_place, numel * dsize_);
       ref.grad = dpu_grads_.back().as<float>();
       ref.param = dpu_params_.back().data();
     }
@@ -425,7 +430,7 @@ void ZeroEngine::launch_gather(int u, const char* shard, char* full) {
   for (size_t off = 0; off < S; off += config_.allgather_bucket_numel) {
     const size_t n = std::min(config_.allgather_bucket_numel, S - off);
     st.gather_work.push_back(
-        comm_.all_gather_strided_async(shard + off * dsize_, full + off * dsize_, n * dsize_, S * dsize_));
+        device_comm_.all_gather_strided_async(shard + off * dsize_, full + off * dsize_, n * dsize_, S * dsize_));
   }
 }
 
@@ -528,11 +533,12 @@ void ZeroEngine::launch_reduction(int u) {
   if (config_.stage == 0) {
     // All-reduce in buckets of at most reduce_bucket_numel elements.
     for (size_t off = 0; off < P; off += config_.reduce_bucket_numel)
-      st.reduce_work.push_back(comm_.all_reduce_sum_async(unit.grad() + off, std::min(config_.reduce_bucket_numel, P - off)));
+      st.reduce_work.push_back(
+          device_comm_.all_reduce_sum_async(unit.grad() + off, std::min(config_.reduce_bucket_numel, P - off)));
     return;
   }
   if (config_.stage == 1) {
-    st.reduce_work.push_back(comm_.reduce_scatter_sum_async(unit.grad(), unit.grad(), S));
+    st.reduce_work.push_back(device_comm_.reduce_scatter_sum_async(unit.grad(), unit.grad(), S));
     return;
   }
   ZERONE_ASSERT(st.reduce_work.empty(), "unit ", u, " reduced twice in one micro-step");
@@ -548,7 +554,7 @@ void ZeroEngine::launch_reduction(int u) {
     st.reduce_out = pool_.acquire(S * sizeof(float), MemCategory::comm, /*zeroed=*/false);
     out = st.reduce_out.as<float>();
   }
-  st.reduce_work.push_back(comm_.reduce_scatter_sum_async(st.reduce_src.as<float>(), out, S));
+  st.reduce_work.push_back(device_comm_.reduce_scatter_sum_async(st.reduce_src.as<float>(), out, S));
   reducing_.push_back(u);
   reducing_numel_ += P;
 }
@@ -582,8 +588,7 @@ void ZeroEngine::finish_reduction(int u) {
   const size_t S = st.shard.shard_numel;
   auto accumulate = [&](float* acc) {
     const float* in = st.reduce_out.as<float>();
-#pragma omp parallel for simd schedule(static) if (S > 65536)
-    for (size_t i = 0; i < S; ++i) acc[i] += in[i];
+    device_.accumulate(acc, in, S);
     pool_.release(std::move(st.reduce_out));
   };
   if (grads_swapped_) {
@@ -604,7 +609,7 @@ void ZeroEngine::finish_reduction(int u) {
     if (last_micro_step_) {
       // The norm of the step's gradients, as step()'s pass would measure it (the same function,
       // Note [Deterministic gradient norm]).
-      st.grad_sumsq = grad_sumsq(acc, S);
+      st.grad_sumsq = device_.sum_squares(acc, S);
     }
     st.grad_write = grad_io_->start(io::IoOp::write, grad_fd_.get(), grad_path_, acc, st.grad_bytes, st.grad_offset);
     grad_writes_.push_back(u);
@@ -767,7 +772,7 @@ double ZeroEngine::reduce_grad_norm_sq(double local_sumsq) const {
 double ZeroEngine::unit_grad_sumsq(int u) {
   // Note [Gradient swap]: the slot's sum was measured as the last micro-step finished.
   if (grads_swapped_) return units_[u].grad_sumsq;
-  return grad_sumsq(optimizer_->grad(static_cast<size_t>(u)), optimizer_->numel(static_cast<size_t>(u)));
+  return device_.sum_squares(optimizer_->grad(static_cast<size_t>(u)), optimizer_->numel(static_cast<size_t>(u)));
 }
 
 double ZeroEngine::local_grad_sumsq() {
@@ -816,7 +821,8 @@ void ZeroEngine::early_update(int u, int next) {
     // Note [Speculative early step]: measure, and keep what the update overwrites in memory.
     ZERONE_ASSERT(u > 0, "the first unit is never updated before the step is validated");
     st.sumsq = unit_grad_sumsq(u);
-    if (!st.undo_param.empty()) std::memcpy(st.undo_param.data(), st.opt_param, st.opt_numel * dsize_);
+    if (!st.undo_param.empty())
+      device_.copy(st.undo_param.data(), st.undo_param.place(), st.opt_param, st.undo_param.place(), st.opt_numel * dsize_);
     if (!st.undo_optim.empty()) optimizer_->save_undo(static_cast<size_t>(u), st.undo_optim.data());
   }
   load_grad(u);
@@ -836,7 +842,8 @@ std::vector<int> ZeroEngine::take_back_early() {
     taken_back.push_back(u);
     UnitState& st = units_[u];
     wait_gather(u);
-    if (!st.undo_param.empty()) std::memcpy(st.opt_param, st.undo_param.data(), st.opt_numel * dsize_);
+    if (!st.undo_param.empty())
+      device_.copy(st.opt_param, st.undo_param.place(), st.undo_param.data(), st.undo_param.place(), st.opt_numel * dsize_);
     if (!st.undo_optim.empty()) optimizer_->restore_undo(static_cast<size_t>(u), st.undo_optim.data());
     st.swap_dirty = false;  // the spare slot is forgotten; the current one holds the shard
     early_.updated[u] = 0;
@@ -1047,12 +1054,14 @@ void ZeroEngine::install_delayed() {
     UnitState& st = units_[u];
     const void* fresh = dpu_params_[u].data();
     if (config_.stage == 0) {
-      std::memcpy(unit.data(), fresh, unit.numel() * dsize_);
+      device_.copy(unit.data(), MemPlace::device, fresh, dpu_params_[u].place(), unit.numel() * dsize_);
     } else if (params_sharded(u)) {
-      std::memcpy(st.shard_params.data(), fresh, st.shard.shard_numel * dsize_);
+      device_.copy(st.shard_params.data(), st.shard_params.place(), fresh, dpu_params_[u].place(),
+                   st.shard.shard_numel * dsize_);
     } else {
       char* full = static_cast<char*>(unit.data());
-      std::memcpy(full + st.shard.shard_begin * dsize_, fresh, st.shard.shard_numel * dsize_);
+      device_.copy(full + st.shard.shard_begin * dsize_, MemPlace::device, fresh, dpu_params_[u].place(),
+                   st.shard.shard_numel * dsize_);
       launch_gather(u, full + st.shard.shard_begin * dsize_, full);
     }
   }
@@ -1066,7 +1075,7 @@ ZeroEngine::StepResult ZeroEngine::step_delayed(float lr, float grad_clip, doubl
   // measure them on the way; the model's gradient buffers are free for the next step after this.
   double local = 0.0;
   for (size_t i = 0; i < optimizer_->num_shards(); ++i)  // as step() measures it (Note [Deterministic gradient norm])
-    local += grad_sumsq(grad_src_[i], optimizer_->numel(i), dpu_grads_[i].as<float>());
+    local += device_.sum_squares(grad_src_[i], optimizer_->numel(i), dpu_grads_[i].as<float>());
   for (UnitState& st : units_) st.accumulator_zero = true;
   if (config_.stage <= 1)
     for (int u = 0; u < num_units_; ++u) model_.units()[u].mark_grads_fresh();
@@ -1101,7 +1110,31 @@ void ZeroEngine::with_full_params(const std::function<void()>& fn) {
     if (params_sharded(u) && !model_.units()[u].has_params()) gathered.push_back(u);
     ensure_params(u);
   }
-  fn();
+  // Where the host cannot read device memory, fn sees host copies of the units, and the device
+  // buffers are put back afterwards, also when fn throws.
+  std::vector<Buffer> on_device;
+  if (!device_.host_addressable()) {
+    for (nn::FlatParam& unit : model_.units()) {
+      Buffer host(unit.param_bytes(), MemCategory::param, MemPlace::host);
+      device_.copy_to_host(host.data(), unit.data(), unit.param_bytes());
+      on_device.push_back(unit.take_params());
+      unit.set_params(std::move(host));
+    }
+  }
+  auto put_back = [&] {
+    for (size_t u = 0; u < on_device.size(); ++u) {
+      model_.units()[u].take_params();  // the host copy goes
+      model_.units()[u].set_params(std::move(on_device[u]));
+    }
+    on_device.clear();
+  };
+  try {
+    fn();
+  } catch (...) {
+    put_back();
+    throw;
+  }
+  put_back();
   for (int u : gathered) release(u);
 }
 
@@ -1147,10 +1180,12 @@ void ZeroEngine::save_state(const StateSink& sink, const ExtentSink& extent_sink
       sink(u, "param", dtype, b, e - b, staged.data());
       stage_pool_.release(std::move(staged));
     } else if (params_sharded(u)) {
-      sink(u, "param", dtype, b, e - b, st.shard_params.data());
+      with_host_view(st.shard_params.data(), st.shard_params.place(), (e - b) * dsize_,
+                     [&](const void* host) { sink(u, "param", dtype, b, e - b, host); });
     } else {
       wait_gather(u);
-      sink(u, "param", dtype, b, e - b, static_cast<const char*>(model_.units()[u].data()) + b * dsize_);
+      with_host_view(static_cast<const char*>(model_.units()[u].data()) + b * dsize_, MemPlace::device, (e - b) * dsize_,
+                     [&](const void* host) { sink(u, "param", dtype, b, e - b, host); });
     }
   }
   const std::vector<std::string> names = optimizer_->state_names();
@@ -1171,8 +1206,18 @@ void ZeroEngine::save_state(const StateSink& sink, const ExtentSink& extent_sink
     const size_t origin = config_.stage == 0 ? 0 : units_[u].shard.shard_begin;  // shard element 0 in the unit
     auto [b, e] = saved_range(u);
     const size_t pb = std::max(b, origin + piece.begin), pe = std::min(e, origin + piece.begin + piece.count);
-    if (pb < pe) sink(u, names[piece.tensor], DType::f32, pb, pe - pb, data + (pb - origin - piece.begin));
+    if (pb < pe)
+      with_host_view(data + (pb - origin - piece.begin), optimizer_->state_place(), (pe - pb) * sizeof(float),
+                     [&](const void* host) { sink(u, names[piece.tensor], DType::f32, pb, pe - pb, host); });
   });
+}
+
+void ZeroEngine::with_host_view(const void* data, MemPlace place, size_t bytes,
+                                const std::function<void(const void* host)>& fn) {
+  if (place != MemPlace::device || device_.host_addressable()) return fn(data);
+  std::vector<char> host(bytes);
+  device_.copy_to_host(host.data(), data, bytes);
+  fn(host.data());
 }
 
 void ZeroEngine::load_optimizer_state(const StateSource& source, int64_t optimizer_steps) {
@@ -1183,8 +1228,13 @@ void ZeroEngine::load_optimizer_state(const StateSource& source, int64_t optimiz
     const size_t origin = config_.stage == 0 ? 0 : sh.shard_begin;
     const size_t b = origin + piece.begin, e = std::min(sh.numel, b + piece.count);
     const size_t real = e > b ? e - b : 0;
-    if (real > 0) source(u, names[piece.tensor], b, real, data);
-    std::fill(data + real, data + piece.count, 0.0f);  // padding: zero, as it always is
+    kernels::Backend& backend = kernels::backend_for(optimizer_->state_place());
+    if (real > 0) {
+      std::vector<float> host(real);
+      source(u, names[piece.tensor], b, real, host.data());
+      backend.copy(data, optimizer_->state_place(), host.data(), MemPlace::host, real * sizeof(float));
+    }
+    backend.fill_zero(data + real, (piece.count - real) * sizeof(float));  // padding: zero, as it always is
   });
   optimizer_->set_steps_taken(optimizer_steps);
 }

@@ -30,6 +30,8 @@
 #include <vector>
 
 #include "zerone/comm/communicator.h"
+#include "zerone/comm/device_communicator.h"
+#include "zerone/kernels/backend.h"
 #include "zerone/core/memory.h"
 #include "zerone/nn/model.h"
 #include "zerone/optim/optimizers.h"
@@ -105,8 +107,9 @@ class ZeroEngine : public nn::UnitHooks {
   // finish_delayed_update() so the final model holds every update. No-op without the flag.
   void finish_delayed_update();
 
-  // Runs `fn` with every unit's full parameters present (stage 3 gathers them first and releases
-  // them after), e.g. to write a checkpoint. Collective: every rank must call it.
+  // Runs `fn` with every unit's full parameters present in host-readable memory (stage 3 gathers
+  // them first and releases them after; on a device whose memory the host cannot read, the units
+  // hold host copies during the call), e.g. to write a checkpoint. Collective: every rank must call it.
   void with_full_params(const std::function<void()>& fn);
 
   // Note [Checkpoint state]: a checkpoint holds the engine's state in unit coordinates (element e
@@ -227,12 +230,18 @@ class ZeroEngine : public nn::UnitHooks {
   double unit_grad_sumsq(int u);
   double local_grad_sumsq();
 
+  // Hands fn `bytes` at `data` (memory of `place`) as host memory: itself where the host can read
+  // it, else a host copy (checkpoints read device memory this way).
+  void with_host_view(const void* data, MemPlace place, size_t bytes, const std::function<void(const void* host)>& fn);
+
   nn::Model& model_;
-  comm::Communicator& comm_;
+  comm::Communicator& comm_;  // host values (the gradient norm)
   ZeroConfig config_;
   // NVMe offload: the run's swap directory, declared before everything that has files in it.
   std::unique_ptr<io::SwapDirectory> swap_dir_;
   int world_, rank_, num_units_;
+  kernels::Backend& device_;            // the model's device: every operation on its memory
+  comm::DeviceCommunicator device_comm_;  // collectives over device buffers (Note [Collective endpoints])
   size_t dsize_;
   std::vector<UnitState> units_;
   std::unique_ptr<optim::Optimizer> optimizer_;

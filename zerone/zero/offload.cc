@@ -120,7 +120,7 @@ void SwappedOptimizer::begin_step(float lr, float grad_scale) {
   lr_ = lr;
   grad_scale_ = grad_scale;
   const auto* adam = std::get_if<optim::AdamWOptions>(&options_);
-  h_ = adam ? optim::AdamW::hyper(*adam, lr, grad_scale, static_cast<int>(step_)) : kernels::cpu::AdamWHyper{};
+  h_ = adam ? optim::AdamW::hyper(*adam, lr, grad_scale, static_cast<int>(step_)) : kernels::AdamWHyper{};
   reads_.assign(buffers_.size(), 0);
   if (writes_.size() != buffers_.size()) writes_.assign(buffers_.size(), 0);
   ahead_group_ = kNoShard;
@@ -161,10 +161,10 @@ double SwappedOptimizer::update_shard(size_t shard, size_t next_shard) {
       const optim::ShardRef& s = shards_[g.shard];
       float* master = tensors_ > optim_tensors_ ? tensor(b, g, optim_tensors_) : static_cast<float*>(s.param) + g.begin;
       if (adam)
-        sumsq += optim::AdamW::update_slice(s, param_dtype_, *adam, h_, g.begin, g.end, master, tensor(b, g, 0),
+        sumsq += optim::AdamW::update_slice(kernels::host_backend(), s, param_dtype_, *adam, h_, g.begin, g.end, master, tensor(b, g, 0),
                                             tensor(b, g, 1));
       else
-        sumsq += optim::SGD::update_slice(s, param_dtype_, *sgd, lr_, grad_scale_, first_, g.begin, g.end, master,
+        sumsq += optim::SGD::update_slice(kernels::host_backend(), s, param_dtype_, *sgd, lr_, grad_scale_, first_, g.begin, g.end, master,
                                           optim_tensors_ > 0 ? tensor(b, g, 0) : nullptr);
     }
     if (!record_.empty()) {

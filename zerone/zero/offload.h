@@ -133,7 +133,7 @@ class SwappedOptimizer final : public optim::Optimizer {
   std::vector<size_t> first_group_;  // shard i's sub-groups are [first_group_[i], first_group_[i + 1])
   // The step in progress: its hyper-parameters, each staging buffer's read and write in flight,
   // the buffer the next read goes to, and the sub-group already being read ahead (if any).
-  kernels::cpu::AdamWHyper h_{};  // AdamW
+  kernels::AdamWHyper h_{};  // AdamW
   float lr_ = 0.0f, grad_scale_ = 1.0f;  // SGD
   bool first_ = false;                  // SGD: the first step (momentum buffer = gradient)
   std::vector<io::SwapIo::Ticket> reads_, writes_;

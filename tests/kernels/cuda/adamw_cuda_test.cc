@@ -17,7 +17,7 @@ TEST(CudaAdamW, MatchesCpuKernel) {
   Rng rng(9);
   std::vector<float> master(n), m(n), v(n), grad(n);
   for (size_t i = 0; i < n; ++i) master[i] = static_cast<float>(rng.normal()), grad[i] = static_cast<float>(rng.normal());
-  kernels::cpu::AdamWHyper h;
+  kernels::AdamWHyper h;
   h.lr = 1e-2f;
   h.weight_decay = 0.1f;
   float *dm, *dmm, *dv, *dg;

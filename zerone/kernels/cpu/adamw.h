@@ -20,18 +20,10 @@
 #include <cstddef>
 
 #include "zerone/core/dtype.h"
+#include "zerone/kernels/types.h"
 
 namespace zerone::kernels::cpu {
 
-struct AdamWHyper {
-  float lr = 1e-3f;
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float eps = 1e-8f;
-  float weight_decay = 0.0f;
-  int step = 1;             // 1-based step number, for bias correction
-  float grad_scale = 1.0f;  // multiplies every gradient before use
-};
 
 // `param` may be null (f32 training keeps the master as the parameter) or point at n elements of
 // `param_dtype`. master, m, v and grad must not overlap.

@@ -7,6 +7,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "zerone/kernels/types.h"
+
 namespace zerone::kernels::cpu {
 
 // out (n) = max(inp, 0). out may alias inp.
@@ -15,16 +17,7 @@ void relu_forward(float* out, const float* inp, size_t n);
 // dinp may alias dout.
 void relu_backward(float* dinp, const float* dout, const float* out, size_t n);
 
-// Note [Dropout keys]: the keep/drop decision of element e of sample s is a pure function of
-// (seed, key, s, e) through the counter-based generator of core/rng.h: kept iff
-// uniform(seed, mix(key, s), e) >= p. The trainer passes as `key` the layer and the step, and as s
-// the sample's position in the step's global batch, so the mask is the same at every world size,
-// accumulation split and thread count, and backward recomputes it instead of storing it.
-struct DropoutKey {
-  uint64_t seed = 0;
-  uint64_t key = 0;           // layer and step
-  uint64_t first_sample = 0;  // position of sample 0 of this micro-batch in the global batch
-};
+// Dropout masks are keyed (Note [Dropout keys] in kernels/types.h).
 // out (N, per_sample) = inp * mask / (1 - p), mask from the key (0 <= p < 1). out may alias inp.
 void dropout_forward(float* out, const float* inp, int N, size_t per_sample, float p, const DropoutKey& key);
 // dinp = dout * mask / (1 - p) with the same mask. Overwrites; dinp may alias dout.

@@ -68,7 +68,7 @@ struct Operand {
     staged = outer != inner;
     if (!staged) return;
     dnnl::engine& eng = onednn().engine;
-    buffer = Buffer(inner.get_size(), MemCategory::scratch);
+    buffer = Buffer(inner.get_size(), MemCategory::scratch, MemPlace::device, 64, default_arena());
     to_inner = dnnl::reorder(dnnl::reorder::primitive_desc(eng, outer, eng, inner));
     to_outer = dnnl::reorder(dnnl::reorder::primitive_desc(eng, inner, eng, outer));
   }
@@ -174,8 +174,8 @@ ConvEntry& conv_entry(const Conv2dShape& s) {
   e->w_src.init(src, weights_pd.src_desc());
   e->w_diff_dst.init(dst, weights_pd.diff_dst_desc());
   e->w_diff_weights.init(weights, weights_pd.diff_weights_desc());
-  e->zero_bias = Buffer(s.OC * sizeof(float), MemCategory::scratch);  // zeroed
-  e->spare_diff_bias = Buffer(s.OC * sizeof(float), MemCategory::scratch);
+  e->zero_bias = Buffer(s.OC * sizeof(float), MemCategory::scratch, MemPlace::device, 64, default_arena());  // zeroed
+  e->spare_diff_bias = Buffer(s.OC * sizeof(float), MemCategory::scratch, MemPlace::device, 64, default_arena());
   return *cache.emplace(s, std::move(e)).first->second;
 }
 
@@ -190,7 +190,7 @@ void run(dnnl::primitive& p, const std::unordered_map<int, memory>& args) {
 // grows to the largest request; ledger category `scratch`).
 float* grad_scratch(size_t numel) {
   static Buffer buffer;
-  if (buffer.bytes() < numel * sizeof(float)) buffer = Buffer(numel * sizeof(float), MemCategory::scratch);
+  if (buffer.bytes() < numel * sizeof(float)) buffer = Buffer(numel * sizeof(float), MemCategory::scratch, MemPlace::device, 64, default_arena());
   return buffer.as<float>();
 }
 

@@ -17,9 +17,9 @@
 #include <cstdint>
 #include <tuple>
 
-namespace zerone::kernels::cpu {
+#include "zerone/kernels/types.h"
 
-enum class ActLayout : uint8_t { plain, blocked };
+namespace zerone::kernels::cpu {
 
 // Channels per block of ActLayout::blocked on this CPU (16 with AVX-512, 8 with AVX2), or 0 when
 // oneDNN's convolutions prefer plain layouts here (then nothing should be held blocked).
@@ -31,18 +31,6 @@ size_t activation_numel(int C, int H, int W, ActLayout layout);
 void activation_to_plain(float* out, const float* blocked, int N, int C, int H, int W);
 void activation_to_blocked(float* out, const float* plain, int N, int C, int H, int W);
 
-struct Conv2dShape {
-  int N = 1, C = 1, H = 1, W = 1;      // input
-  int OC = 1, KH = 1, KW = 1;          // filters
-  int stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
-  ActLayout src_layout = ActLayout::plain, dst_layout = ActLayout::plain;  // input / output (and gradients)
-  int OH() const { return (H + 2 * pad_h - KH) / stride_h + 1; }
-  int OW() const { return (W + 2 * pad_w - KW) / stride_w + 1; }
-  auto tie() const {
-    return std::tie(N, C, H, W, OC, KH, KW, stride_h, stride_w, pad_h, pad_w, src_layout, dst_layout);
-  }
-  bool operator<(const Conv2dShape& o) const { return tie() < o.tie(); }
-};
 
 // out (N,OC,OH,OW) = conv(inp (N,C,H,W), weight (OC,C,KH,KW)) + bias (OC); bias may be null.
 // Blocked outputs have zeros in their padding channels; blocked inputs must too.
@@ -53,15 +41,6 @@ void conv2d_forward(float* out, const float* inp, const float* weight, const flo
 void conv2d_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, const Conv2dShape& s, bool accumulate_param_grads = true);
 
-struct Pool2dShape {
-  int N = 1, C = 1, H = 1, W = 1;
-  int KH = 1, KW = 1, stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
-  ActLayout layout = ActLayout::plain;  // input and output (and their gradients)
-  int OH() const { return (H + 2 * pad_h - KH) / stride_h + 1; }
-  int OW() const { return (W + 2 * pad_w - KW) / stride_w + 1; }
-  auto tie() const { return std::tie(N, C, H, W, KH, KW, stride_h, stride_w, pad_h, pad_w, layout); }
-  bool operator<(const Pool2dShape& o) const { return tie() < o.tie(); }
-};
 
 // Bytes of the workspace max pooling keeps between forward and backward (where each maximum was).
 size_t maxpool2d_workspace_bytes(const Pool2dShape& s);

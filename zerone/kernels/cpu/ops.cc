@@ -48,12 +48,14 @@ void with_param_type(DType dtype, Body&& body) {
 
 // Note [Scratch arena]: kernels need temporaries (bf16 copies of matmul inputs, per-thread partial
 // sums). Each slot keeps one buffer that only grows, so after the first step nothing is allocated.
+// The buffers are host memory (default_arena()) counted as device scratch: these kernels run on
+// host memory whichever device they serve (the sim backend runs them on its host view).
 enum ScratchSlot { kScratchA, kScratchB, kScratchBias, kScratchPartials, kScratchWeight, kScratchKT, kScratchKVGradT, kScratchSlots };
 
 void* scratch(ScratchSlot slot, size_t bytes) {
   static Buffer buffers[kScratchSlots];
   Buffer& buf = buffers[slot];
-  if (buf.bytes() < bytes) buf = Buffer(bytes, MemCategory::scratch);
+  if (buf.bytes() < bytes) buf = Buffer(bytes, MemCategory::scratch, MemPlace::device, 64, default_arena());
   return buf.data();
 }
 
@@ -511,28 +513,6 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
 
 // ---------------------------------------------------------------- rotary embeddings
 
-void rope_inv_freq(float* inv_freq, int hs, float theta, const RopeScaling& scaling) {
-  ZERONE_ASSERT(hs % 2 == 0, "rotary head size ", hs, " is odd");
-  constexpr double kPi = 3.14159265358979323846;
-  for (int i = 0; i < hs / 2; ++i) {
-    // Hugging Face: 1.0 / (base ** (arange(0, dim, 2).float() / dim)), in f32.
-    float f = 1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(hs));
-    if (scaling.factor > 0.0f) {
-      const float old_ctx = static_cast<float>(scaling.original_max_position);
-      const float low_wavelen = old_ctx / scaling.low_freq_factor;
-      const float high_wavelen = old_ctx / scaling.high_freq_factor;
-      const float wavelen = static_cast<float>(2.0 * kPi) / f;
-      if (wavelen > low_wavelen) {
-        f = f / scaling.factor;
-      } else if (wavelen >= high_wavelen) {
-        const float smooth = (old_ctx / wavelen - scaling.low_freq_factor) /
-                             (scaling.high_freq_factor - scaling.low_freq_factor);
-        f = (1.0f - smooth) * f / scaling.factor + smooth * f;
-      }
-    }
-    inv_freq[i] = f;
-  }
-}
 
 namespace {
 
@@ -684,3 +664,30 @@ void crossentropy_backward(float* dlogits, const float* logits, const float* lse
 }
 
 }  // namespace zerone::kernels::cpu
+
+namespace zerone::kernels {
+
+void rope_inv_freq(float* inv_freq, int hs, float theta, const RopeScaling& scaling) {
+  ZERONE_ASSERT(hs % 2 == 0, "rotary head size ", hs, " is odd");
+  constexpr double kPi = 3.14159265358979323846;
+  for (int i = 0; i < hs / 2; ++i) {
+    // Hugging Face: 1.0 / (base ** (arange(0, dim, 2).float() / dim)), in f32.
+    float f = 1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(hs));
+    if (scaling.factor > 0.0f) {
+      const float old_ctx = static_cast<float>(scaling.original_max_position);
+      const float low_wavelen = old_ctx / scaling.low_freq_factor;
+      const float high_wavelen = old_ctx / scaling.high_freq_factor;
+      const float wavelen = static_cast<float>(2.0 * kPi) / f;
+      if (wavelen > low_wavelen) {
+        f = f / scaling.factor;
+      } else if (wavelen >= high_wavelen) {
+        const float smooth = (old_ctx / wavelen - scaling.low_freq_factor) /
+                             (scaling.high_freq_factor - scaling.low_freq_factor);
+        f = (1.0f - smooth) * f / scaling.factor + smooth * f;
+      }
+    }
+    inv_freq[i] = f;
+  }
+}
+
+}  // namespace zerone::kernels

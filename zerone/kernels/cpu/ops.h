@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "zerone/core/dtype.h"
+#include "zerone/kernels/types.h"
 
 namespace zerone::kernels::cpu {
 
@@ -78,18 +79,6 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
 // of a qkv buffer with heads = NH + NKV. Backward is the rotation by -t f_i (rope_backward).
 void rope_forward(float* x, const float* inv_freq, int B, int T, int stride, int heads, int hs);
 void rope_backward(float* dx, const float* inv_freq, int B, int T, int stride, int heads, int hs);
-
-// Inverse frequencies (hs/2) of rotary embeddings: 1 / theta^(2i/hs), computed in f32 as Hugging
-// Face does. With llama3 scaling (factor > 0): Hugging Face's `rope_type: llama3` rule (wavelengths
-// above original_max_position / low_freq_factor divided by factor, below original / high_freq_factor
-// kept, smoothly interpolated between).
-struct RopeScaling {
-  float factor = 0.0f;  // 0: no scaling
-  float low_freq_factor = 1.0f;
-  float high_freq_factor = 4.0f;
-  int original_max_position = 8192;
-};
-void rope_inv_freq(float* inv_freq, int hs, float theta, const RopeScaling& scaling = {});
 
 // SwiGLU (LLaMA MLP): inp (N,2F) holds per row the gate projection (F) then the up projection (F);
 // out (N,F) = silu(gate) * up, silu(g) = g * sigmoid(g).

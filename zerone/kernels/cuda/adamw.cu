@@ -29,7 +29,7 @@ __global__ void adamw_kernel(float* __restrict__ master, float* __restrict__ m, 
 }  // namespace
 
 void adamw_update(float* master, float* m, float* v, const float* grad, unsigned short* param_bf16, size_t n,
-                  const kernels::cpu::AdamWHyper& h) {
+                  const kernels::AdamWHyper& h) {
   ZERONE_CHECK(device_count() > 0, "CUDA AdamW: no CUDA device is present");
   double bc1 = 1.0 - std::pow(static_cast<double>(h.beta1), h.step);
   double bc2 = 1.0 - std::pow(static_cast<double>(h.beta2), h.step);

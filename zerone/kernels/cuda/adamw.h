@@ -10,6 +10,6 @@ namespace zerone::cuda {
 
 // Device arrays of n elements; `param_bf16` (bf16 bits) may be null.
 void adamw_update(float* master, float* m, float* v, const float* grad, unsigned short* param_bf16, size_t n,
-                  const kernels::cpu::AdamWHyper& hyper);
+                  const kernels::AdamWHyper& hyper);
 
 }  // namespace zerone::cuda

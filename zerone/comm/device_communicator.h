@@ -1,0 +1,53 @@
+// DeviceCommunicator: the collectives of a host Communicator over buffers in device memory (Note
+// [Collective endpoints] in communicator.h).
+//
+// Where the device's memory is host memory (the cpu backend) every call goes straight to the host
+// communicator. Otherwise each collective is staged: the training thread copies the device operand
+// into a host staging buffer with the backend (category comm, place host), the host communicator
+// runs on the staging buffer, and the Work's completion step copies the result back to the device
+// when it is first waited on. Staging buffers live until then. Reduce-scatter's result lands in
+// `out` as given; in place (out == in) it lands at in_place_shard_offset(shard_n), the host
+// communicator's convention, so callers need no case for the library underneath.
+//
+// Thread-safety: as Communicator (submit from the training thread).
+#pragma once
+
+#include <memory>
+
+#include "zerone/comm/communicator.h"
+#include "zerone/kernels/backend.h"
+
+namespace zerone::comm {
+
+class DeviceCommunicator final : public Communicator {
+ public:
+  // `host` and `device` must outlive this object.
+  DeviceCommunicator(Communicator& host, kernels::Backend& device);
+  // Owns `host` (a sub-communicator).
+  DeviceCommunicator(std::unique_ptr<Communicator> host, kernels::Backend& device);
+
+  int rank() const override { return host_.rank(); }
+  int world_size() const override { return host_.world_size(); }
+  std::string description() const override;
+  size_t in_place_shard_offset(size_t shard_n) const override { return host_.in_place_shard_offset(shard_n); }
+  std::unique_ptr<Communicator> split(int color, int key) override;
+  std::unique_ptr<Communicator> split_by_host() override;
+  // True when collectives go through host staging buffers.
+  bool staged() const { return !device_.host_addressable(); }
+
+  Work all_reduce_sum_async(float* data, size_t n) override;
+  Work all_reduce_sum_async(double* data, size_t n) override;
+  Work reduce_scatter_sum_async(const float* in, float* out, size_t shard_n) override;
+  Work all_gather_strided_async(const void* in, void* out, size_t bytes, size_t stride_bytes) override;
+  Work broadcast_async(void* data, size_t bytes, int root) override;
+  Work barrier_async() override { return host_.barrier_async(); }
+  void abort_job(int exit_code) override { host_.abort_job(exit_code); }
+
+ private:
+  template <typename T> Work all_reduce_staged(T* data, size_t n);
+  std::unique_ptr<Communicator> owned_;
+  Communicator& host_;
+  kernels::Backend& device_;
+};
+
+}  // namespace zerone::comm

@@ -1,0 +1,210 @@
+// Backend: every operation the models, the optimizers and the ZeRO engine perform on device memory,
+// bound to one device (DESIGN §1; after ggml's backend interface).
+//
+// A device is where compute reads and writes (MemPlace::device, core/memory.h). Host code never
+// dereferences device memory: it hands device pointers to a backend, which runs the operation
+// where the memory is. Three backends implement this interface:
+//   cpu   today's kernels (kernels/cpu) on host memory; device memory is an accounted arena of host
+//         memory, so every operation is a direct call. The executable spec of every other backend.
+//   sim   a simulated device (kernels/sim): memory the host cannot touch (addresses the CPU faults
+//         on), which only the backend translates before running the cpu kernels. It proves the seam:
+//         any host access to device memory that bypasses the backend crashes at once.
+//   cuda  an NVIDIA GPU (kernels/cuda), built when nvcc is found.
+//
+// Conventions of the operations (the cpu kernels' headers give each one's formula and shapes):
+//  - Pointers are device memory unless a parameter says `host`. Shapes are written inline: B batch,
+//    T time, C channels, NH heads, V vocabulary, Vp padded vocabulary, N = B*T rows.
+//  - Activations and gradients are f32; parameters are read in their storage dtype.
+//  - Parameter gradients accumulate (+=) unless told otherwise (Note [Fresh gradients] in
+//    nn/flat_param.h); input gradients overwrite unless the kernel says it accumulates.
+//  - Operations returning a host value (a loss, a sum of squares) finish the work they depend on.
+//
+// Note [Streams and events]: work on a device is ordered by streams (compute, comm, copy); an
+// Event marks a point in one stream, another stream or the host can wait on it. The cpu and sim
+// backends run every operation inline on the calling thread, in call order, so their events are
+// complete when recorded. Reuse rule for pooled memory: a buffer goes back to a pool with the event
+// of its last use and is handed out again only after that event completed (BufferPool keeps the
+// rule trivially on inline backends).
+//
+// Thread-safety: one thread drives a backend's operations (the training thread); the memory arena
+// and the copy operations may also be used from the communication thread. Failures inside an
+// operation are internal invariants (abort) except out-of-memory, which throws Error through Buffer.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "zerone/core/dtype.h"
+#include "zerone/core/memory.h"
+#include "zerone/kernels/types.h"
+
+namespace zerone::kernels {
+
+enum class DeviceKind : uint8_t { cpu, sim, cuda };
+const char* device_kind_name(DeviceKind kind);
+// "cpu", "sim" or "cuda"; throws Error naming --device and the choices otherwise.
+DeviceKind parse_device_kind(const std::string& name);
+
+enum class Stream : uint8_t { compute, comm, copy };
+
+// A point in a stream's work (Note [Streams and events]). A default Event is complete.
+class Event {
+ public:
+  class Impl {
+   public:
+    virtual ~Impl() = default;
+    virtual bool ready() const = 0;
+    virtual void wait() const = 0;
+  };
+  Event() = default;
+  explicit Event(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
+  bool ready() const { return !impl_ || impl_->ready(); }
+  // The host waits until the work before the event finished.
+  void wait() const {
+    if (impl_) impl_->wait();
+  }
+
+ private:
+  std::shared_ptr<const Impl> impl_;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual DeviceKind kind() const = 0;
+  // "cpu (oneDNN 2.6.3 ...)", "sim", "cuda:0 NVIDIA H100 ...".
+  virtual std::string description() const = 0;
+  // True when device memory is host memory (cpu): a communicator may then hand device buffers
+  // to MPI directly instead of staging them through host buffers.
+  virtual bool host_addressable() const = 0;
+  // Where Buffers of MemPlace::device come from while this backend is installed (use_backend).
+  virtual MemoryArena& device_arena() = 0;
+
+  // --- streams and events (Note [Streams and events]) ---
+  virtual Event record(Stream stream) { return Event(); }
+  // Work submitted to `stream` after this call starts after `event` completed.
+  virtual void wait(Stream stream, const Event& event) {}
+  // The host waits for everything submitted to `stream`.
+  virtual void synchronize(Stream stream) {}
+
+  // --- the engine's own needs ---
+  // dst (bytes) = src, between any two places (device or host, as given). No overlap.
+  virtual void copy(void* dst, MemPlace dst_place, const void* src, MemPlace src_place, size_t bytes) = 0;
+  void copy_to_device(void* dst, const void* host_src, size_t bytes) { copy(dst, MemPlace::device, host_src, MemPlace::host, bytes); }
+  void copy_to_host(void* host_dst, const void* src, size_t bytes) { copy(host_dst, MemPlace::host, src, MemPlace::device, bytes); }
+  void copy_on_device(void* dst, const void* src, size_t bytes) { copy(dst, MemPlace::device, src, MemPlace::device, bytes); }
+  // dst (bytes) = 0.
+  virtual void fill_zero(void* dst, size_t bytes) = 0;
+  // dst (n) += src (n).
+  virtual void accumulate(float* dst, const float* src, size_t n) = 0;
+  // Note [Deterministic gradient norm]: sum of x[i]^2 in double, in an order that depends only on
+  // n (fixed chunks, summed in chunk order), never on the thread count. With `copy_to` (device, n),
+  // x is also copied there in the same sweep.
+  virtual double sum_squares(const float* x, size_t n, float* copy_to = nullptr) = 0;
+  // Sum of x (n) in double, in index order.
+  virtual double sum(const float* x, size_t n) = 0;
+  // dst (n, dst_dtype) = src (n, src_dtype), rounding to nearest even when narrowing.
+  virtual void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n) = 0;
+  // True when every x (n) is finite.
+  virtual bool all_finite(const float* x, size_t n) = 0;
+
+  // --- optimizer updates (kernels/cpu/adamw.h and sgd.h) ---
+  // Returns the sum of squares of the unscaled gradients. `param` may be null.
+  virtual double adamw_update(float* master, float* m, float* v, const float* grad, void* param, DType param_dtype,
+                              size_t n, const AdamWHyper& hyper) = 0;
+  // `momentum` may be null (no momentum), `param` too.
+  virtual double sgd_update(float* master, float* momentum, const float* grad, void* param, DType param_dtype, size_t n,
+                            const SGDHyper& hyper) = 0;
+
+  // --- the transformers (kernels/cpu/ops.h) ---
+  virtual void embedding_forward(float* out, const int32_t* tokens, const void* wte, const void* wpe, DType param_dtype,
+                                 int B, int T, int C) = 0;
+  virtual void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
+                                  int C) = 0;
+  virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const void* weight,
+                                 const void* bias, DType param_dtype, int N, int C) = 0;
+  virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                                  const void* weight, DType param_dtype, const float* mean, const float* rstd, int N,
+                                  int C) = 0;
+  virtual void linear_forward(float* out, const float* inp, const void* weight, const void* bias, DType param_dtype,
+                              int N, int C, int OC) = 0;
+  virtual void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                               const void* weight, DType param_dtype, int N, int C, int OC,
+                               bool accumulate_param_grads = true) = 0;
+  virtual void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) = 0;
+  virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T,
+                                  int C, int NH) = 0;
+  virtual void gqa_attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int NKV,
+                                     int hs) = 0;
+  virtual void gqa_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T,
+                                      int NH, int NKV, int hs) = 0;
+  virtual void rmsnorm_forward(float* out, float* rstd, const float* inp, const void* weight, DType param_dtype, int N,
+                               int C, float eps) = 0;
+  virtual void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const void* weight,
+                                DType param_dtype, const float* rstd, int N, int C) = 0;
+  virtual void rope_forward(float* x, const float* inv_freq, int B, int T, int stride, int heads, int hs) = 0;
+  virtual void rope_backward(float* dx, const float* inv_freq, int B, int T, int stride, int heads, int hs) = 0;
+  virtual void swiglu_forward(float* out, const float* inp, int N, int F) = 0;
+  virtual void swiglu_backward(float* dinp, const float* dout, const float* inp, int N, int F) = 0;
+  virtual void gelu_forward(float* out, const float* inp, size_t n) = 0;
+  virtual void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) = 0;
+  virtual void residual_forward(float* out, const float* a, const float* b, size_t n) = 0;
+  virtual void crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets, int N,
+                                    int V, int Vp) = 0;
+  virtual void crossentropy_backward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
+                                     float dloss, int N, int V, int Vp) = 0;
+
+  // --- the image classifiers (kernels/cpu/classifier.h, conv.h) ---
+  virtual void relu_forward(float* out, const float* inp, size_t n) = 0;
+  virtual void relu_backward(float* dinp, const float* dout, const float* out, size_t n) = 0;
+  virtual void dropout_forward(float* out, const float* inp, int N, size_t per_sample, float p,
+                               const DropoutKey& key) = 0;
+  virtual void dropout_backward(float* dinp, const float* dout, int N, size_t per_sample, float p,
+                                const DropoutKey& key) = 0;
+  // Returns the mean loss (host); `correct` (host, may be null) receives the argmax hits.
+  virtual float softmax_cross_entropy_forward(float* probs, float* losses, const float* logits, const int32_t* labels,
+                                              int N, int K, int64_t* correct = nullptr) = 0;
+  virtual void softmax_cross_entropy_backward(float* dlogits, const float* probs, const int32_t* labels, int N, int K,
+                                              float scale) = 0;
+  // Channels per block of ActLayout::blocked on this backend, or 0 when it keeps layouts plain.
+  virtual int activation_channel_block() = 0;
+  // Floats of one sample (C, H, W) held in `layout`.
+  virtual size_t activation_numel(int C, int H, int W, ActLayout layout) = 0;
+  virtual void activation_to_plain(float* out, const float* blocked, int N, int C, int H, int W) = 0;
+  virtual void activation_to_blocked(float* out, const float* plain, int N, int C, int H, int W) = 0;
+  virtual void conv2d_forward(float* out, const float* inp, const float* weight, const float* bias,
+                              const Conv2dShape& s) = 0;
+  virtual void conv2d_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                               const float* weight, const Conv2dShape& s, bool accumulate_param_grads = true) = 0;
+  virtual size_t maxpool2d_workspace_bytes(const Pool2dShape& s) = 0;
+  virtual void maxpool2d_forward(float* out, void* workspace, const float* inp, const Pool2dShape& s) = 0;
+  virtual void maxpool2d_backward(float* dinp, const float* dout, const void* workspace, const Pool2dShape& s) = 0;
+};
+
+// The backends this build can use on this machine, in preference order (cuda first when a GPU is
+// present and the CUDA backend is built; cpu and sim always).
+std::vector<DeviceKind> available_devices();
+// The default device: cuda when available, else cpu.
+DeviceKind default_device();
+
+// The process-wide backend of `kind` (created on first use). Throws Error for a device this build
+// or machine cannot provide (cuda without a GPU or without the CUDA backend built).
+Backend& backend(DeviceKind kind);
+// The backend that runs operations on host memory: the cpu backend. Optimizers whose state is
+// offloaded to the host (and the engine's host-side work) use it on any device.
+Backend& host_backend();
+
+// Makes `kind` the process's device: its arena serves MemPlace::device Buffers from now on, and
+// device_backend() returns it. Call at start-up before any device Buffer exists.
+Backend& use_device(DeviceKind kind);
+// The device backend in use (cpu until use_device says otherwise).
+Backend& device_backend();
+
+// The backend whose operations run on memory of `place` (device: device_backend(); host:
+// host_backend()).
+inline Backend& backend_for(MemPlace place) { return place == MemPlace::host ? host_backend() : device_backend(); }
+
+}  // namespace zerone::kernels

@@ -487,7 +487,7 @@ int main(int argc, char** argv) {
     } else if (convert_cmd->parsed()) {
       // Ctrl-C stops between units: the destination is not written and its temporaries are removed
       // (without the handler the default action left them, as large as the model).
-      train::InterruptGuard interrupts;
+      train::InterruptGuard interrupts("stopping the conversion before it reads its next unit");
       convert_opts.check_interrupt = [] {
         if (int sig = train::interrupt_signal(); sig != 0) throw train::Interrupted(sig);
       };
@@ -499,6 +499,7 @@ int main(int argc, char** argv) {
                      convert_opts.dst.c_str());
         return 128 + e.signal_number();
       }
+      if (!r.notice.empty()) std::fprintf(stderr, "zerone: notice: %s\n", r.notice.c_str());
       std::printf("converted %s '%s' (%s, %llu parameters) to %s '%s' (%s)\n", r.source_kind.c_str(),
                   convert_opts.src.c_str(), r.model_spec.c_str(), static_cast<unsigned long long>(r.parameters),
                   r.destination_kind.c_str(), convert_opts.dst.c_str(), r.dtype.c_str());

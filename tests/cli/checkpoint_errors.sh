@@ -135,11 +135,12 @@ mkdir -p "$d/full"
 if unshare -m true 2>/dev/null; then
   unshare -m bash -c "mount -t tmpfs -o size=700k none '$d/full'
     '$Z' ${train[*]} --steps 6 --checkpoint-dir '$d/full/ck' --checkpoint-every 2 > '$d/full.log' 2>&1; echo \$? > '$d/full.rc'
-    ls '$d/full/ck' > '$d/full.ls'; cat '$d/full/ck/latest' > '$d/full.latest'
+    ls -a '$d/full/ck' > '$d/full.ls'; cat '$d/full/ck/latest' > '$d/full.latest'
     '$Z' ${train[*]} --steps 2 --checkpoint-dir '$d/full/ck' --resume > '$d/full.resume.log' 2>&1; echo \$? > '$d/full.resume.rc'"
   rc=$(cat "$d/full.rc" 2>/dev/null || echo none)
   if [ "$rc" = 1 ] && grep -qE "^zerone: error: .*(No space left on device)" "$d/full.log" && \
      grep -q "step-0000000" "$d/full.latest" && [ "$(cat "$d/full.resume.rc")" = 0 ] && \
+     ! grep -q '^\.tmp-' "$d/full.ls" && \
      grep -q "nothing left to train" "$d/full.resume.log"; then
     echo "ok: disk full during a save: $(grep -o 'zerone: error: .*' "$d/full.log" | head -c 200); latest still $(cat "$d/full.latest"), resumable"
   else

@@ -198,7 +198,10 @@ TEST(Config, KeysThatWouldChangeResultsAreErrorsNamingTheKey) {
   expect_config_error(R"({"zero_optimization": {"offload_optimizer": {"device": "cpu", "ratio": 1.5}}})",
                       "key 'zero_optimization.offload_optimizer.ratio' is 1.5, expected a number in [0, 1]");
   expect_config_error(R"({"zero_optimization": {"offload_param": {"device": "gpu"}}})", "expected \"none\", \"cpu\" or \"nvme\"");
-  expect_config_error(R"({"zero_optimization": {"cpu_offload": true}})", "key 'zero_optimization.cpu_offload' is true");
+  expect_config_error(R"({"zero_optimization": {"load_from_fp32_weights": false}})",
+                      "key 'zero_optimization.load_from_fp32_weights' is false: resuming the master weights");
+  expect_config_error(R"({"zero_optimization": {"cpu_offload": true, "offload_optimizer": {"device": "nvme"}}})",
+                      "key 'zero_optimization.cpu_offload' is true, but zero_optimization.offload_optimizer.device is \"nvme\"");
   expect_config_error(R"({"zero_optimization": {"zero_quantized_gradients": true}})", "zero_quantized_gradients");
   expect_config_error(R"({"elasticity": {"enabled": true, "max_train_batch_size": 64}})", "key 'elasticity.enabled' is true");
   expect_config_error(R"({"communication_data_type": "fp16"})", "key 'communication_data_type' is \"fp16\"");
@@ -231,6 +234,17 @@ TEST(Config, KeysThatWouldChangeResultsAreErrorsNamingTheKey) {
   EXPECT_TRUE(c.activation_checkpointing);  // the block turns it on
   EXPECT_EQ(c.aio_block_size, 1048576);
   EXPECT_NE(c.notices[0].find("zero_optimization.overlap_comm false (zerone always does this)"), std::string::npos);
+}
+
+TEST(Config, DeepSpeedsOldOffloadNamesAreHonoured) {
+  TrainConfig c = read_config(R"({"zero_optimization": {"stage": 3, "cpu_offload": true, "cpu_offload_params": true}})");
+  EXPECT_EQ(c.offload_optimizer, "cpu");
+  EXPECT_EQ(c.offload_param, "cpu");
+  TrainConfig d = read_config(R"({"hybrid_engine": {"enabled": false}, "graph_harvesting": false,
+      "use_data_before_expert_parallelism": false, "zero_optimization": {"load_from_fp32_weights": true}})");
+  ASSERT_EQ(d.notices.size(), 1u);
+  EXPECT_NE(d.notices[0].find("graph_harvesting"), std::string::npos);
+  EXPECT_NE(d.notices[0].find("hybrid_engine"), std::string::npos);
 }
 
 TEST(Config, DeepSpeedOptimizerAndSchedulerMeanWhatTheyMeanThere) {

@@ -1,5 +1,6 @@
 #include "zerone/io/aio.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <liburing.h>
 #include <linux/magic.h>
@@ -11,6 +12,7 @@
 #include <array>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <unordered_map>
@@ -279,6 +281,7 @@ struct DirSlot {
   char dir[kPathMax];
   std::atomic<int> files{0};
   char file[kMaxFiles][kPathMax];
+  std::atomic<int> fd[kMaxFiles];  // the run's descriptor of file[i] (-1 before it is open)
 };
 std::array<DirSlot, kMaxDirs> g_dirs;
 
@@ -327,8 +330,43 @@ uint64_t check_swap_path(const std::string& nvme_path, const std::string& what) 
   return static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
 }
 
+namespace {
+
+// Removes the swap directories of runs that were killed (Note [Stale temporaries] in io/file.h):
+// "zerone-swap-<pid>-rank<r>" whose process is gone. Never throws.
+void remove_stale_swap_directories(const std::string& nvme_path) noexcept {
+  try {
+    DIR* d = ::opendir(nvme_path.c_str());
+    if (d == nullptr) return;
+    std::vector<std::string> stale;
+    while (dirent* e = ::readdir(d)) {
+      long pid = 0, rank = 0;
+      int used = 0;
+      if (std::sscanf(e->d_name, "zerone-swap-%ld-rank%ld%n", &pid, &rank, &used) == 2 &&
+          e->d_name[used] == '\0' && !process_exists(pid))
+        stale.emplace_back(e->d_name);
+    }
+    ::closedir(d);
+    for (const std::string& name : stale) {
+      const std::string dir = nvme_path + "/" + name;
+      if (DIR* sd = ::opendir(dir.c_str())) {
+        std::vector<std::string> files;
+        while (dirent* e = ::readdir(sd))
+          if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) files.emplace_back(e->d_name);
+        ::closedir(sd);
+        for (const std::string& f : files) ::unlink((dir + "/" + f).c_str());
+      }
+      ::rmdir(dir.c_str());
+    }
+  } catch (...) {
+  }
+}
+
+}  // namespace
+
 SwapDirectory::SwapDirectory(const std::string& nvme_path, int rank, const std::string& what) {
   check_swap_path(nvme_path, what);
+  remove_stale_swap_directories(nvme_path);
   path_ = str_cat(nvme_path, nvme_path.back() == '/' ? "" : "/", "zerone-swap-", ::getpid(), "-rank", rank);
   ZERONE_CHECK(path_.size() + 64 < kPathMax, what, " '", nvme_path, "' is too long a path");
   ZERONE_CHECK(::mkdir(path_.c_str(), 0700) == 0, what, ": cannot create the swap directory '", path_, "': ",
@@ -347,7 +385,10 @@ SwapDirectory::SwapDirectory(const std::string& nvme_path, int rank, const std::
 SwapDirectory::~SwapDirectory() {
   if (slot_ >= 0) {
     DirSlot& s = g_dirs[static_cast<size_t>(slot_)];
-    for (int i = 0; i < s.files.load(); ++i) ::unlink(s.file[i]);
+    for (int i = 0; i < s.files.load(); ++i) {
+      ::unlink(s.file[i]);
+      s.fd[i].store(-1);
+    }
     s.files.store(0);
     s.state.store(0);
   }
@@ -364,18 +405,35 @@ FileDescriptor SwapDirectory::create_file(const std::string& name, uint64_t byte
     const int index = s.files.load();
     ZERONE_CHECK(index < static_cast<int>(kMaxFiles), "too many swap files in '", path_, "' (at most ", kMaxFiles, ")");
     std::memcpy(s.file[index], file.c_str(), file.size() + 1);
+    s.fd[index].store(-1);
     s.files.store(index + 1);  // registered before it exists: the handler's unlink may find nothing
   }
   int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
   ZERONE_CHECK(fd >= 0, "cannot create swap file '", file, "': ", std::strerror(errno),
                errno == EINVAL ? " (the filesystem under --nvme-path does not support O_DIRECT)" : "");
   FileDescriptor owned(fd);
+  for (int i = 0; i < s.files.load(); ++i)
+    if (file == s.file[i]) s.fd[i].store(fd);
   if (bytes > 0) {
     int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
     ZERONE_CHECK(rc == 0, "cannot reserve ", bytes, " bytes for swap file '", file, "': ", std::strerror(rc),
                  rc == ENOSPC ? " (not enough free space under --nvme-path)" : "");
   }
   return owned;
+}
+
+FileDescriptor open_swap_file_for_reading(const std::string& path) {
+  for (DirSlot& s : g_dirs) {
+    if (s.state.load() != 1) continue;
+    for (int i = 0; i < s.files.load() && i < static_cast<int>(kMaxFiles); ++i) {
+      const int fd = s.fd[i].load();
+      if (fd < 0 || path != s.file[i]) continue;
+      // A new open file description of the same inode, without O_DIRECT, valid after an unlink.
+      FileDescriptor again(::open(str_cat("/proc/self/fd/", fd).c_str(), O_RDONLY | O_CLOEXEC));
+      if (again.get() >= 0) return again;
+    }
+  }
+  return FileDescriptor(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
 }
 
 void remove_swap_directories_in_flight() noexcept {

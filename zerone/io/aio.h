@@ -116,6 +116,12 @@ class SwapDirectory {
 // Checks `nvme_path` as SwapDirectory does, without creating anything, and returns its free bytes.
 uint64_t check_swap_path(const std::string& nvme_path, const std::string& what);
 
+// Opens a swap file of this run again for reading (a checkpoint copies NVMe-resident state out of
+// it, Note [Checkpoints of swapped state]): through the run's own descriptor (/proc/self/fd), so it
+// works after the first signal has unlinked the file (Note [Swap directories]); any other path is
+// opened by name. Returns an invalid descriptor (errno set) when neither works.
+FileDescriptor open_swap_file_for_reading(const std::string& path);
+
 // Removes every registered swap file and directory (open files stay usable through their
 // descriptors); from then on a missing file is no longer an error. Async-signal-safe (unlink/rmdir
 // and an atomic store only).

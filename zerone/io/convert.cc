@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -29,7 +31,7 @@ std::string strip_slashes(std::string path) {
 
 // A source of unit parameters in some format.
 struct Source {
-  std::string kind, spec;
+  std::string kind, spec, notice;
   DType dtype = DType::f32;  // what the source stores
   // Fills unit u of `model` (storage allocated, the model's dtype).
   std::function<void(nn::Model& model, int u)> load;
@@ -43,7 +45,7 @@ Source open_source(const std::string& src) {
   ZERONE_CHECK(::stat(src.c_str(), &st) == 0, "convert: cannot open source '", src, "': ", std::strerror(errno));
   if (is_hf_directory(src)) {
     s.kind = "Hugging Face directory";
-    s.spec = read_hf_spec(src);
+    s.spec = read_hf_spec(src, &s.notice);
     const auto config = nlohmann::json::parse(read_text_file(src + "/config.json", "config.json", 64 << 20), nullptr, false);
     s.dtype = DType::f32;
     if (config.is_object() && config.contains("torch_dtype") && config["torch_dtype"].is_string()) {
@@ -75,6 +77,29 @@ const char* kind_name(const std::string& to) {
 }
 
 }  // namespace
+
+void check_unit_fits_f16(const nn::Model& model, int u, const std::function<void(nn::Model&, int)>& load,
+                         const std::string& what) {
+  const nn::FlatParam& unit = model.units()[u];
+  if (unit.dtype() != DType::f16) return;
+  const auto* bits = static_cast<const uint16_t*>(unit.data());
+  bool overflowed = false;
+  for (size_t i = 0; i < unit.numel() && !overflowed; ++i) overflowed = (bits[i] & 0x7c00) == 0x7c00;
+  if (!overflowed) return;
+  std::unique_ptr<nn::Model> wide = nn::make_model(model.spec(), DType::f32, 64, /*allocate=*/false);
+  nn::FlatParam& wide_unit = wide->units()[u];
+  wide_unit.allocate_params();
+  load(*wide, u);
+  for (size_t t = 0; t < wide_unit.tensors().size(); ++t) {
+    const nn::TensorSpec& spec = wide_unit.tensors()[t];
+    const float* x = static_cast<const float*>(wide_unit.param(t));
+    double largest = 0.0;
+    for (size_t i = 0; i < spec.numel(); ++i) largest = std::max(largest, static_cast<double>(std::fabs(x[i])));
+    ZERONE_CHECK(largest < 65520.0, what, ": tensor ", spec.name, " of unit ", unit.name(), " holds values up to ",
+                 largest, " in magnitude, beyond the f16 range (largest 65504): use bf16 or f32");
+  }
+  throw Error(str_cat(what, ": unit ", unit.name(), " holds non-finite values (the source is corrupt)"));
+}
 
 ConvertResult convert_checkpoint(const ConvertOptions& o) {
   std::string to = o.to;
@@ -116,9 +141,18 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
     if (resident >= 0) model->units()[resident].release_params();
     model->units()[u].allocate_params();
     source.load(*model, u);
+    check_unit_fits_f16(*model, u, source.load, str_cat("convert: '", o.src, "'"));
     resident = u;
   };
 
+  // Temporaries of conversions (and atomic writes) that were killed (Note [Stale temporaries]).
+  {
+    const size_t slash = dst.rfind('/');
+    const std::string parent = slash == std::string::npos ? "." : dst.substr(0, std::max<size_t>(slash, 1));
+    remove_stale_temporaries(parent, slash == std::string::npos ? dst : dst.substr(slash + 1));
+    if (to == "hf" && is_directory(dst))
+      for (const char* name : {"model.safetensors", "config.json"}) remove_stale_temporaries(dst, name);
+  }
   if (to == "hf") {
     check_hf_output(dst, "convert destination");
     save_hf_checkpoint(dst, *model, load_unit);
@@ -154,6 +188,7 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
     }
   }
   ConvertResult r;
+  r.notice = source.notice;
   r.source_kind = source.kind;
   r.destination_kind = kind_name(to);
   r.model_spec = model->spec();

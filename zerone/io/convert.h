@@ -18,6 +18,10 @@
 #include <functional>
 #include <string>
 
+namespace zerone::nn {
+class Model;
+}
+
 namespace zerone::io {
 
 struct ConvertOptions {
@@ -33,11 +37,20 @@ struct ConvertResult {
   std::string source_kind, destination_kind;  // "zerone checkpoint", "llm.c checkpoint", "Hugging Face directory"
   std::string model_spec, dtype;
   uint64_t parameters = 0;
+  std::string notice;  // how the source was read, when worth saying (a mistral read as LLaMA)
 };
 
 // Converts; the destination is written atomically (a file or a directory renamed into place).
 // Throws Error naming the path for an undetectable source, an existing destination that would be
 // replaced by something else, a model the destination format cannot hold, or any read/write failure.
 ConvertResult convert_checkpoint(const ConvertOptions& options);
+
+// Note [f16 range]: f16 holds magnitudes up to 65504; a larger weight rounds to infinity, which
+// trains as a divergence and is refused when read back. Unit `u` of `model` was just loaded in
+// f16: if it holds an infinity or NaN, `load` fills the same unit of an f32 copy of the model
+// from the same source, and the first tensor beyond the range is named with its largest
+// magnitude. Throws Error starting with `what` (e.g. "--init 'DIR'"). No cost unless a value overflowed.
+void check_unit_fits_f16(const nn::Model& model, int u, const std::function<void(nn::Model&, int)>& load,
+                         const std::string& what);
 
 }  // namespace zerone::io

@@ -4,6 +4,8 @@
 #include <glob.h>
 #include <libgen.h>
 #include <sys/mman.h>
+#include <dirent.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -312,6 +314,54 @@ void write_file_atomically(const std::string& path, const std::function<void(std
 void remove_temporaries_in_flight() noexcept {
   for (TemporarySlot& s : g_temporaries)
     if (s.state.load() == 2) ::unlink(s.path);
+}
+
+bool process_exists(long pid) { return pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM); }
+
+namespace {
+
+void remove_tree_quietly(const std::string& path) noexcept {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) return;
+  if (S_ISDIR(st.st_mode)) {
+    if (DIR* d = ::opendir(path.c_str())) {
+      std::vector<std::string> names;
+      while (dirent* e = ::readdir(d))
+        if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) names.emplace_back(e->d_name);
+      ::closedir(d);
+      for (const std::string& n : names) remove_tree_quietly(path + "/" + n);
+    }
+    ::rmdir(path.c_str());
+  } else {
+    ::unlink(path.c_str());
+  }
+}
+
+}  // namespace
+
+int remove_stale_temporaries(const std::string& dir, const std::string& prefix) noexcept {
+  int removed = 0;
+  try {
+    DIR* d = ::opendir(dir.c_str());
+    if (d == nullptr) return 0;
+    std::vector<std::string> stale;
+    while (dirent* e = ::readdir(d)) {
+      const std::string name = e->d_name;
+      const size_t mark = name.rfind(".tmp.");
+      if (mark == std::string::npos || mark + 5 == name.size()) continue;
+      if (!prefix.empty() && name.compare(0, mark, prefix) != 0) continue;
+      const std::string digits = name.substr(mark + 5);
+      if (digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+      if (!process_exists(std::stol(digits))) stale.push_back(name);
+    }
+    ::closedir(d);
+    for (const std::string& name : stale) {
+      remove_tree_quietly(dir + "/" + name);
+      ++removed;
+    }
+  } catch (...) {
+  }
+  return removed;
 }
 
 }  // namespace zerone::io

@@ -105,6 +105,16 @@ bool is_directory(const std::string& path);
 // fwrite that throws Error naming `path` on a short write.
 void write_all(std::FILE* file, const void* data, size_t bytes, const std::string& path);
 
+// Whether process `pid` exists on this host (kill(pid, 0); a process of another user counts).
+bool process_exists(long pid);
+
+// Note [Stale temporaries]: a process killed by SIGKILL (or a power loss) leaves its temporaries
+// behind: "<name>.tmp.<pid>" of atomic writes and conversions, swap directories named by pid.
+// Start-up sweeps remove those whose process is gone; a live process's are never touched.
+// Removes the entries of `dir` named "<prefix>.tmp.<pid>" (any prefix when `prefix` is empty)
+// whose process no longer exists (files or whole trees). Returns how many went. Never throws.
+int remove_stale_temporaries(const std::string& dir, const std::string& prefix = "") noexcept;
+
 // Removes every temporary that write_file_atomically is writing right now. Async-signal-safe
 // (unlink only, no locks, no allocation): for the signal handler that ends the process.
 void remove_temporaries_in_flight() noexcept;

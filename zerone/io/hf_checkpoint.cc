@@ -110,6 +110,30 @@ json read_config(const std::string& dir) {
   }
 }
 
+// The new model.safetensors replaces a sharded model the directory held: the index goes first (a
+// reader then sees one layout), then the shards it names. Leftovers of a failure here make the
+// directory hold both layouts, which readers refuse rather than read the stale one.
+void remove_sharded_layout(const std::string& dir) {
+  const std::string index_path = dir + "/model.safetensors.index.json";
+  struct stat st;
+  if (::lstat(index_path.c_str(), &st) != 0) return;
+  std::set<std::string> shards;
+  try {
+    const json index = json::parse(read_text_file(index_path, "", size_t{64} << 20));
+    if (index.is_object() && index.contains("weight_map") && index["weight_map"].is_object())
+      for (auto& [name, file] : index["weight_map"].items())
+        if (file.is_string()) {
+          const std::string f = file.get<std::string>();
+          if (!f.empty() && f.find('/') == std::string::npos && f != "." && f != ".." && f != "model.safetensors")
+            shards.insert(f);
+        }
+  } catch (const std::exception&) {
+  }
+  ZERONE_CHECK(::unlink(index_path.c_str()) == 0, "cannot remove the stale sharded index '", index_path, "': ",
+               std::strerror(errno));
+  for (const std::string& f : shards) ::unlink((dir + "/" + f).c_str());
+}
+
 }  // namespace
 
 bool is_hf_directory(const std::string& path) {
@@ -117,7 +141,7 @@ bool is_hf_directory(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && ::stat((path + "/config.json").c_str(), &st) == 0;
 }
 
-std::string read_hf_spec(const std::string& dir) {
+std::string read_hf_spec(const std::string& dir, std::string* notice) {
   const std::string path = dir + "/config.json";
   json c = read_config(dir);
   ZERONE_CHECK(c.is_object(), "'", path, "' is not a JSON object");
@@ -155,6 +179,13 @@ std::string read_hf_spec(const std::string& dir) {
                  "' is not supported (expected gelu_new, GPT-2's tanh GELU)");
     ZERONE_CHECK(number(c, "layer_norm_epsilon", 1e-5) == 1e-5, "'", path, "': layer_norm_epsilon must be 1e-5");
     ZERONE_CHECK(boolean("tie_word_embeddings", true), "'", path, "': an untied GPT-2 head is not supported");
+    // Keys that change the attention itself (transformers' GPT2Attention): refused, never ignored.
+    ZERONE_CHECK(!boolean("scale_attn_by_inverse_layer_idx", false), "'", path,
+                 "': \"scale_attn_by_inverse_layer_idx\": true (attention scores of layer l also divided by l + 1) ",
+                 "is not supported: zerone's GPT-2 scales every layer's scores by 1/sqrt(head_dim) only");
+    ZERONE_CHECK(boolean("scale_attn_weights", true), "'", path,
+                 "': \"scale_attn_weights\": false (attention scores left unscaled) is not supported: zerone's GPT-2 ",
+                 "scales them by 1/sqrt(head_dim)");
     return str_cat("gpt2:layers=", integer("n_layer"), ",dim=", C, ",heads=", integer("n_head"), ",vocab=",
                    integer("vocab_size"), ",ctx=", integer("n_positions"));
   }
@@ -165,6 +196,9 @@ std::string read_hf_spec(const std::string& dir) {
     ZERONE_CHECK(act == "silu", "'", path, "': hidden_act '", act, "' is not supported (expected silu)");
     ZERONE_CHECK(!c.contains("sliding_window") || c["sliding_window"].is_null(), "'", path,
                  "': sliding-window attention is not supported");
+    if (type == "mistral" && notice != nullptr)
+      *notice = str_cat("'", path, "': model_type 'mistral' without a sliding window is read as LLaMA (the same ",
+                        "architecture)");
     const int64_t C = integer("hidden_size"), NH = integer("num_attention_heads");
     std::string spec = str_cat("llama:layers=", integer("num_hidden_layers"), ",dim=", C, ",heads=", NH, ",kv_heads=",
                                integer("num_key_value_heads", NH), ",head_dim=", integer("head_dim", C / NH), ",ffn=",
@@ -190,6 +224,37 @@ std::string read_hf_spec(const std::string& dir) {
   throw Error(str_cat("'", path, "': model_type '", type, "' is not supported (expected gpt2 or llama)"));
 }
 
+namespace {
+
+bool tied_head_matches(const SafetensorsReader& reader, const std::vector<HfSlice>& map,
+                       const std::vector<const SafetensorInfo*>& found, const SafetensorInfo& head, const std::string& dir) {
+  // A tied model's head is its embedding; some files store it anyway (transformers saves it when
+  // asked, and loads it tied). Taken when equal to the embedding, refused when it differs.
+  const SafetensorInfo* embedding = nullptr;
+  for (size_t i = 0; i < map.size(); ++i)
+    if (map[i].name == "transformer.wte.weight" || map[i].name == "model.embed_tokens.weight") embedding = found[i];
+  if (embedding == nullptr) return false;
+  ZERONE_CHECK(head.shape == embedding->shape, "--init '", dir, "': tensor 'lm_head.weight' has shape ",
+               json(head.shape).dump(), ", but the model ties its head to '", embedding->name, "' of shape ",
+               json(embedding->shape).dump());
+  const uint64_t n = embedding->numel(), chunk = uint64_t{1} << 20;
+  std::vector<float> a, b;
+  for (uint64_t begin = 0; begin < n; begin += chunk) {
+    const uint64_t count = std::min(chunk, n - begin);
+    a.resize(count);
+    b.resize(count);
+    reader.read_f32(head, begin, count, a.data());
+    reader.read_f32(*embedding, begin, count, b.data());
+    for (uint64_t k = 0; k < count; ++k)
+      ZERONE_CHECK(a[k] == b[k], "--init '", dir, "': tensor 'lm_head.weight' differs from '", embedding->name,
+                   "' (element ", begin + k, ": ", a[k], " vs ", b[k], "), but the model ties its head to the embedding ",
+                   "(tie_word_embeddings): an untied head is not supported");
+  }
+  return true;
+}
+
+}  // namespace
+
 struct HfCheckpointReader::Impl {
   std::string dir;
   SafetensorsReader reader;
@@ -212,10 +277,13 @@ HfCheckpointReader::HfCheckpointReader(const std::string& dir, const nn::Model& 
     used.insert(t->name);
     m.found.push_back(t);
   }
-  for (const SafetensorInfo& t : m.reader.tensors())
+  for (const SafetensorInfo& t : m.reader.tensors()) {
+    if (t.name == "lm_head.weight" && !used.count(t.name) && tied_head_matches(m.reader, m.map, m.found, t, dir)) continue;
     ZERONE_CHECK(used.count(t.name) || ignorable(t.name), "--init '", dir, "' holds tensor '", t.name, "', which ",
                  model.spec(), " does not have (a checkpoint of another architecture?)");
+  }
 }
+
 
 HfCheckpointReader::~HfCheckpointReader() = default;
 
@@ -351,6 +419,7 @@ void save_hf_checkpoint(const std::string& dir_in, const nn::Model& model, const
   const std::string text = config.dump(2) + "\n";
   write_file_atomically(dir + "/config.json", [&](std::FILE* f) { write_all(f, text.data(), text.size(), dir + "/config.json"); });
   cleanup.armed = false;
+  remove_sharded_layout(dir);
 }
 
 }  // namespace zerone::io

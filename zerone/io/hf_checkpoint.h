@@ -36,7 +36,8 @@ bool is_hf_directory(const std::string& path);
 // The zerone model spec config.json describes (model_type gpt2 or llama). Throws Error naming the
 // file and key for an unknown model_type, a missing or wrongly typed key, or a feature zerone
 // does not implement (biases in LLaMA attention, a rope_scaling type other than llama3, ...).
-std::string read_hf_spec(const std::string& dir);
+// A model_type read as another (mistral without a sliding window is a LLaMA) sets `notice`.
+std::string read_hf_spec(const std::string& dir, std::string* notice = nullptr);
 
 // A Hugging Face directory opened for `model` (which must outlive it): the safetensors headers are
 // parsed and checked against the model once — every tensor the model needs present with its exact

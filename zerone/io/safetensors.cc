@@ -66,6 +66,10 @@ SafetensorsReader::SafetensorsReader(const std::string& path) {
     open_file(single);
     return;
   }
+  // Both layouts: one of them is stale (a save into a directory that held the other). Which is
+  // ambiguous (transformers takes model.safetensors), so neither is guessed.
+  ZERONE_CHECK(!exists(path + "/model.safetensors"), "'", path, "' holds both model.safetensors and a sharded model ",
+               "(model.safetensors.index.json): one of them is stale; remove the one that is not the model you mean");
   json index;
   try {
     index = json::parse(read_text_file(index_path, ""));

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <omp.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -17,6 +18,7 @@
 #include <set>
 
 #include "zerone/core/error.h"
+#include "zerone/io/aio.h"
 #include "zerone/nn/model.h"
 
 namespace zerone::io {
@@ -77,16 +79,22 @@ DType dtype_from_name(const std::string& name, const std::string& what) {
 }
 
 // Note [Crash points]: tests kill the process at named moments of a save
-// (ZERONE_CHECKPOINT_CRASH_AT=file|manifest|rename|latest|prune, in the save of step
+// (ZERONE_CHECKPOINT_CRASH_AT=copy|file|manifest|rename|latest|prune, in the save of step
 // ZERONE_CHECKPOINT_CRASH_STEP) to prove that a save killed at any of them leaves the previous
 // checkpoint usable (tests/zero/checkpoint_resume.sh). SIGKILL, so nothing is cleaned up, as
-// after a power loss or the OOM killer.
+// after a power loss or the OOM killer. "POINT:TERM" sends one SIGTERM instead, the first time the
+// save passes POINT: the save must still complete (tests/cli/checkpoint_runs.sh).
 void crash_point(const char* point, int64_t step) {
   static const char* const wanted = std::getenv("ZERONE_CHECKPOINT_CRASH_AT");
   static const char* const wanted_step = std::getenv("ZERONE_CHECKPOINT_CRASH_STEP");
-  if (wanted != nullptr && std::strcmp(wanted, point) == 0 &&
-      (wanted_step == nullptr || std::atoll(wanted_step) == step))
-    ::raise(SIGKILL);
+  static bool terminated = false;
+  if (wanted == nullptr || (wanted_step != nullptr && std::atoll(wanted_step) != step)) return;
+  const size_t n = std::strlen(point);
+  if (std::strcmp(wanted, point) == 0) ::raise(SIGKILL);
+  if (std::strncmp(wanted, point, n) == 0 && std::strcmp(wanted + n, ":TERM") == 0 && !terminated) {
+    terminated = true;
+    ::raise(SIGTERM);
+  }
 }
 
 }  // namespace
@@ -182,6 +190,18 @@ json manifest_to_json(const CheckpointManifest& m) {
   return j;
 }
 
+std::optional<int64_t> manifest_integer(const json& v, int64_t lo, int64_t hi) {
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (u > static_cast<uint64_t>(INT64_MAX)) return std::nullopt;
+  } else if (!v.is_number_integer()) {
+    return std::nullopt;
+  }
+  const int64_t x = v.get<int64_t>();
+  if (x < lo || x > hi) return std::nullopt;
+  return x;
+}
+
 CheckpointManifest manifest_from_json(const json& j, const std::string& what) {
   auto get = [&](const json& obj, const char* key, const std::string& where) -> const json& {
     ZERONE_CHECK(obj.is_object() && obj.contains(key), what, ": ", where, " lacks \"", key, "\"");
@@ -194,7 +214,11 @@ CheckpointManifest manifest_from_json(const json& j, const std::string& what) {
     m.version = bounded_int(get(j, "version", "the manifest"), "version", 0, INT32_MAX, what);
     ZERONE_CHECK(m.version == kCheckpointVersion, what, ": checkpoint format version ", m.version,
                  " is not supported (this zerone reads version ", kCheckpointVersion, ")");
-    m.step = get(j, "step", "the manifest").get<int64_t>();
+    const json& step = get(j, "step", "the manifest");
+    const std::optional<int64_t> step_value = manifest_integer(step, 0, INT32_MAX - 1);
+    ZERONE_CHECK(step_value.has_value(), what, ": \"step\" ", step.dump(), " is out of range (expected an integer in 0..",
+                 INT32_MAX - 1, ")");
+    m.step = *step_value;
     m.model = get(j, "model", "the manifest").get<std::string>();
     m.dtype = dtype_from_name(get(j, "precision", "the manifest").get<std::string>(), what);
     m.world_size = bounded_int(get(j, "world_size", "the manifest"), "world_size", 1, 1 << 24, what);
@@ -216,10 +240,12 @@ CheckpointManifest manifest_from_json(const json& j, const std::string& what) {
     const json& opt = get(j, "optimizer", "the manifest");
     m.optimizer = get(opt, "type", "\"optimizer\"").get<std::string>();
     m.optimizer_state = get(opt, "state", "\"optimizer\"").get<std::vector<std::string>>();
-    m.optimizer_steps = get(opt, "steps", "\"optimizer\"").get<int64_t>();
     // The optimizer counts its steps in an int (AdamW's bias correction needs them 0-based, >= 0).
-    ZERONE_CHECK(m.optimizer_steps >= 0 && m.optimizer_steps < INT32_MAX, what, ": \"optimizer\" \"steps\" ",
-                 m.optimizer_steps, " is out of range (expected 0..", INT32_MAX - 1, ")");
+    const json& steps = get(opt, "steps", "\"optimizer\"");
+    const std::optional<int64_t> optimizer_steps = manifest_integer(steps, 0, INT32_MAX - 1);
+    ZERONE_CHECK(optimizer_steps.has_value(), what, ": \"optimizer\" \"steps\" ", steps.dump(),
+                 " is out of range (expected an integer in 0..", INT32_MAX - 1, ")");
+    m.optimizer_steps = *optimizer_steps;
     m.trainer = get(j, "trainer", "the manifest");
     for (const json& f : get(j, "files", "the manifest")) m.files.push_back(checkpoint_file_from_json(f, what));
     return m;
@@ -300,7 +326,8 @@ uint64_t CheckpointFileWriter::append_from_file(int unit, const std::string& ten
   piece.checksums = checksums;
   const uint64_t total = piece.bytes();
   ZERONE_ASSERT(checksums.size() == (total + kChecksumBlockBytes - 1) / kChecksumBlockBytes, "checksums of ", tensor);
-  FileDescriptor src(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  crash_point("copy", step_);
+  FileDescriptor src = open_swap_file_for_reading(path);
   ZERONE_CHECK(src.get() >= 0, "cannot open '", path, "' to copy ", tensor, " into checkpoint file '", path_, "': ",
                std::strerror(errno));
   loff_t in = static_cast<loff_t>(offset), out = static_cast<loff_t>(file_.bytes);
@@ -351,7 +378,41 @@ bool is_checkpoint_directory(const std::string& path) {
   return is_directory(path) && ::stat(join(path, kManifestName).c_str(), &st) == 0;
 }
 
-std::optional<std::string> find_latest_checkpoint(const std::string& root) {
+namespace {
+
+constexpr const char* kLockName = ".zerone-lock";
+
+// Names a root may hold beside its checkpoints: the lock, temporaries of saves in progress or
+// killed (".tmp-step-N", "latest.tmp.<pid>").
+bool is_bookkeeping_name(const std::string& name) {
+  return name == kLockName || name.compare(0, std::strlen(kTmpPrefix), kTmpPrefix) == 0 ||
+         name.compare(0, std::strlen(kLatestName) + 5, std::string(kLatestName) + ".tmp.") == 0;
+}
+
+// The step directories of `root` that hold a manifest, newest first.
+std::vector<std::pair<int64_t, std::string>> step_directories(const std::string& root) {
+  std::vector<std::pair<int64_t, std::string>> steps;
+  for (const std::string& entry : list_directory(root))
+    if (std::optional<int64_t> s = parse_step_name(entry); s && is_checkpoint_directory(join(root, entry)))
+      steps.emplace_back(*s, entry);
+  std::sort(steps.rbegin(), steps.rend());
+  return steps;
+}
+
+// Whether the manifest of checkpoint directory `dir` parses and passes manifest_from_json.
+bool manifest_is_sound(const std::string& dir) {
+  try {
+    const std::string path = join(dir, kManifestName);
+    manifest_from_json(json::parse(read_text_file(path, "checkpoint manifest", size_t{1} << 30)), path);
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+}  // namespace
+
+std::optional<std::string> find_latest_checkpoint(const std::string& root, std::string* notice) {
   struct stat st;
   if (::stat(root.c_str(), &st) != 0) {
     ZERONE_CHECK(errno == ENOENT, "--checkpoint-dir '", root, "': ", std::strerror(errno));
@@ -361,6 +422,9 @@ std::optional<std::string> find_latest_checkpoint(const std::string& root) {
   const std::string latest = join(root, kLatestName);
   // lstat: a dangling symlink is a broken pointer (read_text_file says so), not a missing one.
   if (::lstat(latest.c_str(), &st) == 0) {
+    ZERONE_CHECK(!is_directory(latest), "'", latest, "' is a directory", S_ISLNK(st.st_mode) ? " (a symlink to one)" : "",
+                 ", but zerone's checkpoint pointer is a text file naming the newest checkpoint (step-NNNNNNNN): ",
+                 "replace it with such a file or remove it");
     std::string name = read_text_file(latest, "checkpoint pointer", 4096);
     while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' ')) name.pop_back();
     ZERONE_CHECK(parse_step_name(name).has_value(), "'", latest, "' holds '", name,
@@ -372,13 +436,72 @@ std::optional<std::string> find_latest_checkpoint(const std::string& root) {
                  " (not a complete zerone checkpoint)");
     return dir;
   }
-  // No pointer: only an empty root (or one with a crashed save's temporaries) means "nothing yet".
+  // No pointer. A step directory is renamed into place complete before `latest` is written (Note
+  // [Atomic checkpoints]), so one with a sound manifest is a checkpoint whose pointer a kill cut off.
+  for (const auto& [step, entry] : step_directories(root)) {
+    if (!manifest_is_sound(join(root, entry))) continue;
+    if (notice != nullptr)
+      *notice = str_cat("'", latest, "' is missing (a save stopped before writing it): resuming from the newest ",
+                        "complete checkpoint '", join(root, entry), "'");
+    return join(root, entry);
+  }
+  // Only an empty root (or one with a crashed save's temporaries) means "nothing yet".
   for (const std::string& name : list_directory(root)) {
-    if (name.compare(0, std::strlen(kTmpPrefix), kTmpPrefix) == 0) continue;
+    if (is_bookkeeping_name(name)) continue;
     throw Error(str_cat("--checkpoint-dir '", root, "' holds '", name, "' but no '", kLatestName,
                         "' pointer: it is not a zerone checkpoint directory (give an empty or new directory)"));
   }
   return std::nullopt;
+}
+
+CheckpointDirLock::CheckpointDirLock(const std::string& root) {
+  const std::string path = join(root, kLockName);
+  fd_ = FileDescriptor(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+  ZERONE_CHECK(fd_.get() >= 0, "--checkpoint-dir '", root, "': cannot create the lock file '", path, "': ",
+               std::strerror(errno));
+  if (::flock(fd_.get(), LOCK_EX | LOCK_NB) != 0) {
+    if (errno == ENOLCK || errno == EOPNOTSUPP || errno == ENOSYS) return;  // a filesystem without locks: unguarded
+    ZERONE_CHECK(errno == EWOULDBLOCK, "--checkpoint-dir '", root, "': cannot lock '", path, "': ", std::strerror(errno));
+    char text[32] = {0};
+    const ssize_t n = ::pread(fd_.get(), text, sizeof text - 1, 0);
+    const long holder = n > 0 ? std::atol(text) : 0;
+    throw Error(str_cat("--checkpoint-dir '", root, "' is in use by another zerone run (",
+                        holder > 0 ? str_cat("process ", holder) : std::string("another process"), " holds '", path,
+                        "'): two runs in one directory would replace each other's checkpoints; wait for it to ",
+                        "end or give another --checkpoint-dir"));
+  }
+  const std::string pid = str_cat(::getpid(), "\n");
+  if (::ftruncate(fd_.get(), 0) == 0) {
+    const ssize_t ignored = ::pwrite(fd_.get(), pid.data(), pid.size(), 0);
+    (void)ignored;
+  }
+}
+
+std::optional<std::string> describe_checkpoint_run(const std::string& root) {
+  struct stat st;
+  const std::string latest = join(root, kLatestName);
+  if (::lstat(latest.c_str(), &st) == 0) {
+    std::string name;
+    try {
+      name = read_text_file(latest, "checkpoint pointer", 4096);
+    } catch (const Error&) {
+    }
+    while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' ')) name.pop_back();
+    return str_cat("its 'latest' names ", name.empty() ? std::string("a checkpoint") : str_cat("'", name, "'"));
+  }
+  const auto steps = step_directories(root);
+  if (steps.empty()) return std::nullopt;
+  return str_cat("it holds ", steps.size() == 1 ? steps[0].second : str_cat(steps.back().second, " .. ", steps[0].second));
+}
+
+void remove_stale_checkpoint_temporaries(const std::string& root) noexcept {
+  try {
+    for (const std::string& name : list_directory(root))
+      if (name.compare(0, std::strlen(kTmpPrefix) + 5, std::string(kTmpPrefix) + "step-") == 0)
+        remove_tree(join(root, name));
+    remove_stale_temporaries(root, kLatestName);
+  } catch (...) {
+  }
 }
 
 std::string resolve_checkpoint_path(const std::string& path) {
@@ -436,11 +559,31 @@ std::string publish_checkpoint(const std::string& root, const std::string& tmp, 
                                int keep_last) {
   const std::string text = manifest_to_json(manifest).dump(1) + "\n";
   crash_point("manifest", manifest.step);
-  write_file_atomically(join(tmp, kManifestName), [&](std::FILE* f) { write_all(f, text.data(), text.size(), join(tmp, kManifestName)); });
-  fsync_directory(tmp);
-  crash_point("rename", manifest.step);
   const std::string name = checkpoint_step_name(manifest.step);
   const std::string final_dir = join(root, name);
+  try {
+    // `latest` never moves back: a newer step there is another run's (Note [One run per checkpoint directory]).
+    const std::string latest = join(root, kLatestName);
+    struct stat latest_st;
+    if (::lstat(latest.c_str(), &latest_st) == 0 && !is_directory(latest)) {
+      std::string current;
+      try {
+        current = read_text_file(latest, "checkpoint pointer", 4096);
+      } catch (const Error&) {
+      }
+      while (!current.empty() && (current.back() == '\n' || current.back() == '\r' || current.back() == ' ')) current.pop_back();
+      const std::optional<int64_t> current_step = parse_step_name(current);
+      ZERONE_CHECK(!current_step || *current_step <= manifest.step, "cannot publish checkpoint '", final_dir, "': '",
+                   latest, "' names the newer '", current, "' of another run (the pointer never moves back)");
+    }
+    write_file_atomically(join(tmp, kManifestName),
+                          [&](std::FILE* f) { write_all(f, text.data(), text.size(), join(tmp, kManifestName)); });
+    fsync_directory(tmp);
+  } catch (...) {
+    remove_tree(tmp);  // a full disk or a refused save leaves no half-written step behind
+    throw;
+  }
+  crash_point("rename", manifest.step);
   // A checkpoint of the same step (a run restarted from an older one) is replaced: move it aside
   // first, so that there is never a moment without a complete one where `latest` points.
   const std::string old = join(root, str_cat(kTmpPrefix, "old-", name));
@@ -460,10 +603,11 @@ std::string publish_checkpoint(const std::string& root, const std::string& tmp, 
   });
   crash_point("prune", manifest.step);
   remove_tree(old);
-  // Prune: the newest keep_last complete checkpoints stay; stale temporaries of other steps go.
+  // Prune: the newest keep_last complete checkpoints up to this one stay (steps after it are not
+  // this run's to remove); stale temporaries of other steps go.
   std::vector<std::pair<int64_t, std::string>> steps;
   for (const std::string& entry : list_directory(root)) {
-    if (std::optional<int64_t> s = parse_step_name(entry); s && is_directory(join(root, entry)))
+    if (std::optional<int64_t> s = parse_step_name(entry); s && *s <= manifest.step && is_directory(join(root, entry)))
       steps.emplace_back(*s, entry);
   }
   std::sort(steps.begin(), steps.end());

@@ -101,6 +101,9 @@ struct CheckpointManifest {
 };
 
 nlohmann::json manifest_to_json(const CheckpointManifest& manifest);
+// An integer of a manifest in [lo, hi] (numbers written as floats, strings, values beyond 64 bits
+// are not), or nullopt; the caller's error prints the value as written (json.dump()).
+std::optional<int64_t> manifest_integer(const nlohmann::json& value, int64_t lo, int64_t hi);
 // One file's entry of the manifest (ranks send theirs to rank 0 in this form).
 nlohmann::json checkpoint_file_to_json(const CheckpointFile& file);
 // Throws Error naming `what` for anything missing or malformed.
@@ -157,9 +160,36 @@ std::string checkpoint_step_name(int64_t step);  // "step-00000100"
 
 // What `root` holds, for --resume: the path of the checkpoint `latest` names, or nullopt when there
 // is nothing to resume from (`root` missing or empty, or holding only a crashed save's temporary).
+// Without `latest` (a process killed between a step directory's rename and the pointer's), the
+// newest step directory whose manifest parses and checks is taken, and `notice` (optional) says so.
 // Throws Error naming the path for `latest` naming a missing or incomplete directory, or a `root`
 // that holds something that is not zerone checkpoints.
-std::optional<std::string> find_latest_checkpoint(const std::string& root);
+std::optional<std::string> find_latest_checkpoint(const std::string& root, std::string* notice = nullptr);
+
+// Note [One run per checkpoint directory]: two runs saving into one root would replace and prune
+// each other's checkpoints. A run holds an exclusive flock(2) on ROOT/.zerone-lock (which holds its
+// pid, for the message) from start-up to exit; the kernel releases it however the process ends, so
+// a killed run never leaves a stale lock (on a filesystem without flock the run goes unguarded).
+// Under MPI rank 0 holds it for the job. A run that is not
+// --resume'd refuses a root that already holds checkpoints (describe_checkpoint_run), so it never
+// moves `latest` back to its own step 1 or prunes another run's steps.
+class CheckpointDirLock {
+ public:
+  // Takes the lock on `root` (an existing directory). Throws Error naming the root and the
+  // process that holds it.
+  explicit CheckpointDirLock(const std::string& root);
+  CheckpointDirLock(const CheckpointDirLock&) = delete;
+  CheckpointDirLock& operator=(const CheckpointDirLock&) = delete;
+
+ private:
+  FileDescriptor fd_;
+};
+// "'latest' names step-00000030" or "it holds step-00000010 .. step-00000020": what marks `root`
+// as another run's checkpoints; nullopt when it holds none.
+std::optional<std::string> describe_checkpoint_run(const std::string& root);
+// Start-up sweep under the lock (Note [Stale temporaries] in io/file.h): removes the temporaries
+// of saves that were killed (.tmp-step-*, latest.tmp.<pid> of a process that is gone). Never throws.
+void remove_stale_checkpoint_temporaries(const std::string& root) noexcept;
 // Whether `path` is one checkpoint directory (holds manifest.json).
 bool is_checkpoint_directory(const std::string& path);
 // A checkpoint directory given as either a checkpoint or a root with `latest` (zerone convert,

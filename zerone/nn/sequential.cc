@@ -175,10 +175,14 @@ SequentialConfig parse_sequential_spec(const std::string& given) {
       bool have_kernel = !conv, have_stride = false;
       if (conv) l.out = positive(parts[0], given, item, 1 << 16);
       else std::tie(l.kh, l.kw) = pair_of(parts[0], given, item, false);
+      std::string seen;  // option letters so far: each may appear once (conv=4:k3:k5 took the last)
       for (size_t p = 1; p < parts.size(); ++p) {
         const std::string& opt = parts[p];
         ZERONE_CHECK(opt.size() >= 2 && (opt[0] == 's' || opt[0] == 'p' || (conv && opt[0] == 'k')), "--model '", given,
                      "': '", item, "': option '", opt, "' is not ", conv ? "kK, " : "", "sS or pP");
+        ZERONE_CHECK(seen.find(opt[0]) == std::string::npos, "--model '", given, "': '", item, "': option '", opt[0],
+                     "' is given twice: expected it once");
+        seen += opt[0];
         auto v = pair_of(opt.substr(1), given, item, opt[0] == 'p');
         if (opt[0] == 'k') std::tie(l.kh, l.kw) = v, have_kernel = true;
         else if (opt[0] == 's') std::tie(l.stride_h, l.stride_w) = v, have_stride = true;

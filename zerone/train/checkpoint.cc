@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 
 #include "zerone/core/error.h"
@@ -41,37 +42,47 @@ json trainer_state_to_json(const TrainerState& s) {
 }
 
 TrainerState trainer_state_from_json(const json& j, const std::string& what) {
-  TrainerState s;
-  try {
-    s.step = j.at("step").get<int64_t>();
-    s.next_chunk = j.at("next_chunk").get<uint64_t>();
-    s.micro_batch = j.at("micro_batch").get<int>();
-    s.seq = j.at("seq").get<int>();
-    s.grad_accum = j.at("grad_accum").get<int>();
-    s.world_size = j.at("world_size").get<int>();
-    s.seed = j.at("seed").get<uint64_t>();
-    s.shuffle = j.at("shuffle").get<bool>();
-    s.lr_advances = j.at("lr_schedule_advances").get<int64_t>();
-    const json& ls = j.at("loss_scaler");
-    s.loss_scaler.scale = ls.at("scale").get<double>();
-    s.loss_scaler.hysteresis_left = ls.at("hysteresis_left").get<int>();
-    s.loss_scaler.iteration = ls.at("iteration").get<int64_t>();
-    s.loss_scaler.last_overflow = ls.at("last_overflow").get<int64_t>();
-    s.skipped_steps = j.at("skipped_steps").get<int64_t>();
-  } catch (const json::exception& e) {
-    throw Error(str_cat(what, ": the trainer state is incomplete or mistyped: ", e.what()));
-  }
-  // The trainer counts steps in an int; a count out of range would restart or skip the run silently.
-  auto in_range = [&](bool ok, const char* key, auto value, const char* expected) {
-    ZERONE_CHECK(ok, what, ": trainer state \"", key, "\" ", value, " is out of range (expected ", expected, ")");
+  // Every number is range-checked as written (a float or a value beyond 64 bits is no count), and
+  // printed as written: nlohmann's get<int> would wrap 1e30 to INT64_MIN or truncate 2^32+2 to 2.
+  auto field = [&](const json& obj, const char* key) -> const json& {
+    ZERONE_CHECK(obj.is_object() && obj.contains(key), what, ": the trainer state is incomplete: it lacks \"", key, "\"");
+    return obj.at(key);
   };
-  in_range(s.step >= 0 && s.step < INT32_MAX, "step", s.step, "0..2147483646");
-  in_range(s.lr_advances >= 0 && s.lr_advances <= s.step, "lr_schedule_advances", s.lr_advances, "0..step");
-  in_range(s.skipped_steps >= 0 && s.skipped_steps <= s.step, "skipped_steps", s.skipped_steps, "0..step");
-  in_range(s.micro_batch >= 1, "micro_batch", s.micro_batch, ">= 1");
-  in_range(s.seq >= 1, "seq", s.seq, ">= 1");
-  in_range(s.grad_accum >= 1, "grad_accum", s.grad_accum, ">= 1");
-  in_range(s.world_size >= 1, "world_size", s.world_size, ">= 1");
+  auto integer = [&](const json& obj, const char* key, int64_t lo, int64_t hi, const std::string& expected) {
+    const json& v = field(obj, key);
+    const std::optional<int64_t> x = io::manifest_integer(v, lo, hi);
+    ZERONE_CHECK(x.has_value(), what, ": trainer state \"", key, "\" ", v.dump(), " is out of range (expected ", expected, ")");
+    return *x;
+  };
+  constexpr int64_t kIntMax = INT32_MAX;
+  TrainerState s;
+  s.step = integer(j, "step", 0, kIntMax - 1, "0..2147483646");
+  // Every step reads at least one micro-batch chunk; 2^32 per step is beyond any global batch.
+  constexpr int64_t kMaxChunksPerStep = int64_t{1} << 32;
+  s.next_chunk = static_cast<uint64_t>(
+      integer(j, "next_chunk", s.step, s.step * kMaxChunksPerStep, str_cat("step..step x 2^32 = ", s.step, "..",
+                                                                         s.step * kMaxChunksPerStep)));
+  s.micro_batch = static_cast<int>(integer(j, "micro_batch", 1, kIntMax, ">= 1"));
+  s.seq = static_cast<int>(integer(j, "seq", 1, kIntMax, ">= 1"));
+  s.grad_accum = static_cast<int>(integer(j, "grad_accum", 1, kIntMax, ">= 1"));
+  s.world_size = static_cast<int>(integer(j, "world_size", 1, kIntMax, ">= 1"));
+  const json& seed = field(j, "seed");
+  ZERONE_CHECK(seed.is_number_unsigned() || (seed.is_number_integer() && seed.get<int64_t>() >= 0), what,
+               ": trainer state \"seed\" ", seed.dump(), " is out of range (expected 0..18446744073709551615)");
+  s.seed = seed.get<uint64_t>();
+  const json& shuffle = field(j, "shuffle");
+  ZERONE_CHECK(shuffle.is_boolean(), what, ": trainer state \"shuffle\" is ", shuffle.dump(), ", expected true or false");
+  s.shuffle = shuffle.get<bool>();
+  s.lr_advances = integer(j, "lr_schedule_advances", 0, s.step, "0..step");
+  const json& ls = field(j, "loss_scaler");
+  const json& scale = field(ls, "scale");
+  ZERONE_CHECK(scale.is_number() && std::isfinite(scale.get<double>()) && scale.get<double>() > 0.0, what,
+               ": trainer state \"scale\" ", scale.dump(), " is out of range (expected a positive number)");
+  s.loss_scaler.scale = scale.get<double>();
+  s.loss_scaler.hysteresis_left = static_cast<int>(integer(ls, "hysteresis_left", 0, kIntMax, "0..2147483647"));
+  s.loss_scaler.iteration = integer(ls, "iteration", 0, INT64_MAX, ">= 0");
+  s.loss_scaler.last_overflow = integer(ls, "last_overflow", -1, INT64_MAX, ">= -1");
+  s.skipped_steps = integer(j, "skipped_steps", 0, s.step, "0..step");
   return s;
 }
 
@@ -134,6 +145,15 @@ void Checkpointer::save(zero::ZeroEngine& engine, const TrainerState& state) {
                                                        const std::vector<uint64_t>& checksums) {
     last_copied_bytes_ += writer->append_from_file(u, tensor, DType::f32, begin, count, path, offset, checksums);
   };
+  // A failed write (a full disk) leaves no temporary directory behind on a single rank; with more
+  // ranks others may still be writing into it, and the next run's start-up sweep removes it.
+  struct RemoveTmpUnlessDone {
+    const std::string& tmp;
+    bool armed;
+    ~RemoveTmpUnlessDone() {
+      if (armed) io::remove_tree(tmp);
+    }
+  } cleanup{p->tmp, comm_.world_size() == 1};
   if (!async_) {
     engine.save_state(
         [&](int u, const std::string& tensor, DType dtype, size_t begin, size_t count, const void* data) {
@@ -141,9 +161,11 @@ void Checkpointer::save(zero::ZeroEngine& engine, const TrainerState& state) {
         },
         copy_extent);
     p->file = writer->finish();
+    writer.reset();
     p->write_s = seconds_since(w0);
     last_stall_s_ = seconds_since(t0);  // the whole save stalls training
     finish(*p);
+    cleanup.armed = false;
     return;
   }
   // Async: copy every piece into host staging (the stall), then write in the background.
@@ -179,6 +201,7 @@ void Checkpointer::save(zero::ZeroEngine& engine, const TrainerState& state) {
     }
     raw->done.store(true);
   });
+  cleanup.armed = false;  // the writer thread owns the file now; finish() reports its failure
   pending_ = std::move(p);
   last_stall_s_ = seconds_since(t0);
 }
@@ -191,7 +214,10 @@ void Checkpointer::publish_pending() {
 }
 
 void Checkpointer::finish(Pending& p) {
-  if (p.error) std::rethrow_exception(p.error);
+  if (p.error) {
+    if (comm_.world_size() == 1) io::remove_tree(p.tmp);
+    std::rethrow_exception(p.error);
+  }
   // Every rank's file description to rank 0: lengths first, then the texts padded to the longest.
   const std::string mine = io::checkpoint_file_to_json(p.file).dump();
   const int world = comm_.world_size();
@@ -223,7 +249,7 @@ void Checkpointer::finish(Pending& p) {
       m.files.push_back(io::checkpoint_file_from_json(json::parse(text), str_cat("rank ", r, "'s checkpoint file")));
       total_bytes += m.files.back().bytes;
     }
-    io::publish_checkpoint(root_, p.tmp, m, keep_last_);
+    io::publish_checkpoint(root_, p.tmp, m, keep_last_);  // removes p.tmp if it fails
   }
   // Every rank returns once the checkpoint is published (rank 0's failure ends the job first).
   comm_.barrier_async().wait();
@@ -234,17 +260,27 @@ void Checkpointer::finish(Pending& p) {
 
 // ------------------------------------------------------------------------------------ loading
 
-void check_checkpoint_fits(const io::CheckpointReader& reader, const nn::Model& model, DType dtype) {
+void check_resumable(const io::CheckpointReader& reader) {
+  const io::CheckpointManifest& m = reader.manifest();
+  ZERONE_CHECK(!m.optimizer.empty() || (m.trainer.is_object() && m.trainer.contains("step")), "checkpoint '",
+               reader.path(), "' holds weights only (no optimizer or trainer state; written by zerone convert?), so ",
+               "there is no run to resume: start one from it with --init '", reader.path(), "'");
+}
+
+void check_checkpoint_fits(const io::CheckpointReader& reader, const nn::Model& model, DType dtype, bool weights_only) {
   const io::CheckpointManifest& m = reader.manifest();
   const std::string where = str_cat("checkpoint '", reader.path(), "'");
   // Compared in canonical form: "gpt2-124m" and its full spec are one model.
   const std::string held = nn::make_model(m.model, dtype, 64, false)->spec();
   ZERONE_CHECK(held == model.spec(), where, " holds model ", held, ", not ", model.spec());
-  ZERONE_CHECK(m.dtype == dtype, where, " was trained in ", dtype_name(m.dtype), ", this run computes in ",
-               dtype_name(dtype), ": resume with --precision ", m.dtype == DType::f32 ? "fp32" : dtype_name(m.dtype));
+  // Weights alone (--init) convert to the run's precision, as Hugging Face and llm.c sources do;
+  // a resumed run continues the optimizer state of the precision it was trained in.
+  ZERONE_CHECK(weights_only || m.dtype == dtype, where, " was trained in ", dtype_name(m.dtype), ", this run computes in ",
+               dtype_name(dtype), ": resume with --precision ", m.dtype == DType::f32 ? "fp32" : dtype_name(m.dtype),
+               " (--init takes its weights in any precision)");
   reader.check_layout(model);
-  ZERONE_CHECK(reader.has_tensor("param") && reader.tensor_dtype("param") == dtype, where,
-               " holds no parameters in ", dtype_name(dtype));
+  ZERONE_CHECK(reader.has_tensor("param") && (weights_only || reader.tensor_dtype("param") == dtype), where,
+               " holds no parameters", weights_only ? "" : str_cat(" in ", dtype_name(dtype)));
 }
 
 }  // namespace zerone::train

@@ -115,9 +115,13 @@ class Checkpointer {
   double last_write_s_ = 0.0;
 };
 
-// Checks a checkpoint opened for --resume (or --init of a zerone checkpoint) against the run's
-// model and precision. Throws Error naming the checkpoint and what differs (another model,
-// precision or unit layout), before anything is loaded.
-void check_checkpoint_fits(const io::CheckpointReader& reader, const nn::Model& model, DType dtype);
+// Checks a checkpoint opened for --resume (or, `weights_only`, --init of a zerone checkpoint, whose
+// parameters convert to any precision) against the run's model and precision. Throws Error naming
+// the checkpoint and what differs (another model, precision or unit layout), before anything is loaded.
+void check_checkpoint_fits(const io::CheckpointReader& reader, const nn::Model& model, DType dtype,
+                           bool weights_only = false);
+// Throws Error when the checkpoint --resume found holds weights only (zerone convert --to zerone):
+// it has no optimizer or trainer state to continue, and --init takes it.
+void check_resumable(const io::CheckpointReader& reader);
 
 }  // namespace zerone::train

@@ -99,18 +99,20 @@ const std::set<std::string> kNoEffectTop = {
     "gradient_predivide_factor", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer",
     "flops_profiler", "comms_logger", "monitor_config",
     "compile", "timers", "nebula", "eigenvalue", "pipeline", "dataloader_drop_last", "sparse_gradients",
-    "legacy_fusion", "seq_parallel_communication_data_type", "disable_allgather", "fp32_allreduce"};
+    "legacy_fusion", "seq_parallel_communication_data_type", "disable_allgather", "fp32_allreduce",
+    // CUDA-graph capture of kernels, and the order of DeepSpeed's MoE process groups (zerone has no MoE).
+    "graph_harvesting", "use_data_before_expert_parallelism"};
 // Top-level blocks whose "enabled": true would change training; disabled they do nothing.
 const std::set<std::string> kEnabledGatedTop = {"elasticity",         "amp",          "curriculum_learning",
                                                 "data_efficiency",    "autotuning",   "progressive_layer_drop",
-                                                "quantize_training"};
+                                                "quantize_training",  "hybrid_engine"};
 // zero_optimization keys that tune machinery zerone lacks (stage-3 caches, checkpoint gathering,
 // offload sub-groups) and cannot change results.
 const std::set<std::string> kNoEffectZero = {
     "round_robin_gradients", "stage3_max_live_parameters", "max_live_parameters",
     "stage3_max_reuse_distance", "max_reuse_distance", "stage3_gather_16bit_weights_on_model_save",
     "gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save", "elastic_checkpoint",
-    "ignore_unused_parameters", "load_from_fp32_weights", "legacy_stage1", "memory_efficient_linear",
+    "ignore_unused_parameters", "legacy_stage1", "memory_efficient_linear",
     "use_multi_rank_bucket_allreduce", "cpu_offload_use_pin_memory", "log_trace_cache_warnings",
     "stage3_module_granularity_threshold", "module_granularity_threshold", "use_all_reduce_for_fetch_params",
     "stage3_model_persistence_threshold", "model_persistence_threshold", "zero_hpz_partition_size",
@@ -121,7 +123,7 @@ const std::set<std::string> kAlwaysOnZero = {"overlap_comm", "contiguous_gradien
                                              "allgather_partitions"};
 // zero_optimization switches of capabilities zerone lacks: false is accepted, true is an error.
 const std::set<std::string> kOffByDefaultZero = {"zero_quantized_weights", "zero_quantized_nontrainable_weights",
-                                                 "zero_quantized_gradients", "cpu_offload", "cpu_offload_params"};
+                                                 "zero_quantized_gradients"};
 
 bool is_auto(const json& v) { return v.is_string() && v.get<std::string>() == "auto"; }
 
@@ -654,6 +656,25 @@ void ConfigReader::read_zero(const json& v) {
     } else if (kOffByDefaultZero.count(zk)) {
       if (!is_auto(zv) && boolean(zv, full)) not_implemented(full, zv, zk);
       no_effect(full);
+    } else if (zk == "cpu_offload" || zk == "cpu_offload_params") {
+      // DeepSpeed's names from before offload_optimizer / offload_param: true is device "cpu".
+      const bool opt = zk == "cpu_offload";
+      if (is_auto(zv) || !boolean(zv, full)) {
+        no_effect(full);
+      } else {
+        const std::string block = str_cat("zero_optimization.", opt ? "offload_optimizer" : "offload_param");
+        const json& b = v.contains(opt ? "offload_optimizer" : "offload_param") ? v[opt ? "offload_optimizer" : "offload_param"]
+                                                                                  : json();
+        if (b.is_object() && b.contains("device") && b["device"].is_string() && b["device"] != "cpu")
+          fail_text(full, str_cat("is true, but ", block, ".device is ", b["device"].dump(), ": give one of them"));
+        if (claim(opt ? "--offload-optimizer" : "--offload-param", full)) (opt ? cfg_.offload_optimizer : cfg_.offload_param) = "cpu";
+      }
+    } else if (zk == "load_from_fp32_weights") {
+      // false: DeepSpeed rebuilds the fp32 master weights from the 16-bit parameters on a resume;
+      // zerone always resumes the saved master weights, which changes results.
+      if (!is_auto(zv) && !boolean(zv, full))
+        not_implemented(full, zv, "resuming the master weights from the 16-bit parameters");
+      no_effect(full);
     } else if (zk == "mics_shard_size") {
       if (!is_auto(zv) && integer(zv, full, {-1, kInt32Max}) > 0) not_implemented(full, zv, "MiCS sharding");
       no_effect(full);
@@ -750,6 +771,8 @@ void validate(const TrainConfig& c) {
   check_float("--momentum", c.momentum);
   check_float("--dampening", c.dampening);
   check_int("--epochs", c.epochs);
+  ZERONE_CHECK(!c.is_given("--epochs") || c.epochs >= 1, setting_name(c, "--epochs"), " ", c.epochs,
+               " is out of range: expected 1..1000000 passes over --data (0 would train nothing)");
   ZERONE_CHECK(!(c.is_given("--epochs") && c.is_given("--steps")), setting_name(c, "--epochs"), " and ",
                setting_name(c, "--steps"), " both say how long to train: give one");
   {

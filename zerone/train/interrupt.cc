@@ -13,6 +13,7 @@ namespace zerone::train {
 namespace {
 
 std::atomic<int> g_signal{0};
+std::atomic<const char*> g_stopping{"stopping at the next step boundary"};
 struct sigaction g_previous_int, g_previous_term, g_previous_hup, g_previous_pipe;
 
 void write_stderr(const char* text) {
@@ -26,9 +27,9 @@ void on_signal(int signal_number) {
   // descriptors, and a SIGKILL that may follow (mpiexec ending a failed job) leaves nothing behind.
   io::remove_swap_directories_in_flight();
   if (g_signal.compare_exchange_strong(expected, signal_number)) {
-    write_stderr(signal_number == SIGINT    ? "\nzerone: SIGINT: stopping at the next step boundary (again to stop at once)\n"
-                 : signal_number == SIGHUP ? "\nzerone: SIGHUP: stopping at the next step boundary (again to stop at once)\n"
-                                           : "\nzerone: SIGTERM: stopping at the next step boundary (again to stop at once)\n");
+    write_stderr(signal_number == SIGINT ? "\nzerone: SIGINT: " : signal_number == SIGHUP ? "\nzerone: SIGHUP: " : "\nzerone: SIGTERM: ");
+    write_stderr(g_stopping.load());
+    write_stderr(" (again to stop at once)\n");
     return;
   }
   io::remove_temporaries_in_flight();
@@ -38,8 +39,9 @@ void on_signal(int signal_number) {
 
 }  // namespace
 
-InterruptGuard::InterruptGuard() {
+InterruptGuard::InterruptGuard(const char* stopping) {
   g_signal = 0;
+  g_stopping = stopping;
   struct sigaction action;
   std::memset(&action, 0, sizeof action);
   action.sa_handler = on_signal;

@@ -23,7 +23,9 @@ namespace zerone::train {
 // restored by InterruptGuard's destructor.
 class InterruptGuard {
  public:
-  InterruptGuard();
+  // `stopping`: what the first signal's notice says happens next (a string literal, it must
+  // outlive the guard), e.g. "stopping at the next step boundary".
+  explicit InterruptGuard(const char* stopping = "stopping at the next step boundary");
   ~InterruptGuard();
   InterruptGuard(const InterruptGuard&) = delete;
   InterruptGuard& operator=(const InterruptGuard&) = delete;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <unistd.h>
 
+#include <cstdio>
 #include <memory>
 
 #include "zerone/core/error.h"
@@ -24,7 +25,9 @@ void sample(const SampleOptions& o, const std::function<void(const std::string&)
   ZERONE_CHECK(o.top_k >= 0, "--top-k ", o.top_k, " must be >= 0");
   // --init: a Hugging Face directory (config.json picks GPT-2 or LLaMA), else an llm.c GPT-2 file.
   const bool hf = io::is_hf_directory(o.init);
-  const std::string spec = hf ? io::read_hf_spec(o.init) : io::read_llmc_config(o.init, "--init").to_string();
+  std::string notice;
+  const std::string spec = hf ? io::read_hf_spec(o.init, &notice) : io::read_llmc_config(o.init, "--init").to_string();
+  if (!notice.empty()) std::fprintf(stderr, "zerone: notice: %s\n", notice.c_str());
   // The tokenizer before the model: its errors are cheaper to find first. A Hugging Face directory
   // that holds its tokenizer (tokenizer.json / tokenizer.model) decodes with it unless --tokenizer.
   std::string tokenizer_path = o.tokenizer;
@@ -37,8 +40,12 @@ void sample(const SampleOptions& o, const std::function<void(const std::string&)
   const DType dtype = resolve_precision(o.precision);
   std::unique_ptr<nn::Model> shape = nn::make_model(spec, dtype, 64, /*allocate=*/false);
   const int vocab = shape->vocab_size(), max_seq = shape->max_seq_len();
-  ZERONE_CHECK(tokenizer->vocab_size() <= vocab, "--tokenizer: ", tokenizer->description(), " has ",
-               tokenizer->vocab_size(), " tokens, more than the model's vocabulary of ", vocab);
+  // A tokenizer that was given (or found beside a Hugging Face model) must fit the vocabulary; the
+  // default byte-level one decodes any model of up to 257 tokens (256 bytes, then end-of-text).
+  const std::string tokenizer_source = o.tokenizer.empty() ? str_cat("the tokenizer of '", o.init, "'") : "--tokenizer";
+  ZERONE_CHECK(tokenizer_path.empty() || tokenizer->vocab_size() <= vocab, tokenizer_source, ": ",
+               tokenizer->description(), " has ", tokenizer->vocab_size(), " tokens, more than the model's vocabulary of ",
+               vocab);
   auto decode = [&](int32_t t) { return tokenizer->decode(&t, 1); };
   ZERONE_CHECK(o.prompt.empty() || o.prompt_tokens.empty(), "--prompt and --prompt-tokens both given: expected one");
   const long double need = static_cast<long double>(shape->num_parameters()) * dtype_size(dtype) +

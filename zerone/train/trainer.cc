@@ -16,6 +16,7 @@
 #include "zerone/io/aio.h"
 #include "zerone/core/profiler.h"
 #include "zerone/core/sysinfo.h"
+#include "zerone/io/convert.h"
 #include "zerone/io/hf_checkpoint.h"
 #include "zerone/io/idx.h"
 #include "zerone/io/sharded_checkpoint.h"
@@ -69,13 +70,21 @@ struct Evaluation {
 // double sum whose order alone depends on the world size. The forward is collective at stage 3
 // (it gathers parameters), so every rank runs the same number of forwards: a rank whose share is
 // one chunk short repeats its first chunk (or chunk 0) once and counts nothing from it.
-Evaluation evaluate(nn::Model& model, BatchSource& source, uint64_t batches, comm::Communicator& comm) {
+//
+// Note [Interrupted evaluation]: an evaluation has no state to save, so a stop signal ends it at the
+// next batch (a pass over a large validation set takes minutes) and it returns nothing. The ranks
+// agree on the signal before every batch (one small all-reduce), so all stop at the same batch and
+// none waits in another's forward.
+std::optional<Evaluation> evaluate(nn::Model& model, BatchSource& source, uint64_t batches, comm::Communicator& comm) {
   const bool classifier = model.input_kind() == nn::InputKind::features;
   const uint64_t world = static_cast<uint64_t>(comm.world_size()), rank = static_cast<uint64_t>(comm.rank());
   const uint64_t n = std::min<uint64_t>(batches, source.chunks_per_epoch());
   const uint64_t rounds = (n + world - 1) / world;
   double sums[3] = {0.0, 0.0, 0.0};  // loss (classifiers: times the batch size), samples, correct
   for (uint64_t round = 0; round < rounds; ++round) {
+    double stop = interrupt_signal() != 0 ? 1.0 : 0.0;
+    if (world > 1) comm.all_reduce_sum_async(&stop, 1).wait();
+    if (stop > 0.0) return std::nullopt;
     const uint64_t chunk = round * world + rank;
     const bool counted = chunk < n;
     const nn::Batch batch = source.load(counted ? chunk : rank < n ? rank : 0);
@@ -453,9 +462,26 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   // Note [Resume] (train/checkpoint.h): the checkpoint to continue from decides the model; a
   // zerone checkpoint given to --init gives the weights only.
   std::unique_ptr<io::CheckpointReader> resume_from, init_zerone;
+  // Note [One run per checkpoint directory] (io/sharded_checkpoint.h): rank 0 locks an existing
+  // --checkpoint-dir before reading it (one created at start-up is locked once it exists), refuses
+  // another run's checkpoints without --resume, and sweeps the temporaries of killed saves.
+  std::optional<io::CheckpointDirLock> checkpoint_lock;
+  auto lock_checkpoint_dir = [&] {
+    checkpoint_lock.emplace(cfg.checkpoint_dir);
+    if (!cfg.resume)
+      if (std::optional<std::string> run = io::describe_checkpoint_run(cfg.checkpoint_dir))
+        throw Error(str_cat("--checkpoint-dir '", cfg.checkpoint_dir, "' holds the checkpoints of an earlier run (", *run,
+                            "): give --resume to continue it, or a new --checkpoint-dir to start over (a new run ",
+                            "there would move 'latest' back to its own steps and prune the earlier run's)"));
+    io::remove_stale_checkpoint_temporaries(cfg.checkpoint_dir);
+  };
+  if (lead && !cfg.checkpoint_dir.empty() && io::is_directory(cfg.checkpoint_dir)) lock_checkpoint_dir();
   if (cfg.resume) {
-    if (std::optional<std::string> dir = io::find_latest_checkpoint(cfg.checkpoint_dir)) {
+    std::string found_notice;
+    if (std::optional<std::string> dir = io::find_latest_checkpoint(cfg.checkpoint_dir, &found_notice)) {
+      if (lead && !found_notice.empty()) std::fprintf(stderr, "zerone: notice: %s\n", found_notice.c_str());
       resume_from = std::make_unique<io::CheckpointReader>(*dir);
+      check_resumable(*resume_from);
       if (lead && !cfg.init.empty())
         std::fprintf(stderr, "zerone: notice: resuming from '%s': --init '%s' is not read\n", dir->c_str(), cfg.init.c_str());
     } else if (lead) {
@@ -487,7 +513,9 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
                    "', which holds ", model_spec);
     }
   } else if (init_hf) {
-    model_spec = io::read_hf_spec(cfg.init);
+    std::string notice;
+    model_spec = io::read_hf_spec(cfg.init, &notice);
+    if (lead && !notice.empty()) std::fprintf(stderr, "zerone: notice: %s\n", notice.c_str());
     if (!cfg.model.empty()) {
       const std::string requested = nn::make_model(cfg.model, dtype, 64, false)->spec();
       const std::string held = nn::make_model(model_spec, dtype, 64, false)->spec();
@@ -534,14 +562,17 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
                "--save '", cfg.save, "' names a file, which is an llm.c GPT-2 checkpoint and cannot hold ", model.spec(),
                ": give a directory (ending in '/') for a Hugging Face checkpoint");
   if (resume_from) check_checkpoint_fits(*resume_from, model, dtype);
-  if (init_zerone) check_checkpoint_fits(*init_zerone, model, dtype);
+  if (init_zerone) check_checkpoint_fits(*init_zerone, model, dtype, /*weights_only=*/true);
   auto settings = consistency_settings(cfg);
   settings.emplace_back("the model", model.spec());
   if (resume_from) settings.emplace_back("the checkpoint resumed", str_cat(resume_from->path(), " step ", resume_from->manifest().step));
   settings.emplace_back("the precision", dtype_name(dtype));
   check_same_config_everywhere(settings, comm);
   if (lead) check_outputs(cfg);  // only rank 0 writes; its error ends the job (Note [Errors under MPI])
-  if (lead && !cfg.checkpoint_dir.empty()) io::check_checkpoint_root(cfg.checkpoint_dir, "--checkpoint-dir");
+  if (lead && !cfg.checkpoint_dir.empty()) {
+    io::check_checkpoint_root(cfg.checkpoint_dir, "--checkpoint-dir");
+    if (!checkpoint_lock) lock_checkpoint_dir();
+  }
 
   zero::ZeroConfig zcfg;
   zcfg.stage = cfg.zero_stage;
@@ -671,13 +702,26 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   // Opened and checked once; each unit then reads only its own bytes.
   std::unique_ptr<io::HfCheckpointReader> hf_init;
   if (init_hf) hf_init = std::make_unique<io::HfCheckpointReader>(cfg.init, model);
+  // --init's weights into unit u of `m` (the run's model, or an f32 copy for Note [f16 range]).
+  auto load_init = [&](nn::Model& m, int u) {
+    const DType d = m.compute_dtype();
+    if (init_zerone)  // f32 from the f32 master weights where a bf16/fp16 run kept them (as convert does)
+      init_zerone->read(u, d == DType::f32 && init_zerone->manifest().dtype != DType::f32 && init_zerone->has_tensor("master")
+                               ? "master" : "param",
+                        0, m.units()[u].numel(), d, m.units()[u].data());
+    else if (hf_init) hf_init->load_unit(m, u);
+    else io::load_llmc_checkpoint(cfg.init, dynamic_cast<nn::GPT2&>(m), u);
+  };
   auto materialize = [&](int u) {
     throw_if_interrupted();
-    if (io::CheckpointReader* ckpt = resume_from ? resume_from.get() : init_zerone.get())
-      ckpt->read(u, "param", 0, model.units()[u].numel(), dtype, model.units()[u].data());
-    else if (cfg.init.empty()) model.init_unit(u, cfg.seed);
-    else if (hf_init) hf_init->load_unit(model, u);
-    else io::load_llmc_checkpoint(cfg.init, dynamic_cast<nn::GPT2&>(model), u);
+    if (resume_from) {
+      resume_from->read(u, "param", 0, model.units()[u].numel(), dtype, model.units()[u].data());
+    } else if (init_zerone || !cfg.init.empty()) {
+      load_init(model, u);
+      io::check_unit_fits_f16(model, u, load_init, str_cat("--init '", cfg.init, "' at --precision fp16"));
+    } else {
+      model.init_unit(u, cfg.seed);
+    }
   };
   const auto load_t0 = std::chrono::steady_clock::now();
   const optim::OptimizerOptions optimizer = optimizer_options(cfg);
@@ -925,12 +969,46 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
       Profiler::set_enabled(false);
       const uint64_t batches = classifier && !cfg.is_given("--val-batches") ? val_source->chunks_per_epoch()
                                                                             : static_cast<uint64_t>(cfg.val_batches);
-      const Evaluation e = evaluate(model, *val_source, batches, comm);
+      const std::optional<Evaluation> evaluated = evaluate(model, *val_source, batches, comm);
+      Profiler::set_enabled(true);  // the summary splits the step's time (issue 23)
+      if (!evaluated) {
+        // Stopped during validation (Note [Interrupted evaluation]): step `step` is complete, so
+        // its metrics are written and the stop checkpoint holds it.
+        int sig = interrupt_signal();
+        double reduced_sig[3] = {sig == SIGINT ? 1.0 : 0.0, sig == SIGHUP ? 1.0 : 0.0, sig == SIGTERM ? 1.0 : 0.0};
+        comm.all_reduce_sum_async(reduced_sig, 3).wait();
+        result.interrupted_by = reduced_sig[2] > 0.0 ? SIGTERM : reduced_sig[1] > 0.0 ? SIGHUP : SIGINT;
+        result.steps = step;
+        result.final_train_loss = loss;
+        if (lead) progress.step(record);
+        metrics.write(record);
+        if (checkpointer) {
+          checkpointer->publish_pending();
+          if (checkpointer->last_published_step() < step) {
+            save_checkpoint(step);
+            if (cfg.checkpoint_async) {
+              checkpointer->publish_pending();
+              report_saved();
+            }
+          }
+        }
+        if (lead) {
+          std::string kept = str_cat("steps 1..", step, " were trained");
+          if (!cfg.metrics.empty()) kept += str_cat("; their metrics are in '", cfg.metrics, "'");
+          if (!cfg.save.empty()) kept += str_cat("; --save '", cfg.save, "' was not written (it is written when training ends)");
+          if (checkpointer && checkpointer->last_published_step() > 0)
+            kept += str_cat("; checkpoint '", cfg.checkpoint_dir, "/", io::checkpoint_step_name(checkpointer->last_published_step()),
+                            "' holds the last of them (--resume continues)");
+          progress.message(str_cat("zerone: stopped by ", signal_name(result.interrupted_by), " during the validation after step ",
+                                   step, " of ", cfg.steps, ": ", kept));
+        }
+        return result;
+      }
+      const Evaluation& e = *evaluated;
       record.val_loss = e.loss;
       record.val_accuracy = e.accuracy;
       val_samples = e.samples;
       val_samples_here = e.samples_here;
-      Profiler::set_enabled(true);
     }
     if (lead) {
       progress.step(record);

@@ -10,6 +10,8 @@ namespace {
 std::shared_ptr<Buffer> staging(size_t bytes) {
   return std::make_shared<Buffer>(bytes, MemCategory::comm, MemPlace::host);
 }
+// A finished collective.
+Work done() { return Work(); }
 }  // namespace
 
 DeviceCommunicator::DeviceCommunicator(Communicator& host, kernels::Backend& device) : host_(host), device_(device) {}
@@ -30,7 +32,7 @@ std::unique_ptr<Communicator> DeviceCommunicator::split_by_host() {
 }
 
 template <typename T> Work DeviceCommunicator::all_reduce_staged(T* data, size_t n) {
-  if (!staged()) return host_.all_reduce_sum_async(data, n);
+  if (!staged()) return device_.host_addressable() ? host_.all_reduce_sum_async(data, n) : done();
   auto host = staging(n * sizeof(T));
   device_.copy_any(host->data(), data, n * sizeof(T));
   Work work = host_.all_reduce_sum_async(host->as<T>(), n);
@@ -41,7 +43,11 @@ Work DeviceCommunicator::all_reduce_sum_async(float* data, size_t n) { return al
 Work DeviceCommunicator::all_reduce_sum_async(double* data, size_t n) { return all_reduce_staged(data, n); }
 
 Work DeviceCommunicator::reduce_scatter_sum_async(const float* in, float* out, size_t shard_n) {
-  if (!staged()) return host_.reduce_scatter_sum_async(in, out, shard_n);
+  if (!staged() && device_.host_addressable()) return host_.reduce_scatter_sum_async(in, out, shard_n);
+  if (!staged()) {  // alone: this rank's shard is the whole input
+    if (in != out) device_.copy_any(out, in, shard_n * sizeof(float));
+    return done();
+  }
   const size_t world = static_cast<size_t>(world_size()), bytes = shard_n * sizeof(float);
   auto host = staging(world * bytes);
   device_.copy_any(host->data(), in, world * bytes);
@@ -55,7 +61,11 @@ Work DeviceCommunicator::reduce_scatter_sum_async(const float* in, float* out, s
 }
 
 Work DeviceCommunicator::all_gather_strided_async(const void* in, void* out, size_t bytes, size_t stride_bytes) {
-  if (!staged()) return host_.all_gather_strided_async(in, out, bytes, stride_bytes);
+  if (!staged() && device_.host_addressable()) return host_.all_gather_strided_async(in, out, bytes, stride_bytes);
+  if (!staged()) {  // alone: slot 0 is this rank's
+    if (in != out) device_.copy_any(out, in, bytes);
+    return done();
+  }
   const int world = world_size(), rank = this->rank();
   auto host = staging(static_cast<size_t>(world - 1) * stride_bytes + bytes);
   char* slots = host->as<char>();
@@ -70,7 +80,7 @@ Work DeviceCommunicator::all_gather_strided_async(const void* in, void* out, siz
 }
 
 Work DeviceCommunicator::broadcast_async(void* data, size_t bytes, int root) {
-  if (!staged()) return host_.broadcast_async(data, bytes, root);
+  if (!staged()) return device_.host_addressable() ? host_.broadcast_async(data, bytes, root) : done();
   auto host = staging(bytes);
   device_.copy_any(host->data(), data, bytes);
   Work work = host_.broadcast_async(host->data(), bytes, root);

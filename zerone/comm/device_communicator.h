@@ -2,7 +2,8 @@
 // [Collective endpoints] in communicator.h).
 //
 // Where the device's memory is host memory (the cpu backend) every call goes straight to the host
-// communicator. Otherwise each collective is staged: the training thread copies the device operand
+// communicator. A rank alone needs no staging either: its collectives are copies on the device, or
+// nothing. Otherwise each collective is staged: the training thread copies the device operand
 // into a host staging buffer with the backend (category comm, place host), the host communicator
 // runs on the staging buffer, and the Work's completion step copies the result back to the device
 // when it is first waited on. Staging buffers live until then. Either operand may also be host
@@ -34,8 +35,9 @@ class DeviceCommunicator final : public Communicator {
   size_t in_place_shard_offset(size_t shard_n) const override { return host_.in_place_shard_offset(shard_n); }
   std::unique_ptr<Communicator> split(int color, int key) override;
   std::unique_ptr<Communicator> split_by_host() override;
-  // True when collectives go through host staging buffers.
-  bool staged() const { return !device_.host_addressable(); }
+  // True when collectives go through host staging buffers: the device's memory is not host memory
+  // and there are peers (alone, a collective is at most a copy on the device).
+  bool staged() const { return !device_.host_addressable() && host_.world_size() > 1; }
 
   Work all_reduce_sum_async(float* data, size_t n) override;
   Work all_reduce_sum_async(double* data, size_t n) override;

@@ -1196,7 +1196,7 @@ void ZeroEngine::save_state(const StateSink& sink, const ExtentSink& extent_sink
     auto [b, e] = saved_range(u);
     const size_t pb = std::max(b, origin + piece.begin), pe = std::min(e, origin + piece.begin + piece.count);
     if (pb < pe)
-      with_host_view(data + (pb - origin - piece.begin), optimizer_->state_place(), (pe - pb) * sizeof(float),
+      with_host_view(data + (pb - origin - piece.begin), device_.place_of(data), (pe - pb) * sizeof(float),
                      [&](const void* host) { sink(u, names[piece.tensor], DType::f32, pb, pe - pb, host); });
   });
 }
@@ -1237,11 +1237,12 @@ void ZeroEngine::load_optimizer_state(const StateSource& source, int64_t optimiz
     const size_t origin = config_.stage == 0 ? 0 : sh.shard_begin;
     const size_t b = origin + piece.begin, e = std::min(sh.numel, b + piece.count);
     const size_t real = e > b ? e - b : 0;
-    kernels::Backend& backend = kernels::backend_for(optimizer_->state_place());
+    // The piece's memory is wherever that part of the state lives (a partial offload has two places).
+    kernels::Backend& backend = backend_of(data);
     if (real > 0) {
       std::vector<float> host(real);
       source(u, names[piece.tensor], b, real, host.data());
-      backend.copy(data, optimizer_->state_place(), host.data(), MemPlace::host, real * sizeof(float));
+      backend.copy(data, device_.place_of(data), host.data(), MemPlace::host, real * sizeof(float));
     }
     backend.fill_zero(data + real, (piece.count - real) * sizeof(float));  // padding: zero, as it always is
   });

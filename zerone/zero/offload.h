@@ -95,6 +95,8 @@ class SwappedOptimizer final : public optim::Optimizer {
   const float* grad(size_t i) const override { return shards_[i].grad; }
 
   std::string type_name() const override { return optim::optimizer_name(options_); }
+  // export_state hands out and import_state fills host staging buffers.
+  MemPlace state_place() const override { return MemPlace::host; }
   std::vector<std::string> state_names() const override;
   // Both go through staging buffer 0, one sub-group at a time (synchronous reads/writes).
   void export_state(const std::function<void(const StatePiece&, const float* data)>& fn) override;

@@ -17,14 +17,20 @@ std::string CpuBackend::description() const { return str_cat("cpu (oneDNN ", one
 
 void CpuBackend::copy(void* dst, MemPlace dst_place, const void* src, MemPlace src_place, size_t bytes) {
   ZERONE_ASSERT(dst_place != MemPlace::nvme && src_place != MemPlace::nvme, "copy: NVMe is not memory");
-  if (bytes > 0 && dst != src) std::memcpy(dst, src, bytes);
+  if (bytes == 0 || dst == src) return;
+  void* d = dst_place == MemPlace::device ? operand(dst, bytes) : dst;
+  const void* s = src_place == MemPlace::device ? operand(src, bytes) : src;
+  std::memcpy(d, s, bytes);
 }
 
 void CpuBackend::fill_zero(void* dst, size_t bytes) {
-  if (bytes > 0) std::memset(dst, 0, bytes);
+  if (bytes > 0) std::memset(operand(dst, bytes), 0, bytes);
 }
 
 void CpuBackend::convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n) {
+  if (n == 0) return;
+  dst = dev(dst);
+  src = dev(src);
   if (src_dtype == DType::f32) {
     convert_from_f32(static_cast<const float*>(src), dst, dst_dtype, n);
   } else {
@@ -34,135 +40,135 @@ void CpuBackend::convert(void* dst, DType dst_dtype, const void* src, DType src_
 }
 
 void CpuBackend::accumulate(float* dst, const float* src, size_t n) {
-  cpu::accumulate(dst, src, n);
+  cpu::accumulate(dev(dst), dev(src), n);
 }
 
 double CpuBackend::sum_squares(const float* x, size_t n, float* copy_to) {
-  return cpu::sum_squares(x, n, copy_to);
+  return cpu::sum_squares(dev(x), n, dev(copy_to));
 }
 
 double CpuBackend::sum(const float* x, size_t n) {
-  return cpu::sum(x, n);
+  return cpu::sum(dev(x), n);
 }
 
 bool CpuBackend::all_finite(const float* x, size_t n) {
-  return cpu::all_finite(x, n);
+  return cpu::all_finite(dev(x), n);
 }
 
 double CpuBackend::adamw_update(float* master, float* m, float* v, const float* grad, void* param, DType param_dtype, size_t n, const AdamWHyper& hyper) {
-  return cpu::adamw_update(master, m, v, grad, param, param_dtype, n, hyper);
+  return cpu::adamw_update(dev(master), dev(m), dev(v), dev(grad), dev(param), param_dtype, n, hyper);
 }
 
 double CpuBackend::sgd_update(float* master, float* momentum, const float* grad, void* param, DType param_dtype, size_t n, const SGDHyper& hyper) {
-  return cpu::sgd_update(master, momentum, grad, param, param_dtype, n, hyper);
+  return cpu::sgd_update(dev(master), dev(momentum), dev(grad), dev(param), param_dtype, n, hyper);
 }
 
 void CpuBackend::embedding_forward(float* out, const int32_t* tokens, const void* wte, const void* wpe, DType param_dtype, int B, int T, int C) {
-  cpu::embedding_forward(out, tokens, wte, wpe, param_dtype, B, T, C);
+  cpu::embedding_forward(dev(out), dev(tokens), dev(wte), dev(wpe), param_dtype, B, T, C);
 }
 
 void CpuBackend::embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C) {
-  cpu::embedding_backward(dwte, dwpe, dout, tokens, B, T, C);
+  cpu::embedding_backward(dev(dwte), dev(dwpe), dev(dout), dev(tokens), B, T, C);
 }
 
 void CpuBackend::layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const void* weight, const void* bias, DType param_dtype, int N, int C) {
-  cpu::layernorm_forward(out, mean, rstd, inp, weight, bias, param_dtype, N, C);
+  cpu::layernorm_forward(dev(out), dev(mean), dev(rstd), dev(inp), dev(weight), dev(bias), param_dtype, N, C);
 }
 
 void CpuBackend::layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const void* weight, DType param_dtype, const float* mean, const float* rstd, int N, int C) {
-  cpu::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, param_dtype, mean, rstd, N, C);
+  cpu::layernorm_backward(dev(dinp), dev(dweight), dev(dbias), dev(dout), dev(inp), dev(weight), param_dtype, dev(mean), dev(rstd), N, C);
 }
 
 void CpuBackend::linear_forward(float* out, const float* inp, const void* weight, const void* bias, DType param_dtype, int N, int C, int OC) {
-  cpu::linear_forward(out, inp, weight, bias, param_dtype, N, C, OC);
+  cpu::linear_forward(dev(out), dev(inp), dev(weight), dev(bias), param_dtype, N, C, OC);
 }
 
 void CpuBackend::linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const void* weight, DType param_dtype, int N, int C, int OC, bool accumulate_param_grads) {
-  cpu::linear_backward(dinp, dweight, dbias, dout, inp, weight, param_dtype, N, C, OC, accumulate_param_grads);
+  cpu::linear_backward(dev(dinp), dev(dweight), dev(dbias), dev(dout), dev(inp), dev(weight), param_dtype, N, C, OC, accumulate_param_grads);
 }
 
 void CpuBackend::attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
-  cpu::attention_forward(out, att, qkv, B, T, C, NH);
+  cpu::attention_forward(dev(out), dev(att), dev(qkv), B, T, C, NH);
 }
 
 void CpuBackend::attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C, int NH) {
-  cpu::attention_backward(dqkv, dout, qkv, att, B, T, C, NH);
+  cpu::attention_backward(dev(dqkv), dev(dout), dev(qkv), dev(att), B, T, C, NH);
 }
 
 void CpuBackend::gqa_attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int NKV, int hs) {
-  cpu::gqa_attention_forward(out, att, qkv, B, T, NH, NKV, hs);
+  cpu::gqa_attention_forward(dev(out), dev(att), dev(qkv), B, T, NH, NKV, hs);
 }
 
 void CpuBackend::gqa_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int NH, int NKV, int hs) {
-  cpu::gqa_attention_backward(dqkv, dout, qkv, att, B, T, NH, NKV, hs);
+  cpu::gqa_attention_backward(dev(dqkv), dev(dout), dev(qkv), dev(att), B, T, NH, NKV, hs);
 }
 
 void CpuBackend::rmsnorm_forward(float* out, float* rstd, const float* inp, const void* weight, DType param_dtype, int N, int C, float eps) {
-  cpu::rmsnorm_forward(out, rstd, inp, weight, param_dtype, N, C, eps);
+  cpu::rmsnorm_forward(dev(out), dev(rstd), dev(inp), dev(weight), param_dtype, N, C, eps);
 }
 
 void CpuBackend::rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const void* weight, DType param_dtype, const float* rstd, int N, int C) {
-  cpu::rmsnorm_backward(dinp, dweight, dout, inp, weight, param_dtype, rstd, N, C);
+  cpu::rmsnorm_backward(dev(dinp), dev(dweight), dev(dout), dev(inp), dev(weight), param_dtype, dev(rstd), N, C);
 }
 
 void CpuBackend::rope_forward(float* x, const float* inv_freq, int B, int T, int stride, int heads, int hs) {
-  cpu::rope_forward(x, inv_freq, B, T, stride, heads, hs);
+  cpu::rope_forward(dev(x), dev(inv_freq), B, T, stride, heads, hs);
 }
 
 void CpuBackend::rope_backward(float* dx, const float* inv_freq, int B, int T, int stride, int heads, int hs) {
-  cpu::rope_backward(dx, inv_freq, B, T, stride, heads, hs);
+  cpu::rope_backward(dev(dx), dev(inv_freq), B, T, stride, heads, hs);
 }
 
 void CpuBackend::swiglu_forward(float* out, const float* inp, int N, int F) {
-  cpu::swiglu_forward(out, inp, N, F);
+  cpu::swiglu_forward(dev(out), dev(inp), N, F);
 }
 
 void CpuBackend::swiglu_backward(float* dinp, const float* dout, const float* inp, int N, int F) {
-  cpu::swiglu_backward(dinp, dout, inp, N, F);
+  cpu::swiglu_backward(dev(dinp), dev(dout), dev(inp), N, F);
 }
 
 void CpuBackend::gelu_forward(float* out, const float* inp, size_t n) {
-  cpu::gelu_forward(out, inp, n);
+  cpu::gelu_forward(dev(out), dev(inp), n);
 }
 
 void CpuBackend::gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
-  cpu::gelu_backward(dinp, inp, dout, n);
+  cpu::gelu_backward(dev(dinp), dev(inp), dev(dout), n);
 }
 
 void CpuBackend::residual_forward(float* out, const float* a, const float* b, size_t n) {
-  cpu::residual_forward(out, a, b, n);
+  cpu::residual_forward(dev(out), dev(a), dev(b), n);
 }
 
 void CpuBackend::crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets, int N, int V, int Vp) {
-  cpu::crossentropy_forward(losses, lse, logits, targets, N, V, Vp);
+  cpu::crossentropy_forward(dev(losses), dev(lse), dev(logits), dev(targets), N, V, Vp);
 }
 
 void CpuBackend::crossentropy_backward(float* dlogits, const float* logits, const float* lse, const int32_t* targets, float dloss, int N, int V, int Vp) {
-  cpu::crossentropy_backward(dlogits, logits, lse, targets, dloss, N, V, Vp);
+  cpu::crossentropy_backward(dev(dlogits), dev(logits), dev(lse), dev(targets), dloss, N, V, Vp);
 }
 
 void CpuBackend::relu_forward(float* out, const float* inp, size_t n) {
-  cpu::relu_forward(out, inp, n);
+  cpu::relu_forward(dev(out), dev(inp), n);
 }
 
 void CpuBackend::relu_backward(float* dinp, const float* dout, const float* out, size_t n) {
-  cpu::relu_backward(dinp, dout, out, n);
+  cpu::relu_backward(dev(dinp), dev(dout), dev(out), n);
 }
 
 void CpuBackend::dropout_forward(float* out, const float* inp, int N, size_t per_sample, float p, const DropoutKey& key) {
-  cpu::dropout_forward(out, inp, N, per_sample, p, key);
+  cpu::dropout_forward(dev(out), dev(inp), N, per_sample, p, key);
 }
 
 void CpuBackend::dropout_backward(float* dinp, const float* dout, int N, size_t per_sample, float p, const DropoutKey& key) {
-  cpu::dropout_backward(dinp, dout, N, per_sample, p, key);
+  cpu::dropout_backward(dev(dinp), dev(dout), N, per_sample, p, key);
 }
 
 float CpuBackend::softmax_cross_entropy_forward(float* probs, float* losses, const float* logits, const int32_t* labels, int N, int K, int64_t* correct) {
-  return cpu::softmax_cross_entropy_forward(probs, losses, logits, labels, N, K, correct);
+  return cpu::softmax_cross_entropy_forward(dev(probs), dev(losses), dev(logits), dev(labels), N, K, correct);
 }
 
 void CpuBackend::softmax_cross_entropy_backward(float* dlogits, const float* probs, const int32_t* labels, int N, int K, float scale) {
-  cpu::softmax_cross_entropy_backward(dlogits, probs, labels, N, K, scale);
+  cpu::softmax_cross_entropy_backward(dev(dlogits), dev(probs), dev(labels), N, K, scale);
 }
 
 int CpuBackend::activation_channel_block() {
@@ -174,19 +180,19 @@ size_t CpuBackend::activation_numel(int C, int H, int W, ActLayout layout) {
 }
 
 void CpuBackend::activation_to_plain(float* out, const float* blocked, int N, int C, int H, int W) {
-  cpu::activation_to_plain(out, blocked, N, C, H, W);
+  cpu::activation_to_plain(dev(out), dev(blocked), N, C, H, W);
 }
 
 void CpuBackend::activation_to_blocked(float* out, const float* plain, int N, int C, int H, int W) {
-  cpu::activation_to_blocked(out, plain, N, C, H, W);
+  cpu::activation_to_blocked(dev(out), dev(plain), N, C, H, W);
 }
 
 void CpuBackend::conv2d_forward(float* out, const float* inp, const float* weight, const float* bias, const Conv2dShape& s) {
-  cpu::conv2d_forward(out, inp, weight, bias, s);
+  cpu::conv2d_forward(dev(out), dev(inp), dev(weight), dev(bias), s);
 }
 
 void CpuBackend::conv2d_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, const Conv2dShape& s, bool accumulate_param_grads) {
-  cpu::conv2d_backward(dinp, dweight, dbias, dout, inp, weight, s, accumulate_param_grads);
+  cpu::conv2d_backward(dev(dinp), dev(dweight), dev(dbias), dev(dout), dev(inp), dev(weight), s, accumulate_param_grads);
 }
 
 size_t CpuBackend::maxpool2d_workspace_bytes(const Pool2dShape& s) {
@@ -194,11 +200,11 @@ size_t CpuBackend::maxpool2d_workspace_bytes(const Pool2dShape& s) {
 }
 
 void CpuBackend::maxpool2d_forward(float* out, void* workspace, const float* inp, const Pool2dShape& s) {
-  cpu::maxpool2d_forward(out, workspace, inp, s);
+  cpu::maxpool2d_forward(dev(out), dev(workspace), dev(inp), s);
 }
 
 void CpuBackend::maxpool2d_backward(float* dinp, const float* dout, const void* workspace, const Pool2dShape& s) {
-  cpu::maxpool2d_backward(dinp, dout, workspace, s);
+  cpu::maxpool2d_backward(dev(dinp), dev(dout), dev(workspace), s);
 }
 
 }  // namespace zerone::kernels::cpu

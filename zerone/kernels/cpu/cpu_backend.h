@@ -2,6 +2,11 @@
 // every operation is a direct call of the kernels in this folder, the executable spec of every
 // other backend. Also the host backend of every build (kernels::host_backend()): optimizers with
 // state on the host run their updates through it.
+//
+// Every device operand passes through operand() on its way to a kernel: here the identity. A
+// backend that runs these same kernels on memory the host reaches another way (the simulated
+// device, kernels/sim) derives from this class and overrides operand() with its translation, so
+// the operations are written once.
 // Thread-safety: as Backend; the object holds no mutable state.
 #pragma once
 
@@ -9,7 +14,7 @@
 
 namespace zerone::kernels::cpu {
 
-class CpuBackend final : public Backend {
+class CpuBackend : public Backend {
  public:
   DeviceKind kind() const override { return DeviceKind::cpu; }
   std::string description() const override;
@@ -20,7 +25,7 @@ class CpuBackend final : public Backend {
   void copy(void* dst, MemPlace dst_place, const void* src, MemPlace src_place, size_t bytes) override;
   void fill_zero(void* dst, size_t bytes) override;
   void accumulate(float* dst, const float* src, size_t n) override;
-  double sum_squares(const float* x, size_t n, float* copy_to = nullptr) override;
+  double sum_squares(const float* x, size_t n, float* copy_to) override;
   double sum(const float* x, size_t n) override;
   void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n) override;
   bool all_finite(const float* x, size_t n) override;
@@ -43,7 +48,7 @@ class CpuBackend final : public Backend {
                       int C, int OC) override;
   void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                        const void* weight, DType param_dtype, int N, int C, int OC,
-                       bool accumulate_param_grads = true) override;
+                       bool accumulate_param_grads) override;
   void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) override;
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
                           int NH) override;
@@ -73,7 +78,7 @@ class CpuBackend final : public Backend {
   void dropout_backward(float* dinp, const float* dout, int N, size_t per_sample, float p,
                         const DropoutKey& key) override;
   float softmax_cross_entropy_forward(float* probs, float* losses, const float* logits, const int32_t* labels, int N,
-                                      int K, int64_t* correct = nullptr) override;
+                                      int K, int64_t* correct) override;
   void softmax_cross_entropy_backward(float* dlogits, const float* probs, const int32_t* labels, int N, int K,
                                       float scale) override;
   int activation_channel_block() override;
@@ -83,10 +88,16 @@ class CpuBackend final : public Backend {
   void conv2d_forward(float* out, const float* inp, const float* weight, const float* bias,
                       const Conv2dShape& s) override;
   void conv2d_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                       const float* weight, const Conv2dShape& s, bool accumulate_param_grads = true) override;
+                       const float* weight, const Conv2dShape& s, bool accumulate_param_grads) override;
   size_t maxpool2d_workspace_bytes(const Pool2dShape& s) override;
   void maxpool2d_forward(float* out, void* workspace, const float* inp, const Pool2dShape& s) override;
   void maxpool2d_backward(float* dinp, const float* dout, const void* workspace, const Pool2dShape& s) override;
+
+ protected:
+  // Where the kernels reach the `bytes` of device memory at p (the identity here). Never called with null.
+  virtual void* operand(const void* p, size_t bytes) const { return const_cast<void*>(p); }
+  // Device operand p as the kernels see it (null stays null).
+  template <typename T> T* dev(T* p) const { return p ? static_cast<T*>(operand(p, 1)) : nullptr; }
 };
 
 }  // namespace zerone::kernels::cpu

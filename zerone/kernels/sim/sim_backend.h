@@ -51,7 +51,9 @@ class SimArena final : public MemoryArena {
   std::map<size_t, size_t> free_;  // offset -> bytes, coalesced
 };
 
-class SimBackend final : public Backend {
+// The simulated device: the cpu backend's operations (written once, in cpu/cpu_backend.cc) with
+// every device operand translated into the arena's private view, and copies that know both views.
+class SimBackend final : public cpu::CpuBackend {
  public:
   SimBackend();
   DeviceKind kind() const override { return DeviceKind::sim; }
@@ -60,85 +62,15 @@ class SimBackend final : public Backend {
   MemoryArena& device_arena() override { return arena_; }
   MemPlace place_of(const void* p) const override { return arena_.contains(p) ? MemPlace::device : MemPlace::host; }
   SimArena& arena() { return arena_; }
-
+  // Checks that each side is where the caller says it is, then copies between the views.
   void copy(void* dst, MemPlace dst_place, const void* src, MemPlace src_place, size_t bytes) override;
-  void fill_zero(void* dst, size_t bytes) override;
-  void accumulate(float* dst, const float* src, size_t n) override;
-  double sum_squares(const float* x, size_t n, float* copy_to = nullptr) override;
-  double sum(const float* x, size_t n) override;
-  void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n) override;
-  bool all_finite(const float* x, size_t n) override;
 
-  double adamw_update(float* master, float* m, float* v, const float* grad, void* param, DType param_dtype, size_t n,
-                      const AdamWHyper& hyper) override;
-  double sgd_update(float* master, float* momentum, const float* grad, void* param, DType param_dtype, size_t n,
-                    const SGDHyper& hyper) override;
-
-  void embedding_forward(float* out, const int32_t* tokens, const void* wte, const void* wpe, DType param_dtype, int B,
-                         int T, int C) override;
-  void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
-                          int C) override;
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const void* weight, const void* bias,
-                         DType param_dtype, int N, int C) override;
-  void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                          const void* weight, DType param_dtype, const float* mean, const float* rstd, int N,
-                          int C) override;
-  void linear_forward(float* out, const float* inp, const void* weight, const void* bias, DType param_dtype, int N,
-                      int C, int OC) override;
-  void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                       const void* weight, DType param_dtype, int N, int C, int OC,
-                       bool accumulate_param_grads = true) override;
-  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) override;
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
-                          int NH) override;
-  void gqa_attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int NKV,
-                             int hs) override;
-  void gqa_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int NH,
-                              int NKV, int hs) override;
-  void rmsnorm_forward(float* out, float* rstd, const float* inp, const void* weight, DType param_dtype, int N, int C,
-                       float eps) override;
-  void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const void* weight,
-                        DType param_dtype, const float* rstd, int N, int C) override;
-  void rope_forward(float* x, const float* inv_freq, int B, int T, int stride, int heads, int hs) override;
-  void rope_backward(float* dx, const float* inv_freq, int B, int T, int stride, int heads, int hs) override;
-  void swiglu_forward(float* out, const float* inp, int N, int F) override;
-  void swiglu_backward(float* dinp, const float* dout, const float* inp, int N, int F) override;
-  void gelu_forward(float* out, const float* inp, size_t n) override;
-  void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) override;
-  void residual_forward(float* out, const float* a, const float* b, size_t n) override;
-  void crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets, int N, int V,
-                            int Vp) override;
-  void crossentropy_backward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
-                             float dloss, int N, int V, int Vp) override;
-
-  void relu_forward(float* out, const float* inp, size_t n) override;
-  void relu_backward(float* dinp, const float* dout, const float* out, size_t n) override;
-  void dropout_forward(float* out, const float* inp, int N, size_t per_sample, float p, const DropoutKey& key) override;
-  void dropout_backward(float* dinp, const float* dout, int N, size_t per_sample, float p,
-                        const DropoutKey& key) override;
-  float softmax_cross_entropy_forward(float* probs, float* losses, const float* logits, const int32_t* labels, int N,
-                                      int K, int64_t* correct = nullptr) override;
-  void softmax_cross_entropy_backward(float* dlogits, const float* probs, const int32_t* labels, int N, int K,
-                                      float scale) override;
-  int activation_channel_block() override;
-  size_t activation_numel(int C, int H, int W, ActLayout layout) override;
-  void activation_to_plain(float* out, const float* blocked, int N, int C, int H, int W) override;
-  void activation_to_blocked(float* out, const float* plain, int N, int C, int H, int W) override;
-  void conv2d_forward(float* out, const float* inp, const float* weight, const float* bias,
-                      const Conv2dShape& s) override;
-  void conv2d_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                       const float* weight, const Conv2dShape& s, bool accumulate_param_grads = true) override;
-  size_t maxpool2d_workspace_bytes(const Pool2dShape& s) override;
-  void maxpool2d_forward(float* out, void* workspace, const float* inp, const Pool2dShape& s) override;
-  void maxpool2d_backward(float* dinp, const float* dout, const void* workspace, const Pool2dShape& s) override;
+ protected:
+  // Aborts (an internal invariant) when [p, p + bytes) is not device memory.
+  void* operand(const void* p, size_t bytes) const override { return arena_.translate(p, bytes, "operand"); }
 
  private:
-  // Device operand p (null stays null), translated into the backend's view.
-  template <typename T> T* dev(T* p) const {
-    return p ? static_cast<T*>(arena_.translate(p, 1, "operand")) : nullptr;
-  }
   SimArena arena_;
-  cpu::CpuBackend cpu_;
 };
 
 }  // namespace zerone::kernels::sim

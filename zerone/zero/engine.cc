@@ -202,7 +202,7 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
       st.shard_grads = Buffer(st.shard.shard_numel * sizeof(float), MemCategory::grad, grad_shard_place);
       ref.grad = st.shard_grads.as<float>();
     } else {
-      ref.grad = unit.grad() + comm_.in_place_shard_offset(st.shard.shard_numel);  // stage 1: reduced in place
+      ref.grad = unit.grad() + device_comm_.in_place_shard_offset(st.shard.shard_numel);  // stage 1: reduced in place
     }
     for (const nn::TensorSpec& t : unit.tensors()) {
       if (!t.weight_decay) continue;

@@ -3,6 +3,7 @@
 #include <malloc.h>
 #include <sys/resource.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -109,6 +110,18 @@ void set_arena(MemPlace place, MemoryArena* arena) {
 
 void set_device_limit_bytes(int64_t limit_bytes) { g_device_limit_bytes = limit_bytes; }
 int64_t device_limit_bytes() { return g_device_limit_bytes; }
+
+std::string human_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024.0 && u < 4) {
+    bytes /= 1024.0;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", bytes, units[u]);
+  return buf;
+}
 
 Buffer::Buffer(size_t bytes, MemCategory category, MemPlace place, size_t alignment)
     : Buffer(bytes, category, place, alignment, arena(place)) {}

@@ -96,6 +96,9 @@ int64_t device_limit_bytes();
 // Peak resident set size of this process in bytes (getrusage), or 0 if unknown.
 int64_t peak_rss_bytes();
 
+// Bytes for people: "512 B", "12.3 MiB" (powers of 1024, one decimal above bytes).
+std::string human_bytes(double bytes);
+
 // An owning allocation from the arena of `place` (device or host), `alignment`-byte aligned (a power
 // of two, at least 64; 4096 for O_DIRECT I/O), recorded in the global ledger. Zero-initialized.
 // Allocation failure, or a device allocation beyond the device cap, throws Error naming the size

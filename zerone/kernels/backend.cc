@@ -78,7 +78,10 @@ Backend& backend(DeviceKind kind) {
                       "; use --device cpu or --device sim"));
 }
 
-Backend& host_backend() { return backend(DeviceKind::cpu); }
+Backend& host_backend() {
+  static Backend& cpu = backend(DeviceKind::cpu);  // once: optimizer updates ask for it per shard
+  return cpu;
+}
 
 Backend& use_device(DeviceKind kind) {
   Backend& b = backend(kind);

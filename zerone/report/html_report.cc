@@ -6,6 +6,7 @@
 #include <set>
 
 #include "zerone/core/error.h"
+#include "zerone/core/memory.h"
 #include "zerone/io/file.h"
 #include "zerone/report/svg_chart.h"
 
@@ -26,16 +27,6 @@ std::string human_count(double n) {
   if (n >= 1e6) return fmt(n / 1e6, "%.2fM");
   if (n >= 1e4) return fmt(n / 1e3, "%.1fk");
   return fmt(n, "%.0f");
-}
-
-std::string human_bytes(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (bytes >= 1024.0 && u < 4) {
-    bytes /= 1024.0;
-    ++u;
-  }
-  return fmt(bytes, u == 0 ? "%.0f" : "%.1f") + " " + units[u];
 }
 
 std::string duration(double s) {

@@ -167,18 +167,6 @@ std::optional<std::string> MetricsWriter::write(const StepRecord& r) {
                  "; training goes on (lines are retried each step)");
 }
 
-std::string human_bytes(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (bytes >= 1024.0 && u < 4) {
-    bytes /= 1024.0;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", bytes, units[u]);
-  return buf;
-}
-
 Progress::Progress() : live_(::isatty(STDOUT_FILENO) == 1 && !comm::launched_by_mpi()) {}
 
 void Progress::step(const StepRecord& r) {

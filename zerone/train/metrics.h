@@ -28,6 +28,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "zerone/core/memory.h"
+
 namespace zerone::train {
 
 struct StepRecord {
@@ -128,8 +130,7 @@ class RunSummary {
   int skipped_ = 0;
 };
 
-// Bytes as "12.3 MiB".
-std::string human_bytes(double bytes);
+using zerone::human_bytes;  // core/memory.h
 
 class Progress {
  public:

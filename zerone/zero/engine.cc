@@ -1239,10 +1239,12 @@ void ZeroEngine::load_optimizer_state(const StateSource& source, int64_t optimiz
     const size_t real = e > b ? e - b : 0;
     // The piece's memory is wherever that part of the state lives (a partial offload has two places).
     kernels::Backend& backend = backend_of(data);
-    if (real > 0) {
+    if (real > 0 && device_.place_of(data) == MemPlace::host) {
+      source(u, names[piece.tensor], b, real, data);  // host memory: read straight in
+    } else if (real > 0) {
       std::vector<float> host(real);
       source(u, names[piece.tensor], b, real, host.data());
-      backend.copy(data, device_.place_of(data), host.data(), MemPlace::host, real * sizeof(float));
+      backend.copy_to_device(data, host.data(), real * sizeof(float));
     }
     backend.fill_zero(data + real, (piece.count - real) * sizeof(float));  // padding: zero, as it always is
   });

@@ -63,7 +63,7 @@ class SGD final : public Optimizer {
   // Updates elements [begin, end) of `shard` (master and momentum point at element `begin`'s
   // state; momentum null when options.momentum is 0). `first` marks the first step (the buffer
   // is initialized to the gradient). Returns the gradients' sum of squares. The run happens in
-  // run_place (Note [Operands in another place] in adamw.h).
+  // run_place (Note [Operands in another place] in optimizer.h).
   static double update_slice(MemPlace run_place, const ShardRef& shard, DType param_dtype,
                              const SGDOptions& options, float lr, float grad_scale, bool first, size_t begin,
                              size_t end, float* master, float* momentum);

@@ -1208,7 +1208,7 @@ kernels::Backend& ZeroEngine::backend_of(const void* p) const {
 void ZeroEngine::accumulate_into(float* acc, const float* in, size_t n) {
   kernels::Backend& backend = backend_of(acc);
   if (device_.place_of(in) == device_.place_of(acc)) return backend.accumulate(acc, in, n);
-  // Note [Operands in another place] (optim/adamw.h): the addend comes over first.
+  // Note [Operands in another place] (optim/optimizer.h): the addend comes over first.
   Buffer local(n * sizeof(float), MemCategory::scratch, device_.place_of(acc));
   device_.copy_any(local.data(), in, local.bytes());
   backend.accumulate(acc, local.as<float>(), n);

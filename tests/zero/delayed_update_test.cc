@@ -1,4 +1,4 @@
-// --delayed-update (Note [Delayed parameter update] in zero/engine.cc) against a reference that
+// --delayed-update (Note [Delayed parameter update] in zero/step_scheduler.cc) against a reference that
 // applies the delay explicitly: a plain engine whose step s computes its gradients at parameters
 // the test swaps in by hand, theta_{max(s-2, 0)}, and then updates theta_{s-1}. The delayed
 // engine must reproduce that trajectory bit for bit (losses and final parameters) at every ZeRO

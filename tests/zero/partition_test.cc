@@ -105,11 +105,11 @@ TEST(Partition, GradientShardsGoToNvmeWithTheWholeOptimizer) {
   ASSERT_TRUE(gradients_swapped(units, 2, 0, config));
   ModelStateBytes b = model_state_bytes(units, 2, 0, DType::bf16, config, 2);
   // Slots of 128000, 256000 and 192 (300 padded to 384, halved) f32 elements, each rounded up to 4 KiB.
-  const int64_t slots = static_cast<int64_t>(swap_tensor_bytes(128000) + swap_tensor_bytes(256000) + swap_tensor_bytes(192));
+  const int64_t slots = static_cast<int64_t>(optim::swap_tensor_bytes(128000) + optim::swap_tensor_bytes(256000) + optim::swap_tensor_bytes(192));
   EXPECT_EQ(b.placed.get(MemPlace::nvme, MemCategory::grad), slots);
   EXPECT_EQ(b.placed.get(MemPlace::host, MemCategory::grad), 0);
   EXPECT_EQ(b.grad, slots);
-  const int64_t optimizer_staging = int64_t{3} * 3 * static_cast<int64_t>(swap_tensor_bytes(256000));
+  const int64_t optimizer_staging = int64_t{3} * 3 * static_cast<int64_t>(optim::swap_tensor_bytes(256000));
   EXPECT_EQ(b.placed.get(MemPlace::host, MemCategory::swap), optimizer_staging + 3 * int64_t{1024000});
   // Not at stage 1, not with a partial offload, not with the delayed update: in memory as before.
   for (auto change : {+[](ZeroConfig& c) { c.stage = 1; }, +[](ZeroConfig& c) { c.offload_optimizer_ratio = 0.5; },

@@ -26,6 +26,11 @@
 
 namespace zerone::io {
 
+// O_DIRECT alignment of swap-file offsets, sizes and staging buffers (bytes).
+inline constexpr size_t kSwapAlignBytes = 4096;
+// `bytes` rounded up to kSwapAlignBytes.
+inline size_t swap_aligned(size_t bytes) { return (bytes + kSwapAlignBytes - 1) / kSwapAlignBytes * kSwapAlignBytes; }
+
 // Note [Swap I/O settings]: DeepSpeed's `aio` block, honoured as follows.
 //   block_size            bytes per io_uring request (a transfer is cut into requests this large)
 //   queue_depth           requests in flight per ring

@@ -11,7 +11,7 @@
 // The state lives on `state_place` (device, or host for --offload-optimizer cpu) and the updates
 // run on that place's backend (kernels::backend_for), the parameters and gradients handed in being
 // memory of the same place; the NVMe-swapped
-// variant (zero/offload.h) shares the update through AdamW::update_slice, so every placement
+// variant (optim/swapped.h) shares the update through AdamW::update_slice, so every placement
 // computes bit for bit the same numbers.
 //
 // Thread-safety: one thread at a time. Pointers handed in must outlive the optimizer.
@@ -63,6 +63,7 @@ class AdamW final : public Optimizer {
   // given, runs as soon as shard i's parameters are written (the ZeRO engine starts gathering
   // them while the later shards update).
   void set_param(size_t i, void* param) override { shards_[i].param = param; }
+  void set_grad(size_t i, const float* grad) override { shards_[i].grad = grad; }
   bool supports_shard_steps() const override { return true; }
   void begin_step(float lr, float grad_scale) override;
   double update_shard(size_t i, size_t next_shard = kNoShard) override;

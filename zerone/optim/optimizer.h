@@ -1,6 +1,6 @@
 // The optimizer interface of zerone (DESIGN §1, optim/): what the ZeRO engine and the trainer need
 // of an optimizer over flat f32 shards, whatever the optimizer (AdamW, SGD) and wherever its state
-// lives (the device, the host, NVMe: zero/offload.h, zero/partial_offload.h).
+// lives (the device, the host, NVMe: optim/swapped.h, optim/partial_offload.h).
 //
 // The interface is three capabilities, each a small class, that every optimizer has:
 //   ShardStepping    update shard by shard (the engine's early and speculative steps) or whole
@@ -44,12 +44,15 @@ class ShardStepping {
                       const std::function<void(size_t shard)>& shard_begin = nullptr);
   // Where shard i's parameters are from now on (numel elements of the parameter dtype).
   virtual void set_param(size_t i, void* param) = 0;
+  // Where shard i's gradients are from now on (numel f32): the ZeRO engine stages swapped
+  // gradient shards before each update (Note [Gradient swap] in zero/grad_reducer.h).
+  virtual void set_grad(size_t i, const float* grad) = 0;
   virtual size_t num_shards() const = 0;
   virtual size_t numel(size_t i) const = 0;
   virtual const float* grad(size_t i) const = 0;
 
   // Per-shard stepping, for the ZeRO engine's early step (Note [Early optimizer step] in
-  // zero/engine.cc): begin_step() counts the step and fixes its hyper-parameters, update_shard(i)
+  // zero/step_scheduler.cc): begin_step() counts the step and fixes its hyper-parameters, update_shard(i)
   // updates shard i (in any order, each once) and returns its gradients' sum of squares, end_step()
   // waits for whatever the step left in flight. step() is exactly begin_step, update_shard(0..n-1)
   // in order, end_step, so both give the same bits. `next_shard` (or kNoShard) is the shard
@@ -106,7 +109,7 @@ class StateCheckpoint {
 };
 
 // Taking a step back, for the engine's speculative early step (Note [Speculative early step] in
-// zero/engine.cc). update_shard(i) may write two kinds of state: the parameters (the engine keeps
+// zero/step_scheduler.cc). update_shard(i) may write two kinds of state: the parameters (the engine keeps
 // their undo copy) and the optimizer's own. What of the latter lives in memory is undo_tensors(i),
 // undo_numel(i) f32 each (AdamW: master unless the parameters are the master, m, v; none for state
 // kept elsewhere), undo_bytes(i) in all, in undo_place(); save_undo copies them to `dst` (memory of
@@ -126,8 +129,8 @@ class StepUndo {
   virtual void abort_step() {}
 };
 
-// An optimizer: every capability (AdamW and SGD in memory, the swapped and partially offloaded
-// ones in zero/).
+// An optimizer: every capability (AdamW and SGD in memory, adamw.h and sgd.h; swapped to NVMe,
+// swapped.h; partially offloaded, partial_offload.h).
 class Optimizer : public ShardStepping, public StateCheckpoint, public StepUndo {
  public:
   size_t undo_numel(size_t i) const final { return numel(i); }

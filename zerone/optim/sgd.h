@@ -35,11 +35,12 @@ class SGD final : public Optimizer {
   // As AdamW::step: updates every shard in order with learning rate `lr`, gradients times
   // grad_scale; returns the sum of squares of the (unscaled) gradients; leaves them as they were.
   void set_param(size_t i, void* param) override { shards_[i].param = param; }
+  void set_grad(size_t i, const float* grad) override { shards_[i].grad = grad; }
   // Per-shard stepping (Optimizer): step() is begin_step, update_shard(0..n-1), end_step.
   bool supports_shard_steps() const override { return true; }
   void begin_step(float lr, float grad_scale) override;
   double update_shard(size_t i, size_t next_shard = kNoShard) override;
-  // Taking a step back (Optimizer; Note [Speculative early step] in zero/engine.cc): the state
+  // Taking a step back (Optimizer; Note [Speculative early step] in zero/step_scheduler.cc): the state
   // update_shard(i) writes besides the parameters is the master (unless the parameters are the
   // master) and the momentum buffer (unless momentum is 0).
   std::vector<float*> undo_tensors(size_t i) override { return state_tensors(i); }

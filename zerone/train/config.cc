@@ -876,7 +876,7 @@ void check_settings_take_effect(TrainConfig& c, bool fp16, bool has_validation_d
       }
     return names;
   };
-  // Note [Early optimizer step] (zero/engine.cc): the step runs at the end with the delayed
+  // Note [Early optimizer step] (zero/step_scheduler.cc): the step runs at the end with the delayed
   // update. With clipping or fp16 loss scaling it speculates where state is swapped to NVMe
   // (Note [Speculative early step]) and the optimizer is not partially offloaded (zero::speculates),
   // else steps at the end.

@@ -75,9 +75,9 @@ struct TrainConfig {
   // With it, the saved block inputs live in the host place (Note [CPU checkpointing] in nn/model.h;
   // DeepSpeed's activation_checkpointing.cpu_checkpointing).
   bool cpu_checkpointing = false;
-  // ZeRO-Offload's one-step delayed parameter update (Note [Delayed parameter update] in zero/engine.cc).
+  // ZeRO-Offload's one-step delayed parameter update (Note [Delayed parameter update] in zero/step_scheduler.cc).
   bool delayed_update = false;
-  // Update each unit as soon as its gradients are final (Note [Early optimizer step] in zero/engine.cc).
+  // Update each unit as soon as its gradients are final (Note [Early optimizer step] in zero/step_scheduler.cc).
   bool early_step = true;
   // Offload (README "Offload"; DeepSpeed's zero_optimization.offload_* and aio keys).
   double device_mem_limit = 0.0;        // GiB per rank of the device arena; 0: no cap

@@ -597,7 +597,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     zcfg.speculate_in_memory = std::string(s) == "memory" || std::string(s) == "always";
     zcfg.speculate_always = std::string(s) == "always";
   }
-  zero::NvmeConfig nvme;
+  optim::NvmeConfig nvme;
   nvme.nvme_path = cfg.nvme_path;
   nvme.rank = rank;
   nvme.pipeline_read = cfg.pipeline_read;
@@ -930,7 +930,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     }
     float loss = static_cast<float>(reduced[0] / (static_cast<double>(cfg.grad_accum) * world));
     ZERONE_CHECK(std::isfinite(loss), "training diverged at step ", step, ": loss ", loss, " (try a lower --lr or --grad-clip)");
-    zero::ZeroEngine::StepResult stepped = engine.step(lr, cfg.grad_clip, loss_scale, scaled);
+    zero::StepResult stepped = engine.step(lr, cfg.grad_clip, loss_scale, scaled);
     // --delayed-update: the last update is waited for and installed before the final validation
     // and --save (Note [Delayed parameter update]).
     if (step == cfg.steps) engine.finish_delayed_update();
@@ -1073,7 +1073,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     result.interrupted_by = sig;
     if (lead) progress.message(str_cat("zerone: ", signal_name(sig), " arrived after the last step; everything was written"));
   }
-  if (const zero::ZeroEngine::EarlyStats& e = engine.early_stats();
+  if (const zero::EarlyStats& e = engine.early_stats();
       lead && e.validated + e.redone + e.skipped + e.held_back > 0)
     progress.message(str_cat("early step (Note [Speculative early step]): ", e.validated, " speculative steps validated, ",
                              e.redone, " taken back and redone (clipped), ", e.skipped, " taken back and skipped (fp16 overflow), ",

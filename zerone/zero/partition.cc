@@ -7,6 +7,11 @@
 
 namespace zerone::zero {
 
+using io::kSwapAlignBytes;
+using io::swap_aligned;
+using optim::sub_groups;
+using optim::swap_tensor_bytes;
+
 const char* offload_device_name(OffloadDevice device) {
   switch (device) {
     case OffloadDevice::none: return "none";
@@ -25,13 +30,6 @@ OffloadDevice parse_offload_device(const std::string& text, const std::string& w
 
 MemPlace offload_place(OffloadDevice device) {
   return device == OffloadDevice::none ? MemPlace::device : device == OffloadDevice::cpu ? MemPlace::host : MemPlace::nvme;
-}
-
-std::vector<std::pair<size_t, size_t>> sub_groups(size_t shard_numel, size_t sub_group_numel) {
-  ZERONE_ASSERT(sub_group_numel >= 1);
-  std::vector<std::pair<size_t, size_t>> out;
-  for (size_t b = 0; b < shard_numel; b += sub_group_numel) out.emplace_back(b, std::min(shard_numel, b + sub_group_numel));
-  return out;
 }
 
 bool speculates(const ZeroConfig& c) {
@@ -74,8 +72,6 @@ bool gradients_swapped(const std::vector<size_t>& unit_numels, int world, int ra
   return offloaded_optimizer_numels(unit_numels, world, rank, config) == optimizer_shard_numels(unit_numels, world, rank, config);
 }
 
-size_t swap_aligned(size_t bytes) { return (bytes + kSwapAlignBytes - 1) / kSwapAlignBytes * kSwapAlignBytes; }
-size_t swap_tensor_bytes(size_t numel) { return swap_aligned(numel * sizeof(float)); }
 
 int64_t PlacedBytes::place_total(MemPlace p) const {
   int64_t t = 0;

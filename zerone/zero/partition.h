@@ -23,7 +23,7 @@
 //          offloaded (its step reads them there, as DeepSpeed's CPU gradient partitions), else device;
 //          under a partial offload, host for the units with offloaded sub-groups, device for the rest;
 //          nvme (each rounded up to 4 KiB in "grads.swp") when Note [Gradient swap] applies
-//   delayed update (--delayed-update, Note [Delayed parameter update] in engine.cc): one more f32
+//   delayed update (--delayed-update, Note [Delayed parameter update] in zero/step_scheduler.cc): one more f32
 //          gradient copy (grad) and one parameter copy in the compute dtype (param) of each
 //          optimizer shard, at least one element each, where the optimizer of that shard runs:
 //          host when any of its sub-groups is offloaded, else device
@@ -32,7 +32,7 @@
 //   swap   with --offload-optimizer nvme: buffer_count host staging buffers, each holding one
 //          sub-group's master (bf16/fp16 only) and K state tensors, every tensor rounded up to the 4 KiB
 //          O_DIRECT block; the swap file holds every sub-group in the same aligned layout, so the
-//          nvme bytes are the aligned sizes (Note [Swap layout] in zero/offload.h); with swapped
+//          nvme bytes are the aligned sizes (Note [Swap layout] in optim/swapped.h); with swapped
 //          gradients also buffer_count host buffers of the largest aligned gradient shard.
 //   scratch when speculates(), for every unit but the first: an undo copy of the
 //          optimizer's parameter slice (compute dtype, on the parameters' place; for swapped
@@ -51,12 +51,12 @@
 
 #include "zerone/core/dtype.h"
 #include "zerone/core/memory.h"
+#include "zerone/io/aio.h"
+#include "zerone/optim/swapped.h"
 
 namespace zerone::zero {
 
 inline constexpr size_t kShardAlign = 64;
-// O_DIRECT alignment of swap-file offsets, sizes and staging buffers (bytes).
-inline constexpr size_t kSwapAlignBytes = 4096;
 
 enum class OffloadDevice : uint8_t { none, cpu, nvme };
 const char* offload_device_name(OffloadDevice device);
@@ -96,12 +96,9 @@ bool speculates(const ZeroConfig& config);
 // Note [Gradient swap]: stages 2-3 with the whole optimizer on NVMe (ratio 1) and no
 // --delayed-update keep their f32 gradient shard accumulators in the swap file "grads.swp" (one
 // 4 KiB-aligned slot per unit, nvme.grad) instead of memory, staged through buffer_count host
-// buffers of the largest slot (host.swap). zero/engine.cc has the protocol.
+// buffers of the largest slot (host.swap). zero/grad_reducer.cc has the protocol.
 bool gradients_swapped(const std::vector<size_t>& unit_numels, int world, int rank, const ZeroConfig& config);
 
-// The sub-groups of one optimizer shard of `shard_numel` elements: [begin, end) ranges of at most
-// sub_group_numel elements, in order (a shard is split, never merged with another).
-std::vector<std::pair<size_t, size_t>> sub_groups(size_t shard_numel, size_t sub_group_numel);
 // Note [Partial optimizer offload]: DeepSpeed's offload_optimizer.ratio (stage3.py,
 // _create_fp32_partitions) offloads the first int(ratio * n) of the rank's n optimizer sub-groups
 // and keeps the rest on the accelerator, gradients included. zerone does the same at stages 1-3,
@@ -110,11 +107,11 @@ std::vector<std::pair<size_t, size_t>> sub_groups(size_t shard_numel, size_t sub
 // whole sub-groups: all of the shards before the boundary, a prefix of the boundary shard, none
 // after. The offloaded part runs on the offloaded optimizer (host AdamW/SGD, or the NVMe swap),
 // the rest on an in-memory one with its state on the device (PartialOffloadOptimizer,
-// zero/partial_offload.h); a unit's f32 gradient shard (stages 2-3) is on the host when any of its
+// optim/partial_offload.h); a unit's f32 gradient shard (stages 2-3) is on the host when any of its
 // sub-groups is offloaded, else on the device. The update of every element is the same function
 // whichever optimizer runs it, so the trajectory is the one of ratio 1 and of no offload, bit for bit.
 // ratio * n is computed in double and truncated, as Python's int() does.
-// Not combined with the speculative early step (Note [Speculative early step] in zero/engine.cc):
+// Not combined with the speculative early step (Note [Speculative early step] in zero/step_scheduler.cc):
 // with a ratio below 1 speculates() is false, so with --grad-clip or fp16 the early updates are
 // not made and the optimizer steps at the end (the config gives a notice when --early-step is
 // given). PartialOffloadOptimizer keeps no undo copies and no spare slots; taking back a step
@@ -127,11 +124,6 @@ std::vector<size_t> optimizer_shard_numels(const std::vector<size_t>& unit_numel
 // offloaded_prefix() of the run's shards, or all zero without optimizer offload.
 std::vector<size_t> offloaded_optimizer_numels(const std::vector<size_t>& unit_numels, int world, int rank,
                                                const ZeroConfig& config);
-
-// Bytes of one swapped tensor of `numel` f32 elements, rounded up to kSwapAlignBytes.
-size_t swap_tensor_bytes(size_t numel);
-// `bytes` rounded up to kSwapAlignBytes.
-size_t swap_aligned(size_t bytes);
 
 struct UnitShard {
   size_t numel = 0;         // real elements of the unit
@@ -156,7 +148,7 @@ struct PlacedBytes {
 // `swap` is the host staging of NVMe offload (not in the category totals).
 struct ModelStateBytes {
   int64_t param = 0, grad = 0, master = 0, optim = 0, swap = 0;
-  // config.speculative_step (Note [Speculative early step] in zero/engine.cc): undo copies in
+  // config.speculative_step (Note [Speculative early step] in zero/step_scheduler.cc): undo copies in
   // memory and spare swap slots on NVMe, as scratch on their places; not in the category totals.
   int64_t speculation = 0;
   PlacedBytes placed;

@@ -13,9 +13,8 @@
 
 #include "zerone/io/aio.h"
 #include "zerone/optim/optimizers.h"
-#include "zerone/zero/partition.h"
 
-namespace zerone::zero {
+namespace zerone::optim {
 
 // NVMe settings (flags --nvme-path, or offload_optimizer.* and aio.* in the DeepSpeed config).
 struct NvmeConfig {
@@ -30,8 +29,14 @@ struct NvmeConfig {
   std::string grad_fault_plan;    // tests only: the same for the gradient swap (Note [Gradient swap])
 };
 
+// The sub-groups of one optimizer shard of `shard_numel` elements: [begin, end) ranges of at most
+// sub_group_numel elements, in order (a shard is split, never merged with another).
+std::vector<std::pair<size_t, size_t>> sub_groups(size_t shard_numel, size_t sub_group_numel);
+// Bytes of one swapped tensor of `numel` f32 elements, rounded up to io::kSwapAlignBytes.
+inline size_t swap_tensor_bytes(size_t numel) { return io::swap_aligned(numel * sizeof(float)); }
+
 // Note [Swap layout]: each shard is cut into sub-groups of at most sub_group_size elements
-// (partition.h sub_groups). Sub-group g occupies one contiguous, 4 KiB-aligned region of the rank's
+// (sub_groups above). Sub-group g occupies one contiguous, 4 KiB-aligned region of the rank's
 // swap file "optimizer.swp": the optimizer's state tensors (AdamW: m, v; SGD: the momentum buffer,
 // none without momentum), then (bf16/fp16) the master copy, each swap_tensor_bytes(numel)
 // long, so a sub-group is one transfer each way. A staging buffer holds one sub-group in the same
@@ -48,12 +53,12 @@ struct NvmeConfig {
 // complete when step() returns, so the swap file always holds the state after the last step.
 //
 // Note [Spare slots]: for the engine's speculative early step (Note [Speculative early step] in
-// zero/engine.cc) the sub-groups of the shards marked in `spare_slots` get a second region of the
+// zero/step_scheduler.cc) the sub-groups of the shards marked in `spare_slots` get a second region of the
 // same size in the swap file. A step reads each such sub-group from its current slot and writes
 // it to the other one; end_step() makes the written slots current, abort_step() forgets them, so
 // until the step is validated the old state is never overwritten and taking the step back costs
 // no I/O at all. The spare regions are in the ledger as nvme.scratch.
-class SwappedOptimizer final : public optim::Optimizer {
+class SwappedOptimizer final : public Optimizer {
  public:
   // Creates the swap file "optimizer.swp" in `dir` (the run's swap directory, which must outlive
   // the optimizer) and writes the initial state (master from the parameters, zero moments). Throws
@@ -64,9 +69,9 @@ class SwappedOptimizer final : public optim::Optimizer {
   // shards[i].param (which may then be null): it is called once per shard, in order, and its
   // pointer need only stay valid until the next call. The ZeRO engine reads NVMe-resident
   // parameter shards back through it, so no rank holds every shard at once while it is built
-  // (Note [Streaming construction] in engine.cc).
+  // (Note [Streaming construction] in zero/engine.cc).
   using ParamSource = std::function<const void*(size_t shard)>;
-  SwappedOptimizer(std::vector<optim::ShardRef> shards, DType param_dtype, const optim::OptimizerOptions& options,
+  SwappedOptimizer(std::vector<ShardRef> shards, DType param_dtype, const OptimizerOptions& options,
                    size_t sub_group_numel, int buffer_count, const NvmeConfig& config, io::SwapDirectory& dir,
                    const std::vector<char>& spare_slots = {}, const ParamSource& param_source = nullptr);
   ~SwappedOptimizer() override;
@@ -76,10 +81,8 @@ class SwappedOptimizer final : public optim::Optimizer {
   // The in-memory optimizer's step (AdamW::step, SGD::step). On an I/O failure throws Error naming the file and operation; the state on disk
   // is then undefined and the run must end (it does: the error ends the job).
   void set_param(size_t i, void* param) override { shards_[i].param = param; }
-  // Where shard i's gradients are from now on (numel f32): the ZeRO engine stages swapped
-  // gradient shards before each update (Note [Gradient swap] in engine.cc).
-  void set_grad(size_t i, const float* grad) { shards_[i].grad = grad; }
-  // Per-shard stepping (optim::Optimizer). The pipeline of Note [Pipelined swap] runs across
+  void set_grad(size_t i, const float* grad) override { shards_[i].grad = grad; }
+  // Per-shard stepping (Optimizer). The pipeline of Note [Pipelined swap] runs across
   // update_shard() calls: the sub-group after the current one (the next of the shard, else the
   // first of `next_shard`) is read while the current one steps, and writes complete in the
   // background until a staging buffer is needed again or end_step().
@@ -94,7 +97,7 @@ class SwappedOptimizer final : public optim::Optimizer {
   size_t numel(size_t i) const override { return shards_[i].numel; }
   const float* grad(size_t i) const override { return shards_[i].grad; }
 
-  std::string type_name() const override { return optim::optimizer_name(options_); }
+  std::string type_name() const override { return optimizer_name(options_); }
   // export_state hands out and import_state fills host staging buffers.
   MemPlace state_place() const override { return MemPlace::host; }
   std::vector<std::string> state_names() const override;
@@ -124,9 +127,9 @@ class SwappedOptimizer final : public optim::Optimizer {
     return reinterpret_cast<float*>(buffers_[buffer].as<char>() + static_cast<size_t>(k) * g.tensor_bytes);
   }
 
-  std::vector<optim::ShardRef> shards_;
+  std::vector<ShardRef> shards_;
   DType param_dtype_;
-  optim::OptimizerOptions options_;
+  OptimizerOptions options_;
   NvmeConfig config_;
   int optim_tensors_;  // AdamW: m, v; SGD: momentum (or none)
   int tensors_;        // optim_tensors_ (+ master)
@@ -154,7 +157,4 @@ class SwappedOptimizer final : public optim::Optimizer {
   std::unique_ptr<io::SwapIo> io_;
 };
 
-// The name the engine and the tests knew first.
-using SwappedAdamW = SwappedOptimizer;
-
-}  // namespace zerone::zero
+}  // namespace zerone::optim

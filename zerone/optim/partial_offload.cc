@@ -1,15 +1,15 @@
-#include "zerone/zero/partial_offload.h"
+#include "zerone/optim/partial_offload.h"
 
 #include <algorithm>
 
 #include "zerone/core/error.h"
 
-namespace zerone::zero {
+namespace zerone::optim {
 
 namespace {
 // Elements [begin, end) of `s` as a shard of their own.
-optim::ShardRef slice(const optim::ShardRef& s, size_t begin, size_t end, DType dtype) {
-  optim::ShardRef out;
+ShardRef slice(const ShardRef& s, size_t begin, size_t end, DType dtype) {
+  ShardRef out;
   out.param = s.param ? static_cast<char*>(s.param) + begin * dtype_size(dtype) : nullptr;
   out.grad = s.grad ? s.grad + begin : nullptr;
   out.numel = end - begin;
@@ -22,13 +22,13 @@ optim::ShardRef slice(const optim::ShardRef& s, size_t begin, size_t end, DType 
 }
 }  // namespace
 
-PartialOffloadOptimizer::PartialOffloadOptimizer(std::vector<optim::ShardRef> shards, const std::vector<size_t>& offloaded,
-                                                 DType param_dtype, const optim::OptimizerOptions& options,
-                                                 OffloadDevice device, size_t sub_group_numel, int buffer_count,
+PartialOffloadOptimizer::PartialOffloadOptimizer(std::vector<ShardRef> shards, const std::vector<size_t>& offloaded,
+                                                 DType param_dtype, const OptimizerOptions& options,
+                                                 MemPlace offload_place, size_t sub_group_numel, int buffer_count,
                                                  const NvmeConfig& nvme, io::SwapDirectory* dir)
     : shards_(std::move(shards)), param_dtype_(param_dtype), options_(options) {
-  ZERONE_ASSERT(offloaded.size() == shards_.size() && device != OffloadDevice::none);
-  std::vector<optim::ShardRef> off_parts, res_parts;
+  ZERONE_ASSERT(offloaded.size() == shards_.size() && offload_place != MemPlace::device);
+  std::vector<ShardRef> off_parts, res_parts;
   split_.resize(shards_.size());
   for (size_t i = 0; i < shards_.size(); ++i) {
     const size_t n = shards_[i].numel, cut = offloaded[i];
@@ -46,13 +46,13 @@ PartialOffloadOptimizer::PartialOffloadOptimizer(std::vector<optim::ShardRef> sh
     }
   }
   ZERONE_ASSERT(!off_parts.empty() && !res_parts.empty(), "a partial offload with nothing to split");
-  resident_ = optim::make_optimizer(std::move(res_parts), param_dtype, options, MemPlace::device);
-  if (device == OffloadDevice::nvme) {
+  resident_ = make_optimizer(std::move(res_parts), param_dtype, options, MemPlace::device);
+  if (offload_place == MemPlace::nvme) {
     ZERONE_ASSERT(dir != nullptr);
     offloaded_ = std::make_unique<SwappedOptimizer>(std::move(off_parts), param_dtype, options, sub_group_numel,
                                                     buffer_count, nvme, *dir);
   } else {
-    offloaded_ = optim::make_optimizer(std::move(off_parts), param_dtype, options, MemPlace::host);
+    offloaded_ = make_optimizer(std::move(off_parts), param_dtype, options, MemPlace::host);
   }
   ZERONE_ASSERT(offloaded_->supports_shard_steps() && resident_->supports_shard_steps());
   ZERONE_ASSERT(offloaded_->state_names() == resident_->state_names());
@@ -64,6 +64,13 @@ void PartialOffloadOptimizer::set_param(size_t i, void* param) {
   if (s.offloaded != kNoShard) offloaded_->set_param(s.offloaded, param);
   if (s.resident != kNoShard)
     resident_->set_param(s.resident, param ? static_cast<char*>(param) + s.resident_begin * dtype_size(param_dtype_) : nullptr);
+}
+
+void PartialOffloadOptimizer::set_grad(size_t i, const float* grad) {
+  shards_[i].grad = grad;
+  const Split& s = split_[i];
+  if (s.offloaded != kNoShard) offloaded_->set_grad(s.offloaded, grad);
+  if (s.resident != kNoShard) resident_->set_grad(s.resident, grad ? grad + s.resident_begin : nullptr);
 }
 
 void PartialOffloadOptimizer::begin_step(float lr, float grad_scale) {
@@ -118,4 +125,4 @@ void PartialOffloadOptimizer::set_steps_taken(int64_t steps) {
   resident_->set_steps_taken(steps);
 }
 
-}  // namespace zerone::zero
+}  // namespace zerone::optim

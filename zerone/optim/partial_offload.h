@@ -1,5 +1,5 @@
 // Partial optimizer offload, DeepSpeed's offload_optimizer.ratio (Note [Partial optimizer offload]
-// in partition.h): one optimizer over the engine's shards whose state is split in two. The leading
+// in zero/partition.h): one optimizer over the engine's shards whose state is split in two. The leading
 // elements of each shard that offloaded_prefix() names run on an offloaded optimizer (AdamW/SGD with
 // its state on the host, or the NVMe-swapped SwappedOptimizer), the rest on an in-memory optimizer
 // with its state on the device. Each part sees a slice of the shard (parameters, gradients and
@@ -20,21 +20,22 @@
 
 #include "zerone/io/aio.h"
 #include "zerone/optim/optimizers.h"
-#include "zerone/zero/offload.h"
-#include "zerone/zero/partition.h"
+#include "zerone/optim/swapped.h"
 
-namespace zerone::zero {
+namespace zerone::optim {
 
-class PartialOffloadOptimizer final : public optim::Optimizer {
+class PartialOffloadOptimizer final : public Optimizer {
  public:
-  // `offloaded[i]` (offloaded_prefix) leading elements of shard i go to `device` (cpu or nvme;
-  // nvme needs `dir`, the run's swap directory, and uses sub_group_numel, buffer_count and
-  // `nvme`); the rest stays on the device. Throws Error as the optimizers it builds do.
-  PartialOffloadOptimizer(std::vector<optim::ShardRef> shards, const std::vector<size_t>& offloaded, DType param_dtype,
-                          const optim::OptimizerOptions& options, OffloadDevice device, size_t sub_group_numel,
+  // `offloaded[i]` (zero::offloaded_prefix) leading elements of shard i go to `offload_place`
+  // (host, or nvme: then the swap of `dir`, the run's swap directory, with sub_group_numel,
+  // buffer_count and `nvme`); the rest stays on the device. Throws Error as the optimizers it
+  // builds do.
+  PartialOffloadOptimizer(std::vector<ShardRef> shards, const std::vector<size_t>& offloaded, DType param_dtype,
+                          const OptimizerOptions& options, MemPlace offload_place, size_t sub_group_numel,
                           int buffer_count, const NvmeConfig& nvme, io::SwapDirectory* dir);
 
   void set_param(size_t i, void* param) override;
+  void set_grad(size_t i, const float* grad) override;
   size_t num_shards() const override { return shards_.size(); }
   size_t numel(size_t i) const override { return shards_[i].numel; }
   const float* grad(size_t i) const override { return shards_[i].grad; }
@@ -44,7 +45,7 @@ class PartialOffloadOptimizer final : public optim::Optimizer {
   double update_shard(size_t i, size_t next_shard = kNoShard) override;
   void end_step() override;
 
-  std::string type_name() const override { return optim::optimizer_name(options_); }
+  std::string type_name() const override { return optimizer_name(options_); }
   std::vector<std::string> state_names() const override;
   void export_state(const std::function<void(const StatePiece&, const float* data)>& fn) override;
   void import_state(const std::function<void(const StatePiece&, float* data)>& fn) override;
@@ -58,12 +59,12 @@ class PartialOffloadOptimizer final : public optim::Optimizer {
     size_t offloaded = kNoShard, resident = kNoShard;
     size_t resident_begin = 0;  // == the offloaded prefix's length
   };
-  std::vector<optim::ShardRef> shards_;
+  std::vector<ShardRef> shards_;
   std::vector<Split> split_;
   std::vector<size_t> offloaded_shard_, resident_shard_;  // part index -> engine shard
   DType param_dtype_;
-  optim::OptimizerOptions options_;
-  std::unique_ptr<optim::Optimizer> offloaded_, resident_;
+  OptimizerOptions options_;
+  std::unique_ptr<Optimizer> offloaded_, resident_;
 };
 
-}  // namespace zerone::zero
+}  // namespace zerone::optim

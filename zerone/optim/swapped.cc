@@ -1,4 +1,4 @@
-#include "zerone/zero/offload.h"
+#include "zerone/optim/swapped.h"
 
 #include <sys/mman.h>
 
@@ -11,17 +11,24 @@
 #include "zerone/core/profiler.h"
 #include "zerone/io/sharded_checkpoint.h"
 
-namespace zerone::zero {
+namespace zerone::optim {
+
+std::vector<std::pair<size_t, size_t>> sub_groups(size_t shard_numel, size_t sub_group_numel) {
+  ZERONE_ASSERT(sub_group_numel >= 1);
+  std::vector<std::pair<size_t, size_t>> out;
+  for (size_t b = 0; b < shard_numel; b += sub_group_numel) out.emplace_back(b, std::min(shard_numel, b + sub_group_numel));
+  return out;
+}
 
 namespace {
-int optim_tensor_count(const optim::OptimizerOptions& o) {
-  if (const auto* sgd = std::get_if<optim::SGDOptions>(&o)) return sgd->momentum != 0.0f ? 1 : 0;
+int optim_tensor_count(const OptimizerOptions& o) {
+  if (const auto* sgd = std::get_if<SGDOptions>(&o)) return sgd->momentum != 0.0f ? 1 : 0;
   return 2;
 }
 }  // namespace
 
-SwappedOptimizer::SwappedOptimizer(std::vector<optim::ShardRef> shards, DType param_dtype,
-                                   const optim::OptimizerOptions& options, size_t sub_group_numel, int buffer_count,
+SwappedOptimizer::SwappedOptimizer(std::vector<ShardRef> shards, DType param_dtype,
+                                   const OptimizerOptions& options, size_t sub_group_numel, int buffer_count,
                                    const NvmeConfig& config, io::SwapDirectory& dir,
                                    const std::vector<char>& spare_slots, const ParamSource& param_source)
     : shards_(std::move(shards)),
@@ -30,7 +37,7 @@ SwappedOptimizer::SwappedOptimizer(std::vector<optim::ShardRef> shards, DType pa
       config_(config),
       optim_tensors_(optim_tensor_count(options)),
       tensors_(optim_tensors_ + (param_dtype == DType::f32 ? 0 : 1)) {
-  ZERONE_CHECK(tensors_ > 0, "--offload-optimizer nvme: ", optim::optimizer_name(options),
+  ZERONE_CHECK(tensors_ > 0, "--offload-optimizer nvme: ", optimizer_name(options),
                " without momentum on fp32 parameters keeps no optimizer state to swap (use --offload-optimizer none)");
   ZERONE_CHECK(buffer_count >= 1 && buffer_count <= 64, "offload_optimizer.buffer_count ", buffer_count,
                " is out of range: expected 1..64");
@@ -61,7 +68,7 @@ SwappedOptimizer::SwappedOptimizer(std::vector<optim::ShardRef> shards, DType pa
   MemoryLedger::global().add(MemPlace::nvme, MemCategory::scratch, nvme_spare_bytes_);
   if (!groups_.empty()) {
     for (int b = 0; b < buffer_count; ++b) {
-      buffers_.emplace_back(largest * static_cast<size_t>(tensors_), MemCategory::swap, MemPlace::host, 4096);
+      buffers_.emplace_back(largest * static_cast<size_t>(tensors_), MemCategory::swap, MemPlace::host, io::kSwapAlignBytes);
       if (config.pin_memory)
         ZERONE_CHECK(::mlock(buffers_.back().data(), buffers_.back().bytes()) == 0, "offload_optimizer.pin_memory: ",
                      "cannot lock ", buffers_.back().bytes(), " bytes of staging buffer in memory: ", std::strerror(errno),
@@ -83,7 +90,7 @@ SwappedOptimizer::SwappedOptimizer(std::vector<optim::ShardRef> shards, DType pa
     if (tensors_ > optim_tensors_) {
       if (gi == first_group_[g.shard]) shard_param = param_source ? param_source(g.shard) : shards_[g.shard].param;
       const char* param = static_cast<const char*>(shard_param) + g.begin * dtype_size(param_dtype_);
-      optim::load_master(tensor(b, g, optim_tensors_), MemPlace::host, param, param_dtype_, g.end - g.begin);
+      load_master(tensor(b, g, optim_tensors_), MemPlace::host, param, param_dtype_, g.end - g.begin);
     }
     writes[b] = io_->start(io::IoOp::write, fd_.get(), file_path_, buffers_[b].data(), group_bytes(g), g.offset);
   }
@@ -119,8 +126,8 @@ void SwappedOptimizer::begin_step(float lr, float grad_scale) {
   extents_.clear();
   lr_ = lr;
   grad_scale_ = grad_scale;
-  const auto* adam = std::get_if<optim::AdamWOptions>(&options_);
-  h_ = adam ? optim::AdamW::hyper(*adam, lr, grad_scale, static_cast<int>(step_)) : kernels::AdamWHyper{};
+  const auto* adam = std::get_if<AdamWOptions>(&options_);
+  h_ = adam ? AdamW::hyper(*adam, lr, grad_scale, static_cast<int>(step_)) : kernels::AdamWHyper{};
   reads_.assign(buffers_.size(), 0);
   if (writes_.size() != buffers_.size()) writes_.assign(buffers_.size(), 0);
   ahead_group_ = kNoShard;
@@ -128,8 +135,8 @@ void SwappedOptimizer::begin_step(float lr, float grad_scale) {
 }
 
 double SwappedOptimizer::update_shard(size_t shard, size_t next_shard) {
-  const auto* adam = std::get_if<optim::AdamWOptions>(&options_);
-  const auto* sgd = std::get_if<optim::SGDOptions>(&options_);
+  const auto* adam = std::get_if<AdamWOptions>(&options_);
+  const auto* sgd = std::get_if<SGDOptions>(&options_);
   const size_t B = buffers_.size();
   const bool pipelined_read = config_.pipeline_read && B >= 2;
   const size_t end = first_group_[shard + 1];
@@ -158,13 +165,13 @@ double SwappedOptimizer::update_shard(size_t shard, size_t next_shard) {
     wait_io(reads_[b]);
     {
       ProfileScope profile(ProfileCategory::optimizer);
-      const optim::ShardRef& s = shards_[g.shard];
+      const ShardRef& s = shards_[g.shard];
       float* master = tensors_ > optim_tensors_ ? tensor(b, g, optim_tensors_) : static_cast<float*>(s.param) + g.begin;
       if (adam)
-        sumsq += optim::AdamW::update_slice(MemPlace::host, s, param_dtype_, *adam, h_, g.begin, g.end, master, tensor(b, g, 0),
+        sumsq += AdamW::update_slice(MemPlace::host, s, param_dtype_, *adam, h_, g.begin, g.end, master, tensor(b, g, 0),
                                             tensor(b, g, 1));
       else
-        sumsq += optim::SGD::update_slice(MemPlace::host, s, param_dtype_, *sgd, lr_, grad_scale_, first_, g.begin, g.end, master,
+        sumsq += SGD::update_slice(MemPlace::host, s, param_dtype_, *sgd, lr_, grad_scale_, first_, g.begin, g.end, master,
                                           optim_tensors_ > 0 ? tensor(b, g, 0) : nullptr);
     }
     if (!record_.empty()) {
@@ -218,7 +225,7 @@ int SwappedOptimizer::swap_slot(int state_index) const {
 }
 
 std::vector<std::string> SwappedOptimizer::state_names() const {
-  if (std::holds_alternative<optim::AdamWOptions>(options_)) return optim::adamw_state_names(param_dtype_);
+  if (std::holds_alternative<AdamWOptions>(options_)) return adamw_state_names(param_dtype_);
   std::vector<std::string> names;
   if (tensors_ > optim_tensors_) names.push_back("master");
   if (optim_tensors_ > 0) names.push_back("momentum_buffer");
@@ -243,4 +250,4 @@ void SwappedOptimizer::import_state(const std::function<void(const StatePiece&, 
   }
 }
 
-}  // namespace zerone::zero
+}  // namespace zerone::optim

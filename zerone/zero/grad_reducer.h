@@ -1,0 +1,127 @@
+// The ZeRO engine's gradient reducer: sums every unit's gradients over the ranks as backward
+// produces them, in the layout the stage keeps (engine.h has the stages):
+//
+//   stage 0  the unit's full gradients are all-reduced in place, in buckets of reduce_bucket_size,
+//            once the last micro-step's backward of the unit is done.
+//   stage 1  the full gradients are reduce-scattered in place at the accumulation boundary; the
+//            rank's shard of the sum is where the optimizer reads it.
+//   stages 2-3 after every micro-step's backward of a unit its full gradients (a pooled buffer)
+//            are reduce-scattered into the rank's f32 shard accumulator and go back to the pool once
+//            reduced, at the latest when more than reduce_bucket_size elements are in flight. With
+//            the whole optimizer on NVMe the accumulators live in grads.swp (Note [Gradient swap]).
+//
+// The reducer also measures each unit's gradient sum of squares the way every step path measures
+// it (Note [Deterministic gradient norm]).
+//
+// Thread-safety: the training thread only; collectives run on the communicator's thread. Errors
+// of a collective or of swap I/O are rethrown as Error where they are waited for.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "zerone/comm/device_communicator.h"
+#include "zerone/core/memory.h"
+#include "zerone/io/aio.h"
+#include "zerone/kernels/backend.h"
+#include "zerone/nn/model.h"
+#include "zerone/optim/optimizer.h"
+#include "zerone/optim/swapped.h"
+#include "zerone/zero/partition.h"
+
+namespace zerone::zero {
+
+class GradReducer {
+ public:
+  // Lays out the accumulators of the units `shards` (stages 2-3: on the host for the units in
+  // `host_accumulators`, the units whose optimizer shard is offloaded; else on the device) and,
+  // with `swapped` (gradients_swapped() in partition.h), grads.swp in `swap_dir` (which must
+  // outlive the reducer) with buffer_count staging buffers. `pool`: the engine's working-set pool.
+  // Throws Error for a full disk, an I/O failure or staging that cannot be locked in memory.
+  GradReducer(nn::Model& model, const ZeroConfig& config, std::vector<UnitShard> shards,
+              const std::vector<char>& host_accumulators, kernels::Backend& device, comm::DeviceCommunicator& comm,
+              BufferPool& pool, bool swapped, io::SwapDirectory* swap_dir, const optim::NvmeConfig& nvme);
+  ~GradReducer();
+  GradReducer(const GradReducer&) = delete;
+  GradReducer& operator=(const GradReducer&) = delete;
+
+  bool swapped() const { return swapped_; }
+  // Where the optimizer reads unit u's reduced gradients (its shard, or at stage 0 the whole
+  // unit); null when swapped (staged before each update, stage_for_update). Allocates stage 2-3
+  // accumulators and stage 0-1 full gradients. Call once per unit, in order, at construction.
+  const float* adopt(int u);
+  // Where the optimizer of `optimizer` reads gradients; stage_for_update and unstage point it.
+  void attach(optim::ShardStepping& optimizer) { optimizer_ = &optimizer; }
+
+  // Whether the coming backward is the last micro-step of the optimizer step (stages 0-1 reduce
+  // only then; the swap measures the sum's squares then).
+  void set_last_micro_step(bool last) { last_micro_step_ = last; }
+  bool last_micro_step() const { return last_micro_step_; }
+
+  // Stages 2-3: fresh full gradients for the units the backward of u touches.
+  void before_backward(int u);
+  // Starts reducing unit u's gradients (stages 2-3 every micro-step, 0-1 at the last) and
+  // retires finished reductions.
+  void after_backward(int u);
+  // Waits for unit u's reduction (if any) and accumulates it.
+  void finish(int u);
+  void finish_all();
+
+  // Note [Gradient swap]: stages unit u's accumulated gradients for its update and points the
+  // optimizer at them; unstage() frees the staging once the update is done. No-ops otherwise.
+  void stage_for_update(int u);
+  void unstage(int u);
+  // This rank's sum of squares of unit u's reduced gradients (Note [Deterministic gradient norm];
+  // swapped: as measured when the last micro-step finished).
+  double sumsq(int u) const;
+  // After an update or a skipped step: the next micro-step starts a new sum. Stages 0-1's full
+  // buffers are overwritten by the next backward, stages 2-3's accumulators by the next step's
+  // first reduce-scatter (Note [Fresh gradients]).
+  void start_new_sum();
+
+ private:
+  struct UnitGrads {
+    UnitShard shard;
+    Buffer accumulator;   // stages 2-3: this rank's f32 gradient shard sum (empty when swapped)
+    Buffer reduce_src;    // stages 2-3: the unit's full gradients while they are reduce-scattered
+    Buffer reduce_out;    // stages 2-3: the landing shard when the accumulator already holds a sum
+    bool accumulator_zero = true;  // stages 2-3: the accumulator holds nothing yet this step
+    bool host_accumulator = false;
+    std::vector<comm::Work> reduce_work;
+    // Note [Gradient swap]: the accumulator's slot in grads.swp, the staging buffer holding it
+    // (-1: none), its write in flight (0: none), and the sum of squares of the step's final sum.
+    uint64_t swap_offset = 0;
+    size_t swap_bytes = 0;
+    int staging = -1;
+    io::SwapIo::Ticket write = 0;
+    double swapped_sumsq = 0.0;
+  };
+  void launch(int u);
+  void retire();
+  float* acquire_staging(int u);
+  void finish_write(int u);
+
+  nn::Model& model_;
+  const ZeroConfig config_;
+  kernels::Backend& device_;
+  comm::DeviceCommunicator& comm_;
+  BufferPool& pool_;
+  std::vector<UnitGrads> units_;
+  optim::ShardStepping* optimizer_ = nullptr;  // attach()
+  bool last_micro_step_ = true;
+  std::deque<int> reducing_;   // stages 2-3: units whose reduce-scatter is in flight, oldest first
+  size_t reducing_numel_ = 0;  // their padded elements
+  // Note [Gradient swap].
+  bool swapped_ = false;
+  std::string swap_path_;
+  io::FileDescriptor swap_fd_;
+  std::vector<Buffer> staging_;           // host.swap
+  std::vector<int> staging_user_;         // the unit holding each (-1: free)
+  std::deque<int> writes_;                // units whose slot is being written, oldest first
+  int64_t nvme_grad_bytes_ = 0;
+  std::unique_ptr<io::SwapIo> io_;        // after the buffers: drained before they go
+};
+
+}  // namespace zerone::zero

@@ -498,6 +498,8 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm, const io::Fa
   const bool default_run = cfg.data.empty();
   const bool image_data = !default_run && io::has_image_split(cfg.data, "train");
   cfg = resolve_settings(std::move(cfg), world);
+  comm.set_timeout(cfg.comm_timeout_s);  // Note [Collective timeout]
+  comm.set_phase("start-up");
   InterruptGuard interrupts;
   if (cfg.threads > 0) omp_set_num_threads(cfg.threads);
   else if (int t = default_threads_per_rank(); t > 0) omp_set_num_threads(t);
@@ -859,6 +861,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm, const io::Fa
                              "; training stalled ", fixed(checkpointer->last_stall_s(), 3), " s)"));
   };
   auto save_checkpoint = [&](int done) {
+    comm.set_phase(str_cat("checkpoint of step ", done));
     if (lead) progress.message(str_cat("saving checkpoint of step ", done, " in '", cfg.checkpoint_dir, "' ..."));
     checkpointer->save(engine, trainer_state(done));
     if (!cfg.checkpoint_async) report_saved();
@@ -879,6 +882,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm, const io::Fa
   if (lead && start_step <= cfg.steps) progress.starting(start_step, cfg.steps);
   for (int step = start_step; step <= cfg.steps; ++step) {
     if (step == start_step + 1) Profiler::reset();
+    comm.set_phase(str_cat("step ", step));
     auto t0 = std::chrono::steady_clock::now();
     double loss_sum = 0.0;  // gradients start at zero: the optimizer step zeroes them
     const double loss_scale = scaled ? scaler.scale() : 1.0;
@@ -982,6 +986,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm, const io::Fa
     if (validate_now) {
       // Validation is outside the step's wall time, so --profile does not count it either.
       Profiler::set_enabled(false);
+      comm.set_phase(str_cat("validation after step ", step));
       const uint64_t batches = classifier && !cfg.is_given("--val-batches") ? val_source->chunks_per_epoch()
                                                                             : static_cast<uint64_t>(cfg.val_batches);
       const std::optional<Evaluation> evaluated = evaluate(model, *val_source, batches, comm);
@@ -1076,6 +1081,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm, const io::Fa
     const bool hf = save_is_hf_directory(cfg.save);
     const char* kind = hf ? "Hugging Face checkpoint" : "llm.c checkpoint";
     if (lead) progress.message(str_cat("saving ", kind, " '", cfg.save, "' ..."));
+    comm.set_phase("--save");
     engine.with_full_params([&] {
       if (!lead) return;
       if (hf) io::save_hf_checkpoint(cfg.save, model);

@@ -240,7 +240,7 @@ std::vector<Setting> build_table() {
       // checkpoints
       {.flag = "--save", .key = "save", .group = G::checkpoints, .type = T::text, .field = &C::save,
        .help = "at the end, write the weights: a file is an llm.c GPT-2 checkpoint, a directory ('DIR/') a Hugging "
-               "Face model directory (config.json, model.safetensors, generation_config.json, the tokenizer)",
+               "Face model directory (config.json + model.safetensors; GPT-2 or LLaMA)",
        .default_text = "none", .changes_results = false},
       {.flag = "--checkpoint-dir", .key = "checkpoint_dir", .aliases = {"checkpoint.dir"}, .group = G::checkpoints,
        .type = T::text, .field = &C::checkpoint_dir,

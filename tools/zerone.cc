@@ -18,6 +18,9 @@
 #include "zerone/nn/model.h"
 #include "zerone/report/html_report.h"
 #include "zerone/train/config.h"
+#include "zerone/train/settings.h"
+#include "zerone/io/fault_env.h"
+#include "zerone/optim/optimizers.h"
 #include "zerone/train/interrupt.h"
 #include "zerone/train/metrics.h"
 #include "zerone/io/convert.h"
@@ -33,108 +36,28 @@ namespace {
 
 using namespace zerone;
 
-void add_train_flags(CLI::App& cmd, train::TrainConfig& c, std::string& config_path) {
-  cmd.add_option("--config", config_path, "JSON config (DeepSpeed-style keys); flags override it");
-  cmd.add_option("--model", c.model,
-                 "preset (gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b, tinyllama-1.1b, llama-3.2-1b, llama-2-7b, "
-                 "llama-3-8b), gpt2:layers=..,dim=..,heads=..,vocab=..,ctx=.. or "
-                 "llama:layers=..,dim=..,heads=..,kv_heads=..,ffn=..,vocab=..,ctx=..");
-  cmd.add_option("--init", c.init,
-                 "weights to start from: an llm.c GPT-2 file (v3 f32 / v5 bf16), a Hugging Face model directory, or a "
-                 "zerone checkpoint directory");
-  cmd.add_option("--data", c.data, "glob of llm.c token shards, or a directory of IDX images (train-images-idx3-ubyte[.gz], "
-                 "train-labels-idx1-ubyte[.gz]); without it, the built-in Markov corpus");
-  cmd.add_option("--val-data", c.val_data, "glob of validation token shards, or an IDX directory (t10k-*; default: "
-                 "the t10k-* files beside --data's)");
-  cmd.add_option("--save", c.save, "write an llm.c checkpoint here at the end");
-  cmd.add_option("--train-batch-size", c.train_batch_size,
-                 "sequences per optimizer step over all ranks (DeepSpeed's train_batch_size; derives --micro-batch or --grad-accum)");
-  cmd.add_option("--micro-batch", c.micro_batch, "sequences per micro-step (B)");
-  cmd.add_option("--seq", c.seq, "tokens per sequence (T)");
-  cmd.add_option("--grad-accum", c.grad_accum, "micro-steps per optimizer step");
-  cmd.add_option("--steps", c.steps, "optimizer steps");
-  cmd.add_option("--lr", c.lr, "peak learning rate");
-  cmd.add_option("--warmup", c.warmup, "warmup steps (DeepSpeed schedules: warmup_num_steps)");
-  cmd.add_option("--lr-schedule", c.lr_schedule,
-                 "constant, cosine, or DeepSpeed's warmup-lr (WarmupLR), warmup-decay (WarmupDecayLR), warmup-cosine (WarmupCosineLR)");
-  cmd.add_option("--min-lr-frac", c.min_lr_frac, "cosine floor as a fraction of --lr (warmup-cosine: cos_min_ratio, default 1e-4)");
-  cmd.add_option("--warmup-type", c.warmup_type, "DeepSpeed schedules: log (default) or linear warmup");
-  cmd.add_option("--warmup-min-lr", c.warmup_min_lr, "warmup-lr, warmup-decay: lr the warmup starts from (0)");
-  cmd.add_option("--warmup-min-ratio", c.warmup_min_ratio, "warmup-cosine: warmup starts from --lr times this (0)");
-  cmd.add_option("--total-steps", c.total_steps, "warmup-decay, warmup-cosine: total_num_steps (default --steps)");
-  cmd.add_option("--weight-decay", c.weight_decay, "AdamW weight decay (matrices and embeddings)");
-  cmd.add_option("--beta1", c.beta1, "AdamW beta1");
-  cmd.add_option("--beta2", c.beta2, "AdamW beta2");
-  cmd.add_option("--eps", c.eps, "AdamW epsilon");
-  cmd.add_option("--optimizer", c.optimizer, "adamw (default) or sgd (torch.optim.SGD's rule)");
-  cmd.add_option("--momentum", c.momentum, "SGD momentum (0: none)");
-  cmd.add_option("--dampening", c.dampening, "SGD dampening of the momentum (0)");
-  cmd.add_flag("--nesterov", c.nesterov, "SGD: Nesterov momentum (needs --momentum > 0, --dampening 0)");
-  cmd.add_option("--epochs", c.epochs, "image data: passes over --data (instead of --steps)");
-  cmd.add_option("--grad-clip", c.grad_clip, "clip the global gradient norm to this (0: off)");
-  cmd.add_option("--precision", c.precision, "fp32, bf16 or fp16 (default: bf16 where the CPU has it)");
-  cmd.add_option("--loss-scale", c.loss_scale, "fp16: static loss scale (0: dynamic, the default)");
-  cmd.add_option("--initial-scale-power", c.initial_scale_power, "fp16: dynamic scale starts at 2^N (16)");
-  cmd.add_option("--loss-scale-window", c.loss_scale_window, "fp16: steps without overflow before doubling (1000)");
-  cmd.add_option("--hysteresis", c.hysteresis, "fp16: overflows tolerated before halving (2)");
-  cmd.add_option("--min-loss-scale", c.min_loss_scale, "fp16: lowest dynamic scale (1)");
-  cmd.add_option("--zero-stage", c.zero_stage, "ZeRO stage 0..3");
-  cmd.add_option("--reduce-bucket-size", c.reduce_bucket_size, "gradient elements per all-reduce bucket (stage 0) / in flight before waiting (stages 2-3)");
-  cmd.add_option("--allgather-bucket-size", c.allgather_bucket_size, "elements per parameter all-gather bucket");
-  cmd.add_option("--stage3-prefetch-bucket-size", c.stage3_prefetch_bucket_size, "elements of units prefetched ahead (stage 3)");
-  cmd.add_option("--stage3-param-persistence-threshold", c.stage3_param_persistence_threshold,
-                 "units smaller than this many elements stay whole (stage 3)");
-  cmd.add_option("--seed", c.seed, "seed for initialisation and shuffling");
-  cmd.add_flag("--no-shuffle", c.no_shuffle, "read batches in order (llm.c's layout)");
-  cmd.add_option("--metrics", c.metrics, "write one JSON line per step here");
-  cmd.add_option("--peak-tflops", c.peak_tflops,
-                 "TFLOP/s per rank that MFU is measured against (default: the GEMM peak measured at start-up)");
-  cmd.add_option("--report", c.report, "write an HTML report of the run here at the end (needs --metrics)");
-  cmd.add_option("--tensorboard", c.tensorboard_dir,
-                 "write TensorBoard event files into this directory (DeepSpeed's tensorboard block)");
-  cmd.add_option("--csv-monitor", c.csv_monitor_dir,
-                 "write one CSV per metric into this directory (DeepSpeed's csv_monitor block)");
-  cmd.add_option("--threads", c.threads, "OpenMP threads (0: all cores)");
-  cmd.add_option("--val-every", c.val_every, "validate every N steps (0: at the end)");
-  cmd.add_option("--val-batches", c.val_batches, "batches per validation");
-  cmd.add_flag("--profile", c.profile, "report where step time goes (after the first step)");
-  cmd.add_flag("--activation-checkpointing", c.activation_checkpointing,
-               "recompute each block's forward in its backward: activation memory of one block, same results");
-  cmd.add_flag("--cpu-checkpointing", c.cpu_checkpointing,
-               "with --activation-checkpointing: keep the saved block inputs in host memory, off the device "
-               "(DeepSpeed's cpu_checkpointing; same results)");
-  cmd.add_flag("--delayed-update", c.delayed_update,
-               "ZeRO-Offload's delayed parameter update: step s's optimizer runs beside step s+1's forward and "
-               "backward, which use the parameters of step s-1 (off)");
-  cmd.add_option("--early-step", c.early_step,
-                 "update each unit as soon as its gradients are final, during the backward of the rest "
-                 "(true/false; same numbers either way; with --grad-clip or fp16 and NVMe offload a speculation, validated or redone)");
-  cmd.add_option("--device", c.device,
-                 "where compute runs: cpu, sim (a simulated device the host cannot touch) or cuda; default: cuda "
-                 "when a GPU and the CUDA backend are present, else cpu");
-  cmd.add_option("--device-mem-limit", c.device_mem_limit, "GiB of device memory per rank (0: no cap); a plan beyond it is refused");
-  cmd.add_option("--offload-optimizer", c.offload_optimizer, "none, cpu or nvme: where fp32 master, moments and the step live (stages 1-3)");
-  cmd.add_option("--offload-param", c.offload_param, "none, cpu or nvme: where stage 3's parameter shards live");
-  cmd.add_option("--nvme-path", c.nvme_path, "directory for swap files (NVMe offload; one subdirectory per run and rank)");
-  cmd.add_option("--sub-group-size", c.sub_group_size, "optimizer elements swapped at once (NVMe offload)");
-  cmd.add_option("--offload-buffer-count", c.offload_buffer_count, "staging buffers of the optimizer swap (NVMe offload)");
-  cmd.add_option("--offload-optimizer-ratio", c.offload_optimizer_ratio,
-                 "share of the optimizer's sub-groups offloaded, the first ones (DeepSpeed's offload_optimizer.ratio; 1)");
-  cmd.add_option("--pipeline-read", c.pipeline_read, "read the next sub-group while one steps (true/false)");
-  cmd.add_option("--pipeline-write", c.pipeline_write, "write a sub-group back while the next steps (true/false)");
-  cmd.add_option("--pin-memory", c.pin_memory, "lock the staging buffers in memory (true/false)");
-  cmd.add_option("--aio-block-size", c.aio_block_size, "bytes per swap I/O request");
-  cmd.add_option("--aio-queue-depth", c.aio_queue_depth, "swap I/O requests in flight per io_uring ring");
-  cmd.add_option("--aio-intra-op-parallelism", c.aio_intra_op_parallelism, "io_uring rings a swap transfer is spread over");
-  cmd.add_option("--aio-single-submit", c.aio_single_submit, "submit swap requests one by one (true/false)");
-  cmd.add_option("--aio-overlap-events", c.aio_overlap_events, "submit new swap requests while others complete (true/false)");
-  cmd.add_option("--checkpoint-dir", c.checkpoint_dir,
-                 "directory of sharded checkpoints (step-N/ and a 'latest' pointer); saved at the end and on a stop signal");
-  cmd.add_option("--checkpoint-every", c.checkpoint_every, "also save after every N steps");
-  cmd.add_option("--keep-last", c.keep_last, "keep only the newest K checkpoints (0: all)");
-  cmd.add_flag("--resume", c.resume, "continue from the latest checkpoint in --checkpoint-dir (--steps is the total)");
-  cmd.add_flag("--checkpoint-async", c.checkpoint_async,
-               "write checkpoints in the background: the step stalls only to copy the state");
+// Note [Flags from the table]: each command's flags are the settings table's rows for it
+// (train/settings.h), bound to the TrainConfig field, grouped and with their defaults in --help.
+void add_setting_flags(CLI::App& cmd, train::TrainConfig& c, unsigned command) {
+  for (const train::Setting& s : train::settings()) {
+    if (!(s.commands & command)) continue;
+    std::string names = s.flag;
+    for (const std::string& a : s.cli_aliases) names += "," + a;
+    std::string help = s.help;
+    if (s.type == train::SettingType::choice) help += str_cat(" (", train::range_text(s), ")");
+    help += str_cat(" [default: ", s.default_text, "]");
+    CLI::Option* opt = std::visit(
+        [&](auto member) -> CLI::Option* {
+          auto& field = c.*member;
+          using F = std::decay_t<decltype(field)>;
+          if constexpr (std::is_same_v<F, bool>) {
+            if (s.type == train::SettingType::toggle) return cmd.add_flag(names, field, help);
+          }
+          return cmd.add_option(names, field, help);
+        },
+        s.field);
+    opt->group(train::setting_group_title(s.group));
+  }
 }
 
 int cmd_info() {
@@ -166,29 +89,12 @@ int cmd_info() {
   return 0;
 }
 
-struct EstimateArgs {
-  std::string model, precision;
-  int world = 1, stage = 0, micro_batch = 4, seq = 64;
-  double device_mem_gib = 0.0;
-  int64_t persistence_threshold = 100'000;
-  int64_t reduce_bucket_numel = 500'000'000, prefetch_numel = 50'000'000;
-  std::string offload_optimizer = "none", offload_param = "none";
-  int64_t sub_group_size = 1'000'000'000;
-  int buffer_count = 4;
-  double ratio = 1.0;
-  bool delayed_update = false;
-  bool json = false;
-  bool activation_checkpointing = false;
-  bool cpu_checkpointing = false;
-  bool seq_given = false;
-  double grad_clip = 0.0;
-  bool early_step = true;
-  std::string optimizer = "adamw";  // as for train: its state is what is estimated
-  double momentum = 0.0;
-  bool momentum_given = false;
-};
-
-int cmd_estimate(const EstimateArgs& a, bool stage_given) {
+// `zerone estimate`: the settings are train's (the table's rows for estimate), derived into the
+// engine's configuration by the same function train uses (train::zero_config).
+int cmd_estimate(train::TrainConfig a, int world, bool json, bool stage_given) {
+  ZERONE_CHECK(world >= 1 && world <= 1048576, "--world ", world, " is out of range: expected an integer in 1..1048576");
+  for (const train::Setting& s : train::settings())
+    if (s.commands & train::kEstimate) train::check_setting(s, a);
   DType dtype = train::resolve_precision(a.precision);
   std::unique_ptr<nn::Model> shape = nn::make_model(a.model, dtype, 64, /*allocate=*/false);
   ZERONE_CHECK(!a.cpu_checkpointing || a.activation_checkpointing,
@@ -196,53 +102,27 @@ int cmd_estimate(const EstimateArgs& a, bool stage_given) {
   shape->set_activation_checkpointing(a.activation_checkpointing);
   shape->set_cpu_checkpointing(a.cpu_checkpointing);
   const nn::Model& model = *shape;
-  ZERONE_CHECK(std::isfinite(a.device_mem_gib) && a.device_mem_gib >= 0.0, "--device-mem ", a.device_mem_gib,
-               " is out of range: expected a finite number of GiB >= 0");
-  ZERONE_CHECK(a.persistence_threshold >= 0, "--stage3-param-persistence-threshold is negative");
-  ZERONE_CHECK(a.reduce_bucket_numel >= 1, "--reduce-bucket-size ", a.reduce_bucket_numel,
-               " must be at least 1 element");
-  ZERONE_CHECK(a.prefetch_numel >= 0, "--stage3-prefetch-bucket-size ", a.prefetch_numel, " is negative");
   // Image classifiers read one sample per row: --seq does not apply to them.
   const bool classifier = model.input_kind() == nn::InputKind::features;
-  ZERONE_CHECK(!classifier || !a.seq_given, "--seq applies to token models; ", model.spec(), " reads one image per sample");
+  ZERONE_CHECK(!classifier || !a.is_given("--seq"), "--seq applies to token models; ", model.spec(),
+               " reads one image per sample");
   const int seq = classifier ? 1 : a.seq;
   ZERONE_CHECK(seq <= model.max_seq_len(), "--seq ", seq, " exceeds the model's context length ", model.max_seq_len());
-  zero::ZeroConfig base;
-  base.persistence_threshold = static_cast<size_t>(a.persistence_threshold);
-  base.reduce_bucket_numel = static_cast<size_t>(a.reduce_bucket_numel);
-  base.prefetch_numel = static_cast<size_t>(a.prefetch_numel);
-  base.offload_optimizer = zero::parse_offload_device(a.offload_optimizer, "--offload-optimizer");
-  base.offload_param = zero::parse_offload_device(a.offload_param, "--offload-param");
-  ZERONE_CHECK(a.sub_group_size >= 1, "--sub-group-size ", a.sub_group_size, " must be at least 1 element");
-  ZERONE_CHECK(a.buffer_count >= 1 && a.buffer_count <= 64, "--offload-buffer-count ", a.buffer_count,
-               " is out of range: expected 1..64");
-  base.sub_group_numel = static_cast<size_t>(a.sub_group_size);
-  base.optimizer_buffer_count = a.buffer_count;
-  // Note [Speculative early step]: undo copies and spare slots, as train keeps them (only with
-  // NVMe offload and no partial optimizer offload, zero::speculates).
-  base.early_step = a.early_step;
-  base.speculative_step = a.early_step && (a.grad_clip > 0.0 || dtype == DType::f16);
-  ZERONE_CHECK(a.optimizer == "adamw" || a.optimizer == "sgd", "--optimizer '", a.optimizer, "': expected adamw or sgd");
-  ZERONE_CHECK(a.optimizer == "sgd" || !a.momentum_given, "--momentum applies to --optimizer sgd; the optimizer is ",
+  ZERONE_CHECK(a.optimizer == "sgd" || !a.is_given("--momentum"), "--momentum applies to --optimizer sgd; the optimizer is ",
                a.optimizer);
-  ZERONE_CHECK(std::isfinite(a.momentum) && a.momentum >= 0.0, "--momentum ", a.momentum,
-               " is out of range: expected a finite number >= 0");
-  ZERONE_CHECK(std::isfinite(a.ratio) && a.ratio >= 0.0 && a.ratio <= 1.0, "--offload-optimizer-ratio ", a.ratio,
-               " is out of range: expected a number in [0, 1]");
-  ZERONE_CHECK(a.ratio == 1.0 || base.offload_optimizer != zero::OffloadDevice::none, "--offload-optimizer-ratio ",
-               a.ratio, " offloads a part of the optimizer, but --offload-optimizer is none: give --offload-optimizer cpu or nvme");
-  base.offload_optimizer_ratio = a.ratio;
-  base.delayed_update = a.delayed_update;
-  optim::OptimizerOptions optimizer = optim::AdamWOptions{};
-  if (a.optimizer == "sgd") optimizer = optim::SGDOptions{static_cast<float>(a.momentum)};
-  auto rows = zero::estimate(model, a.world, dtype, a.micro_batch, seq, base, optimizer,
-                             stage_given ? std::optional<int>(a.stage) : std::nullopt);
-  const double limit = a.device_mem_gib * 1024.0 * 1024.0 * 1024.0;
-  if (a.json) {
+  ZERONE_CHECK(a.offload_optimizer_ratio == 1.0 || a.offload_optimizer != "none", "--offload-optimizer-ratio ",
+               a.offload_optimizer_ratio,
+               " offloads a part of the optimizer, but --offload-optimizer is none: give --offload-optimizer cpu or nvme");
+  const zero::ZeroConfig base = train::zero_config(a, dtype);
+  const optim::OptimizerOptions optimizer = train::optimizer_options(a);
+  auto rows = zero::estimate(model, world, dtype, a.micro_batch, seq, base, optimizer,
+                             stage_given ? std::optional<int>(a.zero_stage) : std::nullopt);
+  const double limit = a.device_mem_limit * 1024.0 * 1024.0 * 1024.0;
+  if (json) {
     nlohmann::ordered_json j;
     j["model"] = model.spec();
     j["parameters"] = model.num_parameters();
-    j["world"] = a.world;
+    j["world"] = world;
     j["precision"] = dtype_name(dtype);
     j["optimizer"] = a.optimizer;
     j["micro_batch"] = a.micro_batch;
@@ -280,7 +160,7 @@ int cmd_estimate(const EstimateArgs& a, bool stage_given) {
   }
   std::printf("model %s (%zu parameters), world %d, %s, %s, micro-batch %d x seq %d, offload optimizer %s, param %s; "
               "bytes per rank:\n",
-              model.spec().c_str(), model.num_parameters(), a.world, dtype_name(dtype),
+              model.spec().c_str(), model.num_parameters(), world, dtype_name(dtype),
               a.optimizer == "sgd" ? str_cat("sgd (momentum ", a.momentum, ")").c_str() : "adamw", a.micro_batch, seq,
               a.offload_optimizer.c_str(), a.offload_param.c_str());
   std::printf("%-6s %12s %12s %12s %12s %12s %12s %12s %12s %12s %12s %12s%s\n", "stage", "param", "grad", "master", "optim",
@@ -347,8 +227,14 @@ int main(int argc, char** argv) {
 
   train::TrainConfig train_cfg;
   std::string config_path;
+  bool print_config = false;
   CLI::App* train_cmd = app.add_subcommand("train", "train a model (no arguments: the default run)");
-  add_train_flags(*train_cmd, train_cfg, config_path);
+  train_cmd->add_option("--config", config_path,
+                        "JSON config: DeepSpeed's keys (README \"DeepSpeed config keys\") and zerone's (--print-config "
+                        "writes them); flags override it");
+  train_cmd->add_flag("--print-config", print_config,
+                      "print the effective settings (after --config, flags and \"auto\") as a JSON config and exit");
+  add_setting_flags(*train_cmd, train_cfg, train::kTrain);
 
   std::vector<std::string> text_files;
   std::string out_prefix, prepare_tokenizer;
@@ -362,8 +248,11 @@ int main(int argc, char** argv) {
                           "holding one (default: byte-level)");
 
   train::SampleOptions sample_opts;
-  CLI::App* sample_cmd = app.add_subcommand("sample", "generate text from an llm.c checkpoint");
-  sample_cmd->add_option("--init", sample_opts.init, "llm.c checkpoint or Hugging Face model directory")->required();
+  CLI::App* sample_cmd = app.add_subcommand(
+      "sample", "generate text from an llm.c checkpoint or a Hugging Face model directory");
+  sample_cmd->add_option("--init", sample_opts.init,
+                         "an llm.c GPT-2 file or a Hugging Face model directory (GPT-2 or LLaMA; decodes with its own "
+                         "tokenizer when it has one)")->required();
   sample_cmd->add_option("--prompt", sample_opts.prompt, "prompt text, encoded with --tokenizer (default byte-level)");
   sample_cmd->add_option("--prompt-tokens", sample_opts.prompt_tokens, "prompt as token ids")->delimiter(',');
   sample_cmd->add_option("--tokenizer", sample_opts.tokenizer,
@@ -372,7 +261,9 @@ int main(int argc, char** argv) {
   sample_cmd->add_option("--temperature", sample_opts.temperature, "sampling temperature (0: greedy)");
   sample_cmd->add_option("--top-k", sample_opts.top_k, "sample among the k most likely (0: all)");
   sample_cmd->add_option("--seed", sample_opts.seed, "sampling seed");
-  sample_cmd->add_option("--precision", sample_opts.precision, "fp32 or bf16");
+  sample_cmd->add_option("--precision", sample_opts.precision, train::find_setting("--precision")->help + " (" +
+                         train::range_text(*train::find_setting("--precision")) + ") [default: " +
+                         train::find_setting("--precision")->default_text + "]");
 
   CLI::App* info_cmd = app.add_subcommand("info", "what this build and machine offer");
 
@@ -388,36 +279,15 @@ int main(int argc, char** argv) {
                           "checkpoint); default: llmc for DST ending in .bin, else hf");
   convert_cmd->add_option("--dtype", convert_opts.dtype, "f32, bf16 or f16 (default: the source's)");
 
-  EstimateArgs est;
+  train::TrainConfig est;
+  int est_world = 1;
+  bool est_json = false;
   CLI::App* estimate_cmd = app.add_subcommand("estimate", "per-rank memory of each ZeRO stage, before running");
-  estimate_cmd->add_option("--model", est.model, "preset or spec (as for train)")->required();
-  estimate_cmd->add_option("--world", est.world, "data-parallel ranks")->required();
-  estimate_cmd->add_option("--zero-stage", est.stage, "only this stage (default: all)");
-  estimate_cmd->add_option("--precision", est.precision, "fp32 or bf16 (default as train)");
-  estimate_cmd->add_option("--micro-batch", est.micro_batch, "for activations (default 4)");
-  estimate_cmd->add_option("--seq", est.seq, "for activations (default 64)");
-  estimate_cmd->add_option("--device-mem,--device-mem-limit", est.device_mem_gib,
-                           "device memory per rank in GiB: say which stages fit on the device");
-  estimate_cmd->add_option("--offload-optimizer", est.offload_optimizer, "none, cpu or nvme (as for train; stages 1-3)");
-  estimate_cmd->add_option("--offload-param", est.offload_param, "none, cpu or nvme (as for train; stage 3)");
-  estimate_cmd->add_option("--sub-group-size", est.sub_group_size, "as for train (NVMe swap sub-group, elements)");
-  estimate_cmd->add_option("--offload-buffer-count", est.buffer_count, "as for train (NVMe staging buffers)");
-  estimate_cmd->add_option("--offload-optimizer-ratio", est.ratio, "as for train (share of the sub-groups offloaded)");
-  estimate_cmd->add_flag("--delayed-update", est.delayed_update, "as for train (its gradient and parameter copies)");
-  estimate_cmd->add_option("--stage3-param-persistence-threshold", est.persistence_threshold,
-                           "as for train (elements)");
-  estimate_cmd->add_option("--reduce-bucket-size", est.reduce_bucket_numel,
-                           "as for train (elements): bounds stages 2-3's gradients in flight");
-  estimate_cmd->add_option("--stage3-prefetch-bucket-size", est.prefetch_numel,
-                           "as for train (elements): bounds stage 3's prefetched parameters");
-  estimate_cmd->add_flag("--json", est.json, "machine-readable output");
-  estimate_cmd->add_option("--grad-clip", est.grad_clip,
-                           "as for train: with the early step, its speculation's undo copies and spare swap slots");
-  estimate_cmd->add_option("--early-step", est.early_step, "as for train (true/false)");
-  estimate_cmd->add_option("--optimizer", est.optimizer, "adamw or sgd (as for train; default adamw): whose state");
-  estimate_cmd->add_option("--momentum", est.momentum, "as for train (SGD: a momentum buffer unless 0)");
-  estimate_cmd->add_flag("--activation-checkpointing", est.activation_checkpointing, "as for train");
-  estimate_cmd->add_flag("--cpu-checkpointing", est.cpu_checkpointing, "as for train");
+  estimate_cmd->add_option("--world", est_world, "data-parallel ranks")->required();
+  estimate_cmd->add_flag("--json", est_json, "machine-readable output");
+  add_setting_flags(*estimate_cmd, est, train::kEstimate);
+  estimate_cmd->get_option("--model")->required();
+  // Every subcommand's flags are grouped in --help; the ones outside the table under "Options".
 
   std::vector<std::string> report_inputs;
   std::string report_out;
@@ -460,11 +330,20 @@ int main(int argc, char** argv) {
   try {
     if (train_cmd->parsed()) {
       communicator = comm::make_communicator();
+      // The test hooks (io/fault_env.h): read here, once, and handed down.
+      const io::FaultEnv fault_env = io::FaultEnv::from_environment();
       for (const CLI::Option* opt : train_cmd->get_options())
         if (opt->count() > 0) train_cfg.given.insert(opt->get_name());
       train_cfg.config_file = config_path;
       if (!config_path.empty()) train::apply_json_config(config_path, train_cfg);
-      train::TrainResult result = train::run_training(train_cfg, *communicator);
+      if (print_config) {
+        const train::TrainConfig effective = train::resolve_settings(train_cfg, communicator->world_size());
+        if (communicator->rank() == 0)
+          std::printf("// zerone train --print-config: the effective settings; zerone train --config FILE runs the same\n%s\n",
+                      train::effective_config_json(effective, dtype_name(train::resolve_precision(effective.precision))).c_str());
+        return 0;
+      }
+      train::TrainResult result = train::run_training(train_cfg, *communicator, fault_env);
       if (result.interrupted_by != 0) return 128 + result.interrupted_by;
     } else if (prepare_cmd->parsed()) {
       std::unique_ptr<io::Tokenizer> tokenizer =
@@ -508,9 +387,9 @@ int main(int argc, char** argv) {
       report::write_html_report(runs, report_out);
       std::printf("wrote '%s' (%zu run%s)\n", report_out.c_str(), runs.size(), runs.size() == 1 ? "" : "s");
     } else if (estimate_cmd->parsed()) {
-      est.seq_given = estimate_cmd->count("--seq") > 0;
-      est.momentum_given = estimate_cmd->count("--momentum") > 0;
-      return cmd_estimate(est, estimate_cmd->count("--zero-stage") > 0);
+      for (const CLI::Option* opt : estimate_cmd->get_options())
+        if (opt->count() > 0) est.given.insert(opt->get_name());
+      return cmd_estimate(est, est_world, est_json, estimate_cmd->count("--zero-stage") > 0);
     }
   } catch (const train::Interrupted& e) {
     train::end_status_line();

@@ -60,7 +60,7 @@ error estimate_seq "--seq 99999 exceeds the model's context length 1024" "$Z" es
 
 # Messages that say the real rule.
 error grad_accum_range "--grad-accum 1000000000 is out of range: expected an integer in 1..1048576" "$Z" "${base[@]}" --grad-accum 1000000000
-error device_mem_nan "--device-mem nan is out of range: expected a finite number" "$Z" estimate --model gpt2-124m --world 1 --device-mem nan
+error device_mem_nan "--device-mem-limit nan is out of range: expected a number in" "$Z" estimate --model gpt2-124m --world 1 --device-mem nan
 error estimate_optimizer "--optimizer 'lamb': expected adamw or sgd" "$Z" estimate --model mnist-cnn --world 1 --optimizer lamb
 error estimate_momentum_adamw "--momentum applies to --optimizer sgd" "$Z" estimate --model mnist-cnn --world 1 --momentum 0.9
 error estimate_momentum_negative "--momentum -0.5 is out of range" "$Z" estimate --model mnist-cnn --world 1 --optimizer sgd --momentum -0.5

@@ -65,9 +65,18 @@ TEST(OffloadConfig, WhatCannotBeDoneIsRefusedByName) {
     expect_error([&] { validate(c); }, needle);
   };
   invalid([](TrainConfig& c) { c.offload_param = "nvme"; }, "--offload-param nvme needs --nvme-path");
-  write_text(dir.file("pbuf.json"), R"({"zero_optimization": {"offload_param": {"device": "nvme", "buffer_count": 5}}})");
-  expect_error([&] { TrainConfig c; apply_json_config(dir.file("pbuf.json"), c); },
-               "offload_param.buffer_count' is not used by zerone's NVMe parameter swap");
+  // Issue 17: DeepSpeed's buffer-pool sizes never block a run, with any device: one notice.
+  write_text(dir.file("pbuf.json"),
+             R"({"zero_optimization": {"offload_param": {"device": "nvme", "buffer_count": 5, "max_in_cpu": 1e9}}})");
+  {
+    TrainConfig c;
+    apply_json_config(dir.file("pbuf.json"), c);
+    ASSERT_EQ(c.notices.size(), 1u);
+    EXPECT_NE(c.notices[0].find("zero_optimization.offload_param.max_in_cpu"), std::string::npos) << c.notices[0];
+  }
+  write_text(dir.file("pbuf2.json"), R"({"zero_optimization": {"offload_param": {"device": "nvme", "buffer_count": -1}}})");
+  expect_error([&] { TrainConfig c; apply_json_config(dir.file("pbuf2.json"), c); },
+               "key 'zero_optimization.offload_param.buffer_count' is -1");
   invalid([](TrainConfig& c) { c.offload_optimizer = "nvme"; }, "--offload-optimizer nvme needs --nvme-path");
   invalid([](TrainConfig& c) { c.offload_buffer_count = 0; }, "--offload-buffer-count 0 is out of range");
   invalid([](TrainConfig& c) { c.aio_queue_depth = 0; }, "--aio-queue-depth 0 is out of range");

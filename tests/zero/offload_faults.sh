@@ -38,7 +38,7 @@ expect path_is_file "--nvme-path '$d/afile' is not a directory" "$Z" "${base[@]}
 expect tmpfs "is on tmpfs/ramfs, which is memory" "$Z" "${base[@]}" "${run[@]}" --offload-optimizer nvme --nvme-path /dev/shm
 expect no_path "--offload-optimizer nvme needs --nvme-path DIR" "$Z" "${base[@]}" "${run[@]}" --offload-optimizer nvme
 expect path_unused "--nvme-path is given but nothing is offloaded" "$Z" "${base[@]}" "${run[@]}" --nvme-path "$d/swap"
-expect buffer_count "--offload-buffer-count 1000 is out of range: expected 1..64" "$Z" "${base[@]}" "${run[@]}" "${nvme[@]}" --offload-buffer-count 1000
+expect buffer_count "--offload-buffer-count 1000 is out of range: expected an integer in 1..64" "$Z" "${base[@]}" "${run[@]}" "${nvme[@]}" --offload-buffer-count 1000
 expect stage0 "--offload-optimizer cpu needs --zero-stage 1, 2 or 3" "$Z" "${base[@]}" --steps 4 --zero-stage 0 --offload-optimizer cpu
 expect param_stage "--offload-param cpu needs --zero-stage 3" "$Z" "${base[@]}" "${run[@]}" --offload-param cpu
 expect bad_device "--offload-optimizer 'gpu': expected none, cpu or nvme" "$Z" "${base[@]}" "${run[@]}" --offload-optimizer gpu

@@ -116,6 +116,14 @@ class Communicator {
   // Ends every rank of the job after an unrecoverable error on this one (MPI_Abort), so that no
   // peer waits forever in a collective. A no-op at world size 1.
   virtual void abort_job(int exit_code) {}
+
+  // Note [Collective timeout]: a collective that has not completed after `seconds` fails its Work
+  // with an Error naming the ranks that did not arrive and the collective and phase each was last
+  // in (rank 0 collects who entered which collective; the others wait a little longer, so that
+  // rank 0's message is the one the job ends with). The phase is a label for messages ("step 17"),
+  // captured when a collective is submitted. No-ops at world size 1. Call from the submitting thread.
+  virtual void set_timeout(double seconds) {}
+  virtual void set_phase(const std::string& phase) {}
 };
 
 // The world-1 communicator: collectives are copies (or nothing).

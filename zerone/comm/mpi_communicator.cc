@@ -2,7 +2,11 @@
 
 #include <mpi.h>
 
+#include <algorithm>
+#include <chrono>
 #include <climits>
+#include <cstring>
+#include <deque>
 #include <vector>
 
 #include "zerone/core/error.h"
@@ -45,6 +49,65 @@ std::string mpi_library_version() {
   return out;
 }
 
+// One rank's word to rank 0: "I enter collective `seq`, `name`, during `phase`".
+struct Announcement {
+  int64_t seq = 0;
+  char name[32] = {};
+  char phase[64] = {};
+};
+
+struct CollectiveWatch {
+  MPI_Comm comm = MPI_COMM_NULL;  // a duplicate of the world: its messages never meet a collective's
+  int rank = 0, world = 1;
+  int64_t seq = 0;                // world collectives this rank entered
+  Announcement mine;
+  // Rank 0: the last announcement of every rank, and one receive posted per other rank.
+  std::vector<Announcement> last, incoming;
+  std::vector<MPI_Request> receives;
+  // The others: announcements and answers in flight, and the receive of rank 0's "are you
+  // there?" (sent when a collective timed out although every rank entered it).
+  std::deque<std::pair<MPI_Request, std::unique_ptr<Announcement>>> sends;
+  MPI_Request probe = MPI_REQUEST_NULL;
+  int64_t probe_buffer = 0;
+
+  void poll() {
+    if (rank == 0) {
+      for (int r = 1; r < world; ++r)
+        for (;;) {
+          int done = 0;
+          MPI_Test(&receives[r], &done, MPI_STATUS_IGNORE);
+          if (!done) break;
+          last[r] = incoming[r];
+          MPI_Irecv(&incoming[r], sizeof(Announcement), MPI_BYTE, r, 0, comm, &receives[r]);
+        }
+    }
+    if (rank != 0 && probe != MPI_REQUEST_NULL) {
+      int asked = 0;
+      MPI_Test(&probe, &asked, MPI_STATUS_IGNORE);
+      if (asked) {  // answer with where this rank is
+        auto message = std::make_unique<Announcement>(mine);
+        MPI_Request request;
+        MPI_Isend(message.get(), sizeof(Announcement), MPI_BYTE, 0, 2, comm, &request);
+        sends.emplace_back(request, std::move(message));
+        MPI_Irecv(&probe_buffer, 1, MPI_INT64_T, 0, 1, comm, &probe);
+      }
+    }
+    while (!sends.empty()) {
+      int done = 0;
+      MPI_Test(&sends.front().first, &done, MPI_STATUS_IGNORE);
+      if (!done) break;
+      sends.pop_front();
+    }
+  }
+};
+
+namespace {
+std::string describe(const Announcement& a) {
+  if (a.seq == 0) return "it entered no collective yet";
+  return str_cat("its last collective was ", a.name, " #", a.seq, " (", a.phase, ")");
+}
+}  // namespace
+
 MpiWorker::MpiWorker() : thread_([this] { loop(); }) {}
 
 MpiWorker::~MpiWorker() {
@@ -54,6 +117,126 @@ MpiWorker::~MpiWorker() {
   }
   cv_.notify_all();
   thread_.join();
+  if (watch_) {  // the worker has stopped: MPI is this thread's now
+    watch_->receives.push_back(watch_->probe);
+    for (MPI_Request& r : watch_->receives)
+      if (r != MPI_REQUEST_NULL) {
+        MPI_Cancel(&r);
+        MPI_Wait(&r, MPI_STATUS_IGNORE);
+      }
+    for (auto& [request, message] : watch_->sends) MPI_Wait(&request, MPI_STATUS_IGNORE);
+    MPI_Comm_free(&watch_->comm);
+  }
+}
+
+void MpiWorker::watch_world(void* world_comm, int rank, int world) {
+  auto w = std::make_unique<CollectiveWatch>();
+  ZERONE_MPI_CHECK(MPI_Comm_dup(*static_cast<MPI_Comm*>(world_comm), &w->comm));
+  w->rank = rank;
+  w->world = world;
+  if (rank == 0) {
+    w->last.resize(world);
+    w->incoming.resize(world);
+    w->receives.assign(world, MPI_REQUEST_NULL);
+    for (int r = 1; r < world; ++r)
+      ZERONE_MPI_CHECK(MPI_Irecv(&w->incoming[r], sizeof(Announcement), MPI_BYTE, r, 0, w->comm, &w->receives[r]));
+  } else {
+    ZERONE_MPI_CHECK(MPI_Irecv(&w->probe_buffer, 1, MPI_INT64_T, 0, 1, w->comm, &w->probe));
+  }
+  watch_ = std::move(w);
+}
+
+void MpiWorker::entering(const char* name, const std::string& phase) {
+  if (!watch_) return;
+  CollectiveWatch& w = *watch_;
+  Announcement a;
+  a.seq = ++w.seq;
+  std::strncpy(a.name, name, sizeof a.name - 1);
+  std::strncpy(a.phase, phase.c_str(), sizeof a.phase - 1);
+  w.mine = a;
+  if (w.rank == 0) {
+    w.last[0] = a;
+    return;
+  }
+  auto message = std::make_unique<Announcement>(a);
+  MPI_Request request;
+  ZERONE_MPI_CHECK(MPI_Isend(message.get(), sizeof(Announcement), MPI_BYTE, 0, 0, w.comm, &request));
+  w.sends.emplace_back(request, std::move(message));
+  w.poll();
+}
+
+void MpiWorker::wait(void* request_ptr, const char* name, const std::string& phase, bool world, int comm_size) {
+  MPI_Request& request = *static_cast<MPI_Request*>(request_ptr);
+  const auto t0 = std::chrono::steady_clock::now();
+  const double timeout = timeout_s_.load();
+  // Ranks other than 0 give rank 0 time to end the job with the message that names the missing ranks.
+  const bool reporter = !world || !watch_ || watch_->rank == 0;
+  const double limit = reporter ? timeout : timeout + std::max(2.0, 0.2 * timeout);
+  for (int polls = 0;; ++polls) {
+    int done = 0;
+    ZERONE_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+    if (done) return;
+    if (watch_) watch_->poll();
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (waited > limit) {
+      const std::string what = str_cat(name, world && watch_ ? str_cat(" #", watch_->seq) : "", " (", phase, ")");
+      if (!world || !watch_)
+        throw Error(str_cat("collective ", what, " on a sub-communicator of ", comm_size,
+                            " ranks did not complete within --comm-timeout ", timeout, " s"));
+      if (!reporter)
+        throw Error(str_cat("collective ", what, " did not complete within --comm-timeout ", timeout,
+                            " s, and rank 0, which knows which ranks arrived, did not end the job first: rank 0 ",
+                            "itself may be stopped, stuck or cut off"));
+      std::string missing, where;
+      int count = 0;
+      for (int r = 1; r < watch_->world; ++r)
+        if (watch_->last[r].seq < watch_->seq) {
+          missing += str_cat(count == 0 ? "" : ", ", r);
+          where += str_cat("; rank ", r, ": ", describe(watch_->last[r]));
+          ++count;
+        }
+      if (count == 0) {
+        // Every rank entered it: ask each whether it still answers (a live rank answers from its
+        // own polling loop within milliseconds; a stopped or stuck one does not).
+        CollectiveWatch& w = *watch_;
+        const int64_t ping = w.seq;
+        std::vector<MPI_Request> pings(w.world, MPI_REQUEST_NULL), answers(w.world, MPI_REQUEST_NULL);
+        std::vector<Announcement> answered(w.world);
+        for (int r = 1; r < w.world; ++r) {
+          MPI_Isend(&ping, 1, MPI_INT64_T, r, 1, w.comm, &pings[r]);
+          MPI_Irecv(&answered[r], sizeof(Announcement), MPI_BYTE, r, 2, w.comm, &answers[r]);
+        }
+        std::vector<bool> alive(w.world, false);
+        const auto asked = std::chrono::steady_clock::now();
+        while (std::chrono::duration<double>(std::chrono::steady_clock::now() - asked).count() < 1.0) {
+          for (int r = 1; r < w.world; ++r)
+            if (!alive[r]) {
+              int done = 0;
+              MPI_Test(&answers[r], &done, MPI_STATUS_IGNORE);
+              alive[r] = done != 0;
+            }
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        for (int r = 1; r < w.world; ++r)
+          if (!alive[r]) {
+            missing += str_cat(count == 0 ? "" : ", ", r);
+            where += str_cat("; rank ", r, ": ", describe(w.last[r]));
+            ++count;
+          }
+        if (count == 0)
+          throw Error(str_cat("collective ", what, " did not complete within --comm-timeout ", timeout,
+                              " s although every rank entered it and answers (a failing network link?)"));
+        throw Error(str_cat(count == 1 ? "rank " : "ranks ", missing, " stopped answering in ", what,
+                            " within --comm-timeout ", timeout, " s", where,
+                            " (a stopped, deadlocked or stuck rank, or one cut off from the network)"));
+      }
+      throw Error(str_cat(count == 1 ? "rank " : "ranks ", missing, count == 1 ? " did" : " did", " not arrive in ",
+                          what, " within --comm-timeout ", timeout, " s", where,
+                          " (a stopped, deadlocked or stuck rank, or one cut off from the network)"));
+    }
+    // Spin briefly (a collective usually completes in microseconds), then poll gently.
+    if (polls > 2000) std::this_thread::sleep_for(std::chrono::microseconds(polls > 20000 ? 1000 : 100));
+  }
 }
 
 void MpiWorker::loop() {
@@ -98,6 +281,20 @@ MpiCommunicator::MpiCommunicator() : owns_mpi_(true), comm_(new MPI_Comm(MPI_COM
   MPI_Comm_size(MPI_COMM_WORLD, &world_);
   library_ = mpi_library_version();
   worker_ = std::make_shared<MpiWorker>();
+  if (world_ > 1) worker_->watch_world(comm_, rank_, world_);
+}
+
+Work MpiCommunicator::collective(const char* name, std::function<int(void* request)> start) {
+  MpiWorker* worker = worker_.get();
+  const bool world = owns_mpi_;
+  const int size = world_;
+  std::string phase = worker_->phase();
+  return submit([=, start = std::move(start), phase = std::move(phase)] {
+    if (world) worker->entering(name, phase);
+    MPI_Request request = MPI_REQUEST_NULL;
+    ZERONE_MPI_CHECK(start(&request));
+    worker->wait(&request, name, phase, world, size);
+  });
 }
 
 MpiCommunicator::MpiCommunicator(std::shared_ptr<MpiWorker> worker, void* comm, std::string library, int rank, int world)
@@ -151,21 +348,25 @@ std::unique_ptr<Communicator> MpiCommunicator::split_by_host() {
 Work MpiCommunicator::all_reduce_sum_async(float* data, size_t n) {
   MPI_Comm comm = handle(comm_);
   int count = checked_count(n, "all-reduce");
-  return submit([=] { ZERONE_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, count, MPI_FLOAT, MPI_SUM, comm)); });
+  return collective("all-reduce", [=](void* r) {
+    return MPI_Iallreduce(MPI_IN_PLACE, data, count, MPI_FLOAT, MPI_SUM, comm, static_cast<MPI_Request*>(r));
+  });
 }
 
 Work MpiCommunicator::all_reduce_sum_async(double* data, size_t n) {
   MPI_Comm comm = handle(comm_);
   int count = checked_count(n, "all-reduce");
-  return submit([=] { ZERONE_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, count, MPI_DOUBLE, MPI_SUM, comm)); });
+  return collective("all-reduce", [=](void* r) {
+    return MPI_Iallreduce(MPI_IN_PLACE, data, count, MPI_DOUBLE, MPI_SUM, comm, static_cast<MPI_Request*>(r));
+  });
 }
 
 Work MpiCommunicator::reduce_scatter_sum_async(const float* in, float* out, size_t shard_n) {
   MPI_Comm comm = handle(comm_);
   int count = checked_count(shard_n, "reduce-scatter");
   const void* send = in == out ? MPI_IN_PLACE : in;
-  return submit([=] {
-    ZERONE_MPI_CHECK(MPI_Reduce_scatter_block(send, out, count, MPI_FLOAT, MPI_SUM, comm));
+  return collective("reduce-scatter", [=](void* r) {
+    return MPI_Ireduce_scatter_block(send, out, count, MPI_FLOAT, MPI_SUM, comm, static_cast<MPI_Request*>(r));
   });
 }
 
@@ -176,8 +377,8 @@ Work MpiCommunicator::all_gather_strided_async(const void* in, void* out, size_t
   const bool in_place = in == static_cast<const char*>(out) + static_cast<size_t>(rank_) * stride_bytes;
   const void* send = in_place ? MPI_IN_PLACE : in;
   if (stride_bytes == bytes) {
-    return submit([=] {
-      ZERONE_MPI_CHECK(MPI_Allgather(send, in_place ? 0 : count, MPI_BYTE, out, count, MPI_BYTE, comm));
+    return collective("all-gather", [=](void* r) {
+      return MPI_Iallgather(send, in_place ? 0 : count, MPI_BYTE, out, count, MPI_BYTE, comm, static_cast<MPI_Request*>(r));
     });
   }
   // Slots apart: MPI_Allgatherv places rank r's bytes at displacement r*stride.
@@ -186,21 +387,25 @@ Work MpiCommunicator::all_gather_strided_async(const void* in, void* out, size_t
                " bytes, beyond MPI's int displacements; raise allgather_bucket_size to gather whole units");
   std::vector<int> counts(world_, count), displs(world_);
   for (int r = 0; r < world_; ++r) displs[r] = static_cast<int>(static_cast<size_t>(r) * stride_bytes);
-  return submit([=, counts = std::move(counts), displs = std::move(displs)] {
-    ZERONE_MPI_CHECK(MPI_Allgatherv(send, in_place ? 0 : count, MPI_BYTE, out, counts.data(), displs.data(), MPI_BYTE,
-                                    comm));
+  auto shared_counts = std::make_shared<std::vector<int>>(std::move(counts));
+  auto shared_displs = std::make_shared<std::vector<int>>(std::move(displs));
+  return collective("all-gather", [=](void* r) {
+    return MPI_Iallgatherv(send, in_place ? 0 : count, MPI_BYTE, out, shared_counts->data(), shared_displs->data(),
+                           MPI_BYTE, comm, static_cast<MPI_Request*>(r));
   });
 }
 
 Work MpiCommunicator::broadcast_async(void* data, size_t bytes, int root) {
   MPI_Comm comm = handle(comm_);
   int count = checked_count(bytes, "broadcast");
-  return submit([=] { ZERONE_MPI_CHECK(MPI_Bcast(data, count, MPI_BYTE, root, comm)); });
+  return collective("broadcast", [=](void* r) {
+    return MPI_Ibcast(data, count, MPI_BYTE, root, comm, static_cast<MPI_Request*>(r));
+  });
 }
 
 Work MpiCommunicator::barrier_async() {
   MPI_Comm comm = handle(comm_);
-  return submit([=] { ZERONE_MPI_CHECK(MPI_Barrier(comm)); });
+  return collective("barrier", [=](void* r) { return MPI_Ibarrier(comm, static_cast<MPI_Request*>(r)); });
 }
 
 void MpiCommunicator::abort_job(int exit_code) { MPI_Abort(MPI_COMM_WORLD, exit_code); }  // the whole job

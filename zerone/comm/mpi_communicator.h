@@ -8,6 +8,7 @@
 // Thread-safety: as Communicator.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -19,11 +20,36 @@
 namespace zerone::comm {
 
 // The thread that makes every MPI call (Note [Communication thread] in communicator.h).
+// Note [Collective timeout] (communicator.h): collectives are started non-blocking and the worker
+// polls them; on the world communicator each rank first tells rank 0 which collective it enters
+// (its sequence number, name and phase, one small message), so that rank 0 knows, when one times
+// out, which ranks never arrived and where each of them was last.
+struct CollectiveWatch;
+
 class MpiWorker {
  public:
   MpiWorker();
   ~MpiWorker();  // drains the queue, joins
   Work submit(std::function<void()> op);
+
+  // Set up the rank-0 channel over a duplicate of the world communicator (on the calling thread,
+  // before any collective is submitted).
+  void watch_world(void* world_comm, int rank, int world);
+  void set_timeout(double seconds) { timeout_s_.store(seconds); }
+  void set_phase(const std::string& phase) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    phase_ = phase;
+  }
+  std::string phase() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return phase_;
+  }
+  // On the worker thread: waits for `request` (an MPI_Request*) of collective `name` submitted
+  // during `phase`, polling; `world` says whether it runs on the world communicator (tracked).
+  // Throws Error on an MPI failure or the timeout.
+  void wait(void* request, const char* name, const std::string& phase, bool world, int comm_size);
+  // On the worker thread, before starting a world collective: records and announces it.
+  void entering(const char* name, const std::string& phase);
 
  private:
   void loop();
@@ -31,6 +57,9 @@ class MpiWorker {
   std::condition_variable cv_;
   std::deque<std::packaged_task<void()>> queue_;
   bool stopping_ = false;
+  std::string phase_ = "start-up";
+  std::atomic<double> timeout_s_{600.0};
+  std::unique_ptr<CollectiveWatch> watch_;  // worker thread only, after watch_world
   std::thread thread_;
 };
 
@@ -51,11 +80,16 @@ class MpiCommunicator : public Communicator {
   void abort_job(int exit_code) override;
   std::unique_ptr<Communicator> split(int color, int key) override;
   std::unique_ptr<Communicator> split_by_host() override;
+  void set_timeout(double seconds) override { worker_->set_timeout(seconds); }
+  void set_phase(const std::string& phase) override { worker_->set_phase(phase); }
 
  private:
   // A sub-communicator over `comm` (owned: freed on destruction), on the parent's worker.
   MpiCommunicator(std::shared_ptr<MpiWorker> worker, void* comm, std::string library, int rank, int world);
   Work submit(std::function<void()> op) { return worker_->submit(std::move(op)); }
+  // A collective started by `start` (it fills the MPI_Request* it is given and returns an MPI
+  // error code), announced and polled under Note [Collective timeout].
+  Work collective(const char* name, std::function<int(void* request)> start);
   std::unique_ptr<Communicator> split_with(const std::function<void(void* new_comm)>& make);
 
   int rank_ = 0, world_ = 1;

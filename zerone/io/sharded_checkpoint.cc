@@ -78,24 +78,12 @@ DType dtype_from_name(const std::string& name, const std::string& what) {
   throw Error(str_cat(what, ": unknown dtype '", name, "' (expected f32, bf16 or f16)"));
 }
 
-// Note [Crash points]: tests kill the process at named moments of a save
-// (ZERONE_CHECKPOINT_CRASH_AT=copy|file|manifest|rename|latest|prune, in the save of step
-// ZERONE_CHECKPOINT_CRASH_STEP) to prove that a save killed at any of them leaves the previous
-// checkpoint usable (tests/zero/checkpoint_resume.sh). SIGKILL, so nothing is cleaned up, as
-// after a power loss or the OOM killer. "POINT:TERM" sends one SIGTERM instead, the first time the
-// save passes POINT: the save must still complete (tests/cli/checkpoint_runs.sh).
-void crash_point(const char* point, int64_t step) {
-  static const char* const wanted = std::getenv("ZERONE_CHECKPOINT_CRASH_AT");
-  static const char* const wanted_step = std::getenv("ZERONE_CHECKPOINT_CRASH_STEP");
-  static bool terminated = false;
-  if (wanted == nullptr || (wanted_step != nullptr && std::atoll(wanted_step) != step)) return;
-  const size_t n = std::strlen(point);
-  if (std::strcmp(wanted, point) == 0) ::raise(SIGKILL);
-  if (std::strncmp(wanted, point, n) == 0 && std::strcmp(wanted + n, ":TERM") == 0 && !terminated) {
-    terminated = true;
-    ::raise(SIGTERM);
-  }
-}
+// Note [Crash points]: tests kill the process at named moments of a save (copy, file, manifest,
+// rename, latest, prune; io::FaultEnv::checkpoint_crash_at, in the save of checkpoint_crash_step)
+// to prove that a save killed at any of them leaves the previous checkpoint usable
+// (tests/zero/checkpoint_resume.sh). SIGKILL, so nothing is cleaned up, as after a power loss or
+// the OOM killer. "POINT:TERM" sends one SIGTERM instead, the first time the save passes POINT: the
+// save must still complete (tests/cli/checkpoint_runs.sh). FaultEnv::crash_point does it.
 
 }  // namespace
 
@@ -256,8 +244,9 @@ CheckpointManifest manifest_from_json(const json& j, const std::string& what) {
 
 // ------------------------------------------------------------------------------------ writer
 
-CheckpointFileWriter::CheckpointFileWriter(const std::string& dir, const std::string& name, int64_t step)
-    : path_(join(dir, name)), step_(step) {
+CheckpointFileWriter::CheckpointFileWriter(const std::string& dir, const std::string& name, int64_t step,
+                                           const FaultEnv& env)
+    : path_(join(dir, name)), env_(env), step_(step) {
   file_.name = name;
   fd_ = FileDescriptor(::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
   ZERONE_CHECK(fd_.get() >= 0, "cannot create checkpoint file '", path_, "': ", std::strerror(errno));
@@ -316,7 +305,7 @@ void CheckpointFileWriter::commit(CheckpointPiece piece) {
   block_checksums_.insert(block_checksums_.end(), piece.checksums.begin(), piece.checksums.end());
   file_.bytes += piece.bytes();
   file_.pieces.push_back(std::move(piece));
-  if (file_.pieces.size() == 2) crash_point("file", step_);
+  if (file_.pieces.size() == 2) env_.crash_point("file", step_);
 }
 
 uint64_t CheckpointFileWriter::append_from_file(int unit, const std::string& tensor, DType dtype, uint64_t begin,
@@ -326,7 +315,7 @@ uint64_t CheckpointFileWriter::append_from_file(int unit, const std::string& ten
   piece.checksums = checksums;
   const uint64_t total = piece.bytes();
   ZERONE_ASSERT(checksums.size() == (total + kChecksumBlockBytes - 1) / kChecksumBlockBytes, "checksums of ", tensor);
-  crash_point("copy", step_);
+  env_.crash_point("copy", step_);
   FileDescriptor src = open_swap_file_for_reading(path);
   ZERONE_CHECK(src.get() >= 0, "cannot open '", path, "' to copy ", tensor, " into checkpoint file '", path_, "': ",
                std::strerror(errno));
@@ -556,9 +545,9 @@ std::string create_checkpoint_tmp(const std::string& root, int64_t step) {
 }
 
 std::string publish_checkpoint(const std::string& root, const std::string& tmp, const CheckpointManifest& manifest,
-                               int keep_last) {
+                               int keep_last, const FaultEnv& env) {
   const std::string text = manifest_to_json(manifest).dump(1) + "\n";
-  crash_point("manifest", manifest.step);
+  env.crash_point("manifest", manifest.step);
   const std::string name = checkpoint_step_name(manifest.step);
   const std::string final_dir = join(root, name);
   try {
@@ -583,7 +572,7 @@ std::string publish_checkpoint(const std::string& root, const std::string& tmp, 
     remove_tree(tmp);  // a full disk or a refused save leaves no half-written step behind
     throw;
   }
-  crash_point("rename", manifest.step);
+  env.crash_point("rename", manifest.step);
   // A checkpoint of the same step (a run restarted from an older one) is replaced: move it aside
   // first, so that there is never a moment without a complete one where `latest` points.
   const std::string old = join(root, str_cat(kTmpPrefix, "old-", name));
@@ -595,13 +584,13 @@ std::string publish_checkpoint(const std::string& root, const std::string& tmp, 
   ZERONE_CHECK(::rename(tmp.c_str(), final_dir.c_str()) == 0, "cannot rename '", tmp, "' to '", final_dir, "': ",
                std::strerror(errno));
   fsync_directory(root);
-  crash_point("latest", manifest.step);
+  env.crash_point("latest", manifest.step);
   const std::string latest = join(root, kLatestName);
   write_file_atomically(latest, [&](std::FILE* f) {
     const std::string line = name + "\n";
     write_all(f, line.data(), line.size(), latest);
   });
-  crash_point("prune", manifest.step);
+  env.crash_point("prune", manifest.step);
   remove_tree(old);
   // Prune: the newest keep_last complete checkpoints up to this one stay (steps after it are not
   // this run's to remove); stale temporaries of other steps go.

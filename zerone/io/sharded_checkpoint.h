@@ -33,6 +33,8 @@
 // independent.
 #pragma once
 
+#include "zerone/io/fault_env.h"
+
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -123,8 +125,9 @@ uint64_t checksum_of(const void* data, size_t bytes);
 // operation (a full disk: "No space left on device").
 class CheckpointFileWriter {
  public:
-  // `step`: the step being saved (Note [Crash points]).
-  CheckpointFileWriter(const std::string& dir, const std::string& name, int64_t step);
+  // `step`: the step being saved; `env`: where crash points come from (Note [Crash points]).
+  CheckpointFileWriter(const std::string& dir, const std::string& name, int64_t step,
+                       const FaultEnv& env = FaultEnv::none());
   ~CheckpointFileWriter();
   CheckpointFileWriter(const CheckpointFileWriter&) = delete;
   CheckpointFileWriter& operator=(const CheckpointFileWriter&) = delete;
@@ -148,6 +151,7 @@ class CheckpointFileWriter {
   void commit(CheckpointPiece piece);
 
   std::string path_;
+  const FaultEnv& env_;
   int64_t step_;
   FileDescriptor fd_;
   CheckpointFile file_;
@@ -208,7 +212,7 @@ std::string create_checkpoint_tmp(const std::string& root, int64_t step);
 // temporaries. Returns the final path. Throws Error naming what failed; `latest` then still names
 // the previous checkpoint.
 std::string publish_checkpoint(const std::string& root, const std::string& tmp, const CheckpointManifest& manifest,
-                               int keep_last);
+                               int keep_last, const FaultEnv& env = FaultEnv::none());
 // Removes a directory tree (best effort, for temporaries). Never throws.
 void remove_tree(const std::string& path) noexcept;
 

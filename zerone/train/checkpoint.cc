@@ -111,8 +111,8 @@ struct Checkpointer::Pending {
 };
 
 Checkpointer::Checkpointer(std::string root, int keep_last, bool async, CheckpointRunInfo info,
-                           comm::Communicator& comm)
-    : root_(std::move(root)), keep_last_(keep_last), async_(async), info_(std::move(info)), comm_(comm) {}
+                           comm::Communicator& comm, const io::FaultEnv& env)
+    : root_(std::move(root)), keep_last_(keep_last), async_(async), info_(std::move(info)), comm_(comm), env_(env) {}
 
 Checkpointer::~Checkpointer() {
   if (pending_ && pending_->writer.joinable()) pending_->writer.join();
@@ -138,7 +138,7 @@ void Checkpointer::save(zero::ZeroEngine& engine, const TrainerState& state) {
   // (NVMe offload) is copied into it now, disk to disk, before the next step changes it (Note
   // [Checkpoints of swapped state]); everything else is written now (sync) or from staging (async).
   const auto w0 = std::chrono::steady_clock::now();
-  auto writer = std::make_unique<io::CheckpointFileWriter>(p->tmp, name, state.step);
+  auto writer = std::make_unique<io::CheckpointFileWriter>(p->tmp, name, state.step, env_);
   last_copied_bytes_ = 0;
   const zero::ZeroEngine::ExtentSink copy_extent = [&](int u, const std::string& tensor, size_t begin, size_t count,
                                                        const std::string& path, uint64_t offset,
@@ -249,7 +249,7 @@ void Checkpointer::finish(Pending& p) {
       m.files.push_back(io::checkpoint_file_from_json(json::parse(text), str_cat("rank ", r, "'s checkpoint file")));
       total_bytes += m.files.back().bytes;
     }
-    io::publish_checkpoint(root_, p.tmp, m, keep_last_);  // removes p.tmp if it fails
+    io::publish_checkpoint(root_, p.tmp, m, keep_last_, env_);  // removes p.tmp if it fails
   }
   // Every rank returns once the checkpoint is published (rank 0's failure ends the job first).
   comm_.barrier_async().wait();

@@ -36,6 +36,7 @@
 #include <nlohmann/json.hpp>
 
 #include "zerone/comm/communicator.h"
+#include "zerone/io/fault_env.h"
 #include "zerone/core/memory.h"
 #include "zerone/io/sharded_checkpoint.h"
 #include "zerone/zero/engine.h"
@@ -69,7 +70,9 @@ struct CheckpointRunInfo {
 
 class Checkpointer {
  public:
-  Checkpointer(std::string root, int keep_last, bool async, CheckpointRunInfo info, comm::Communicator& comm);
+  // `env`: the test hooks (Note [Crash points]); it must outlive the Checkpointer.
+  Checkpointer(std::string root, int keep_last, bool async, CheckpointRunInfo info, comm::Communicator& comm,
+               const io::FaultEnv& env = io::FaultEnv::none());
   // Waits for a background write (its error, if any, is lost: the destructor runs during unwinding).
   ~Checkpointer();
   Checkpointer(const Checkpointer&) = delete;
@@ -106,6 +109,7 @@ class Checkpointer {
   bool async_;
   CheckpointRunInfo info_;
   comm::Communicator& comm_;
+  const io::FaultEnv& env_;
   std::unique_ptr<Pending> pending_;
   std::vector<Buffer> staging_;  // async: host copies of this rank's pieces (kept between saves)
   int64_t last_published_ = 0;

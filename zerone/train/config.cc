@@ -6,7 +6,9 @@
 #include <limits>
 #include <optional>
 #include <nlohmann/json.hpp>
+#include <algorithm>
 #include <functional>
+#include <variant>
 #include <set>
 #include <type_traits>
 #include <utility>
@@ -15,6 +17,7 @@
 #include "zerone/core/error.h"
 #include "zerone/io/file.h"
 #include "zerone/train/lr_schedule.h"
+#include "zerone/train/settings.h"
 
 namespace zerone::train {
 
@@ -34,33 +37,10 @@ struct IntRange {
     return hi == std::numeric_limits<int64_t>::max() ? str_cat("an integer >= ", lo) : str_cat("an integer in ", lo, "..", hi);
   }
 };
-const std::map<std::string, IntRange> kIntRanges = {
-    {"--train-batch-size", {0, kInt32Max}},
-    {"--micro-batch", {1, 65536}},
-    {"--seq", {1, 1048576}},
-    {"--grad-accum", {1, 1048576}},
-    {"--steps", {1, 100000000}},
-    {"--epochs", {0, 1000000}},
-    {"--warmup", {0, 100000000}},
-    {"--total-steps", {0, 100000000}},
-    {"--threads", {0, 4096}},
-    {"--val-every", {0, 100000000}},
-    {"--val-batches", {1, 1000000}},
-    {"--initial-scale-power", {0, 64}},
-    {"--loss-scale-window", {1, kInt32Max}},
-    {"--hysteresis", {1, kInt32Max}},
-    {"--zero-stage", {0, 3}},
-    {"--checkpoint-every", {0, 100000000}},
-    {"--keep-last", {0, 1000000}},
-    {"--reduce-bucket-size", {1, kInt32Max}},
-    {"--allgather-bucket-size", {1, kInt32Max}},
-    {"--stage3-prefetch-bucket-size", {0, kInt64Max}},
-    {"--stage3-param-persistence-threshold", {0, kInt64Max}},
-};
-
 struct FloatRange {
   double lo, hi;
   bool lo_open, hi_open;
+  static FloatRange of(const Setting& s) { return {s.lo, s.hi, s.lo_open, s.hi_open}; }
   bool contains(double x) const {
     return std::isfinite(x) && (lo_open ? x > lo : x >= lo) && (hi_open ? x < hi : x <= hi);
   }
@@ -69,61 +49,105 @@ struct FloatRange {
     return str_cat("a number in ", lo_open ? "(" : "[", lo, ", ", hi, hi_open ? ")" : "]");
   }
 };
-const std::map<std::string, FloatRange> kFloatRanges = {
-    {"--lr", {0, 10, true, false}},
-    {"--weight-decay", {0, 10, false, true}},
-    {"--beta1", {0, 1, false, true}},
-    {"--beta2", {0, 1, false, true}},
-    {"--eps", {0, 1, true, true}},
-    {"--momentum", {0, 1, false, false}},
-    {"--dampening", {0, 1, false, false}},
-    {"--grad-clip", {0, kInf, false, true}},
-    {"--min-lr-frac", {0, 1, false, false}},
-    {"--warmup-min-lr", {0, 10, false, false}},
-    {"--warmup-min-ratio", {0, 1, false, false}},
-    {"--loss-scale", {0, kInf, false, true}},
-    {"--min-loss-scale", {0, kInf, true, true}},
-    {"--offload-optimizer-ratio", {0, 1, false, false}},
-    {"--peak-tflops", {0, 1e9, false, false}},
-};
-
 // Note [DeepSpeed config keys]: every key of a config file is honoured (it sets a zerone setting),
 // accepted and listed in one notice (it only tunes something zerone does not have and cannot
 // change results), or refused with an error naming it (it would change results or the memory the
 // user relies on, and zerone does not implement it yet; or it is unknown). README's table "DeepSpeed
 // config keys" is the user-facing copy of these lists.
 
-// Top-level keys that tune machinery zerone lacks (logging, profiling, I/O, checkpoint engines).
-const std::set<std::string> kNoEffectTop = {
-    "steps_per_print", "wall_clock_breakdown", "memory_breakdown", "dump_state", "comment", "prescale_gradients",
-    "gradient_predivide_factor", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer",
-    "flops_profiler", "comms_logger", "monitor_config",
-    "compile", "timers", "nebula", "eigenvalue", "pipeline", "dataloader_drop_last", "sparse_gradients",
-    "legacy_fusion", "seq_parallel_communication_data_type", "disable_allgather", "fp32_allreduce",
-    // CUDA-graph capture of kernels, and the order of DeepSpeed's MoE process groups (zerone has no MoE).
-    "graph_harvesting", "use_data_before_expert_parallelism"};
-// Top-level blocks whose "enabled": true would change training; disabled they do nothing.
-const std::set<std::string> kEnabledGatedTop = {"elasticity",         "amp",          "curriculum_learning",
-                                                "data_efficiency",    "autotuning",   "progressive_layer_drop",
-                                                "quantize_training",  "hybrid_engine"};
-// zero_optimization keys that tune machinery zerone lacks (stage-3 caches, checkpoint gathering,
-// offload sub-groups) and cannot change results.
-const std::set<std::string> kNoEffectZero = {
-    "round_robin_gradients", "stage3_max_live_parameters", "max_live_parameters",
-    "stage3_max_reuse_distance", "max_reuse_distance", "stage3_gather_16bit_weights_on_model_save",
-    "gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save", "elastic_checkpoint",
-    "ignore_unused_parameters", "legacy_stage1", "memory_efficient_linear",
-    "use_multi_rank_bucket_allreduce", "cpu_offload_use_pin_memory", "log_trace_cache_warnings",
-    "stage3_module_granularity_threshold", "module_granularity_threshold", "use_all_reduce_for_fetch_params",
-    "stage3_model_persistence_threshold", "model_persistence_threshold", "zero_hpz_partition_size",
-    "pipeline_loading_checkpoint", "override_module_apply", "mics_hierarchical_params_gather"};
-// zero_optimization switches zerone always has on: true is honoured, false only costs speed in
-// DeepSpeed and has no effect here.
-const std::set<std::string> kAlwaysOnZero = {"overlap_comm", "contiguous_gradients", "reduce_scatter",
-                                             "allgather_partitions"};
-// zero_optimization switches of capabilities zerone lacks: false is accepted, true is an error.
-const std::set<std::string> kOffByDefaultZero = {"zero_quantized_weights", "zero_quantized_nontrainable_weights",
-                                                 "zero_quantized_gradients"};
+// The treatment of every key of DeepSpeed's documented config (docs/_pages/config-json.md and the
+// config classes it points to), by dotted path; the reader below implements it, and
+// deepspeed_keys() publishes it (README's table, tests/train/config_test.cc).
+const std::vector<DeepSpeedKey> kDeepSpeedKeys = [] {
+  using K = DeepSpeedKeyTreatment;
+  std::vector<DeepSpeedKey> t;
+  auto add = [&](K k, std::initializer_list<const char*> paths) {
+    for (const char* p : paths) t.push_back({p, k});
+  };
+  add(K::honoured, {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                    "gradient_clipping", "optimizer", "optimizer.type", "optimizer.params", "scheduler", "scheduler.type",
+                    "scheduler.params", "fp16", "fp16.enabled", "fp16.loss_scale", "fp16.initial_scale_power",
+                    "fp16.loss_scale_window", "fp16.hysteresis", "fp16.min_loss_scale", "bf16", "bf16.enabled",
+                    "bfloat16", "bfloat16.enabled", "zero_optimization", "zero_optimization.stage",
+                    "zero_optimization.reduce_bucket_size", "zero_optimization.allgather_bucket_size",
+                    "zero_optimization.stage3_prefetch_bucket_size", "zero_optimization.prefetch_bucket_size",
+                    "zero_optimization.stage3_param_persistence_threshold",
+                    "zero_optimization.param_persistence_threshold", "zero_optimization.sub_group_size",
+                    "zero_optimization.offload_optimizer", "zero_optimization.offload_optimizer.device",
+                    "zero_optimization.offload_optimizer.nvme_path", "zero_optimization.offload_optimizer.buffer_count",
+                    "zero_optimization.offload_optimizer.pin_memory", "zero_optimization.offload_optimizer.pipeline",
+                    "zero_optimization.offload_optimizer.pipeline_read",
+                    "zero_optimization.offload_optimizer.pipeline_write", "zero_optimization.offload_optimizer.ratio",
+                    "zero_optimization.offload_param", "zero_optimization.offload_param.device",
+                    "zero_optimization.offload_param.nvme_path", "zero_optimization.offload_param.pin_memory",
+                    "zero_optimization.cpu_offload", "zero_optimization.cpu_offload_params", "aio", "aio.block_size",
+                    "aio.queue_depth", "aio.thread_count", "aio.intra_op_parallelism", "aio.single_submit",
+                    "aio.overlap_events", "activation_checkpointing", "activation_checkpointing.cpu_checkpointing",
+                    "checkpoint", "tensorboard", "tensorboard.enabled", "tensorboard.output_path",
+                    "tensorboard.job_name", "csv_monitor", "csv_monitor.enabled", "csv_monitor.output_path",
+                    "csv_monitor.job_name", "communication_data_type", "data_types", "data_types.grad_accum_dtype"});
+  // Tune machinery zerone does not have (logging, profiling, caches, buffers, checkpoint engines):
+  // accepted and listed in one notice, whatever the value.
+  add(K::notice, {"steps_per_print", "wall_clock_breakdown", "memory_breakdown", "dump_state", "comment",
+                  "prescale_gradients", "gradient_predivide_factor", "zero_allow_untested_optimizer",
+                  "zero_force_ds_cpu_optimizer", "flops_profiler", "comms_logger", "monitor_config", "compile", "timers",
+                  "nebula", "eigenvalue", "pipeline", "dataloader_drop_last", "sparse_gradients", "legacy_fusion",
+                  "seq_parallel_communication_data_type", "disable_allgather", "fp32_allreduce", "graph_harvesting",
+                  "use_data_before_expert_parallelism", "fp16.auto_cast", "bf16.immediate_grad_update",
+                  "bf16.check_grad_overflow", "bfloat16.immediate_grad_update", "bfloat16.check_grad_overflow",
+                  "zero_optimization.round_robin_gradients", "zero_optimization.stage3_max_live_parameters",
+                  "zero_optimization.max_live_parameters", "zero_optimization.stage3_max_reuse_distance",
+                  "zero_optimization.max_reuse_distance", "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+                  "zero_optimization.gather_16bit_weights_on_model_save",
+                  "zero_optimization.stage3_gather_fp16_weights_on_model_save", "zero_optimization.elastic_checkpoint",
+                  "zero_optimization.ignore_unused_parameters", "zero_optimization.legacy_stage1",
+                  "zero_optimization.memory_efficient_linear", "zero_optimization.use_multi_rank_bucket_allreduce",
+                  "zero_optimization.cpu_offload_use_pin_memory", "zero_optimization.log_trace_cache_warnings",
+                  "zero_optimization.stage3_module_granularity_threshold",
+                  "zero_optimization.module_granularity_threshold", "zero_optimization.use_all_reduce_for_fetch_params",
+                  "zero_optimization.stage3_model_persistence_threshold", "zero_optimization.model_persistence_threshold",
+                  "zero_optimization.zero_hpz_partition_size", "zero_optimization.pipeline_loading_checkpoint",
+                  "zero_optimization.override_module_apply", "zero_optimization.mics_hierarchical_params_gather",
+                  "zero_optimization.offload_optimizer.fast_init", "zero_optimization.offload_optimizer.super_offload",
+                  "zero_optimization.offload_optimizer.cpuadam_cores_perc",
+                  "zero_optimization.offload_param.buffer_count", "zero_optimization.offload_param.buffer_size",
+                  "zero_optimization.offload_param.max_in_cpu", "activation_checkpointing.partition_activations",
+                  "activation_checkpointing.contiguous_memory_optimization", "activation_checkpointing.number_checkpoints",
+                  "activation_checkpointing.synchronize_checkpoint_boundary", "activation_checkpointing.profile",
+                  "checkpoint.tag_validation", "checkpoint.load_universal", "checkpoint.use_node_local_storage",
+                  "checkpoint.parallel_write"});
+  // zerone always does this: true is honoured, false only costs speed in DeepSpeed (a notice).
+  add(K::always_on, {"zero_optimization.overlap_comm", "zero_optimization.contiguous_gradients",
+                     "zero_optimization.reduce_scatter", "zero_optimization.allgather_partitions",
+                     "zero_optimization.grad_hooks", "zero_optimization.load_from_fp32_weights"});
+  // Capabilities zerone lacks that change results: off (or disabled) is a notice, on is an error.
+  add(K::error_when_on, {"elasticity", "amp", "curriculum_learning", "data_efficiency", "autotuning",
+                         "progressive_layer_drop", "quantize_training", "hybrid_engine", "compression_training",
+                         "torch_autocast", "wandb", "comet", "zero_optimization.zero_quantized_weights",
+                         "zero_optimization.zero_quantized_nontrainable_weights",
+                         "zero_optimization.zero_quantized_gradients", "zero_optimization.mics_shard_size",
+                         "fp16.consecutive_hysteresis", "fp16.fp16_master_weights_and_grads",
+                         "bf16.bf16_master_weights_and_grads", "bf16.bf16_optimizer_states",
+                         "bfloat16.bf16_master_weights_and_grads", "bfloat16.bf16_optimizer_states", "aio.use_gds"});
+  add(K::error, {"sparse_attention"});
+  return t;
+}();
+
+DeepSpeedKeyTreatment treatment_of(const std::string& path) {
+  for (const DeepSpeedKey& k : kDeepSpeedKeys)
+    if (k.path == path) return k.treatment;
+  return DeepSpeedKeyTreatment::unknown;
+}
+bool is_notice_key(const std::string& path) { return treatment_of(path) == DeepSpeedKeyTreatment::notice; }
+
+const std::vector<std::string>& deepspeed_key_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n;
+    for (const DeepSpeedKey& k : kDeepSpeedKeys) n.push_back(k.path);
+    return n;
+  }();
+  return names;
+}
 
 bool is_auto(const json& v) { return v.is_string() && v.get<std::string>() == "auto"; }
 
@@ -192,11 +216,55 @@ class ConfigReader {
     return v;
   }
 
+  static const Setting& setting(const std::string& flag) {
+    const Setting* s = find_setting(flag);
+    ZERONE_ASSERT(s != nullptr, "no settings row for ", flag);
+    return *s;
+  }
+  static IntRange range_of(const Setting& s) {
+    return {static_cast<int64_t>(s.lo), s.hi >= 9e18 ? kInt64Max : static_cast<int64_t>(s.hi)};
+  }
+  // Sets the setting whose table row names `key` (zerone's key or a DeepSpeed alias), by the row's
+  // type. Returns false when no row names it.
+  bool set_by_key(const json& v, const std::string& key) {
+    const Setting* s = find_setting_by_key(key);
+    if (s == nullptr) return false;
+    std::visit([&](auto member) { set_field(v, key, *s, cfg_.*member); }, s->field);
+    return true;
+  }
+  template <typename F>
+  void set_field(const json& v, const std::string& key, const Setting& s, F& field) {
+    if constexpr (std::is_same_v<F, std::string>) {
+      set_string(v, key, s.flag, field);
+    } else if constexpr (std::is_same_v<F, bool>) {
+      set_bool(v, key, s.flag, field);
+    } else if constexpr (std::is_same_v<F, uint64_t>) {
+      if (!v.is_number_unsigned()) fail(key, v, "an integer in 0..18446744073709551615");
+      const uint64_t x = v.get<uint64_t>();
+      if (claim(s.flag, key)) field = x;
+    } else if constexpr (std::is_integral_v<F>) {
+      set_int(v, key, s.flag, field);
+    } else {
+      set_number(v, key, s.flag, field);
+    }
+  }
+  // "key 'X' is unknown", with the nearest real key when one is close.
+  [[noreturn]] void unknown(const std::string& key, const std::string& expected = "") const {
+    std::string text = "is unknown";
+    if (!expected.empty()) text += str_cat(" (expected ", expected, ")");
+    if (std::string near = nearest_setting_key(key, deepspeed_key_names()); !near.empty() && near != key)
+      text += str_cat("; did you mean '", near, "'?");
+    fail_text(key, text);
+  }
+
   // Typed setters: "auto" leaves the setting to its flag or default; the value is checked even
   // when the command line wins, so a broken file is always reported.
   template <typename T>
   void set_int(const json& v, const std::string& key, const std::string& flag, T& field) {
-    set_int_in(v, key, flag, field, kIntRanges.at(flag));
+    const Setting& s = setting(flag);
+    if (s.multiple_of > 0 && !is_auto(v) && integer(v, key, range_of(s)) % s.multiple_of != 0)
+      fail(key, v, range_text(s));
+    set_int_in(v, key, flag, field, range_of(s));
   }
   template <typename T>
   void set_int_in(const json& v, const std::string& key, const std::string& flag, T& field, IntRange r) {
@@ -207,11 +275,19 @@ class ConfigReader {
   template <typename T>
   void set_number(const json& v, const std::string& key, const std::string& flag, T& field) {
     if (is_auto(v)) return;
-    double x = number(v, key, kFloatRanges.at(flag));
+    double x = number(v, key, FloatRange::of(setting(flag)));
     if (claim(flag, key)) field = static_cast<T>(x);
   }
   void set_string(const json& v, const std::string& key, const std::string& flag, std::string& field) {
+    const Setting& s = setting(flag);
+    if (s.type == SettingType::choice && is_auto(v)) return;
     std::string x = text(v, key);
+    if (s.type == SettingType::choice && std::find(s.choices.begin(), s.choices.end(), x) == s.choices.end()) {
+      std::string quoted;
+      for (size_t i = 0; i < s.choices.size(); ++i)
+        quoted += str_cat(i == 0 ? "" : i + 1 == s.choices.size() ? " or " : ", ", "\"", s.choices[i], "\"");
+      fail(key, v, quoted);
+    }
     if (claim(flag, key)) field = x;
   }
   void set_bool(const json& v, const std::string& key, const std::string& flag, bool& field) {
@@ -270,30 +346,12 @@ class ConfigReader {
 void ConfigReader::read(const json& root) {
   if (!root.is_object()) throw Error(str_cat("config '", path_, "': expected a JSON object at the top level"));
   for (auto& [key, v] : root.items()) {
+    // train_batch_size 0 means "derived" on the command line only.
     if (key == "train_batch_size") set_int_in(v, key, "--train-batch-size", cfg_.train_batch_size, {1, kInt32Max});
-    else if (key == "train_micro_batch_size_per_gpu") set_int(v, key, "--micro-batch", cfg_.micro_batch);
-    else if (key == "gradient_accumulation_steps") set_int(v, key, "--grad-accum", cfg_.grad_accum);
-    else if (key == "gradient_clipping") set_number(v, key, "--grad-clip", cfg_.grad_clip);
-    else if (key == "model") set_string(v, key, "--model", cfg_.model);
-    else if (key == "init") set_string(v, key, "--init", cfg_.init);
-    else if (key == "data") set_string(v, key, "--data", cfg_.data);
-    else if (key == "val_data") set_string(v, key, "--val-data", cfg_.val_data);
-    else if (key == "save") set_string(v, key, "--save", cfg_.save);
-    else if (key == "metrics") set_string(v, key, "--metrics", cfg_.metrics);
     else if (key == "precision") {
       precision_key_ = text(v, key);
-    } else if (key == "seq" || key == "seq_len") set_int(v, key, "--seq", cfg_.seq);
-    else if (key == "steps" || key == "train_iters") set_int(v, key, "--steps", cfg_.steps);
-    else if (key == "epochs") set_int(v, key, "--epochs", cfg_.epochs);
-    else if (key == "seed") {
-      if (!v.is_number_unsigned()) fail(key, v, "an integer in 0..18446744073709551615");
-      uint64_t seed = v.get<uint64_t>();
-      if (claim("--seed", key)) cfg_.seed = seed;
-    } else if (key == "no_shuffle") set_bool(v, key, "--no-shuffle", cfg_.no_shuffle);
-    else if (key == "profile") set_bool(v, key, "--profile", cfg_.profile);
-    else if (key == "threads") set_int(v, key, "--threads", cfg_.threads);
-    else if (key == "val_every") set_int(v, key, "--val-every", cfg_.val_every);
-    else if (key == "val_batches") set_int(v, key, "--val-batches", cfg_.val_batches);
+    } else if (key == "optimizer" && v.is_string()) set_by_key(v, key);  // zerone's --optimizer
+    else if (key == "activation_checkpointing" && !v.is_object()) set_by_key(v, key);  // zerone's flag
     else if (key == "bf16" || key == "bfloat16" || key == "fp16") read_precision_block(key, v);
     else if (key == "optimizer") read_optimizer(v);
     else if (key == "zero_optimization") read_zero(v);
@@ -333,7 +391,7 @@ void ConfigReader::read(const json& root) {
         if (!dv.is_null() && !(dv.is_string() && (dv == "fp32" || dv == "float32")))
           not_implemented(full, dv, "gradient accumulation in a precision other than fp32");
       }
-    } else if (kEnabledGatedTop.count(key)) {
+    } else if (treatment_of(key) == DeepSpeedKeyTreatment::error_when_on && key != "wandb" && key != "comet") {
       std::optional<bool> on = v.is_object() ? enabled_switch(v, key) : std::optional<bool>(boolean(v, key));
       if (on.value_or(false)) not_implemented(key + ".enabled", true, key);
       no_effect(key);
@@ -348,10 +406,10 @@ void ConfigReader::read(const json& root) {
           fail_text(key + ".enabled", str_cat("is true: zerone cannot log to ", key == "wandb" ? "Weights & Biases" : "Comet",
                                               " (its client is a Python library talking to a service); use \"tensorboard\" or "
                                               "\"csv_monitor\" (--tensorboard DIR, --csv-monitor DIR), whose files it can import"));
-    } else if (kNoEffectTop.count(key)) {
+    } else if (is_notice_key(key)) {
       no_effect(key);
-    } else {
-      fail_text(key, "is unknown");
+    } else if (!set_by_key(v, key)) {
+      unknown(key);
     }
   }
   if (root.contains("scheduler")) read_scheduler(root["scheduler"]);
@@ -366,12 +424,8 @@ void ConfigReader::read(const json& root) {
 void ConfigReader::read_checkpoint(const json& v) {
   for (auto& [ck, cv] : object(v, "checkpoint").items()) {
     const std::string full = "checkpoint." + ck;
-    if (ck == "dir") set_string(cv, full, "--checkpoint-dir", cfg_.checkpoint_dir);
-    else if (ck == "every") set_int(cv, full, "--checkpoint-every", cfg_.checkpoint_every);
-    else if (ck == "keep_last") set_int(cv, full, "--keep-last", cfg_.keep_last);
-    else if (ck == "async") set_bool(cv, full, "--checkpoint-async", cfg_.checkpoint_async);
-    else if (ck == "resume") set_bool(cv, full, "--resume", cfg_.resume);
-    else if (ck == "tag_validation") {
+    if (set_by_key(cv, full)) continue;  // zerone's dir, every, keep_last, async, resume
+    if (ck == "tag_validation") {
       // DeepSpeed checks that every rank saves under the same tag; zerone's ranks save one step together.
       const std::string t = text(cv, full);
       if (t != "Ignore" && t != "Warn" && t != "Fail" && t != "ignore" && t != "warn" && t != "fail")
@@ -387,8 +441,8 @@ void ConfigReader::read_checkpoint(const json& v) {
       object(cv, full);
       no_effect(full + " (every rank writes its own file in parallel)");
     } else {
-      fail_text(full, "is unknown (expected dir, every, keep_last, async, resume, or DeepSpeed's tag_validation, "
-                      "load_universal, use_node_local_storage, parallel_write)");
+      unknown(full, "dir, every, keep_last, async, resume, or DeepSpeed's tag_validation, load_universal, "
+                    "use_node_local_storage, parallel_write");
     }
   }
 }
@@ -404,23 +458,18 @@ void ConfigReader::read_precision_block(const std::string& key, const json& v) {
     const std::string full = key + "." + fk;
     if (fk == "enabled") continue;
     if (key == "fp16") {
-      if (fk == "loss_scale") set_number(fv, full, "--loss-scale", cfg_.loss_scale);
-      else if (fk == "initial_scale_power") set_int(fv, full, "--initial-scale-power", cfg_.initial_scale_power);
-      else if (fk == "loss_scale_window") set_int(fv, full, "--loss-scale-window", cfg_.loss_scale_window);
-      else if (fk == "hysteresis") set_int(fv, full, "--hysteresis", cfg_.hysteresis);
-      else if (fk == "min_loss_scale") set_number(fv, full, "--min-loss-scale", cfg_.min_loss_scale);
-      else if (fk == "consecutive_hysteresis") {
+      if (fk == "consecutive_hysteresis") {
         // zerone restores the hysteresis only when the scale grows: DeepSpeed's false.
         if (!is_auto(fv) && boolean(fv, full)) not_implemented(full, fv, "consecutive hysteresis");
       } else if (fk == "fp16_master_weights_and_grads") {
         if (!is_auto(fv) && boolean(fv, full)) not_implemented(full, fv, "fp16 master weights");
       } else if (fk == "auto_cast") no_effect(full);
-      else fail_text(full, "is unknown");
+      else if (!set_by_key(fv, full)) unknown(full);
     } else {
       if (fk == "immediate_grad_update" || fk == "check_grad_overflow") no_effect(full);
       else if (fk == "bf16_master_weights_and_grads" || fk == "bf16_optimizer_states") {
         if (!is_auto(fv) && boolean(fv, full)) not_implemented(full, fv, "bf16 master weights or optimizer states");
-      } else fail_text(full, "is unknown");
+      } else unknown(full);
     }
   }
 }
@@ -588,55 +637,26 @@ void ConfigReader::read_scheduler(const json& v) {
 }
 
 void ConfigReader::read_offload(const std::string& key, const json& v) {
-  const bool opt = key == "zero_optimization.offload_optimizer", param = key == "zero_optimization.offload_param";
   const json& o = object(v, key);
-  const bool device_nvme = o.contains("device") && o["device"].is_string() && o["device"] == "nvme";
   for (auto& [k, kv] : o.items()) {
     const std::string full = key + "." + k;
-    if ((opt || param) && k == "device") {
-      if (is_auto(kv)) continue;
-      const std::string device = text(kv, full);
-      if (device != "none" && device != "cpu" && device != "nvme") fail(full, kv, "\"none\", \"cpu\" or \"nvme\"");
-      if (claim(opt ? "--offload-optimizer" : "--offload-param", full)) (opt ? cfg_.offload_optimizer : cfg_.offload_param) = device;
-    } else if ((opt || param) && k == "nvme_path") {
-      if (!kv.is_null()) set_string(kv, full, "--nvme-path", cfg_.nvme_path);
-    } else if (opt && k == "buffer_count") {
-      set_int_in(kv, full, "--offload-buffer-count", cfg_.offload_buffer_count, {1, 64});
-    } else if ((opt || param) && k == "pin_memory") {
-      set_bool(kv, full, "--pin-memory", cfg_.pin_memory);
-    } else if (opt && k == "pipeline_read") {
-      set_bool(kv, full, "--pipeline-read", cfg_.pipeline_read);
-    } else if (opt && k == "pipeline_write") {
-      set_bool(kv, full, "--pipeline-write", cfg_.pipeline_write);
-    } else if (opt && k == "pipeline") {  // DeepSpeed's shorthand for both
+    if (k == "nvme_path" && kv.is_null()) {
+      continue;  // DeepSpeed's configs write null for "none"
+    } else if (full == "zero_optimization.offload_optimizer.pipeline") {  // DeepSpeed's shorthand for both
       set_bool(kv, full, "--pipeline-read", cfg_.pipeline_read);
       set_bool(kv, full, "--pipeline-write", cfg_.pipeline_write);
-    } else if (opt && k == "ratio") {
-      set_number(kv, full, "--offload-optimizer-ratio", cfg_.offload_optimizer_ratio);
-    } else if (opt && (k == "fast_init" || k == "super_offload" || k == "cpuadam_cores_perc")) {
-      no_effect(full);
-    } else if (param && (k == "buffer_count" || k == "buffer_size" || k == "max_in_cpu")) {
-      // They size DeepSpeed's NVMe parameter buffers; zerone stages as many shards as
-      // stage3_prefetch_bucket_size lets it prefetch (Note [Parameter swap]).
-      if (!is_auto(kv)) integer(kv, full, {0, std::numeric_limits<int64_t>::max()});
-      if (device_nvme)
-        fail_text(full, "is not used by zerone's NVMe parameter swap, which stages as many shards as "
-                        "stage3_prefetch_bucket_size lets it prefetch; remove it or set that instead");
-      no_effect(full);
-    } else if (key == "aio" && k == "block_size") {
-      set_int_in(kv, full, "--aio-block-size", cfg_.aio_block_size, {4096, int64_t{1} << 30});
-    } else if (key == "aio" && k == "queue_depth") {
-      set_int_in(kv, full, "--aio-queue-depth", cfg_.aio_queue_depth, {1, 4096});
-    } else if (key == "aio" && (k == "intra_op_parallelism" || k == "thread_count")) {
-      set_int_in(kv, full, "--aio-intra-op-parallelism", cfg_.aio_intra_op_parallelism, {1, 64});
-    } else if (key == "aio" && k == "single_submit") {
-      set_bool(kv, full, "--aio-single-submit", cfg_.aio_single_submit);
-    } else if (key == "aio" && k == "overlap_events") {
-      set_bool(kv, full, "--aio-overlap-events", cfg_.aio_overlap_events);
-    } else if (key == "aio" && k == "use_gds") {
+    } else if (full == "aio.use_gds") {
       if (!is_auto(kv) && boolean(kv, full)) not_implemented(full, kv, "GPUDirect Storage (it needs a GPU build)");
-    } else {
-      fail_text(full, "is unknown");
+    } else if (is_notice_key(full)) {
+      // Note [Buffering knobs]: DeepSpeed's sizes of its own buffer pools (offload_param's
+      // buffer_count, buffer_size, max_in_cpu; fast_init) tune memory and speed, never results:
+      // zerone stages as many shards as stage3_prefetch_bucket_size lets it prefetch (Note
+      // [Parameter swap]). Checked for type, then listed in the notice, with any offload device.
+      if (!is_auto(kv) && !kv.is_null() && (k == "buffer_count" || k == "buffer_size" || k == "max_in_cpu"))
+        integer(kv, full, {0, kInt64Max});
+      no_effect(full);
+    } else if (!set_by_key(kv, full)) {
+      unknown(full);
     }
   }
 }
@@ -644,16 +664,16 @@ void ConfigReader::read_offload(const std::string& key, const json& v) {
 void ConfigReader::read_zero(const json& v) {
   for (auto& [zk, zv] : object(v, "zero_optimization").items()) {
     const std::string full = "zero_optimization." + zk;
-    if (zk == "stage") set_int(zv, full, "--zero-stage", cfg_.zero_stage);
-    else if (zk == "reduce_bucket_size") set_int(zv, full, "--reduce-bucket-size", cfg_.reduce_bucket_size);
-    else if (zk == "allgather_bucket_size") set_int(zv, full, "--allgather-bucket-size", cfg_.allgather_bucket_size);
-    else if (zk == "stage3_prefetch_bucket_size" || zk == "prefetch_bucket_size")
-      set_int(zv, full, "--stage3-prefetch-bucket-size", cfg_.stage3_prefetch_bucket_size);
-    else if (zk == "stage3_param_persistence_threshold" || zk == "param_persistence_threshold")
-      set_int(zv, full, "--stage3-param-persistence-threshold", cfg_.stage3_param_persistence_threshold);
-    else if (kAlwaysOnZero.count(zk)) {
+    if (zk == "load_from_fp32_weights") {
+      // false: DeepSpeed rebuilds the fp32 master weights from the 16-bit parameters on a resume;
+      // zerone always resumes the saved master weights, which changes results.
+      if (!is_auto(zv) && !boolean(zv, full))
+        not_implemented(full, zv, "resuming the master weights from the 16-bit parameters");
+      no_effect(full);
+    } else if (treatment_of(full) == DeepSpeedKeyTreatment::always_on) {
       if (!is_auto(zv) && !boolean(zv, full)) no_effect(full + " false (zerone always does this)");
-    } else if (kOffByDefaultZero.count(zk)) {
+    } else if (zk == "zero_quantized_weights" || zk == "zero_quantized_nontrainable_weights" ||
+               zk == "zero_quantized_gradients") {
       if (!is_auto(zv) && boolean(zv, full)) not_implemented(full, zv, zk);
       no_effect(full);
     } else if (zk == "cpu_offload" || zk == "cpu_offload_params") {
@@ -669,38 +689,23 @@ void ConfigReader::read_zero(const json& v) {
           fail_text(full, str_cat("is true, but ", block, ".device is ", b["device"].dump(), ": give one of them"));
         if (claim(opt ? "--offload-optimizer" : "--offload-param", full)) (opt ? cfg_.offload_optimizer : cfg_.offload_param) = "cpu";
       }
-    } else if (zk == "load_from_fp32_weights") {
-      // false: DeepSpeed rebuilds the fp32 master weights from the 16-bit parameters on a resume;
-      // zerone always resumes the saved master weights, which changes results.
-      if (!is_auto(zv) && !boolean(zv, full))
-        not_implemented(full, zv, "resuming the master weights from the 16-bit parameters");
-      no_effect(full);
     } else if (zk == "mics_shard_size") {
       if (!is_auto(zv) && integer(zv, full, {-1, kInt32Max}) > 0) not_implemented(full, zv, "MiCS sharding");
       no_effect(full);
     } else if (zk == "offload_optimizer" || zk == "offload_param") {
       if (!zv.is_null()) read_offload(full, zv);
-    } else if (zk == "sub_group_size") {
-      set_int_in(zv, full, "--sub-group-size", cfg_.sub_group_size, {1, int64_t{1} << 40});
-    } else if (kNoEffectZero.count(zk)) {
+    } else if (is_notice_key(full)) {
       no_effect(full);
-    } else {
-      fail_text(full, "is unknown");
+    } else if (!set_by_key(zv, full)) {
+      unknown(full);
     }
   }
 }
 
-void check_int(const std::string& flag, int64_t value) {
-  IntRange r = kIntRanges.at(flag);
-  ZERONE_CHECK(!(value < 0 && r.lo == 0), flag, " ", value, " is negative");
-  ZERONE_CHECK(value >= r.lo && value <= r.hi, flag, " ", value, " is out of range: expected ", r.text());
-}
-void check_float(const std::string& flag, double value) {
-  const FloatRange& r = kFloatRanges.at(flag);
-  ZERONE_CHECK(r.contains(value), flag, " ", value, " is out of range: expected ", r.text());
-}
-
 }  // namespace
+
+const std::vector<DeepSpeedKey>& deepspeed_keys() { return kDeepSpeedKeys; }
+DeepSpeedKeyTreatment deepspeed_key_treatment(const std::string& path) { return treatment_of(path); }
 
 void apply_json_config(const std::string& path, TrainConfig& cfg) {
   const std::string text = io::read_text_file(path, "--config", size_t{64} << 20);
@@ -741,20 +746,9 @@ void resolve_batch_sizes(TrainConfig& c, int world) {
 }
 
 void validate(const TrainConfig& c) {
-  check_int("--train-batch-size", c.train_batch_size);
-  check_int("--micro-batch", c.micro_batch);
-  check_int("--seq", c.seq);
-  check_int("--grad-accum", c.grad_accum);
-  check_int("--steps", c.steps);
-  check_float("--lr", c.lr);
-  check_int("--warmup", c.warmup);
+  // Each setting's own range or choices (the table), then what settings require of each other.
+  for (const Setting& s : settings()) check_setting(s, c);
   LrScheduleKind kind = parse_lr_schedule(c.lr_schedule);
-  check_float("--min-lr-frac", c.min_lr_frac);
-  check_int("--total-steps", c.total_steps);
-  check_float("--warmup-min-lr", c.warmup_min_lr);
-  check_float("--warmup-min-ratio", c.warmup_min_ratio);
-  ZERONE_CHECK(c.warmup_type == "log" || c.warmup_type == "linear", "--warmup-type '", c.warmup_type,
-               "': expected log or linear");
   if (kind == LrScheduleKind::warmup_cosine) {
     // DeepSpeed divides by total_num_steps - warmup_num_steps once the warmup is over.
     const int64_t warmup = std::max(2, c.warmup), total = c.total_steps > 0 ? c.total_steps : c.steps;
@@ -762,15 +756,6 @@ void validate(const TrainConfig& c) {
                  " equals the warmup steps (", warmup, " after DeepSpeed's minimum of 2): WarmupCosineLR's decay ",
                  "would divide by zero");
   }
-  check_float("--weight-decay", c.weight_decay);
-  check_float("--beta1", c.beta1);
-  check_float("--beta2", c.beta2);
-  check_float("--eps", c.eps);
-  ZERONE_CHECK(c.optimizer == "adamw" || c.optimizer == "sgd", setting_name(c, "--optimizer"), " '", c.optimizer,
-               "': expected adamw or sgd");
-  check_float("--momentum", c.momentum);
-  check_float("--dampening", c.dampening);
-  check_int("--epochs", c.epochs);
   ZERONE_CHECK(!c.is_given("--epochs") || c.epochs >= 1, setting_name(c, "--epochs"), " ", c.epochs,
                " is out of range: expected 1..1000000 passes over --data (0 would train nothing)");
   ZERONE_CHECK(!(c.is_given("--epochs") && c.is_given("--steps")), setting_name(c, "--epochs"), " and ",
@@ -787,33 +772,10 @@ void validate(const TrainConfig& c) {
                  " needs a momentum above 0 and zero dampening (as torch.optim.SGD): --momentum ", c.momentum,
                  ", --dampening ", c.dampening);
   }
-  check_float("--grad-clip", c.grad_clip);
-  check_float("--peak-tflops", c.peak_tflops);
-  check_int("--threads", c.threads);
-  check_int("--val-every", c.val_every);
-  check_int("--val-batches", c.val_batches);
-  check_int("--checkpoint-every", c.checkpoint_every);
-  check_int("--keep-last", c.keep_last);
   for (const char* flag : {"--checkpoint-every", "--keep-last", "--checkpoint-async", "--resume"})
     ZERONE_CHECK(!c.is_given(flag) || !c.checkpoint_dir.empty(), setting_name(c, flag),
                  " needs --checkpoint-dir (where checkpoints are written and found)");
-  ZERONE_CHECK(c.precision.empty() || c.precision == "fp32" || c.precision == "bf16" || c.precision == "fp16",
-               "--precision '", c.precision, "': expected fp32, bf16 or fp16");
-  check_float("--loss-scale", c.loss_scale);
-  check_int("--initial-scale-power", c.initial_scale_power);
-  check_int("--loss-scale-window", c.loss_scale_window);
-  check_int("--hysteresis", c.hysteresis);
-  check_float("--min-loss-scale", c.min_loss_scale);
-  check_int("--zero-stage", c.zero_stage);
-  check_int("--reduce-bucket-size", c.reduce_bucket_size);
-  check_int("--allgather-bucket-size", c.allgather_bucket_size);
-  check_int("--stage3-prefetch-bucket-size", c.stage3_prefetch_bucket_size);
-  check_int("--stage3-param-persistence-threshold", c.stage3_param_persistence_threshold);
   if (!c.device.empty()) (void)kernels::parse_device_kind(c.device);  // throws naming --device
-  ZERONE_CHECK(std::isfinite(c.device_mem_limit) && c.device_mem_limit >= 0.0, "--device-mem-limit ",
-               c.device_mem_limit, " is out of range: expected a number of GiB >= 0 (0: no limit)");
-  for (auto [flag, value] : {std::pair{"--offload-optimizer", &c.offload_optimizer}, {"--offload-param", &c.offload_param}})
-    ZERONE_CHECK(*value == "none" || *value == "cpu" || *value == "nvme", flag, " '", *value, "': expected none, cpu or nvme");
   ZERONE_CHECK(c.offload_optimizer == "none" || c.zero_stage >= 1, "--offload-optimizer ", c.offload_optimizer,
                " needs --zero-stage 1, 2 or 3 (stage 0 keeps no optimizer shard to offload)");
   ZERONE_CHECK(c.offload_param == "none" || c.zero_stage == 3, "--offload-param ", c.offload_param,
@@ -823,21 +785,10 @@ void validate(const TrainConfig& c) {
                " nvme needs --nvme-path DIR (a directory on a local disk)");
   ZERONE_CHECK(nvme || c.nvme_path.empty(),
                "--nvme-path is given but nothing is offloaded to nvme (--offload-optimizer nvme or --offload-param nvme)");
-  ZERONE_CHECK(c.sub_group_size >= 1 && c.sub_group_size <= (int64_t{1} << 40), "--sub-group-size ", c.sub_group_size,
-               " is out of range: expected 1..2^40 elements");
-  ZERONE_CHECK(c.offload_buffer_count >= 1 && c.offload_buffer_count <= 64, "--offload-buffer-count ",
-               c.offload_buffer_count, " is out of range: expected 1..64 staging buffers");
-  check_float("--offload-optimizer-ratio", c.offload_optimizer_ratio);
   // Note [Partial optimizer offload]: a part of nothing offloaded would do nothing.
   ZERONE_CHECK(c.offload_optimizer_ratio == 1.0 || c.offload_optimizer != "none", setting_name(c, "--offload-optimizer-ratio"),
                " ", c.offload_optimizer_ratio, " offloads a part of the optimizer, but --offload-optimizer is none: "
                "give --offload-optimizer cpu or nvme");
-  ZERONE_CHECK(c.aio_block_size >= 4096 && c.aio_block_size <= (int64_t{1} << 30) && c.aio_block_size % 4096 == 0,
-               "--aio-block-size ", c.aio_block_size, " is out of range: expected a multiple of 4096 in 4096..2^30 bytes");
-  ZERONE_CHECK(c.aio_queue_depth >= 1 && c.aio_queue_depth <= 4096, "--aio-queue-depth ", c.aio_queue_depth,
-               " is out of range: expected 1..4096");
-  ZERONE_CHECK(c.aio_intra_op_parallelism >= 1 && c.aio_intra_op_parallelism <= 64, "--aio-intra-op-parallelism ",
-               c.aio_intra_op_parallelism, " is out of range: expected 1..64");
 }
 
 void check_settings_take_effect(TrainConfig& c, bool fp16, bool has_validation_data) {
@@ -908,84 +859,7 @@ void check_settings_take_effect(TrainConfig& c, bool fp16, bool has_validation_d
 }
 
 std::vector<std::pair<std::string, std::string>> consistency_settings(const TrainConfig& c) {
-  return {{"--model", c.model},
-          {"--init", c.init},
-          {"--data", c.data},
-          {"--val-data", c.val_data},
-          {"--save", c.save},
-          {"--metrics", c.metrics},
-          {"--report", c.report},
-          {"--tensorboard", c.tensorboard_dir},
-          {"--csv-monitor", c.csv_monitor_dir},
-          {"--peak-tflops", str_cat(c.peak_tflops)},
-          {"--precision", c.precision},
-          {"--micro-batch", str_cat(c.micro_batch)},
-          {"--seq", str_cat(c.seq)},
-          {"--grad-accum", str_cat(c.grad_accum)},
-          {"--steps", str_cat(c.steps)},
-          {"--lr", str_cat(c.lr)},
-          {"--warmup", str_cat(c.warmup)},
-          {"--lr-schedule", c.lr_schedule},
-          {"--min-lr-frac", str_cat(c.min_lr_frac)},
-          {"--total-steps", str_cat(c.total_steps)},
-          {"--warmup-min-lr", str_cat(c.warmup_min_lr)},
-          {"--warmup-min-ratio", str_cat(c.warmup_min_ratio)},
-          {"--warmup-type", c.warmup_type},
-          {"--train-batch-size", str_cat(c.train_batch_size)},
-          {"--activation-checkpointing", str_cat(c.activation_checkpointing)},
-          {"--cpu-checkpointing", str_cat(c.cpu_checkpointing)},
-          {"--delayed-update", str_cat(c.delayed_update)},
-          {"--early-step", str_cat(c.early_step)},
-          {"--device-mem-limit", str_cat(c.device_mem_limit)},
-          {"--offload-optimizer", c.offload_optimizer},
-          {"--offload-param", c.offload_param},
-          {"--nvme-path", c.nvme_path},
-          {"--sub-group-size", str_cat(c.sub_group_size)},
-          {"--offload-buffer-count", str_cat(c.offload_buffer_count)},
-          {"--offload-optimizer-ratio", str_cat(c.offload_optimizer_ratio)},
-          {"--pipeline-read", str_cat(c.pipeline_read)},
-          {"--pipeline-write", str_cat(c.pipeline_write)},
-          {"--pin-memory", str_cat(c.pin_memory)},
-          {"--aio-block-size", str_cat(c.aio_block_size)},
-          {"--aio-queue-depth", str_cat(c.aio_queue_depth)},
-          {"--aio-intra-op-parallelism", str_cat(c.aio_intra_op_parallelism)},
-          {"--aio-single-submit", str_cat(c.aio_single_submit)},
-          {"--aio-overlap-events", str_cat(c.aio_overlap_events)},
-          {"--weight-decay", str_cat(c.weight_decay)},
-          {"--beta1", str_cat(c.beta1)},
-          {"--beta2", str_cat(c.beta2)},
-          {"--eps", str_cat(c.eps)},
-          {"--optimizer", c.optimizer},
-          {"--momentum", str_cat(c.momentum)},
-          {"--dampening", str_cat(c.dampening)},
-          {"--nesterov", str_cat(c.nesterov)},
-          {"--epochs", str_cat(c.epochs)},
-          {"--grad-clip", str_cat(c.grad_clip)},
-          {"--seed", str_cat(c.seed)},
-          {"--no-shuffle", str_cat(c.no_shuffle)},
-          {"--val-every", str_cat(c.val_every)},
-          {"--val-batches", str_cat(c.val_batches)},
-          {"--zero-stage", str_cat(c.zero_stage)},
-          {"--reduce-bucket-size", str_cat(c.reduce_bucket_size)},
-          {"--allgather-bucket-size", str_cat(c.allgather_bucket_size)},
-          {"--stage3-prefetch-bucket-size", str_cat(c.stage3_prefetch_bucket_size)},
-          {"--stage3-param-persistence-threshold", str_cat(c.stage3_param_persistence_threshold)},
-          {"--loss-scale", str_cat(c.loss_scale)},
-          {"--initial-scale-power", str_cat(c.initial_scale_power)},
-          {"--loss-scale-window", str_cat(c.loss_scale_window)},
-          {"--hysteresis", str_cat(c.hysteresis)},
-          {"--min-loss-scale", str_cat(c.min_loss_scale)},
-          {"--device", c.device},
-          {"--device-mem-limit", str_cat(c.device_mem_limit)},
-          {"--offload-optimizer", c.offload_optimizer},
-          {"--offload-param", c.offload_param},
-          {"--sub-group-size", str_cat(c.sub_group_size)},
-          {"--offload-buffer-count", str_cat(c.offload_buffer_count)},
-          {"--checkpoint-dir", c.checkpoint_dir},
-          {"--checkpoint-every", str_cat(c.checkpoint_every)},
-          {"--keep-last", str_cat(c.keep_last)},
-          {"--resume", str_cat(c.resume)},
-          {"--checkpoint-async", str_cat(c.checkpoint_async)}};
+  return agreeing_settings(c);
 }
 
 }  // namespace zerone::train

@@ -79,6 +79,9 @@ struct TrainConfig {
   bool delayed_update = false;
   // Update each unit as soon as its gradients are final (Note [Early optimizer step] in zero/step_scheduler.cc).
   bool early_step = true;
+  // Note [Collective timeout] (comm/communicator.h): seconds a rank waits in one collective before
+  // the job ends naming the ranks that did not arrive (torch.distributed's timeout, 600 s).
+  double comm_timeout_s = 600.0;
   // Offload (README "Offload"; DeepSpeed's zero_optimization.offload_* and aio keys).
   double device_mem_limit = 0.0;        // GiB per rank of the device arena; 0: no cap
   std::string device;                   // cpu | sim | cuda; empty: kernels::default_device()
@@ -118,6 +121,23 @@ struct TrainConfig {
   // One-line notices for rank 0 to print at start-up ("config keys with no effect here: ...").
   std::vector<std::string> notices;
 };
+
+// How a DeepSpeed config key is treated (Note [DeepSpeed config keys] in config.cc).
+enum class DeepSpeedKeyTreatment {
+  honoured,       // sets a zerone setting, or its block is read
+  notice,         // tunes something zerone does not have and cannot change results: one notice
+  always_on,      // zerone always does it: true is honoured, false a notice
+  error_when_on,  // off or disabled: a notice; on or enabled: an error (it would change results)
+  error,          // always an error
+  unknown,        // not a DeepSpeed key zerone knows: an error with "did you mean"
+};
+struct DeepSpeedKey {
+  std::string path;  // dotted: "zero_optimization.offload_param.max_in_cpu"
+  DeepSpeedKeyTreatment treatment;
+};
+// Every DeepSpeed key zerone knows, with its treatment.
+const std::vector<DeepSpeedKey>& deepspeed_keys();
+DeepSpeedKeyTreatment deepspeed_key_treatment(const std::string& path);
 
 // Fills `cfg` from the JSON file at `path`, skipping keys whose flag is already in cfg.given (set
 // on the command line, which wins) and adding the flags it sets to cfg.given. Throws Error naming

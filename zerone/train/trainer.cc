@@ -254,11 +254,6 @@ void check_tokens_in_vocabulary(const io::TokenSource& tokens, int vocab_size, c
                " is out of range for the model's vocabulary of ", vocab_size, " (ids 0..", vocab_size - 1, ")");
 }
 
-// The optimizer the configuration names.
-optim::OptimizerOptions optimizer_options(const TrainConfig& cfg) {
-  if (cfg.optimizer == "sgd") return optim::SGDOptions{cfg.momentum, cfg.dampening, cfg.weight_decay, cfg.nesterov};
-  return optim::AdamWOptions{cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay};
-}
 
 // Note [Refuse what cannot fit]: a run whose estimated memory exceeds what this host has left is
 // refused before anything is allocated, with the estimate, instead of being killed by the kernel
@@ -413,6 +408,66 @@ class DeviceLimitGuard {
 
 }  // namespace
 
+optim::OptimizerOptions optimizer_options(const TrainConfig& cfg) {
+  if (cfg.optimizer == "sgd") return optim::SGDOptions{cfg.momentum, cfg.dampening, cfg.weight_decay, cfg.nesterov};
+  return optim::AdamWOptions{cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay};
+}
+
+zero::ZeroConfig zero_config(const TrainConfig& cfg, DType dtype, const io::FaultEnv& env) {
+  zero::ZeroConfig zcfg;
+  zcfg.stage = cfg.zero_stage;
+  zcfg.reduce_bucket_numel = static_cast<size_t>(cfg.reduce_bucket_size);
+  zcfg.allgather_bucket_numel = static_cast<size_t>(cfg.allgather_bucket_size);
+  zcfg.prefetch_numel = static_cast<size_t>(cfg.stage3_prefetch_bucket_size);
+  zcfg.persistence_threshold = static_cast<size_t>(cfg.stage3_param_persistence_threshold);
+  zcfg.offload_optimizer = zero::parse_offload_device(cfg.offload_optimizer, "--offload-optimizer");
+  zcfg.offload_param = zero::parse_offload_device(cfg.offload_param, "--offload-param");
+  zcfg.sub_group_numel = static_cast<size_t>(cfg.sub_group_size);
+  zcfg.optimizer_buffer_count = cfg.offload_buffer_count;
+  zcfg.offload_optimizer_ratio = cfg.offload_optimizer_ratio;
+  zcfg.delayed_update = cfg.delayed_update;
+  zcfg.early_step = cfg.early_step;
+  // Note [Speculative early step]: with clipping or fp16 loss scaling the early step speculates,
+  // for every optimizer (AdamW and SGD step shard by shard and keep undo copies; zero::speculates
+  // decides where: with NVMe state and no partial optimizer offload).
+  zcfg.speculative_step = cfg.early_step && !cfg.delayed_update && (cfg.grad_clip > 0.0f || dtype == DType::f16);
+  // Tests and benchmarks only: speculate with the state in memory too ("memory"), and also after a
+  // clipped step ("always").
+  zcfg.speculate_in_memory = env.speculate == "memory" || env.speculate == "always";
+  zcfg.speculate_always = env.speculate == "always";
+  return zcfg;
+}
+
+optim::NvmeConfig nvme_config(const TrainConfig& cfg, int rank, const io::FaultEnv& env) {
+  optim::NvmeConfig nvme;
+  nvme.nvme_path = cfg.nvme_path;
+  nvme.rank = rank;
+  nvme.pipeline_read = cfg.pipeline_read;
+  nvme.pipeline_write = cfg.pipeline_write;
+  nvme.pin_memory = cfg.pin_memory;
+  nvme.aio.block_bytes = static_cast<size_t>(cfg.aio_block_size);
+  nvme.aio.queue_depth = cfg.aio_queue_depth;
+  nvme.aio.intra_op_parallelism = cfg.aio_intra_op_parallelism;
+  nvme.aio.single_submit = cfg.aio_single_submit;
+  nvme.aio.overlap_events = cfg.aio_overlap_events;
+  // Tests only (tests/zero/offload_faults.sh): make the Nth swap transfer fail (io::parse_fault_plan).
+  nvme.fault_plan = env.swap_fault_plan;
+  nvme.grad_fault_plan = env.grad_swap_fault_plan;
+  return nvme;
+}
+
+TrainConfig resolve_settings(TrainConfig cfg, int world) {
+  const bool default_run = cfg.data.empty();
+  // Image data (a directory of IDX files): validation defaults to the t10k-* files beside train-*.
+  const bool image_data = !default_run && io::has_image_split(cfg.data, "train");
+  if (image_data && cfg.val_data.empty() && io::has_image_split(cfg.data, "t10k")) cfg.val_data = cfg.data;
+  ZERONE_CHECK(!(default_run && !cfg.val_data.empty()), "--val-data given without --data");
+  resolve_batch_sizes(cfg, world);  // before the default run's batch, which fills only what is not given
+  if (default_run) cfg = default_run_config(cfg);
+  validate(cfg);
+  return cfg;
+}
+
 DType resolve_precision(const std::string& precision) {
   if (!precision.empty()) return parse_dtype(precision);
   CpuInfo cpu = cpu_info();
@@ -436,18 +491,15 @@ TrainResult run_training(TrainConfig cfg) {
   return run_training(std::move(cfg), single);
 }
 
-TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
+TrainResult run_training(TrainConfig cfg, comm::Communicator& comm, const io::FaultEnv& env) {
   const auto run_t0 = std::chrono::steady_clock::now();
   const int world = comm.world_size(), rank = comm.rank();
   const bool lead = rank == 0;
   const bool default_run = cfg.data.empty();
-  // Image data (a directory of IDX files): validation defaults to the t10k-* files beside train-*.
   const bool image_data = !default_run && io::has_image_split(cfg.data, "train");
-  if (image_data && cfg.val_data.empty() && io::has_image_split(cfg.data, "t10k")) cfg.val_data = cfg.data;
-  ZERONE_CHECK(!(default_run && !cfg.val_data.empty()), "--val-data given without --data");
-  resolve_batch_sizes(cfg, world);  // before the default run's batch, which fills only what is not given
-  if (default_run) cfg = default_run_config(cfg);
-  validate(cfg);
+  cfg = resolve_settings(std::move(cfg), world);
+  comm.set_timeout(cfg.comm_timeout_s);  // Note [Collective timeout]
+  comm.set_phase("start-up");
   InterruptGuard interrupts;
   if (cfg.threads > 0) omp_set_num_threads(cfg.threads);
   else if (int t = default_threads_per_rank(); t > 0) omp_set_num_threads(t);
@@ -574,43 +626,8 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     if (!checkpoint_lock) lock_checkpoint_dir();
   }
 
-  zero::ZeroConfig zcfg;
-  zcfg.stage = cfg.zero_stage;
-  zcfg.reduce_bucket_numel = static_cast<size_t>(cfg.reduce_bucket_size);
-  zcfg.allgather_bucket_numel = static_cast<size_t>(cfg.allgather_bucket_size);
-  zcfg.prefetch_numel = static_cast<size_t>(cfg.stage3_prefetch_bucket_size);
-  zcfg.persistence_threshold = static_cast<size_t>(cfg.stage3_param_persistence_threshold);
-  zcfg.offload_optimizer = zero::parse_offload_device(cfg.offload_optimizer, "--offload-optimizer");
-  zcfg.offload_param = zero::parse_offload_device(cfg.offload_param, "--offload-param");
-  zcfg.sub_group_numel = static_cast<size_t>(cfg.sub_group_size);
-  zcfg.optimizer_buffer_count = cfg.offload_buffer_count;
-  zcfg.offload_optimizer_ratio = cfg.offload_optimizer_ratio;
-  zcfg.delayed_update = cfg.delayed_update;
-  zcfg.early_step = cfg.early_step;
-  // Note [Speculative early step]: with clipping or fp16 loss scaling the early step speculates,
-  // for every optimizer (AdamW and SGD step shard by shard and keep undo copies; zero::speculates
-  // decides where: with NVMe state and no partial optimizer offload).
-  zcfg.speculative_step = cfg.early_step && !cfg.delayed_update && (cfg.grad_clip > 0.0f || dtype == DType::f16);
-  // Tests and benchmarks only: speculate with the state in memory too ("memory"), and also after a
-  // clipped step ("always").
-  if (const char* s = std::getenv("ZERONE_SPECULATE")) {
-    zcfg.speculate_in_memory = std::string(s) == "memory" || std::string(s) == "always";
-    zcfg.speculate_always = std::string(s) == "always";
-  }
-  optim::NvmeConfig nvme;
-  nvme.nvme_path = cfg.nvme_path;
-  nvme.rank = rank;
-  nvme.pipeline_read = cfg.pipeline_read;
-  nvme.pipeline_write = cfg.pipeline_write;
-  nvme.pin_memory = cfg.pin_memory;
-  nvme.aio.block_bytes = static_cast<size_t>(cfg.aio_block_size);
-  nvme.aio.queue_depth = cfg.aio_queue_depth;
-  nvme.aio.intra_op_parallelism = cfg.aio_intra_op_parallelism;
-  nvme.aio.single_submit = cfg.aio_single_submit;
-  nvme.aio.overlap_events = cfg.aio_overlap_events;
-  // Tests only (tests/zero/offload_faults.sh): make the Nth swap transfer fail (io::parse_fault_plan).
-  if (const char* plan = std::getenv("ZERONE_SWAP_FAULT")) nvme.fault_plan = plan;
-  if (const char* plan = std::getenv("ZERONE_GRAD_SWAP_FAULT")) nvme.grad_fault_plan = plan;
+  const zero::ZeroConfig zcfg = zero_config(cfg, dtype, env);
+  const optim::NvmeConfig nvme = nvme_config(cfg, rank, env);
   check_memory_fits(model, dtype, cfg, zcfg, world);
   DeviceLimitGuard device_limit(static_cast<int64_t>(cfg.device_mem_limit * 1024.0 * 1024.0 * 1024.0));
 
@@ -811,7 +828,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   if (!cfg.checkpoint_dir.empty()) {
     CheckpointRunInfo info{model.spec(), dtype, cfg.zero_stage, cfg.offload_optimizer, cfg.offload_param,
                            io::checkpoint_units(model)};
-    checkpointer = std::make_unique<Checkpointer>(cfg.checkpoint_dir, cfg.keep_last, cfg.checkpoint_async, info, comm);
+    checkpointer = std::make_unique<Checkpointer>(cfg.checkpoint_dir, cfg.keep_last, cfg.checkpoint_async, info, comm, env);
   }
   // The state after `done` steps, for a checkpoint.
   auto trainer_state = [&](int done) {
@@ -844,6 +861,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
                              "; training stalled ", fixed(checkpointer->last_stall_s(), 3), " s)"));
   };
   auto save_checkpoint = [&](int done) {
+    comm.set_phase(str_cat("checkpoint of step ", done));
     if (lead) progress.message(str_cat("saving checkpoint of step ", done, " in '", cfg.checkpoint_dir, "' ..."));
     checkpointer->save(engine, trainer_state(done));
     if (!cfg.checkpoint_async) report_saved();
@@ -864,6 +882,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   if (lead && start_step <= cfg.steps) progress.starting(start_step, cfg.steps);
   for (int step = start_step; step <= cfg.steps; ++step) {
     if (step == start_step + 1) Profiler::reset();
+    comm.set_phase(str_cat("step ", step));
     auto t0 = std::chrono::steady_clock::now();
     double loss_sum = 0.0;  // gradients start at zero: the optimizer step zeroes them
     const double loss_scale = scaled ? scaler.scale() : 1.0;
@@ -967,6 +986,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     if (validate_now) {
       // Validation is outside the step's wall time, so --profile does not count it either.
       Profiler::set_enabled(false);
+      comm.set_phase(str_cat("validation after step ", step));
       const uint64_t batches = classifier && !cfg.is_given("--val-batches") ? val_source->chunks_per_epoch()
                                                                             : static_cast<uint64_t>(cfg.val_batches);
       const std::optional<Evaluation> evaluated = evaluate(model, *val_source, batches, comm);
@@ -1061,6 +1081,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     const bool hf = save_is_hf_directory(cfg.save);
     const char* kind = hf ? "Hugging Face checkpoint" : "llm.c checkpoint";
     if (lead) progress.message(str_cat("saving ", kind, " '", cfg.save, "' ..."));
+    comm.set_phase("--save");
     engine.with_full_params([&] {
       if (!lead) return;
       if (hf) io::save_hf_checkpoint(cfg.save, model);

@@ -9,8 +9,12 @@
 #include <optional>
 
 #include "zerone/comm/communicator.h"
+#include "zerone/io/fault_env.h"
 #include "zerone/nn/gpt2.h"
+#include "zerone/optim/optimizer.h"
 #include "zerone/train/config.h"
+#include "zerone/optim/swapped.h"
+#include "zerone/zero/partition.h"
 
 namespace zerone::train {
 
@@ -29,9 +33,24 @@ TrainConfig default_run_config(TrainConfig cfg);
 // Runs training on this rank of `comm` (every rank calls it with the same config); rank 0 prints
 // progress and writes metrics and checkpoints. Throws Error for bad input (files, flags, values, a
 // configuration that differs between ranks).
-TrainResult run_training(TrainConfig cfg, comm::Communicator& comm);
+// `env`: the test hooks (io/fault_env.h); it must outlive the call.
+TrainResult run_training(TrainConfig cfg, comm::Communicator& comm, const io::FaultEnv& env = io::FaultEnv::none());
+
+// The settings as the run will use them: the default run's, DeepSpeed's batch arithmetic at this
+// world size, image data's validation split; validated. run_training starts with it; --print-config
+// prints it.
+TrainConfig resolve_settings(TrainConfig cfg, int world_size);
 // The same at world size 1.
 TrainResult run_training(TrainConfig cfg);
+
+// The ZeRO engine's settings derived from the run's settings, once, for train and estimate:
+// stages, buckets, offload places, the early step and whether it may speculate (Note [Speculative
+// early step]; `dtype` decides fp16 loss scaling). `env` supplies the test-only speculation knob.
+zero::ZeroConfig zero_config(const TrainConfig& cfg, DType dtype, const io::FaultEnv& env = io::FaultEnv::none());
+// The NVMe swap settings of rank `rank` (with `env`'s fault plans for tests).
+optim::NvmeConfig nvme_config(const TrainConfig& cfg, int rank, const io::FaultEnv& env = io::FaultEnv::none());
+// The optimizer the settings name.
+optim::OptimizerOptions optimizer_options(const TrainConfig& cfg);
 
 // Chooses the compute dtype: cfg.precision if set, else bf16 where the CPU has native bf16 dot
 // products (AVX512-BF16 or AMX), else fp32.

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <memory>
 
+#include "zerone/comm/traffic.h"
 #include "zerone/core/error.h"
 #include "zerone/io/aio.h"
 #include "zerone/core/profiler.h"
@@ -371,6 +372,7 @@ nlohmann::ordered_json run_info(const TrainConfig& cfg, const nn::Model& model, 
   run["cpu"] = cpu_info().model_name;
   run["threads_per_rank"] = omp_get_max_threads();
   if (world > 1) run["comm"] = comm.description();
+  if (world > 1) run["topology"] = comm::describe_topology(comm.hosts());
   if (flops_per_token) run["flops_per_token"] = *flops_per_token;
   if (peak_tflops) {
     run["peak_tflop_per_s"] = *peak_tflops;
@@ -764,6 +766,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
                              classifier ? str_cat(" (", steps_per_epoch, " per epoch)") : "", ", ", omp_get_max_threads(), " threads/rank",
                              world > 1 ? str_cat(", ", comm.description()) : "",
                              default_run ? str_cat("; built-in Markov corpus, entropy ", *entropy, " nats/token") : ""));
+    if (world > 1) progress.message(str_cat("zerone: topology: ", comm::describe_topology(comm.hosts())));
   }
   MetricsWriter metrics(lead ? cfg.metrics : "");
   if (resume_from) metrics.continue_after(start_step - 1);
@@ -865,6 +868,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   for (int step = start_step; step <= cfg.steps; ++step) {
     if (step == start_step + 1) Profiler::reset();
     auto t0 = std::chrono::steady_clock::now();
+    const comm::TrafficBytes traffic0 = comm::Traffic::global().totals();
     double loss_sum = 0.0;  // gradients start at zero: the optimizer step zeroes them
     const double loss_scale = scaled ? scaler.scale() : 1.0;
     const float lr = static_cast<float>(schedule.lr());
@@ -949,6 +953,11 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
     if (scaled) record.loss_scale = loss_scale;
     record.skipped = stepped.overflow;
     record.ms = ms;
+    if (world > 1) {
+      const comm::TrafficBytes sent = comm::Traffic::global().totals() - traffic0;
+      record.comm_bytes_intra = sent.intra;
+      record.comm_bytes_inter = sent.inter;
+    }
     const double rate = static_cast<double>(B) * T * cfg.grad_accum * world / (ms / 1000.0);
     if (classifier) record.samples_per_s = rate;
     else record.tokens_per_s = rate;

@@ -109,6 +109,15 @@ void add_train_flags(CLI::App& cmd, train::TrainConfig& c, std::string& config_p
   cmd.add_option("--early-step", c.early_step,
                  "update each unit as soon as its gradients are final, during the backward of the rest "
                  "(true/false; same numbers either way; with --grad-clip or fp16 and NVMe offload a speculation, validated or redone)");
+  cmd.add_option("--hpz-partition-size", c.hpz_partition_size,
+                 "ZeRO++ hpZ (stage 3): keep a secondary copy of the parameters partitioned over groups of this "
+                 "many consecutive ranks (usually the ranks per host), so backward's gathers stay in the group "
+                 "(1: off; same results)");
+  cmd.add_flag("--quantized-weights", c.quantized_weights,
+               "ZeRO++ qwZ (stage 3): gather parameters as blockwise int8 (changes results)");
+  cmd.add_option("--quantized-gradients", c.quantized_gradients,
+                 "ZeRO++ qgZ (stage 3): reduce-scatter gradients as blockwise int8 or int4 all-to-alls, within "
+                 "then across hosts: 8 or 4 bits (0: off; changes results)");
   cmd.add_option("--device", c.device,
                  "where compute runs: cpu, sim (a simulated device the host cannot touch) or cuda; default: cuda "
                  "when a GPU and the CUDA backend are present, else cpu");

@@ -56,6 +56,8 @@ const std::map<std::string, IntRange> kIntRanges = {
     {"--allgather-bucket-size", {1, kInt32Max}},
     {"--stage3-prefetch-bucket-size", {0, kInt64Max}},
     {"--stage3-param-persistence-threshold", {0, kInt64Max}},
+    {"--hpz-partition-size", {1, 1048576}},
+    {"--quantized-gradients", {0, 8}},
 };
 
 struct FloatRange {
@@ -115,15 +117,14 @@ const std::set<std::string> kNoEffectZero = {
     "ignore_unused_parameters", "legacy_stage1", "memory_efficient_linear",
     "use_multi_rank_bucket_allreduce", "cpu_offload_use_pin_memory", "log_trace_cache_warnings",
     "stage3_module_granularity_threshold", "module_granularity_threshold", "use_all_reduce_for_fetch_params",
-    "stage3_model_persistence_threshold", "model_persistence_threshold", "zero_hpz_partition_size",
+    "stage3_model_persistence_threshold", "model_persistence_threshold",
     "pipeline_loading_checkpoint", "override_module_apply", "mics_hierarchical_params_gather"};
 // zero_optimization switches zerone always has on: true is honoured, false only costs speed in
 // DeepSpeed and has no effect here.
 const std::set<std::string> kAlwaysOnZero = {"overlap_comm", "contiguous_gradients", "reduce_scatter",
                                              "allgather_partitions"};
 // zero_optimization switches of capabilities zerone lacks: false is accepted, true is an error.
-const std::set<std::string> kOffByDefaultZero = {"zero_quantized_weights", "zero_quantized_nontrainable_weights",
-                                                 "zero_quantized_gradients"};
+const std::set<std::string> kOffByDefaultZero = {"zero_quantized_nontrainable_weights"};
 
 bool is_auto(const json& v) { return v.is_string() && v.get<std::string>() == "auto"; }
 
@@ -651,7 +652,16 @@ void ConfigReader::read_zero(const json& v) {
       set_int(zv, full, "--stage3-prefetch-bucket-size", cfg_.stage3_prefetch_bucket_size);
     else if (zk == "stage3_param_persistence_threshold" || zk == "param_persistence_threshold")
       set_int(zv, full, "--stage3-param-persistence-threshold", cfg_.stage3_param_persistence_threshold);
-    else if (kAlwaysOnZero.count(zk)) {
+    else if (zk == "zero_hpz_partition_size")
+      set_int(zv, full, "--hpz-partition-size", cfg_.hpz_partition_size);
+    else if (zk == "zero_quantized_weights")
+      set_bool(zv, full, "--quantized-weights", cfg_.quantized_weights);
+    else if (zk == "zero_quantized_gradients") {  // true: int8 (--quantized-gradients 4 for int4)
+      if (!is_auto(zv)) {
+        const bool on = boolean(zv, full);
+        if (claim("--quantized-gradients", full)) cfg_.quantized_gradients = on ? 8 : 0;
+      }
+    } else if (kAlwaysOnZero.count(zk)) {
       if (!is_auto(zv) && !boolean(zv, full)) no_effect(full + " false (zerone always does this)");
     } else if (kOffByDefaultZero.count(zk)) {
       if (!is_auto(zv) && boolean(zv, full)) not_implemented(full, zv, zk);
@@ -936,6 +946,9 @@ std::vector<std::pair<std::string, std::string>> consistency_settings(const Trai
           {"--cpu-checkpointing", str_cat(c.cpu_checkpointing)},
           {"--delayed-update", str_cat(c.delayed_update)},
           {"--early-step", str_cat(c.early_step)},
+          {"--hpz-partition-size", str_cat(c.hpz_partition_size)},
+          {"--quantized-weights", str_cat(c.quantized_weights)},
+          {"--quantized-gradients", str_cat(c.quantized_gradients)},
           {"--device-mem-limit", str_cat(c.device_mem_limit)},
           {"--offload-optimizer", c.offload_optimizer},
           {"--offload-param", c.offload_param},

@@ -79,6 +79,11 @@ struct TrainConfig {
   bool delayed_update = false;
   // Update each unit as soon as its gradients are final (Note [Early optimizer step] in zero/engine.cc).
   bool early_step = true;
+  // ZeRO++ (zero/zeropp.h; DeepSpeed's zero_hpz_partition_size, zero_quantized_weights,
+  // zero_quantized_gradients), stage 3: hpZ group size (1: off), qwZ, qgZ bits (0: off, 8 or 4).
+  int hpz_partition_size = 1;
+  bool quantized_weights = false;
+  int quantized_gradients = 0;
   // Offload (README "Offload"; DeepSpeed's zero_optimization.offload_* and aio keys).
   double device_mem_limit = 0.0;        // GiB per rank of the device arena; 0: no cap
   std::string device;                   // cpu | sim | cuda; empty: kernels::default_device()

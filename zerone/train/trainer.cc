@@ -589,6 +589,10 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
   zcfg.offload_optimizer_ratio = cfg.offload_optimizer_ratio;
   zcfg.delayed_update = cfg.delayed_update;
   zcfg.early_step = cfg.early_step;
+  zcfg.hpz_partition_size = cfg.hpz_partition_size;
+  zcfg.quantized_weights = cfg.quantized_weights;
+  zcfg.quantized_gradients_bits = cfg.quantized_gradients;
+  zero::check_zeropp(zcfg, world);
   // Note [Speculative early step]: with clipping or fp16 loss scaling the early step speculates,
   // for every optimizer (AdamW and SGD step shard by shard and keep undo copies; zero::speculates
   // decides where: with NVMe state and no partial optimizer offload).
@@ -767,6 +771,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm) {
                              world > 1 ? str_cat(", ", comm.description()) : "",
                              default_run ? str_cat("; built-in Markov corpus, entropy ", *entropy, " nats/token") : ""));
     if (world > 1) progress.message(str_cat("zerone: topology: ", comm::describe_topology(comm.hosts())));
+    if (zero::zeropp_enabled(zcfg)) progress.message(str_cat("zerone: ZeRO++: ", zero::describe_zeropp(zcfg, comm.hosts())));
   }
   MetricsWriter metrics(lead ? cfg.metrics : "");
   if (resume_from) metrics.continue_after(start_step - 1);

@@ -51,6 +51,7 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
   ZERONE_CHECK(!config.delayed_update || config.offload_param != OffloadDevice::nvme,
                "--delayed-update cannot be combined with --offload-param nvme (the optimizer thread and the "
                "forward would share the parameter swap); use --offload-param cpu or none");
+  check_zeropp(config, world_);  // ZeRO++
   ZERONE_CHECK(config.offload_optimizer_ratio >= 0.0 && config.offload_optimizer_ratio <= 1.0,
                "offload_optimizer.ratio ", config.offload_optimizer_ratio, " is out of range: expected [0, 1]");
   // Note [Partial optimizer offload]: how much of each optimizer shard is offloaded; a unit's
@@ -293,6 +294,8 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
   for (int u = 0; u < num_units_; ++u) last_toucher_[u] = u;
   for (int u = 0; u < num_units_; ++u)
     for (int x : model.units_touched(u)) last_toucher_[x] = std::min(last_toucher_[x], u);
+  if (zeropp_enabled(config_))  // ZeRO++: collective (splits the host groups)
+    zeropp_ = std::make_unique<ZeroPlusPlus>(device_comm_, device_, config_, model.compute_dtype(), num_units_);
   model.set_hooks(this);
 }
 
@@ -416,6 +419,10 @@ void ZeroEngine::launch_gather(int u, const char* shard, char* full) {
   UnitState& st = units_[u];
   ZERONE_ASSERT(st.gather_work.empty(), "unit ", u, " gathered twice at once");
   ProfileScope profile(ProfileCategory::comm);
+  if (zeropp_ && params_sharded(u)) {  // ZeRO++: the whole unit, from the secondary copy or quantized
+    st.gather_work.push_back(zeropp_->gather_params(u, shard, full, st.shard.shard_numel));
+    return;
+  }
   const size_t S = st.shard.shard_numel;
   for (size_t off = 0; off < S; off += config_.allgather_bucket_numel) {
     const size_t n = std::min(config_.allgather_bucket_numel, S - off);
@@ -433,6 +440,7 @@ void ZeroEngine::wait_gather(int u) {
     for (comm::Work& w : st.gather_work) w.wait();
   }
   st.gather_work.clear();
+  if (zeropp_ && params_sharded(u)) zeropp_->gathered(u, model_.units()[u].data(), st.shard.shard_numel);  // hpZ
   if (params_swapped(u)) stage_pool_.release(std::move(st.staged));
 }
 
@@ -544,7 +552,9 @@ void ZeroEngine::launch_reduction(int u) {
     st.reduce_out = pool_.acquire(S * sizeof(float), MemCategory::comm, /*zeroed=*/false);
     out = st.reduce_out.as<float>();
   }
-  st.reduce_work.push_back(device_comm_.reduce_scatter_sum_async(st.reduce_src.as<float>(), out, S));
+  st.reduce_work.push_back(zeropp_ && zeropp_->quantizes_gradients()  // ZeRO++ qgZ
+                               ? zeropp_->reduce_scatter(st.reduce_src.as<float>(), out, S)
+                               : device_comm_.reduce_scatter_sum_async(st.reduce_src.as<float>(), out, S));
   reducing_.push_back(u);
   reducing_numel_ += P;
 }
@@ -937,6 +947,7 @@ ZeroEngine::StepResult ZeroEngine::step_early() {
 }
 
 ZeroEngine::StepResult ZeroEngine::step(float lr, float grad_clip, double loss_scale, bool skip_on_overflow) {
+  if (zeropp_) zeropp_->drop_secondaries();  // hpZ: every backward is done; the update makes them stale
   if (early_.active) {
     ZERONE_ASSERT(lr == early_.lr && grad_clip == early_.grad_clip && loss_scale == early_.loss_scale &&
                       skip_on_overflow == early_.skip_on_overflow,
@@ -974,6 +985,7 @@ void ZeroEngine::on_shard_updated(int u) {
   // Shards map one to one to units (constructor). Note [Gathers overlap the next forward].
   nn::FlatParam& unit = model_.units()[u];
   UnitState& st = units_[u];
+  if (zeropp_) zeropp_->drop_secondary(u);  // hpZ: stale once updated
   unload_grad(u);
   if (config_.stage <= 1) unit.mark_grads_fresh();
   if (params_swapped(u)) {

@@ -37,6 +37,7 @@
 #include "zerone/optim/optimizers.h"
 #include "zerone/zero/offload.h"
 #include "zerone/zero/partition.h"
+#include "zerone/zero/zeropp.h"
 
 namespace zerone::zero {
 
@@ -249,6 +250,7 @@ class ZeroEngine : public nn::UnitHooks {
   int world_, rank_, num_units_;
   kernels::Backend& device_;            // the model's device: every operation on its memory
   comm::DeviceCommunicator device_comm_;  // collectives over device buffers (Note [Collective endpoints])
+  std::unique_ptr<ZeroPlusPlus> zeropp_;   // hpZ, qwZ, qgZ (zeropp.h); null when off
   size_t dsize_;
   std::vector<UnitState> units_;
   std::unique_ptr<optim::Optimizer> optimizer_;

@@ -202,7 +202,8 @@ TEST(Config, KeysThatWouldChangeResultsAreErrorsNamingTheKey) {
                       "key 'zero_optimization.load_from_fp32_weights' is false: resuming the master weights");
   expect_config_error(R"({"zero_optimization": {"cpu_offload": true, "offload_optimizer": {"device": "nvme"}}})",
                       "key 'zero_optimization.cpu_offload' is true, but zero_optimization.offload_optimizer.device is \"nvme\"");
-  expect_config_error(R"({"zero_optimization": {"zero_quantized_gradients": true}})", "zero_quantized_gradients");
+  expect_config_error(R"({"zero_optimization": {"zero_quantized_nontrainable_weights": true}})",
+                      "zero_quantized_nontrainable_weights");
   expect_config_error(R"({"elasticity": {"enabled": true, "max_train_batch_size": 64}})", "key 'elasticity.enabled' is true");
   expect_config_error(R"({"communication_data_type": "fp16"})", "key 'communication_data_type' is \"fp16\"");
   expect_config_error(R"({"data_types": {"grad_accum_dtype": "bf16"}})", "key 'data_types.grad_accum_dtype' is \"bf16\"");
@@ -397,4 +398,18 @@ TEST(Config, AbsurdValuesAreRejectedByName) {
 }
 
 }  // namespace
+}  // namespace zerone::train
+
+namespace zerone::train {
+// ZeRO++ (issue 21): DeepSpeed's keys reach the settings; a flag on the command line wins.
+TEST(Config, ZeroPlusPlusKeys) {
+  const TrainConfig c = read_config(
+      R"({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 2, "zero_quantized_weights": true,
+                                "zero_quantized_gradients": true}})");
+  EXPECT_EQ(c.hpz_partition_size, 2);
+  EXPECT_TRUE(c.quantized_weights);
+  EXPECT_EQ(c.quantized_gradients, 8);
+  EXPECT_EQ(read_config(R"({"zero_optimization": {"zero_quantized_gradients": false}})").quantized_gradients, 0);
+  expect_config_error(R"({"zero_optimization": {"zero_hpz_partition_size": 0}})", "zero_hpz_partition_size");
+}
 }  // namespace zerone::train

@@ -1,9 +1,13 @@
 #include "zerone/comm/communicator.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 
+#include "zerone/comm/traffic.h"
 #include "zerone/core/error.h"
 
 namespace zerone::comm {
@@ -72,6 +76,57 @@ Work SingleProcessCommunicator::broadcast_async(void*, size_t, int root) {
   return done();
 }
 Work SingleProcessCommunicator::barrier_async() { return done(); }
+Work SingleProcessCommunicator::all_to_all_async(const void* in, void* out, size_t bytes) {
+  ZERONE_ASSERT(in != out, "all-to-all is not in place");
+  std::memmove(out, in, bytes);
+  return done();
+}
+const Hosts& SingleProcessCommunicator::hosts() const {
+  if (hosts_.names.empty()) hosts_ = Hosts{{this_hostname()}, {0}};
+  return hosts_;
+}
+
+Traffic& Traffic::global() {
+  static Traffic traffic;
+  return traffic;
+}
+
+std::string this_hostname() {
+  char name[256] = "";
+  ::gethostname(name, sizeof name - 1);
+  return name;
+}
+
+bool uniform_hosts(const Hosts& hosts) {
+  const int world = static_cast<int>(hosts.of_member.size()), n = hosts.count();
+  if (n == 0 || world % n != 0) return false;
+  const int per = world / n;
+  for (int r = 0; r < world; ++r)
+    if (hosts.of_member[r] != r / per) return false;
+  return true;
+}
+
+std::string describe_topology(const Hosts& hosts) {
+  const int world = static_cast<int>(hosts.of_member.size()), n = hosts.count();
+  std::vector<std::vector<int>> ranks(n);
+  for (int r = 0; r < world; ++r) ranks[hosts.of_member[r]].push_back(r);
+  size_t lo = ranks.empty() ? 0 : ranks[0].size(), hi = lo;
+  for (const auto& v : ranks) lo = std::min(lo, v.size()), hi = std::max(hi, v.size());
+  std::string out = lo == hi ? str_cat(n, n == 1 ? " host" : " hosts", n == 1 ? ", " : " x ", lo, lo == 1 ? " rank" : " ranks")
+                             : str_cat(n, " hosts, ", lo, "-", hi, " ranks each");
+  out += " (";
+  for (int h = 0; h < n; ++h) {
+    out += str_cat(h ? ", " : "", hosts.names[h], ": rank", ranks[h].size() == 1 ? " " : "s ");
+    // Consecutive ranks as ranges: 0-1, 4, 6-7.
+    for (size_t i = 0; i < ranks[h].size();) {
+      size_t j = i;
+      while (j + 1 < ranks[h].size() && ranks[h][j + 1] == ranks[h][j] + 1) ++j;
+      out += str_cat(i ? "," : "", ranks[h][i], j > i ? str_cat("-", ranks[h][j]) : "");
+      i = j + 1;
+    }
+  }
+  return out + ")";
+}
 std::unique_ptr<Communicator> SingleProcessCommunicator::split(int, int) {
   return std::make_unique<SingleProcessCommunicator>();
 }

@@ -37,6 +37,18 @@
 
 namespace zerone::comm {
 
+// Note [Hosts of ranks]: every communicator knows the host each of its members runs on (the
+// hostname each process sees, exchanged once when the world communicator starts; a test host is
+// a UTS namespace with a hostname of its own, scripts/test_hosts.sh). Sub-communicators map their
+// members through the world's. ZeRO++ builds its host groups from it (zero/zeropp.h), the
+// traffic counters (comm/traffic.h) split bytes sent into within a host and across hosts by it,
+// and describe_topology() prints it at start-up.
+struct Hosts {
+  std::vector<std::string> names;  // distinct hostnames, in order of their lowest member rank
+  std::vector<int> of_member;      // per member rank: index into names
+  int count() const { return static_cast<int>(names.size()); }
+};
+
 // A pending collective, event-like (Note [Streams and events] in kernels/backend.h): ready() tells
 // whether it finished, wait() makes the host wait for it (rethrowing its error, if any),
 // wait_on(stream) orders a device stream's later work after it. An empty Work is complete.
@@ -76,6 +88,8 @@ class Communicator {
   // Where an in-place reduce_scatter leaves this rank's shard, in elements from the buffer's start
   // (0 for MPI and the single process; rank * shard_n for NCCL).
   virtual size_t in_place_shard_offset(size_t shard_n) const { return 0; }
+  // The host of each member (Note [Hosts of ranks]).
+  virtual const Hosts& hosts() const = 0;
 
   // Sub-communicators (hierarchical ZeRO, NCCL bootstrap). split(color, key): the ranks that pass
   // the same color form one communicator, ordered by key (ties by rank). split_by_host(): the
@@ -102,6 +116,9 @@ class Communicator {
   }
   virtual Work broadcast_async(void* data, size_t bytes, int root) = 0;
   virtual Work barrier_async() = 0;
+  // out + r*bytes receives member r's block for this rank: block `rank` of r's `in`; `in` holds
+  // world blocks of `bytes`, block r for member r (MPI_Alltoall over bytes). Not in place.
+  virtual Work all_to_all_async(const void* in, void* out, size_t bytes) = 0;
 
   void all_reduce_sum(float* data, size_t n) { all_reduce_sum_async(data, n).wait(); }
   void reduce_scatter_sum(const float* in, float* out, size_t shard_n) { reduce_scatter_sum_async(in, out, shard_n).wait(); }
@@ -132,6 +149,7 @@ class SingleProcessCommunicator : public Communicator {
   int rank() const override { return 0; }
   int world_size() const override { return 1; }
   std::string description() const override { return "single process"; }
+  const Hosts& hosts() const override;
   std::unique_ptr<Communicator> split(int color, int key) override;
   std::unique_ptr<Communicator> split_by_host() override;
   Work all_reduce_sum_async(float* data, size_t n) override;
@@ -140,7 +158,23 @@ class SingleProcessCommunicator : public Communicator {
   Work all_gather_strided_async(const void* in, void* out, size_t bytes, size_t stride_bytes) override;
   Work broadcast_async(void* data, size_t bytes, int root) override;
   Work barrier_async() override;
+  Work all_to_all_async(const void* in, void* out, size_t bytes) override;
+
+ private:
+  mutable Hosts hosts_;
 };
+
+// This process's hostname (gethostname).
+std::string this_hostname();
+
+// "2 hosts x 2 ranks (host1: ranks 0-1, host2: ranks 2-3)", or "1 host, 4 ranks (vm: ranks 0-3)",
+// or with uneven hosts "3 hosts, 1-2 ranks each (...)": the world's hosts and their ranks.
+std::string describe_topology(const Hosts& hosts);
+
+// True when every host has the same number of ranks and each host's ranks are consecutive
+// (rank = host * ranks_per_host + local rank), the layout a launcher's by-slot mapping gives and the
+// hierarchical collectives assume.
+bool uniform_hosts(const Hosts& hosts);
 
 // True when this process was started by an MPI launcher (mpiexec/mpirun/srun): OpenMPI, MPICH and
 // PMIx each leave an environment variable behind.

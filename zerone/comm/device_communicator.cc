@@ -79,6 +79,19 @@ Work DeviceCommunicator::all_gather_strided_async(const void* in, void* out, siz
   });
 }
 
+Work DeviceCommunicator::all_to_all_async(const void* in, void* out, size_t bytes) {
+  if (!staged() && device_.host_addressable()) return host_.all_to_all_async(in, out, bytes);
+  if (!staged()) {  // alone: its own block
+    device_.copy_any(out, in, bytes);
+    return done();
+  }
+  const size_t total = static_cast<size_t>(world_size()) * bytes;
+  auto send = staging(total), recv = staging(total);
+  device_.copy_any(send->data(), in, total);
+  Work work = host_.all_to_all_async(send->data(), recv->data(), total / static_cast<size_t>(world_size()));
+  return Work::then(std::move(work), [this, send, recv, out, total] { device_.copy_any(out, recv->data(), total); });
+}
+
 Work DeviceCommunicator::broadcast_async(void* data, size_t bytes, int root) {
   if (!staged()) return device_.host_addressable() ? host_.broadcast_async(data, bytes, root) : done();
   auto host = staging(bytes);

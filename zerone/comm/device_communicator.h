@@ -33,6 +33,7 @@ class DeviceCommunicator final : public Communicator {
   int world_size() const override { return host_.world_size(); }
   std::string description() const override;
   size_t in_place_shard_offset(size_t shard_n) const override { return host_.in_place_shard_offset(shard_n); }
+  const Hosts& hosts() const override { return host_.hosts(); }
   std::unique_ptr<Communicator> split(int color, int key) override;
   std::unique_ptr<Communicator> split_by_host() override;
   // True when collectives go through host staging buffers: the device's memory is not host memory
@@ -45,6 +46,7 @@ class DeviceCommunicator final : public Communicator {
   Work all_gather_strided_async(const void* in, void* out, size_t bytes, size_t stride_bytes) override;
   Work broadcast_async(void* data, size_t bytes, int root) override;
   Work barrier_async() override { return host_.barrier_async(); }
+  Work all_to_all_async(const void* in, void* out, size_t bytes) override;
   void abort_job(int exit_code) override { host_.abort_job(exit_code); }
 
  private:

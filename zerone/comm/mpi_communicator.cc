@@ -9,6 +9,7 @@
 #include <deque>
 #include <vector>
 
+#include "zerone/comm/traffic.h"
 #include "zerone/core/error.h"
 
 #define ZERONE_MPI_CHECK(expr)                                                                         \
@@ -280,6 +281,18 @@ MpiCommunicator::MpiCommunicator() : owns_mpi_(true), comm_(new MPI_Comm(MPI_COM
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &world_);
   library_ = mpi_library_version();
+  // Note [Hosts of ranks]: every rank's hostname, once.
+  constexpr size_t kName = 256;
+  std::vector<char> names(kName * static_cast<size_t>(world_), '\0');
+  const std::string mine = this_hostname().substr(0, kName - 1);
+  std::copy(mine.begin(), mine.end(), names.begin() + static_cast<ptrdiff_t>(kName * rank_));
+  ZERONE_MPI_CHECK(MPI_Allgather(MPI_IN_PLACE, 0, MPI_BYTE, names.data(), kName, MPI_BYTE, MPI_COMM_WORLD));
+  for (int r = 0; r < world_; ++r) {
+    const std::string name(names.data() + kName * static_cast<size_t>(r));
+    auto it = std::find(hosts_.names.begin(), hosts_.names.end(), name);
+    if (it == hosts_.names.end()) it = hosts_.names.insert(hosts_.names.end(), name);
+    hosts_.of_member.push_back(static_cast<int>(it - hosts_.names.begin()));
+  }
   worker_ = std::make_shared<MpiWorker>();
   if (world_ > 1) worker_->watch_world(comm_, rank_, world_);
 }
@@ -297,8 +310,17 @@ Work MpiCommunicator::collective(const char* name, std::function<int(void* reque
   });
 }
 
-MpiCommunicator::MpiCommunicator(std::shared_ptr<MpiWorker> worker, void* comm, std::string library, int rank, int world)
-    : rank_(rank), world_(world), library_(std::move(library)), comm_(comm), worker_(std::move(worker)) {}
+MpiCommunicator::MpiCommunicator(std::shared_ptr<MpiWorker> worker, void* comm, std::string library, int rank, int world,
+                                 Hosts hosts)
+    : rank_(rank), world_(world), library_(std::move(library)), comm_(comm), worker_(std::move(worker)),
+      hosts_(std::move(hosts)) {}
+
+template <typename F> void MpiCommunicator::count(F to_peer) const {
+  Traffic& traffic = Traffic::global();
+  const int mine = hosts_.of_member[rank_];
+  for (int p = 0; p < world_; ++p)
+    if (p != rank_) traffic.add(hosts_.of_member[p] == mine, static_cast<uint64_t>(to_peer(p)));
+}
 
 MpiCommunicator::~MpiCommunicator() {
   if (owns_mpi_) {
@@ -317,18 +339,37 @@ MpiCommunicator::~MpiCommunicator() {
 std::unique_ptr<Communicator> MpiCommunicator::split_with(const std::function<void(void* new_comm)>& make) {
   auto* fresh = new MPI_Comm(MPI_COMM_NULL);
   int rank = 0, world = 1;
+  std::vector<int> parent_ranks;  // of the new communicator's members
+  MPI_Comm parent = handle(comm_);
   try {
     submit([&] {  // every MPI call on the worker (MPI_THREAD_SERIALIZED)
       make(fresh);
       MPI_Comm_set_errhandler(*fresh, MPI_ERRORS_RETURN);
       MPI_Comm_rank(*fresh, &rank);
       MPI_Comm_size(*fresh, &world);
+      MPI_Group mine, theirs;
+      MPI_Comm_group(*fresh, &mine);
+      MPI_Comm_group(parent, &theirs);
+      std::vector<int> members(static_cast<size_t>(world));
+      for (int i = 0; i < world; ++i) members[i] = i;
+      parent_ranks.resize(static_cast<size_t>(world));
+      MPI_Group_translate_ranks(mine, world, members.data(), theirs, parent_ranks.data());
+      MPI_Group_free(&mine);
+      MPI_Group_free(&theirs);
     }).wait();
   } catch (...) {
     delete fresh;
     throw;
   }
-  return std::unique_ptr<Communicator>(new MpiCommunicator(worker_, fresh, library_, rank, world));
+  // Note [Hosts of ranks]: the members' hosts, through the parent's; names in first-member order.
+  Hosts hosts;
+  for (int p : parent_ranks) {
+    const std::string& name = hosts_.names[hosts_.of_member[p]];
+    auto it = std::find(hosts.names.begin(), hosts.names.end(), name);
+    if (it == hosts.names.end()) it = hosts.names.insert(hosts.names.end(), name);
+    hosts.of_member.push_back(static_cast<int>(it - hosts.names.begin()));
+  }
+  return std::unique_ptr<Communicator>(new MpiCommunicator(worker_, fresh, library_, rank, world, std::move(hosts)));
 }
 
 std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {
@@ -348,6 +389,7 @@ std::unique_ptr<Communicator> MpiCommunicator::split_by_host() {
 Work MpiCommunicator::all_reduce_sum_async(float* data, size_t n) {
   MPI_Comm comm = handle(comm_);
   int count = checked_count(n, "all-reduce");
+  this->count([&](int) { return 2 * n * sizeof(float) / static_cast<size_t>(world_); });
   return collective("all-reduce", [=](void* r) {
     return MPI_Iallreduce(MPI_IN_PLACE, data, count, MPI_FLOAT, MPI_SUM, comm, static_cast<MPI_Request*>(r));
   });
@@ -356,6 +398,7 @@ Work MpiCommunicator::all_reduce_sum_async(float* data, size_t n) {
 Work MpiCommunicator::all_reduce_sum_async(double* data, size_t n) {
   MPI_Comm comm = handle(comm_);
   int count = checked_count(n, "all-reduce");
+  this->count([&](int) { return 2 * n * sizeof(double) / static_cast<size_t>(world_); });
   return collective("all-reduce", [=](void* r) {
     return MPI_Iallreduce(MPI_IN_PLACE, data, count, MPI_DOUBLE, MPI_SUM, comm, static_cast<MPI_Request*>(r));
   });
@@ -365,6 +408,7 @@ Work MpiCommunicator::reduce_scatter_sum_async(const float* in, float* out, size
   MPI_Comm comm = handle(comm_);
   int count = checked_count(shard_n, "reduce-scatter");
   const void* send = in == out ? MPI_IN_PLACE : in;
+  this->count([&](int) { return shard_n * sizeof(float); });
   return collective("reduce-scatter", [=](void* r) {
     return MPI_Ireduce_scatter_block(send, out, count, MPI_FLOAT, MPI_SUM, comm, static_cast<MPI_Request*>(r));
   });
@@ -376,6 +420,7 @@ Work MpiCommunicator::all_gather_strided_async(const void* in, void* out, size_t
   int count = checked_count(bytes, "all-gather");
   const bool in_place = in == static_cast<const char*>(out) + static_cast<size_t>(rank_) * stride_bytes;
   const void* send = in_place ? MPI_IN_PLACE : in;
+  this->count([&](int) { return bytes; });
   if (stride_bytes == bytes) {
     return collective("all-gather", [=](void* r) {
       return MPI_Iallgather(send, in_place ? 0 : count, MPI_BYTE, out, count, MPI_BYTE, comm, static_cast<MPI_Request*>(r));
@@ -398,6 +443,7 @@ Work MpiCommunicator::all_gather_strided_async(const void* in, void* out, size_t
 Work MpiCommunicator::broadcast_async(void* data, size_t bytes, int root) {
   MPI_Comm comm = handle(comm_);
   int count = checked_count(bytes, "broadcast");
+  if (rank_ == root) this->count([&](int) { return bytes; });
   return collective("broadcast", [=](void* r) {
     return MPI_Ibcast(data, count, MPI_BYTE, root, comm, static_cast<MPI_Request*>(r));
   });
@@ -406,6 +452,16 @@ Work MpiCommunicator::broadcast_async(void* data, size_t bytes, int root) {
 Work MpiCommunicator::barrier_async() {
   MPI_Comm comm = handle(comm_);
   return collective("barrier", [=](void* r) { return MPI_Ibarrier(comm, static_cast<MPI_Request*>(r)); });
+}
+
+Work MpiCommunicator::all_to_all_async(const void* in, void* out, size_t bytes) {
+  MPI_Comm comm = handle(comm_);
+  ZERONE_ASSERT(in != out, "all-to-all is not in place");
+  int count = checked_count(bytes, "all-to-all");
+  this->count([&](int) { return bytes; });
+  return collective("all-to-all", [=](void* r) {
+    return MPI_Ialltoall(in, count, MPI_BYTE, out, count, MPI_BYTE, comm, static_cast<MPI_Request*>(r));
+  });
 }
 
 void MpiCommunicator::abort_job(int exit_code) { MPI_Abort(MPI_COMM_WORLD, exit_code); }  // the whole job

@@ -77,7 +77,9 @@ class MpiCommunicator : public Communicator {
   Work all_gather_strided_async(const void* in, void* out, size_t bytes, size_t stride_bytes) override;
   Work broadcast_async(void* data, size_t bytes, int root) override;
   Work barrier_async() override;
+  Work all_to_all_async(const void* in, void* out, size_t bytes) override;
   void abort_job(int exit_code) override;
+  const Hosts& hosts() const override { return hosts_; }
   std::unique_ptr<Communicator> split(int color, int key) override;
   std::unique_ptr<Communicator> split_by_host() override;
   void set_timeout(double seconds) override { worker_->set_timeout(seconds); }
@@ -85,18 +87,21 @@ class MpiCommunicator : public Communicator {
 
  private:
   // A sub-communicator over `comm` (owned: freed on destruction), on the parent's worker.
-  MpiCommunicator(std::shared_ptr<MpiWorker> worker, void* comm, std::string library, int rank, int world);
+  MpiCommunicator(std::shared_ptr<MpiWorker> worker, void* comm, std::string library, int rank, int world, Hosts hosts);
   Work submit(std::function<void()> op) { return worker_->submit(std::move(op)); }
   // A collective started by `start` (it fills the MPI_Request* it is given and returns an MPI
   // error code), announced and polled under Note [Collective timeout].
   Work collective(const char* name, std::function<int(void* request)> start);
   std::unique_ptr<Communicator> split_with(const std::function<void(void* new_comm)>& make);
+  // Note [Counting traffic] (traffic.h): `to_peer(p)` bytes go to each member p != rank.
+  template <typename F> void count(F to_peer) const;
 
   int rank_ = 0, world_ = 1;
   std::string library_;
   bool owns_mpi_ = false;  // the world communicator initializes and finalizes MPI
   void* comm_ = nullptr;   // the MPI_Comm (a handle type that differs between libraries), heap-held
   std::shared_ptr<MpiWorker> worker_;
+  Hosts hosts_;  // Note [Hosts of ranks]
 };
 
 }  // namespace zerone::comm

@@ -1,5 +1,7 @@
 #include "zerone/kernels/backend.h"
 
+#include "zerone/kernels/cpu/quantize.h"
+
 #include <memory>
 #include <mutex>
 
@@ -11,6 +13,8 @@
 #endif
 
 namespace zerone::kernels {
+
+size_t quantized_bytes(size_t n, int bits, size_t block) { return cpu::quantized_bytes(n, bits, block); }
 
 const char* device_kind_name(DeviceKind kind) {
   switch (kind) {

@@ -71,6 +71,9 @@ class Event {
   std::shared_ptr<const Impl> impl_;
 };
 
+// Bytes of n values in the packed form of Note [Blockwise quantization] (kernels/cpu/quantize.h).
+size_t quantized_bytes(size_t n, int bits, size_t block);
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -117,6 +120,13 @@ class Backend {
   virtual void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n) = 0;
   // True when every x (n) is finite.
   virtual bool all_finite(const float* x, size_t n) = 0;
+  // Note [Blockwise quantization] (kernels/cpu/quantize.h), ZeRO++'s quantized collectives: out
+  // (quantized_bytes(n, bits, block), kernels/cpu/quantize.h) = src (n of src_dtype) in blocks of
+  // int8 or int4 codes with f32 scales; dst (n of dst_dtype) = the decoded values, or with
+  // `accumulate` (f32 only) dst += them.
+  virtual void quantize_blockwise(const void* src, DType src_dtype, size_t n, int bits, size_t block, void* out) = 0;
+  virtual void dequantize_blockwise(const void* in, size_t n, int bits, size_t block, void* dst, DType dst_dtype,
+                                    bool accumulate) = 0;
 
   // --- optimizer updates (kernels/cpu/adamw.h and sgd.h) ---
   // Returns the sum of squares of the unscaled gradients. `param` may be null.

@@ -85,7 +85,9 @@ const std::vector<DeepSpeedKey> kDeepSpeedKeys = [] {
                     "aio.overlap_events", "activation_checkpointing", "activation_checkpointing.cpu_checkpointing",
                     "checkpoint", "tensorboard", "tensorboard.enabled", "tensorboard.output_path",
                     "tensorboard.job_name", "csv_monitor", "csv_monitor.enabled", "csv_monitor.output_path",
-                    "csv_monitor.job_name", "communication_data_type", "data_types", "data_types.grad_accum_dtype"});
+                    "csv_monitor.job_name", "communication_data_type", "data_types", "data_types.grad_accum_dtype",
+                    "zero_optimization.zero_hpz_partition_size", "zero_optimization.zero_quantized_weights",
+                    "zero_optimization.zero_quantized_gradients"});
   // Tune machinery zerone does not have (logging, profiling, caches, buffers, checkpoint engines):
   // accepted and listed in one notice, whatever the value.
   add(K::notice, {"steps_per_print", "wall_clock_breakdown", "memory_breakdown", "dump_state", "comment",
@@ -106,7 +108,7 @@ const std::vector<DeepSpeedKey> kDeepSpeedKeys = [] {
                   "zero_optimization.stage3_module_granularity_threshold",
                   "zero_optimization.module_granularity_threshold", "zero_optimization.use_all_reduce_for_fetch_params",
                   "zero_optimization.stage3_model_persistence_threshold", "zero_optimization.model_persistence_threshold",
-                  "zero_optimization.zero_hpz_partition_size", "zero_optimization.pipeline_loading_checkpoint",
+                  "zero_optimization.pipeline_loading_checkpoint",
                   "zero_optimization.override_module_apply", "zero_optimization.mics_hierarchical_params_gather",
                   "zero_optimization.offload_optimizer.fast_init", "zero_optimization.offload_optimizer.super_offload",
                   "zero_optimization.offload_optimizer.cpuadam_cores_perc",
@@ -123,9 +125,8 @@ const std::vector<DeepSpeedKey> kDeepSpeedKeys = [] {
   // Capabilities zerone lacks that change results: off (or disabled) is a notice, on is an error.
   add(K::error_when_on, {"elasticity", "amp", "curriculum_learning", "data_efficiency", "autotuning",
                          "progressive_layer_drop", "quantize_training", "hybrid_engine", "compression_training",
-                         "torch_autocast", "wandb", "comet", "zero_optimization.zero_quantized_weights",
-                         "zero_optimization.zero_quantized_nontrainable_weights",
-                         "zero_optimization.zero_quantized_gradients", "zero_optimization.mics_shard_size",
+                         "torch_autocast", "wandb", "comet", "zero_optimization.zero_quantized_nontrainable_weights",
+                         "zero_optimization.mics_shard_size",
                          "fp16.consecutive_hysteresis", "fp16.fp16_master_weights_and_grads",
                          "bf16.bf16_master_weights_and_grads", "bf16.bf16_optimizer_states",
                          "bfloat16.bf16_master_weights_and_grads", "bfloat16.bf16_optimizer_states", "aio.use_gds"});
@@ -664,7 +665,12 @@ void ConfigReader::read_offload(const std::string& key, const json& v) {
 void ConfigReader::read_zero(const json& v) {
   for (auto& [zk, zv] : object(v, "zero_optimization").items()) {
     const std::string full = "zero_optimization." + zk;
-    if (zk == "load_from_fp32_weights") {
+    if (zk == "zero_quantized_gradients") {  // DeepSpeed's boolean: true is int8 (--quantized-gradients 4 for int4)
+      if (!is_auto(zv)) {
+        const bool on = boolean(zv, full);
+        if (claim("--quantized-gradients", full)) cfg_.quantized_gradients = on ? 8 : 0;
+      }
+    } else if (zk == "load_from_fp32_weights") {
       // false: DeepSpeed rebuilds the fp32 master weights from the 16-bit parameters on a resume;
       // zerone always resumes the saved master weights, which changes results.
       if (!is_auto(zv) && !boolean(zv, full))
@@ -672,8 +678,7 @@ void ConfigReader::read_zero(const json& v) {
       no_effect(full);
     } else if (treatment_of(full) == DeepSpeedKeyTreatment::always_on) {
       if (!is_auto(zv) && !boolean(zv, full)) no_effect(full + " false (zerone always does this)");
-    } else if (zk == "zero_quantized_weights" || zk == "zero_quantized_nontrainable_weights" ||
-               zk == "zero_quantized_gradients") {
+    } else if (zk == "zero_quantized_nontrainable_weights") {
       if (!is_auto(zv) && boolean(zv, full)) not_implemented(full, zv, zk);
       no_effect(full);
     } else if (zk == "cpu_offload" || zk == "cpu_offload_params") {

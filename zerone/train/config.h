@@ -82,6 +82,11 @@ struct TrainConfig {
   // Note [Collective timeout] (comm/communicator.h): seconds a rank waits in one collective before
   // the job ends naming the ranks that did not arrive (torch.distributed's timeout, 600 s).
   double comm_timeout_s = 600.0;
+  // ZeRO++ (zero/zeropp.h; DeepSpeed's zero_hpz_partition_size, zero_quantized_weights,
+  // zero_quantized_gradients), stage 3: hpZ group size (1: off), qwZ, qgZ bits (0: off, 8 or 4).
+  int hpz_partition_size = 1;
+  bool quantized_weights = false;
+  int quantized_gradients = 0;
   // Offload (README "Offload"; DeepSpeed's zero_optimization.offload_* and aio keys).
   double device_mem_limit = 0.0;        // GiB per rank of the device arena; 0: no cap
   std::string device;                   // cpu | sim | cuda; empty: kernels::default_device()

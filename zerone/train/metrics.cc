@@ -107,6 +107,11 @@ std::optional<std::string> MetricsWriter::write(const StepRecord& r) {
   line[r.samples_per_s ? "samples" : "tokens"] = r.seen;
   if (r.tflop_per_s) line["tflop_per_s"] = *r.tflop_per_s;
   if (r.mfu) line["mfu"] = *r.mfu;
+  if (r.comm_bytes_intra && r.comm_bytes_inter) {
+    line["comm_bytes"] = *r.comm_bytes_intra + *r.comm_bytes_inter;
+    line["comm_bytes_intra"] = *r.comm_bytes_intra;
+    line["comm_bytes_inter"] = *r.comm_bytes_inter;
+  }
   if (!run_info_.is_null()) line["run"] = run_info_;
   const std::string text = line.dump() + "\n";
 

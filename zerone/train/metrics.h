@@ -50,6 +50,9 @@ struct StepRecord {
   int64_t seen = 0;                  // tokens (classifiers: samples) trained on so far, resumed steps included
   std::optional<double> tflop_per_s; // model FLOPs of the step / its wall time, summed over ranks
   std::optional<double> mfu;         // tflop_per_s / (world x peak TFLOP/s per rank), a fraction
+  // World > 1: bytes this rank's collectives sent during the step, to peers on its own host and
+  // on other hosts (Note [Counting traffic] in comm/traffic.h).
+  std::optional<uint64_t> comm_bytes_intra, comm_bytes_inter;
 };
 
 class MetricsWriter {

@@ -175,6 +175,20 @@ std::vector<Setting> build_table() {
        .help = "ZeRO-Offload's one-step delayed parameter update on an optimizer thread (step s+1 uses the "
                "parameters of step s-1)",
        .commands = kTrain | kEstimate},
+      {.flag = "--hpz-partition-size", .key = "hpz_partition_size", .aliases = {"zero_optimization.zero_hpz_partition_size"},
+       .group = G::zero, .type = T::integer, .field = &C::hpz_partition_size, .lo = 1, .hi = 1048576,
+       .help = "ZeRO++ hpZ (stage 3): a secondary copy of the parameters partitioned over groups of this many "
+               "consecutive ranks (usually the ranks per host), so backward's gathers stay in the group (1: off)",
+       .commands = kTrain | kEstimate, .changes_results = false},
+      {.flag = "--quantized-weights", .key = "quantized_weights", .aliases = {"zero_optimization.zero_quantized_weights"},
+       .group = G::zero, .type = T::toggle, .field = &C::quantized_weights,
+       .help = "ZeRO++ qwZ (stage 3): gather parameters as blockwise int8 with per-block scales",
+       .commands = kTrain | kEstimate},
+      {.flag = "--quantized-gradients", .key = "quantized_gradients", .group = G::zero, .type = T::integer,
+       .field = &C::quantized_gradients, .lo = 0, .hi = 8,
+       .help = "ZeRO++ qgZ (stage 3): reduce-scatter gradients as blockwise int8 or int4 all-to-alls, within then "
+               "across hosts: 8 or 4 bits (0: off; DeepSpeed's zero_quantized_gradients true is 8)",
+       .commands = kTrain | kEstimate},
       {.flag = "--comm-timeout", .key = "comm_timeout", .group = G::zero, .type = T::number, .field = &C::comm_timeout_s,
        .lo = 0, .hi = 1e7, .lo_open = true,
        .help = "seconds a rank waits for the others in a collective before the job ends, naming the ranks that did "

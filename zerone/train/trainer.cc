@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <memory>
 
+#include "zerone/comm/traffic.h"
 #include "zerone/core/error.h"
 #include "zerone/io/aio.h"
 #include "zerone/core/profiler.h"
@@ -366,6 +367,7 @@ nlohmann::ordered_json run_info(const TrainConfig& cfg, const nn::Model& model, 
   run["cpu"] = cpu_info().model_name;
   run["threads_per_rank"] = omp_get_max_threads();
   if (world > 1) run["comm"] = comm.description();
+  if (world > 1) run["topology"] = comm::describe_topology(comm.hosts());
   if (flops_per_token) run["flops_per_token"] = *flops_per_token;
   if (peak_tflops) {
     run["peak_tflop_per_s"] = *peak_tflops;
@@ -427,6 +429,9 @@ zero::ZeroConfig zero_config(const TrainConfig& cfg, DType dtype, const io::Faul
   zcfg.offload_optimizer_ratio = cfg.offload_optimizer_ratio;
   zcfg.delayed_update = cfg.delayed_update;
   zcfg.early_step = cfg.early_step;
+  zcfg.hpz_partition_size = cfg.hpz_partition_size;
+  zcfg.quantized_weights = cfg.quantized_weights;
+  zcfg.quantized_gradients_bits = cfg.quantized_gradients;
   // Note [Speculative early step]: with clipping or fp16 loss scaling the early step speculates,
   // for every optimizer (AdamW and SGD step shard by shard and keep undo copies; zero::speculates
   // decides where: with NVMe state and no partial optimizer offload).
@@ -627,6 +632,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm, const io::Fa
   }
 
   const zero::ZeroConfig zcfg = zero_config(cfg, dtype, env);
+  zero::check_zeropp(zcfg, world);
   const optim::NvmeConfig nvme = nvme_config(cfg, rank, env);
   check_memory_fits(model, dtype, cfg, zcfg, world);
   DeviceLimitGuard device_limit(static_cast<int64_t>(cfg.device_mem_limit * 1024.0 * 1024.0 * 1024.0));
@@ -781,6 +787,8 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm, const io::Fa
                              classifier ? str_cat(" (", steps_per_epoch, " per epoch)") : "", ", ", omp_get_max_threads(), " threads/rank",
                              world > 1 ? str_cat(", ", comm.description()) : "",
                              default_run ? str_cat("; built-in Markov corpus, entropy ", *entropy, " nats/token") : ""));
+    if (world > 1) progress.message(str_cat("zerone: topology: ", comm::describe_topology(comm.hosts())));
+    if (zero::zeropp_enabled(zcfg)) progress.message(str_cat("zerone: ZeRO++: ", zero::describe_zeropp(zcfg, comm.hosts())));
   }
   MetricsWriter metrics(lead ? cfg.metrics : "");
   if (resume_from) metrics.continue_after(start_step - 1);
@@ -884,6 +892,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm, const io::Fa
     if (step == start_step + 1) Profiler::reset();
     comm.set_phase(str_cat("step ", step));
     auto t0 = std::chrono::steady_clock::now();
+    const comm::TrafficBytes traffic0 = comm::Traffic::global().totals();
     double loss_sum = 0.0;  // gradients start at zero: the optimizer step zeroes them
     const double loss_scale = scaled ? scaler.scale() : 1.0;
     const float lr = static_cast<float>(schedule.lr());
@@ -968,6 +977,11 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm, const io::Fa
     if (scaled) record.loss_scale = loss_scale;
     record.skipped = stepped.overflow;
     record.ms = ms;
+    if (world > 1) {
+      const comm::TrafficBytes sent = comm::Traffic::global().totals() - traffic0;
+      record.comm_bytes_intra = sent.intra;
+      record.comm_bytes_inter = sent.inter;
+    }
     const double rate = static_cast<double>(B) * T * cfg.grad_accum * world / (ms / 1000.0);
     if (classifier) record.samples_per_s = rate;
     else record.tokens_per_s = rate;

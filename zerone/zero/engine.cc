@@ -16,7 +16,7 @@ namespace zerone::zero {
 // kept by the GradReducer; the other paths then take that value (GradReducer::sumsq), so again
 // every path adds the same per-unit sums.
 
-void ZeroEngine::check(const ZeroConfig& config) {
+void ZeroEngine::check(const ZeroConfig& config, int world) {
   ZERONE_CHECK(config.stage >= 0 && config.stage <= 3, "--zero-stage ", config.stage, " is out of range: expected 0..3");
   ZERONE_CHECK(config.reduce_bucket_numel >= 1 && config.allgather_bucket_numel >= 1,
                "reduce_bucket_size and allgather_bucket_size must be at least 1 element");
@@ -27,6 +27,7 @@ void ZeroEngine::check(const ZeroConfig& config) {
   ZERONE_CHECK(!config.delayed_update || config.offload_param != OffloadDevice::nvme,
                "--delayed-update cannot be combined with --offload-param nvme (the optimizer thread and the "
                "forward would share the parameter swap); use --offload-param cpu or none");
+  check_zeropp(config, world);  // ZeRO++
   ZERONE_CHECK(config.offload_optimizer_ratio >= 0.0 && config.offload_optimizer_ratio <= 1.0,
                "offload_optimizer.ratio ", config.offload_optimizer_ratio, " is out of range: expected [0, 1]");
 }
@@ -47,7 +48,7 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
                 working_set_bytes(model.unit_numels(), world_, model.compute_dtype(), config).device()),
             MemCategory::comm) {
   // 1. Check.
-  check(config_);
+  check(config_, world_);
 
   // 2. Lay out: the shards, where the optimizer state goes, the swap files.
   // Note [Partial optimizer offload]: how much of each optimizer shard is offloaded; a unit's
@@ -75,11 +76,13 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
     shards[u] = unit_shard(model.units()[u].numel(), world_, rank_, config_);
     host_accumulators[u] = offloaded[u] > 0 ? 1 : 0;
   }
+  if (zeropp_enabled(config_))  // ZeRO++: collective (splits the host groups)
+    zeropp_ = std::make_unique<ZeroPlusPlus>(device_comm_, device_, config_, model.compute_dtype(), num_units_);
   params_ = std::make_unique<ParamStore>(model, config_, shards, device_, device_comm_, pool_, swap_dir_.get(), nvme,
-                                         speculates(config_));
+                                         speculates(config_), zeropp_.get());
   grads_ = std::make_unique<GradReducer>(model, config_, shards, host_accumulators, device_, device_comm_, pool_,
                                          gradients_swapped(model.unit_numels(), world_, rank_, config_),
-                                         swap_dir_.get(), nvme);
+                                         swap_dir_.get(), nvme, zeropp_.get());
 
   // 3. Materialize, one unit at a time.
   auto delayed = config_.delayed_update ? std::make_unique<DelayedUpdate>() : nullptr;

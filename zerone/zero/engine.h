@@ -44,6 +44,7 @@
 #include "zerone/zero/param_store.h"
 #include "zerone/zero/partition.h"
 #include "zerone/zero/step_scheduler.h"
+#include "zerone/zero/zeropp.h"
 
 namespace zerone::zero {
 
@@ -152,7 +153,7 @@ class ZeroEngine : public nn::UnitHooks {
 
  private:
   // Throws Error for settings no engine can run (the stage, bucket sizes, offload combinations).
-  static void check(const ZeroConfig& config);
+  static void check(const ZeroConfig& config, int world);
   // Note [Streaming construction]: materializes each unit, hands it to the parameter store and the
   // gradient reducer, and returns the optimizer's shards; `optimizer_params` and
   // `optimizer_numels` get where the optimizer writes each unit's parameters in memory (null for a
@@ -175,6 +176,7 @@ class ZeroEngine : public nn::UnitHooks {
   // NVMe offload: the run's swap directory, declared before everything that has files in it.
   std::unique_ptr<io::SwapDirectory> swap_dir_;
   BufferPool pool_;  // stages 2-3: full gradients, gathered parameters, landing shards
+  std::unique_ptr<ZeroPlusPlus> zeropp_;  // hpZ, qwZ, qgZ (zeropp.h); null when off
   // The parts, destroyed in reverse: the delayed update's thread is joined first, then each part
   // drains its own I/O and collectives before its buffers go.
   std::unique_ptr<ParamStore> params_;

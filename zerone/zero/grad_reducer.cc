@@ -36,8 +36,8 @@ namespace zerone::zero {
 GradReducer::GradReducer(nn::Model& model, const ZeroConfig& config, std::vector<UnitShard> shards,
                          const std::vector<char>& host_accumulators, kernels::Backend& device,
                          comm::DeviceCommunicator& comm, BufferPool& pool, bool swapped, io::SwapDirectory* swap_dir,
-                         const optim::NvmeConfig& nvme)
-    : model_(model), config_(config), device_(device), comm_(comm), pool_(pool), swapped_(swapped) {
+                         const optim::NvmeConfig& nvme, ZeroPlusPlus* zeropp)
+    : model_(model), config_(config), device_(device), comm_(comm), pool_(pool), zeropp_(zeropp), swapped_(swapped) {
   units_.resize(shards.size());
   for (size_t u = 0; u < shards.size(); ++u) {
     units_[u].shard = shards[u];
@@ -141,7 +141,9 @@ void GradReducer::launch(int u) {
     st.reduce_out = pool_.acquire(S * sizeof(float), MemCategory::comm, /*zeroed=*/false);
     out = st.reduce_out.as<float>();
   }
-  st.reduce_work.push_back(comm_.reduce_scatter_sum_async(st.reduce_src.as<float>(), out, S));
+  st.reduce_work.push_back(zeropp_ && zeropp_->quantizes_gradients()  // ZeRO++ qgZ
+                               ? zeropp_->reduce_scatter(st.reduce_src.as<float>(), out, S)
+                               : comm_.reduce_scatter_sum_async(st.reduce_src.as<float>(), out, S));
   reducing_.push_back(u);
   reducing_numel_ += P;
 }

@@ -30,6 +30,7 @@
 #include "zerone/optim/optimizer.h"
 #include "zerone/optim/swapped.h"
 #include "zerone/zero/partition.h"
+#include "zerone/zero/zeropp.h"
 
 namespace zerone::zero {
 
@@ -39,10 +40,12 @@ class GradReducer {
   // `host_accumulators`, the units whose optimizer shard is offloaded; else on the device) and,
   // with `swapped` (gradients_swapped() in partition.h), grads.swp in `swap_dir` (which must
   // outlive the reducer) with buffer_count staging buffers. `pool`: the engine's working-set pool.
+  // `zeropp` (null: off; must outlive the reducer) reduce-scatters as ZeRO++'s qgZ when it quantizes.
   // Throws Error for a full disk, an I/O failure or staging that cannot be locked in memory.
   GradReducer(nn::Model& model, const ZeroConfig& config, std::vector<UnitShard> shards,
               const std::vector<char>& host_accumulators, kernels::Backend& device, comm::DeviceCommunicator& comm,
-              BufferPool& pool, bool swapped, io::SwapDirectory* swap_dir, const optim::NvmeConfig& nvme);
+              BufferPool& pool, bool swapped, io::SwapDirectory* swap_dir, const optim::NvmeConfig& nvme,
+              ZeroPlusPlus* zeropp);
   ~GradReducer();
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;
@@ -108,6 +111,7 @@ class GradReducer {
   kernels::Backend& device_;
   comm::DeviceCommunicator& comm_;
   BufferPool& pool_;
+  ZeroPlusPlus* zeropp_;
   std::vector<UnitGrads> units_;
   optim::ShardStepping* optimizer_ = nullptr;  // attach()
   bool last_micro_step_ = true;

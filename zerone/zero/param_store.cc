@@ -16,12 +16,14 @@ namespace zerone::zero {
 
 ParamStore::ParamStore(nn::Model& model, const ZeroConfig& config, std::vector<UnitShard> shards,
                        kernels::Backend& device, comm::DeviceCommunicator& comm, BufferPool& pool,
-                       io::SwapDirectory* swap_dir, const optim::NvmeConfig& nvme, bool spare_slots)
+                       io::SwapDirectory* swap_dir, const optim::NvmeConfig& nvme, bool spare_slots,
+                       ZeroPlusPlus* zeropp)
     : model_(model),
       config_(config),
       device_(device),
       comm_(comm),
       pool_(pool),
+      zeropp_(zeropp),
       dsize_(dtype_size(model.compute_dtype())),
       stage_pool_(static_cast<size_t>(
                       working_set_bytes(model.unit_numels(), comm.world_size(), model.compute_dtype(), config).host),
@@ -223,6 +225,10 @@ void ParamStore::launch_gather(int u, const char* shard, char* full) {
   UnitParams& st = units_[u];
   ZERONE_ASSERT(st.gather_work.empty(), "unit ", u, " gathered twice at once");
   ProfileScope profile(ProfileCategory::comm);
+  if (zeropp_ && sharded(u)) {  // ZeRO++: the whole unit, from the secondary copy or quantized
+    st.gather_work.push_back(zeropp_->gather_params(u, shard, full, st.shard.shard_numel));
+    return;
+  }
   const size_t S = st.shard.shard_numel;
   for (size_t off = 0; off < S; off += config_.allgather_bucket_numel) {
     const size_t n = std::min(config_.allgather_bucket_numel, S - off);
@@ -240,6 +246,7 @@ void ParamStore::wait_gather(int u) {
     for (comm::Work& w : st.gather_work) w.wait();
   }
   st.gather_work.clear();
+  if (zeropp_ && sharded(u)) zeropp_->gathered(u, model_.units()[u].data(), st.shard.shard_numel);  // hpZ
   if (swapped(u)) stage_pool_.release(std::move(st.staged));
 }
 
@@ -313,6 +320,7 @@ void ParamStore::retire_writes(size_t keep) {
 
 void ParamStore::after_update(int u) {
   UnitParams& st = units_[u];
+  if (zeropp_) zeropp_->drop_secondary(u);  // hpZ: stale once updated
   if (swapped(u)) {
     param_writes_.emplace_back(u, param_io_->start(io::IoOp::write, param_fd_.get(), param_path_, st.staged.data(),
                                                    st.swap_bytes, st.swap_spare));

@@ -32,6 +32,7 @@
 #include "zerone/optim/optimizer.h"
 #include "zerone/optim/swapped.h"
 #include "zerone/zero/partition.h"
+#include "zerone/zero/zeropp.h"
 
 namespace zerone::zero {
 
@@ -40,10 +41,12 @@ class ParamStore {
   // Lays out the unit shards `shards` (one per model unit) and, with --offload-param nvme, the
   // rank's params.swp in `swap_dir` (which must outlive the store); `spare_slots`: every swapped
   // unit but the first gets a spare slot (Note [Speculative early step]). `pool` (the engine's
-  // working-set pool) serves gathered parameters. Throws Error for a full disk or an I/O failure.
+  // working-set pool) serves gathered parameters. `zeropp` (null: off; must outlive the store)
+  // gathers stage 3's sharded units (hpZ's secondary copy, qwZ). Throws Error for a full disk or
+  // an I/O failure.
   ParamStore(nn::Model& model, const ZeroConfig& config, std::vector<UnitShard> shards, kernels::Backend& device,
              comm::DeviceCommunicator& comm, BufferPool& pool, io::SwapDirectory* swap_dir, const optim::NvmeConfig& nvme,
-             bool spare_slots);
+             bool spare_slots, ZeroPlusPlus* zeropp);
   ~ParamStore();
   ParamStore(const ParamStore&) = delete;
   ParamStore& operator=(const ParamStore&) = delete;
@@ -103,6 +106,10 @@ class ParamStore {
   // Makes the slots written this step current / forgets unit u's (Note [Speculative early step]).
   void commit_slots();
   void forget_spare(int u) { units_[u].swap_dirty = false; }
+  // hpZ: every backward of the step is done and the update makes the secondary copies stale.
+  void drop_secondaries() {
+    if (zeropp_) zeropp_->drop_secondaries();
+  }
   // Replaces the rank's slice of unit u's parameters with `fresh` (its optimizer slice's elements,
   // memory of `place`): the whole unit at stage 0, the shard otherwise, all-gathered into the
   // full parameters where they are kept (Note [Delayed parameter update]).
@@ -142,6 +149,7 @@ class ParamStore {
   kernels::Backend& device_;
   comm::DeviceCommunicator& comm_;
   BufferPool& pool_;
+  ZeroPlusPlus* zeropp_;
   size_t dsize_;
   std::vector<UnitParams> units_;
   optim::ShardStepping* optimizer_ = nullptr;  // attach()

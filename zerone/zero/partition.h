@@ -85,6 +85,12 @@ struct ZeroConfig {
   // too, where it only costs (docs/BENCHMARKS.md); `always` also after a clipped step.
   bool speculate_in_memory = false;
   bool speculate_always = false;
+  // ZeRO++ (zero/zeropp.h), stage 3 only. hpZ: a secondary copy of the parameters partitioned
+  // within groups of this many consecutive ranks (1: off). qwZ: the parameter gathers move
+  // blockwise int8. qgZ: the gradient reduce-scatter moves blockwise int8 or int4 (0: off).
+  int hpz_partition_size = 1;
+  bool quantized_weights = false;
+  int quantized_gradients_bits = 0;
 };
 
 // Whether the engine speculates (Note [Speculative early step]): speculative_step with the early

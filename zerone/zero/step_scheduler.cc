@@ -69,6 +69,7 @@ double StepScheduler::local_sumsq() const {
 // ---------------------------------------------------------------- at the end
 
 StepResult StepScheduler::step(float lr, float grad_clip, double loss_scale, bool skip_on_overflow) {
+  params_.drop_secondaries();  // hpZ: every backward is done; the update makes them stale
   if (early_.active) {
     ZERONE_ASSERT(lr == early_.lr && grad_clip == early_.grad_clip && loss_scale == early_.loss_scale &&
                       skip_on_overflow == early_.skip_on_overflow,

@@ -1,5 +1,7 @@
 #include "zerone/kernels/cpu/cpu_backend.h"
 
+#include "zerone/kernels/cpu/quantize.h"
+
 #include <cstring>
 
 #include "zerone/core/error.h"
@@ -37,6 +39,19 @@ void CpuBackend::convert(void* dst, DType dst_dtype, const void* src, DType src_
     ZERONE_ASSERT(dst_dtype == DType::f32, "convert: one side must be f32");
     convert_to_f32(src, src_dtype, static_cast<float*>(dst), n);
   }
+}
+
+void CpuBackend::quantize_blockwise(const void* src, DType src_dtype, size_t n, int bits, size_t block, void* out) {
+  if (n == 0) return;
+  cpu::quantize_blockwise(operand(src, n * dtype_size(src_dtype)), src_dtype, n, bits, block,
+                          operand(out, cpu::quantized_bytes(n, bits, block)));
+}
+
+void CpuBackend::dequantize_blockwise(const void* in, size_t n, int bits, size_t block, void* dst, DType dst_dtype,
+                                      bool accumulate) {
+  if (n == 0) return;
+  cpu::dequantize_blockwise(operand(in, cpu::quantized_bytes(n, bits, block)), n, bits, block,
+                            operand(dst, n * dtype_size(dst_dtype)), dst_dtype, accumulate);
 }
 
 void CpuBackend::accumulate(float* dst, const float* src, size_t n) {

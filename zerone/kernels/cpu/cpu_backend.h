@@ -29,6 +29,9 @@ class CpuBackend : public Backend {
   double sum(const float* x, size_t n) override;
   void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n) override;
   bool all_finite(const float* x, size_t n) override;
+  void quantize_blockwise(const void* src, DType src_dtype, size_t n, int bits, size_t block, void* out) override;
+  void dequantize_blockwise(const void* in, size_t n, int bits, size_t block, void* dst, DType dst_dtype,
+                            bool accumulate) override;
 
   double adamw_update(float* master, float* m, float* v, const float* grad, void* param, DType param_dtype, size_t n,
                       const AdamWHyper& hyper) override;

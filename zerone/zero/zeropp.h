@@ -1,0 +1,93 @@
+// ZeRO++ (Wang et al. 2023, DeepSpeed's zero_hpz_partition_size, zero_quantized_weights,
+// zero_quantized_gradients): stage 3 with less communication across hosts.
+//
+//   hpZ  Note [Secondary partition]: after a unit's gather from the primary shards (all ranks),
+//        each rank keeps a secondary copy of 1/H of the gathered unit, where H is
+//        hpz_partition_size; the unit's later gathers (its backward, the next micro-steps) come
+//        from the H ranks of its group only, consecutive ranks, so within a host when H divides
+//        the ranks per host. The values are the gathered bits: the trajectory is plain stage 3's,
+//        bit for bit. Costs P/H per unit in device memory (category param) while it is held.
+//   qwZ  Note [Quantized gathers]: the primary gather moves each rank's shard blockwise int8 (Note
+//        [Blockwise quantization] in kernels/cpu/quantize.h) and every rank, its own slot too,
+//        decodes all slots, so every rank computes with the same decoded parameters (the master
+//        and the optimizer see the exact shard). Forward and backward decode the same values.
+//   qgZ  Note [Quantized reduce-scatter]: the gradient reduce-scatter as all-to-alls of blockwise
+//        int8 or int4: within each host (the host-sum of the shards the rank's column needs,
+//        dequantized and summed in f32, in member order), then across hosts among the ranks of the
+//        same local index (the host-sums of each shard, dequantized and summed into it). Hosts of
+//        unequal size or interleaved ranks: one all-to-all over the world. The intra-host step is
+//        waited for where the reduction starts (so every rank issues the inter-host all-to-all at
+//        the same point of its program, Note [Communication thread]); the inter-host step overlaps
+//        the backward like any reduction.
+// Every feature is off by default and needs stage 3 (ZeroPlusPlus::check). They change results
+// (but hpZ): the start-up line names them.
+//
+// Thread-safety: driven by the engine's training thread, as the engine.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "zerone/comm/communicator.h"
+#include "zerone/core/dtype.h"
+#include "zerone/core/memory.h"
+#include "zerone/kernels/backend.h"
+#include "zerone/zero/partition.h"
+
+namespace zerone::zero {
+
+// Elements per quantization block (one f32 scale each: 1.6% of the int8 volume).
+constexpr size_t kQuantBlock = 256;
+
+// True when config asks for any of hpZ, qwZ, qgZ.
+bool zeropp_enabled(const ZeroConfig& config);
+// Throws Error for a request that cannot be honoured: a feature below stage 3, an hpZ group size
+// that does not divide the world, quantized gradient bits other than 4 or 8.
+void check_zeropp(const ZeroConfig& config, int world);
+// "hpZ groups of 2 ranks (within hosts), qwZ int8, qgZ int4 (within then across hosts)", or "".
+std::string describe_zeropp(const ZeroConfig& config, const comm::Hosts& hosts);
+// Device bytes of the secondary partition when every sharded unit holds it (the peak, at the end
+// of the forward): the sum over units of padded_numel / H elements (zerone estimate's figure).
+size_t secondary_partition_bytes(const std::vector<size_t>& unit_numels, int world, DType dtype, const ZeroConfig& config);
+
+class ZeroPlusPlus {
+ public:
+  // Collective over `world` (it splits the host groups): every rank constructs it. `world` is the
+  // engine's device communicator and must outlive this object.
+  ZeroPlusPlus(comm::Communicator& world, kernels::Backend& device, const ZeroConfig& config, DType dtype, int num_units);
+
+  // Starts the gather of unit u's full parameters (padded: world * shard_numel elements of dtype)
+  // into `full`: from the group's secondary copies when this rank holds one (hpZ), else from the
+  // primary shard `shard` (device or host memory), quantized with qwZ.
+  comm::Work gather_params(int u, const void* shard, void* full, size_t shard_numel);
+  // After the gather of u completed: keeps the secondary copy (hpZ; no-op if held or off).
+  void gathered(int u, const void* full, size_t shard_numel);
+  // u's parameters are about to change (its update, or any step): its secondary copy is stale.
+  void drop_secondary(int u) { secondary_[u].reset(); }
+  void drop_secondaries();
+
+  bool quantizes_gradients() const { return bits_ > 0; }
+  // The reduce-scatter of the gradients `in` (world * shard_numel, device) into `out` (shard_numel,
+  // device or host; not `in`), with qgZ.
+  comm::Work reduce_scatter(const float* in, float* out, size_t shard_numel);
+
+ private:
+  comm::Communicator& world_;
+  kernels::Backend& device_;
+  ZeroConfig config_;
+  DType dtype_;
+  size_t dsize_;
+  int rank_, world_size_;
+  // hpZ.
+  std::unique_ptr<comm::Communicator> group_;  // the H consecutive ranks of this rank's group
+  std::vector<Buffer> secondary_;              // per unit, while held
+  // qgZ: the hosts (within_: this host's ranks; across_: the ranks of this local index); flat
+  // (one all-to-all over the world) when hosts are uneven or interleaved.
+  int bits_ = 0;
+  std::unique_ptr<comm::Communicator> within_, across_owned_;
+  comm::Communicator* across_ = nullptr;
+  int hosts_ = 1, per_host_ = 1;
+};
+
+}  // namespace zerone::zero

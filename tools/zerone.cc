@@ -230,7 +230,7 @@ int main(int argc, char** argv) {
   bool print_config = false;
   CLI::App* train_cmd = app.add_subcommand("train", "train a model (no arguments: the default run)");
   train_cmd->add_option("--config", config_path,
-                        "JSON config: DeepSpeed's keys (README \"DeepSpeed config keys\") and zerone's (--print-config "
+                        "JSON config: DeepSpeed's keys (docs/CONFIG.md) and zerone's (--print-config "
                         "writes them); flags override it");
   train_cmd->add_flag("--print-config", print_config,
                       "print the effective settings (after --config, flags and \"auto\") as a JSON config and exit");

@@ -52,12 +52,12 @@ struct FloatRange {
 // Note [DeepSpeed config keys]: every key of a config file is honoured (it sets a zerone setting),
 // accepted and listed in one notice (it only tunes something zerone does not have and cannot
 // change results), or refused with an error naming it (it would change results or the memory the
-// user relies on, and zerone does not implement it yet; or it is unknown). README's table "DeepSpeed
-// config keys" is the user-facing copy of these lists.
+// user relies on, and zerone does not implement it yet; or it is unknown). The table "DeepSpeed config
+// keys" in docs/CONFIG.md is the user-facing copy of these lists.
 
 // The treatment of every key of DeepSpeed's documented config (docs/_pages/config-json.md and the
 // config classes it points to), by dotted path; the reader below implements it, and
-// deepspeed_keys() publishes it (README's table, tests/train/config_test.cc).
+// deepspeed_keys() publishes it (docs/CONFIG.md's table, tests/train/config_test.cc).
 const std::vector<DeepSpeedKey> kDeepSpeedKeys = [] {
   using K = DeepSpeedKeyTreatment;
   std::vector<DeepSpeedKey> t;

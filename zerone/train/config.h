@@ -3,7 +3,7 @@
 // gradient_clipping, bf16/bfloat16/fp16, optimizer, scheduler, zero_optimization, ...) plus zerone's
 // own keys for the rest ("model", "init", "data", "val_data", "steps", "seq", "seed", ...). A flag
 // given on the command line wins over the file; "auto" (Hugging Face Trainer's placeholder) leaves
-// a setting to its flag or default. README's "DeepSpeed config keys" lists how each key is treated:
+// a setting to its flag or default. docs/CONFIG.md's "DeepSpeed config keys" lists how each key is treated:
 // honoured, accepted with a notice (it tunes something zerone does not have and cannot change
 // results), or an error (it would change results and is not implemented).
 //
@@ -87,7 +87,7 @@ struct TrainConfig {
   int hpz_partition_size = 1;
   bool quantized_weights = false;
   int quantized_gradients = 0;
-  // Offload (README "Offload"; DeepSpeed's zero_optimization.offload_* and aio keys).
+  // Offload (docs/OFFLOAD.md; DeepSpeed's zero_optimization.offload_* and aio keys).
   double device_mem_limit = 0.0;        // GiB per rank of the device arena; 0: no cap
   std::string device;                   // cpu | sim | cuda; empty: kernels::default_device()
   std::string offload_optimizer = "none";  // none | cpu | nvme (stages 1-3)

@@ -366,6 +366,7 @@ int main(int argc, char** argv) {
     } else if (convert_cmd->parsed()) {
       // Ctrl-C stops between units: the destination is not written and its temporaries are removed
       // (without the handler the default action left them, as large as the model).
+      convert_opts.fault_env = io::FaultEnv::from_environment();  // the test hooks (io/fault_env.h)
       train::InterruptGuard interrupts("stopping the conversion before it reads its next unit");
       convert_opts.check_interrupt = [] {
         if (int sig = train::interrupt_signal(); sig != 0) throw train::Interrupted(sig);

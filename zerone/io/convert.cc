@@ -172,7 +172,7 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
       m.model = model->spec();
       m.dtype = dtype;
       m.units = checkpoint_units(*model);
-      CheckpointFileWriter writer(tmp, "rank-00000.bin", 0);
+      CheckpointFileWriter writer(tmp, "rank-00000.bin", 0, o.fault_env);
       for (int u = 0; u < model->num_units(); ++u) {
         load_unit(u);
         writer.append(u, "param", dtype, 0, model->units()[u].numel(), model->units()[u].data());

@@ -761,22 +761,11 @@ void validate(const TrainConfig& c) {
                  " equals the warmup steps (", warmup, " after DeepSpeed's minimum of 2): WarmupCosineLR's decay ",
                  "would divide by zero");
   }
+  check_memory_settings(c);
   ZERONE_CHECK(!c.is_given("--epochs") || c.epochs >= 1, setting_name(c, "--epochs"), " ", c.epochs,
                " is out of range: expected 1..1000000 passes over --data (0 would train nothing)");
   ZERONE_CHECK(!(c.is_given("--epochs") && c.is_given("--steps")), setting_name(c, "--epochs"), " and ",
                setting_name(c, "--steps"), " both say how long to train: give one");
-  {
-    // Settings of the other optimizer would do nothing.
-    const bool sgd = c.optimizer == "sgd";
-    const std::vector<const char*> other = sgd ? std::vector<const char*>{"--beta1", "--beta2", "--eps"}
-                                               : std::vector<const char*>{"--momentum", "--dampening", "--nesterov"};
-    for (const char* flag : other)
-      ZERONE_CHECK(!c.is_given(flag), setting_name(c, flag), " applies to --optimizer ", sgd ? "adamw" : "sgd",
-                   "; this run's optimizer is ", c.optimizer);
-    ZERONE_CHECK(!c.nesterov || (c.momentum > 0.0f && c.dampening == 0.0f), setting_name(c, "--nesterov"),
-                 " needs a momentum above 0 and zero dampening (as torch.optim.SGD): --momentum ", c.momentum,
-                 ", --dampening ", c.dampening);
-  }
   for (const char* flag : {"--checkpoint-every", "--keep-last", "--checkpoint-async", "--resume"})
     ZERONE_CHECK(!c.is_given(flag) || !c.checkpoint_dir.empty(), setting_name(c, flag),
                  " needs --checkpoint-dir (where checkpoints are written and found)");
@@ -790,6 +779,21 @@ void validate(const TrainConfig& c) {
                " nvme needs --nvme-path DIR (a directory on a local disk)");
   ZERONE_CHECK(nvme || c.nvme_path.empty(),
                "--nvme-path is given but nothing is offloaded to nvme (--offload-optimizer nvme or --offload-param nvme)");
+}
+
+void check_memory_settings(const TrainConfig& c) {
+  ZERONE_CHECK(!c.cpu_checkpointing || c.activation_checkpointing, setting_name(c, "--cpu-checkpointing"),
+               " keeps the inputs that activation checkpointing saves: give --activation-checkpointing too");
+  // Settings of the other optimizer would do nothing.
+  const bool sgd = c.optimizer == "sgd";
+  const std::vector<const char*> other = sgd ? std::vector<const char*>{"--beta1", "--beta2", "--eps"}
+                                             : std::vector<const char*>{"--momentum", "--dampening", "--nesterov"};
+  for (const char* flag : other)
+    ZERONE_CHECK(!c.is_given(flag), setting_name(c, flag), " applies to --optimizer ", sgd ? "adamw" : "sgd",
+                 "; this run's optimizer is ", c.optimizer);
+  ZERONE_CHECK(!c.nesterov || (c.momentum > 0.0f && c.dampening == 0.0f), setting_name(c, "--nesterov"),
+               " needs a momentum above 0 and zero dampening (as torch.optim.SGD): --momentum ", c.momentum,
+               ", --dampening ", c.dampening);
   // Note [Partial optimizer offload]: a part of nothing offloaded would do nothing.
   ZERONE_CHECK(c.offload_optimizer_ratio == 1.0 || c.offload_optimizer != "none", setting_name(c, "--offload-optimizer-ratio"),
                " ", c.offload_optimizer_ratio, " offloads a part of the optimizer, but --offload-optimizer is none: "
@@ -817,8 +821,6 @@ void check_settings_take_effect(TrainConfig& c, bool fp16, bool has_validation_d
     throw Error(str_cat(setting_name(c, p.flag), " applies only to --lr-schedule ", users, "; this run's schedule is ",
                         lr_schedule_name(kind)));
   }
-  ZERONE_CHECK(!c.cpu_checkpointing || c.activation_checkpointing, setting_name(c, "--cpu-checkpointing"),
-               " keeps the inputs that activation checkpointing saves: give --activation-checkpointing too");
   for (const char* flag : {"--val-every", "--val-batches"})
     ZERONE_CHECK(!c.is_given(flag) || has_validation_data, setting_name(c, flag),
                  " has nothing to validate on: give --val-data");

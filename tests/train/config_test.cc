@@ -1,8 +1,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 #include <functional>
 #include <optional>
+#include <sstream>
 
 #include "tests/test_util.h"
 #include "zerone/train/config.h"
@@ -14,6 +16,31 @@ using zerone::testing::expect_error;
 using zerone::testing::TempDir;
 using zerone::testing::write_text;
 using zerone::testing::write_bytes;
+
+// docs/CONFIG.md's "Every DeepSpeed key, by treatment" is kDeepSpeedKeys: each key is listed on the
+// line of its treatment and no other.
+TEST(Config, DocumentedDeepSpeedKeysAreTheTable) {
+  std::ifstream doc(std::string(ZERONE_SOURCE_DIR) + "/docs/CONFIG.md");
+  ASSERT_TRUE(doc) << "docs/CONFIG.md";
+  std::map<DeepSpeedKeyTreatment, std::string> line_of;
+  const std::pair<const char*, DeepSpeedKeyTreatment> headings[] = {
+      {"- **Honoured", DeepSpeedKeyTreatment::honoured},
+      {"- **Notice", DeepSpeedKeyTreatment::notice},
+      {"- **True: honoured", DeepSpeedKeyTreatment::always_on},
+      {"- **Off, disabled or 0", DeepSpeedKeyTreatment::error_when_on},
+      {"- **Error", DeepSpeedKeyTreatment::error},
+  };
+  for (std::string line; std::getline(doc, line);)
+    for (const auto& [prefix, treatment] : headings)
+      if (line.rfind(prefix, 0) == 0) line_of[treatment] = line;
+  ASSERT_EQ(line_of.size(), std::size(headings)) << "a treatment's list is missing from docs/CONFIG.md";
+  for (const DeepSpeedKey& k : deepspeed_keys())
+    for (const auto& [treatment, line] : line_of) {
+      const bool listed = line.find("`" + std::string(k.path) + "`") != std::string::npos;
+      EXPECT_EQ(listed, treatment == k.treatment) << k.path << (listed ? " is listed under another treatment"
+                                                                        : " is not listed under its treatment");
+    }
+}
 
 TEST(Config, DeepSpeedKeysFillTheConfigAndFlagsWin) {
   TempDir dir;

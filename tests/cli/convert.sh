@@ -106,14 +106,14 @@ EOF
 then echo "ok   the bf16 export is the rounded f32 master"; else echo "FAIL bf16 export vs master"; fail=1; fi
 
 # Bad conversions.
-check "cannot open source '/nonexistent'" "$Z" convert /nonexistent "$d/x"
+check "convert: cannot open '/nonexistent'" "$Z" convert /nonexistent "$d/x"
 check "which an llm.c checkpoint \(GPT-2 only\) cannot hold" "$Z" convert "$data/hf_llama_tied" "$d/llama.bin"
 check "llm.c checkpoints hold f32 or bf16" "$Z" convert "$data/hf_gpt2" "$d/f16.bin" --dtype f16
 check "exists; a zerone checkpoint is written as a new directory" "$Z" convert "$data/hf_gpt2" "$d/z" --to zerone
 check "--to 'onnx': expected hf, llmc or zerone" "$Z" convert "$data/hf_gpt2" "$d/x" --to onnx
 check "unknown precision 'f8'" "$Z" convert "$data/hf_gpt2" "$d/x" --dtype f8
 mkdir "$d/empty"
-check "is not a zerone checkpoint" "$Z" convert "$d/empty" "$d/x"
+check "is a directory, but neither a Hugging Face model directory" "$Z" convert "$d/empty" "$d/x"
 head -c 3000 "$d/m.bin" > "$d/trunc.bin"
 check "is truncated" "$Z" convert "$d/trunc.bin" "$d/x"
 [ ! -e "$d/x" ] && echo "ok   no partial destination was left" || { echo "FAIL a partial destination was left"; fail=1; }

@@ -21,18 +21,7 @@ MPI=(mpiexec --allow-run-as-root --oversubscribe --bind-to none)
 check() { bash "$here/expect_error.sh" "$@" || fail=1; }
 ok() { echo "ok   $*"; }
 bad() { echo "FAIL $*"; fail=1; }
-tensors() {  # tensors DIR: "name dtype shape sha256" lines of DIR/model.safetensors, sorted
-  python3 - "$1/model.safetensors" <<'PY'
-import hashlib, json, struct, sys
-raw = open(sys.argv[1], "rb").read()
-n = struct.unpack("<Q", raw[:8])[0]
-header = json.loads(raw[8:8 + n])
-for name in sorted(k for k in header if k != "__metadata__"):
-    e = header[name]
-    b, c = e["data_offsets"]
-    print(name, e["dtype"], e["shape"], hashlib.sha256(raw[8 + n + b:8 + n + c]).hexdigest()[:16])
-PY
-}
+tensors() { python3 "$here/tensor_digest.py" "$1"; }  # tensors DIR: "name dtype shape sha256" lines, sorted
 
 # A Hugging Face source with its tokenizer: the GPT-2 of tests/data/hf_gpt2 (vocabulary 257), a
 # byte-level BPE tokenizer.json of 256 byte tokens and <|endoftext|> 256, and special token ids.

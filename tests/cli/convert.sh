@@ -14,18 +14,7 @@ data="$here/../data"
 d=$(mktemp -d); trap 'rm -rf "$d"' EXIT
 fail=0
 check() { bash "$here/expect_error.sh" "$@" || fail=1; }
-tensors() {  # tensors DIR: "name dtype shape sha256" lines of DIR/model.safetensors, sorted
-  python3 - "$1/model.safetensors" <<'EOF'
-import hashlib, json, struct, sys
-raw = open(sys.argv[1], "rb").read()
-n = struct.unpack("<Q", raw[:8])[0]
-header = json.loads(raw[8:8 + n])
-for name in sorted(k for k in header if k != "__metadata__"):
-    e = header[name]
-    b, c = e["data_offsets"]
-    print(name, e["dtype"], e["shape"], hashlib.sha256(raw[8 + n + b:8 + n + c]).hexdigest()[:16])
-EOF
-}
+tensors() { python3 "$here/tensor_digest.py" "$1"; }  # tensors DIR: "name dtype shape sha256" lines, sorted
 golden_loss=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["loss"])' "$data/hf_gpt2/golden.json")
 loss_of() {  # loss_of INIT [ARGS...]: the first step's loss (before any update) on the golden batch
   local init="$1"; shift

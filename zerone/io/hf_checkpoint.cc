@@ -339,8 +339,8 @@ void check_hf_output(const std::string& dir, const std::string& what) {
   struct stat st;
   if (::lstat(trimmed.c_str(), &st) == 0) {
     ZERONE_CHECK(S_ISDIR(st.st_mode), what, ": '", dir, "' exists and is not a directory");
-    check_atomic_output(trimmed + "/config.json", what);
-    check_atomic_output(trimmed + "/model.safetensors", what);
+    for (const char* name : {"config.json", "model.safetensors", "generation_config.json"})
+      check_atomic_output(trimmed + "/" + name, what);
     return;
   }
   const size_t slash = trimmed.rfind('/');

@@ -97,6 +97,10 @@ PY
 "$Z" sample --init "$d/s3" --prompt "ab" --tokens 8 --temperature 0 > "$d/a.txt" 2> "$d/a.err" || { bad "sample"; cat "$d/a.err"; }
 "$Z" sample --init "$d/s0" --prompt "ab" --tokens 8 --temperature 0 > "$d/b.txt" 2>&1 || bad "sample s0"
 if [ -s "$d/a.txt" ] && cmp -s "$d/a.txt" "$d/b.txt"; then ok "sample from the save (its own tokenizer encodes the prompt)"; else bad "sample outputs differ"; fi
+# The one weight source (io/weight_source.h): sample also reads a zerone checkpoint.
+"$Z" convert "$d/s3" "$d/zck" --to zerone > /dev/null
+"$Z" sample --init "$d/zck" --tokenizer "$d/s3" --prompt "ab" --tokens 8 --temperature 0 > "$d/c.txt" 2> "$d/c.err" \
+  && cmp -s "$d/a.txt" "$d/c.txt" && ok "sample from a zerone checkpoint of the save: the same text" || { bad "sample --init zerone"; cat "$d/c.err"; }
 "$Z" convert "$d/s3" "$d/conv" > /dev/null && cmp -s "$d/src/tokenizer.json" "$d/conv/tokenizer.json" \
   && cmp -s "$d/s3/generation_config.json" "$d/conv/generation_config.json" \
   && ok "convert carries the tokenizer and generation_config.json" || bad "convert lost the tokenizer"

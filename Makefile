@@ -1,11 +1,14 @@
 # zerone: two commands do everything on a fresh Debian machine.
 #   make train   set-up (missing apt packages) + build + train the default model
 #   make test    set-up + build + the whole test suite
+#   make install build/zerone to $(DESTDIR)$(PREFIX)/bin (PREFIX=/usr/local by default)
 BUILD_DIR ?= build
 BUILD_TYPE ?= Release
 JOBS ?= $(shell nproc)
+PREFIX ?= /usr/local
+DESTDIR ?=
 
-.PHONY: all setup configure build train test bench interop clean
+.PHONY: all setup configure build train test bench interop install clean
 
 all: build
 
@@ -33,6 +36,13 @@ interop: build
 
 bench: build
 	bash bench/run_all.sh
+
+# Installs the program only (it links the shared libraries the set-up step installed); builds it
+# first when it is not built, so `make && sudo make install` does not build as root.
+install:
+	@test -x $(BUILD_DIR)/zerone || $(MAKE) build
+	install -d $(DESTDIR)$(PREFIX)/bin
+	install -m 0755 $(BUILD_DIR)/zerone $(DESTDIR)$(PREFIX)/bin/zerone
 
 clean:
 	rm -rf $(BUILD_DIR)

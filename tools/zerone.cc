@@ -95,10 +95,9 @@ int cmd_estimate(train::TrainConfig a, int world, bool json, bool stage_given) {
   ZERONE_CHECK(world >= 1 && world <= 1048576, "--world ", world, " is out of range: expected an integer in 1..1048576");
   for (const train::Setting& s : train::settings())
     if (s.commands & train::kEstimate) train::check_setting(s, a);
+  train::check_memory_settings(a);
   DType dtype = train::resolve_precision(a.precision);
   std::unique_ptr<nn::Model> shape = nn::make_model(a.model, dtype, 64, /*allocate=*/false);
-  ZERONE_CHECK(!a.cpu_checkpointing || a.activation_checkpointing,
-               "--cpu-checkpointing keeps the inputs that activation checkpointing saves: give --activation-checkpointing too");
   shape->set_activation_checkpointing(a.activation_checkpointing);
   shape->set_cpu_checkpointing(a.cpu_checkpointing);
   const nn::Model& model = *shape;
@@ -108,11 +107,6 @@ int cmd_estimate(train::TrainConfig a, int world, bool json, bool stage_given) {
                " reads one image per sample");
   const int seq = classifier ? 1 : a.seq;
   ZERONE_CHECK(seq <= model.max_seq_len(), "--seq ", seq, " exceeds the model's context length ", model.max_seq_len());
-  ZERONE_CHECK(a.optimizer == "sgd" || !a.is_given("--momentum"), "--momentum applies to --optimizer sgd; the optimizer is ",
-               a.optimizer);
-  ZERONE_CHECK(a.offload_optimizer_ratio == 1.0 || a.offload_optimizer != "none", "--offload-optimizer-ratio ",
-               a.offload_optimizer_ratio,
-               " offloads a part of the optimizer, but --offload-optimizer is none: give --offload-optimizer cpu or nvme");
   const zero::ZeroConfig base = train::zero_config(a, dtype);
   const optim::OptimizerOptions optimizer = train::optimizer_options(a);
   auto rows = zero::estimate(model, world, dtype, a.micro_batch, seq, base, optimizer,
@@ -230,7 +224,7 @@ int main(int argc, char** argv) {
   bool print_config = false;
   CLI::App* train_cmd = app.add_subcommand("train", "train a model (no arguments: the default run)");
   train_cmd->add_option("--config", config_path,
-                        "JSON config: DeepSpeed's keys (README \"DeepSpeed config keys\") and zerone's (--print-config "
+                        "JSON config: DeepSpeed's keys (docs/CONFIG.md) and zerone's (--print-config "
                         "writes them); flags override it");
   train_cmd->add_flag("--print-config", print_config,
                       "print the effective settings (after --config, flags and \"auto\") as a JSON config and exit");
@@ -277,7 +271,10 @@ int main(int argc, char** argv) {
   convert_cmd->add_option("--to", convert_opts.to,
                           "hf (config.json + model.safetensors), llmc (GPT-2, f32 v3 / bf16 v5) or zerone (weights-only "
                           "checkpoint); default: llmc for DST ending in .bin, else hf");
-  convert_cmd->add_option("--dtype", convert_opts.dtype, "f32, bf16 or f16 (default: the source's)");
+  // The dtype names are --precision's (f32 and f16 are read too).
+  convert_cmd->add_option("--dtype", convert_opts.dtype,
+                          str_cat("the dtype to write: ", train::range_text(*train::find_setting("--precision")),
+                                  " [default: the source's]"));
 
   train::TrainConfig est;
   int est_world = 1;
@@ -366,6 +363,7 @@ int main(int argc, char** argv) {
     } else if (convert_cmd->parsed()) {
       // Ctrl-C stops between units: the destination is not written and its temporaries are removed
       // (without the handler the default action left them, as large as the model).
+      convert_opts.fault_env = io::FaultEnv::from_environment();  // the test hooks (io/fault_env.h)
       train::InterruptGuard interrupts("stopping the conversion before it reads its next unit");
       convert_opts.check_interrupt = [] {
         if (int sig = train::interrupt_signal(); sig != 0) throw train::Interrupted(sig);

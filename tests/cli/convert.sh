@@ -97,7 +97,7 @@ then echo "ok   the bf16 export is the rounded f32 master"; else echo "FAIL bf16
 # Bad conversions.
 check "convert: cannot open '/nonexistent'" "$Z" convert /nonexistent "$d/x"
 check "which an llm.c checkpoint \(GPT-2 only\) cannot hold" "$Z" convert "$data/hf_llama_tied" "$d/llama.bin"
-check "llm.c checkpoints hold f32 or bf16" "$Z" convert "$data/hf_gpt2" "$d/f16.bin" --dtype f16
+check "llm.c checkpoints hold fp32 or bf16" "$Z" convert "$data/hf_gpt2" "$d/f16.bin" --dtype f16
 check "exists; a zerone checkpoint is written as a new directory" "$Z" convert "$data/hf_gpt2" "$d/z" --to zerone
 check "--to 'onnx': expected hf, llmc or zerone" "$Z" convert "$data/hf_gpt2" "$d/x" --to onnx
 check "unknown precision 'f8'" "$Z" convert "$data/hf_gpt2" "$d/x" --dtype f8

@@ -25,6 +25,42 @@ grep -q -- "--comm-timeout.*\[default: 600\]" "$d/help.txt" || bad "train --help
 "$Z" estimate --help | grep -q "^Offload and device memory:" || bad "estimate --help is not grouped"
 "$Z" sample --help | grep -q -- "--precision.*fp16" || bad "sample --help: --precision does not list fp16"
 [ $fail = 0 ] && ok "--help grouped, with defaults"
+# docs/CONFIG.md's flag table is --help's: the same flags, each with --help's default.
+python3 - "$d/help.txt" "$here/../../docs/CONFIG.md" <<'PY' || fail=1
+import re, sys
+# An option's entry: its line, and the next when the name is too long for the column.
+entries, flag = {}, None
+for line in open(sys.argv[1]):
+    m = re.match(r"  (?:-\w,)?(--[a-z0-9-]+)", line)
+    if m:
+        flag = m.group(1)
+        entries[flag] = line
+    elif flag and line.startswith("      ") and line.strip():
+        entries[flag] += line
+    else:
+        flag = None
+help_defaults = {}
+for f, text in entries.items():
+    if f == "--help":
+        continue
+    d = re.search(r"\[default: (.*)\]\s*$", text)
+    help_defaults[f] = d.group(1) if d else "\u2014"
+doc_defaults = {}
+for line in open(sys.argv[2]):
+    m = re.match(r"^\| `(--[a-z0-9-]+)` \|", line)
+    if m:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        doc_defaults[m.group(1)] = cells[2]
+problems = [f"{f}: in --help, not in docs/CONFIG.md" for f in help_defaults if f not in doc_defaults]
+problems += [f"{f}: in docs/CONFIG.md, not a flag of zerone train" for f in doc_defaults if f not in help_defaults]
+problems += [f"{f}: docs/CONFIG.md says default '{doc_defaults[f]}', --help '{v}'"
+             for f, v in help_defaults.items() if f in doc_defaults and doc_defaults[f] != v]
+for p in problems:
+    print("FAIL  " + p)
+if not problems:
+    print(f"ok    docs/CONFIG.md's flag table is --help's ({len(help_defaults)} flags, defaults equal)")
+sys.exit(1 if problems else 0)
+PY
 
 # 2. --print-config round trip: the printed JSON, read back, prints itself and trains the same.
 flags=(--steps 3 --micro-batch 2 --seq 16 --lr 0.002 --zero-stage 2 --grad-clip 1 --warmup 1 --precision fp32

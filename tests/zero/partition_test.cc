@@ -101,7 +101,7 @@ TEST(Partition, GradientShardsGoToNvmeWithTheWholeOptimizer) {
   ZeroConfig config;
   config.stage = 2;
   config.offload_optimizer = OffloadDevice::nvme;
-  config.optimizer_buffer_count = 3;
+  config.offload_buffer_count = 3;
   ASSERT_TRUE(gradients_swapped(units, 2, 0, config));
   ModelStateBytes b = model_state_bytes(units, 2, 0, DType::bf16, config, 2);
   // Slots of 128000, 256000 and 192 (300 padded to 384, halved) f32 elements, each rounded up to 4 KiB.

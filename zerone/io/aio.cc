@@ -23,12 +23,16 @@
 namespace zerone::io {
 
 void validate(const AioConfig& c) {
-  ZERONE_CHECK(c.block_bytes >= 4096 && c.block_bytes <= (size_t{1} << 30) && c.block_bytes % 4096 == 0,
-               "aio.block_size ", c.block_bytes, " is out of range: expected a multiple of 4096 in 4096..1073741824");
-  ZERONE_CHECK(c.queue_depth >= 1 && c.queue_depth <= 4096, "aio.queue_depth ", c.queue_depth,
-               " is out of range: expected 1..4096");
-  ZERONE_CHECK(c.intra_op_parallelism >= 1 && c.intra_op_parallelism <= 64, "aio.intra_op_parallelism ",
-               c.intra_op_parallelism, " is out of range: expected 1..64");
+  using A = AioConfig;
+  ZERONE_CHECK(c.block_bytes >= A::kMinBlockBytes && c.block_bytes <= A::kMaxBlockBytes &&
+                   c.block_bytes % A::kMinBlockBytes == 0,
+               "aio.block_size ", c.block_bytes, " is out of range: expected a multiple of ", A::kMinBlockBytes, " in ",
+               A::kMinBlockBytes, "..", A::kMaxBlockBytes);
+  ZERONE_CHECK(c.queue_depth >= 1 && c.queue_depth <= A::kMaxQueueDepth, "aio.queue_depth ", c.queue_depth,
+               " is out of range: expected 1..", A::kMaxQueueDepth);
+  ZERONE_CHECK(c.intra_op_parallelism >= 1 && c.intra_op_parallelism <= A::kMaxIntraOpParallelism,
+               "aio.intra_op_parallelism ", c.intra_op_parallelism, " is out of range: expected 1..",
+               A::kMaxIntraOpParallelism);
 }
 
 const char* io_op_name(IoOp op) { return op == IoOp::read ? "read" : "write"; }

@@ -40,12 +40,19 @@ inline size_t swap_aligned(size_t bytes) { return (bytes + kSwapAlignBytes - 1) 
 //                         a batch per transfer
 //   overlap_events        keep the queue full: submit new requests as earlier ones complete; when
 //                         false, a ring takes new requests only once all its requests completed
+// The defaults are DeepSpeed's; the ranges below are the only statement of what validate() accepts
+// (the settings table's rows for the aio keys read them too).
 struct AioConfig {
   size_t block_bytes = 1 << 20;
   int queue_depth = 8;
   int intra_op_parallelism = 1;
   bool single_submit = false;
   bool overlap_events = true;
+
+  static constexpr size_t kMinBlockBytes = kSwapAlignBytes;  // and a multiple of it
+  static constexpr size_t kMaxBlockBytes = size_t{1} << 30;
+  static constexpr int kMaxQueueDepth = 4096;
+  static constexpr int kMaxIntraOpParallelism = 64;
 };
 
 // Checks the ranges of an AioConfig; throws Error naming the aio key.

@@ -75,7 +75,7 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
   ZERONE_CHECK(to != "hf" || dynamic_cast<nn::GPT2*>(model.get()) != nullptr || dynamic_cast<nn::Llama*>(model.get()) != nullptr,
                "convert: '", o.src, "' holds ", model->spec(),
                ", which a Hugging Face directory (GPT-2 or LLaMA) cannot hold: use --to zerone");
-  ZERONE_CHECK(to != "llmc" || dtype != DType::f16, "convert: llm.c checkpoints hold f32 or bf16: use --dtype f32 or bf16");
+  ZERONE_CHECK(to != "llmc" || dtype != DType::f16, "convert: llm.c checkpoints hold fp32 or bf16: use --dtype fp32 or bf16");
   ZERONE_CHECK(!same_file(o.src, dst) && !same_file(strip_slashes(o.src), dst), "convert: the destination '", o.dst,
                "' is the source");
 
@@ -122,7 +122,7 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
       m.model = model->spec();
       m.dtype = dtype;
       m.units = checkpoint_units(*model);
-      CheckpointFileWriter writer(tmp, "rank-00000.bin", 0);
+      CheckpointFileWriter writer(tmp, "rank-00000.bin", 0, o.fault_env);
       for (int u = 0; u < model->num_units(); ++u) {
         load_unit(u);
         writer.append(u, "param", dtype, 0, model->units()[u].numel(), model->units()[u].data());

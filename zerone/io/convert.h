@@ -18,6 +18,8 @@
 #include <functional>
 #include <string>
 
+#include "zerone/io/fault_env.h"
+
 namespace zerone::nn {
 class Model;
 }
@@ -27,10 +29,13 @@ namespace zerone::io {
 struct ConvertOptions {
   std::string src, dst;
   std::string to;     // "hf", "llmc", "zerone"; empty: llmc when dst ends in ".bin", else hf
-  std::string dtype;  // "f32", "bf16", "f16" (also fp32/fp16); empty: the source's
+  std::string dtype;  // "fp32", "bf16", "fp16" (also f32/f16); empty: the source's
   // Called before each unit is read; throws to stop (a stop signal). The destination is then not
   // written and no temporary is left.
   std::function<void()> check_interrupt;
+  // The test hooks (crash points of the zerone checkpoint writer, Note [Crash points]); the
+  // program's main() passes FaultEnv::from_environment(). Default: injects nothing.
+  FaultEnv fault_env;
 };
 
 struct ConvertResult {

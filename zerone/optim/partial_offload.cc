@@ -24,7 +24,7 @@ ShardRef slice(const ShardRef& s, size_t begin, size_t end, DType dtype) {
 
 PartialOffloadOptimizer::PartialOffloadOptimizer(std::vector<ShardRef> shards, const std::vector<size_t>& offloaded,
                                                  DType param_dtype, const OptimizerOptions& options,
-                                                 MemPlace offload_place, size_t sub_group_numel, int buffer_count,
+                                                 MemPlace offload_place, size_t sub_group_numel, int offload_buffer_count,
                                                  const NvmeConfig& nvme, io::SwapDirectory* dir)
     : shards_(std::move(shards)), param_dtype_(param_dtype), options_(options) {
   ZERONE_ASSERT(offloaded.size() == shards_.size() && offload_place != MemPlace::device);
@@ -50,7 +50,7 @@ PartialOffloadOptimizer::PartialOffloadOptimizer(std::vector<ShardRef> shards, c
   if (offload_place == MemPlace::nvme) {
     ZERONE_ASSERT(dir != nullptr);
     offloaded_ = std::make_unique<SwappedOptimizer>(std::move(off_parts), param_dtype, options, sub_group_numel,
-                                                    buffer_count, nvme, *dir);
+                                                    offload_buffer_count, nvme, *dir);
   } else {
     offloaded_ = make_optimizer(std::move(off_parts), param_dtype, options, MemPlace::host);
   }

@@ -28,11 +28,11 @@ class PartialOffloadOptimizer final : public Optimizer {
  public:
   // `offloaded[i]` (zero::offloaded_prefix) leading elements of shard i go to `offload_place`
   // (host, or nvme: then the swap of `dir`, the run's swap directory, with sub_group_numel,
-  // buffer_count and `nvme`); the rest stays on the device. Throws Error as the optimizers it
+  // offload_buffer_count and `nvme`); the rest stays on the device. Throws Error as the optimizers it
   // builds do.
   PartialOffloadOptimizer(std::vector<ShardRef> shards, const std::vector<size_t>& offloaded, DType param_dtype,
                           const OptimizerOptions& options, MemPlace offload_place, size_t sub_group_numel,
-                          int buffer_count, const NvmeConfig& nvme, io::SwapDirectory* dir);
+                          int offload_buffer_count, const NvmeConfig& nvme, io::SwapDirectory* dir);
 
   void set_param(size_t i, void* param) override;
   void set_grad(size_t i, const float* grad) override;

@@ -28,7 +28,7 @@ int optim_tensor_count(const OptimizerOptions& o) {
 }  // namespace
 
 SwappedOptimizer::SwappedOptimizer(std::vector<ShardRef> shards, DType param_dtype,
-                                   const OptimizerOptions& options, size_t sub_group_numel, int buffer_count,
+                                   const OptimizerOptions& options, size_t sub_group_numel, int offload_buffer_count,
                                    const NvmeConfig& config, io::SwapDirectory& dir,
                                    const std::vector<char>& spare_slots, const ParamSource& param_source)
     : shards_(std::move(shards)),
@@ -39,8 +39,9 @@ SwappedOptimizer::SwappedOptimizer(std::vector<ShardRef> shards, DType param_dty
       tensors_(optim_tensors_ + (param_dtype == DType::f32 ? 0 : 1)) {
   ZERONE_CHECK(tensors_ > 0, "--offload-optimizer nvme: ", optimizer_name(options),
                " without momentum on fp32 parameters keeps no optimizer state to swap (use --offload-optimizer none)");
-  ZERONE_CHECK(buffer_count >= 1 && buffer_count <= 64, "offload_optimizer.buffer_count ", buffer_count,
-               " is out of range: expected 1..64");
+  ZERONE_CHECK(offload_buffer_count >= 1 && offload_buffer_count <= kMaxOffloadBufferCount,
+               "offload_optimizer.buffer_count ", offload_buffer_count, " is out of range: expected 1..",
+               kMaxOffloadBufferCount);
   ZERONE_CHECK(sub_group_numel >= 1, "sub_group_size must be at least 1 element");
   uint64_t offset = 0;
   size_t largest = 0;
@@ -67,7 +68,7 @@ SwappedOptimizer::SwappedOptimizer(std::vector<ShardRef> shards, DType param_dty
   MemoryLedger::global().add(MemPlace::nvme, MemCategory::master, nvme_master_bytes_);
   MemoryLedger::global().add(MemPlace::nvme, MemCategory::scratch, nvme_spare_bytes_);
   if (!groups_.empty()) {
-    for (int b = 0; b < buffer_count; ++b) {
+    for (int b = 0; b < offload_buffer_count; ++b) {
       buffers_.emplace_back(largest * static_cast<size_t>(tensors_), MemCategory::swap, MemPlace::host, io::kSwapAlignBytes);
       if (config.pin_memory)
         ZERONE_CHECK(::mlock(buffers_.back().data(), buffers_.back().bytes()) == 0, "offload_optimizer.pin_memory: ",

@@ -29,6 +29,9 @@ struct NvmeConfig {
   std::string grad_fault_plan;    // tests only: the same for the gradient swap (Note [Gradient swap])
 };
 
+// Host staging buffers of the optimizer swap (offload_optimizer.buffer_count): 1 up to this many.
+inline constexpr int kMaxOffloadBufferCount = 64;
+
 // The sub-groups of one optimizer shard of `shard_numel` elements: [begin, end) ranges of at most
 // sub_group_numel elements, in order (a shard is split, never merged with another).
 std::vector<std::pair<size_t, size_t>> sub_groups(size_t shard_numel, size_t sub_group_numel);
@@ -43,7 +46,7 @@ inline size_t swap_tensor_bytes(size_t numel) { return io::swap_aligned(numel * 
 // layout. The swap file's bytes are in the ledger as nvme.master / nvme.optim, the staging buffers
 // as host.swap; zerone estimate computes both with the same functions.
 //
-// Note [Pipelined swap]: with buffer_count = B >= 2 staging buffers, sub-group g uses buffer g % B.
+// Note [Pipelined swap]: with offload_buffer_count = B >= 2 staging buffers, sub-group g uses buffer g % B.
 // Before stepping g the engine starts reading g+1 (pipeline_read) into buffer (g+1) % B, first
 // waiting for that buffer's previous write (sub-group g+1-B, started B-1 steps earlier); after
 // stepping g it starts writing g back and moves on without waiting (pipeline_write). So the
@@ -72,7 +75,7 @@ class SwappedOptimizer final : public Optimizer {
   // (Note [Streaming construction] in zero/engine.cc).
   using ParamSource = std::function<const void*(size_t shard)>;
   SwappedOptimizer(std::vector<ShardRef> shards, DType param_dtype, const OptimizerOptions& options,
-                   size_t sub_group_numel, int buffer_count, const NvmeConfig& config, io::SwapDirectory& dir,
+                   size_t sub_group_numel, int offload_buffer_count, const NvmeConfig& config, io::SwapDirectory& dir,
                    const std::vector<char>& spare_slots = {}, const ParamSource& param_source = nullptr);
   ~SwappedOptimizer() override;
   SwappedOptimizer(const SwappedOptimizer&) = delete;

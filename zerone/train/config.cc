@@ -52,12 +52,12 @@ struct FloatRange {
 // Note [DeepSpeed config keys]: every key of a config file is honoured (it sets a zerone setting),
 // accepted and listed in one notice (it only tunes something zerone does not have and cannot
 // change results), or refused with an error naming it (it would change results or the memory the
-// user relies on, and zerone does not implement it yet; or it is unknown). README's table "DeepSpeed
-// config keys" is the user-facing copy of these lists.
+// user relies on, and zerone does not implement it yet; or it is unknown). The table "DeepSpeed config
+// keys" in docs/CONFIG.md is the user-facing copy of these lists.
 
 // The treatment of every key of DeepSpeed's documented config (docs/_pages/config-json.md and the
 // config classes it points to), by dotted path; the reader below implements it, and
-// deepspeed_keys() publishes it (README's table, tests/train/config_test.cc).
+// deepspeed_keys() publishes it (docs/CONFIG.md's table, tests/train/config_test.cc).
 const std::vector<DeepSpeedKey> kDeepSpeedKeys = [] {
   using K = DeepSpeedKeyTreatment;
   std::vector<DeepSpeedKey> t;
@@ -772,22 +772,11 @@ void validate(const TrainConfig& c) {
                "' writes the weights gathered from every rank, but '", c.no_gathered_save_key,
                "' is false (DeepSpeed then saves no consolidated weights at stage 3): set it true, or drop --save and ",
                "convert a --checkpoint-dir checkpoint with `zerone convert`");
+  check_memory_settings(c);
   ZERONE_CHECK(!c.is_given("--epochs") || c.epochs >= 1, setting_name(c, "--epochs"), " ", c.epochs,
                " is out of range: expected 1..1000000 passes over --data (0 would train nothing)");
   ZERONE_CHECK(!(c.is_given("--epochs") && c.is_given("--steps")), setting_name(c, "--epochs"), " and ",
                setting_name(c, "--steps"), " both say how long to train: give one");
-  {
-    // Settings of the other optimizer would do nothing.
-    const bool sgd = c.optimizer == "sgd";
-    const std::vector<const char*> other = sgd ? std::vector<const char*>{"--beta1", "--beta2", "--eps"}
-                                               : std::vector<const char*>{"--momentum", "--dampening", "--nesterov"};
-    for (const char* flag : other)
-      ZERONE_CHECK(!c.is_given(flag), setting_name(c, flag), " applies to --optimizer ", sgd ? "adamw" : "sgd",
-                   "; this run's optimizer is ", c.optimizer);
-    ZERONE_CHECK(!c.nesterov || (c.momentum > 0.0f && c.dampening == 0.0f), setting_name(c, "--nesterov"),
-                 " needs a momentum above 0 and zero dampening (as torch.optim.SGD): --momentum ", c.momentum,
-                 ", --dampening ", c.dampening);
-  }
   for (const char* flag : {"--checkpoint-every", "--keep-last", "--checkpoint-async", "--resume"})
     ZERONE_CHECK(!c.is_given(flag) || !c.checkpoint_dir.empty(), setting_name(c, flag),
                  " needs --checkpoint-dir (where checkpoints are written and found)");
@@ -801,6 +790,21 @@ void validate(const TrainConfig& c) {
                " nvme needs --nvme-path DIR (a directory on a local disk)");
   ZERONE_CHECK(nvme || c.nvme_path.empty(),
                "--nvme-path is given but nothing is offloaded to nvme (--offload-optimizer nvme or --offload-param nvme)");
+}
+
+void check_memory_settings(const TrainConfig& c) {
+  ZERONE_CHECK(!c.cpu_checkpointing || c.activation_checkpointing, setting_name(c, "--cpu-checkpointing"),
+               " keeps the inputs that activation checkpointing saves: give --activation-checkpointing too");
+  // Settings of the other optimizer would do nothing.
+  const bool sgd = c.optimizer == "sgd";
+  const std::vector<const char*> other = sgd ? std::vector<const char*>{"--beta1", "--beta2", "--eps"}
+                                             : std::vector<const char*>{"--momentum", "--dampening", "--nesterov"};
+  for (const char* flag : other)
+    ZERONE_CHECK(!c.is_given(flag), setting_name(c, flag), " applies to --optimizer ", sgd ? "adamw" : "sgd",
+                 "; this run's optimizer is ", c.optimizer);
+  ZERONE_CHECK(!c.nesterov || (c.momentum > 0.0f && c.dampening == 0.0f), setting_name(c, "--nesterov"),
+               " needs a momentum above 0 and zero dampening (as torch.optim.SGD): --momentum ", c.momentum,
+               ", --dampening ", c.dampening);
   // Note [Partial optimizer offload]: a part of nothing offloaded would do nothing.
   ZERONE_CHECK(c.offload_optimizer_ratio == 1.0 || c.offload_optimizer != "none", setting_name(c, "--offload-optimizer-ratio"),
                " ", c.offload_optimizer_ratio, " offloads a part of the optimizer, but --offload-optimizer is none: "
@@ -828,8 +832,6 @@ void check_settings_take_effect(TrainConfig& c, bool fp16, bool has_validation_d
     throw Error(str_cat(setting_name(c, p.flag), " applies only to --lr-schedule ", users, "; this run's schedule is ",
                         lr_schedule_name(kind)));
   }
-  ZERONE_CHECK(!c.cpu_checkpointing || c.activation_checkpointing, setting_name(c, "--cpu-checkpointing"),
-               " keeps the inputs that activation checkpointing saves: give --activation-checkpointing too");
   for (const char* flag : {"--val-every", "--val-batches"})
     ZERONE_CHECK(!c.is_given(flag) || has_validation_data, setting_name(c, flag),
                  " has nothing to validate on: give --val-data");

@@ -3,7 +3,7 @@
 // gradient_clipping, bf16/bfloat16/fp16, optimizer, scheduler, zero_optimization, ...) plus zerone's
 // own keys for the rest ("model", "init", "data", "val_data", "steps", "seq", "seed", ...). A flag
 // given on the command line wins over the file; "auto" (Hugging Face Trainer's placeholder) leaves
-// a setting to its flag or default. README's "DeepSpeed config keys" lists how each key is treated:
+// a setting to its flag or default. docs/CONFIG.md's "DeepSpeed config keys" lists how each key is treated:
 // honoured, accepted with a notice (it tunes something zerone does not have and cannot change
 // results), or an error (it would change results and is not implemented).
 //
@@ -19,7 +19,16 @@
 #include <utility>
 #include <vector>
 
+#include "zerone/io/aio.h"
+#include "zerone/zero/partition.h"
+
 namespace zerone::train {
+
+// Note [Defaults stated once]: a setting that configures a library (the engine's ZeroConfig, the
+// swap's AioConfig) takes its default from that library's struct, so the library and the flag
+// cannot disagree; the settings table's ranges read the same structs' limits.
+inline const zero::ZeroConfig kZeroDefaults{};
+inline const io::AioConfig kAioDefaults{};
 
 struct TrainConfig {
   std::string model;            // spec or preset; empty: from --init, or the default run's model
@@ -59,10 +68,10 @@ struct TrainConfig {
   int val_batches = 8;
   int zero_stage = 0;
   // ZeRO buckets and stage-3 knobs, in elements (DeepSpeed's names and defaults).
-  int64_t reduce_bucket_size = 500'000'000;
-  int64_t allgather_bucket_size = 500'000'000;
-  int64_t stage3_prefetch_bucket_size = 50'000'000;
-  int64_t stage3_param_persistence_threshold = 100'000;
+  int64_t reduce_bucket_size = static_cast<int64_t>(kZeroDefaults.reduce_bucket_numel);
+  int64_t allgather_bucket_size = static_cast<int64_t>(kZeroDefaults.allgather_bucket_numel);
+  int64_t stage3_prefetch_bucket_size = static_cast<int64_t>(kZeroDefaults.prefetch_numel);
+  int64_t stage3_param_persistence_threshold = static_cast<int64_t>(kZeroDefaults.persistence_threshold);
   // fp16 loss scaling (DeepSpeed's fp16.* keys): loss_scale 0 = dynamic.
   double loss_scale = 0.0;
   int initial_scale_power = 16;
@@ -87,22 +96,22 @@ struct TrainConfig {
   int hpz_partition_size = 1;
   bool quantized_weights = false;
   int quantized_gradients = 0;
-  // Offload (README "Offload"; DeepSpeed's zero_optimization.offload_* and aio keys).
+  // Offload (docs/OFFLOAD.md; DeepSpeed's zero_optimization.offload_* and aio keys).
   double device_mem_limit = 0.0;        // GiB per rank of the device arena; 0: no cap
   std::string device;                   // cpu | sim | cuda; empty: kernels::default_device()
   std::string offload_optimizer = "none";  // none | cpu | nvme (stages 1-3)
   std::string offload_param = "none";      // none | cpu (stage 3)
   std::string nvme_path;                // parent of the run's swap directories
-  int64_t sub_group_size = 1'000'000'000;  // optimizer elements per swap sub-group
-  int offload_buffer_count = 4;         // offload_optimizer.buffer_count: staging buffers
-  double offload_optimizer_ratio = 1.0; // offload_optimizer.ratio: offloaded share of the sub-groups
+  int64_t sub_group_size = static_cast<int64_t>(kZeroDefaults.sub_group_numel);  // optimizer elements per swap sub-group
+  int offload_buffer_count = kZeroDefaults.offload_buffer_count;  // offload_optimizer.buffer_count: staging buffers
+  double offload_optimizer_ratio = kZeroDefaults.offload_optimizer_ratio;  // offloaded share of the sub-groups
   bool pipeline_read = true, pipeline_write = true;  // overlap swap I/O with the optimizer step
   bool pin_memory = false;              // mlock the staging buffers
-  int64_t aio_block_size = 1 << 20;     // aio.block_size (bytes)
-  int aio_queue_depth = 8;              // aio.queue_depth
-  int aio_intra_op_parallelism = 1;     // aio.intra_op_parallelism (old name thread_count)
-  bool aio_single_submit = false;       // aio.single_submit
-  bool aio_overlap_events = true;       // aio.overlap_events
+  int64_t aio_block_size = static_cast<int64_t>(kAioDefaults.block_bytes);  // aio.block_size (bytes)
+  int aio_queue_depth = kAioDefaults.queue_depth;                          // aio.queue_depth
+  int aio_intra_op_parallelism = kAioDefaults.intra_op_parallelism;        // aio.intra_op_parallelism (old name thread_count)
+  bool aio_single_submit = kAioDefaults.single_submit;                     // aio.single_submit
+  bool aio_overlap_events = kAioDefaults.overlap_events;                   // aio.overlap_events
   // Checkpoints (zerone/train/checkpoint.h; config block "checkpoint").
   std::string checkpoint_dir;           // root of step-N/ directories and `latest`
   int checkpoint_every = 0;             // save after every N steps (0: only at the end and on a stop signal)
@@ -161,6 +170,12 @@ void resolve_batch_sizes(TrainConfig& cfg, int world_size);
 
 // Checks every value's range; throws Error naming the flag and what was expected.
 void validate(const TrainConfig& cfg);
+
+// The checks between settings that describe the model's memory, shared by validate() (train) and
+// `zerone estimate`: --cpu-checkpointing needs --activation-checkpointing, the other optimizer's
+// settings are refused, --offload-optimizer-ratio needs an optimizer offload. Throws Error naming
+// the flag (or config key) and what was expected.
+void check_memory_settings(const TrainConfig& cfg);
 
 // Every setting that must agree across ranks, as (flag, value) pairs in a fixed order, for the
 // start-up consistency check. Output paths are included: only rank 0 writes them, so a flag given

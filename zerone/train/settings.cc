@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "zerone/core/error.h"
+#include "zerone/optim/swapped.h"
 
 namespace zerone::train {
 
@@ -213,7 +214,7 @@ std::vector<Setting> build_table() {
        .changes_results = false},
       {.flag = "--offload-buffer-count", .key = "offload_buffer_count",
        .aliases = {"zero_optimization.offload_optimizer.buffer_count"}, .group = G::offload, .type = T::integer,
-       .field = &C::offload_buffer_count, .lo = 1, .hi = 64, .help = "host staging buffers of the NVMe optimizer swap",
+       .field = &C::offload_buffer_count, .lo = 1, .hi = optim::kMaxOffloadBufferCount, .help = "host staging buffers of the NVMe optimizer swap",
        .commands = kTrain | kEstimate, .changes_results = false},
       {.flag = "--offload-optimizer-ratio", .key = "offload_optimizer_ratio",
        .aliases = {"zero_optimization.offload_optimizer.ratio"}, .group = G::offload, .type = T::number,
@@ -231,14 +232,15 @@ std::vector<Setting> build_table() {
        .group = G::offload, .type = T::boolean, .field = &C::pin_memory, .help = "mlock the staging buffers",
        .changes_results = false},
       {.flag = "--aio-block-size", .key = "aio_block_size", .aliases = {"aio.block_size"}, .group = G::offload,
-       .type = T::integer, .field = &C::aio_block_size, .lo = 4096, .hi = 1073741824.0, .multiple_of = 4096,
+       .type = T::integer, .field = &C::aio_block_size, .lo = io::AioConfig::kMinBlockBytes,
+       .hi = io::AioConfig::kMaxBlockBytes, .multiple_of = io::AioConfig::kMinBlockBytes,
        .help = "bytes per swap I/O request", .changes_results = false},
       {.flag = "--aio-queue-depth", .key = "aio_queue_depth", .aliases = {"aio.queue_depth"}, .group = G::offload,
-       .type = T::integer, .field = &C::aio_queue_depth, .lo = 1, .hi = 4096,
+       .type = T::integer, .field = &C::aio_queue_depth, .lo = 1, .hi = io::AioConfig::kMaxQueueDepth,
        .help = "swap I/O requests in flight per io_uring ring", .changes_results = false},
       {.flag = "--aio-intra-op-parallelism", .key = "aio_intra_op_parallelism",
        .aliases = {"aio.intra_op_parallelism", "aio.thread_count"}, .group = G::offload, .type = T::integer,
-       .field = &C::aio_intra_op_parallelism, .lo = 1, .hi = 64, .help = "io_uring rings a swap transfer is spread over",
+       .field = &C::aio_intra_op_parallelism, .lo = 1, .hi = io::AioConfig::kMaxIntraOpParallelism, .help = "io_uring rings a swap transfer is spread over",
        .changes_results = false},
       {.flag = "--aio-single-submit", .key = "aio_single_submit", .aliases = {"aio.single_submit"}, .group = G::offload,
        .type = T::boolean, .field = &C::aio_single_submit, .help = "submit swap requests one at a time",

@@ -427,7 +427,7 @@ zero::ZeroConfig zero_config(const TrainConfig& cfg, DType dtype, const io::Faul
   zcfg.offload_optimizer = zero::parse_offload_device(cfg.offload_optimizer, "--offload-optimizer");
   zcfg.offload_param = zero::parse_offload_device(cfg.offload_param, "--offload-param");
   zcfg.sub_group_numel = static_cast<size_t>(cfg.sub_group_size);
-  zcfg.optimizer_buffer_count = cfg.offload_buffer_count;
+  zcfg.offload_buffer_count = cfg.offload_buffer_count;
   zcfg.offload_optimizer_ratio = cfg.offload_optimizer_ratio;
   zcfg.delayed_update = cfg.delayed_update;
   zcfg.early_step = cfg.early_step;

@@ -97,7 +97,7 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
     ZERONE_ASSERT(!speculates(config_), "a speculative early step with a partial optimizer offload");
     optimizer_ = std::make_unique<optim::PartialOffloadOptimizer>(
         std::move(optimizer_shards), offloaded, model.compute_dtype(), optimizer, offload_place(config_.offload_optimizer),
-        config_.sub_group_numel, config_.optimizer_buffer_count, nvme, swap_dir_.get());
+        config_.sub_group_numel, config_.offload_buffer_count, nvme, swap_dir_.get());
   } else if (fully_swapped) {
     // Note [Speculative early step]: every unit but the first (whose gradients are final only at
     // the end of the backward, so it is never updated before the step is validated) gets spare
@@ -107,7 +107,7 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
     std::vector<optim::ShardRef> in_memory = optimizer_shards;  // what read_back falls back to
     optimizer_ = std::make_unique<optim::SwappedOptimizer>(
         std::move(optimizer_shards), model.compute_dtype(), optimizer, config_.sub_group_numel,
-        config_.optimizer_buffer_count, nvme, *swap_dir_, spare,
+        config_.offload_buffer_count, nvme, *swap_dir_, spare,
         stream_params ? optim::SwappedOptimizer::ParamSource([&](size_t shard) {
           return params_->read_back(static_cast<int>(shard), in_memory[shard].param);
         })

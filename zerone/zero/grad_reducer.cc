@@ -16,7 +16,7 @@ namespace zerone::zero {
 
 // Note [Gradient swap]: with the whole optimizer on NVMe at stages 2-3 (and no delayed update),
 // the f32 gradient shard accumulators, 4 bytes per parameter, live in the rank's grads.swp (one
-// 4 KiB-aligned slot per unit) instead of memory; buffer_count host staging buffers of the
+// 4 KiB-aligned slot per unit) instead of memory; offload_buffer_count host staging buffers of the
 // largest slot carry them (ZeRO-Infinity keeps its gradient partitions on NVMe the same way).
 //   - the first micro-step's reduce-scatter of a unit lands in a staging buffer, which is written
 //     to the slot once the reduction is done; a later micro-step's lands in the pooled buffer it
@@ -44,7 +44,7 @@ GradReducer::GradReducer(nn::Model& model, const ZeroConfig& config, std::vector
     units_[u].host_accumulator = host_accumulators[u] != 0;
   }
   if (!swapped_) return;
-  // One 4 KiB-aligned slot per unit in grads.swp, buffer_count staging buffers.
+  // One 4 KiB-aligned slot per unit in grads.swp, offload_buffer_count staging buffers.
   ZERONE_ASSERT(swap_dir != nullptr && config_.stage >= 2, "swapped gradients without a swap directory or below stage 2");
   uint64_t offset = 0;
   size_t largest = 0;
@@ -56,7 +56,7 @@ GradReducer::GradReducer(nn::Model& model, const ZeroConfig& config, std::vector
   }
   swap_path_ = swap_dir->path() + "/grads.swp";
   swap_fd_ = swap_dir->create_file("grads.swp", offset);
-  for (int b = 0; b < config_.optimizer_buffer_count; ++b) {
+  for (int b = 0; b < config_.offload_buffer_count; ++b) {
     staging_.emplace_back(largest, MemCategory::swap, MemPlace::host, io::kSwapAlignBytes);
     ZERONE_CHECK(!nvme.pin_memory || ::mlock(staging_.back().data(), largest) == 0,
                  "offload_optimizer.pin_memory: cannot lock ", largest, " bytes of gradient staging in memory: ",

@@ -39,7 +39,7 @@ class GradReducer {
   // Lays out the accumulators of the units `shards` (stages 2-3: on the host for the units in
   // `host_accumulators`, the units whose optimizer shard is offloaded; else on the device) and,
   // with `swapped` (gradients_swapped() in partition.h), grads.swp in `swap_dir` (which must
-  // outlive the reducer) with buffer_count staging buffers. `pool`: the engine's working-set pool.
+  // outlive the reducer) with offload_buffer_count staging buffers. `pool`: the engine's working-set pool.
   // `zeropp` (null: off; must outlive the reducer) reduce-scatters as ZeRO++'s qgZ when it quantizes.
   // Throws Error for a full disk, an I/O failure or staging that cannot be locked in memory.
   GradReducer(nn::Model& model, const ZeroConfig& config, std::vector<UnitShard> shards,

@@ -164,10 +164,10 @@ ModelStateBytes model_state_bytes(const std::vector<size_t>& unit_numels, int wo
     }
   }
   if (nvme && largest_sub_group > 0) {
-    b.swap = static_cast<int64_t>(config.optimizer_buffer_count) * ((has_master ? 1 : 0) + K) *
+    b.swap = static_cast<int64_t>(config.offload_buffer_count) * ((has_master ? 1 : 0) + K) *
              static_cast<int64_t>(swap_tensor_bytes(largest_sub_group));
   }
-  b.swap += static_cast<int64_t>(config.optimizer_buffer_count) * static_cast<int64_t>(largest_grad_slot);
+  b.swap += static_cast<int64_t>(config.offload_buffer_count) * static_cast<int64_t>(largest_grad_slot);
   if (b.swap > 0) b.placed.at(MemPlace::host, MemCategory::swap) = b.swap;
   return b;
 }

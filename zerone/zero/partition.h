@@ -29,11 +29,11 @@
 //          host when any of its sub-groups is offloaded, else device
 //   master, optim: --offload-optimizer (none: device, cpu: host, nvme: nvme swap files); with a
 //          ratio below 1 only a leading part of the sub-groups (Note [Partial optimizer offload])
-//   swap   with --offload-optimizer nvme: buffer_count host staging buffers, each holding one
+//   swap   with --offload-optimizer nvme: offload_buffer_count host staging buffers, each holding one
 //          sub-group's master (bf16/fp16 only) and K state tensors, every tensor rounded up to the 4 KiB
 //          O_DIRECT block; the swap file holds every sub-group in the same aligned layout, so the
 //          nvme bytes are the aligned sizes (Note [Swap layout] in optim/swapped.h); with swapped
-//          gradients also buffer_count host buffers of the largest aligned gradient shard.
+//          gradients also offload_buffer_count host buffers of the largest aligned gradient shard.
 //   scratch when speculates(), for every unit but the first: an undo copy of the
 //          optimizer's parameter slice (compute dtype, on the parameters' place; for swapped
 //          shards a spare 4 KiB-aligned slot in params.swp instead) and of the optimizer state
@@ -74,7 +74,7 @@ struct ZeroConfig {
   OffloadDevice offload_optimizer = OffloadDevice::none;  // stages 1-3 (Note [Offload places])
   OffloadDevice offload_param = OffloadDevice::none;      // stage 3
   size_t sub_group_numel = 1'000'000'000;            // sub_group_size: optimizer elements per swap unit
-  int optimizer_buffer_count = 4;                    // offload_optimizer.buffer_count (staging buffers)
+  int offload_buffer_count = 4;                      // offload_optimizer.buffer_count (staging buffers)
   double offload_optimizer_ratio = 1.0;              // offload_optimizer.ratio (Note [Partial optimizer offload])
   bool delayed_update = false;                       // --delayed-update (Note [Delayed parameter update])
   bool early_step = true;                            // --early-step (Note [Early optimizer step])
@@ -101,7 +101,7 @@ bool speculates(const ZeroConfig& config);
 
 // Note [Gradient swap]: stages 2-3 with the whole optimizer on NVMe (ratio 1) and no
 // --delayed-update keep their f32 gradient shard accumulators in the swap file "grads.swp" (one
-// 4 KiB-aligned slot per unit, nvme.grad) instead of memory, staged through buffer_count host
+// 4 KiB-aligned slot per unit, nvme.grad) instead of memory, staged through offload_buffer_count host
 // buffers of the largest slot (host.swap). zero/grad_reducer.cc has the protocol.
 bool gradients_swapped(const std::vector<size_t>& unit_numels, int world, int rank, const ZeroConfig& config);
 

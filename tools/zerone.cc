@@ -243,10 +243,10 @@ int main(int argc, char** argv) {
 
   train::SampleOptions sample_opts;
   CLI::App* sample_cmd = app.add_subcommand(
-      "sample", "generate text from an llm.c checkpoint or a Hugging Face model directory");
+      "sample", "generate text from an llm.c checkpoint, a Hugging Face model directory or a zerone checkpoint");
   sample_cmd->add_option("--init", sample_opts.init,
-                         "an llm.c GPT-2 file or a Hugging Face model directory (GPT-2 or LLaMA; decodes with its own "
-                         "tokenizer when it has one)")->required();
+                         "an llm.c GPT-2 file, a Hugging Face model directory (GPT-2 or LLaMA; decodes with its own "
+                         "tokenizer when it has one) or a zerone checkpoint directory")->required();
   sample_cmd->add_option("--prompt", sample_opts.prompt, "prompt text, encoded with --tokenizer (default byte-level)");
   sample_cmd->add_option("--prompt-tokens", sample_opts.prompt_tokens, "prompt as token ids")->delimiter(',');
   sample_cmd->add_option("--tokenizer", sample_opts.tokenizer,

@@ -14,18 +14,7 @@ data="$here/../data"
 d=$(mktemp -d); trap 'rm -rf "$d"' EXIT
 fail=0
 check() { bash "$here/expect_error.sh" "$@" || fail=1; }
-tensors() {  # tensors DIR: "name dtype shape sha256" lines of DIR/model.safetensors, sorted
-  python3 - "$1/model.safetensors" <<'EOF'
-import hashlib, json, struct, sys
-raw = open(sys.argv[1], "rb").read()
-n = struct.unpack("<Q", raw[:8])[0]
-header = json.loads(raw[8:8 + n])
-for name in sorted(k for k in header if k != "__metadata__"):
-    e = header[name]
-    b, c = e["data_offsets"]
-    print(name, e["dtype"], e["shape"], hashlib.sha256(raw[8 + n + b:8 + n + c]).hexdigest()[:16])
-EOF
-}
+tensors() { python3 "$here/tensor_digest.py" "$1"; }  # tensors DIR: "name dtype shape sha256" lines, sorted
 golden_loss=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["loss"])' "$data/hf_gpt2/golden.json")
 loss_of() {  # loss_of INIT [ARGS...]: the first step's loss (before any update) on the golden batch
   local init="$1"; shift
@@ -106,14 +95,14 @@ EOF
 then echo "ok   the bf16 export is the rounded f32 master"; else echo "FAIL bf16 export vs master"; fail=1; fi
 
 # Bad conversions.
-check "cannot open source '/nonexistent'" "$Z" convert /nonexistent "$d/x"
+check "convert: cannot open '/nonexistent'" "$Z" convert /nonexistent "$d/x"
 check "which an llm.c checkpoint \(GPT-2 only\) cannot hold" "$Z" convert "$data/hf_llama_tied" "$d/llama.bin"
 check "llm.c checkpoints hold fp32 or bf16" "$Z" convert "$data/hf_gpt2" "$d/f16.bin" --dtype f16
 check "exists; a zerone checkpoint is written as a new directory" "$Z" convert "$data/hf_gpt2" "$d/z" --to zerone
 check "--to 'onnx': expected hf, llmc or zerone" "$Z" convert "$data/hf_gpt2" "$d/x" --to onnx
 check "unknown precision 'f8'" "$Z" convert "$data/hf_gpt2" "$d/x" --dtype f8
 mkdir "$d/empty"
-check "is not a zerone checkpoint" "$Z" convert "$d/empty" "$d/x"
+check "is a directory, but neither a Hugging Face model directory" "$Z" convert "$d/empty" "$d/x"
 head -c 3000 "$d/m.bin" > "$d/trunc.bin"
 check "is truncated" "$Z" convert "$d/trunc.bin" "$d/x"
 [ ! -e "$d/x" ] && echo "ok   no partial destination was left" || { echo "FAIL a partial destination was left"; fail=1; }

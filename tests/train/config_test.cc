@@ -216,7 +216,7 @@ TEST(Config, AutoLeavesTheFlagOrDefault) {
   ASSERT_EQ(c.notices.size(), 1u);
   EXPECT_EQ(c.notices[0],
             "config keys with no effect here: steps_per_print, wall_clock_breakdown, "
-            "zero_optimization.stage3_gather_16bit_weights_on_model_save, zero_optimization.stage3_max_live_parameters, "
+            "zero_optimization.stage3_max_live_parameters, "
             "zero_optimization.stage3_max_reuse_distance");
   validate(c);
 }

@@ -17,6 +17,7 @@
 #include "zerone/io/hf_checkpoint.h"
 #include "zerone/io/llmc_checkpoint.h"
 #include "zerone/io/sharded_checkpoint.h"
+#include "zerone/io/weight_source.h"
 #include "zerone/nn/gpt2.h"
 #include "zerone/nn/llama.h"
 #include "zerone/nn/model.h"
@@ -29,51 +30,9 @@ std::string strip_slashes(std::string path) {
   return path;
 }
 
-// A source of unit parameters in some format.
-struct Source {
-  std::string kind, spec, notice;
-  DType dtype = DType::f32;  // what the source stores
-  // Fills unit u of `model` (storage allocated, the model's dtype).
-  std::function<void(nn::Model& model, int u)> load;
-  std::unique_ptr<CheckpointReader> zerone;
-  std::unique_ptr<HfCheckpointReader> hf;
-};
-
-Source open_source(const std::string& src) {
-  Source s;
-  struct stat st;
-  ZERONE_CHECK(::stat(src.c_str(), &st) == 0, "convert: cannot open source '", src, "': ", std::strerror(errno));
-  if (is_hf_directory(src)) {
-    s.kind = "Hugging Face directory";
-    s.spec = read_hf_spec(src, &s.notice);
-    const auto config = nlohmann::json::parse(read_text_file(src + "/config.json", "config.json", 64 << 20), nullptr, false);
-    s.dtype = DType::f32;
-    if (config.is_object() && config.contains("torch_dtype") && config["torch_dtype"].is_string()) {
-      const std::string t = config["torch_dtype"];
-      if (t == "bfloat16") s.dtype = DType::bf16;
-      if (t == "float16") s.dtype = DType::f16;
-    }
-    return s;
-  }
-  if (S_ISDIR(st.st_mode)) {
-    s.kind = "zerone checkpoint";
-    s.zerone = std::make_unique<CheckpointReader>(src);
-    s.spec = s.zerone->manifest().model;
-    s.dtype = s.zerone->manifest().dtype;
-    return s;
-  }
-  s.kind = "llm.c checkpoint";
-  s.spec = read_llmc_config(src, "convert").to_string();
-  size_t bytes = 0;
-  FileDescriptor fd = open_regular_file(src, "convert", &bytes);
-  int32_t head[2];
-  read_exactly(fd.get(), head, sizeof head, 0, src);
-  s.dtype = head[1] == 3 ? DType::f32 : DType::bf16;
-  return s;
-}
-
 const char* kind_name(const std::string& to) {
-  return to == "hf" ? "Hugging Face directory" : to == "llmc" ? "llm.c checkpoint" : "zerone checkpoint";
+  return weight_format_name(to == "hf" ? WeightFormat::hf_directory : to == "llmc" ? WeightFormat::llmc_checkpoint
+                                                                                   : WeightFormat::zerone_checkpoint);
 }
 
 }  // namespace
@@ -106,9 +65,9 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
   const std::string dst = strip_slashes(o.dst);
   if (to.empty()) to = dst.size() > 4 && dst.compare(dst.size() - 4, 4, ".bin") == 0 ? "llmc" : "hf";
   ZERONE_CHECK(to == "hf" || to == "llmc" || to == "zerone", "convert: --to '", to, "': expected hf, llmc or zerone");
-  Source source = open_source(o.src);
-  const DType dtype = o.dtype.empty() ? source.dtype : parse_dtype(o.dtype);
-  std::unique_ptr<nn::Model> model = nn::make_model(source.spec, dtype, 64, /*allocate=*/false);
+  WeightSource source(o.src, "convert");
+  const DType dtype = o.dtype.empty() ? source.stored_dtype() : parse_dtype(o.dtype);
+  std::unique_ptr<nn::Model> model = nn::make_model(source.spec(), dtype, 64, /*allocate=*/false);
   ZERONE_CHECK(to != "llmc" || dynamic_cast<nn::GPT2*>(model.get()) != nullptr, "convert: '", o.src, "' holds ",
                model->spec(), ", which an llm.c checkpoint (GPT-2 only) cannot hold: use --to hf or --to zerone");
   // Hugging Face tensor names exist for the transformers only (the image classifiers of
@@ -120,28 +79,17 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
   ZERONE_CHECK(!same_file(o.src, dst) && !same_file(strip_slashes(o.src), dst), "convert: the destination '", o.dst,
                "' is the source");
 
-  // Per-format readers, opened once (Note [Streaming conversion]).
-  if (source.zerone) {
-    source.zerone->check_layout(*model);
-    const bool master = dtype == DType::f32 && source.dtype != DType::f32 && source.zerone->has_tensor("master");
-    source.load = [&source, master](nn::Model& m, int u) {
-      source.zerone->read(u, master ? "master" : "param", 0, m.units()[u].numel(), m.compute_dtype(), m.units()[u].data());
-    };
-  } else if (source.kind == "Hugging Face directory") {
-    source.hf = std::make_unique<HfCheckpointReader>(o.src, *model);
-    source.load = [&source](nn::Model& m, int u) { source.hf->load_unit(m, u); };
-  } else {
-    const std::string path = o.src;
-    source.load = [path](nn::Model& m, int u) { load_llmc_checkpoint(path, dynamic_cast<nn::GPT2&>(m), u); };
-  }
+  // Opened and checked once (Note [Streaming conversion]); each unit then reads only its own bytes.
+  source.bind(*model);
+  const auto load = [&source](nn::Model& m, int u) { source.load_unit(m, u); };
   int resident = -1;
   auto load_unit = [&](int u) {
     if (resident == u) return;
     if (o.check_interrupt) o.check_interrupt();
     if (resident >= 0) model->units()[resident].release_params();
     model->units()[u].allocate_params();
-    source.load(*model, u);
-    check_unit_fits_f16(*model, u, source.load, str_cat("convert: '", o.src, "'"));
+    load(*model, u);
+    check_unit_fits_f16(*model, u, load, str_cat("convert: '", o.src, "'"));
     resident = u;
   };
 
@@ -155,7 +103,9 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
   }
   if (to == "hf") {
     check_hf_output(dst, "convert destination");
-    save_hf_checkpoint(dst, *model, load_unit);
+    HfSaveExtras extras;  // Note [What an export carries]
+    if (source.format() == WeightFormat::hf_directory) extras.source_dir = o.src;
+    save_hf_checkpoint(dst, *model, load_unit, extras);
   } else if (to == "llmc") {
     check_atomic_output(dst, "convert destination");
     save_llmc_checkpoint(dst, dynamic_cast<const nn::GPT2&>(*model), dtype, load_unit);
@@ -188,8 +138,8 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
     }
   }
   ConvertResult r;
-  r.notice = source.notice;
-  r.source_kind = source.kind;
+  r.notice = source.notice();
+  r.source_kind = source.format_name();
   r.destination_kind = kind_name(to);
   r.model_spec = model->spec();
   r.dtype = dtype_name(dtype);

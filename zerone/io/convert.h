@@ -1,8 +1,8 @@
 // `zerone convert`: model weights from one format to another, streaming one unit at a time.
 //
-// Sources (detected): a zerone checkpoint (a step directory, or a --checkpoint-dir root with
-// `latest`), an llm.c GPT-2 checkpoint file, a Hugging Face model directory (config.json +
-// safetensors). Destinations: a Hugging Face directory (hf), an llm.c file (llmc: GPT-2 only, v3
+// Sources (detected and read by io/weight_source.h, as --init's): a zerone checkpoint (a step
+// directory, or a --checkpoint-dir root with `latest`), an llm.c GPT-2 checkpoint file, a Hugging
+// Face model directory (config.json + safetensors). Destinations: a Hugging Face directory (hf), an llm.c file (llmc: GPT-2 only, v3
 // f32 or v5 bf16), or a weights-only zerone checkpoint directory (zerone; --init takes it).
 //
 // Note [Streaming conversion]: the model is built without storage; each unit is read from the

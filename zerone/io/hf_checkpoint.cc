@@ -3,10 +3,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <vector>
 
 #include "zerone/core/error.h"
 #include "zerone/io/file.h"
@@ -337,8 +339,8 @@ void check_hf_output(const std::string& dir, const std::string& what) {
   struct stat st;
   if (::lstat(trimmed.c_str(), &st) == 0) {
     ZERONE_CHECK(S_ISDIR(st.st_mode), what, ": '", dir, "' exists and is not a directory");
-    check_atomic_output(trimmed + "/config.json", what);
-    check_atomic_output(trimmed + "/model.safetensors", what);
+    for (const char* name : {"config.json", "model.safetensors", "generation_config.json"})
+      check_atomic_output(trimmed + "/" + name, what);
     return;
   }
   const size_t slash = trimmed.rfind('/');
@@ -349,7 +351,39 @@ void check_hf_output(const std::string& dir, const std::string& what) {
                std::strerror(errno));
 }
 
-void save_hf_checkpoint(const std::string& dir_in, const nn::Model& model, const UnitLoader& load) {
+const char* const kHfTokenizerFiles[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                                         "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model"};
+const size_t kNumHfTokenizerFiles = sizeof kHfTokenizerFiles / sizeof kHfTokenizerFiles[0];
+
+namespace {
+
+// The token id `key` of a source config (an integer, or the first of a list as some LLaMA-3 files
+// write eos_token_id), or null.
+json token_id(const json& config, const char* key) {
+  if (!config.is_object() || !config.contains(key)) return nullptr;
+  const json& v = config[key];
+  if (v.is_number_integer() || (v.is_array() && !v.empty() && v[0].is_number_integer())) return v;
+  return nullptr;
+}
+
+// Copies `from` to `to` atomically, in chunks. Throws Error naming the file.
+void copy_file_atomically(const std::string& from, const std::string& to) {
+  size_t bytes = 0;
+  FileDescriptor fd = open_regular_file(from, "", &bytes);
+  std::vector<char> chunk(std::min<size_t>(bytes, size_t{1} << 22));
+  write_file_atomically(to, [&](std::FILE* f) {
+    for (size_t at = 0; at < bytes; at += chunk.size()) {
+      const size_t n = std::min(chunk.size(), bytes - at);
+      read_exactly(fd.get(), chunk.data(), n, at, from);
+      write_all(f, chunk.data(), n, to);
+    }
+  });
+}
+
+}  // namespace
+
+void save_hf_checkpoint(const std::string& dir_in, const nn::Model& model, const UnitLoader& load,
+                        const HfSaveExtras& extras) {
   std::string dir = dir_in;
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   const bool created = ::mkdir(dir.c_str(), 0755) == 0;
@@ -361,8 +395,9 @@ void save_hf_checkpoint(const std::string& dir_in, const nn::Model& model, const
     bool armed;
     ~RemoveUnlessDone() {
       if (!armed) return;
-      ::unlink((dir + "/model.safetensors").c_str());
-      ::unlink((dir + "/config.json").c_str());
+      for (const char* name : {"model.safetensors", "config.json", "generation_config.json"})
+        ::unlink((dir + "/" + name).c_str());
+      for (size_t i = 0; i < kNumHfTokenizerFiles; ++i) ::unlink((dir + "/" + kHfTokenizerFiles[i]).c_str());
       ::rmdir(dir.c_str());
     }
   } cleanup{dir, created};
@@ -393,6 +428,10 @@ void save_hf_checkpoint(const std::string& dir_in, const nn::Model& model, const
     else
       config["rope_scaling"] = nullptr;
   }
+  // Note [What an export carries]: the source's special token ids.
+  const json source_config = extras.source_dir.empty() ? json() : read_config(extras.source_dir);
+  for (const char* key : {"bos_token_id", "eos_token_id"})
+    if (json id = token_id(source_config, key); !id.is_null()) config[key] = nlohmann::ordered_json::parse(id.dump());
   const std::vector<HfSlice> map = hf_map(model);
   SafetensorsWriter writer;
   writer.set_metadata("format", "pt");
@@ -418,6 +457,22 @@ void save_hf_checkpoint(const std::string& dir_in, const nn::Model& model, const
   });
   const std::string text = config.dump(2) + "\n";
   write_file_atomically(dir + "/config.json", [&](std::FILE* f) { write_all(f, text.data(), text.size(), dir + "/config.json"); });
+  const std::string source_generation = extras.source_dir + "/generation_config.json";
+  if (!extras.source_dir.empty() && ::access(source_generation.c_str(), F_OK) == 0) {
+    copy_file_atomically(source_generation, dir + "/generation_config.json");
+  } else {
+    nlohmann::ordered_json generation = {{"_from_model_config", true}};
+    for (const char* key : {"bos_token_id", "eos_token_id"})
+      if (config.contains(key)) generation[key] = config[key];
+    const std::string g = generation.dump(2) + "\n";
+    write_file_atomically(dir + "/generation_config.json",
+                          [&](std::FILE* f) { write_all(f, g.data(), g.size(), dir + "/generation_config.json"); });
+  }
+  if (!extras.source_dir.empty())
+    for (size_t i = 0; i < kNumHfTokenizerFiles; ++i) {
+      const std::string from = extras.source_dir + "/" + kHfTokenizerFiles[i];
+      if (::access(from.c_str(), F_OK) == 0) copy_file_atomically(from, dir + "/" + kHfTokenizerFiles[i]);
+    }
   cleanup.armed = false;
   remove_sharded_layout(dir);
 }

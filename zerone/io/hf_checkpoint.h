@@ -63,11 +63,29 @@ void load_hf_checkpoint(const std::string& dir, nn::Model& model, int only_unit 
 // writers call it in unit order before reading a unit, so a converter holds one unit at a time.
 using UnitLoader = std::function<void(int unit)>;
 
-// Writes config.json and model.safetensors into `dir` (created if missing; its parent must exist),
-// each file atomically, in the layout transformers loads unchanged, in the model's dtype. `model`
-// must hold full parameters (ZeroEngine::with_full_params on rank 0), or `load` brings each unit in
-// as it is reached.
-void save_hf_checkpoint(const std::string& dir, const nn::Model& model, const UnitLoader& load = nullptr);
+// What a saved directory carries beside the weights (Note [What an export carries]).
+struct HfSaveExtras {
+  // The Hugging Face directory the weights came from (--init, convert's source), or empty: its
+  // tokenizer files are copied, its config's bos/eos token ids kept, and its generation_config.json
+  // copied.
+  std::string source_dir;
+};
+
+// Note [What an export carries]: as transformers' save_pretrained (with the tokenizer's), a saved
+// directory holds config.json (bos_token_id / eos_token_id from the source's config, or GPT-2's
+// <|endoftext|> 50256 for its 50257-token vocabulary), model.safetensors, generation_config.json
+// (the source's, else {"_from_model_config": true} with the config's bos/eos ids), and the source's
+// tokenizer files that exist (kHfTokenizerFiles), so that the directory samples and loads as it is.
+extern const char* const kHfTokenizerFiles[];
+extern const size_t kNumHfTokenizerFiles;
+
+// Writes config.json, model.safetensors, generation_config.json and the tokenizer files into `dir`
+// (created if missing; its parent must exist), each file atomically, in the layout transformers
+// loads unchanged, in the model's dtype. `model` must hold full parameters, or `load` brings each
+// unit in as it is reached (Note [Streaming save] in zero/engine.h). A directory this call created
+// is removed again if it fails; Error names the file.
+void save_hf_checkpoint(const std::string& dir, const nn::Model& model, const UnitLoader& load = nullptr,
+                        const HfSaveExtras& extras = {});
 
 // Start-up check of a --save directory: the parent exists and is writable, and `dir` is a
 // directory or does not exist yet.

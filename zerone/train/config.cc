@@ -87,7 +87,11 @@ const std::vector<DeepSpeedKey> kDeepSpeedKeys = [] {
                     "tensorboard.job_name", "csv_monitor", "csv_monitor.enabled", "csv_monitor.output_path",
                     "csv_monitor.job_name", "communication_data_type", "data_types", "data_types.grad_accum_dtype",
                     "zero_optimization.zero_hpz_partition_size", "zero_optimization.zero_quantized_weights",
-                    "zero_optimization.zero_quantized_gradients"});
+                    "zero_optimization.zero_quantized_gradients",
+                    // Note [Streaming save] (zero/engine.h): --save gathers one unit at a time.
+                    "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+                    "zero_optimization.gather_16bit_weights_on_model_save",
+                    "zero_optimization.stage3_gather_fp16_weights_on_model_save"});
   // Tune machinery zerone does not have (logging, profiling, caches, buffers, checkpoint engines):
   // accepted and listed in one notice, whatever the value.
   add(K::notice, {"steps_per_print", "wall_clock_breakdown", "memory_breakdown", "dump_state", "comment",
@@ -99,9 +103,7 @@ const std::vector<DeepSpeedKey> kDeepSpeedKeys = [] {
                   "bf16.check_grad_overflow", "bfloat16.immediate_grad_update", "bfloat16.check_grad_overflow",
                   "zero_optimization.round_robin_gradients", "zero_optimization.stage3_max_live_parameters",
                   "zero_optimization.max_live_parameters", "zero_optimization.stage3_max_reuse_distance",
-                  "zero_optimization.max_reuse_distance", "zero_optimization.stage3_gather_16bit_weights_on_model_save",
-                  "zero_optimization.gather_16bit_weights_on_model_save",
-                  "zero_optimization.stage3_gather_fp16_weights_on_model_save", "zero_optimization.elastic_checkpoint",
+                  "zero_optimization.max_reuse_distance", "zero_optimization.elastic_checkpoint",
                   "zero_optimization.ignore_unused_parameters", "zero_optimization.legacy_stage1",
                   "zero_optimization.memory_efficient_linear", "zero_optimization.use_multi_rank_bucket_allreduce",
                   "zero_optimization.cpu_offload_use_pin_memory", "zero_optimization.log_trace_cache_warnings",
@@ -694,6 +696,11 @@ void ConfigReader::read_zero(const json& v) {
           fail_text(full, str_cat("is true, but ", block, ".device is ", b["device"].dump(), ": give one of them"));
         if (claim(opt ? "--offload-optimizer" : "--offload-param", full)) (opt ? cfg_.offload_optimizer : cfg_.offload_param) = "cpu";
       }
+    } else if (zk == "stage3_gather_16bit_weights_on_model_save" || zk == "gather_16bit_weights_on_model_save" ||
+               zk == "stage3_gather_fp16_weights_on_model_save") {
+      // true: --save writes the gathered (consolidated) weights, unit by unit; false: DeepSpeed
+      // writes none at stage 3, which validate() holds against a --save.
+      if (!is_auto(zv)) cfg_.no_gathered_save_key = boolean(zv, full) ? "" : full;
     } else if (zk == "mics_shard_size") {
       if (!is_auto(zv) && integer(zv, full, {-1, kInt32Max}) > 0) not_implemented(full, zv, "MiCS sharding");
       no_effect(full);
@@ -761,6 +768,10 @@ void validate(const TrainConfig& c) {
                  " equals the warmup steps (", warmup, " after DeepSpeed's minimum of 2): WarmupCosineLR's decay ",
                  "would divide by zero");
   }
+  ZERONE_CHECK(c.no_gathered_save_key.empty() || c.save.empty() || c.zero_stage != 3, "--save '", c.save,
+               "' writes the weights gathered from every rank, but '", c.no_gathered_save_key,
+               "' is false (DeepSpeed then saves no consolidated weights at stage 3): set it true, or drop --save and ",
+               "convert a --checkpoint-dir checkpoint with `zerone convert`");
   check_memory_settings(c);
   ZERONE_CHECK(!c.is_given("--epochs") || c.epochs >= 1, setting_name(c, "--epochs"), " ", c.epochs,
                " is out of range: expected 1..1000000 passes over --data (0 would train nothing)");

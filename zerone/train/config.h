@@ -132,6 +132,10 @@ struct TrainConfig {
   // Flags the config file set, with the key that set them ("--hysteresis" -> "fp16.hysteresis"),
   // so that messages name what the user wrote.
   std::map<std::string, std::string> config_keys;
+  // DeepSpeed's zero_optimization.stage3_gather_16bit_weights_on_model_save (or its older names),
+  // the key that set it false, or empty: DeepSpeed then writes no consolidated weights at stage 3,
+  // and zerone refuses a --save that would (validate()); true is what --save always does.
+  std::string no_gathered_save_key;
   // One-line notices for rank 0 to print at start-up ("config keys with no effect here: ...").
   std::vector<std::string> notices;
 };

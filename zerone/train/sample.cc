@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <unistd.h>
 
 #include <cstdio>
 #include <memory>
@@ -10,30 +9,25 @@
 #include "zerone/core/error.h"
 #include "zerone/core/rng.h"
 #include "zerone/core/sysinfo.h"
-#include "zerone/io/hf_checkpoint.h"
-#include "zerone/io/llmc_checkpoint.h"
 #include "zerone/io/tokenizer.h"
-#include "zerone/nn/gpt2.h"
+#include "zerone/io/weight_source.h"
 #include "zerone/train/trainer.h"
 
 namespace zerone::train {
 
 void sample(const SampleOptions& o, const std::function<void(const std::string&)>& emit) {
-  ZERONE_CHECK(!o.init.empty(), "--init is required: the llm.c checkpoint or Hugging Face model directory to sample from");
+  ZERONE_CHECK(!o.init.empty(), "--init is required: the llm.c checkpoint, Hugging Face model directory or zerone ",
+               "checkpoint to sample from");
   ZERONE_CHECK(o.num_tokens >= 1 && o.num_tokens <= 1000000, "--tokens ", o.num_tokens, " is out of range: expected 1..1000000");
   ZERONE_CHECK(std::isfinite(o.temperature) && o.temperature >= 0.0f, "--temperature ", o.temperature, " must be >= 0");
   ZERONE_CHECK(o.top_k >= 0, "--top-k ", o.top_k, " must be >= 0");
-  // --init: a Hugging Face directory (config.json picks GPT-2 or LLaMA), else an llm.c GPT-2 file.
-  const bool hf = io::is_hf_directory(o.init);
-  std::string notice;
-  const std::string spec = hf ? io::read_hf_spec(o.init, &notice) : io::read_llmc_config(o.init, "--init").to_string();
-  if (!notice.empty()) std::fprintf(stderr, "zerone: notice: %s\n", notice.c_str());
+  // --init: a Hugging Face directory, a zerone checkpoint or an llm.c file (io/weight_source.h).
+  io::WeightSource source(o.init, "--init");
+  const std::string& spec = source.spec();
+  if (!source.notice().empty()) std::fprintf(stderr, "zerone: notice: %s\n", source.notice().c_str());
   // The tokenizer before the model: its errors are cheaper to find first. A Hugging Face directory
   // that holds its tokenizer (tokenizer.json / tokenizer.model) decodes with it unless --tokenizer.
-  std::string tokenizer_path = o.tokenizer;
-  if (tokenizer_path.empty() && hf &&
-      (::access((o.init + "/tokenizer.json").c_str(), F_OK) == 0 || ::access((o.init + "/tokenizer.model").c_str(), F_OK) == 0))
-    tokenizer_path = o.init;
+  std::string tokenizer_path = o.tokenizer.empty() ? source.tokenizer_dir() : o.tokenizer;
   std::unique_ptr<io::Tokenizer> tokenizer =
       tokenizer_path.empty() ? io::make_byte_tokenizer() : io::load_tokenizer(tokenizer_path);
   // Refuse a model that cannot fit before allocating it (as training does, Note [Refuse what cannot fit]).
@@ -56,8 +50,7 @@ void sample(const SampleOptions& o, const std::function<void(const std::string&)
                available / (1 << 20), " MiB available");
   shape.reset();
   std::unique_ptr<nn::Model> model = nn::make_model(spec, dtype);
-  if (hf) io::load_hf_checkpoint(o.init, *model);
-  else io::load_llmc_checkpoint(o.init, dynamic_cast<nn::GPT2&>(*model));
+  source.load(*model);
 
   std::vector<int32_t> tokens = o.prompt_tokens;
   if (tokens.empty() && !o.prompt.empty()) {

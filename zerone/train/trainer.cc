@@ -24,6 +24,7 @@
 #include "zerone/io/llmc_checkpoint.h"
 #include "zerone/io/token_shards.h"
 #include "zerone/io/tokenizer.h"
+#include "zerone/io/weight_source.h"
 #include "zerone/nn/gpt2.h"
 #include "zerone/nn/llama.h"
 #include "zerone/nn/model.h"
@@ -35,6 +36,7 @@
 #include "zerone/train/lr_schedule.h"
 #include "zerone/train/markov_source.h"
 #include "zerone/train/metrics.h"
+#include "zerone/train/save_weights.h"
 #include "zerone/train/throughput.h"
 #include "zerone/report/html_report.h"
 #include "zerone/report/monitors.h"
@@ -518,7 +520,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm, const io::Fa
   // keeping only what its stage needs (Note [Materializing units]).
   // Note [Resume] (train/checkpoint.h): the checkpoint to continue from decides the model; a
   // zerone checkpoint given to --init gives the weights only.
-  std::unique_ptr<io::CheckpointReader> resume_from, init_zerone;
+  std::unique_ptr<io::CheckpointReader> resume_from;
   // Note [One run per checkpoint directory] (io/sharded_checkpoint.h): rank 0 locks an existing
   // --checkpoint-dir before reading it (one created at start-up is locked once it exists), refuses
   // another run's checkpoints without --resume, and sweeps the temporaries of killed saves.
@@ -547,16 +549,11 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm, const io::Fa
     }
   }
   std::string model_spec = cfg.model;
-  const bool init_hf = !resume_from && !cfg.init.empty() && io::is_hf_directory(cfg.init);
-  struct stat init_st;
-  if (!resume_from && !cfg.init.empty() && !init_hf && ::stat(cfg.init.c_str(), &init_st) == 0 && S_ISDIR(init_st.st_mode)) {
-    struct stat latest_st;
-    ZERONE_CHECK(io::is_checkpoint_directory(cfg.init) || ::stat((cfg.init + "/latest").c_str(), &latest_st) == 0,
-                 "--init '", cfg.init, "' is a directory, but neither a Hugging Face model directory (config.json) nor ",
-                 "a zerone checkpoint (manifest.json, or a 'latest' pointer); --init also takes an llm.c checkpoint file");
-    init_zerone = std::make_unique<io::CheckpointReader>(cfg.init);
-  }
-  if (io::CheckpointReader* ckpt = resume_from ? resume_from.get() : init_zerone.get()) {
+  // --init: a Hugging Face directory, a zerone checkpoint or an llm.c file (io/weight_source.h).
+  std::unique_ptr<io::WeightSource> init_source;
+  if (!resume_from && !cfg.init.empty()) init_source = std::make_unique<io::WeightSource>(cfg.init, "--init");
+  const io::CheckpointReader* init_zerone = init_source ? init_source->checkpoint() : nullptr;
+  if (const io::CheckpointReader* ckpt = resume_from ? resume_from.get() : init_zerone) {
     // Canonical form: a spec spelled differently (a preset name, another key order) is the same model.
     try {
       model_spec = nn::make_model(ckpt->manifest().model, dtype, 64, false)->spec();
@@ -569,17 +566,16 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm, const io::Fa
       ZERONE_CHECK(requested == model_spec, "--model ", requested, " disagrees with checkpoint '", ckpt->path(),
                    "', which holds ", model_spec);
     }
-  } else if (init_hf) {
-    std::string notice;
-    model_spec = io::read_hf_spec(cfg.init, &notice);
-    if (lead && !notice.empty()) std::fprintf(stderr, "zerone: notice: %s\n", notice.c_str());
+  } else if (init_source && init_source->format() == io::WeightFormat::hf_directory) {
+    model_spec = init_source->spec();
+    if (lead && !init_source->notice().empty()) std::fprintf(stderr, "zerone: notice: %s\n", init_source->notice().c_str());
     if (!cfg.model.empty()) {
       const std::string requested = nn::make_model(cfg.model, dtype, 64, false)->spec();
       const std::string held = nn::make_model(model_spec, dtype, 64, false)->spec();
       ZERONE_CHECK(requested == held, "--model ", requested, " disagrees with --init '", cfg.init, "', which holds ", held);
     }
-  } else if (!cfg.init.empty()) {
-    const nn::GPT2Config from_file = io::read_llmc_config(cfg.init, "--init");
+  } else if (init_source) {
+    const nn::GPT2Config from_file = nn::parse_model_spec(init_source->spec());
     if (!cfg.model.empty()) {
       ZERONE_CHECK(!nn::is_llama_spec(cfg.model), "--init '", cfg.init, "' is an llm.c GPT-2 checkpoint, but --model ",
                    cfg.model, " is a LLaMA");
@@ -723,23 +719,14 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm, const io::Fa
                                                   resume_from ? static_cast<int64_t>(chunk_base) * B : -1);
 
   // Opened and checked once; each unit then reads only its own bytes.
-  std::unique_ptr<io::HfCheckpointReader> hf_init;
-  if (init_hf) hf_init = std::make_unique<io::HfCheckpointReader>(cfg.init, model);
+  if (init_source) init_source->bind(model);
   // --init's weights into unit u of `m` (the run's model, or an f32 copy for Note [f16 range]).
-  auto load_init = [&](nn::Model& m, int u) {
-    const DType d = m.compute_dtype();
-    if (init_zerone)  // f32 from the f32 master weights where a bf16/fp16 run kept them (as convert does)
-      init_zerone->read(u, d == DType::f32 && init_zerone->manifest().dtype != DType::f32 && init_zerone->has_tensor("master")
-                               ? "master" : "param",
-                        0, m.units()[u].numel(), d, m.units()[u].data());
-    else if (hf_init) hf_init->load_unit(m, u);
-    else io::load_llmc_checkpoint(cfg.init, dynamic_cast<nn::GPT2&>(m), u);
-  };
+  auto load_init = [&](nn::Model& m, int u) { init_source->load_unit(m, u); };
   auto materialize = [&](int u) {
     throw_if_interrupted();
     if (resume_from) {
       resume_from->read(u, "param", 0, model.units()[u].numel(), dtype, model.units()[u].data());
-    } else if (init_zerone || !cfg.init.empty()) {
+    } else if (init_source) {
       load_init(model, u);
       io::check_unit_fits_f16(model, u, load_init, str_cat("--init '", cfg.init, "' at --precision fp16"));
     } else {
@@ -831,7 +818,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm, const io::Fa
                                " s with allocating the model and optimizer)"));
   }
   resume_from.reset();  // its files are closed; nothing more is read
-  init_zerone.reset();
+  init_source.reset();
   std::unique_ptr<Checkpointer> checkpointer;
   if (!cfg.checkpoint_dir.empty()) {
     CheckpointRunInfo info{model.spec(), dtype, cfg.zero_stage, cfg.offload_optimizer, cfg.offload_param,
@@ -1096,13 +1083,14 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm, const io::Fa
     const char* kind = hf ? "Hugging Face checkpoint" : "llm.c checkpoint";
     if (lead) progress.message(str_cat("saving ", kind, " '", cfg.save, "' ..."));
     comm.set_phase("--save");
-    engine.with_full_params([&] {
-      if (!lead) return;
-      if (hf) io::save_hf_checkpoint(cfg.save, model);
-      // llm.c has no fp16 checkpoint version: fp16 parameters widen exactly to f32 (v3).
-      else io::save_llmc_checkpoint(cfg.save, dynamic_cast<const nn::GPT2&>(model), dtype == DType::f16 ? DType::f32 : dtype);
-    });
-    if (lead) progress.message(str_cat("saved ", kind, " '", cfg.save, "'"));
+    // Note [What an export carries]: a Hugging Face --init brings its tokenizer and special tokens.
+    io::HfSaveExtras extras;
+    if (!cfg.init.empty() && io::is_hf_directory(cfg.init)) extras.source_dir = cfg.init;
+    const SavedWeights saved = save_weights(cfg.save, hf, extras, model, engine, lead);  // Note [Streaming save]
+    if (lead)
+      progress.message(str_cat("saved ", kind, " '", cfg.save, "' (one unit gathered at a time: rank 0 held at most ",
+                               saved.peak_param_bytes, " bytes of parameters; the whole model is ",
+                               saved.model_param_bytes, " bytes)"));
   }
   if (int sig = interrupt_signal(); sig != 0) {
     result.interrupted_by = sig;

@@ -226,38 +226,31 @@ StepResult ZeroEngine::step(float lr, float grad_clip, double loss_scale, bool s
 void ZeroEngine::finish_delayed_update() { scheduler_->install_delayed(); }
 
 void ZeroEngine::with_full_params(const std::function<void()>& fn) {
-  scheduler_->join_delayed();  // Note [Delayed parameter update]: the model holds theta_{s-1} until the next step
-  std::vector<int> gathered;
-  for (int u = 0; u < num_units_; ++u) {
-    if (params_->sharded(u) && !model_.units()[u].has_params()) gathered.push_back(u);
-    params_->ensure(u);
+  std::vector<std::unique_ptr<HeldUnit>> held;
+  for (int u = 0; u < num_units_; ++u) held.push_back(std::make_unique<HeldUnit>(*this, u));
+  fn();  // the units are put back and released also when fn throws
+}
+
+ZeroEngine::HeldUnit::HeldUnit(ZeroEngine& engine, int u) : engine_(engine), unit_(u) {
+  engine.scheduler_->join_delayed();  // Note [Delayed parameter update]: the model holds theta_{s-1} until the next step
+  nn::FlatParam& unit = engine.model_.units()[u];
+  gathered_ = engine.params_->sharded(u) && !unit.has_params();
+  engine.params_->ensure(u);
+  if (!engine.device_.host_addressable()) {
+    Buffer host(unit.param_bytes(), MemCategory::param, MemPlace::host);
+    engine.device_.copy_to_host(host.data(), unit.data(), unit.param_bytes());
+    on_device_ = unit.take_params();
+    unit.set_params(std::move(host));
   }
-  // Where the host cannot read device memory, fn sees host copies of the units, and the device
-  // buffers are put back afterwards, also when fn throws.
-  std::vector<Buffer> on_device;
-  if (!device_.host_addressable()) {
-    for (nn::FlatParam& unit : model_.units()) {
-      Buffer host(unit.param_bytes(), MemCategory::param, MemPlace::host);
-      device_.copy_to_host(host.data(), unit.data(), unit.param_bytes());
-      on_device.push_back(unit.take_params());
-      unit.set_params(std::move(host));
-    }
+}
+
+ZeroEngine::HeldUnit::~HeldUnit() {
+  nn::FlatParam& unit = engine_.model_.units()[unit_];
+  if (!on_device_.empty()) {
+    unit.take_params();  // the host copy goes
+    unit.set_params(std::move(on_device_));
   }
-  auto put_back = [&] {
-    for (size_t u = 0; u < on_device.size(); ++u) {
-      model_.units()[u].take_params();  // the host copy goes
-      model_.units()[u].set_params(std::move(on_device[u]));
-    }
-    on_device.clear();
-  };
-  try {
-    fn();
-  } catch (...) {
-    put_back();
-    throw;
-  }
-  put_back();
-  for (int u : gathered) params_->release(u);
+  if (gathered_) engine_.params_->release(unit_);
 }
 
 // ---------------------------------------------------------------- checkpoints

@@ -109,6 +109,25 @@ class ZeroEngine : public nn::UnitHooks {
   // hold host copies during the call), e.g. to write a checkpoint. Collective: every rank must call it.
   void with_full_params(const std::function<void()>& fn);
 
+  // Unit u's full parameters, present in host-readable memory while a HeldUnit lives: stage 3
+  // gathers a sharded unit and releases it at the end; on a device whose memory the host cannot
+  // read, the unit holds a host copy meanwhile. Collective where the unit is sharded: every rank
+  // holds the same units in the same order. Note [Streaming save]: a save that holds one unit at a
+  // time (train/export.h) needs one unit beside the shards, never the whole model.
+  class HeldUnit {
+   public:
+    HeldUnit(ZeroEngine& engine, int u);
+    ~HeldUnit();
+    HeldUnit(const HeldUnit&) = delete;
+    HeldUnit& operator=(const HeldUnit&) = delete;
+
+   private:
+    ZeroEngine& engine_;
+    int unit_;
+    bool gathered_ = false;
+    Buffer on_device_;  // the unit's device buffer while it holds a host copy
+  };
+
   // Note [Checkpoint state]: a checkpoint holds the engine's state in unit coordinates (element e
   // of unit u's flat, unpadded buffer), the same at every world size, stage and offload: "param" in
   // the compute dtype and each optimizer state tensor in f32 (optim::Optimizer::state_names; the

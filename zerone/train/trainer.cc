@@ -35,6 +35,7 @@
 #include "zerone/train/lr_schedule.h"
 #include "zerone/train/markov_source.h"
 #include "zerone/train/metrics.h"
+#include "zerone/train/settings.h"
 #include "zerone/train/throughput.h"
 #include "zerone/report/html_report.h"
 #include "zerone/report/monitors.h"
@@ -63,14 +64,14 @@ struct Evaluation {
   int64_t samples = 0, samples_here = 0;  // classifiers: all ranks', and this rank's share
 };
 
-// Note [Sharded validation]: over the first `batches` chunks of the validation data, rank r
-// evaluates chunks r, r + world, r + 2 world, ... and the sums are all-reduced, so every rank
+// Note [Sharded validation]: over the first `batches` micro-batches of the validation data (batch
+// i is samples i*B ..), rank r evaluates batches r, r + world, r + 2 world, ... and the sums are all-reduced, so every rank
 // gets the same figures at every world size: tokens, the mean of the batches' mean losses;
-// classifiers, the mean loss and the accuracy over every sample read (the last chunk may be
+// classifiers, the mean loss and the accuracy over every sample read (the last batch may be
 // short). The accuracy is a ratio of integer counts, exact at any world size; the loss is a
 // double sum whose order alone depends on the world size. The forward is collective at stage 3
 // (it gathers parameters), so every rank runs the same number of forwards: a rank whose share is
-// one chunk short repeats its first chunk (or chunk 0) once and counts nothing from it.
+// one batch short repeats its first batch (or batch 0) once and counts nothing from it.
 //
 // Note [Interrupted evaluation]: an evaluation has no state to save, so a stop signal ends it at the
 // next batch (a pass over a large validation set takes minutes) and it returns nothing. The ranks
@@ -79,7 +80,8 @@ struct Evaluation {
 std::optional<Evaluation> evaluate(nn::Model& model, BatchSource& source, uint64_t batches, comm::Communicator& comm) {
   const bool classifier = model.input_kind() == nn::InputKind::features;
   const uint64_t world = static_cast<uint64_t>(comm.world_size()), rank = static_cast<uint64_t>(comm.rank());
-  const uint64_t n = std::min<uint64_t>(batches, source.chunks_per_epoch());
+  const uint64_t n = std::min<uint64_t>(batches, source.batches_per_epoch());
+  const uint64_t B = static_cast<uint64_t>(source.micro_batch());
   const uint64_t rounds = (n + world - 1) / world;
   double sums[3] = {0.0, 0.0, 0.0};  // loss (classifiers: times the batch size), samples, correct
   for (uint64_t round = 0; round < rounds; ++round) {
@@ -88,7 +90,7 @@ std::optional<Evaluation> evaluate(nn::Model& model, BatchSource& source, uint64
     if (stop > 0.0) return std::nullopt;
     const uint64_t chunk = round * world + rank;
     const bool counted = chunk < n;
-    const nn::Batch batch = source.load(counted ? chunk : rank < n ? rank : 0);
+    const nn::Batch batch = source.load((counted ? chunk : rank < n ? rank : 0) * B);
     const float loss = model.forward(batch);
     if (!counted) continue;
     if (!classifier) {
@@ -533,19 +535,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm, const io::Fa
     io::remove_stale_checkpoint_temporaries(cfg.checkpoint_dir);
   };
   if (lead && !cfg.checkpoint_dir.empty() && io::is_directory(cfg.checkpoint_dir)) lock_checkpoint_dir();
-  if (cfg.resume) {
-    std::string found_notice;
-    if (std::optional<std::string> dir = io::find_latest_checkpoint(cfg.checkpoint_dir, &found_notice)) {
-      if (lead && !found_notice.empty()) std::fprintf(stderr, "zerone: notice: %s\n", found_notice.c_str());
-      resume_from = std::make_unique<io::CheckpointReader>(*dir);
-      check_resumable(*resume_from);
-      if (lead && !cfg.init.empty())
-        std::fprintf(stderr, "zerone: notice: resuming from '%s': --init '%s' is not read\n", dir->c_str(), cfg.init.c_str());
-    } else if (lead) {
-      std::fprintf(stderr, "zerone: notice: --resume: no checkpoint in '%s' yet, starting at step 1\n",
-                   cfg.checkpoint_dir.c_str());
-    }
-  }
+  if (cfg.resume) resume_from = find_resume_checkpoint(cfg, lead);
   std::string model_spec = cfg.model;
   const bool init_hf = !resume_from && !cfg.init.empty() && io::is_hf_directory(cfg.init);
   struct stat init_st;
@@ -645,7 +635,8 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm, const io::Fa
   if (classifier) {
     auto train_images = std::make_unique<ImageBatches>(io::load_image_split(cfg.data, "train", "--data"), "--data",
                                                        model.input_shape(), model.vocab_size(), cfg.micro_batch,
-                                                       cfg.grad_accum * world, !cfg.no_shuffle, cfg.seed);
+                                                       static_cast<int64_t>(cfg.micro_batch) * cfg.grad_accum * world,
+                                                       !cfg.no_shuffle, cfg.seed);
     steps_per_epoch = train_images->steps_per_epoch();
     settings.emplace_back("the --data samples", str_cat(train_images->num_samples()));
     if (!cfg.val_data.empty()) {
@@ -693,34 +684,19 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm, const io::Fa
       check_tokens_in_vocabulary(*val_tokens, model.vocab_size(), default_run ? "built-in corpus" : "--val-data", comm);
     if (val_tokens) val_source = std::make_unique<TokenBatches>(*val_tokens, B, T, model.vocab_size(), false, 0);
   }
-  // The run's position: step 1 and chunk 0, or where the checkpoint left off.
+  // The run's position: step 1 and sample 0, or where the checkpoint left off (Note [Resume]).
   TrainerState resumed;
-  if (resume_from) {
-    const std::string where = str_cat("checkpoint '", resume_from->path(), "'");
-    resumed = trainer_state_from_json(resume_from->manifest().trainer, where);
-    ZERONE_CHECK(resumed.step == resume_from->manifest().step, where, ": the trainer state is at step ", resumed.step,
-                 ", the manifest at step ", resume_from->manifest().step, " (a damaged or edited manifest)");
-    ZERONE_CHECK(resumed.micro_batch == B && resumed.seq == T, where, " counts its data position in micro-batches of ",
-                 resumed.micro_batch, " x ", resumed.seq, " tokens: resume with --micro-batch ", resumed.micro_batch,
-                 " --seq ", resumed.seq, " (change --grad-accum to keep the global batch at another world size)");
-    ZERONE_CHECK(resumed.seed == cfg.seed && resumed.shuffle == !cfg.no_shuffle, where, " was trained with --seed ",
-                 resumed.seed, resumed.shuffle ? "" : " --no-shuffle", ": resume with the same data order");
-    const int64_t global = static_cast<int64_t>(B) * cfg.grad_accum * world;
-    const int64_t saved_global = static_cast<int64_t>(resumed.micro_batch) * resumed.grad_accum * resumed.world_size;
-    if (lead && global != saved_global)
-      std::fprintf(stderr, "zerone: notice: the global batch changes from %lld to %lld sequences at step %lld\n",
-                   static_cast<long long>(saved_global), static_cast<long long>(global),
-                   static_cast<long long>(resumed.step + 1));
-  }
+  if (resume_from) resumed = resume_trainer_state(*resume_from, cfg, world, *train_source, lead);
   const int start_step = static_cast<int>(resumed.step) + 1;
-  const uint64_t chunk_base = resumed.next_chunk;
+  const uint64_t samples_base = resumed.consumed_samples;
+  const uint64_t global_batch = static_cast<uint64_t>(B) * cfg.grad_accum * world;  // samples per step
   // DeepSpeed's tensorboard and csv_monitor (report/monitors.h), rank 0; their directories are
   // created now, before the model is built (Note [No late errors]).
   std::unique_ptr<report::Monitors> monitors;
   if (lead && (!cfg.tensorboard_dir.empty() || !cfg.csv_monitor_dir.empty()))
     monitors = std::make_unique<report::Monitors>(cfg.tensorboard_dir, setting_name(cfg, "--tensorboard"), cfg.csv_monitor_dir,
                                                   setting_name(cfg, "--csv-monitor"),
-                                                  resume_from ? static_cast<int64_t>(chunk_base) * B : -1);
+                                                  resume_from ? static_cast<int64_t>(samples_base) : -1);
 
   // Opened and checked once; each unit then reads only its own bytes.
   std::unique_ptr<io::HfCheckpointReader> hf_init;
@@ -755,26 +731,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm, const io::Fa
                              resume_from ? "from the checkpoint" : cfg.init.empty() ? "initialized from the seed" : "read from --init",
                              ") ..."));
   zero::ZeroEngine engine(model, comm, zcfg, optimizer, materialize, nvme);
-  if (resume_from) {
-    const io::CheckpointManifest& m = resume_from->manifest();
-    const std::vector<std::string> needed = engine.optimizer().state_names();
-    auto state_names = [](const std::vector<std::string>& names) {
-      std::string list;
-      for (const std::string& n : names) list += str_cat(list.empty() ? "" : ", ", n);
-      return list;
-    };
-    ZERONE_CHECK(m.optimizer == engine.optimizer().type_name() && m.optimizer_state == needed, "checkpoint '",
-                 resume_from->path(), "' holds ", m.optimizer.empty() ? "no optimizer" : m.optimizer, " state (",
-                 state_names(m.optimizer_state), "), this run's optimizer is ", engine.optimizer().type_name(), " (",
-                 state_names(needed), ")",
-                 m.optimizer.empty() ? " (a weights-only checkpoint starts a run with --init, not --resume)" : "");
-    engine.load_optimizer_state(
-        [&](int u, const std::string& tensor, size_t begin, size_t count, float* out) {
-          throw_if_interrupted();
-          resume_from->read(u, tensor, begin, count, DType::f32, out);
-        },
-        m.optimizer_steps);
-  }
+  if (resume_from) resume_optimizer(*resume_from, engine);
 
   if (lead) {
     progress.message(str_cat("zerone: model ", model.spec(), " (", model.num_parameters(),
@@ -819,9 +776,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm, const io::Fa
   LrSchedule schedule(lr_schedule_config(cfg));
   int64_t skipped_steps = 0;
   if (resume_from) {
-    schedule.set_advances(resumed.lr_advances);
-    if (scaled) scaler.set_state(resumed.loss_scaler);
-    skipped_steps = resumed.skipped_steps;
+    resume_progress(resumed, schedule, scaled ? &scaler : nullptr, skipped_steps);
     if (lead)
       progress.message(str_cat("zerone: resumed from '", resume_from->path(), "' (step ", resumed.step, ", saved at world ",
                                resume_from->manifest().world_size, ", ZeRO stage ", resume_from->manifest().zero_stage,
@@ -842,7 +797,8 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm, const io::Fa
   auto trainer_state = [&](int done) {
     TrainerState st;
     st.step = done;
-    st.next_chunk = chunk_base + static_cast<uint64_t>(done - start_step + 1) * cfg.grad_accum * world;
+    st.consumed_samples = samples_base + static_cast<uint64_t>(done - start_step + 1) * global_batch;
+    st.epoch_samples = train_source->samples_per_epoch();
     st.micro_batch = B;
     st.seq = T;
     st.grad_accum = cfg.grad_accum;
@@ -852,6 +808,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm, const io::Fa
     st.lr_advances = schedule.advances();
     st.loss_scaler = scaler.state();
     st.skipped_steps = skipped_steps;
+    st.settings = result_settings(cfg);
     return st;
   };
   // "saved checkpoint 'DIR/step-N' (B bytes; rank 0 wrote its file in S s; stall T s)".
@@ -901,18 +858,18 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm, const io::Fa
     if (checkpoint_after) engine.prepare_checkpoint();
     engine.plan_step(lr, cfg.grad_clip, loss_scale, scaled);  // Note [Early optimizer step]
     for (int micro = 0; micro < cfg.grad_accum; ++micro) {
-      // Chunk (s*accum + k)*world + r: every world size sees the same global batch.
-      uint64_t chunk = chunk_base + (static_cast<uint64_t>(step - start_step) * cfg.grad_accum + micro) * world + rank;
+      // Note [Samples] (batch_source.h): the step's global batch, this micro-step's and rank's B of it.
+      const uint64_t place = (static_cast<uint64_t>(micro) * world + rank) * B;
       nn::Batch batch;
       {
         ProfileScope profile(ProfileCategory::data);
-        batch = train_source->load(chunk);
+        batch = train_source->load(samples_base + static_cast<uint64_t>(step - start_step) * global_batch + place);
       }
       // Note [Dropout keys] (kernels/cpu/classifier.h): the sample's place in the global batch.
       batch.training = true;
       batch.seed = cfg.seed;
       batch.step = static_cast<uint64_t>(step);
-      batch.first_sample = (static_cast<uint64_t>(micro) * world + rank) * B;
+      batch.first_sample = place;
       loss_sum += model.forward(batch);
       engine.set_last_micro_step(micro == cfg.grad_accum - 1);
       model.backward(static_cast<float>(loss_scale / cfg.grad_accum));
@@ -987,7 +944,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm, const io::Fa
     else record.tokens_per_s = rate;
     record.timestamp_s = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
     record.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_t0).count();
-    record.seen = static_cast<int64_t>(chunk_base + static_cast<uint64_t>(step - start_step + 1) * cfg.grad_accum * world) * B * T;
+    record.seen = static_cast<int64_t>(samples_base + static_cast<uint64_t>(step - start_step + 1) * global_batch) * T;
     if (flops_per_token) {
       record.tflop_per_s = *flops_per_token * static_cast<double>(B) * T * cfg.grad_accum * world / (ms / 1000.0) / 1e12;
       if (peak_tflops) record.mfu = *record.tflop_per_s / (world * *peak_tflops);
@@ -1001,7 +958,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm, const io::Fa
       // Validation is outside the step's wall time, so --profile does not count it either.
       Profiler::set_enabled(false);
       comm.set_phase(str_cat("validation after step ", step));
-      const uint64_t batches = classifier && !cfg.is_given("--val-batches") ? val_source->chunks_per_epoch()
+      const uint64_t batches = classifier && !cfg.is_given("--val-batches") ? val_source->batches_per_epoch()
                                                                             : static_cast<uint64_t>(cfg.val_batches);
       const std::optional<Evaluation> evaluated = evaluate(model, *val_source, batches, comm);
       Profiler::set_enabled(true);  // the summary splits the step's time (issue 23)

@@ -321,7 +321,9 @@ void notice(bool lead, const std::string& text) {
 // samples of `saved_seq` tokens) as a position in this run's stream.
 uint64_t carry_position(uint64_t consumed, uint64_t saved_epoch, int saved_seq, uint64_t epoch, int seq) {
   const uint64_t epochs = consumed / saved_epoch, within = consumed % saved_epoch;
-  const uint64_t in_epoch = (within * static_cast<uint64_t>(saved_seq) + seq - 1) / static_cast<uint64_t>(seq);
+  // In 128 bits: within < 2^62 samples of up to 2^31 tokens.
+  const unsigned __int128 tokens = static_cast<unsigned __int128>(within) * static_cast<uint64_t>(saved_seq);
+  const uint64_t in_epoch = static_cast<uint64_t>((tokens + seq - 1) / static_cast<uint64_t>(seq));
   return epochs * epoch + std::min(in_epoch, epoch);
 }
 

@@ -58,8 +58,15 @@ PY
 check "covers .* of .* elements|lacks param" "${resume[@]}" --checkpoint-dir "$r"
 check "was trained in fp32, this run computes in bf16" "$Z" train --model "$model" --data "$d/c_train.bin" --micro-batch 2 \
   --seq 16 --threads 1 --precision bf16 --steps 4 --resume --checkpoint-dir "$d/good"
-check "counts its data position in micro-batches of 2 x 16" "$Z" train --model "$model" --data "$d/c_train.bin" \
-  --micro-batch 4 --seq 16 --threads 1 --precision fp32 --steps 4 --resume --checkpoint-dir "$d/good"
+# Another micro-batch resumes (the position counts samples, tests/zero/resume_anywhere.sh); so does
+# a checkpoint that counts micro-batches (next_chunk), but only at its --seq.
+if "$Z" train --model "$model" --data "$d/c_train.bin" --micro-batch 4 --seq 16 --threads 1 --precision fp32 --steps 3 \
+     --resume --checkpoint-dir "$(fresh micro4)" > "$d/micro4.log" 2>&1 && grep -q "resumed from" "$d/micro4.log" &&
+   ! grep -q "global batch changes" "$d/micro4.log"; then
+  echo "ok: world 2 x micro-batch 2 resumes at world 1 x micro-batch 4 (the same global batch, no notice)"
+else
+  echo "FAIL: another --micro-batch:"; cat "$d/micro4.log"; fail=1
+fi
 
 # Directories that are not checkpoints; `latest` naming nothing.
 mkdir -p "$d/junk"; echo hi > "$d/junk/notes.txt"
@@ -108,6 +115,9 @@ else
 fi
 r=$(edit nospec 'm["model"] = "gpt2:banana=1"')
 check "holds model 'gpt2:banana=1', which is not a model spec" "${resume[@]}" --checkpoint-dir "$r"
+r=$(edit chunks 'm["trainer"]["next_chunk"] = m["trainer"].pop("consumed_samples") // 2; del m["trainer"]["epoch_samples"]')
+check "counts its data position in micro-batches of 2 x 16 tokens .*: resume with --seq 16" "$Z" train --model "$model" \
+  --data "$d/c_train.bin" --micro-batch 2 --seq 8 --threads 1 --precision fp32 --steps 4 --resume --checkpoint-dir "$r"
 r=$(edit fewerstate 'm["optimizer"]["state"] = ["exp_avg"]')
 check "holds adamw state \\(exp_avg\\), this run's optimizer is adamw \\(exp_avg, exp_avg_sq\\)" "${resume[@]}" --checkpoint-dir "$r"
 # Resumed at --steps: nothing trains and no loss is reported (it said "final loss 0.0000").

@@ -112,13 +112,25 @@ m = json.load(open(sys.argv[1])); exec(sys.argv[2]); json.dump(m, open(sys.argv[
 PY
 }
 resume=("$Z" "${train[@]}" --steps 4 --resume)
-edit chunk1 'm["trainer"]["next_chunk"] = -5'
+edit pos1 'm["trainer"]["consumed_samples"] = -5'
+check 'trainer state "consumed_samples" -5 is out of range \(expected step..2\^62' "${resume[@]}" --checkpoint-dir pos1
+edit pos2 'm["trainer"]["consumed_samples"] = 2**63'
+check 'trainer state "consumed_samples" 9223372036854775808 is out of range' "${resume[@]}" --checkpoint-dir pos2
+edit pos3 'm["trainer"]["consumed_samples"] = 1e15'
+check 'trainer state "consumed_samples" 1e\+15 is out of range' "${resume[@]}" --checkpoint-dir pos3
+edit pos4 'm["trainer"]["epoch_samples"] = 0'
+check 'trainer state "epoch_samples" 0 is out of range' "${resume[@]}" --checkpoint-dir pos4
+edit set1 'm["trainer"]["settings"]["lr"] = 0.5'
+check 'trainer state setting "lr" is 0.5, expected a string' "${resume[@]}" --checkpoint-dir set1
+# Checkpoints from before positions were counted in samples hold the micro-batch chunk index.
+legacy='del m["trainer"]["consumed_samples"]; del m["trainer"]["epoch_samples"]; m["trainer"]["next_chunk"] = '
+edit chunk1 "$legacy -5"
 check 'trainer state "next_chunk" -5 is out of range \(expected step..step x 2\^32' "${resume[@]}" --checkpoint-dir chunk1
-edit chunk2 'm["trainer"]["next_chunk"] = 10**15'
+edit chunk2 "$legacy 10**15"
 check 'trainer state "next_chunk" 1000000000000000 is out of range' "${resume[@]}" --checkpoint-dir chunk2
-edit chunk3 'm["trainer"]["next_chunk"] = -10**18'
+edit chunk3 "$legacy -10**18"
 check 'trainer state "next_chunk" -1000000000000000000 is out of range' "${resume[@]}" --checkpoint-dir chunk3
-edit chunk4 'm["trainer"]["next_chunk"] = 1e15'
+edit chunk4 "$legacy 1e15"
 check 'trainer state "next_chunk" 1e\+15 is out of range' "${resume[@]}" --checkpoint-dir chunk4
 edit optsteps 'm["optimizer"]["steps"] = 1e30'
 check '"optimizer" "steps" 1e\+30 is out of range' "${resume[@]}" --checkpoint-dir optsteps

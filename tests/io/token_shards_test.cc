@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <set>
 
@@ -71,14 +72,35 @@ TEST(DataLoader, NoShuffleReadsConsecutiveChunksAsLlmc) {
   InMemoryTokens tokens(iota(1000, 1000));
   DataLoader loader(tokens, 2, 4, 1000, /*shuffle=*/false, 0);
   std::vector<int32_t> x(8), y(8);
-  loader.load(3, x.data(), y.data());  // step 3 starts at token 3 * B * T = 24
+  loader.load(3 * 2, x.data(), y.data());  // step 3 (samples 6, 7) starts at token 3 * B * T = 24
   for (int i = 0; i < 8; ++i) {
     EXPECT_EQ(x[i], 24 + i);
     EXPECT_EQ(y[i], 25 + i);
   }
-  EXPECT_EQ(loader.chunks_per_epoch(), 124u);  // (1000 - 1) / 8
-  loader.load(124, x.data(), y.data());         // wraps to the first chunk
-  EXPECT_EQ(x[0], 0);
+  EXPECT_EQ(loader.samples_per_epoch(), 249u);  // (1000 - 1) / 4
+  EXPECT_EQ(loader.batches_per_epoch(), 124u);
+  loader.load(248, x.data(), y.data());  // the last sample of the epoch, then the first of the next
+  const std::vector<int32_t> straddle = {992, 993, 994, 995, 0, 1, 2, 3};
+  EXPECT_EQ(x, straddle);
+  EXPECT_EQ(y[3], 996);
+  EXPECT_EQ(y[7], 4);
+}
+
+// Note [Samples]: the samples a stream position names do not depend on the micro-batch.
+TEST(DataLoader, SamplesDoNotDependOnTheMicroBatch) {
+  InMemoryTokens tokens(iota(801, 1000));
+  for (bool shuffle : {false, true}) {
+    DataLoader by1(tokens, 1, 8, 1000, shuffle, 42), by3(tokens, 3, 8, 1000, shuffle, 42);
+    std::vector<int32_t> x1(8), y1(8), x3(24), y3(24);
+    for (uint64_t first = 0; first < 300; first += 3) {  // crosses three epochs of 100 samples
+      by3.load(first, x3.data(), y3.data());
+      for (int b = 0; b < 3; ++b) {
+        by1.load(first + b, x1.data(), y1.data());
+        EXPECT_TRUE(std::equal(x1.begin(), x1.end(), x3.begin() + b * 8)) << "sample " << first + b;
+        EXPECT_TRUE(std::equal(y1.begin(), y1.end(), y3.begin() + b * 8)) << "sample " << first + b;
+      }
+    }
+  }
 }
 
 TEST(DataLoader, ShuffleIsADeterministicPermutationPerEpoch) {
@@ -93,7 +115,7 @@ TEST(DataLoader, ShuffleIsADeterministicPermutationPerEpoch) {
     EXPECT_EQ(x[0] % 8, 0);
     starts.insert(x[0]);
   }
-  EXPECT_EQ(starts.size(), 100u) << "every chunk once per epoch";
+  EXPECT_EQ(starts.size(), 100u) << "every sample once per epoch";
 }
 
 TEST(DataLoader, TooFewTokensIsAnError) {

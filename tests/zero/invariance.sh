@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # ZeRO invariance (issue 3): stages 0-3 at world 1, 2, 3 and 4 reproduce the single-rank trajectory.
 # The global batch is 12 micro-batches per step: world w runs grad-accum 12/w, and with --no-shuffle
-# micro-step k of step s on rank r reads chunk (s*accum + k)*world + r, so every run sees the same
-# data. Unit sizes do not divide evenly by world*64 (padding is exercised); buckets are smaller than
-# units (sliced all-gathers, reductions waited for beyond the bucket).
+# micro-step k of step s on rank r reads the 2 samples from (s*12 + k*world + r)*2 (Note [Samples] in
+# train/batch_source.h), so every run sees the same data. Unit sizes do not divide evenly by
+# world*64 (padding is exercised); buckets are smaller than units (sliced all-gathers, reductions
+# waited for beyond the bucket).
 #   f32: losses within 1e-5 relative over 20 steps, final parameters within 1e-5.
 #   bf16: over 10 steps (bf16 trajectories drift apart chaotically, see compare_runs.py), losses
 #   within 2e-3 and parameters within one bf16 ulp in relative L2.

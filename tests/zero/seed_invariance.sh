@@ -5,7 +5,8 @@
 # stage 0-3 and world 1-3, with optimizer offload to the host and to NVMe (SGD's momentum and, for
 # parameters, stage 3's shards swapped), with and without shuffling.
 # The global batch is 12 micro-batches of 4 samples: world w runs grad-accum 12/w, so micro-step k
-# of step s on rank r reads chunk (s*accum + k)*world + r of the epoch's (seeded) permutation, and
+# of step s on rank r reads the 4 samples from place (k*world + r)*4 of the step's 48 in the epoch's
+# (seeded) permutation (Note [Samples] in train/batch_source.h), and
 # dropout masks are keyed by the sample's place in the global batch (Note [Dropout keys]).
 # 2 epochs of 10 steps, validation at each epoch end:
 #   losses and val_loss within 1e-5 relative, val_accuracy equal.

@@ -156,26 +156,41 @@ DataLoader::DataLoader(const TokenSource& data, int B, int T, int vocab_size, bo
   size_t bt = static_cast<size_t>(B) * T;
   ZERONE_CHECK(data.num_tokens() >= bt + 1, "dataset has ", data.num_tokens(), " tokens, fewer than one batch of ",
                "micro-batch x seq + 1 = ", bt + 1);
-  num_chunks_ = (data.num_tokens() - 1) / bt;
+  num_samples_ = (data.num_tokens() - 1) / static_cast<uint64_t>(T);
   buffer_.resize(bt + 1);
 }
 
-void DataLoader::load(uint64_t chunk, int32_t* inputs, int32_t* targets) {
-  uint64_t epoch = chunk / num_chunks_, index = chunk % num_chunks_;
+uint64_t DataLoader::sample_start(uint64_t sample) {
+  const uint64_t epoch = sample / num_samples_;
+  uint64_t index = sample % num_samples_;
   if (shuffle_) {
     if (static_cast<int64_t>(epoch) != perm_epoch_) {
-      perm_.resize(num_chunks_);
-      for (uint64_t i = 0; i < num_chunks_; ++i) perm_[i] = i;
+      perm_.resize(num_samples_);
+      for (uint64_t i = 0; i < num_samples_; ++i) perm_[i] = i;
       Rng rng(seed_, 0x5eed0000ull + epoch);
-      for (uint64_t i = num_chunks_; i > 1; --i) std::swap(perm_[i - 1], perm_[rng.below(i)]);
+      for (uint64_t i = num_samples_; i > 1; --i) std::swap(perm_[i - 1], perm_[rng.below(i)]);
       perm_epoch_ = static_cast<int64_t>(epoch);
     }
     index = perm_[index];
   }
-  size_t bt = static_cast<size_t>(B_) * T_;
-  data_.read(index * bt, bt + 1, buffer_.data(), vocab_size_);
-  std::memcpy(inputs, buffer_.data(), bt * sizeof(int32_t));
-  std::memcpy(targets, buffer_.data() + 1, bt * sizeof(int32_t));
+  return index * static_cast<uint64_t>(T_);
+}
+
+void DataLoader::load(uint64_t first_sample, int32_t* inputs, int32_t* targets) {
+  const size_t T = static_cast<size_t>(T_);
+  // In file order within one epoch the B samples are one run of B*T+1 tokens: one read.
+  if (!shuffle_ && first_sample % num_samples_ + B_ <= num_samples_) {
+    const size_t bt = static_cast<size_t>(B_) * T;
+    data_.read(sample_start(first_sample), bt + 1, buffer_.data(), vocab_size_);
+    std::memcpy(inputs, buffer_.data(), bt * sizeof(int32_t));
+    std::memcpy(targets, buffer_.data() + 1, bt * sizeof(int32_t));
+    return;
+  }
+  for (int b = 0; b < B_; ++b) {
+    data_.read(sample_start(first_sample + static_cast<uint64_t>(b)), T + 1, buffer_.data(), vocab_size_);
+    std::memcpy(inputs + b * T, buffer_.data(), T * sizeof(int32_t));
+    std::memcpy(targets + b * T, buffer_.data() + 1, T * sizeof(int32_t));
+  }
 }
 
 }  // namespace zerone::io

@@ -4,12 +4,17 @@
 // then the tokens: magic 20240520 version 1 stores uint16 tokens; magic 20240801 version 7 stores
 // uint32 tokens. A dataset is the concatenation, in sorted path order, of every file matching a glob.
 //
-// Batches (DESIGN §4, issue 2): the loader addresses "chunks" of B*T+1 tokens; chunk c starts at
-// token (c mod n_chunks) * B*T of the concatenation, with n_chunks = (tokens - 1) / (B*T). Inputs
-// are the first B*T tokens, targets the same shifted by one. Without shuffling, step s reads chunk s
-// (as llm.c does); with shuffling, the chunks of each epoch are visited in a permutation drawn from
-// (seed, epoch). Every token id is checked against the vocabulary when read, and the trainer scans
-// every token once at start-up (find_token_outside) so a bad id is found before the first step.
+// Batches (DESIGN §4, issue 2; Note [Samples] in train/batch_source.h): the loader addresses
+// samples, sequences of T+1 tokens; sample i of an epoch starts at token i*T of the concatenation,
+// with (tokens - 1) / T samples per epoch. A micro-batch is B consecutive sample indices of the
+// endless stream (sample j is sample j mod n of epoch j / n); its inputs are the first T tokens of
+// each sample, the targets the same shifted by one. Without shuffling, micro-batch s of B samples
+// is the chunk of B*T+1 tokens at token s*B*T, as llm.c reads step s (llm.c starts its next epoch
+// at the first chunk that does not fit; here the stream wraps by samples, so the samples of an
+// epoch do not depend on B). With shuffling, the samples of each epoch are visited in a
+// permutation drawn from (seed, epoch). Every token id is checked against the vocabulary when
+// read, and the trainer scans every token once at start-up (find_token_outside) so a bad id is
+// found before the first step.
 //
 // Note [No mmap for data]: shards are read with pread, not mapped. A mapped file that shrinks or is
 // truncated under a running job kills it with SIGBUS; a short pread is an Error naming the file.
@@ -99,18 +104,24 @@ class DataLoader {
  public:
   // B, T > 0. Throws Error when the dataset holds fewer than B*T+1 tokens.
   DataLoader(const TokenSource& data, int B, int T, int vocab_size, bool shuffle, uint64_t seed);
-  // Fills inputs (B,T) and targets (B,T) from chunk `chunk` (any non-negative index; wraps by epoch).
-  void load(uint64_t chunk, int32_t* inputs, int32_t* targets);
-  uint64_t chunks_per_epoch() const { return num_chunks_; }
+  // Fills inputs (B,T) and targets (B,T) from samples first_sample .. first_sample+B-1 of the
+  // endless stream (any non-negative index; wraps by epoch, a micro-batch may straddle two).
+  void load(uint64_t first_sample, int32_t* inputs, int32_t* targets);
+  uint64_t samples_per_epoch() const { return num_samples_; }
+  // Whole micro-batches of B samples in one epoch (>= 1): an evaluation pass.
+  uint64_t batches_per_epoch() const { return num_samples_ / static_cast<uint64_t>(B_); }
 
  private:
+  // Token offset of sample `sample` of the stream.
+  uint64_t sample_start(uint64_t sample);
+
   const TokenSource& data_;
   int B_, T_, vocab_size_;
   bool shuffle_;
   uint64_t seed_;
-  uint64_t num_chunks_;
+  uint64_t num_samples_;
   int64_t perm_epoch_ = -1;
-  std::vector<uint64_t> perm_;
+  std::vector<uint64_t> perm_;  // shuffled: the current epoch's sample order
   std::vector<int32_t> buffer_;
 };
 

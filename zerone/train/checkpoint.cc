@@ -10,6 +10,8 @@
 
 #include "zerone/core/error.h"
 #include "zerone/nn/model.h"
+#include "zerone/train/interrupt.h"
+#include "zerone/train/settings.h"
 
 namespace zerone::train {
 namespace {
@@ -23,8 +25,11 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 json trainer_state_to_json(const TrainerState& s) {
+  json settings = json::object();
+  for (const auto& [key, value] : s.settings) settings[key] = value;
   return {{"step", s.step},
-          {"next_chunk", s.next_chunk},
+          {"consumed_samples", s.consumed_samples},
+          {"epoch_samples", s.epoch_samples},
           {"micro_batch", s.micro_batch},
           {"seq", s.seq},
           {"grad_accum", s.grad_accum},
@@ -38,7 +43,8 @@ json trainer_state_to_json(const TrainerState& s) {
             {"hysteresis_left", s.loss_scaler.hysteresis_left},
             {"iteration", s.loss_scaler.iteration},
             {"last_overflow", s.loss_scaler.last_overflow}}},
-          {"skipped_steps", s.skipped_steps}};
+          {"skipped_steps", s.skipped_steps},
+          {"settings", settings}};
 }
 
 TrainerState trainer_state_from_json(const json& j, const std::string& what) {
@@ -57,15 +63,27 @@ TrainerState trainer_state_from_json(const json& j, const std::string& what) {
   constexpr int64_t kIntMax = INT32_MAX;
   TrainerState s;
   s.step = integer(j, "step", 0, kIntMax - 1, "0..2147483646");
-  // Every step reads at least one micro-batch chunk; 2^32 per step is beyond any global batch.
-  constexpr int64_t kMaxChunksPerStep = int64_t{1} << 32;
-  s.next_chunk = static_cast<uint64_t>(
-      integer(j, "next_chunk", s.step, s.step * kMaxChunksPerStep, str_cat("step..step x 2^32 = ", s.step, "..",
-                                                                         s.step * kMaxChunksPerStep)));
   s.micro_batch = static_cast<int>(integer(j, "micro_batch", 1, kIntMax, ">= 1"));
   s.seq = static_cast<int>(integer(j, "seq", 1, kIntMax, ">= 1"));
   s.grad_accum = static_cast<int>(integer(j, "grad_accum", 1, kIntMax, ">= 1"));
   s.world_size = static_cast<int>(integer(j, "world_size", 1, kIntMax, ">= 1"));
+  // Note [Resume position]: every step reads at least one sample; 2^62 keeps sample x seq and the
+  // position arithmetic inside 64 bits for any seq this run takes.
+  constexpr int64_t kMaxSamples = int64_t{1} << 62;
+  if (j.is_object() && j.contains("consumed_samples")) {
+    s.consumed_samples = static_cast<uint64_t>(
+        integer(j, "consumed_samples", s.step, kMaxSamples, str_cat("step..2^62 = ", s.step, "..", kMaxSamples)));
+    s.epoch_samples = static_cast<uint64_t>(integer(j, "epoch_samples", 1, kMaxSamples, "1..2^62"));
+  } else {
+    // Older checkpoints: the global micro-batch chunk index; 2^32 chunks per step is beyond any global batch.
+    constexpr int64_t kMaxChunksPerStep = int64_t{1} << 32;
+    const int64_t chunk = integer(j, "next_chunk", s.step, s.step * kMaxChunksPerStep,
+                                  str_cat("step..step x 2^32 = ", s.step, "..", s.step * kMaxChunksPerStep));
+    ZERONE_CHECK(chunk <= kMaxSamples / s.micro_batch, what, ": trainer state \"next_chunk\" ", chunk, " x micro-batch ",
+                 s.micro_batch, " is out of range (expected at most 2^62 samples)");
+    s.consumed_samples = static_cast<uint64_t>(chunk) * static_cast<uint64_t>(s.micro_batch);
+    s.position_in_chunks = true;
+  }
   const json& seed = field(j, "seed");
   ZERONE_CHECK(seed.is_number_unsigned() || (seed.is_number_integer() && seed.get<int64_t>() >= 0), what,
                ": trainer state \"seed\" ", seed.dump(), " is out of range (expected 0..18446744073709551615)");
@@ -83,6 +101,14 @@ TrainerState trainer_state_from_json(const json& j, const std::string& what) {
   s.loss_scaler.iteration = integer(ls, "iteration", 0, INT64_MAX, ">= 0");
   s.loss_scaler.last_overflow = integer(ls, "last_overflow", -1, INT64_MAX, ">= -1");
   s.skipped_steps = integer(j, "skipped_steps", 0, s.step, "0..step");
+  if (j.contains("settings")) {
+    const json& settings = j.at("settings");
+    ZERONE_CHECK(settings.is_object(), what, ": trainer state \"settings\" is ", settings.dump(), ", expected an object");
+    for (const auto& [key, value] : settings.items()) {
+      ZERONE_CHECK(value.is_string(), what, ": trainer state setting \"", key, "\" is ", value.dump(), ", expected a string");
+      s.settings.emplace_back(key, value.get<std::string>());
+    }
+  }
   return s;
 }
 
@@ -281,6 +307,140 @@ void check_checkpoint_fits(const io::CheckpointReader& reader, const nn::Model& 
   reader.check_layout(model);
   ZERONE_CHECK(reader.has_tensor("param") && (weights_only || reader.tensor_dtype("param") == dtype), where,
                " holds no parameters", weights_only ? "" : str_cat(" in ", dtype_name(dtype)));
+}
+
+// ------------------------------------------------------------------------------------ resuming
+
+namespace {
+
+void notice(bool lead, const std::string& text) {
+  if (lead) std::fprintf(stderr, "zerone: notice: %s\n", text.c_str());
+}
+
+// Note [Resume position]: `consumed` samples of the saving run's stream (epochs of `saved_epoch`
+// samples of `saved_seq` tokens) as a position in this run's stream.
+uint64_t carry_position(uint64_t consumed, uint64_t saved_epoch, int saved_seq, uint64_t epoch, int seq) {
+  const uint64_t epochs = consumed / saved_epoch, within = consumed % saved_epoch;
+  // In 128 bits: within < 2^62 samples of up to 2^31 tokens.
+  const unsigned __int128 tokens = static_cast<unsigned __int128>(within) * static_cast<uint64_t>(saved_seq);
+  const uint64_t in_epoch = static_cast<uint64_t>((tokens + seq - 1) / static_cast<uint64_t>(seq));
+  return epochs * epoch + std::min(in_epoch, epoch);
+}
+
+// Note [Settings a resume compares]: the result settings handled on their own.
+bool compared_elsewhere(const std::string& key) {
+  static const char* const kOwn[] = {"model", "precision", "optimizer", "init", "seed", "no_shuffle", "micro_batch",
+                                     "grad_accum", "train_batch_size", "seq", "steps", "epochs"};
+  return std::find(std::begin(kOwn), std::end(kOwn), key) != std::end(kOwn);
+}
+
+}  // namespace
+
+std::unique_ptr<io::CheckpointReader> find_resume_checkpoint(const TrainConfig& cfg, bool lead) {
+  std::string found_notice;
+  std::optional<std::string> dir = io::find_latest_checkpoint(cfg.checkpoint_dir, &found_notice);
+  if (!dir) {
+    notice(lead, str_cat("--resume: no checkpoint in '", cfg.checkpoint_dir, "' yet, starting at step 1"));
+    return nullptr;
+  }
+  if (!found_notice.empty()) notice(lead, found_notice);
+  auto reader = std::make_unique<io::CheckpointReader>(*dir);
+  check_resumable(*reader);
+  if (!cfg.init.empty()) notice(lead, str_cat("resuming from '", *dir, "': --init '", cfg.init, "' is not read"));
+  return reader;
+}
+
+TrainerState resume_trainer_state(const io::CheckpointReader& reader, const TrainConfig& cfg, int world,
+                                  const BatchSource& source, bool lead) {
+  const std::string where = str_cat("checkpoint '", reader.path(), "'");
+  TrainerState state = trainer_state_from_json(reader.manifest().trainer, where);
+  ZERONE_CHECK(state.step == reader.manifest().step, where, ": the trainer state is at step ", state.step,
+               ", the manifest at step ", reader.manifest().step, " (a damaged or edited manifest)");
+  ZERONE_CHECK(state.seed == cfg.seed && state.shuffle == !cfg.no_shuffle, where, " was trained with --seed ", state.seed,
+               state.shuffle ? "" : " --no-shuffle", ": resume with the same data order");
+  const int64_t next = state.step + 1;
+  // The data position (Note [Resume position]).
+  const int T = cfg.seq;
+  if (state.position_in_chunks) {
+    ZERONE_CHECK(state.seq == T, where, " counts its data position in micro-batches of ", state.micro_batch, " x ",
+                 state.seq, " tokens (written before positions were counted in samples): resume with --seq ", state.seq);
+    if (state.shuffle || state.consumed_samples > source.samples_per_epoch())
+      notice(lead, str_cat(where, " counts its data position in micro-batches (written before positions were counted in ",
+                           "samples): it continues at sample ", state.consumed_samples, ", but ",
+                           state.shuffle ? "shuffled epochs now permute samples, not micro-batches"
+                                         : "epochs now end after the last whole sample, not the last whole micro-batch",
+                           ", so the samples from here on are not the ones the run that saved it would have read"));
+  } else if (state.seq != T || state.epoch_samples != source.samples_per_epoch()) {
+    const uint64_t carried = carry_position(state.consumed_samples, state.epoch_samples, state.seq,
+                                            source.samples_per_epoch(), T);
+    if (state.seq != T)
+      notice(lead, str_cat("--seq changes from ", state.seq, " to ", T, " at step ", next, ": the data position is kept in ",
+                           "tokens (sample ", state.consumed_samples, " of ", state.seq, " tokens is sample ", carried, " of ",
+                           T, "), the global batch is ", T, " tokens per sequence from here on",
+                           state.shuffle ? ", and the shuffled order of the rest of this epoch is drawn anew over the new "
+                                           "sequences (some of its text may be read twice or not at all)"
+                                         : ""));
+    else
+      notice(lead, str_cat("an epoch of the training data is ", source.samples_per_epoch(), " samples, it was ",
+                           state.epoch_samples, " when the checkpoint was saved (another --data or global batch): the ",
+                           "position is kept within its epoch (sample ", state.consumed_samples, " is sample ", carried, ")"));
+    state.consumed_samples = carried;
+  }
+  const int64_t global = static_cast<int64_t>(cfg.micro_batch) * cfg.grad_accum * world;
+  const int64_t saved_global = static_cast<int64_t>(state.micro_batch) * state.grad_accum * state.world_size;
+  if (global != saved_global)
+    notice(lead, str_cat("the global batch changes from ", saved_global, " to ", global, " sequences at step ", next));
+  // Note [Settings a resume compares].
+  if (state.settings.empty()) {
+    notice(lead, str_cat(where, " does not record the settings it was trained with (written before they were ",
+                         "recorded): a changed learning rate or optimizer setting cannot be named"));
+    return state;
+  }
+  auto saved_value = [&](const std::string& key) -> const std::string* {
+    for (const auto& [k, v] : state.settings)
+      if (k == key) return &v;
+    return nullptr;
+  };
+  const bool decays_over_steps = cfg.total_steps == 0 && (cfg.lr_schedule == "cosine" || cfg.lr_schedule == "warmup-decay" ||
+                                                          cfg.lr_schedule == "warmup-cosine");
+  for (const auto& [key, now] : result_settings(cfg)) {
+    const std::string* saved = saved_value(key);
+    const std::string name = setting_name(cfg, find_setting_by_key(key)->flag);
+    if (key == "steps" && decays_over_steps && saved && *saved != now)
+      notice(lead, str_cat(name, " changes from ", *saved, " to ", now, ": the ", cfg.lr_schedule, " schedule decays over ",
+                           "--steps, so the learning rate from step ", next, " on is not the one the saving run would have ",
+                           "used (--total-steps ", *saved, " keeps it)"));
+    if (compared_elsewhere(key)) continue;
+    if (!saved) notice(lead, str_cat(name, " is ", now, " from step ", next, "; ", where, " does not record it"));
+    else if (*saved != now) notice(lead, str_cat(name, " changes from ", *saved, " to ", now, " at step ", next));
+  }
+  return state;
+}
+
+void resume_optimizer(io::CheckpointReader& reader, zero::ZeroEngine& engine) {
+  const io::CheckpointManifest& m = reader.manifest();
+  const std::vector<std::string> needed = engine.optimizer().state_names();
+  auto state_names = [](const std::vector<std::string>& names) {
+    std::string list;
+    for (const std::string& n : names) list += str_cat(list.empty() ? "" : ", ", n);
+    return list;
+  };
+  ZERONE_CHECK(m.optimizer == engine.optimizer().type_name() && m.optimizer_state == needed, "checkpoint '", reader.path(),
+               "' holds ", m.optimizer.empty() ? "no optimizer" : m.optimizer, " state (", state_names(m.optimizer_state),
+               "), this run's optimizer is ", engine.optimizer().type_name(), " (", state_names(needed), ")",
+               m.optimizer.empty() ? " (a weights-only checkpoint starts a run with --init, not --resume)" : "");
+  engine.load_optimizer_state(
+      [&](int u, const std::string& tensor, size_t begin, size_t count, float* out) {
+        throw_if_interrupted();
+        reader.read(u, tensor, begin, count, DType::f32, out);
+      },
+      m.optimizer_steps);
+}
+
+void resume_progress(const TrainerState& state, LrSchedule& schedule, zero::LossScaler* scaler, int64_t& skipped_steps) {
+  schedule.set_advances(state.lr_advances);
+  if (scaler) scaler->set_state(state.loss_scaler);
+  skipped_steps = state.skipped_steps;
 }
 
 }  // namespace zerone::train

@@ -14,12 +14,36 @@
 // staging buffers (the rank's checkpoint bytes, host memory) are kept between saves, as PyTorch's
 // async save keeps its pinned staging, so a save stalls for a memcpy, not for page faults.
 //
-// Note [Resume]: the newest complete checkpoint is found through `latest`. Parameters are read
-// unit by unit as the engine materializes them; the optimizer state is read straight into this
-// rank's shards (another world size, stage or offload reads the overlapping pieces), so memory
-// while loading is one unit plus the rank's own state. The data position is the global micro-batch
-// chunk index, so a run resumed at another world size with the same global batch (micro-batch x
-// accumulation x world) reads exactly the batches the uninterrupted run would.
+// Note [Resume]: the newest complete checkpoint is found through `latest` (find_resume_checkpoint).
+// Parameters are read unit by unit as the engine materializes them; the optimizer state is read
+// straight into this rank's shards (resume_optimizer; another world size, stage or offload reads
+// the overlapping pieces), so memory while loading is one unit plus the rank's own state. The
+// trainer state (resume_trainer_state) holds the data position in samples (consumed_samples,
+// Note [Samples] in batch_source.h), the schedule's position and the loss scaler, so a run resumed
+// at any world size, micro-batch and accumulation with the same global batch (micro-batch x
+// accumulation x world) reads exactly the samples the uninterrupted run would and continues its
+// trajectory (to the order of the gradient sums). Another global batch is a notice and trains on.
+//
+// Note [Resume position]: the position is a sample index of the endless stream, so it carries to
+// another split unchanged. Two changes move it: another --seq (a token source's samples are
+// --seq+1 tokens at multiples of --seq) and another epoch length (image data drops the remainder
+// of floor(N / global batch) steps; other --data). Then the position is kept within its epoch in
+// tokens (or images): epochs done x this run's samples per epoch + the same text offset rounded up
+// to a whole sample, with a notice. A shuffled epoch is a permutation of samples of one length, so
+// with another --seq the rest of that epoch is drawn anew (the notice says so); a --seq change
+// also changes the global batch in tokens. Checkpoints written before positions were counted in
+// samples hold "next_chunk", a global micro-batch index: it is next_chunk x their micro-batch
+// samples, the same samples at any split in file order within the first epoch; beyond it, or
+// shuffled, their chunk order cannot be continued (a notice), and another --seq is an error.
+//
+// Note [Settings a resume compares]: the manifest records every setting of the table marked
+// changes_results (train/settings.h, result_settings), as the run that saved it resolved them. A
+// resume names each one whose value differs in one notice line (old and new value) and trains on,
+// except those handled on their own: the model and precision (errors, check_checkpoint_fits), the
+// optimizer (its state must match, resume_optimizer), --init (not read on resume), --seed and
+// --no-shuffle (errors: the data order and dropout keys), --micro-batch, --grad-accum and
+// --train-batch-size (the global batch notice), --seq (Note [Resume position]) and --steps and
+// --epochs (the run's length; a notice when the learning-rate schedule decays over --steps).
 //
 // Thread-safety: a Checkpointer belongs to the training thread; its writer thread touches only the
 // staging buffers and the file.
@@ -39,6 +63,9 @@
 #include "zerone/io/fault_env.h"
 #include "zerone/core/memory.h"
 #include "zerone/io/sharded_checkpoint.h"
+#include "zerone/train/batch_source.h"
+#include "zerone/train/config.h"
+#include "zerone/train/lr_schedule.h"
 #include "zerone/zero/engine.h"
 #include "zerone/zero/loss_scaler.h"
 
@@ -46,14 +73,19 @@ namespace zerone::train {
 
 // The trainer's part of a checkpoint (manifest "trainer").
 struct TrainerState {
-  int64_t step = 0;          // optimizer steps completed
-  uint64_t next_chunk = 0;   // global micro-batch chunk index the next step starts at
+  int64_t step = 0;                // optimizer steps completed
+  uint64_t consumed_samples = 0;   // the stream position the next step starts at (Note [Samples])
+  uint64_t epoch_samples = 0;      // samples per epoch of the run that saved (0: not recorded)
+  bool position_in_chunks = false; // read from an older checkpoint's "next_chunk" (Note [Resume position])
   int micro_batch = 0, seq = 0, grad_accum = 0, world_size = 0;
   uint64_t seed = 0;
   bool shuffle = true;
   int64_t lr_advances = 0;   // LrSchedule position
   zero::LossScaler::State loss_scaler;
   int64_t skipped_steps = 0; // fp16 overflows so far
+  // (key, value) of every changes_results setting (Note [Settings a resume compares]); empty in
+  // checkpoints written before they were recorded.
+  std::vector<std::pair<std::string, std::string>> settings;
 };
 nlohmann::json trainer_state_to_json(const TrainerState& state);
 // Throws Error naming `what` for a missing or mistyped key.
@@ -127,5 +159,27 @@ void check_checkpoint_fits(const io::CheckpointReader& reader, const nn::Model& 
 // Throws Error when the checkpoint --resume found holds weights only (zerone convert --to zerone):
 // it has no optimizer or trainer state to continue, and --init takes it.
 void check_resumable(const io::CheckpointReader& reader);
+
+// --resume: the newest complete checkpoint in cfg.checkpoint_dir, opened and checked to hold a run,
+// or nullptr when none is there yet (the run starts at step 1). `lead` prints the notices (a
+// skipped damaged checkpoint, nothing found, --init not read). Throws Error for a damaged pointer
+// or a weights-only checkpoint.
+std::unique_ptr<io::CheckpointReader> find_resume_checkpoint(const TrainConfig& cfg, bool lead);
+
+// The trainer state of the checkpoint, checked against this run (`cfg` resolved, `world` ranks,
+// its training `source`, which decides the samples per epoch), with consumed_samples moved to this
+// run's stream position (Note [Resume position]). Prints (lead) one notice per change: the global
+// batch, --seq, every result setting (Note [Settings a resume compares]). Throws Error naming the
+// checkpoint for a damaged state or a change that cannot work (another --seed or data order).
+TrainerState resume_trainer_state(const io::CheckpointReader& reader, const TrainConfig& cfg, int world,
+                                  const BatchSource& source, bool lead);
+
+// Reads this rank's optimizer state from the checkpoint into the engine (collective only in what
+// the engine does). Throws Error naming the checkpoint when it holds another optimizer's state.
+void resume_optimizer(io::CheckpointReader& reader, zero::ZeroEngine& engine);
+
+// The schedule's position, the fp16 loss scaler (when `scaler` is not null) and the overflow count
+// of `state` into the run's objects.
+void resume_progress(const TrainerState& state, LrSchedule& schedule, zero::LossScaler* scaler, int64_t& skipped_steps);
 
 }  // namespace zerone::train

@@ -270,7 +270,9 @@ std::vector<Setting> build_table() {
        .help = "keep only the newest K checkpoints", .default_text = "0: all", .changes_results = false},
       {.flag = "--resume", .key = "resume", .aliases = {"checkpoint.resume"}, .group = G::checkpoints, .type = T::toggle,
        .field = &C::resume,
-       .help = "continue from the latest checkpoint in --checkpoint-dir, at any world size, micro-batch and stage",
+       .help = "continue from the latest checkpoint in --checkpoint-dir at any world size, micro-batch, accumulation, "
+               "stage and offload: the same global batch continues the run's trajectory; a notice names every "
+               "setting that changes results and differs",
        .changes_results = false},
       {.flag = "--checkpoint-async", .key = "checkpoint_async", .aliases = {"checkpoint.async"}, .group = G::checkpoints,
        .type = T::toggle, .field = &C::checkpoint_async,
@@ -517,6 +519,13 @@ std::vector<std::pair<std::string, std::string>> agreeing_settings(const TrainCo
   std::vector<std::pair<std::string, std::string>> list;
   for (const Setting& s : settings())
     if (s.ranks_must_agree) list.emplace_back(s.flag, setting_value_text(s, cfg));
+  return list;
+}
+
+std::vector<std::pair<std::string, std::string>> result_settings(const TrainConfig& cfg) {
+  std::vector<std::pair<std::string, std::string>> list;
+  for (const Setting& s : settings())
+    if (s.changes_results) list.emplace_back(s.key, setting_value_text(s, cfg));
   return list;
 }
 

@@ -91,5 +91,9 @@ std::string effective_config_json(const TrainConfig& cfg, const std::string& res
 
 // The rank-consistency list: (flag, value) of every row with ranks_must_agree, in table order.
 std::vector<std::pair<std::string, std::string>> agreeing_settings(const TrainConfig& cfg);
+// The results list: (key, value text) of every row with changes_results, in table order. A
+// checkpoint records it, and a resume names each setting whose value differs (Note [Settings a
+// resume compares] in train/checkpoint.h).
+std::vector<std::pair<std::string, std::string>> result_settings(const TrainConfig& cfg);
 
 }  // namespace zerone::train

@@ -37,6 +37,7 @@
 #include "zerone/train/markov_source.h"
 #include "zerone/train/metrics.h"
 #include "zerone/train/save_weights.h"
+#include "zerone/train/settings.h"
 #include "zerone/train/throughput.h"
 #include "zerone/report/html_report.h"
 #include "zerone/report/monitors.h"
@@ -65,14 +66,14 @@ struct Evaluation {
   int64_t samples = 0, samples_here = 0;  // classifiers: all ranks', and this rank's share
 };
 
-// Note [Sharded validation]: over the first `batches` chunks of the validation data, rank r
-// evaluates chunks r, r + world, r + 2 world, ... and the sums are all-reduced, so every rank
+// Note [Sharded validation]: over the first `batches` micro-batches of the validation data (batch
+// i is samples i*B ..), rank r evaluates batches r, r + world, r + 2 world, ... and the sums are all-reduced, so every rank
 // gets the same figures at every world size: tokens, the mean of the batches' mean losses;
-// classifiers, the mean loss and the accuracy over every sample read (the last chunk may be
+// classifiers, the mean loss and the accuracy over every sample read (the last batch may be
 // short). The accuracy is a ratio of integer counts, exact at any world size; the loss is a
 // double sum whose order alone depends on the world size. The forward is collective at stage 3
 // (it gathers parameters), so every rank runs the same number of forwards: a rank whose share is
-// one chunk short repeats its first chunk (or chunk 0) once and counts nothing from it.
+// one batch short repeats its first batch (or batch 0) once and counts nothing from it.
 //
 // Note [Interrupted evaluation]: an evaluation has no state to save, so a stop signal ends it at the
 // next batch (a pass over a large validation set takes minutes) and it returns nothing. The ranks
@@ -81,7 +82,8 @@ struct Evaluation {
 std::optional<Evaluation> evaluate(nn::Model& model, BatchSource& source, uint64_t batches, comm::Communicator& comm) {
   const bool classifier = model.input_kind() == nn::InputKind::features;
   const uint64_t world = static_cast<uint64_t>(comm.world_size()), rank = static_cast<uint64_t>(comm.rank());
-  const uint64_t n = std::min<uint64_t>(batches, source.chunks_per_epoch());
+  const uint64_t n = std::min<uint64_t>(batches, source.batches_per_epoch());
+  const uint64_t B = static_cast<uint64_t>(source.micro_batch());
   const uint64_t rounds = (n + world - 1) / world;
   double sums[3] = {0.0, 0.0, 0.0};  // loss (classifiers: times the batch size), samples, correct
   for (uint64_t round = 0; round < rounds; ++round) {
@@ -90,7 +92,7 @@ std::optional<Evaluation> evaluate(nn::Model& model, BatchSource& source, uint64
     if (stop > 0.0) return std::nullopt;
     const uint64_t chunk = round * world + rank;
     const bool counted = chunk < n;
-    const nn::Batch batch = source.load(counted ? chunk : rank < n ? rank : 0);
+    const nn::Batch batch = source.load((counted ? chunk : rank < n ? rank : 0) * B);
     const float loss = model.forward(batch);
     if (!counted) continue;
     if (!classifier) {
@@ -410,6 +412,474 @@ class DeviceLimitGuard {
   DeviceLimitGuard& operator=(const DeviceLimitGuard&) = delete;
 };
 
+// The run's data (Note [Samples] in batch_source.h): the training and validation sources of --data
+// and --val-data (image directories or token shards) or the default run's built-in corpus. Image
+// data fixes cfg.steps from --epochs. Appends what was opened to `settings` and checks that every
+// rank opened the same (collective), and that every token is in the vocabulary. Throws Error
+// naming the file and what is wrong.
+struct TrainData {
+  std::unique_ptr<io::TokenSource> train_tokens, val_tokens;  // token data: what the sources read
+  std::unique_ptr<BatchSource> train, val;                    // val: null without validation data
+  uint64_t steps_per_epoch = 0;                               // image data (Note [Image epochs])
+  std::optional<double> entropy;                              // the built-in corpus's entropy rate
+};
+TrainData open_training_data(TrainConfig& cfg, const nn::Model& model, bool default_run,
+                             std::vector<std::pair<std::string, std::string>>& settings, comm::Communicator& comm) {
+  const bool classifier = model.input_kind() == nn::InputKind::features;
+  const int world = comm.world_size();
+  TrainData data;
+  std::unique_ptr<io::TokenSource>& train_tokens = data.train_tokens;
+  std::unique_ptr<io::TokenSource>& val_tokens = data.val_tokens;
+  if (classifier) {
+    auto train_images = std::make_unique<ImageBatches>(io::load_image_split(cfg.data, "train", "--data"), "--data",
+                                                       model.input_shape(), model.vocab_size(), cfg.micro_batch,
+                                                       static_cast<int64_t>(cfg.micro_batch) * cfg.grad_accum * world,
+                                                       !cfg.no_shuffle, cfg.seed);
+    data.steps_per_epoch = train_images->steps_per_epoch();
+    settings.emplace_back("the --data samples", str_cat(train_images->num_samples()));
+    if (!cfg.val_data.empty()) {
+      auto val_images = std::make_unique<ImageBatches>(io::load_image_split(cfg.val_data, "t10k", "--val-data"),
+                                                       "--val-data", model.input_shape(), model.vocab_size(),
+                                                       cfg.micro_batch, 0, false, 0);
+      settings.emplace_back("the --val-data samples", str_cat(val_images->num_samples()));
+      data.val = std::move(val_images);
+    }
+    data.train = std::move(train_images);
+    check_same_config_everywhere(settings, comm);
+    if (cfg.epochs > 0) {
+      ZERONE_CHECK(data.steps_per_epoch * static_cast<uint64_t>(cfg.epochs) <= 100'000'000ull, "--epochs ", cfg.epochs, " x ",
+                   data.steps_per_epoch, " steps per epoch is beyond 100000000 steps");
+      cfg.steps = static_cast<int>(data.steps_per_epoch * static_cast<uint64_t>(cfg.epochs));
+    }
+  } else if (default_run) {
+    MarkovSource source(kDefaultSourceSeed);
+    data.entropy = source.entropy_rate();
+    train_tokens = std::make_unique<io::InMemoryTokens>(source.generate(kDefaultTrainTokens, 1), "built-in corpus");
+    val_tokens = std::make_unique<io::InMemoryTokens>(source.generate(kDefaultValTokens, 2), "built-in held-out corpus");
+  } else {
+    train_tokens = std::make_unique<io::TokenDataset>(cfg.data, "--data");
+    if (!cfg.val_data.empty()) val_tokens = std::make_unique<io::TokenDataset>(cfg.val_data, "--val-data");
+  }
+  const int B = cfg.micro_batch, T = cfg.seq;
+  if (!classifier) {
+    auto check_holds_a_batch = [&](const io::TokenSource& tokens, const char* what) {
+      const size_t need = static_cast<size_t>(B) * T + 1;
+      ZERONE_CHECK(tokens.num_tokens() >= need, what, " holds ", tokens.num_tokens(), " tokens, fewer than one batch of ",
+                   "--micro-batch x --seq + 1 = ", need);
+    };
+    check_holds_a_batch(*train_tokens, default_run ? "the built-in corpus" : "--data");
+    if (val_tokens) check_holds_a_batch(*val_tokens, "--val-data");
+    // The same paths can name different files on different ranks (another working directory or
+    // host): compare what was opened too (Note [Same config]).
+    if (!default_run) {
+      settings.emplace_back("the --data tokens", str_cat(train_tokens->num_tokens()));
+      if (val_tokens) settings.emplace_back("the --val-data tokens", str_cat(val_tokens->num_tokens()));
+      check_same_config_everywhere(settings, comm);
+    }
+    data.train = std::make_unique<TokenBatches>(*train_tokens, B, T, model.vocab_size(), !cfg.no_shuffle, cfg.seed);
+    check_tokens_in_vocabulary(*train_tokens, model.vocab_size(), default_run ? "built-in corpus" : "--data", comm);
+    if (val_tokens)
+      check_tokens_in_vocabulary(*val_tokens, model.vocab_size(), default_run ? "built-in corpus" : "--val-data", comm);
+    if (val_tokens) data.val = std::make_unique<TokenBatches>(*val_tokens, B, T, model.vocab_size(), false, 0);
+  }
+  return data;
+}
+
+// The lines rank 0 prints before the first step: the model, batch, ZeRO and offload settings,
+// the optimizer, the data, the ranks and their topology.
+void print_run_header(Progress& progress, const TrainConfig& cfg, const nn::Model& model, DType dtype,
+                      const zero::ZeroConfig& zcfg, const optim::OptimizerOptions& optimizer, const TrainData& data,
+                      comm::Communicator& comm) {
+  const int world = comm.world_size(), B = cfg.micro_batch, T = cfg.seq;
+  const bool classifier = model.input_kind() == nn::InputKind::features;
+  const bool default_run = cfg.data.empty();
+  const uint64_t steps_per_epoch = data.steps_per_epoch;
+  const std::optional<double>& entropy = data.entropy;
+  progress.message(str_cat("zerone: model ", model.spec(), " (", model.num_parameters(),
+                           " parameters), ", dtype_name(dtype), ", micro-batch ", B,
+                           classifier ? "" : str_cat(" x seq ", T), " x accum ",
+                           cfg.grad_accum, " x world ", world, ", ZeRO stage ", cfg.zero_stage,
+                           zcfg.offload_optimizer != zero::OffloadDevice::none ? str_cat(", optimizer on ", cfg.offload_optimizer) : "",
+                           zcfg.offload_param != zero::OffloadDevice::none ? str_cat(", params on ", cfg.offload_param) : "",
+                           ", ", optim::optimizer_name(optimizer), ", ", cfg.steps, " steps",
+                           classifier ? str_cat(" (", steps_per_epoch, " per epoch)") : "", ", ", omp_get_max_threads(), " threads/rank",
+                           world > 1 ? str_cat(", ", comm.description()) : "",
+                           default_run ? str_cat("; built-in Markov corpus, entropy ", *entropy, " nats/token") : ""));
+  if (world > 1) progress.message(str_cat("zerone: topology: ", comm::describe_topology(comm.hosts())));
+  if (zero::zeropp_enabled(zcfg)) progress.message(str_cat("zerone: ZeRO++: ", zero::describe_zeropp(zcfg, comm.hosts())));
+}
+
+// Note [Model FLOPs] (throughput.h): the TFLOP/s per rank MFU is measured against and where it
+// comes from: --peak-tflops, else the GEMM peak measured now (rank 0 of a model with a FLOP count).
+std::pair<std::optional<double>, std::string> peak_tflop_per_s(const TrainConfig& cfg, DType dtype, bool lead,
+                                                               const std::optional<double>& flops_per_token) {
+  if (cfg.peak_tflops > 0) return {cfg.peak_tflops, "--peak-tflops"};
+  if (lead && flops_per_token)
+    return {measure_gemm_peak_tflop_per_s(dtype), str_cat("measured ", dtype == DType::bf16 ? "bf16" : "f32", " GEMM peak")};
+  return {std::nullopt, ""};
+}
+
+// Note [The step loop]: StepLoop runs optimizer steps start_step..cfg.steps on what run_training
+// built (it owns none of it): each step plans the engine's step, runs the micro-steps on the
+// step's global batch (Note [Samples]), agrees with the other ranks on the loss, a stop signal and
+// a finished background save in one all-reduce, steps the optimizer, the loss scaler and the
+// schedule, validates when due, reports the step (progress, metrics, monitors) and saves a
+// checkpoint when due. A stop signal saves the last complete step and ends the loop.
+struct StepLoopInputs {
+  const TrainConfig& cfg;
+  comm::Communicator& comm;
+  nn::Model& model;
+  zero::ZeroEngine& engine;
+  BatchSource* train_source;
+  BatchSource* val_source;  // null: no validation
+  LrSchedule& schedule;
+  zero::LossScaler& scaler;
+  bool scaled;  // fp16: the loss is scaled
+  Checkpointer* checkpointer;     // null: no --checkpoint-dir
+  report::Monitors* monitors;     // null: none (and on ranks other than 0)
+  Progress& progress;
+  MetricsWriter& metrics;
+  RunSummary& summary;
+  std::chrono::steady_clock::time_point run_t0;
+  int start_step;
+  uint64_t samples_base;     // the stream position step start_step starts at
+  uint64_t steps_per_epoch;  // image data
+  std::optional<double> flops_per_token, peak_tflops;
+  int64_t skipped_steps = 0;  // fp16 overflows so far (a resumed run's included)
+};
+struct StepLoop : StepLoopInputs {
+  explicit StepLoop(const StepLoopInputs& inputs) : StepLoopInputs(inputs) {}
+
+  // What the loop keeps and reports.
+  TrainResult result;
+  double profiled_wall_s = 0.0;  // steps 2.. (the first step creates the GEMM primitives)
+  // Derived from the above.
+  const int world = comm.world_size(), rank = comm.rank();
+  const bool lead = rank == 0;
+  const int B = cfg.micro_batch, T = cfg.seq;
+  const bool classifier = model.input_kind() == nn::InputKind::features;
+  const uint64_t global_batch = static_cast<uint64_t>(B) * cfg.grad_accum * world;  // samples per step
+
+  // The state after `done` steps, for a checkpoint.
+  TrainerState state_after(int done) const {
+    TrainerState st;
+    st.step = done;
+    st.consumed_samples = samples_base + static_cast<uint64_t>(done - start_step + 1) * global_batch;
+    st.epoch_samples = train_source->samples_per_epoch();
+    st.micro_batch = B;
+    st.seq = T;
+    st.grad_accum = cfg.grad_accum;
+    st.world_size = world;
+    st.seed = cfg.seed;
+    st.shuffle = !cfg.no_shuffle;
+    st.lr_advances = schedule.advances();
+    st.loss_scaler = scaler.state();
+    st.skipped_steps = skipped_steps;
+    st.settings = result_settings(cfg);
+    return st;
+  }
+  // "saved checkpoint 'DIR/step-N' (B bytes; rank 0 wrote its file in S s; stall T s)".
+  void report_saved() {
+    if (!lead) return;
+    progress.message(str_cat("saved checkpoint '", cfg.checkpoint_dir, "/",
+                             io::checkpoint_step_name(checkpointer->last_published_step()), "' (",
+                             human_bytes(static_cast<double>(checkpointer->last_bytes())), " from ", world,
+                             world > 1 ? " ranks" : " rank", "; rank 0 wrote its file in ",
+                             fixed(checkpointer->last_write_s(), 3), " s",
+                             checkpointer->last_copied_bytes() > 0
+                                 ? str_cat(", of which ", human_bytes(static_cast<double>(checkpointer->last_copied_bytes())),
+                                           " copied disk to disk from the optimizer's swap file")
+                                 : "",
+                             "; training stalled ", fixed(checkpointer->last_stall_s(), 3), " s)"));
+  }
+  void save_checkpoint(int done) {
+    comm.set_phase(str_cat("checkpoint of step ", done));
+    if (lead) progress.message(str_cat("saving checkpoint of step ", done, " in '", cfg.checkpoint_dir, "' ..."));
+    checkpointer->save(engine, state_after(done));
+    if (!cfg.checkpoint_async) report_saved();
+    else if (lead)
+      progress.message(str_cat("staged checkpoint of step ", done, " (stall ", fixed(checkpointer->last_stall_s(), 3),
+                               " s); writing in the background"));
+  }
+  // What a stop signal leaves after `done` steps, for its message.
+  std::string kept_after(int done) const {
+    std::string kept = done > 0 ? str_cat("steps 1..", done, " were trained") : "no step was trained";
+    if (!cfg.metrics.empty()) kept += str_cat("; their metrics are in '", cfg.metrics, "'");
+    if (!cfg.save.empty()) kept += str_cat("; --save '", cfg.save, "' was not written (it is written when training ends)");
+    if (checkpointer && checkpointer->last_published_step() > 0)
+      kept += str_cat("; checkpoint '", cfg.checkpoint_dir, "/", io::checkpoint_step_name(checkpointer->last_published_step()),
+                      "' holds the last of them (--resume continues)");
+    return kept;
+  }
+
+  // Runs the steps; false when a stop signal ended them (result.interrupted_by says which).
+  bool run() {
+    // Always on: the summary says where the time went (a scope costs two clock reads).
+    Profiler::set_enabled(true);
+    if (cfg.profile && cfg.steps - start_step < 1 && lead)
+      progress.warning("--profile reports steps 2 and later (the first creates the GEMM primitives): nothing to report in 1 step");
+    throw_if_interrupted();
+    if (start_step > cfg.steps && lead)
+      progress.message(str_cat("zerone: the checkpoint is at step ", start_step - 1, ", --steps is ", cfg.steps,
+                               ": nothing left to train"));
+    if (lead && start_step <= cfg.steps) progress.starting(start_step, cfg.steps);
+    for (int step = start_step; step <= cfg.steps; ++step) {
+      if (step == start_step + 1) Profiler::reset();
+      comm.set_phase(str_cat("step ", step));
+      auto t0 = std::chrono::steady_clock::now();
+      const comm::TrafficBytes traffic0 = comm::Traffic::global().totals();
+      double loss_sum = 0.0;  // gradients start at zero: the optimizer step zeroes them
+      const double loss_scale = scaled ? scaler.scale() : 1.0;
+      const float lr = static_cast<float>(schedule.lr());
+      // Before the backward: with the early step the optimizer's step begins during it.
+      const bool checkpoint_after = checkpointer && ((cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0) || step == cfg.steps);
+      if (checkpoint_after) engine.prepare_checkpoint();
+      engine.plan_step(lr, cfg.grad_clip, loss_scale, scaled);  // Note [Early optimizer step]
+      for (int micro = 0; micro < cfg.grad_accum; ++micro) {
+        // Note [Samples] (batch_source.h): the step's global batch, this micro-step's and rank's B of it.
+        const uint64_t place = (static_cast<uint64_t>(micro) * world + rank) * B;
+        nn::Batch batch;
+        {
+          ProfileScope profile(ProfileCategory::data);
+          batch = train_source->load(samples_base + static_cast<uint64_t>(step - start_step) * global_batch + place);
+        }
+        // Note [Dropout keys] (kernels/cpu/classifier.h): the sample's place in the global batch.
+        batch.training = true;
+        batch.seed = cfg.seed;
+        batch.step = static_cast<uint64_t>(step);
+        batch.first_sample = place;
+        loss_sum += model.forward(batch);
+        engine.set_last_micro_step(micro == cfg.grad_accum - 1);
+        model.backward(static_cast<float>(loss_scale / cfg.grad_accum));
+      }
+      // The reported loss is the mean over the global batch. An interrupt rides on the same
+      // all-reduce, so every rank stops at this step (Note [Interrupts]).
+      // A background checkpoint write that every rank has finished is published here, at the same
+      // step on every rank (Note [Saving a step]).
+      const int signal_here = interrupt_signal();
+      const bool save_pending = checkpointer && checkpointer->pending();
+      double reduced[5] = {loss_sum, signal_here == SIGINT ? 1.0 : 0.0, signal_here == SIGHUP ? 1.0 : 0.0,
+                           signal_here == SIGTERM ? 1.0 : 0.0, save_pending && checkpointer->writer_done() ? 1.0 : 0.0};
+      comm.all_reduce_sum_async(reduced, 5).wait();
+      if (save_pending && reduced[4] == static_cast<double>(world)) {
+        checkpointer->publish_pending();
+        report_saved();
+      }
+      if (reduced[1] > 0.0 || reduced[2] > 0.0 || reduced[3] > 0.0) {
+        // Every rank sees the same sums, so all agree on the signal to report and exit with
+        // (SIGTERM over SIGHUP over SIGINT).
+        result.interrupted_by = reduced[3] > 0.0 ? SIGTERM : reduced[2] > 0.0 ? SIGHUP : SIGINT;
+        // Note [Resume]: the state after step-1 is complete (this step's gradients are not state), so
+        // a stop signal costs at most the step in progress.
+        if (checkpointer) {
+          checkpointer->publish_pending();
+          if (checkpointer->last_published_step() < step - 1 && step - 1 >= start_step) {
+            save_checkpoint(step - 1);
+            checkpointer->publish_pending();
+          }
+        }
+        if (lead)
+          progress.message(str_cat("zerone: stopped by ", signal_name(result.interrupted_by),
+                                   signal_here == 0 ? " (on another rank)" : "", " during step ", step, " of ", cfg.steps,
+                                   ": ", kept_after(step - 1)));
+        return false;
+      }
+      float loss = static_cast<float>(reduced[0] / (static_cast<double>(cfg.grad_accum) * world));
+      ZERONE_CHECK(std::isfinite(loss), "training diverged at step ", step, ": loss ", loss, " (try a lower --lr or --grad-clip)");
+      zero::StepResult stepped = engine.step(lr, cfg.grad_clip, loss_scale, scaled);
+      // --delayed-update: the last update is waited for and installed before the final validation
+      // and --save (Note [Delayed parameter update]).
+      if (step == cfg.steps) engine.finish_delayed_update();
+      if (scaled) scaler.update(stepped.overflow);
+      if (stepped.overflow) ++skipped_steps;
+      schedule.advance(!stepped.overflow);
+      double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      if (step > start_step) profiled_wall_s += ms / 1000.0;
+
+      StepRecord record;
+      record.step = step;
+      record.total_steps = cfg.steps;
+      record.loss = loss;
+      record.lr = lr;
+      record.grad_norm = static_cast<float>(stepped.norm);
+      if (scaled) record.loss_scale = loss_scale;
+      record.skipped = stepped.overflow;
+      record.ms = ms;
+      if (world > 1) {
+        const comm::TrafficBytes sent = comm::Traffic::global().totals() - traffic0;
+        record.comm_bytes_intra = sent.intra;
+        record.comm_bytes_inter = sent.inter;
+      }
+      const double rate = static_cast<double>(B) * T * cfg.grad_accum * world / (ms / 1000.0);
+      if (classifier) record.samples_per_s = rate;
+      else record.tokens_per_s = rate;
+      record.timestamp_s = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+      record.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_t0).count();
+      record.seen = static_cast<int64_t>(samples_base + static_cast<uint64_t>(step - start_step + 1) * global_batch) * T;
+      if (flops_per_token) {
+        record.tflop_per_s = *flops_per_token * static_cast<double>(B) * T * cfg.grad_accum * world / (ms / 1000.0) / 1e12;
+        if (peak_tflops) record.mfu = *record.tflop_per_s / (world * *peak_tflops);
+      }
+      // Classifiers validate at the end of every epoch too, on the whole --val-data unless
+      // --val-batches limits it.
+      const bool epoch_end = classifier && step % steps_per_epoch == 0;
+      int64_t val_samples = 0, val_samples_here = 0;
+      bool validate_now = val_source && ((cfg.val_every > 0 && step % cfg.val_every == 0) || step == cfg.steps || epoch_end);
+      if (validate_now) {
+        // Validation is outside the step's wall time, so --profile does not count it either.
+        Profiler::set_enabled(false);
+        comm.set_phase(str_cat("validation after step ", step));
+        const uint64_t batches = classifier && !cfg.is_given("--val-batches") ? val_source->batches_per_epoch()
+                                                                              : static_cast<uint64_t>(cfg.val_batches);
+        const std::optional<Evaluation> evaluated = evaluate(model, *val_source, batches, comm);
+        Profiler::set_enabled(true);  // the summary splits the step's time (issue 23)
+        if (!evaluated) {
+          // Stopped during validation (Note [Interrupted evaluation]): step `step` is complete, so
+          // its metrics are written and the stop checkpoint holds it.
+          int sig = interrupt_signal();
+          double reduced_sig[3] = {sig == SIGINT ? 1.0 : 0.0, sig == SIGHUP ? 1.0 : 0.0, sig == SIGTERM ? 1.0 : 0.0};
+          comm.all_reduce_sum_async(reduced_sig, 3).wait();
+          result.interrupted_by = reduced_sig[2] > 0.0 ? SIGTERM : reduced_sig[1] > 0.0 ? SIGHUP : SIGINT;
+          result.steps = step;
+          result.final_train_loss = loss;
+          if (lead) progress.step(record);
+          metrics.write(record);
+          if (checkpointer) {
+            checkpointer->publish_pending();
+            if (checkpointer->last_published_step() < step) {
+              save_checkpoint(step);
+              if (cfg.checkpoint_async) {
+                checkpointer->publish_pending();
+                report_saved();
+              }
+            }
+          }
+          if (lead)
+            progress.message(str_cat("zerone: stopped by ", signal_name(result.interrupted_by), " during the validation after step ",
+                                     step, " of ", cfg.steps, ": ", kept_after(step)));
+          return false;
+        }
+        const Evaluation& e = *evaluated;
+        record.val_loss = e.loss;
+        record.val_accuracy = e.accuracy;
+        val_samples = e.samples;
+        val_samples_here = e.samples_here;
+      }
+      if (lead) {
+        progress.step(record);
+        if (record.val_loss && step != cfg.steps) {
+          std::string what = epoch_end ? str_cat("epoch ", step / steps_per_epoch, " (step ", step, ")") : str_cat("step ", step);
+          std::string acc = record.val_accuracy ? str_cat(", val accuracy ", *record.val_accuracy * 100.0f, "% (", val_samples,
+                                                          " samples", world > 1 ? str_cat(", ", val_samples_here, " on rank 0") : "",
+                                                          ")")
+                                                : "";
+          progress.message(str_cat(what, ": val loss ", *record.val_loss, acc));
+        }
+      }
+      if (std::optional<std::string> warning = metrics.write(record); warning && lead) progress.warning(*warning);
+      if (lead) summary.add(record);
+      if (monitors) {
+        // DeepSpeed's tags and x axis: global samples (sequences) so far.
+        const int64_t samples = record.seen / T;
+        std::vector<report::MonitorEvent> events = {{"Train/Samples/train_loss", loss, samples}, {"Train/Samples/lr", lr, samples}};
+        if (scaled) events.push_back({"Train/Samples/loss_scale", loss_scale, samples});
+        if (std::isfinite(record.grad_norm)) events.push_back({"Train/Samples/grad_norm", record.grad_norm, samples});
+        if (record.val_loss) events.push_back({"Train/Samples/val_loss", *record.val_loss, samples});
+        if (std::optional<std::string> warning = monitors->write(events, record.timestamp_s)) progress.warning(*warning);
+      }
+      result.steps = step;
+      result.final_train_loss = loss;
+      if (record.val_loss) result.final_val_loss = record.val_loss;
+      if (record.val_accuracy) result.final_val_accuracy = record.val_accuracy;
+      if (checkpoint_after) save_checkpoint(step);
+    }
+    return true;
+  }
+
+  // After the last step: publishes a pending save, ends the progress display and fills the
+  // summary's time split.
+  void finish() {
+    if (checkpointer && checkpointer->pending()) {
+      checkpointer->publish_pending();
+      report_saved();
+    }
+    progress.finish();
+    if (cfg.profile && cfg.steps > start_step && lead) {
+      progress.message(str_cat("time per step ", 1000.0 * profiled_wall_s / (cfg.steps - start_step), " ms: ",
+                               Profiler::report(profiled_wall_s, cfg.steps - start_step)));
+    }
+    Profiler::set_enabled(false);
+    if (lead && cfg.steps > start_step) {
+      summary.profiled_steps = cfg.steps - start_step;
+      summary.profiled_wall_s = profiled_wall_s;
+      summary.compute_s = Profiler::seconds(ProfileCategory::gemm) + Profiler::seconds(ProfileCategory::attention) +
+                          Profiler::seconds(ProfileCategory::elementwise);
+      summary.comm_s = Profiler::seconds(ProfileCategory::comm);
+      summary.optimizer_s = Profiler::seconds(ProfileCategory::optimizer);
+      summary.io_s = Profiler::seconds(ProfileCategory::data) + Profiler::seconds(ProfileCategory::swap);
+    }
+  }
+
+  // The end of the run, after --save: what was written, the summary and the final loss line.
+  TrainResult report(const std::optional<double>& entropy, DType dtype, const zero::ZeroConfig& zcfg) {
+    if (int sig = interrupt_signal(); sig != 0) {
+      result.interrupted_by = sig;
+      if (lead) progress.message(str_cat("zerone: ", signal_name(sig), " arrived after the last step; everything was written"));
+    }
+    if (const zero::EarlyStats& e = engine.early_stats();
+        lead && e.validated + e.redone + e.skipped + e.held_back > 0)
+      progress.message(str_cat("early step (Note [Speculative early step]): ", e.validated, " speculative steps validated, ",
+                               e.redone, " taken back and redone (clipped), ", e.skipped, " taken back and skipped (fp16 overflow), ",
+                               e.held_back, " stepped at the end after a clipped step"));
+    if (skipped_steps > 0 && lead)
+      progress.warning(str_cat(skipped_steps, " of ", cfg.steps, " steps were skipped for gradient overflow (fp16)",
+                               skipped_steps == cfg.steps ? ": nothing was trained; lower --loss-scale or use dynamic scaling"
+                                                          : ""));
+    if (metrics.missing_lines() > 0 && lead)
+      progress.warning(str_cat("--metrics '", cfg.metrics, "' lacks ", metrics.missing_lines(), " of ", cfg.steps,
+                               " lines (writes failed)"));
+    result.source_entropy = entropy;
+    // Resumed at or past --steps: no step ran, so there is no loss to report (it printed 0.0000).
+    if (start_step > cfg.steps) return result;
+    if (lead) {
+      summary.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_t0).count();
+      fill_memory_summary(summary, model, dtype, cfg, zcfg, world);
+      if (!cfg.metrics.empty())
+        summary.written.push_back(str_cat("metrics '", cfg.metrics, "' (", result.steps - start_step + 1 - metrics.missing_lines(), " lines)"));
+      if (checkpointer && checkpointer->last_published_step() > 0)
+        summary.written.push_back(str_cat("checkpoint '", cfg.checkpoint_dir, "/",
+                                          io::checkpoint_step_name(checkpointer->last_published_step()), "'"));
+      if (!cfg.save.empty()) summary.written.push_back(str_cat("--save '", cfg.save, "'"));
+      if (monitors)
+        for (const std::string& w : monitors->written()) summary.written.push_back(w);
+      if (!cfg.report.empty()) {
+        // A report that cannot be written costs the run nothing: everything else is saved already.
+        try {
+          report::write_html_report(report::read_run_logs({cfg.metrics}), cfg.report);
+          summary.written.push_back(str_cat("report '", cfg.report, "'"));
+        } catch (const Error& e) {
+          progress.warning(str_cat("--report: ", e.what()));
+        }
+      }
+      for (const std::string& line : summary.lines()) progress.message(line);
+    }
+    float final_loss = result.final_val_loss.value_or(result.final_train_loss);
+    char line[160];
+    if (entropy) {
+      std::snprintf(line, sizeof line, "final loss %.4f nats/token; source entropy %.4f nats/token", final_loss, *entropy);
+    } else {
+      if (classifier && result.final_val_accuracy)
+        std::snprintf(line, sizeof line, "final loss %.4f (validation), val accuracy %.2f%%", final_loss,
+                      *result.final_val_accuracy * 100.0);
+      else
+        std::snprintf(line, sizeof line, "final loss %.4f %s(%s)", final_loss, classifier ? "" : "nats/token ",
+                      result.final_val_loss ? "validation" : "last training step");
+    }
+    if (lead) progress.message(line);
+    return result;
+  }
+};
+
 }  // namespace
 
 optim::OptimizerOptions optimizer_options(const TrainConfig& cfg) {
@@ -535,19 +1005,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm, const io::Fa
     io::remove_stale_checkpoint_temporaries(cfg.checkpoint_dir);
   };
   if (lead && !cfg.checkpoint_dir.empty() && io::is_directory(cfg.checkpoint_dir)) lock_checkpoint_dir();
-  if (cfg.resume) {
-    std::string found_notice;
-    if (std::optional<std::string> dir = io::find_latest_checkpoint(cfg.checkpoint_dir, &found_notice)) {
-      if (lead && !found_notice.empty()) std::fprintf(stderr, "zerone: notice: %s\n", found_notice.c_str());
-      resume_from = std::make_unique<io::CheckpointReader>(*dir);
-      check_resumable(*resume_from);
-      if (lead && !cfg.init.empty())
-        std::fprintf(stderr, "zerone: notice: resuming from '%s': --init '%s' is not read\n", dir->c_str(), cfg.init.c_str());
-    } else if (lead) {
-      std::fprintf(stderr, "zerone: notice: --resume: no checkpoint in '%s' yet, starting at step 1\n",
-                   cfg.checkpoint_dir.c_str());
-    }
-  }
+  if (cfg.resume) resume_from = find_resume_checkpoint(cfg, lead);
   std::string model_spec = cfg.model;
   // --init: a Hugging Face directory, a zerone checkpoint or an llm.c file (io/weight_source.h).
   std::unique_ptr<io::WeightSource> init_source;
@@ -633,90 +1091,24 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm, const io::Fa
   check_memory_fits(model, dtype, cfg, zcfg, world);
   DeviceLimitGuard device_limit(static_cast<int64_t>(cfg.device_mem_limit * 1024.0 * 1024.0 * 1024.0));
 
-  // Data.
-  std::unique_ptr<io::TokenSource> train_tokens, val_tokens;
-  std::unique_ptr<BatchSource> train_source, val_source;
-  uint64_t steps_per_epoch = 0;  // image data (Note [Image epochs] in batch_source.h)
-  std::optional<double> entropy;
-  if (classifier) {
-    auto train_images = std::make_unique<ImageBatches>(io::load_image_split(cfg.data, "train", "--data"), "--data",
-                                                       model.input_shape(), model.vocab_size(), cfg.micro_batch,
-                                                       cfg.grad_accum * world, !cfg.no_shuffle, cfg.seed);
-    steps_per_epoch = train_images->steps_per_epoch();
-    settings.emplace_back("the --data samples", str_cat(train_images->num_samples()));
-    if (!cfg.val_data.empty()) {
-      auto val_images = std::make_unique<ImageBatches>(io::load_image_split(cfg.val_data, "t10k", "--val-data"),
-                                                       "--val-data", model.input_shape(), model.vocab_size(),
-                                                       cfg.micro_batch, 0, false, 0);
-      settings.emplace_back("the --val-data samples", str_cat(val_images->num_samples()));
-      val_source = std::move(val_images);
-    }
-    train_source = std::move(train_images);
-    check_same_config_everywhere(settings, comm);
-    if (cfg.epochs > 0) {
-      ZERONE_CHECK(steps_per_epoch * static_cast<uint64_t>(cfg.epochs) <= 100'000'000ull, "--epochs ", cfg.epochs, " x ",
-                   steps_per_epoch, " steps per epoch is beyond 100000000 steps");
-      cfg.steps = static_cast<int>(steps_per_epoch * static_cast<uint64_t>(cfg.epochs));
-    }
-  } else if (default_run) {
-    MarkovSource source(kDefaultSourceSeed);
-    entropy = source.entropy_rate();
-    train_tokens = std::make_unique<io::InMemoryTokens>(source.generate(kDefaultTrainTokens, 1), "built-in corpus");
-    val_tokens = std::make_unique<io::InMemoryTokens>(source.generate(kDefaultValTokens, 2), "built-in held-out corpus");
-  } else {
-    train_tokens = std::make_unique<io::TokenDataset>(cfg.data, "--data");
-    if (!cfg.val_data.empty()) val_tokens = std::make_unique<io::TokenDataset>(cfg.val_data, "--val-data");
-  }
-  const int B = cfg.micro_batch, T = cfg.seq;
-  if (!classifier) {
-    auto check_holds_a_batch = [&](const io::TokenSource& tokens, const char* what) {
-      const size_t need = static_cast<size_t>(B) * T + 1;
-      ZERONE_CHECK(tokens.num_tokens() >= need, what, " holds ", tokens.num_tokens(), " tokens, fewer than one batch of ",
-                   "--micro-batch x --seq + 1 = ", need);
-    };
-    check_holds_a_batch(*train_tokens, default_run ? "the built-in corpus" : "--data");
-    if (val_tokens) check_holds_a_batch(*val_tokens, "--val-data");
-    // The same paths can name different files on different ranks (another working directory or
-    // host): compare what was opened too (Note [Same config]).
-    if (!default_run) {
-      settings.emplace_back("the --data tokens", str_cat(train_tokens->num_tokens()));
-      if (val_tokens) settings.emplace_back("the --val-data tokens", str_cat(val_tokens->num_tokens()));
-      check_same_config_everywhere(settings, comm);
-    }
-    train_source = std::make_unique<TokenBatches>(*train_tokens, B, T, model.vocab_size(), !cfg.no_shuffle, cfg.seed);
-    check_tokens_in_vocabulary(*train_tokens, model.vocab_size(), default_run ? "built-in corpus" : "--data", comm);
-    if (val_tokens)
-      check_tokens_in_vocabulary(*val_tokens, model.vocab_size(), default_run ? "built-in corpus" : "--val-data", comm);
-    if (val_tokens) val_source = std::make_unique<TokenBatches>(*val_tokens, B, T, model.vocab_size(), false, 0);
-  }
-  // The run's position: step 1 and chunk 0, or where the checkpoint left off.
+  TrainData data = open_training_data(cfg, model, default_run, settings, comm);
+  BatchSource* const train_source = data.train.get();
+  BatchSource* const val_source = data.val.get();
+  const uint64_t steps_per_epoch = data.steps_per_epoch;
+  const std::optional<double> entropy = data.entropy;
+  const int T = cfg.seq;
+  // The run's position: step 1 and sample 0, or where the checkpoint left off (Note [Resume]).
   TrainerState resumed;
-  if (resume_from) {
-    const std::string where = str_cat("checkpoint '", resume_from->path(), "'");
-    resumed = trainer_state_from_json(resume_from->manifest().trainer, where);
-    ZERONE_CHECK(resumed.step == resume_from->manifest().step, where, ": the trainer state is at step ", resumed.step,
-                 ", the manifest at step ", resume_from->manifest().step, " (a damaged or edited manifest)");
-    ZERONE_CHECK(resumed.micro_batch == B && resumed.seq == T, where, " counts its data position in micro-batches of ",
-                 resumed.micro_batch, " x ", resumed.seq, " tokens: resume with --micro-batch ", resumed.micro_batch,
-                 " --seq ", resumed.seq, " (change --grad-accum to keep the global batch at another world size)");
-    ZERONE_CHECK(resumed.seed == cfg.seed && resumed.shuffle == !cfg.no_shuffle, where, " was trained with --seed ",
-                 resumed.seed, resumed.shuffle ? "" : " --no-shuffle", ": resume with the same data order");
-    const int64_t global = static_cast<int64_t>(B) * cfg.grad_accum * world;
-    const int64_t saved_global = static_cast<int64_t>(resumed.micro_batch) * resumed.grad_accum * resumed.world_size;
-    if (lead && global != saved_global)
-      std::fprintf(stderr, "zerone: notice: the global batch changes from %lld to %lld sequences at step %lld\n",
-                   static_cast<long long>(saved_global), static_cast<long long>(global),
-                   static_cast<long long>(resumed.step + 1));
-  }
+  if (resume_from) resumed = resume_trainer_state(*resume_from, cfg, world, *train_source, lead);
   const int start_step = static_cast<int>(resumed.step) + 1;
-  const uint64_t chunk_base = resumed.next_chunk;
+  const uint64_t samples_base = resumed.consumed_samples;
   // DeepSpeed's tensorboard and csv_monitor (report/monitors.h), rank 0; their directories are
   // created now, before the model is built (Note [No late errors]).
   std::unique_ptr<report::Monitors> monitors;
   if (lead && (!cfg.tensorboard_dir.empty() || !cfg.csv_monitor_dir.empty()))
     monitors = std::make_unique<report::Monitors>(cfg.tensorboard_dir, setting_name(cfg, "--tensorboard"), cfg.csv_monitor_dir,
                                                   setting_name(cfg, "--csv-monitor"),
-                                                  resume_from ? static_cast<int64_t>(chunk_base) * B : -1);
+                                                  resume_from ? static_cast<int64_t>(samples_base) : -1);
 
   // Opened and checked once; each unit then reads only its own bytes.
   if (init_source) init_source->bind(model);
@@ -742,54 +1134,13 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm, const io::Fa
                              resume_from ? "from the checkpoint" : cfg.init.empty() ? "initialized from the seed" : "read from --init",
                              ") ..."));
   zero::ZeroEngine engine(model, comm, zcfg, optimizer, materialize, nvme);
-  if (resume_from) {
-    const io::CheckpointManifest& m = resume_from->manifest();
-    const std::vector<std::string> needed = engine.optimizer().state_names();
-    auto state_names = [](const std::vector<std::string>& names) {
-      std::string list;
-      for (const std::string& n : names) list += str_cat(list.empty() ? "" : ", ", n);
-      return list;
-    };
-    ZERONE_CHECK(m.optimizer == engine.optimizer().type_name() && m.optimizer_state == needed, "checkpoint '",
-                 resume_from->path(), "' holds ", m.optimizer.empty() ? "no optimizer" : m.optimizer, " state (",
-                 state_names(m.optimizer_state), "), this run's optimizer is ", engine.optimizer().type_name(), " (",
-                 state_names(needed), ")",
-                 m.optimizer.empty() ? " (a weights-only checkpoint starts a run with --init, not --resume)" : "");
-    engine.load_optimizer_state(
-        [&](int u, const std::string& tensor, size_t begin, size_t count, float* out) {
-          throw_if_interrupted();
-          resume_from->read(u, tensor, begin, count, DType::f32, out);
-        },
-        m.optimizer_steps);
-  }
+  if (resume_from) resume_optimizer(*resume_from, engine);
 
-  if (lead) {
-    progress.message(str_cat("zerone: model ", model.spec(), " (", model.num_parameters(),
-                             " parameters), ", dtype_name(dtype), ", micro-batch ", B,
-                             classifier ? "" : str_cat(" x seq ", T), " x accum ",
-                             cfg.grad_accum, " x world ", world, ", ZeRO stage ", cfg.zero_stage,
-                             zcfg.offload_optimizer != zero::OffloadDevice::none ? str_cat(", optimizer on ", cfg.offload_optimizer) : "",
-                             zcfg.offload_param != zero::OffloadDevice::none ? str_cat(", params on ", cfg.offload_param) : "",
-                             ", ", optim::optimizer_name(optimizer), ", ", cfg.steps, " steps",
-                             classifier ? str_cat(" (", steps_per_epoch, " per epoch)") : "", ", ", omp_get_max_threads(), " threads/rank",
-                             world > 1 ? str_cat(", ", comm.description()) : "",
-                             default_run ? str_cat("; built-in Markov corpus, entropy ", *entropy, " nats/token") : ""));
-    if (world > 1) progress.message(str_cat("zerone: topology: ", comm::describe_topology(comm.hosts())));
-    if (zero::zeropp_enabled(zcfg)) progress.message(str_cat("zerone: ZeRO++: ", zero::describe_zeropp(zcfg, comm.hosts())));
-  }
+  if (lead) print_run_header(progress, cfg, model, dtype, zcfg, optimizer, data, comm);
   MetricsWriter metrics(lead ? cfg.metrics : "");
   if (resume_from) metrics.continue_after(start_step - 1);
-  // Note [Model FLOPs] (throughput.h): MFU against --peak-tflops, else the GEMM peak measured now.
-  const std::optional<double> flops_per_token = model_flops_per_token(model, T);
-  std::optional<double> peak_tflops;
-  std::string peak_source;
-  if (cfg.peak_tflops > 0) {
-    peak_tflops = cfg.peak_tflops;
-    peak_source = "--peak-tflops";
-  } else if (lead && flops_per_token) {
-    peak_tflops = measure_gemm_peak_tflop_per_s(dtype);
-    peak_source = str_cat("measured ", dtype == DType::bf16 ? "bf16" : "f32", " GEMM peak");
-  }
+  const std::optional<double> flops_per_token = model_flops_per_token(model, T);  // Note [Model FLOPs]
+  const auto [peak_tflops, peak_source] = peak_tflop_per_s(cfg, dtype, lead, flops_per_token);
   RunSummary summary;
   summary.classifier = classifier;
   summary.world = world;
@@ -806,9 +1157,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm, const io::Fa
   LrSchedule schedule(lr_schedule_config(cfg));
   int64_t skipped_steps = 0;
   if (resume_from) {
-    schedule.set_advances(resumed.lr_advances);
-    if (scaled) scaler.set_state(resumed.loss_scaler);
-    skipped_steps = resumed.skipped_steps;
+    resume_progress(resumed, schedule, scaled ? &scaler : nullptr, skipped_steps);
     if (lead)
       progress.message(str_cat("zerone: resumed from '", resume_from->path(), "' (step ", resumed.step, ", saved at world ",
                                resume_from->manifest().world_size, ", ZeRO stage ", resume_from->manifest().zero_stage,
@@ -825,259 +1174,29 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm, const io::Fa
                            io::checkpoint_units(model)};
     checkpointer = std::make_unique<Checkpointer>(cfg.checkpoint_dir, cfg.keep_last, cfg.checkpoint_async, info, comm, env);
   }
-  // The state after `done` steps, for a checkpoint.
-  auto trainer_state = [&](int done) {
-    TrainerState st;
-    st.step = done;
-    st.next_chunk = chunk_base + static_cast<uint64_t>(done - start_step + 1) * cfg.grad_accum * world;
-    st.micro_batch = B;
-    st.seq = T;
-    st.grad_accum = cfg.grad_accum;
-    st.world_size = world;
-    st.seed = cfg.seed;
-    st.shuffle = !cfg.no_shuffle;
-    st.lr_advances = schedule.advances();
-    st.loss_scaler = scaler.state();
-    st.skipped_steps = skipped_steps;
-    return st;
-  };
-  // "saved checkpoint 'DIR/step-N' (B bytes; rank 0 wrote its file in S s; stall T s)".
-  auto report_saved = [&] {
-    if (!lead) return;
-    progress.message(str_cat("saved checkpoint '", cfg.checkpoint_dir, "/",
-                             io::checkpoint_step_name(checkpointer->last_published_step()), "' (",
-                             human_bytes(static_cast<double>(checkpointer->last_bytes())), " from ", world,
-                             world > 1 ? " ranks" : " rank", "; rank 0 wrote its file in ",
-                             fixed(checkpointer->last_write_s(), 3), " s",
-                             checkpointer->last_copied_bytes() > 0
-                                 ? str_cat(", of which ", human_bytes(static_cast<double>(checkpointer->last_copied_bytes())),
-                                           " copied disk to disk from the optimizer's swap file")
-                                 : "",
-                             "; training stalled ", fixed(checkpointer->last_stall_s(), 3), " s)"));
-  };
-  auto save_checkpoint = [&](int done) {
-    comm.set_phase(str_cat("checkpoint of step ", done));
-    if (lead) progress.message(str_cat("saving checkpoint of step ", done, " in '", cfg.checkpoint_dir, "' ..."));
-    checkpointer->save(engine, trainer_state(done));
-    if (!cfg.checkpoint_async) report_saved();
-    else if (lead)
-      progress.message(str_cat("staged checkpoint of step ", done, " (stall ", fixed(checkpointer->last_stall_s(), 3),
-                               " s); writing in the background"));
-  };
-  TrainResult result;
-  // Always on: the summary says where the time went (a scope costs two clock reads).
-  Profiler::set_enabled(true);
-  double profiled_wall_s = 0.0;  // steps 2.. (the first step creates the GEMM primitives)
-  if (cfg.profile && cfg.steps - start_step < 1 && lead)
-    progress.warning("--profile reports steps 2 and later (the first creates the GEMM primitives): nothing to report in 1 step");
-  throw_if_interrupted();
-  if (start_step > cfg.steps && lead)
-    progress.message(str_cat("zerone: the checkpoint is at step ", start_step - 1, ", --steps is ", cfg.steps,
-                             ": nothing left to train"));
-  if (lead && start_step <= cfg.steps) progress.starting(start_step, cfg.steps);
-  for (int step = start_step; step <= cfg.steps; ++step) {
-    if (step == start_step + 1) Profiler::reset();
-    comm.set_phase(str_cat("step ", step));
-    auto t0 = std::chrono::steady_clock::now();
-    const comm::TrafficBytes traffic0 = comm::Traffic::global().totals();
-    double loss_sum = 0.0;  // gradients start at zero: the optimizer step zeroes them
-    const double loss_scale = scaled ? scaler.scale() : 1.0;
-    const float lr = static_cast<float>(schedule.lr());
-    // Before the backward: with the early step the optimizer's step begins during it.
-    const bool checkpoint_after = checkpointer && ((cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0) || step == cfg.steps);
-    if (checkpoint_after) engine.prepare_checkpoint();
-    engine.plan_step(lr, cfg.grad_clip, loss_scale, scaled);  // Note [Early optimizer step]
-    for (int micro = 0; micro < cfg.grad_accum; ++micro) {
-      // Chunk (s*accum + k)*world + r: every world size sees the same global batch.
-      uint64_t chunk = chunk_base + (static_cast<uint64_t>(step - start_step) * cfg.grad_accum + micro) * world + rank;
-      nn::Batch batch;
-      {
-        ProfileScope profile(ProfileCategory::data);
-        batch = train_source->load(chunk);
-      }
-      // Note [Dropout keys] (kernels/cpu/classifier.h): the sample's place in the global batch.
-      batch.training = true;
-      batch.seed = cfg.seed;
-      batch.step = static_cast<uint64_t>(step);
-      batch.first_sample = (static_cast<uint64_t>(micro) * world + rank) * B;
-      loss_sum += model.forward(batch);
-      engine.set_last_micro_step(micro == cfg.grad_accum - 1);
-      model.backward(static_cast<float>(loss_scale / cfg.grad_accum));
-    }
-    // The reported loss is the mean over the global batch. An interrupt rides on the same
-    // all-reduce, so every rank stops at this step (Note [Interrupts]).
-    // A background checkpoint write that every rank has finished is published here, at the same
-    // step on every rank (Note [Saving a step]).
-    const int signal_here = interrupt_signal();
-    const bool save_pending = checkpointer && checkpointer->pending();
-    double reduced[5] = {loss_sum, signal_here == SIGINT ? 1.0 : 0.0, signal_here == SIGHUP ? 1.0 : 0.0,
-                         signal_here == SIGTERM ? 1.0 : 0.0, save_pending && checkpointer->writer_done() ? 1.0 : 0.0};
-    comm.all_reduce_sum_async(reduced, 5).wait();
-    if (save_pending && reduced[4] == static_cast<double>(world)) {
-      checkpointer->publish_pending();
-      report_saved();
-    }
-    if (reduced[1] > 0.0 || reduced[2] > 0.0 || reduced[3] > 0.0) {
-      // Every rank sees the same sums, so all agree on the signal to report and exit with
-      // (SIGTERM over SIGHUP over SIGINT).
-      result.interrupted_by = reduced[3] > 0.0 ? SIGTERM : reduced[2] > 0.0 ? SIGHUP : SIGINT;
-      // Note [Resume]: the state after step-1 is complete (this step's gradients are not state), so
-      // a stop signal costs at most the step in progress.
-      if (checkpointer) {
-        checkpointer->publish_pending();
-        if (checkpointer->last_published_step() < step - 1 && step - 1 >= start_step) {
-          save_checkpoint(step - 1);
-          checkpointer->publish_pending();
-        }
-      }
-      if (lead) {
-        std::string kept = step > 1 ? str_cat("steps 1..", step - 1, " were trained") : "no step was trained";
-        if (!cfg.metrics.empty()) kept += str_cat("; their metrics are in '", cfg.metrics, "'");
-        if (!cfg.save.empty()) kept += str_cat("; --save '", cfg.save, "' was not written (it is written when training ends)");
-        if (checkpointer && checkpointer->last_published_step() > 0)
-          kept += str_cat("; checkpoint '", cfg.checkpoint_dir, "/", io::checkpoint_step_name(checkpointer->last_published_step()),
-                          "' holds the last of them (--resume continues)");
-        progress.message(str_cat("zerone: stopped by ", signal_name(result.interrupted_by),
-                                 signal_here == 0 ? " (on another rank)" : "", " during step ", step, " of ", cfg.steps,
-                                 ": ", kept));
-      }
-      return result;
-    }
-    float loss = static_cast<float>(reduced[0] / (static_cast<double>(cfg.grad_accum) * world));
-    ZERONE_CHECK(std::isfinite(loss), "training diverged at step ", step, ": loss ", loss, " (try a lower --lr or --grad-clip)");
-    zero::StepResult stepped = engine.step(lr, cfg.grad_clip, loss_scale, scaled);
-    // --delayed-update: the last update is waited for and installed before the final validation
-    // and --save (Note [Delayed parameter update]).
-    if (step == cfg.steps) engine.finish_delayed_update();
-    if (scaled) scaler.update(stepped.overflow);
-    if (stepped.overflow) ++skipped_steps;
-    schedule.advance(!stepped.overflow);
-    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    if (step > start_step) profiled_wall_s += ms / 1000.0;
-
-    StepRecord record;
-    record.step = step;
-    record.total_steps = cfg.steps;
-    record.loss = loss;
-    record.lr = lr;
-    record.grad_norm = static_cast<float>(stepped.norm);
-    if (scaled) record.loss_scale = loss_scale;
-    record.skipped = stepped.overflow;
-    record.ms = ms;
-    if (world > 1) {
-      const comm::TrafficBytes sent = comm::Traffic::global().totals() - traffic0;
-      record.comm_bytes_intra = sent.intra;
-      record.comm_bytes_inter = sent.inter;
-    }
-    const double rate = static_cast<double>(B) * T * cfg.grad_accum * world / (ms / 1000.0);
-    if (classifier) record.samples_per_s = rate;
-    else record.tokens_per_s = rate;
-    record.timestamp_s = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-    record.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_t0).count();
-    record.seen = static_cast<int64_t>(chunk_base + static_cast<uint64_t>(step - start_step + 1) * cfg.grad_accum * world) * B * T;
-    if (flops_per_token) {
-      record.tflop_per_s = *flops_per_token * static_cast<double>(B) * T * cfg.grad_accum * world / (ms / 1000.0) / 1e12;
-      if (peak_tflops) record.mfu = *record.tflop_per_s / (world * *peak_tflops);
-    }
-    // Classifiers validate at the end of every epoch too, on the whole --val-data unless
-    // --val-batches limits it.
-    const bool epoch_end = classifier && step % steps_per_epoch == 0;
-    int64_t val_samples = 0, val_samples_here = 0;
-    bool validate_now = val_source && ((cfg.val_every > 0 && step % cfg.val_every == 0) || step == cfg.steps || epoch_end);
-    if (validate_now) {
-      // Validation is outside the step's wall time, so --profile does not count it either.
-      Profiler::set_enabled(false);
-      comm.set_phase(str_cat("validation after step ", step));
-      const uint64_t batches = classifier && !cfg.is_given("--val-batches") ? val_source->chunks_per_epoch()
-                                                                            : static_cast<uint64_t>(cfg.val_batches);
-      const std::optional<Evaluation> evaluated = evaluate(model, *val_source, batches, comm);
-      Profiler::set_enabled(true);  // the summary splits the step's time (issue 23)
-      if (!evaluated) {
-        // Stopped during validation (Note [Interrupted evaluation]): step `step` is complete, so
-        // its metrics are written and the stop checkpoint holds it.
-        int sig = interrupt_signal();
-        double reduced_sig[3] = {sig == SIGINT ? 1.0 : 0.0, sig == SIGHUP ? 1.0 : 0.0, sig == SIGTERM ? 1.0 : 0.0};
-        comm.all_reduce_sum_async(reduced_sig, 3).wait();
-        result.interrupted_by = reduced_sig[2] > 0.0 ? SIGTERM : reduced_sig[1] > 0.0 ? SIGHUP : SIGINT;
-        result.steps = step;
-        result.final_train_loss = loss;
-        if (lead) progress.step(record);
-        metrics.write(record);
-        if (checkpointer) {
-          checkpointer->publish_pending();
-          if (checkpointer->last_published_step() < step) {
-            save_checkpoint(step);
-            if (cfg.checkpoint_async) {
-              checkpointer->publish_pending();
-              report_saved();
-            }
-          }
-        }
-        if (lead) {
-          std::string kept = str_cat("steps 1..", step, " were trained");
-          if (!cfg.metrics.empty()) kept += str_cat("; their metrics are in '", cfg.metrics, "'");
-          if (!cfg.save.empty()) kept += str_cat("; --save '", cfg.save, "' was not written (it is written when training ends)");
-          if (checkpointer && checkpointer->last_published_step() > 0)
-            kept += str_cat("; checkpoint '", cfg.checkpoint_dir, "/", io::checkpoint_step_name(checkpointer->last_published_step()),
-                            "' holds the last of them (--resume continues)");
-          progress.message(str_cat("zerone: stopped by ", signal_name(result.interrupted_by), " during the validation after step ",
-                                   step, " of ", cfg.steps, ": ", kept));
-        }
-        return result;
-      }
-      const Evaluation& e = *evaluated;
-      record.val_loss = e.loss;
-      record.val_accuracy = e.accuracy;
-      val_samples = e.samples;
-      val_samples_here = e.samples_here;
-    }
-    if (lead) {
-      progress.step(record);
-      if (record.val_loss && step != cfg.steps) {
-        std::string what = epoch_end ? str_cat("epoch ", step / steps_per_epoch, " (step ", step, ")") : str_cat("step ", step);
-        std::string acc = record.val_accuracy ? str_cat(", val accuracy ", *record.val_accuracy * 100.0f, "% (", val_samples,
-                                                        " samples", world > 1 ? str_cat(", ", val_samples_here, " on rank 0") : "",
-                                                        ")")
-                                              : "";
-        progress.message(str_cat(what, ": val loss ", *record.val_loss, acc));
-      }
-    }
-    if (std::optional<std::string> warning = metrics.write(record); warning && lead) progress.warning(*warning);
-    if (lead) summary.add(record);
-    if (monitors) {
-      // DeepSpeed's tags and x axis: global samples (sequences) so far.
-      const int64_t samples = record.seen / T;
-      std::vector<report::MonitorEvent> events = {{"Train/Samples/train_loss", loss, samples}, {"Train/Samples/lr", lr, samples}};
-      if (scaled) events.push_back({"Train/Samples/loss_scale", loss_scale, samples});
-      if (std::isfinite(record.grad_norm)) events.push_back({"Train/Samples/grad_norm", record.grad_norm, samples});
-      if (record.val_loss) events.push_back({"Train/Samples/val_loss", *record.val_loss, samples});
-      if (std::optional<std::string> warning = monitors->write(events, record.timestamp_s)) progress.warning(*warning);
-    }
-    result.steps = step;
-    result.final_train_loss = loss;
-    if (record.val_loss) result.final_val_loss = record.val_loss;
-    if (record.val_accuracy) result.final_val_accuracy = record.val_accuracy;
-    if (checkpoint_after) save_checkpoint(step);
-  }
-  if (checkpointer && checkpointer->pending()) {
-    checkpointer->publish_pending();
-    report_saved();
-  }
-  progress.finish();
-  if (cfg.profile && cfg.steps > start_step && lead) {
-    progress.message(str_cat("time per step ", 1000.0 * profiled_wall_s / (cfg.steps - start_step), " ms: ",
-                             Profiler::report(profiled_wall_s, cfg.steps - start_step)));
-  }
-  Profiler::set_enabled(false);
-  if (lead && cfg.steps > start_step) {
-    summary.profiled_steps = cfg.steps - start_step;
-    summary.profiled_wall_s = profiled_wall_s;
-    summary.compute_s = Profiler::seconds(ProfileCategory::gemm) + Profiler::seconds(ProfileCategory::attention) +
-                        Profiler::seconds(ProfileCategory::elementwise);
-    summary.comm_s = Profiler::seconds(ProfileCategory::comm);
-    summary.optimizer_s = Profiler::seconds(ProfileCategory::optimizer);
-    summary.io_s = Profiler::seconds(ProfileCategory::data) + Profiler::seconds(ProfileCategory::swap);
-  }
+  StepLoop loop(StepLoopInputs{.cfg = cfg,
+                               .comm = comm,
+                               .model = model,
+                               .engine = engine,
+                               .train_source = train_source,
+                               .val_source = val_source,
+                               .schedule = schedule,
+                               .scaler = scaler,
+                               .scaled = scaled,
+                               .checkpointer = checkpointer.get(),
+                               .monitors = monitors.get(),
+                               .progress = progress,
+                               .metrics = metrics,
+                               .summary = summary,
+                               .run_t0 = run_t0,
+                               .start_step = start_step,
+                               .samples_base = samples_base,
+                               .steps_per_epoch = steps_per_epoch,
+                               .flops_per_token = flops_per_token,
+                               .peak_tflops = peak_tflops,
+                               .skipped_steps = skipped_steps});
+  if (!loop.run()) return loop.result;
+  loop.finish();
   if (!cfg.save.empty()) {
     const bool hf = save_is_hf_directory(cfg.save);
     const char* kind = hf ? "Hugging Face checkpoint" : "llm.c checkpoint";
@@ -1092,61 +1211,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm, const io::Fa
                                saved.peak_param_bytes, " bytes of parameters; the whole model is ",
                                saved.model_param_bytes, " bytes)"));
   }
-  if (int sig = interrupt_signal(); sig != 0) {
-    result.interrupted_by = sig;
-    if (lead) progress.message(str_cat("zerone: ", signal_name(sig), " arrived after the last step; everything was written"));
-  }
-  if (const zero::EarlyStats& e = engine.early_stats();
-      lead && e.validated + e.redone + e.skipped + e.held_back > 0)
-    progress.message(str_cat("early step (Note [Speculative early step]): ", e.validated, " speculative steps validated, ",
-                             e.redone, " taken back and redone (clipped), ", e.skipped, " taken back and skipped (fp16 overflow), ",
-                             e.held_back, " stepped at the end after a clipped step"));
-  if (skipped_steps > 0 && lead)
-    progress.warning(str_cat(skipped_steps, " of ", cfg.steps, " steps were skipped for gradient overflow (fp16)",
-                             skipped_steps == cfg.steps ? ": nothing was trained; lower --loss-scale or use dynamic scaling"
-                                                        : ""));
-  if (metrics.missing_lines() > 0 && lead)
-    progress.warning(str_cat("--metrics '", cfg.metrics, "' lacks ", metrics.missing_lines(), " of ", cfg.steps,
-                             " lines (writes failed)"));
-  result.source_entropy = entropy;
-  // Resumed at or past --steps: no step ran, so there is no loss to report (it printed 0.0000).
-  if (start_step > cfg.steps) return result;
-  if (lead) {
-    summary.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_t0).count();
-    fill_memory_summary(summary, model, dtype, cfg, zcfg, world);
-    if (!cfg.metrics.empty())
-      summary.written.push_back(str_cat("metrics '", cfg.metrics, "' (", result.steps - start_step + 1 - metrics.missing_lines(), " lines)"));
-    if (checkpointer && checkpointer->last_published_step() > 0)
-      summary.written.push_back(str_cat("checkpoint '", cfg.checkpoint_dir, "/",
-                                        io::checkpoint_step_name(checkpointer->last_published_step()), "'"));
-    if (!cfg.save.empty()) summary.written.push_back(str_cat("--save '", cfg.save, "'"));
-    if (monitors)
-      for (const std::string& w : monitors->written()) summary.written.push_back(w);
-    if (!cfg.report.empty()) {
-      // A report that cannot be written costs the run nothing: everything else is saved already.
-      try {
-        report::write_html_report(report::read_run_logs({cfg.metrics}), cfg.report);
-        summary.written.push_back(str_cat("report '", cfg.report, "'"));
-      } catch (const Error& e) {
-        progress.warning(str_cat("--report: ", e.what()));
-      }
-    }
-    for (const std::string& line : summary.lines()) progress.message(line);
-  }
-  float final_loss = result.final_val_loss.value_or(result.final_train_loss);
-  char line[160];
-  if (entropy) {
-    std::snprintf(line, sizeof line, "final loss %.4f nats/token; source entropy %.4f nats/token", final_loss, *entropy);
-  } else {
-    if (classifier && result.final_val_accuracy)
-      std::snprintf(line, sizeof line, "final loss %.4f (validation), val accuracy %.2f%%", final_loss,
-                    *result.final_val_accuracy * 100.0);
-    else
-      std::snprintf(line, sizeof line, "final loss %.4f %s(%s)", final_loss, classifier ? "" : "nats/token ",
-                    result.final_val_loss ? "validation" : "last training step");
-  }
-  if (lead) progress.message(line);
-  return result;
+  return loop.report(entropy, dtype, zcfg);
 }
 
 }  // namespace zerone::train

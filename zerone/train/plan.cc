@@ -279,6 +279,13 @@ nlohmann::ordered_json candidate_json(const zero::PlanCandidate& c) {
       if (int64_t b = all.get(static_cast<MemPlace>(p), static_cast<MemCategory>(k)); b != 0)
         places[str_cat(mem_place_name(static_cast<MemPlace>(p)), ".", mem_category_name(static_cast<MemCategory>(k)))] = b;
   j["bytes_per_rank"] = places;
+  // The model state alone (what the ledger's metrics show at the end of a step, Note [Offload places]).
+  nlohmann::ordered_json state = nlohmann::ordered_json::object();
+  for (size_t p = 0; p < MemoryLedger::kPlaces; ++p)
+    for (size_t k = 0; k < MemoryLedger::kCategories; ++k)
+      if (int64_t b = c.estimate.model_state.placed.get(static_cast<MemPlace>(p), static_cast<MemCategory>(k)); b != 0)
+        state[str_cat(mem_place_name(static_cast<MemPlace>(p)), ".", mem_category_name(static_cast<MemCategory>(k)))] = b;
+  j["model_state_per_rank"] = state;
   if (!c.fits()) j["overflow"] = c.overflow;
   return j;
 }

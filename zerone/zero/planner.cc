@@ -161,7 +161,8 @@ Plan make_plan(const PlanRequest& r) {
       plan.min_memory_bytes = cand.need.memory;
     if (f.device && f.memory && (!plan.min_nvme_bytes || cand.need.nvme < *plan.min_nvme_bytes))
       plan.min_nvme_bytes = cand.need.nvme;
-    if (!plan.smallest || cand.need.memory + cand.need.device < plan.smallest->need.memory + plan.smallest->need.device)
+    if (!plan.smallest || std::make_pair(cand.need.memory, cand.need.device) <
+                              std::make_pair(plan.smallest->need.memory, plan.smallest->need.device))
       plan.smallest = cand;
     if (cand.fits()) ++plan.fitting;
     const auto key = std::make_tuple(cand.choice.zero.stage, static_cast<int>(cand.choice.zero.offload_optimizer),

@@ -174,12 +174,7 @@ int cmd_estimate(train::TrainConfig a, int world, bool json, bool stage_given, c
       s["device"] = r.device();
       s["host"] = r.host();
       s["nvme"] = r.nvme();
-      nlohmann::ordered_json places = nlohmann::ordered_json::object();
-      for (size_t p = 0; p < MemoryLedger::kPlaces; ++p)
-        for (size_t c = 0; c < MemoryLedger::kCategories; ++c)
-          if (int64_t b = r.model_state.placed.get(static_cast<MemPlace>(p), static_cast<MemCategory>(c)); b != 0)
-            places[str_cat(mem_place_name(static_cast<MemPlace>(p)), ".", mem_category_name(static_cast<MemCategory>(c)))] = b;
-      s["model_state_places"] = places;
+      s["model_state_places"] = train::places_json(r.model_state.placed);
       s["fits"] = fits(r);
       j["stages"].push_back(s);
     }
@@ -252,6 +247,15 @@ int cmd_plan(train::TrainConfig a, int world, const train::PlanMachineOptions& m
     if (!json) std::printf("wrote '%s': zerone train --config %s runs this plan\n", out_path.c_str(), out_path.c_str());
   }
   return 0;
+}
+
+// The settings of estimate and plan: the flags given, then --config for the rest; a model is needed.
+void read_settings(const CLI::App& cmd, train::TrainConfig& cfg, const std::string& config_path) {
+  for (const CLI::Option* opt : cmd.get_options())
+    if (opt->count() > 0) cfg.given.insert(opt->get_name());
+  cfg.config_file = config_path;
+  if (!config_path.empty()) train::apply_json_config(config_path, cfg);
+  ZERONE_CHECK(!cfg.model.empty(), "--model is required (on the command line or as \"model\" in --config)");
 }
 
 // Note [Strict numbers]: CLI11 2.1 reads "0010" as octal 8 and "0x10" as 16, wraps "-1" into an
@@ -505,18 +509,10 @@ int main(int argc, char** argv) {
       report::write_html_report(runs, report_out);
       std::printf("wrote '%s' (%zu run%s)\n", report_out.c_str(), runs.size(), runs.size() == 1 ? "" : "s");
     } else if (estimate_cmd->parsed()) {
-      for (const CLI::Option* opt : estimate_cmd->get_options())
-        if (opt->count() > 0) est.given.insert(opt->get_name());
-      est.config_file = est_config;
-      if (!est_config.empty()) train::apply_json_config(est_config, est);
-      ZERONE_CHECK(!est.model.empty(), "--model is required (on the command line or as \"model\" in --config)");
+      read_settings(*estimate_cmd, est, est_config);
       return cmd_estimate(est, est_world, est_json, est.is_given("--zero-stage"), est_machine);
     } else if (plan_cmd->parsed()) {
-      for (const CLI::Option* opt : plan_cmd->get_options())
-        if (opt->count() > 0) plan_cfg.given.insert(opt->get_name());
-      plan_cfg.config_file = plan_config;
-      if (!plan_config.empty()) train::apply_json_config(plan_config, plan_cfg);
-      ZERONE_CHECK(!plan_cfg.model.empty(), "--model is required (on the command line or as \"model\" in --config)");
+      read_settings(*plan_cmd, plan_cfg, plan_config);
       return cmd_plan(plan_cfg, plan_world, plan_machine, plan_json, plan_out, plan_runners);
     }
   } catch (const train::Interrupted& e) {

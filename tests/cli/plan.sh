@@ -90,6 +90,11 @@ if "$Z" train --auto-fit --model $M --data "$d/c_train.bin" --steps 2 --threads 
    && grep -q "^chosen: " "$d/auto.log" && grep -q "^--auto-fit: training with" "$d/auto.log" && grep -q "final loss" "$d/auto.log"; then
   ok "auto_fit: planned and trained"
 else bad "auto_fit: $(tail -3 "$d/auto.log")"; fi
+mkdir -p "$d/swap"
+if "$Z" train --auto-fit --model $M --data "$d/c_train.bin" --steps 2 --threads 1 --nvme-path "$d/swap" > "$d/autonvme.log" 2>&1 \
+   && grep -q "final loss" "$d/autonvme.log" && [ -z "$(ls -A "$d/swap")" ]; then
+  ok "auto_fit with --nvme-path: $(grep "^--auto-fit" "$d/autonvme.log")"
+else bad "auto_fit with --nvme-path: $(tail -3 "$d/autonvme.log")"; fi
 if "${MPI[@]}" -n 2 "$Z" train --auto-fit --model $M --data "$d/c_train.bin" --steps 2 --threads 1 --train-batch-size 8 > "$d/auto2.log" 2>&1 \
    && grep -q "final loss" "$d/auto2.log"; then
   ok "auto_fit world 2: $(grep "^--auto-fit" "$d/auto2.log")"

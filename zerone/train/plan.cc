@@ -125,12 +125,15 @@ PlanMachine plan_machine(const TrainConfig& cfg, int world, DType dtype, const P
     m.sources.push_back("no --nvme-path: NVMe offload not considered");
   }
   zero::MachineSpeed& s = m.speed;
-  s.gemm_flop_per_s = o.gemm_tflops > 0 ? o.gemm_tflops * 1e12 : measure_gemm_peak_tflop_per_s(dtype) * 1e12;
-  s.memory_bytes_per_s = o.memory_gbps > 0 ? o.memory_gbps * 1e9 : measure_memory_bytes_per_s();
+  // Measured here with every core (GEMM) or one (the copy); the ranks of a host share its cores
+  // (Note [Threads per rank] in trainer.cc), so a rank gets its share.
+  const double ranks = b.ranks_per_host, cores = std::max(1, cpu_info().logical_cores);
+  s.gemm_flop_per_s = o.gemm_tflops > 0 ? o.gemm_tflops * 1e12 : measure_gemm_peak_tflop_per_s(dtype) * 1e12 / ranks;
+  s.memory_bytes_per_s = o.memory_gbps > 0 ? o.memory_gbps * 1e9 : measure_memory_bytes_per_s() / std::max(1.0, ranks / cores);
   s.host_device_bytes_per_s = s.memory_bytes_per_s;
   if (b.nvme_bytes >= 0) s.disk_bytes_per_s = o.disk_gbps > 0 ? o.disk_gbps * 1e9 : measure_disk_bytes_per_s(cfg.nvme_path);
   s.link_bytes_per_s = o.link_gbps > 0 ? o.link_gbps * 1e9 : world <= b.ranks_per_host ? s.memory_bytes_per_s / 2 : 1.25e9;
-  m.sources.push_back(str_cat("GEMM ", fixed_text(s.gemm_flop_per_s / 1e12, 3), " TFLOP/s",
+  m.sources.push_back(str_cat("GEMM ", fixed_text(s.gemm_flop_per_s / 1e12, 3), " TFLOP/s per rank",
                               o.gemm_tflops > 0 ? " (--gemm-tflops)" : " (measured)", ", memory ",
                               gb_per_s(s.memory_bytes_per_s), o.memory_gbps > 0 ? " (--memory-bandwidth)" : " (measured)",
                               s.disk_bytes_per_s > 0 ? str_cat(", disk ", gb_per_s(s.disk_bytes_per_s),
@@ -208,6 +211,11 @@ void apply_plan(const zero::PlanChoice& c, TrainConfig& cfg) {
     set("--sub-group-size");
     set("--offload-buffer-count");
   }
+  // A swap directory the plan does not use is refused by train ("given but nothing is offloaded").
+  if (c.zero.offload_optimizer != zero::OffloadDevice::nvme && c.zero.offload_param != zero::OffloadDevice::nvme) {
+    cfg.nvme_path.clear();
+    cfg.given.erase("--nvme-path");
+  }
   cfg.micro_batch = c.micro_batch;
   cfg.grad_accum = c.grad_accum;
   set("--micro-batch");
@@ -250,6 +258,19 @@ std::string places_text(const zero::StageEstimate& e) {
   return out;
 }
 
+}  // namespace
+
+nlohmann::ordered_json places_json(const zero::PlacedBytes& bytes) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::object();
+  for (size_t p = 0; p < MemoryLedger::kPlaces; ++p)
+    for (size_t k = 0; k < MemoryLedger::kCategories; ++k)
+      if (int64_t b = bytes.get(static_cast<MemPlace>(p), static_cast<MemCategory>(k)); b != 0)
+        out[str_cat(mem_place_name(static_cast<MemPlace>(p)), ".", mem_category_name(static_cast<MemCategory>(k)))] = b;
+  return out;
+}
+
+namespace {
+
 std::string cost_text(const zero::StepCost& c) {
   return str_cat(fixed_text(c.total_s, 3), " s/step (compute ", fixed_text(c.compute_s, 3), ", memory ",
                  fixed_text(c.memory_s, 3), ", optimizer ", fixed_text(c.optimizer_s, 3), ", NVMe ", fixed_text(c.nvme_s, 3),
@@ -272,20 +293,9 @@ nlohmann::ordered_json candidate_json(const zero::PlanCandidate& c) {
   j["cost"] = {{"compute_s", c.cost.compute_s}, {"memory_s", c.cost.memory_s}, {"optimizer_s", c.cost.optimizer_s},
                {"nvme_s", c.cost.nvme_s}, {"comm_s", c.cost.comm_s}, {"bottleneck", c.cost.bottleneck()}};
   j["need"] = {{"device_per_rank", c.need.device}, {"memory_per_host", c.need.memory}, {"nvme_per_host", c.need.nvme}};
-  nlohmann::ordered_json places = nlohmann::ordered_json::object();
-  const zero::PlacedBytes all = zero::placed_bytes(c.estimate);
-  for (size_t p = 0; p < MemoryLedger::kPlaces; ++p)
-    for (size_t k = 0; k < MemoryLedger::kCategories; ++k)
-      if (int64_t b = all.get(static_cast<MemPlace>(p), static_cast<MemCategory>(k)); b != 0)
-        places[str_cat(mem_place_name(static_cast<MemPlace>(p)), ".", mem_category_name(static_cast<MemCategory>(k)))] = b;
-  j["bytes_per_rank"] = places;
+  j["bytes_per_rank"] = places_json(zero::placed_bytes(c.estimate));
   // The model state alone (what the ledger's metrics show at the end of a step, Note [Offload places]).
-  nlohmann::ordered_json state = nlohmann::ordered_json::object();
-  for (size_t p = 0; p < MemoryLedger::kPlaces; ++p)
-    for (size_t k = 0; k < MemoryLedger::kCategories; ++k)
-      if (int64_t b = c.estimate.model_state.placed.get(static_cast<MemPlace>(p), static_cast<MemCategory>(k)); b != 0)
-        state[str_cat(mem_place_name(static_cast<MemPlace>(p)), ".", mem_category_name(static_cast<MemCategory>(k)))] = b;
-  j["model_state_per_rank"] = state;
+  j["model_state_per_rank"] = places_json(c.estimate.model_state.placed);
   if (!c.fits()) j["overflow"] = c.overflow;
   return j;
 }
@@ -546,7 +556,12 @@ std::string fit_advice(const TrainConfig& cfg, const nn::Model& model, DType dty
 
 TrainConfig auto_fit(TrainConfig cfg, comm::Communicator& comm) {
   const int world = comm.world_size();
-  const TrainConfig resolved = resolve_settings(cfg, world);
+  // validate() refuses --nvme-path without NVMe offload, which the plan has yet to choose.
+  TrainConfig probe = cfg;
+  probe.nvme_path.clear();
+  probe.given.erase("--nvme-path");
+  TrainConfig resolved = resolve_settings(probe, world);
+  resolved.nvme_path = cfg.nvme_path;
   ZERONE_CHECK(!resolved.model.empty(), "--auto-fit plans for --model: give the model (--init alone is not read before planning)");
   const DType dtype = resolve_precision(resolved.precision);
   std::unique_ptr<nn::Model> shape = nn::make_model(resolved.model, dtype, 64, /*allocate=*/false);

@@ -27,7 +27,7 @@ struct PlanMachineOptions {
   int ranks_per_host = 0;        // 0: all of the world on this host
   double host_mem_gib = 0;       // per host; 0: the memory available now (what train's start-up check uses)
   double disk_free_gib = -1;     // under --nvme-path; -1: statvfs of it
-  double gemm_tflops = 0;        // per rank; 0: measured (train::measure_gemm_peak_tflop_per_s)
+  double gemm_tflops = 0;        // per rank; 0: measured with every core, divided among the host's ranks
   double memory_gbps = 0;        // per rank; 0: measured (a streaming copy)
   double disk_gbps = 0;          // 0: measured under --nvme-path (a 64 MiB write and read)
   double link_gbps = 0;          // per rank; 0: the memory bandwidth within a host, 1.25 GB/s across hosts
@@ -58,6 +58,8 @@ std::string plan_text(const zero::Plan& plan, const zero::PlanRequest& request, 
                       const TrainConfig& cfg, size_t runners_up);
 nlohmann::ordered_json plan_json(const zero::Plan& plan, const zero::PlanRequest& request, const PlanMachine& machine,
                                  const TrainConfig& cfg);
+// {"device.param": bytes, ...}: every nonzero (place, category), as the metrics' "mem" names them.
+nlohmann::ordered_json places_json(const zero::PlacedBytes& bytes);
 // The settings flags of a choice: "--zero-stage 3 --offload-optimizer nvme ...".
 std::string choice_flags(const zero::PlanChoice& choice);
 

@@ -129,7 +129,7 @@ int cmd_estimate(train::TrainConfig a, int world, bool json, bool stage_given, c
                machine.ranks_per_host, " is out of range: expected 1..--world (", world, ")");
   ZERONE_CHECK(machine.host_mem_gib >= 0, "--host-mem ", machine.host_mem_gib, " must be at least 0");
   zero::MemoryBudget budget;
-  budget.unified = a.device != "cuda";
+  budget.unified = train::unified_memory(a);
   budget.ranks_per_host = machine.ranks_per_host;
   budget.device_bytes = static_cast<int64_t>(a.device_mem_limit * 1024.0 * 1024.0 * 1024.0);
   budget.host_bytes = machine.host_mem_gib > 0 ? static_cast<int64_t>(machine.host_mem_gib * 1024.0 * 1024.0 * 1024.0)
@@ -319,7 +319,8 @@ int main(int argc, char** argv) {
   bool auto_fit = false;
   train_cmd->add_flag("--auto-fit", auto_fit,
                       "plan the memory settings first (zerone plan: stage, offload, checkpointing, buckets, micro-batch "
-                      "with --train-batch-size) and train with the plan; settings given are kept");
+                      "with --train-batch-size) and train with the plan; settings given are kept")
+      ->group(train::setting_group_title(train::SettingGroup::offload));
   add_setting_flags(*train_cmd, train_cfg, train::kTrain);
 
   std::vector<std::string> text_files;
@@ -397,7 +398,7 @@ int main(int argc, char** argv) {
   plan_cmd->add_option("--train-batch-size", plan_cfg.train_batch_size,
                        "sequences per optimizer step over all ranks; without --micro-batch the planner chooses the micro-batch");
   plan_cmd->add_option("--nvme-path", plan_cfg.nvme_path, "swap directory: NVMe offload is considered (its free space is the budget)");
-  plan_cmd->add_option("--host-mem", plan_machine.host_mem_gib, "GiB of memory per host [default: available now]");
+  plan_cmd->add_option("--host-mem", plan_machine.host_mem_gib, "GiB of memory per host [default: available now, less a reserve of 5% and 256 MiB per rank]");
   plan_cmd->add_option("--disk-free", plan_machine.disk_free_gib, "GiB free under --nvme-path [default: statvfs]");
   plan_cmd->add_option("--gemm-tflops", plan_machine.gemm_tflops, "GEMM TFLOP/s per rank [default: measured]");
   plan_cmd->add_option("--memory-bandwidth", plan_machine.memory_gbps, "GB/s per rank [default: measured]");

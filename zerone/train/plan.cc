@@ -14,6 +14,7 @@
 #include "zerone/core/memory.h"
 #include "zerone/core/sysinfo.h"
 #include "zerone/io/aio.h"
+#include "zerone/kernels/backend.h"
 #include "zerone/train/settings.h"
 #include "zerone/train/throughput.h"
 #include "zerone/train/trainer.h"
@@ -89,6 +90,11 @@ const char* const kPlannedFlags[] = {"--zero-stage", "--offload-optimizer", "--o
 
 }  // namespace
 
+bool unified_memory(const TrainConfig& cfg) {
+  if (!cfg.device.empty()) return cfg.device != "cuda";
+  return kernels::default_device() != kernels::DeviceKind::cuda;
+}
+
 PlanMachine plan_machine(const TrainConfig& cfg, int world, DType dtype, const PlanMachineOptions& o) {
   ZERONE_CHECK(world >= 1, "--world ", world, " must be at least 1");
   ZERONE_CHECK(o.ranks_per_host >= 0 && o.ranks_per_host <= world, "--ranks-per-host ", o.ranks_per_host,
@@ -96,7 +102,7 @@ PlanMachine plan_machine(const TrainConfig& cfg, int world, DType dtype, const P
   PlanMachine m;
   zero::MemoryBudget& b = m.budget;
   b.ranks_per_host = o.ranks_per_host > 0 ? o.ranks_per_host : world;
-  b.unified = cfg.device != "cuda";
+  b.unified = unified_memory(cfg);
   b.device_bytes = static_cast<int64_t>(cfg.device_mem_limit * kGiB);
   if (o.host_mem_gib > 0) {
     b.host_bytes = static_cast<int64_t>(o.host_mem_gib * kGiB);

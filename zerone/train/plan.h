@@ -39,6 +39,10 @@ struct PlanMachine {
   std::vector<std::string> sources;  // how each figure was obtained, for the report
 };
 
+// Whether the run's device is this host's RAM (Note [Fit]): --device cpu or sim, or no --device
+// where the default device is the cpu.
+bool unified_memory(const TrainConfig& cfg);
+
 // Budgets and speeds for a run of `cfg` at `world` ranks. Measures what `options` leaves open.
 PlanMachine plan_machine(const TrainConfig& cfg, int world, DType dtype, const PlanMachineOptions& options);
 

@@ -278,7 +278,7 @@ void check_memory_fits(const nn::Model& model, DType dtype, const TrainConfig& c
   // settings that fit (Note [Advice that leads somewhere] in train/plan.cc).
   const int local = local_ranks();
   zero::MemoryBudget budget;
-  budget.unified = cfg.device != "cuda";
+  budget.unified = unified_memory(cfg);
   budget.device_bytes = static_cast<int64_t>(cfg.device_mem_limit * 1024.0 * 1024.0 * 1024.0);
   budget.ranks_per_host = local;
   budget.host_bytes = std::max<long long>(available_memory_bytes(), 0);

@@ -1,6 +1,7 @@
 // The `zerone` command-line program: parse, validate, call the libraries. Nothing else lives here.
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cmath>
@@ -138,13 +139,16 @@ int cmd_estimate(train::TrainConfig a, int world, bool json, bool stage_given, c
     budget.nvme_bytes = machine.disk_free_gib >= 0 ? static_cast<int64_t>(machine.disk_free_gib * 1024.0 * 1024.0 * 1024.0)
                                                    : static_cast<int64_t>(io::check_swap_path(a.nvme_path, "--nvme-path"));
   auto fits = [&](const zero::StageEstimate& r) { return zero::overflows(zero::place_need(r, budget), budget).empty(); };
-  // The advice for a given stage that does not fit (Note [Advice that leads somewhere]).
+  // The advice for a given stage that does not fit, or when no stage fits for the run's own stage
+  // (Note [Advice that leads somewhere]).
   auto advice = [&]() -> std::string {
-    if (!stage_given || fits(rows[0])) return "";
+    const zero::StageEstimate& row = stage_given ? rows[0] : rows[static_cast<size_t>(a.zero_stage)];
+    if (stage_given ? fits(row) : std::any_of(rows.begin(), rows.end(), fits)) return "";
     a.seq = seq;
     std::string over;
-    for (const std::string& o : zero::overflows(zero::place_need(rows[0], budget), budget)) over += str_cat(over.empty() ? "" : "; ", o);
-    return str_cat("does not fit: ", over, ". ", train::fit_advice(a, model, dtype, world, budget, rows[0]));
+    for (const std::string& o : zero::overflows(zero::place_need(row, budget), budget)) over += str_cat(over.empty() ? "" : "; ", o);
+    return str_cat(stage_given ? "" : str_cat("no stage fits; at --zero-stage ", a.zero_stage, " "), "does not fit: ", over,
+                   ". ", train::fit_advice(a, model, dtype, world, budget, row));
   };
   if (json) {
     nlohmann::ordered_json j;

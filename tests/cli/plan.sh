@@ -107,6 +107,11 @@ fits=$("$Z" estimate --config "$d/est.json" --world 2 --ranks-per-host 2 --host-
        | python3 -c "import json,sys; print(json.load(sys.stdin)['stages'][0]['fits'])")
 [ "$fits" = False ] && ok "estimate --config: 2 ranks per host need twice one rank's memory" || bad "estimate ranks per host: fits=$fits"
 
+# No stage fits: estimate gives the advice for the run's own stage, ending with the plan command.
+"$Z" estimate --model gpt2-1.5b --world 1 --host-mem 4 > "$d/est_none.out"
+grep -qE "^no stage fits; at --zero-stage 0 does not fit: memory .*Largest over budget: .*zerone plan --model gpt2-1.5b" "$d/est_none.out" \
+  && ok "estimate: no stage fits, advice for the run's stage" || bad "estimate advice: $(tail -1 "$d/est_none.out")"
+
 # 6. The newcomer cases. (a) GPT-2 350M at stage 3 with CPU offload under --device-mem-limit 2,
 # with DeepSpeed's bucket sizes: the refusal names the bucket, never "a higher stage"; with the
 # bucket it names, it trains (the device arena refuses any allocation past the cap).

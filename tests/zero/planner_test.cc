@@ -64,10 +64,15 @@ void check_plans(const std::string& spec) {
         SCOPED_TRACE(str_cat(spec, " world ", world, " budget ", human_bytes(static_cast<double>(budget.host_bytes)),
                              nvme ? " with NVMe" : ""));
         if (!plan.best) {
-          // Nothing fits: the smallest memory budget named must be above the one given.
-          ASSERT_TRUE(plan.min_memory_bytes.has_value() || !plan.min_memory_bytes);
-          if (plan.min_memory_bytes) EXPECT_GT(*plan.min_memory_bytes, budget.host_bytes);
-          EXPECT_TRUE(plan.smallest.has_value());
+          // Nothing fits: the smallest memory budget named is above the one given, and with it
+          // a plan is found.
+          ASSERT_TRUE(plan.min_memory_bytes.has_value());
+          EXPECT_GT(*plan.min_memory_bytes, budget.host_bytes);
+          ASSERT_TRUE(plan.smallest.has_value());
+          EXPECT_GT(plan.smallest->need.memory, budget.host_bytes);
+          PlanRequest enough = r;
+          enough.budget.host_bytes = *plan.min_memory_bytes;
+          EXPECT_TRUE(make_plan(enough).best.has_value());
           continue;
         }
         const PlanChoice& c = plan.best->choice;
@@ -148,6 +153,20 @@ TEST(Planner, FreeMicroBatchKeepsTheBatch) {
   const Plan plan = make_plan(r);
   ASSERT_TRUE(plan.best.has_value());
   EXPECT_EQ(plan.best->choice.micro_batch * plan.best->choice.grad_accum, 16);
+}
+
+TEST(Planner, ModelsWithoutBlocksAreNotCheckpointed) {
+  std::unique_ptr<nn::Model> model = nn::make_model("mnist-cnn", DType::f32, 64, false);
+  MemoryBudget budget;
+  budget.host_bytes = 2 * kGiB;
+  PlanRequest r = request_for(*model, 1, budget);
+  r.dtype = DType::f32;
+  r.seq = 1;
+  r.micro_batch = 64;
+  const Plan plan = make_plan(r);
+  ASSERT_TRUE(plan.best.has_value());
+  EXPECT_FALSE(plan.best->choice.activation_checkpointing);
+  for (const RunnerUp& ru : plan.runners_up) EXPECT_FALSE(ru.candidate.choice.activation_checkpointing);
 }
 
 TEST(Planner, IsDeterministic) {

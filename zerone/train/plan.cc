@@ -119,6 +119,7 @@ PlanMachine plan_machine(const TrainConfig& cfg, int world, DType dtype, const P
                                 "; --host-mem plans for another figure)"));
   }
   if (b.device_bytes > 0) m.sources.push_back(str_cat("device cap ", hb(b.device_bytes), " per rank (--device-mem-limit)"));
+  else if (!b.unified) m.sources.push_back("device memory per rank not measured: give --device-mem-limit GiB, else it is not checked");
   if (!cfg.nvme_path.empty()) {
     if (o.disk_free_gib >= 0) {
       b.nvme_bytes = static_cast<int64_t>(o.disk_free_gib * kGiB);

@@ -179,11 +179,11 @@ Plan make_plan(const PlanRequest& r) {
 
   try {
     for (auto [ckpt, cpu_ckpt] : checkpointing) {
-      model.set_activation_checkpointing(ckpt);
       try {
+        model.set_activation_checkpointing(ckpt);
         model.set_cpu_checkpointing(cpu_ckpt);
       } catch (const Error&) {
-        if (cpu_ckpt) continue;  // a model without blocks has no CPU checkpointing
+        continue;  // a model without blocks (the image classifiers) has no checkpointing
       }
       for (auto [mb, accum] : batches) {
         // The traffic: the activation table without checkpointing (CPU checkpointing has no

@@ -1,10 +1,12 @@
 // The `zerone` command-line program: parse, validate, call the libraries. Nothing else lives here.
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <new>
 #include <system_error>
 #include <iostream>
@@ -19,6 +21,9 @@
 #include "zerone/report/html_report.h"
 #include "zerone/train/config.h"
 #include "zerone/train/settings.h"
+#include "zerone/train/plan.h"
+#include "zerone/zero/planner.h"
+#include "zerone/io/aio.h"
 #include "zerone/io/fault_env.h"
 #include "zerone/optim/optimizers.h"
 #include "zerone/train/interrupt.h"
@@ -91,7 +96,11 @@ int cmd_info() {
 
 // `zerone estimate`: the settings are train's (the table's rows for estimate), derived into the
 // engine's configuration by the same function train uses (train::zero_config).
-int cmd_estimate(train::TrainConfig a, int world, bool json, bool stage_given) {
+// Note [Fit] (zero/planner.h): a row fits when its device bytes fit --device-mem-limit (if given),
+// its memory (device + host on a CPU build) times --ranks-per-host fits the host memory
+// (--host-mem, else this machine's physical memory) and its NVMe bytes the free disk under
+// --nvme-path (when given). A given stage that does not fit gets the refusal's advice.
+int cmd_estimate(train::TrainConfig a, int world, bool json, bool stage_given, const train::PlanMachineOptions& machine) {
   ZERONE_CHECK(world >= 1 && world <= 1048576, "--world ", world, " is out of range: expected an integer in 1..1048576");
   for (const train::Setting& s : train::settings())
     if (s.commands & train::kEstimate) train::check_setting(s, a);
@@ -107,11 +116,34 @@ int cmd_estimate(train::TrainConfig a, int world, bool json, bool stage_given) {
                " reads one image per sample");
   const int seq = classifier ? 1 : a.seq;
   ZERONE_CHECK(seq <= model.max_seq_len(), "--seq ", seq, " exceeds the model's context length ", model.max_seq_len());
-  const zero::ZeroConfig base = train::zero_config(a, dtype);
+  const zero::ZeroConfig base = train::zero_config(a, dtype, model.unit_numels(), world);
   const optim::OptimizerOptions optimizer = train::optimizer_options(a);
   auto rows = zero::estimate(model, world, dtype, a.micro_batch, seq, base, optimizer,
                              stage_given ? std::optional<int>(a.zero_stage) : std::nullopt);
-  const double limit = a.device_mem_limit * 1024.0 * 1024.0 * 1024.0;
+  ZERONE_CHECK(machine.ranks_per_host >= 1 && machine.ranks_per_host <= world, "--ranks-per-host ",
+               machine.ranks_per_host, " is out of range: expected 1..--world (", world, ")");
+  ZERONE_CHECK(machine.host_mem_gib >= 0, "--host-mem ", machine.host_mem_gib, " must be at least 0");
+  zero::MemoryBudget budget;
+  budget.unified = train::unified_memory(a);
+  budget.ranks_per_host = machine.ranks_per_host;
+  budget.device_bytes = static_cast<int64_t>(a.device_mem_limit * 1024.0 * 1024.0 * 1024.0);
+  budget.host_bytes = machine.host_mem_gib > 0 ? static_cast<int64_t>(machine.host_mem_gib * 1024.0 * 1024.0 * 1024.0)
+                                               : physical_memory_bytes();
+  if (!a.nvme_path.empty())
+    budget.nvme_bytes = machine.disk_free_gib >= 0 ? static_cast<int64_t>(machine.disk_free_gib * 1024.0 * 1024.0 * 1024.0)
+                                                   : static_cast<int64_t>(io::check_swap_path(a.nvme_path, "--nvme-path"));
+  auto fits = [&](const zero::StageEstimate& r) { return zero::overflows(zero::place_need(r, budget), budget).empty(); };
+  // The advice for a given stage that does not fit, or when no stage fits for the run's own stage
+  // (Note [Advice that leads somewhere]).
+  auto advice = [&]() -> std::string {
+    const zero::StageEstimate& row = stage_given ? rows[0] : rows[static_cast<size_t>(a.zero_stage)];
+    if (stage_given ? fits(row) : std::any_of(rows.begin(), rows.end(), fits)) return "";
+    a.seq = seq;
+    std::string over;
+    for (const std::string& o : zero::overflows(zero::place_need(row, budget), budget)) over += str_cat(over.empty() ? "" : "; ", o);
+    return str_cat(stage_given ? "" : str_cat("no stage fits; at --zero-stage ", a.zero_stage, " "), "does not fit: ", over,
+                   ". ", train::fit_advice(a, model, dtype, world, budget, row));
+  };
   if (json) {
     nlohmann::ordered_json j;
     j["model"] = model.spec();
@@ -140,15 +172,14 @@ int cmd_estimate(train::TrainConfig a, int world, bool json, bool stage_given) {
       s["device"] = r.device();
       s["host"] = r.host();
       s["nvme"] = r.nvme();
-      nlohmann::ordered_json places = nlohmann::ordered_json::object();
-      for (size_t p = 0; p < MemoryLedger::kPlaces; ++p)
-        for (size_t c = 0; c < MemoryLedger::kCategories; ++c)
-          if (int64_t b = r.model_state.placed.get(static_cast<MemPlace>(p), static_cast<MemCategory>(c)); b != 0)
-            places[str_cat(mem_place_name(static_cast<MemPlace>(p)), ".", mem_category_name(static_cast<MemCategory>(c)))] = b;
-      s["model_state_places"] = places;
-      if (limit > 0) s["fits"] = static_cast<double>(r.device()) <= limit;
+      s["model_state_places"] = train::places_json(r.model_state.placed);
+      s["fits"] = fits(r);
       j["stages"].push_back(s);
     }
+    j["budget"] = {{"unified", budget.unified}, {"ranks_per_host", budget.ranks_per_host},
+                   {"device_per_rank", budget.device_bytes}, {"memory_per_host", budget.host_bytes},
+                   {"nvme_free", budget.nvme_bytes}};
+    if (const std::string text = advice(); !text.empty()) j["advice"] = text;
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
@@ -157,17 +188,72 @@ int cmd_estimate(train::TrainConfig a, int world, bool json, bool stage_given) {
               model.spec().c_str(), model.num_parameters(), world, dtype_name(dtype),
               a.optimizer == "sgd" ? str_cat("sgd (momentum ", a.momentum, ")").c_str() : "adamw", a.micro_batch, seq,
               a.offload_optimizer.c_str(), a.offload_param.c_str());
+  std::printf("fits: %s%s per host%s%s%s\n", budget.unified ? "device + host within " : "host within ",
+              train::human_bytes(static_cast<double>(budget.host_bytes)).c_str(),
+              budget.ranks_per_host > 1 ? str_cat(" (", budget.ranks_per_host, " ranks per host)").c_str() : "",
+              budget.device_bytes > 0 ? str_cat(", device within ", train::human_bytes(static_cast<double>(budget.device_bytes)), " per rank").c_str() : "",
+              budget.nvme_bytes >= 0 ? str_cat(", NVMe within ", train::human_bytes(static_cast<double>(budget.nvme_bytes)), " free").c_str() : "");
   std::printf("%-6s %12s %12s %12s %12s %12s %12s %12s %12s %12s %12s %12s%s\n", "stage", "param", "grad", "master", "optim",
-              "model", "working set", "activation", "device", "host", "nvme", "in memory", limit > 0 ? "  fits" : "");
+              "model", "working set", "activation", "device", "host", "nvme", "in memory", "  fits");
   auto h = [](int64_t b) { return train::human_bytes(static_cast<double>(b)); };
   for (const auto& r : rows) {
     std::printf("%-6d %12s %12s %12s %12s %12s %12s %12s %12s %12s %12s %12s%s\n", r.stage, h(r.model_state.param).c_str(),
                 h(r.model_state.grad).c_str(), h(r.model_state.master).c_str(), h(r.model_state.optim).c_str(),
                 h(r.model_state.total()).c_str(), h(r.working_set.total()).c_str(), h(r.activations + r.host_activations).c_str(),
                 h(r.device()).c_str(), h(r.host()).c_str(), h(r.nvme()).c_str(), h(r.total()).c_str(),
-                limit > 0 ? (static_cast<double>(r.device()) <= limit ? "  yes" : "  no") : "");
+                fits(r) ? "  yes" : "  no");
+  }
+  if (const std::string text = advice(); !text.empty()) std::printf("%s\n", text.c_str());
+  return 0;
+}
+
+// `zerone plan`: the planner (zero/planner.h) over the run's settings; what the user gives is held
+// fixed. Prints the plan (or --json); --out writes the chosen settings as a config that
+// `zerone train --config FILE` runs unchanged. Exit 1 when nothing fits (the smallest budgets
+// are printed).
+int cmd_plan(train::TrainConfig a, int world, const train::PlanMachineOptions& machine_options, bool json,
+             const std::string& out_path, size_t runners_up) {
+  ZERONE_CHECK(world >= 1 && world <= 1048576, "--world ", world, " is out of range: expected an integer in 1..1048576");
+  for (const train::Setting& s : train::settings())
+    if (s.commands & train::kEstimate) train::check_setting(s, a);
+  ZERONE_CHECK(!a.cpu_checkpointing || a.activation_checkpointing || !a.is_given("--activation-checkpointing"),
+               "--cpu-checkpointing keeps the inputs that activation checkpointing saves: it needs --activation-checkpointing");
+  ZERONE_CHECK(machine_options.host_mem_gib >= 0, "--host-mem ", machine_options.host_mem_gib, " must be at least 0");
+  ZERONE_CHECK(out_path.empty() || out_path != a.config_file, "--out '", out_path, "' is the --config input: give another file");
+  const DType dtype = train::resolve_precision(a.precision);
+  a.precision = dtype_name(dtype);
+  std::unique_ptr<nn::Model> shape = nn::make_model(a.model, dtype, 64, /*allocate=*/false);
+  const bool classifier = shape->input_kind() == nn::InputKind::features;
+  ZERONE_CHECK(!classifier || !a.is_given("--seq"), "--seq applies to token models; ", shape->spec(), " reads one image per sample");
+  if (classifier) a.seq = 1;
+  const train::PlanMachine machine = train::plan_machine(a, world, dtype, machine_options);
+  const zero::PlanRequest request = train::plan_request(a, *shape, dtype, world, machine);
+  const zero::Plan plan = zero::make_plan(request);
+  if (json) std::printf("%s\n", train::plan_json(plan, request, machine, a).dump(2).c_str());
+  else std::printf("%s", train::plan_text(plan, request, machine, a, runners_up).c_str());
+  if (!plan.best) return 1;
+  if (!out_path.empty()) {
+    train::TrainConfig applied = a;
+    train::apply_plan(plan.best->choice, applied);
+    for (const char* flag : {"--model", "--seq", "--precision"}) applied.given.insert(flag);
+    if (classifier) applied.given.erase("--seq");
+    std::FILE* f = std::fopen(out_path.c_str(), "w");
+    ZERONE_CHECK(f != nullptr, "--out '", out_path, "': ", std::strerror(errno));
+    const std::string text = train::effective_config_json(applied, dtype_name(dtype)) + "\n";
+    const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+    ZERONE_CHECK(std::fclose(f) == 0 && ok, "--out '", out_path, "': the write failed");
+    if (!json) std::printf("wrote '%s': zerone train --config %s runs this plan\n", out_path.c_str(), out_path.c_str());
   }
   return 0;
+}
+
+// The settings of estimate and plan: the flags given, then --config for the rest; a model is needed.
+void read_settings(const CLI::App& cmd, train::TrainConfig& cfg, const std::string& config_path) {
+  for (const CLI::Option* opt : cmd.get_options())
+    if (opt->count() > 0) cfg.given.insert(opt->get_name());
+  cfg.config_file = config_path;
+  if (!config_path.empty()) train::apply_json_config(config_path, cfg);
+  ZERONE_CHECK(!cfg.model.empty(), "--model is required (on the command line or as \"model\" in --config)");
 }
 
 // Note [Strict numbers]: CLI11 2.1 reads "0010" as octal 8 and "0x10" as 16, wraps "-1" into an
@@ -228,6 +314,11 @@ int main(int argc, char** argv) {
                         "writes them); flags override it");
   train_cmd->add_flag("--print-config", print_config,
                       "print the effective settings (after --config, flags and \"auto\") as a JSON config and exit");
+  bool auto_fit = false;
+  train_cmd->add_flag("--auto-fit", auto_fit,
+                      "plan the memory settings first (zerone plan: stage, offload, checkpointing, buckets, micro-batch "
+                      "with --train-batch-size) and train with the plan; settings given are kept")
+      ->group(train::setting_group_title(train::SettingGroup::offload));
   add_setting_flags(*train_cmd, train_cfg, train::kTrain);
 
   std::vector<std::string> text_files;
@@ -282,8 +373,43 @@ int main(int argc, char** argv) {
   CLI::App* estimate_cmd = app.add_subcommand("estimate", "per-rank memory of each ZeRO stage, before running");
   estimate_cmd->add_option("--world", est_world, "data-parallel ranks")->required();
   estimate_cmd->add_flag("--json", est_json, "machine-readable output");
+  std::string est_config;
+  train::PlanMachineOptions est_machine;
+  est_machine.ranks_per_host = 1;
+  estimate_cmd->add_option("--config", est_config, "a JSON config of zerone train: its settings, flags override them");
+  estimate_cmd->add_option("--ranks-per-host", est_machine.ranks_per_host, "ranks sharing one host's memory and disk [default: 1]");
+  estimate_cmd->add_option("--host-mem", est_machine.host_mem_gib, "GiB of memory per host [default: this machine's physical memory]");
+  estimate_cmd->add_option("--nvme-path", est.nvme_path, "the swap directory: NVMe bytes are checked against its free space");
+  estimate_cmd->add_option("--disk-free", est_machine.disk_free_gib, "GiB free under --nvme-path [default: measured]");
   add_setting_flags(*estimate_cmd, est, train::kEstimate);
-  estimate_cmd->get_option("--model")->required();
+
+  train::TrainConfig plan_cfg;
+  int plan_world = 1;
+  bool plan_json = false;
+  std::string plan_config, plan_out;
+  size_t plan_runners = 6;
+  train::PlanMachineOptions plan_machine;
+  CLI::App* plan_cmd = app.add_subcommand(
+      "plan", "find the settings that fit this machine (or the budgets given) and run fastest, by the exact memory "
+              "estimate and a cost model");
+  plan_cmd->add_option("--config", plan_config, "a JSON config of zerone train: its settings (given ones are kept)");
+  plan_cmd->add_option("--world", plan_world, "data-parallel ranks [default: 1]");
+  plan_cmd->add_option("--ranks-per-host", plan_machine.ranks_per_host, "ranks on one host, sharing its memory and disk [default: --world]");
+  plan_cmd->add_option("--grad-accum", plan_cfg.grad_accum, "micro-steps per optimizer step [default: 1]");
+  plan_cmd->add_option("--train-batch-size", plan_cfg.train_batch_size,
+                       "sequences per optimizer step over all ranks; without --micro-batch the planner chooses the micro-batch");
+  plan_cmd->add_option("--nvme-path", plan_cfg.nvme_path, "swap directory: NVMe offload is considered (its free space is the budget)");
+  plan_cmd->add_option("--host-mem", plan_machine.host_mem_gib, "GiB of memory per host [default: available now, less a reserve of 5% and 256 MiB per rank]");
+  plan_cmd->add_option("--disk-free", plan_machine.disk_free_gib, "GiB free under --nvme-path [default: statvfs]");
+  plan_cmd->add_option("--gemm-tflops", plan_machine.gemm_tflops, "GEMM TFLOP/s per rank [default: measured]");
+  plan_cmd->add_option("--memory-bandwidth", plan_machine.memory_gbps, "GB/s per rank [default: measured]");
+  plan_cmd->add_option("--disk-bandwidth", plan_machine.disk_gbps, "GB/s under --nvme-path [default: measured]");
+  plan_cmd->add_option("--link-bandwidth", plan_machine.link_gbps,
+                       "GB/s per rank between ranks [default: half the memory bandwidth on one host, 1.25 across hosts]");
+  plan_cmd->add_flag("--json", plan_json, "machine-readable output");
+  plan_cmd->add_option("--out", plan_out, "write the chosen settings as a config for zerone train --config");
+  plan_cmd->add_option("--runners-up", plan_runners, "runners-up to list [default: 6]");
+  add_setting_flags(*plan_cmd, plan_cfg, train::kEstimate);
   // Every subcommand's flags are grouped in --help; the ones outside the table under "Options".
 
   std::vector<std::string> report_inputs;
@@ -303,7 +429,7 @@ int main(int argc, char** argv) {
     // One line with the usual prefix and exit 1, like every other bad input (README).
     std::fprintf(stderr, "zerone: error: %s (zerone %s--help lists the options)\n", e.what(),
                  train_cmd->parsed() ? "train " : sample_cmd->parsed() ? "sample " : prepare_cmd->parsed() ? "prepare "
-                 : estimate_cmd->parsed() ? "estimate " : convert_cmd->parsed() ? "convert " : report_cmd->parsed() ? "report " : "");
+                 : estimate_cmd->parsed() ? "estimate " : plan_cmd->parsed() ? "plan " : convert_cmd->parsed() ? "convert " : report_cmd->parsed() ? "report " : "");
     return 1;
   }
 
@@ -333,6 +459,7 @@ int main(int argc, char** argv) {
         if (opt->count() > 0) train_cfg.given.insert(opt->get_name());
       train_cfg.config_file = config_path;
       if (!config_path.empty()) train::apply_json_config(config_path, train_cfg);
+      if (auto_fit) train_cfg = train::auto_fit(train_cfg, *communicator);
       if (print_config) {
         const train::TrainConfig effective = train::resolve_settings(train_cfg, communicator->world_size());
         if (communicator->rank() == 0)
@@ -385,9 +512,11 @@ int main(int argc, char** argv) {
       report::write_html_report(runs, report_out);
       std::printf("wrote '%s' (%zu run%s)\n", report_out.c_str(), runs.size(), runs.size() == 1 ? "" : "s");
     } else if (estimate_cmd->parsed()) {
-      for (const CLI::Option* opt : estimate_cmd->get_options())
-        if (opt->count() > 0) est.given.insert(opt->get_name());
-      return cmd_estimate(est, est_world, est_json, estimate_cmd->count("--zero-stage") > 0);
+      read_settings(*estimate_cmd, est, est_config);
+      return cmd_estimate(est, est_world, est_json, est.is_given("--zero-stage"), est_machine);
+    } else if (plan_cmd->parsed()) {
+      read_settings(*plan_cmd, plan_cfg, plan_config);
+      return cmd_plan(plan_cfg, plan_world, plan_machine, plan_json, plan_out, plan_runners);
     }
   } catch (const train::Interrupted& e) {
     train::end_status_line();

@@ -81,7 +81,7 @@ TEST(OffloadConfig, WhatCannotBeDoneIsRefusedByName) {
   invalid([](TrainConfig& c) { c.offload_buffer_count = 0; }, "--offload-buffer-count 0 is out of range");
   invalid([](TrainConfig& c) { c.aio_queue_depth = 0; }, "--aio-queue-depth 0 is out of range");
   invalid([](TrainConfig& c) { c.device_mem_limit = -1; }, "--device-mem-limit -1 is out of range");
-  invalid([](TrainConfig& c) { c.sub_group_size = 0; }, "--sub-group-size 0 is out of range");
+  invalid([](TrainConfig& c) { c.sub_group_size = -1; }, "--sub-group-size -1 is negative");  // 0: auto
 }
 
 }  // namespace

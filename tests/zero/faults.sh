@@ -78,7 +78,7 @@ expect different_data "ranks disagree with rank 0 on: the --data tokens \\(rank 
 
 # Bad values.
 expect bad_stage "--zero-stage 4 is out of range" 30 "$Z" "${base[@]}" --zero-stage 4
-expect bad_bucket "--reduce-bucket-size 0 is out of range" 30 "$Z" "${base[@]}" --reduce-bucket-size 0
+expect bad_bucket "--reduce-bucket-size 3000000000 is out of range" 30 "$Z" "${base[@]}" --reduce-bucket-size 3000000000
 expect bad_prefetch "--stage3-prefetch-bucket-size -5 is negative" 30 "$Z" "${base[@]}" --stage3-prefetch-bucket-size -5
 printf '{"zero_optimization": {"stage": 2, "reduce_bucket_size": "big"}}' > "$d/z.json"
 expect bad_bucket_json "zero_optimization.reduce_bucket_size' is \"big\", expected an integer" 30 "$Z" "${base[@]}" --config "$d/z.json"

@@ -68,7 +68,8 @@ struct TrainConfig {
   int val_batches = 8;
   int zero_stage = 0;
   // ZeRO buckets and stage-3 knobs, in elements (DeepSpeed's names and defaults).
-  int64_t reduce_bucket_size = static_cast<int64_t>(kZeroDefaults.reduce_bucket_numel);
+  // 0: "auto", scaled to the model (Note [Auto sizes] in zero/planner.cc).
+  int64_t reduce_bucket_size = 0;
   int64_t allgather_bucket_size = static_cast<int64_t>(kZeroDefaults.allgather_bucket_numel);
   int64_t stage3_prefetch_bucket_size = static_cast<int64_t>(kZeroDefaults.prefetch_numel);
   int64_t stage3_param_persistence_threshold = static_cast<int64_t>(kZeroDefaults.persistence_threshold);
@@ -102,7 +103,7 @@ struct TrainConfig {
   std::string offload_optimizer = "none";  // none | cpu | nvme (stages 1-3)
   std::string offload_param = "none";      // none | cpu (stage 3)
   std::string nvme_path;                // parent of the run's swap directories
-  int64_t sub_group_size = static_cast<int64_t>(kZeroDefaults.sub_group_numel);  // optimizer elements per swap sub-group
+  int64_t sub_group_size = 0;  // optimizer elements per swap sub-group; 0: "auto" (Note [Auto sizes])
   int offload_buffer_count = kZeroDefaults.offload_buffer_count;  // offload_optimizer.buffer_count: staging buffers
   double offload_optimizer_ratio = kZeroDefaults.offload_optimizer_ratio;  // offloaded share of the sub-groups
   bool pipeline_read = true, pipeline_write = true;  // overlap swap I/O with the optimizer step

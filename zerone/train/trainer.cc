@@ -36,6 +36,7 @@
 #include "zerone/train/lr_schedule.h"
 #include "zerone/train/markov_source.h"
 #include "zerone/train/metrics.h"
+#include "zerone/train/plan.h"
 #include "zerone/train/save_weights.h"
 #include "zerone/train/settings.h"
 #include "zerone/train/throughput.h"
@@ -43,6 +44,7 @@
 #include "zerone/report/monitors.h"
 #include "zerone/zero/engine.h"
 #include "zerone/zero/estimate.h"
+#include "zerone/zero/planner.h"
 #include "zerone/zero/loss_scaler.h"
 
 namespace zerone::train {
@@ -276,38 +278,33 @@ void check_memory_fits(const nn::Model& model, DType dtype, const TrainConfig& c
       ", optim ", hb(mine.model_state.optim), ", working set ", hb(mine.working_set.total()), ", activations ",
       hb(mine.activations + mine.host_activations), "; by place: ", zero::describe_places(mine), " bytes");
   // Note [Device cap]: --device-mem-limit caps the device arena (core/memory.h). The plan is
-  // checked against it before anything is allocated; the message lists the offload settings of
-  // this stage that would fit, from the same estimate.
-  const double cap = cfg.device_mem_limit * 1024.0 * 1024.0 * 1024.0;
-  if (cap > 0 && static_cast<double>(mine.device()) > cap) {
-    std::string fits;
-    using zero::OffloadDevice;
-    for (OffloadDevice o : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme}) {
-      for (OffloadDevice p : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme}) {
-        if ((o != OffloadDevice::none && cfg.zero_stage == 0) || (p != OffloadDevice::none && cfg.zero_stage != 3)) continue;
-        zero::ZeroConfig alt = zcfg;
-        alt.offload_optimizer = o;
-        alt.offload_param = p;
-        auto r = zero::estimate(model, world, dtype, cfg.micro_batch, cfg.seq, alt, optimizer, cfg.zero_stage)[0];
-        if (static_cast<double>(r.device()) <= cap)
-          fits += str_cat(fits.empty() ? "" : "; ", "--offload-optimizer ", zero::offload_device_name(o),
-                          cfg.zero_stage == 3 ? str_cat(" --offload-param ", zero::offload_device_name(p)) : "", " (device ",
-                          h(static_cast<double>(r.device())), ")");
-      }
+  // checked against it before anything is allocated; the message names what overflows and the
+  // settings that fit (Note [Advice that leads somewhere] in train/plan.cc).
+  const int local = local_ranks();
+  zero::MemoryBudget budget;
+  budget.unified = unified_memory(cfg);
+  budget.device_bytes = static_cast<int64_t>(cfg.device_mem_limit * 1024.0 * 1024.0 * 1024.0);
+  budget.ranks_per_host = local;
+  budget.host_bytes = std::max<long long>(available_memory_bytes(), 0);
+  if (!cfg.nvme_path.empty()) {
+    try {
+      budget.nvme_bytes = static_cast<int64_t>(io::check_swap_path(cfg.nvme_path, "--nvme-path"));
+    } catch (const Error&) {
+      // Refused below with the path's own message when the run swaps there.
     }
+  }
+  const double cap = cfg.device_mem_limit * 1024.0 * 1024.0 * 1024.0;
+  if (cap > 0 && static_cast<double>(mine.device()) > cap)
     throw Error(str_cat("the run needs ", hb(mine.device()), " of device memory per rank, over --device-mem-limit ",
                         cfg.device_mem_limit, " GiB (", breakdown, "). ",
-                        fits.empty() ? str_cat("No offload setting fits at --zero-stage ", cfg.zero_stage,
-                                               ": try a higher stage, a smaller --micro-batch or --seq, or a smaller model")
-                                     : str_cat("These would fit at --zero-stage ", cfg.zero_stage, ": ", fits)));
-  }
-  const int local = local_ranks();
+                        fit_advice(cfg, model, dtype, world, budget, mine)));
   if (zcfg.offload_optimizer == zero::OffloadDevice::nvme || zcfg.offload_param == zero::OffloadDevice::nvme) {
     const uint64_t free_bytes = io::check_swap_path(cfg.nvme_path, "--nvme-path");
     const double need = static_cast<double>(mine.nvme()) * local;
     ZERONE_CHECK(need <= static_cast<double>(free_bytes), "the run needs ", h(need), " of swap space under --nvme-path '",
                  cfg.nvme_path, "' (", hb(mine.nvme()), " per rank", local > 1 ? str_cat(" x ", local, " ranks") : "",
-                 ") but only ", h(static_cast<double>(free_bytes)), " are free");
+                 ") but only ", h(static_cast<double>(free_bytes)), " are free. ",
+                 fit_advice(cfg, model, dtype, world, budget, mine));
   }
   const long long available = available_memory_bytes();
   if (available <= 0) return;  // unknown: nothing to compare with
@@ -323,6 +320,7 @@ void check_memory_fits(const nn::Model& model, DType dtype, const TrainConfig& c
   }
   const double need = static_cast<double>(mine.total() + staging) * local;
   if (need <= static_cast<double>(available)) return;
+  budget.host_bytes = available - staging * local;
   std::string stages;
   for (const auto& r : rows) stages += str_cat(stages.empty() ? "" : ", ", r.stage, ": ", h(static_cast<double>(r.total())));
   throw Error(str_cat("the run needs ", hb(mine.total() + staging), " per rank (", breakdown,
@@ -330,9 +328,7 @@ void check_memory_fits(const nn::Model& model, DType dtype, const TrainConfig& c
                       local > 1 ? str_cat(" x ", local, " ranks on this host") : "",
                       ", but this host has ", h(static_cast<double>(available)), " available. Per rank at world ", world,
                       " by ZeRO stage: ", stages, world == 1 ? " (at world 1 sharding saves nothing: more ranks on more hosts divide it)" : "",
-                      ". Try --offload-optimizer nvme --nvme-path DIR (stages 1-3), a higher --zero-stage with more ranks, ",
-                      "a smaller --micro-batch or --seq, or a smaller model ",
-                      "(zerone estimate --model ", model.spec(), " --world N shows what fits)"));
+                      ". ", fit_advice(cfg, model, dtype, world, budget, mine)));
 }
 
 // The "run" object of the first metrics line: settings, machine and peak (docs/metrics.md).
@@ -887,16 +883,20 @@ optim::OptimizerOptions optimizer_options(const TrainConfig& cfg) {
   return optim::AdamWOptions{cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay};
 }
 
-zero::ZeroConfig zero_config(const TrainConfig& cfg, DType dtype, const io::FaultEnv& env) {
+zero::ZeroConfig zero_config(const TrainConfig& cfg, DType dtype, const std::vector<size_t>& unit_numels, int world,
+                             const io::FaultEnv& env) {
   zero::ZeroConfig zcfg;
   zcfg.stage = cfg.zero_stage;
-  zcfg.reduce_bucket_numel = static_cast<size_t>(cfg.reduce_bucket_size);
+  zcfg.reduce_bucket_numel = cfg.reduce_bucket_size > 0 ? static_cast<size_t>(cfg.reduce_bucket_size)
+                                                        : zero::auto_bucket_numel(unit_numels, world);
   zcfg.allgather_bucket_numel = static_cast<size_t>(cfg.allgather_bucket_size);
   zcfg.prefetch_numel = static_cast<size_t>(cfg.stage3_prefetch_bucket_size);
   zcfg.persistence_threshold = static_cast<size_t>(cfg.stage3_param_persistence_threshold);
   zcfg.offload_optimizer = zero::parse_offload_device(cfg.offload_optimizer, "--offload-optimizer");
   zcfg.offload_param = zero::parse_offload_device(cfg.offload_param, "--offload-param");
-  zcfg.sub_group_numel = static_cast<size_t>(cfg.sub_group_size);
+  zcfg.sub_group_numel = cfg.sub_group_size > 0 ? static_cast<size_t>(cfg.sub_group_size)
+                                                : zero::auto_sub_group_numel(unit_numels, world, cfg.zero_stage,
+                                                                             cfg.offload_buffer_count);
   zcfg.offload_buffer_count = cfg.offload_buffer_count;
   zcfg.offload_optimizer_ratio = cfg.offload_optimizer_ratio;
   zcfg.delayed_update = cfg.delayed_update;
@@ -1085,7 +1085,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm, const io::Fa
     if (!checkpoint_lock) lock_checkpoint_dir();
   }
 
-  const zero::ZeroConfig zcfg = zero_config(cfg, dtype, env);
+  const zero::ZeroConfig zcfg = zero_config(cfg, dtype, model.unit_numels(), world, env);
   zero::check_zeropp(zcfg, world);
   const optim::NvmeConfig nvme = nvme_config(cfg, rank, env);
   check_memory_fits(model, dtype, cfg, zcfg, world);

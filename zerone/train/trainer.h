@@ -46,7 +46,10 @@ TrainResult run_training(TrainConfig cfg);
 // The ZeRO engine's settings derived from the run's settings, once, for train and estimate:
 // stages, buckets, offload places, the early step and whether it may speculate (Note [Speculative
 // early step]; `dtype` decides fp16 loss scaling). `env` supplies the test-only speculation knob.
-zero::ZeroConfig zero_config(const TrainConfig& cfg, DType dtype, const io::FaultEnv& env = io::FaultEnv::none());
+// The "auto" sizes (0: reduce_bucket_size, sub_group_size) are resolved for the model's units
+// `unit_numels` at `world` ranks (Note [Auto sizes] in zero/planner.cc).
+zero::ZeroConfig zero_config(const TrainConfig& cfg, DType dtype, const std::vector<size_t>& unit_numels, int world,
+                             const io::FaultEnv& env = io::FaultEnv::none());
 // The NVMe swap settings of rank `rank` (with `env`'s fault plans for tests).
 optim::NvmeConfig nvme_config(const TrainConfig& cfg, int rank, const io::FaultEnv& env = io::FaultEnv::none());
 // The optimizer the settings name.

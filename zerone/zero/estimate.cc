@@ -34,7 +34,7 @@ std::vector<StageEstimate> estimate(const nn::Model& model, int world, DType dty
   return out;
 }
 
-std::string describe_places(const StageEstimate& e) {
+PlacedBytes placed_bytes(const StageEstimate& e) {
   PlacedBytes all = e.model_state.placed;
   all.at(MemPlace::device, MemCategory::activation) += e.activations;
   all.at(MemPlace::host, MemCategory::activation) += e.host_activations;
@@ -42,6 +42,11 @@ std::string describe_places(const StageEstimate& e) {
   all.at(MemPlace::device, MemCategory::grad) += e.working_set.grad;
   all.at(MemPlace::device, MemCategory::comm) += e.working_set.comm;
   all.at(MemPlace::host, MemCategory::comm) += e.working_set.host;
+  return all;
+}
+
+std::string describe_places(const StageEstimate& e) {
+  const PlacedBytes all = placed_bytes(e);
   std::string out;
   for (size_t p = 0; p < MemoryLedger::kPlaces; ++p)
     for (size_t c = 0; c < MemoryLedger::kCategories; ++c) {

@@ -29,6 +29,10 @@ struct StageEstimate {
   int64_t total() const { return device() + host(); }
 };
 
+// Every byte of the estimate by (place, category): model state, working set and activations, as
+// the ledger keeps them.
+PlacedBytes placed_bytes(const StageEstimate& e);
+
 // One line per (place, category) with bytes, e.g. "device param 1.2 MiB, host optim 3.4 MiB, ...".
 std::string describe_places(const StageEstimate& e);
 

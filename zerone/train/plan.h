@@ -1,0 +1,85 @@
+// The run's side of the memory planner (zero/planner.h): the machine's budgets and speeds
+// (measured here or given), the planner's request built from a run's settings (what the user
+// gave is held fixed), a plan applied back to the settings (so --print-config / `zerone plan --out`
+// writes a config that `zerone train --config` runs unchanged), the plan as a table and as JSON,
+// `--auto-fit`, and the advice of every "does not fit" refusal (Note [Advice that leads somewhere]).
+//
+// Ownership: plain values. Failure: throws Error naming the flag for bad input (a budget below 0,
+// an unreadable --nvme-path). Thread-safety: measurement runs kernels on the calling thread's
+// OpenMP team; the rest are pure functions except auto_fit, which talks to the communicator.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "zerone/comm/communicator.h"
+#include "zerone/nn/model.h"
+#include "zerone/train/config.h"
+#include "zerone/zero/planner.h"
+
+namespace zerone::train {
+
+// The machine flags of `zerone plan` (and of --auto-fit: all measured). 0 / negative: measure.
+struct PlanMachineOptions {
+  int ranks_per_host = 0;        // 0: all of the world on this host
+  double host_mem_gib = 0;       // per host; 0: the memory available now (what train's start-up check uses)
+  double disk_free_gib = -1;     // under --nvme-path; -1: statvfs of it
+  double gemm_tflops = 0;        // per rank; 0: measured with every core, divided among the host's ranks
+  double memory_gbps = 0;        // per rank; 0: measured (a streaming copy)
+  double disk_gbps = 0;          // 0: measured under --nvme-path (a 64 MiB write and read)
+  double link_gbps = 0;          // per rank; 0: the memory bandwidth within a host, 1.25 GB/s across hosts
+};
+
+struct PlanMachine {
+  zero::MemoryBudget budget;
+  zero::MachineSpeed speed;
+  std::vector<std::string> sources;  // how each figure was obtained, for the report
+};
+
+// Whether the run's device is this host's RAM (Note [Fit]): --device cpu or sim, or no --device
+// where the default device is the cpu.
+bool unified_memory(const TrainConfig& cfg);
+
+// Budgets and speeds for a run of `cfg` at `world` ranks. Measures what `options` leaves open.
+PlanMachine plan_machine(const TrainConfig& cfg, int world, DType dtype, const PlanMachineOptions& options);
+
+// The planner's request for `cfg` on `shape` (a model without storage; its checkpointing flags are
+// switched while planning). Settings the user gave are held fixed; the micro-batch is free when
+// --train-batch-size is given without --micro-batch.
+zero::PlanRequest plan_request(const TrainConfig& cfg, nn::Model& shape, DType dtype, int world,
+                               const PlanMachine& machine);
+
+// Writes the choice into `cfg` (and marks those settings given), so that effective_config_json
+// writes them.
+void apply_plan(const zero::PlanChoice& choice, TrainConfig& cfg);
+
+// The plan as a table (chosen settings, bytes per place and category, predicted s/step, the
+// runners-up with why they lost, or when nothing fits the smallest budget per place) and as JSON.
+std::string plan_text(const zero::Plan& plan, const zero::PlanRequest& request, const PlanMachine& machine,
+                      const TrainConfig& cfg, size_t runners_up);
+nlohmann::ordered_json plan_json(const zero::Plan& plan, const zero::PlanRequest& request, const PlanMachine& machine,
+                                 const TrainConfig& cfg);
+// {"device.param": bytes, ...}: every nonzero (place, category), as the metrics' "mem" names them.
+nlohmann::ordered_json places_json(const zero::PlacedBytes& bytes);
+// The settings flags of a choice: "--zero-stage 3 --offload-optimizer nvme ...".
+std::string choice_flags(const zero::PlanChoice& choice);
+
+// `zerone plan` with the run's own flags (model, batch, precision, world, budgets, --config).
+std::string plan_command(const TrainConfig& cfg, int world, int ranks_per_host);
+
+// Note [Advice that leads somewhere]: for a run `cfg` whose estimate `mine` overflows `budget`,
+// the categories that overflow and the settings that fix it, each checked by the estimate; never
+// what is already set or cannot exist. Ends with the `zerone plan` command line.
+// `model` is read for its spec and shapes only.
+std::string fit_advice(const TrainConfig& cfg, const nn::Model& model, DType dtype, int world,
+                       const zero::MemoryBudget& budget, const zero::StageEstimate& mine);
+
+// `zerone train --auto-fit`: plans `cfg` (rank 0 measures the machine and broadcasts it, so every
+// rank computes the same plan), prints the plan on rank 0 and returns the settings to run.
+// Throws Error naming the smallest budgets when nothing fits.
+TrainConfig auto_fit(TrainConfig cfg, comm::Communicator& comm);
+
+}  // namespace zerone::train

@@ -195,3 +195,61 @@ extra=(); [ "$opt" = nvme ] && extra=(--nvme-path "$d/swap" --sub-group-size 300
   --reduce-bucket-size 1000000 --offload-optimizer $opt --optimizer sgd --momentum $momentum "${extra[@]}" \
   --device-mem-limit "$limit" > "$d/limit.log" 2>&1 || { echo "FAIL: SGD refused under --device-mem-limit $limit GiB"; cat "$d/limit.log"; exit 1; }
 echo "ok   SGD stage $stage ($opt, momentum $momentum, $precision) runs under --device-mem-limit $limit GiB, below Adam's need"
+
+# ZeRO++ (issue 21), bf16 stage 3 at world 2 (one host) and world 4 (two fake hosts of 2 ranks:
+# each rank in a UTS namespace of its own named zhost1/zhost2, so qgZ runs hierarchically, within
+# then across "hosts"): the ledger's model state per (place, category) equals zerone estimate's to
+# the byte, hpZ's secondary partition included (Note [Secondary partition] in zero/zeropp.h), and the
+# quantized communication buffers of qwZ and qgZ are pooled within the working-set bound of
+# Note [ZeRO++ working set] (idle in device.comm, or host.comm for qwZ's shard with --offload-param).
+# Each case: world, hpZ group size, qwZ (0/1), qgZ bits, parameter offload.
+zpp_cases=("2 2 0 0 none" "2 1 1 0 none" "2 1 0 8 none" "2 2 1 4 none" "4 2 1 8 none" "4 1 0 4 none" "4 2 1 8 cpu"
+           "2 1 0 0 none" "4 1 0 0 none" "4 1 0 0 cpu")  # the last three: plain stage 3, the references
+for c in "${zpp_cases[@]}"; do
+  read -r world hpz qw qg par <<< "$c"
+  name="zpp_w${world}_h${hpz}_q${qw}_g${qg}_${par}"
+  flags=(--hpz-partition-size $hpz --quantized-gradients $qg --offload-param $par)
+  [ "$qw" = 1 ] && flags+=(--quantized-weights)
+  launch=("$Z"); [ "$world" = 4 ] && launch=(unshare --uts sh -c 'hostname zhost$((OMPI_COMM_WORLD_RANK / 2 + 1)) && exec "$@"' sh "$Z")
+  "${MPI[@]:0:5}" -n $world "${launch[@]}" train --model $model --data "$d/c_train.bin" --micro-batch 1 --seq 16 --steps 2 \
+    --threads 1 --precision bf16 --zero-stage 3 --stage3-param-persistence-threshold 0 --stage3-prefetch-bucket-size 3000000 \
+    --reduce-bucket-size 1000000 "${flags[@]}" --metrics "$d/$name.jsonl" > "$d/$name.log" 2>&1 \
+    || { cat "$d/$name.log"; exit 1; }
+  "$Z" estimate --model $model --world $world --precision bf16 --micro-batch 1 --seq 16 --zero-stage 3 \
+    --stage3-param-persistence-threshold 0 --stage3-prefetch-bucket-size 3000000 --reduce-bucket-size 1000000 \
+    "${flags[@]}" --json > "$d/$name.estimate.json"
+done
+grep -q "topology: 2 hosts x 2 ranks" "$d/zpp_w4_h2_q1_g8_none.log" && grep -q "qgZ int8 (within then across hosts)" "$d/zpp_w4_h2_q1_g8_none.log" \
+  || { echo "FAIL: the fake hosts did not give a 2 x 2 topology with hierarchical qgZ:"; grep -m3 "zerone:" "$d/zpp_w4_h2_q1_g8_none.log"; exit 1; }
+python3 - "$d" "${zpp_cases[@]}" <<'PY'
+import json, sys
+d, cases = sys.argv[1], sys.argv[2:]
+failed = False
+def load(world, hpz, qw, qg, par):
+    name = f"zpp_w{world}_h{hpz}_q{qw}_g{qg}_{par}"
+    return (json.load(open(f"{d}/{name}.estimate.json"))["stages"][0],
+            json.loads(open(f"{d}/{name}.jsonl").readlines()[-1])["mem"])
+for c in cases:
+    world, hpz, qw, qg, par = c.split()
+    if (hpz, qw, qg) == ("1", "0", "0"): continue  # the plain references
+    est, mem = load(world, hpz, qw, qg, par)
+    want = est["model_state_places"]
+    got = {k: v for k, v in mem.items() if k.split(".")[-1] in ("param", "grad", "master", "optim", "swap")}
+    ws = est["working_set"]
+    plain_est, plain_mem = load(world, "1", "0", "0", par)
+    ok = got == want
+    # hpZ: the secondary partition is device param beyond plain stage 3's (and only that differs).
+    secondary = want.get("device.param", 0) - plain_est["model_state_places"].get("device.param", 0)
+    ok = ok and (secondary > 0) == (hpz != "1")
+    # qwZ/qgZ: the bound grew by their term, and their buffers went back to the pool (idle comm beyond plain's).
+    grew = ws["comm"] + ws["host"] - plain_est["working_set"]["comm"] - plain_est["working_set"]["host"]
+    pooled = mem.get("device.comm", 0) + mem.get("host.comm", 0) - plain_mem.get("device.comm", 0) - plain_mem.get("host.comm", 0)
+    quantized = qw == "1" or qg != "0"
+    ok = ok and (grew > 0) == quantized and (not quantized or pooled > 0)
+    ok = ok and mem.get("device.comm", 0) <= ws["param"] + ws["grad"] + ws["comm"] and mem.get("host.comm", 0) <= ws["host"]
+    failed |= not ok
+    print(f"{'ok  ' if ok else 'FAIL'} ZeRO++ world {world} hpZ {hpz} qwZ {qw} qgZ {qg} offload-param {par}: ledger {got} "
+          f"estimate {want} (secondary partition {secondary}); pooled device {mem.get('device.comm', 0)} <= "
+          f"{ws['param'] + ws['grad'] + ws['comm']}, host {mem.get('host.comm', 0)} <= {ws['host']} (ZeRO++ term {grew})")
+sys.exit(1 if failed else 0)
+PY

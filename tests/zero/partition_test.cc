@@ -5,6 +5,7 @@
 #include "zerone/train/trainer.h"
 #include "zerone/zero/engine.h"
 #include "zerone/zero/estimate.h"
+#include "zerone/zero/zeropp.h"
 
 namespace zerone::zero {
 namespace {
@@ -147,6 +148,74 @@ TEST(Partition, WorkingSetBoundFollowsTheBucketsAndTheLargestUnits) {
   w = working_set_bytes(units, 1, DType::f32, config);
   EXPECT_EQ(w.param, int64_t{64 * 1010} * 4);  // the two largest, no prefetch
   EXPECT_EQ(w.grad, int64_t{64 * 1030} * 4);   // everything (< max(B, P_1) + P_1 + P_2)
+}
+
+TEST(Partition, HpzSecondaryPartitionIsModelStateOnTheDevice) {
+  // Units of 4096, 8192 and 1024 elements at world 4 (P = numel rounded to 256): the 1024-element
+  // unit is persistent (no secondary copy); the others keep P / H elements each.
+  std::vector<size_t> units = {4096, 8192, 1000};
+  ZeroConfig config;
+  config.stage = 3;
+  config.persistence_threshold = 2000;
+  const ModelStateBytes plain = model_state_bytes(units, 4, 0, DType::bf16, config, 2);
+  config.hpz_partition_size = 2;
+  const ModelStateBytes hpz = model_state_bytes(units, 4, 0, DType::bf16, config, 2);
+  const int64_t secondary = (4096 + 8192) / 2 * 2;
+  EXPECT_EQ(static_cast<int64_t>(secondary_partition_bytes(units, 4, DType::bf16, config)), secondary);
+  EXPECT_EQ(hpz.param - plain.param, secondary);
+  EXPECT_EQ(hpz.placed.get(MemPlace::device, MemCategory::param) - plain.placed.get(MemPlace::device, MemCategory::param),
+            secondary);
+  EXPECT_EQ(hpz.grad + hpz.master + hpz.optim, plain.grad + plain.master + plain.optim);
+  config.offload_param = OffloadDevice::cpu;  // the secondary copy stays on the device (with the persistent unit)
+  EXPECT_EQ(model_state_bytes(units, 4, 0, DType::bf16, config, 2).placed.get(MemPlace::device, MemCategory::param),
+            secondary + 1024 * 2);
+  config.stage = 2;  // hpZ is stage 3's
+  EXPECT_EQ(secondary_partition_bytes(units, 4, DType::bf16, config), 0u);
+}
+
+TEST(Partition, ZeroPlusPlusWorkingSetBoundsTheQuantizedBuffers) {
+  // Note [ZeRO++ working set]: per unit (P padded, S = P / W), W quantized int8 shards fit in
+  // 17/16 P bytes and a qgZ all-to-all's send and receive (2 W Q_b(S)) in (2b + 1) P / 8, for every
+  // padded size: checked against the packed form's own size.
+  for (size_t W : {1, 2, 3, 4, 8, 16})
+    for (size_t P = 64 * W; P <= 64 * W * 300; P += 64 * W) {
+      const size_t S = P / W;
+      EXPECT_LE(W * kernels::quantized_bytes(S, 8, kQuantBlock) * 16, 17 * P) << "W " << W << " P " << P;
+      for (size_t bits : {4, 8})
+        EXPECT_LE(2 * W * kernels::quantized_bytes(S, static_cast<int>(bits), kQuantBlock) * 8, (2 * bits + 1) * P)
+            << "W " << W << " P " << P << " bits " << bits;
+    }
+  std::vector<size_t> units = {4096, 8192, 1024};
+  ZeroConfig config;
+  config.stage = 3;
+  config.persistence_threshold = 2000;
+  config.reduce_bucket_numel = 100;
+  config.prefetch_numel = 5000;
+  const WorkingSetBytes plain = working_set_bytes(units, 2, DType::bf16, config);
+  EXPECT_EQ(zeropp_working_set_bytes(units, 2, DType::bf16, config).total(), 0);
+  config.hpz_partition_size = 2;  // hpZ moves no quantized bytes
+  EXPECT_EQ(zeropp_working_set_bytes(units, 2, DType::bf16, config).total(), 0);
+  config.quantized_weights = true;
+  WorkingSetBytes z = zeropp_working_set_bytes(units, 2, DType::bf16, config);
+  // G = min(12288, 8192 + 4096 + 5000) = 12288: ceil(17 G / 16) on the device, ceil(17 G / 32) for the own shard.
+  EXPECT_EQ(z.comm, 13056 + 6528);
+  EXPECT_EQ(z.host, 0);
+  config.offload_param = OffloadDevice::cpu;
+  z = zeropp_working_set_bytes(units, 2, DType::bf16, config);
+  EXPECT_EQ(z.comm, 13056);
+  EXPECT_EQ(z.host, 6528);
+  config.offload_param = OffloadDevice::none;
+  config.quantized_weights = false;
+  config.quantized_gradients_bits = 4;
+  z = zeropp_working_set_bytes(units, 2, DType::bf16, config);
+  // R = min(13312, 8192 + 8192) = 13312: 9 R / 8 + 4 R / 2, and the within-host step 9 P_1 / 8 + 2 P_1.
+  EXPECT_EQ(z.comm, 14976 + 26624 + 9216 + 16384);
+  const WorkingSetBytes with = working_set_bytes(units, 2, DType::bf16, config);
+  EXPECT_EQ(with.comm - plain.comm, z.comm);
+  EXPECT_EQ(with.param, plain.param);
+  EXPECT_EQ(with.grad, plain.grad);
+  config.stage = 2;
+  EXPECT_EQ(zeropp_working_set_bytes(units, 2, DType::bf16, config).total(), 0);
 }
 
 TEST(Engine, EveryStageMatchesTheLedgerAndEstimateAtWorldOne) {

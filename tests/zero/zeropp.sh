@@ -20,10 +20,10 @@ common=(train --model gpt2:layers=2,dim=64,heads=4,vocab=257,ctx=16 --data "$d/c
         --lr 1e-3 --no-shuffle --threads 1 --zero-stage 3 --stage3-param-persistence-threshold 1000)
 fail=0
 cat > "$d/across.sh" <<'INNER'
-Z="$1" d="$2"; shift 2; common=("$@")
+Z="$1" d="$2"; shift 2; common=("$@"); failed=0
 run() { local name="$1"; shift
   mpiexec --allow-run-as-root --oversubscribe --bind-to none -H host1:2,host2:2 -n 4 "$Z" "${common[@]}" "$@" \
-    --metrics "$d/$name.jsonl" --save "$d/$name.bin" > "$d/$name.log" 2>&1 || { echo "FAIL $name: exit $?"; tail -n 5 "$d/$name.log"; }
+    --metrics "$d/$name.jsonl" --save "$d/$name.bin" > "$d/$name.log" 2>&1 || { echo "FAIL $name: exit $?"; tail -n 5 "$d/$name.log"; failed=1; }
 }
 run plain --precision fp32 --steps 10
 run hpz --precision fp32 --steps 10 --hpz-partition-size 2
@@ -32,8 +32,9 @@ run all8 --precision fp32 --steps 10 --hpz-partition-size 2 --quantized-weights 
 run all4 --precision fp32 --steps 10 --hpz-partition-size 2 --quantized-weights --quantized-gradients 4
 run plain_bf16 --precision bf16 --steps 3
 run all_bf16 --precision bf16 --steps 3 --hpz-partition-size 2 --quantized-weights --quantized-gradients 8
+exit $failed
 INNER
-bash "$HOSTS" run 2 -- bash "$d/across.sh" "$Z" "$d" "${common[@]}"
+bash "$HOSTS" run 2 -- bash "$d/across.sh" "$Z" "$d" "${common[@]}" || { echo "FAIL test_hosts.sh run: exit $?"; fail=1; }
 
 python3 - "$d" <<'PY' || fail=1
 import json, sys

@@ -135,7 +135,8 @@ class Communicator {
   virtual void abort_job(int exit_code) {}
 
   // Note [Collective timeout]: a collective that has not completed after `seconds` fails its Work
-  // with an Error naming the ranks that did not arrive and the collective and phase each was last
+  // with an Error naming the ranks that did not arrive, and those that arrived but no longer answer
+  // a ping (a cut link takes down ranks in both groups), and the collective and phase each was last
   // in (rank 0 collects who entered which collective; the others wait a little longer, so that
   // rank 0's message is the one the job ends with). The phase is a label for messages ("step 17"),
   // captured when a collective is submitted. No-ops at world size 1. Call from the submitting thread.

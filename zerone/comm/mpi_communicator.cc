@@ -188,51 +188,57 @@ void MpiWorker::wait(void* request_ptr, const char* name, const std::string& pha
         throw Error(str_cat("collective ", what, " did not complete within --comm-timeout ", timeout,
                             " s, and rank 0, which knows which ranks arrived, did not end the job first: rank 0 ",
                             "itself may be stopped, stuck or cut off"));
-      std::string missing, where;
-      int count = 0;
-      for (int r = 1; r < watch_->world; ++r)
-        if (watch_->last[r].seq < watch_->seq) {
-          missing += str_cat(count == 0 ? "" : ", ", r);
-          where += str_cat("; rank ", r, ": ", describe(watch_->last[r]));
-          ++count;
-        }
-      if (count == 0) {
-        // Every rank entered it: ask each whether it still answers (a live rank answers from its
-        // own polling loop within milliseconds; a stopped or stuck one does not).
-        CollectiveWatch& w = *watch_;
+      // Who is unreachable: the ranks that never entered this collective, and of those that did,
+      // the ones that no longer answer a ping (a live rank answers from its own polling loop
+      // within milliseconds; a stopped, stuck or cut-off one does not). A cut link takes down
+      // ranks in both groups at once, so both are asked and named.
+      CollectiveWatch& w = *watch_;
+      std::vector<int> absent, silent;
+      std::vector<int> entered;
+      for (int r = 1; r < w.world; ++r) (w.last[r].seq < w.seq ? absent : entered).push_back(r);
+      if (!entered.empty()) {
         const int64_t ping = w.seq;
         std::vector<MPI_Request> pings(w.world, MPI_REQUEST_NULL), answers(w.world, MPI_REQUEST_NULL);
         std::vector<Announcement> answered(w.world);
-        for (int r = 1; r < w.world; ++r) {
+        for (int r : entered) {
           MPI_Isend(&ping, 1, MPI_INT64_T, r, 1, w.comm, &pings[r]);
           MPI_Irecv(&answered[r], sizeof(Announcement), MPI_BYTE, r, 2, w.comm, &answers[r]);
         }
         std::vector<bool> alive(w.world, false);
+        size_t answering = 0;
         const auto asked = std::chrono::steady_clock::now();
-        while (std::chrono::duration<double>(std::chrono::steady_clock::now() - asked).count() < 1.0) {
-          for (int r = 1; r < w.world; ++r)
+        while (answering < entered.size() &&
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - asked).count() < 1.0) {
+          for (int r : entered)
             if (!alive[r]) {
               int done = 0;
               MPI_Test(&answers[r], &done, MPI_STATUS_IGNORE);
-              alive[r] = done != 0;
+              if (done) alive[r] = true, ++answering;
             }
           std::this_thread::sleep_for(std::chrono::milliseconds(1));
         }
-        for (int r = 1; r < w.world; ++r)
-          if (!alive[r]) {
-            missing += str_cat(count == 0 ? "" : ", ", r);
-            where += str_cat("; rank ", r, ": ", describe(w.last[r]));
-            ++count;
-          }
-        if (count == 0)
-          throw Error(str_cat("collective ", what, " did not complete within --comm-timeout ", timeout,
-                              " s although every rank entered it and answers (a failing network link?)"));
-        throw Error(str_cat(count == 1 ? "rank " : "ranks ", missing, " stopped answering in ", what,
-                            " within --comm-timeout ", timeout, " s", where,
-                            " (a stopped, deadlocked or stuck rank, or one cut off from the network)"));
+        for (int r : entered)
+          if (!alive[r]) silent.push_back(r);
       }
-      throw Error(str_cat(count == 1 ? "rank " : "ranks ", missing, count == 1 ? " did" : " did", " not arrive in ",
-                          what, " within --comm-timeout ", timeout, " s", where,
+      if (absent.empty() && silent.empty())
+        throw Error(str_cat("collective ", what, " did not complete within --comm-timeout ", timeout,
+                            " s although every rank entered it and answers (a failing network link?)"));
+      std::vector<int> named = absent;
+      named.insert(named.end(), silent.begin(), silent.end());
+      std::sort(named.begin(), named.end());
+      auto list = [](const std::vector<int>& ranks) {
+        std::string out;
+        for (size_t i = 0; i < ranks.size(); ++i) out += str_cat(i ? ", " : "", ranks[i]);
+        return out;
+      };
+      std::string where;
+      for (int r : named) where += str_cat("; rank ", r, ": ", describe(w.last[r]));
+      const std::string how = silent.empty()  ? std::string(" did not arrive")
+                              : absent.empty() ? std::string(" stopped answering")
+                                               : str_cat(" did not arrive (", list(absent), ") or stopped answering (",
+                                                         list(silent), ")");
+      throw Error(str_cat(named.size() == 1 ? "rank " : "ranks ", list(named), how, " in ", what,
+                          " within --comm-timeout ", timeout, " s", where,
                           " (a stopped, deadlocked or stuck rank, or one cut off from the network)"));
     }
     // Spin briefly (a collective usually completes in microseconds), then poll gently.

@@ -77,7 +77,7 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
     host_accumulators[u] = offloaded[u] > 0 ? 1 : 0;
   }
   if (zeropp_enabled(config_))  // ZeRO++: collective (splits the host groups)
-    zeropp_ = std::make_unique<ZeroPlusPlus>(device_comm_, device_, config_, model.compute_dtype(), num_units_);
+    zeropp_ = std::make_unique<ZeroPlusPlus>(device_comm_, device_, pool_, config_, model.compute_dtype(), shards);
   params_ = std::make_unique<ParamStore>(model, config_, shards, device_, device_comm_, pool_, swap_dir_.get(), nvme,
                                          speculates(config_), zeropp_.get());
   grads_ = std::make_unique<GradReducer>(model, config_, shards, host_accumulators, device_, device_comm_, pool_,

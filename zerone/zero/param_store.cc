@@ -25,8 +25,10 @@ ParamStore::ParamStore(nn::Model& model, const ZeroConfig& config, std::vector<U
       pool_(pool),
       zeropp_(zeropp),
       dsize_(dtype_size(model.compute_dtype())),
+      // The NVMe staging part of the host working set (ZeRO++'s part is its own pool's).
       stage_pool_(static_cast<size_t>(
-                      working_set_bytes(model.unit_numels(), comm.world_size(), model.compute_dtype(), config).host),
+                      working_set_bytes(model.unit_numels(), comm.world_size(), model.compute_dtype(), config).host -
+                      zeropp_working_set_bytes(model.unit_numels(), comm.world_size(), model.compute_dtype(), config).host),
                   MemCategory::comm, MemPlace::host, io::kSwapAlignBytes) {
   units_.resize(shards.size());
   for (size_t u = 0; u < shards.size(); ++u) units_[u].shard = shards[u];

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "zerone/core/error.h"
+#include "zerone/zero/zeropp.h"
 
 namespace zerone::zero {
 
@@ -169,6 +170,9 @@ ModelStateBytes model_state_bytes(const std::vector<size_t>& unit_numels, int wo
   }
   b.swap += static_cast<int64_t>(config.offload_buffer_count) * static_cast<int64_t>(largest_grad_slot);
   if (b.swap > 0) b.placed.at(MemPlace::host, MemCategory::swap) = b.swap;
+  // ZeRO++ hpZ: the secondary partition (Note [Secondary partition] in zeropp.h).
+  add(MemPlace::device, MemCategory::param,
+      static_cast<int64_t>(secondary_partition_bytes(unit_numels, world, dtype, config)), b.param);
   return b;
 }
 
@@ -206,6 +210,10 @@ WorkingSetBytes working_set_bytes(const std::vector<size_t>& unit_numels, int wo
                           kSwapAlignBytes * sharded_units;
     b.host = static_cast<int64_t>(std::max(std::min(sum_aligned, window), std::min(sum_aligned, 3 * max_aligned)));
   }
+  // ZeRO++ qwZ and qgZ: their quantized communication buffers (Note [ZeRO++ working set] in zeropp.h).
+  const WorkingSetBytes zeropp = zeropp_working_set_bytes(unit_numels, world, dtype, config);
+  b.comm += zeropp.comm;
+  b.host += zeropp.host;
   return b;
 }
 

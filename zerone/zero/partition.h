@@ -9,6 +9,7 @@
 //   1     | sum P_u                      | sum P_u     | sum S_u                 | K sum S_u
 //   2     | sum P_u                      | sum S_u     | sum S_u                 | K sum S_u
 //   3     | sum S_u (+ P_u persistent)   | sum S_u     | sum S_u                 | K sum S_u
+//   3 hpZ | + sum P_u / H (not persistent), ZeRO++'s secondary partition (zeropp.h), on the device
 //
 // K is the optimizer's state tensors per element (optim::optimizer_state_tensors): AdamW 2 (m, v),
 // SGD 1 (momentum buffer) with momentum, else 0.
@@ -180,6 +181,8 @@ ModelStateBytes model_state_bytes(const std::vector<size_t>& unit_numels, int wo
 //          min(sum P, max(B, P_1) + P_1 + P_2).
 //   comm (f32): a landing shard for each unit being reduced after the first micro-step:
 //          min(sum S, (max(B, P_1) + P_1) / world).
+//   ZeRO++ (stage 3, qwZ and qgZ): their quantized communication buffers, in comm (device) and,
+//          for qwZ with --offload-param, host: Note [ZeRO++ working set] in zeropp.h.
 // Stages 0-1 have none (their full buffers are model state). Sums run over non-persistent units
 // for `param`. A bound, not a prediction: the ledger's `comm` (idle pooled buffers) at the end of
 // a step stays at or below `total()`.

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include "tests/test_util.h"
 #include "zerone/comm/communicator.h"
 #include "zerone/nn/gpt2.h"
 #include "zerone/train/trainer.h"
@@ -149,8 +150,14 @@ TEST(Partition, WorkingSetBoundFollowsTheBucketsAndTheLargestUnits) {
   EXPECT_EQ(w.grad, int64_t{64 * 1030} * 4);   // everything (< max(B, P_1) + P_1 + P_2)
 }
 
-TEST(Engine, EveryStageMatchesTheLedgerAndEstimateAtWorldOne) {
-  // In process at world 1: the ledger after a step equals estimate's model-state bytes, for the
+class Engine : public ::testing::TestWithParam<kernels::DeviceKind> {
+ protected:
+  zerone::testing::DeviceScope device_{GetParam()};
+};
+INSTANTIATE_TEST_SUITE_P(Devices, Engine, zerone::testing::every_device(), zerone::testing::device_test_name);
+
+TEST_P(Engine, EveryStageMatchesTheLedgerAndEstimateAtWorldOne) {
+  // In process at world 1, on every device: the ledger after a step equals estimate's model-state bytes, for the
   // optimizer's own state: AdamW (master for bf16, m, v), SGD with momentum (master for bf16, the
   // momentum buffer) and without (bf16: the master only; f32: nothing).
   nn::GPT2Config c = nn::parse_model_spec("gpt2:layers=2,dim=40,heads=4,vocab=100,ctx=16");
@@ -159,7 +166,7 @@ TEST(Engine, EveryStageMatchesTheLedgerAndEstimateAtWorldOne) {
   for (const auto& [name, optimizer] : optimizers)
   for (DType dtype : {DType::bf16, DType::f32})
   for (int stage = 0; stage <= 3; ++stage) {
-    SCOPED_TRACE(testing::Message() << name << ", " << dtype_name(dtype) << ", stage " << stage);
+    SCOPED_TRACE(::testing::Message() << name << ", " << dtype_name(dtype) << ", stage " << stage);
     MemoryLedger& ledger = MemoryLedger::global();
     auto before = [&](MemCategory cat) { return ledger.current(MemPlace::device, cat); };
     int64_t p0 = before(MemCategory::param), g0 = before(MemCategory::grad), m0 = before(MemCategory::master),

@@ -150,6 +150,30 @@ TEST(Partition, WorkingSetBoundFollowsTheBucketsAndTheLargestUnits) {
   EXPECT_EQ(w.grad, int64_t{64 * 1030} * 4);   // everything (< max(B, P_1) + P_1 + P_2)
 }
 
+TEST(Partition, StagedCollectivesFollowTheCollectivesInFlight) {
+  // Note [Staged collective bytes], units of 4096, 8192 and 1024 elements at world 2 (P = numel).
+  const std::vector<size_t> units = {4096, 8192, 1024};
+  const int64_t sum_p = 13312;
+  ZeroConfig config;
+  config.persistence_threshold = 2000;
+  config.reduce_bucket_numel = 100;
+  config.prefetch_numel = 5000;
+  for (int stage = 0; stage <= 3; ++stage) {
+    config.stage = stage;
+    EXPECT_EQ(staged_collective_bytes(units, 1, DType::bf16, config), 0) << "alone, nothing is staged";
+  }
+  config.stage = 0;
+  EXPECT_EQ(staged_collective_bytes(units, 2, DType::bf16, config), 4 * sum_p + kStagedScalarBytes);  // all-reduces
+  config.stage = 1;
+  EXPECT_EQ(staged_collective_bytes(units, 2, DType::bf16, config), 4 * sum_p + kStagedScalarBytes);  // reduce-scatters
+  config.stage = 2;  // the gathers after the step (2 sum P) are below the full gradients (4 x 13312 here)
+  WorkingSetBytes w = working_set_bytes(units, 2, DType::bf16, config);
+  EXPECT_EQ(staged_collective_bytes(units, 2, DType::bf16, config), std::max(w.grad, 2 * sum_p) + kStagedScalarBytes);
+  config.stage = 3;
+  w = working_set_bytes(units, 2, DType::bf16, config);
+  EXPECT_EQ(staged_collective_bytes(units, 2, DType::bf16, config), w.param + w.grad + kStagedScalarBytes);
+}
+
 class Engine : public ::testing::TestWithParam<kernels::DeviceKind> {
  protected:
   zerone::testing::DeviceScope device_{GetParam()};

@@ -17,14 +17,18 @@
 namespace zerone::testing {
 
 // Makes `kind` the process's device while it lives (kernels::use_device; models built meanwhile
-// compute on it, Note [Models and their device]) and the cpu device again after. No device Buffer
-// may outlive the scope (its arena would change under it).
+// compute on it, Note [Models and their device]) and the device before it again after (also when
+// the scope's code switched devices itself, as run_training does). Buffers keep the arena they came
+// from, so a model built in one scope stays usable after it, through its own backend().
 class DeviceScope {
  public:
-  explicit DeviceScope(kernels::DeviceKind kind) { kernels::use_device(kind); }
-  ~DeviceScope() { kernels::use_device(kernels::DeviceKind::cpu); }
+  explicit DeviceScope(kernels::DeviceKind kind) : before_(kernels::device_backend().kind()) { kernels::use_device(kind); }
+  ~DeviceScope() { kernels::use_device(before_); }
   DeviceScope(const DeviceScope&) = delete;
   DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  kernels::DeviceKind before_;
 };
 
 // The devices every suite that builds models and engines runs on: cpu, and the simulated device

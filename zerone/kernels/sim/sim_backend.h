@@ -71,7 +71,8 @@ class SimBackend final : public cpu::CpuBackend {
   void copy(void* dst, MemPlace dst_place, const void* src, MemPlace src_place, size_t bytes) override;
 
  protected:
-  // Aborts (an internal invariant) when [p, p + bytes) is not device memory.
+  // Aborts (an internal invariant) when [p, p + bytes) is not inside one live device allocation
+  // (Note [Operand ranges] in kernels/cpu/cpu_backend.h).
   void* operand(const void* p, size_t bytes) const override { return arena_.translate(p, bytes, "operand"); }
 
  private:

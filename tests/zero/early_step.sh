@@ -118,7 +118,7 @@ done
 # bitwise the step at the end, with steps taken back and redone.
 for stage in 2 3; do
   param=(); [ $stage = 3 ] && param=(--offload-param nvme --nvme-path "$d/swap")
-  spec=none; [ $stage = 2 ] && spec=memory
+  spec=; [ $stage = 2 ] && spec=memory  # unset at stage 3: NVMe speculates by default
   PREC=bf16 run "sgd_s${stage}_end" 2 --zero-stage $stage --optimizer sgd --momentum 0.9 --grad-clip ${SOME_CLIP:-2.2} \
     "${param[@]}" --early-step false
   ZERONE_SPECULATE=$spec PREC=bf16 run "sgd_s${stage}_early" 2 --zero-stage $stage --optimizer sgd --momentum 0.9 \

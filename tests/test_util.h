@@ -12,8 +12,31 @@
 #include <vector>
 
 #include "zerone/core/error.h"
+#include "zerone/kernels/backend.h"
 
 namespace zerone::testing {
+
+// Makes `kind` the process's device while it lives (kernels::use_device; models built meanwhile
+// compute on it, Note [Models and their device]) and the device before it again after (also when
+// the scope's code switched devices itself, as run_training does). Buffers keep the arena they came
+// from, so a model built in one scope stays usable after it, through its own backend().
+class DeviceScope {
+ public:
+  explicit DeviceScope(kernels::DeviceKind kind) : before_(kernels::device_backend().kind()) { kernels::use_device(kind); }
+  ~DeviceScope() { kernels::use_device(before_); }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  kernels::DeviceKind before_;
+};
+
+// The devices every suite that builds models and engines runs on: cpu, and the simulated device
+// that proves no host code touches device memory (kernels/sim), with the cpu device's bits.
+inline auto every_device() { return ::testing::Values(kernels::DeviceKind::cpu, kernels::DeviceKind::sim); }
+inline std::string device_test_name(const ::testing::TestParamInfo<kernels::DeviceKind>& info) {
+  return kernels::device_kind_name(info.param);
+}
 
 class TempDir {
  public:

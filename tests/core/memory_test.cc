@@ -1,6 +1,9 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
+#include <memory>
+#include <vector>
 
 #include "zerone/core/error.h"
 #include "zerone/core/memory.h"
@@ -71,6 +74,108 @@ TEST(BufferPool, ReusesExactSizesRetagsAndKeepsNoMoreThanItsCapacity) {
   }
   EXPECT_EQ(now(MemCategory::grad), grad0);
   EXPECT_EQ(now(MemCategory::comm), comm0);
+}
+
+// A stream of a fake asynchronous device: work is queued and runs only when the test says so
+// (run_until) or when the host waits on one of its events (which runs the queue up to the event,
+// as a real host wait lets the device get there). It proves Note [Pooled reuse after last use]
+// without a device: a buffer handed out while queued work still writes it would be clobbered.
+class FakeStream {
+ public:
+  // Queues `work`; returns its position.
+  size_t submit(std::function<void()> work) {
+    queue_.push_back(std::move(work));
+    return queue_.size();
+  }
+  // The event after everything queued so far (Backend::record).
+  Event record() { return Event(std::make_shared<const Mark>(this, queue_.size())); }
+  void run_until(size_t position) {
+    while (done_ < position) queue_[done_++]();
+  }
+  size_t done() const { return done_; }
+  int host_waits = 0;
+
+ private:
+  struct Mark final : Event::Impl {
+    Mark(FakeStream* s, size_t p) : stream(s), position(p) {}
+    bool ready() const override { return stream->done_ >= position; }
+    void wait() const override {
+      ++stream->host_waits;
+      stream->run_until(position);
+    }
+    FakeStream* stream;
+    size_t position;
+  };
+  std::vector<std::function<void()>> queue_;
+  size_t done_ = 0;
+};
+
+TEST(BufferPool, ReusesABufferOnlyAfterItsLastUseOnEveryStreamFinished) {
+  FakeStream compute, comm;  // outlive the pools, which wait for them when they go
+  BufferPool pool(1 << 20, MemCategory::comm);
+  auto fill_later = [](FakeStream& s, Buffer& b, unsigned char value) {
+    unsigned char* p = b.as<unsigned char>();
+    const size_t n = b.bytes();
+    s.submit([=] { std::memset(p, value, n); });
+  };
+
+  // The only candidate is still being written by the comm stream: acquire waits for that write,
+  // so the new owner's bytes are never overwritten by it afterwards.
+  Buffer a = pool.acquire(4096, MemCategory::grad, false);
+  void* a_memory = a.data();
+  fill_later(comm, a, 0xAB);
+  pool.release(std::move(a), {compute.record(), comm.record()});  // compute's use is complete
+  EXPECT_EQ(comm.done(), 0u);
+  Buffer again = pool.acquire(4096, MemCategory::grad, /*zeroed=*/false);
+  EXPECT_EQ(again.data(), a_memory);
+  EXPECT_EQ(comm.done(), 1u);  // the queued write ran before the buffer came back
+  EXPECT_EQ(comm.host_waits, 1);
+  std::memset(again.data(), 0x11, 4096);
+  comm.run_until(1);  // nothing left to run into it
+  EXPECT_EQ(again.as<unsigned char>()[4095], 0x11);
+
+  // A settled candidate is preferred to one still in use: no wait at all.
+  Buffer busy = pool.acquire(8192, MemCategory::grad, false), free_one = pool.acquire(8192, MemCategory::grad, false);
+  void* free_memory = free_one.data();
+  fill_later(comm, busy, 0xCD);
+  pool.release(std::move(busy), {comm.record()});          // released first, still in use
+  pool.release(std::move(free_one), {compute.record()});   // compute has nothing queued: complete
+  const size_t comm_before = comm.done();
+  Buffer got = pool.acquire(8192, MemCategory::grad, false);
+  EXPECT_EQ(got.data(), free_memory);
+  EXPECT_EQ(comm.host_waits, 1);  // unchanged
+  EXPECT_EQ(comm.done(), comm_before);
+
+  // Between equal candidates both in use, the oldest is waited for, and only its stream runs.
+  Buffer first = pool.acquire(512, MemCategory::grad, false), second = pool.acquire(512, MemCategory::grad, false);
+  void* first_memory = first.data();
+  fill_later(compute, first, 1);
+  pool.release(std::move(first), {compute.record()});
+  fill_later(comm, second, 2);
+  pool.release(std::move(second), {comm.record()});
+  const size_t comm_done = comm.done();
+  Buffer oldest = pool.acquire(512, MemCategory::grad, false);
+  EXPECT_EQ(oldest.data(), first_memory);
+  EXPECT_EQ(comm.done(), comm_done);  // the other stream was not waited for
+
+  // Freeing waits too: over capacity at release, and clear().
+  BufferPool small(100, MemCategory::comm);
+  Buffer big(4096, MemCategory::grad);
+  fill_later(comm, big, 3);
+  const int comm_waits = comm.host_waits;
+  small.release(std::move(big), {comm.record()});  // does not fit: freed, after its write ran
+  EXPECT_EQ(comm.host_waits, comm_waits + 1);
+  EXPECT_TRUE(comm.record().ready());
+  EXPECT_EQ(small.idle_bytes(), 0u);
+  Buffer kept = small.acquire(64, MemCategory::grad, false);
+  fill_later(compute, kept, 4);
+  const int compute_waits = compute.host_waits;
+  small.release(std::move(kept), {compute.record()});
+  EXPECT_EQ(small.idle_bytes(), 64u);
+  EXPECT_EQ(compute.host_waits, compute_waits);  // kept idle: no wait yet
+  small.clear();
+  EXPECT_EQ(compute.host_waits, compute_waits + 1);
+  EXPECT_TRUE(compute.record().ready());
 }
 
 TEST(Buffer, AbsurdSizeThrowsInsteadOfCrashing) {

@@ -569,8 +569,8 @@ void embedding_case(int B, int T, int C, int V, DType dt, bool with_wpe, uint64_
        {i32("tokens", tokens), param("wte", wte, dt), param("wpe", wpe, dt), fill("out", out_n, 9.0f),
         f32("dout", dout), fill("dwte", V * C, 0.5f), fill("dwpe", maxT * C, 0.25f)},
        [=](Backend& b, const Dev& d) {
-         b.embedding_forward(d.f("out"), d.i("tokens"), d.v("wte"), with_wpe ? d.v("wpe") : nullptr, dt, B, T, C);
-         b.embedding_backward(d.f("dwte"), with_wpe ? d.f("dwpe") : nullptr, d.f("dout"), d.i("tokens"), B, T, C);
+         b.embedding_forward(d.f("out"), d.i("tokens"), d.v("wte"), with_wpe ? d.v("wpe") : nullptr, dt, B, T, C, V);
+         b.embedding_backward(d.f("dwte"), with_wpe ? d.f("dwpe") : nullptr, d.f("dout"), d.i("tokens"), B, T, C, V);
          return std::vector<double>{};
        },
        [=] {
@@ -1352,6 +1352,48 @@ TEST_F(SimSeamDeathTest, OpGivenHostPointerForDeviceOperandAborts) {
   // Through the backend the same memory works.
   sim().copy_to_device(dev.data(), host.data(), 40 * 4);
   EXPECT_EQ(sim().sum(static_cast<float*>(dev.data()), 40), 40.0);
+}
+
+// Note [Operand ranges]: each operand is checked over the whole range the operation touches, not
+// its first byte. Every buffer below sits alone in its page of the arena, so none of these
+// overruns would fault: only the range check catches them.
+TEST_F(SimSeamDeathTest, OperandRangeRunningOffItsAllocationAborts) {
+  auto dev = [&](size_t floats) { return Buffer(floats * 4, MemCategory::scratch, MemPlace::device, 64, sim().device_arena()); };
+  Buffer a = dev(40), b = dev(40);
+  float* pa = a.as<float>();
+  float* pb = b.as<float>();
+  // One element too many, on each operand in turn (the first byte of each is fine).
+  EXPECT_DEATH(sim().relu_forward(pa, pb, 41), "runs 4 bytes past its device allocation");
+  EXPECT_DEATH(sim().accumulate(pa, pb, 41), "runs 4 bytes past its device allocation");
+  EXPECT_DEATH(sim().sum_squares(pa + 1, 40), "runs 4 bytes past its device allocation");
+  Buffer wide = dev(128);  // 81 f32 fit; 81 bf16 are 2 bytes more than b's 160
+  sim().convert(wide.as<float>(), DType::f32, pb, DType::bf16, 80);
+  EXPECT_DEATH(sim().convert(wide.as<float>(), DType::f32, pb, DType::bf16, 81), "runs 2 bytes past its device allocation");
+  // A shape that names more than the buffer holds: linear's weight (OC, C) = (5, 8) in 40 floats is
+  // fine, OC = 6 runs 32 bytes past it; the output (N, OC) and input (N, C) stay inside theirs.
+  Buffer out = dev(64), inp = dev(64);
+  sim().linear_forward(out.as<float>(), inp.as<float>(), pa, nullptr, DType::f32, 8, 8, 5);
+  EXPECT_DEATH(sim().linear_forward(out.as<float>(), inp.as<float>(), pa, nullptr, DType::f32, 8, 8, 6),
+               "runs 32 bytes past its device allocation");
+  // The embedding's token table (V, C): V = 5 rows of C = 8 fit, V = 6 runs off (the tokens never
+  // reach row 5: the range, not the access, is what is checked).
+  Buffer tokens = dev(4), emb = dev(4 * 8);
+  sim().embedding_forward(emb.as<float>(), tokens.as<int32_t>(), pa, nullptr, DType::f32, 1, 4, 8, 5);
+  EXPECT_DEATH(sim().embedding_forward(emb.as<float>(), tokens.as<int32_t>(), pa, nullptr, DType::f32, 1, 4, 8, 6),
+               "runs 32 bytes past its device allocation");
+  // Attention's probabilities (B, NH, T, T) = (1, 2, 4, 4) need 32 floats; give it a 31-float view.
+  Buffer qkv = dev(4 * 3 * 8), att_out = dev(4 * 8), att = dev(31);
+  EXPECT_DEATH(sim().attention_forward(att_out.as<float>(), att.as<float>(), qkv.as<float>(), 1, 4, 8, 2),
+               "runs 4 bytes past its device allocation");
+  // A copy that starts inside one allocation and runs into memory past it.
+  std::vector<float> host(41, 1.0f);
+  EXPECT_DEATH(sim().copy_to_device(pa, host.data(), 41 * 4), "runs 4 bytes past its device allocation");
+  EXPECT_DEATH(sim().copy_to_host(host.data(), pb, 41 * 4), "runs 4 bytes past its device allocation");
+  // Memory given back is no operand either.
+  Buffer gone = dev(40);
+  float* stale = gone.as<float>();
+  gone.reset();
+  EXPECT_DEATH(sim().relu_forward(pa, stale, 40), "is not device memory in use");
 }
 
 // ---------------------------------------------------------------- CUDA

@@ -14,8 +14,10 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <vector>
 
+#include "tests/test_util.h"
 #include "zerone/io/llmc_checkpoint.h"
 #include "zerone/nn/gpt2.h"
 #include "zerone/optim/adamw.h"
@@ -94,34 +96,57 @@ double worst_tensor_error(const nn::GPT2& model, const std::vector<float>& got, 
   return worst;
 }
 
+// Loads the golden parameters (llm.c order) into `model` on its device: through a model on the
+// cpu device (`host`), whose units are then copied over by the device's backend.
+void load_params(const Golden& g, nn::GPT2& host, nn::GPT2& model) {
+  io::scatter_llmc_order(g.params.data(), DType::f32, host);
+  for (size_t u = 0; u < model.units().size(); ++u)
+    model.backend().copy_to_device(model.units()[u].data(), host.units()[u].data(), model.units()[u].param_bytes());
+}
+
+// On every device (tests/test_util.h): the model computes on the device of the test, the golden
+// values cross through its backend's copies.
 void run_golden(DType dtype, double loss_tol, double logits_tol, double grad_tol, bool grad_l2, double step_tol,
                 double param_tol) {
   Golden g = load_golden();
+  std::unique_ptr<nn::GPT2> host;  // the cpu device's model: llm.c order in and out
+  {
+    testing::DeviceScope cpu(kernels::DeviceKind::cpu);
+    host = std::make_unique<nn::GPT2>(g.config, dtype);
+  }
   nn::GPT2 model(g.config, dtype);
-  io::scatter_llmc_order(g.params.data(), DType::f32, model);
+  kernels::Backend& backend = model.backend();
+  load_params(g, *host, model);
   float loss = model.forward(g.inputs.data(), g.targets.data(), g.B, g.T);
   EXPECT_NEAR(loss, g.loss, loss_tol * g.loss) << "loss";
 
   size_t Vp = g.config.padded_vocab_size, V = g.config.vocab_size;
+  std::vector<float> logits(static_cast<size_t>(g.B) * g.T * Vp);  // (B, T, Vp) from the device
+  backend.copy_to_host(logits.data(), model.logits(), logits.size() * sizeof(float));
   double max_logit = 0, max_err = 0;
   for (size_t r = 0; r < static_cast<size_t>(g.B) * g.T; ++r)
     for (size_t v = 0; v < V; ++v) {
       max_logit = std::max(max_logit, std::abs(static_cast<double>(g.logits[r * Vp + v])));
-      max_err = std::max(max_err, std::abs(static_cast<double>(model.logits()[r * Vp + v]) - g.logits[r * Vp + v]));
+      max_err = std::max(max_err, std::abs(static_cast<double>(logits[r * Vp + v]) - g.logits[r * Vp + v]));
     }
   EXPECT_LE(max_err, logits_tol * max_logit) << "logits";
 
   model.zero_grad();
   model.backward(1.0f);
+  std::vector<std::vector<float>> unit_grads;
   std::vector<const float*> grad_units;
-  for (auto& u : model.units()) grad_units.push_back(u.grad());
+  for (auto& u : model.units()) {
+    unit_grads.emplace_back(u.grad_bytes() / sizeof(float));
+    backend.copy_to_host(unit_grads.back().data(), u.grad(), u.grad_bytes());
+    grad_units.push_back(unit_grads.back().data());
+  }
   std::vector<float> grads(g.config.num_parameters());
   io::gather_llmc_order_f32(model, grad_units, grads.data());
   EXPECT_LE(worst_tensor_error(model, grads, g.grads, grad_l2), grad_tol) << "gradients";
 
   // AdamW steps from the same start, through the engine the trainer uses (world 1, stage 0).
   nn::GPT2 trained(g.config, dtype);
-  io::scatter_llmc_order(g.params.data(), DType::f32, trained);
+  load_params(g, *host, trained);
   comm::SingleProcessCommunicator single;
   zero::ZeroEngine engine(trained, single, zero::ZeroConfig{}, optim::AdamWOptions{g.beta1, g.beta2, g.eps, g.wd});
   for (int s = 0; s < g.steps; ++s) {
@@ -130,8 +155,10 @@ void run_golden(DType dtype, double loss_tol, double logits_tol, double grad_tol
     trained.backward(1.0f);
     engine.step(g.lr, 0.0f);
   }
+  for (size_t u = 0; u < trained.units().size(); ++u)
+    backend.copy_to_host(host->units()[u].data(), trained.units()[u].data(), trained.units()[u].param_bytes());
   std::vector<float> final_params(g.config.num_parameters());
-  io::gather_llmc_order(trained, DType::f32, final_params.data());
+  io::gather_llmc_order(*host, DType::f32, final_params.data());
   // Note [Key bias under Adam]: the gradient of the key bias is identically zero (q.(k+b) shifts all
   // of a query's scores by the same q.b, which softmax ignores). In double PyTorch's rounding noise
   // (~1e-17) is far below eps and the bias does not move; in f32 the noise (~1e-9) is comparable to
@@ -149,16 +176,22 @@ void run_golden(DType dtype, double loss_tol, double logits_tol, double grad_tol
   EXPECT_LE(worst_tensor_error(trained, final_params, g.final_params, false), param_tol) << "parameters after steps";
 }
 
-TEST(GoldenPyTorch, F32) { run_golden(DType::f32, 1e-4, 1e-4, 1e-4, false, 1e-4, 1e-4); }
+class GoldenPyTorch : public ::testing::TestWithParam<kernels::DeviceKind> {
+ protected:
+  testing::DeviceScope device_{GetParam()};
+};
+INSTANTIATE_TEST_SUITE_P(Devices, GoldenPyTorch, testing::every_device(), testing::device_test_name);
 
-TEST(GoldenPyTorch, Bf16) { run_golden(DType::bf16, 2e-2, 2e-2, 5e-2, true, 2e-2, 2e-2); }
+TEST_P(GoldenPyTorch, F32) { run_golden(DType::f32, 1e-4, 1e-4, 1e-4, false, 1e-4, 1e-4); }
+
+TEST_P(GoldenPyTorch, Bf16) { run_golden(DType::bf16, 2e-2, 2e-2, 5e-2, true, 2e-2, 2e-2); }
 
 // fp16 keeps 11 significant bits (unit roundoff 2^-11, 8x finer than bf16) over a smaller range;
 // the same argument as for bf16 gives loss, logit and gradient bounds 8x tighter (rounded to 4e-3 /
 // 1e-2). The parameters after 5 AdamW steps keep bf16's 2e-2: Adam moves an element whose
 // gradient is near zero by up to lr per step in a direction set by rounding noise, whatever the
 // format, i.e. up to lr * steps / max|p| = 1e-3 * 5 / 0.3 ~ 1.7e-2 of a tensor's largest value.
-TEST(GoldenPyTorch, Fp16) { run_golden(DType::f16, 4e-3, 4e-3, 1e-2, true, 4e-3, 2e-2); }
+TEST_P(GoldenPyTorch, Fp16) { run_golden(DType::f16, 4e-3, 4e-3, 1e-2, true, 4e-3, 2e-2); }
 
 }  // namespace
 }  // namespace zerone

@@ -18,11 +18,14 @@
 namespace zerone::nn {
 namespace {
 
-// Copies the golden parameters (unit order) into the model's units, converting to its dtype.
+// Copies the golden parameters (unit order) into the model's units on its device, converting to
+// its dtype on the host first.
 void load_params(Llama& model, const std::vector<float>& params) {
   size_t at = 0;
   for (FlatParam& unit : model.units()) {
-    convert_from_f32(params.data() + at, unit.data(), unit.dtype(), unit.numel());
+    std::vector<char> host(unit.numel() * dtype_size(unit.dtype()));
+    convert_from_f32(params.data() + at, host.data(), unit.dtype(), unit.numel());
+    model.backend().copy_to_device(unit.data(), host.data(), host.size());
     at += unit.numel();
   }
   ASSERT_EQ(at, params.size());
@@ -55,7 +58,8 @@ void check_case(const LlamaGolden& g, DType dtype) {
   load_params(model, g.params);
   const float loss = model.forward(g.inputs.data(), g.targets.data(), g.B, g.T);
   const size_t logits_n = static_cast<size_t>(g.B) * g.T * c.vocab_size;
-  std::vector<float> logits(model.logits(), model.logits() + logits_n);
+  std::vector<float> logits(logits_n);  // (B, T, V) from the device
+  model.backend().copy_to_host(logits.data(), model.logits(), logits_n * sizeof(float));
   model.zero_grad();
   model.backward(1.0f);
   const bool f32 = dtype == DType::f32;
@@ -63,9 +67,11 @@ void check_case(const LlamaGolden& g, DType dtype) {
   expect_close(logits.data(), g.logits.data(), logits_n, f32 ? 1e-4 : 2e-2, "logits " + c.to_string());
   size_t at = 0;
   for (const FlatParam& unit : model.units()) {
+    std::vector<float> grad(unit.grad_bytes() / sizeof(float));
+    model.backend().copy_to_host(grad.data(), unit.grad(), unit.grad_bytes());
     for (const TensorSpec& t : unit.tensors()) {
       const std::string what = unit.name() + "." + t.name + " " + dtype_name(dtype);
-      const float* got = unit.grad() + t.offset;
+      const float* got = grad.data() + t.offset;
       if (f32) expect_close(got, g.grads.data() + at, t.numel(), 1e-4, what);
       else EXPECT_LE(relative_l2(got, g.grads.data() + at, t.numel()), 5e-2) << what;
       at += t.numel();
@@ -74,7 +80,14 @@ void check_case(const LlamaGolden& g, DType dtype) {
   EXPECT_EQ(at, g.grads.size());
 }
 
-TEST(LlamaGoldenTest, F32MatchesPyTorch) {
+// The golden cases on every device (tests/test_util.h).
+class LlamaGoldenTest : public ::testing::TestWithParam<kernels::DeviceKind> {
+ protected:
+  zerone::testing::DeviceScope device_{GetParam()};
+};
+INSTANTIATE_TEST_SUITE_P(Devices, LlamaGoldenTest, zerone::testing::every_device(), zerone::testing::device_test_name);
+
+TEST_P(LlamaGoldenTest, F32MatchesPyTorch) {
   auto cases = load_llama_golden();
   ASSERT_EQ(cases.size(), 2u);
   EXPECT_FALSE(cases[0].config.tie_word_embeddings);
@@ -82,11 +95,11 @@ TEST(LlamaGoldenTest, F32MatchesPyTorch) {
   for (const LlamaGolden& g : cases) check_case(g, DType::f32);
 }
 
-TEST(LlamaGoldenTest, Bf16WithinRoundingBounds) {
+TEST_P(LlamaGoldenTest, Bf16WithinRoundingBounds) {
   for (const LlamaGolden& g : load_llama_golden()) check_case(g, DType::bf16);
 }
 
-TEST(LlamaGoldenTest, FreshGradientsOverwriteGarbage) {
+TEST(LlamaFreshGradients, OverwriteGarbage) {
   // Note [Fresh gradients]: pooled buffers full of NaN marked fresh must give the same gradients
   // as zeroed ones, tied and untied.
   for (const LlamaGolden& g : load_llama_golden()) {

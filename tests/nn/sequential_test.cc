@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/test_util.h"
 #include "zerone/comm/communicator.h"
 #include "zerone/core/error.h"
 #include "zerone/core/rng.h"
@@ -94,17 +95,31 @@ void expect_close(const float* got, const float* want, size_t n, const std::stri
   EXPECT_LE(worst, rel * std::max(scale, 1e-3)) << what << ": worst at " << at << " got " << got[at] << " want " << want[at];
 }
 
-// Copies the flat golden parameters (weight then bias per layer) into / out of the units.
+// Copies the flat golden parameters (weight then bias per layer) into the units, on the model's device.
 void set_params(nn::Model& m, const std::vector<float>& flat) {
   size_t off = 0;
   for (nn::FlatParam& u : m.units()) {
-    std::memcpy(u.data(), flat.data() + off, u.numel() * sizeof(float));
+    m.backend().copy_to_device(u.data(), flat.data() + off, u.numel() * sizeof(float));
     off += u.numel();
   }
   ASSERT_EQ(off, flat.size());
 }
 
-TEST(SequentialGolden, MatchesPyTorch) {
+// n floats of the model's device memory at p, on the host.
+std::vector<float> to_host(nn::Model& m, const float* p, size_t n) {
+  std::vector<float> out(n);
+  m.backend().copy_to_host(out.data(), p, n * sizeof(float));
+  return out;
+}
+
+// The golden cases on every device (tests/test_util.h).
+class SequentialGolden : public ::testing::TestWithParam<kernels::DeviceKind> {
+ protected:
+  zerone::testing::DeviceScope device_{GetParam()};
+};
+INSTANTIATE_TEST_SUITE_P(Devices, SequentialGolden, zerone::testing::every_device(), zerone::testing::device_test_name);
+
+TEST_P(SequentialGolden, MatchesPyTorch) {
   std::vector<Case> cases = load_cases();
   ASSERT_EQ(cases.size(), 3u);
   for (const Case& c : cases) {
@@ -118,13 +133,14 @@ TEST(SequentialGolden, MatchesPyTorch) {
     batch.targets = c.labels.data();
     const float loss = model.forward(batch);
     EXPECT_NEAR(loss, c.loss, 1e-4 * std::max(1.0f, std::abs(c.loss)));
-    expect_close(model.logits(), c.logits.data(), c.logits.size(), "logits");
+    expect_close(to_host(model, model.logits(), c.logits.size()).data(), c.logits.data(), c.logits.size(), "logits");
     model.zero_grad();
     model.backward(1.0f);
     size_t off = 0;
     for (nn::FlatParam& u : model.units()) {
+      const std::vector<float> grad = to_host(model, u.grad(), u.grad_bytes() / sizeof(float));
       for (size_t t = 0; t < u.tensors().size(); ++t)
-        expect_close(u.grad(t), c.grads.data() + off + u.tensors()[t].offset, u.tensors()[t].numel(),
+        expect_close(grad.data() + u.tensors()[t].offset, c.grads.data() + off + u.tensors()[t].offset, u.tensors()[t].numel(),
                      u.name() + "." + u.tensors()[t].name + " grad");
       off += u.numel();
     }
@@ -144,7 +160,8 @@ TEST(SequentialGolden, MatchesPyTorch) {
     }
     off = 0;
     for (nn::FlatParam& u : trained.units()) {
-      expect_close(static_cast<const float*>(u.data()), c.final_params.data() + off, u.numel(), u.name() + " after SGD");
+      expect_close(to_host(trained, static_cast<const float*>(u.data()), u.numel()).data(), c.final_params.data() + off,
+                   u.numel(), u.name() + " after SGD");
       off += u.numel();
     }
   }

@@ -32,9 +32,22 @@ TrainConfig tiny(const TempDir& dir) {
   return c;
 }
 
-TEST(Trainer, LearnsAndWritesMetricsPerStep) {
+// The trainer's runs on every device (tests/test_util.h): the run's --device is the parameter; the
+// scope gives the process the cpu device back after it.
+class TrainerOn : public ::testing::TestWithParam<kernels::DeviceKind> {
+ protected:
+  TrainConfig tiny_here(const TempDir& dir) {
+    TrainConfig c = tiny(dir);
+    c.device = kernels::device_kind_name(GetParam());
+    return c;
+  }
+  zerone::testing::DeviceScope device_{GetParam()};
+};
+INSTANTIATE_TEST_SUITE_P(Devices, TrainerOn, zerone::testing::every_device(), zerone::testing::device_test_name);
+
+TEST_P(TrainerOn, LearnsAndWritesMetricsPerStep) {
   TempDir dir;
-  TrainConfig c = tiny(dir);
+  TrainConfig c = tiny_here(dir);
   c.metrics = dir.file("m.jsonl");
   TrainResult r = run_training(c);
   ASSERT_TRUE(r.final_val_loss.has_value());
@@ -52,9 +65,9 @@ TEST(Trainer, LearnsAndWritesMetricsPerStep) {
   EXPECT_EQ(lines, 30);
 }
 
-TEST(Trainer, SameSeedSameTrajectoryAndResumeFromSavedModel) {
+TEST_P(TrainerOn, SameSeedSameTrajectoryAndResumeFromSavedModel) {
   TempDir dir;
-  TrainConfig c = tiny(dir);
+  TrainConfig c = tiny_here(dir);
   c.steps = 5;
   c.save = dir.file("out.bin");
   TrainResult a = run_training(c);
@@ -62,13 +75,38 @@ TEST(Trainer, SameSeedSameTrajectoryAndResumeFromSavedModel) {
   TrainResult b = run_training(c);
   EXPECT_EQ(a.final_train_loss, b.final_train_loss) << "runs are deterministic";
   // --init takes the shape from the file; training continues from the saved weights.
-  TrainConfig from = tiny(dir);
+  TrainConfig from = tiny_here(dir);
   from.model.clear();
   from.given.erase("--model");
   from.init = dir.file("out.bin");
   from.steps = 1;
   TrainResult r = run_training(from);
   EXPECT_LT(r.final_train_loss, 5.0f);
+}
+
+TEST(TrainerDevices, SimGivesTheCpuDevicesBits) {
+  // The same run on both devices: the same loss at every step, the same saved weights.
+  TempDir dir;
+  std::vector<std::string> losses;
+  std::vector<std::vector<char>> weights;
+  for (const char* device : {"cpu", "sim"}) {
+    zerone::testing::DeviceScope scope(kernels::DeviceKind::cpu);  // the cpu device again after the run
+    TrainConfig c = tiny(dir);
+    c.device = device;
+    c.steps = 5;
+    c.precision = "bf16";
+    c.metrics = dir.file(std::string(device) + ".jsonl");
+    c.save = dir.file(std::string(device) + ".bin");
+    run_training(c);
+    std::string trajectory;
+    std::ifstream in(c.metrics);
+    for (std::string line; std::getline(in, line);) trajectory += nlohmann::json::parse(line)["loss"].dump() + " ";
+    losses.push_back(trajectory);
+    weights.push_back(zerone::testing::read_bytes(c.save));
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+  ASSERT_FALSE(weights[0].empty());
+  EXPECT_TRUE(weights[0] == weights[1]) << "saved weights differ";
 }
 
 TEST(Trainer, BadInputsAreClearErrors) {
@@ -107,12 +145,19 @@ TEST(MarkovSource, EntropyMatchesEmpiricalCrossEntropyOfTheTrueModel) {
 namespace zerone::train {
 namespace {
 
-TEST(Trainer, Fp16OverflowSkipsStepsLowersTheScaleThenLearns) {
+class TrainerFp16On : public ::testing::TestWithParam<kernels::DeviceKind> {
+ protected:
+  zerone::testing::DeviceScope device_{GetParam()};
+};
+INSTANTIATE_TEST_SUITE_P(Devices, TrainerFp16On, zerone::testing::every_device(), zerone::testing::device_test_name);
+
+TEST_P(TrainerFp16On, OverflowSkipsStepsLowersTheScaleThenLearns) {
   // A loss scale of 2^40 makes the scaled output gradients overflow fp16 (max 65504): those steps
   // must be skipped (parameters untouched, "skipped" in the metrics) and the scale must fall, by
   // half per overflow once the hysteresis (2) is used up, until training proceeds.
   TempDir dir;
   TrainConfig c = tiny(dir);
+  c.device = kernels::device_kind_name(GetParam());
   c.precision = "fp16";
   c.initial_scale_power = 40;
   c.steps = 40;

@@ -13,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "tests/test_util.h"
 #include "zerone/comm/communicator.h"
 #include "zerone/core/error.h"
 #include "zerone/nn/model.h"
@@ -45,17 +46,20 @@ void batch(int step, int micro, std::vector<int32_t>& x, std::vector<int32_t>& y
 
 float lr_at(int step) { return 3e-3f * (1.0f + 0.25f * static_cast<float>(step)); }
 
+// Every unit's parameters, read through the model's backend from wherever they are (device
+// memory, or the host copies with_full_params gives on a device the host cannot read).
 std::vector<std::vector<char>> snapshot(nn::Model& model) {
   std::vector<std::vector<char>> out;
   for (nn::FlatParam& u : model.units()) {
-    const char* p = static_cast<const char*>(u.data());
-    out.emplace_back(p, p + u.param_bytes());
+    out.emplace_back(u.param_bytes());
+    model.backend().copy_any(out.back().data(), u.data(), u.param_bytes());
   }
   return out;
 }
 
 void restore(nn::Model& model, const std::vector<std::vector<char>>& params) {
-  for (size_t u = 0; u < params.size(); ++u) std::memcpy(model.units()[u].data(), params[u].data(), params[u].size());
+  for (size_t u = 0; u < params.size(); ++u)
+    model.backend().copy_any(model.units()[u].data(), params[u].data(), params[u].size());
 }
 
 // `delayed`: the engine's --delayed-update. `explicit_delay`: a plain engine with the delay
@@ -102,7 +106,18 @@ void expect_same(const Trajectory& a, const Trajectory& b, const std::string& wh
   for (size_t u = 0; u < a.params.size(); ++u) EXPECT_TRUE(a.params[u] == b.params[u]) << what << ": unit " << u;
 }
 
-TEST(DelayedUpdate, ReproducesTheExplicitlyDelayedTrajectoryAtEveryStage) {
+// Each test on every device (tests/test_util.h): the engine and the model touch device memory only
+// through the backend, so the simulated device runs them too.
+class OnDevice : public ::testing::TestWithParam<kernels::DeviceKind> {
+ protected:
+  testing::DeviceScope device_{GetParam()};
+};
+using DelayedUpdate = OnDevice;
+using EarlyStep = OnDevice;
+INSTANTIATE_TEST_SUITE_P(Devices, DelayedUpdate, testing::every_device(), testing::device_test_name);
+INSTANTIATE_TEST_SUITE_P(Devices, EarlyStep, testing::every_device(), testing::device_test_name);
+
+TEST_P(DelayedUpdate, ReproducesTheExplicitlyDelayedTrajectoryAtEveryStage) {
   for (DType dtype : {DType::f32, DType::bf16}) {
     for (float clip : {0.0f, 0.05f}) {
       Case c;
@@ -126,14 +141,14 @@ TEST(DelayedUpdate, ReproducesTheExplicitlyDelayedTrajectoryAtEveryStage) {
   }
 }
 
-TEST(DelayedUpdate, OneStepRunHoldsItsUpdate) {
+TEST_P(DelayedUpdate, OneStepRunHoldsItsUpdate) {
   // The last update is installed at the end: a 1-step delayed run ends where a 1-step plain run does.
   Case c;
   c.steps = 1;
   expect_same(run(c, true), run(c, false), "1 step");
 }
 
-TEST(EarlyStep, UpdatesTheTopUnitDuringTheBackwardAndWithClippingOnlyWhenSpeculating) {
+TEST_P(EarlyStep, UpdatesTheTopUnitDuringTheBackwardAndWithClippingOnlyWhenSpeculating) {
   // Note [Early optimizer step]: with plan_step() the head unit (unit 3 of 4; the embedding is
   // tied to it, so it is final before the embedding is) is updated before step() is called;
   // with clipping only when the engine may speculate (Note [Speculative early step]), because the
@@ -167,6 +182,29 @@ TEST(EarlyStep, UpdatesTheTopUnitDuringTheBackwardAndWithClippingOnlyWhenSpecula
       EXPECT_TRUE(before[0] != after[0]);
     }
   }
+  }
+}
+
+// The same bits on both devices: the delayed trajectory at every stage, bf16 with clipping and
+// accumulation, on the cpu device and on sim.
+TEST(DelayedUpdateDevices, SimGivesTheCpuDevicesBits) {
+  Case c;
+  c.dtype = DType::bf16;
+  c.clip = 0.05f;
+  c.accum = 2;
+  c.steps = 3;
+  for (int stage = 0; stage <= 3; ++stage) {
+    c.stage = stage;
+    Trajectory on_cpu, on_sim;
+    {
+      testing::DeviceScope device(kernels::DeviceKind::cpu);
+      on_cpu = run(c, true);
+    }
+    {
+      testing::DeviceScope device(kernels::DeviceKind::sim);
+      on_sim = run(c, true);
+    }
+    expect_same(on_sim, on_cpu, str_cat("stage ", stage));
   }
 }
 

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include "tests/test_util.h"
 #include "zerone/comm/communicator.h"
 #include "zerone/nn/gpt2.h"
 #include "zerone/train/trainer.h"
@@ -218,8 +219,38 @@ TEST(Partition, ZeroPlusPlusWorkingSetBoundsTheQuantizedBuffers) {
   EXPECT_EQ(zeropp_working_set_bytes(units, 2, DType::bf16, config).total(), 0);
 }
 
-TEST(Engine, EveryStageMatchesTheLedgerAndEstimateAtWorldOne) {
-  // In process at world 1: the ledger after a step equals estimate's model-state bytes, for the
+TEST(Partition, StagedCollectivesFollowTheCollectivesInFlight) {
+  // Note [Staged collective bytes], units of 4096, 8192 and 1024 elements at world 2 (P = numel).
+  const std::vector<size_t> units = {4096, 8192, 1024};
+  const int64_t sum_p = 13312;
+  ZeroConfig config;
+  config.persistence_threshold = 2000;
+  config.reduce_bucket_numel = 100;
+  config.prefetch_numel = 5000;
+  for (int stage = 0; stage <= 3; ++stage) {
+    config.stage = stage;
+    EXPECT_EQ(staged_collective_bytes(units, 1, DType::bf16, config), 0) << "alone, nothing is staged";
+  }
+  config.stage = 0;
+  EXPECT_EQ(staged_collective_bytes(units, 2, DType::bf16, config), 4 * sum_p + kStagedScalarBytes);  // all-reduces
+  config.stage = 1;
+  EXPECT_EQ(staged_collective_bytes(units, 2, DType::bf16, config), 4 * sum_p + kStagedScalarBytes);  // reduce-scatters
+  config.stage = 2;  // the gathers after the step (2 sum P) are below the full gradients (4 x 13312 here)
+  WorkingSetBytes w = working_set_bytes(units, 2, DType::bf16, config);
+  EXPECT_EQ(staged_collective_bytes(units, 2, DType::bf16, config), std::max(w.grad, 2 * sum_p) + kStagedScalarBytes);
+  config.stage = 3;
+  w = working_set_bytes(units, 2, DType::bf16, config);
+  EXPECT_EQ(staged_collective_bytes(units, 2, DType::bf16, config), w.param + w.grad + kStagedScalarBytes);
+}
+
+class Engine : public ::testing::TestWithParam<kernels::DeviceKind> {
+ protected:
+  zerone::testing::DeviceScope device_{GetParam()};
+};
+INSTANTIATE_TEST_SUITE_P(Devices, Engine, zerone::testing::every_device(), zerone::testing::device_test_name);
+
+TEST_P(Engine, EveryStageMatchesTheLedgerAndEstimateAtWorldOne) {
+  // In process at world 1, on every device: the ledger after a step equals estimate's model-state bytes, for the
   // optimizer's own state: AdamW (master for bf16, m, v), SGD with momentum (master for bf16, the
   // momentum buffer) and without (bf16: the master only; f32: nothing).
   nn::GPT2Config c = nn::parse_model_spec("gpt2:layers=2,dim=40,heads=4,vocab=100,ctx=16");
@@ -228,7 +259,7 @@ TEST(Engine, EveryStageMatchesTheLedgerAndEstimateAtWorldOne) {
   for (const auto& [name, optimizer] : optimizers)
   for (DType dtype : {DType::bf16, DType::f32})
   for (int stage = 0; stage <= 3; ++stage) {
-    SCOPED_TRACE(testing::Message() << name << ", " << dtype_name(dtype) << ", stage " << stage);
+    SCOPED_TRACE(::testing::Message() << name << ", " << dtype_name(dtype) << ", stage " << stage);
     MemoryLedger& ledger = MemoryLedger::global();
     auto before = [&](MemCategory cat) { return ledger.current(MemPlace::device, cat); };
     int64_t p0 = before(MemCategory::param), g0 = before(MemCategory::grad), m0 = before(MemCategory::master),

@@ -181,10 +181,27 @@ void Buffer::zero() {
   if (data_ != nullptr) arena_->zero(data_, bytes_);
 }
 
+bool BufferPool::Idle::settled() {
+  std::erase_if(pending, [](const Event& e) { return e.ready(); });
+  return pending.empty();
+}
+
+void BufferPool::Idle::wait_settled() {
+  for (const Event& e : pending) e.wait();
+  pending.clear();
+}
+
 Buffer BufferPool::acquire(size_t bytes, MemCategory category, bool zeroed) {
-  auto it = idle_.find(bytes);
-  if (it == idle_.end()) return Buffer(bytes, category, place_, alignment_);
-  Buffer buffer = std::move(it->second);
+  auto [first, last] = idle_.equal_range(bytes);
+  if (first == last) return Buffer(bytes, category, place_, alignment_);
+  // Note [Pooled reuse after last use]: the first settled one, else the oldest once it settles.
+  auto it = first;
+  while (it != last && !it->second.settled()) ++it;
+  if (it == last) {
+    it = first;
+    it->second.wait_settled();
+  }
+  Buffer buffer = std::move(it->second.buffer);
   idle_.erase(it);
   idle_bytes_ -= bytes;
   buffer.retag(category);
@@ -192,16 +209,26 @@ Buffer BufferPool::acquire(size_t bytes, MemCategory category, bool zeroed) {
   return buffer;
 }
 
-void BufferPool::release(Buffer&& buffer) {
+void BufferPool::release(Buffer&& buffer, std::initializer_list<Event> last_uses) {
   if (buffer.empty()) return;
-  if (idle_bytes_ + buffer.bytes() > capacity_bytes_) {
-    buffer.reset();
+  Idle idle{std::move(buffer), {}};
+  for (const Event& e : last_uses)
+    if (!e.ready()) idle.pending.push_back(e);
+  if (idle_bytes_ + idle.buffer.bytes() > capacity_bytes_) {
+    idle.wait_settled();
+    idle.buffer.reset();
     return;
   }
-  buffer.retag(idle_category_);
-  idle_bytes_ += buffer.bytes();
-  const size_t bytes = buffer.bytes();
-  idle_.emplace(bytes, std::move(buffer));
+  idle.buffer.retag(idle_category_);
+  const size_t bytes = idle.buffer.bytes();
+  idle_bytes_ += bytes;
+  idle_.emplace(bytes, std::move(idle));
+}
+
+void BufferPool::clear() {
+  for (auto& [bytes, idle] : idle_) idle.wait_settled();
+  idle_.clear();
+  idle_bytes_ = 0;
 }
 
 }  // namespace zerone

@@ -21,11 +21,14 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "zerone/core/dtype.h"
+#include "zerone/core/event.h"
 
 namespace zerone {
 
@@ -148,24 +151,34 @@ class Buffer {
 // engine sets it to its working-set bound, so a burst (a checkpoint gathering every unit) is
 // returned to the system instead of pinned. Idle buffers stay in the ledger under `idle_category`.
 //
+// Note [Pooled reuse after last use]: on a device whose streams run asynchronously a released
+// buffer may still be read or written by work already queued (a kernel on the compute stream, a
+// collective on the comm stream). The user releases it with the events of its last use on each
+// stream that used it (kernels::Backend::record after that use); the pool hands it out again, or
+// frees it, only once every one of them completed. acquire() prefers an idle buffer whose uses
+// are all complete; when every candidate is still in use it waits (the host, Event::wait) for the
+// oldest. Events complete at release are not kept, so on the inline backends (cpu, sim), whose
+// events are complete when recorded, the pool behaves as without events.
+//
 // Thread-safety: none; one owner (the training thread).
 class BufferPool {
  public:
   // New buffers come from `place`, `alignment`-byte aligned (Buffer's rules).
   BufferPool(size_t capacity_bytes, MemCategory idle_category, MemPlace place = MemPlace::device, size_t alignment = 64);
+  ~BufferPool() { clear(); }
   BufferPool(const BufferPool&) = delete;
   BufferPool& operator=(const BufferPool&) = delete;
 
   // A buffer of exactly `bytes` tagged `category`: a kept one if there is one (zero-filled first
-  // when `zeroed`), else a new (zeroed) one. Throws Error like Buffer when memory runs out.
+  // when `zeroed`), after its last uses completed (Note [Pooled reuse after last use]), else a
+  // new (zeroed) one. Throws Error like Buffer when memory runs out.
   Buffer acquire(size_t bytes, MemCategory category, bool zeroed);
-  // Takes `buffer` back for reuse, or frees it if that would exceed the capacity. Empty: no-op.
-  void release(Buffer&& buffer);
-  // Frees every idle buffer.
-  void clear() {
-    idle_.clear();
-    idle_bytes_ = 0;
-  }
+  // Takes `buffer` back for reuse, or frees it if that would exceed the capacity. `last_uses`:
+  // the events of its last use on each stream that used it; the buffer is reused or freed only
+  // after all of them completed (freeing waits for them). Empty buffer: no-op.
+  void release(Buffer&& buffer, std::initializer_list<Event> last_uses = {});
+  // Frees every idle buffer (after its last uses completed).
+  void clear();
   size_t idle_bytes() const { return idle_bytes_; }
   size_t capacity_bytes() const { return capacity_bytes_; }
 
@@ -174,7 +187,14 @@ class BufferPool {
   MemCategory idle_category_;
   MemPlace place_;
   size_t alignment_;
-  std::multimap<size_t, Buffer> idle_;  // by bytes
+  struct Idle {
+    Buffer buffer;
+    std::vector<Event> pending;  // last uses not complete at release (empty on inline backends)
+    // True when every last use completed (drops the ones that did).
+    bool settled();
+    void wait_settled();
+  };
+  std::multimap<size_t, Idle> idle_;  // by bytes; equal sizes in release order
   size_t idle_bytes_ = 0;
 };
 

@@ -17,14 +17,18 @@
 //  - Activations and gradients are f32; parameters are read in their storage dtype.
 //  - Parameter gradients accumulate (+=) unless told otherwise (Note [Fresh gradients] in
 //    nn/flat_param.h); input gradients overwrite unless the kernel says it accumulates.
+//  - Every device operand's extent follows from the shape arguments (the shapes written in the
+//    kernels' headers); a backend may check each whole range (Note [Operand ranges],
+//    kernels/cpu/cpu_backend.h): the simulated device aborts on a range that runs off its allocation.
 //  - Operations returning a host value (a loss, a sum of squares) finish the work they depend on.
 //
 // Note [Streams and events]: work on a device is ordered by streams (compute, comm, copy); an
 // Event marks a point in one stream, another stream or the host can wait on it. The cpu and sim
 // backends run every operation inline on the calling thread, in call order, so their events are
-// complete when recorded. Reuse rule for pooled memory: a buffer goes back to a pool with the event
-// of its last use and is handed out again only after that event completed (BufferPool keeps the
-// rule trivially on inline backends).
+// complete when recorded. Reuse rule for pooled memory: a buffer goes back to a pool with the events
+// of its last use on each stream that used it (record() after that use) and is handed out again,
+// or freed, only after every one of them completed (BufferPool, core/memory.h; on the inline
+// backends at once).
 //
 // Thread-safety: one thread drives a backend's operations (the training thread); the memory arena
 // and the copy operations may also be used from the communication thread. Failures inside an
@@ -38,6 +42,7 @@
 #include <vector>
 
 #include "zerone/core/dtype.h"
+#include "zerone/core/event.h"
 #include "zerone/core/memory.h"
 #include "zerone/kernels/types.h"
 
@@ -50,26 +55,9 @@ DeviceKind parse_device_kind(const std::string& name);
 
 enum class Stream : uint8_t { compute, comm, copy };
 
-// A point in a stream's work (Note [Streams and events]). A default Event is complete.
-class Event {
- public:
-  class Impl {
-   public:
-    virtual ~Impl() = default;
-    virtual bool ready() const = 0;
-    virtual void wait() const = 0;
-  };
-  Event() = default;
-  explicit Event(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
-  bool ready() const { return !impl_ || impl_->ready(); }
-  // The host waits until the work before the event finished.
-  void wait() const {
-    if (impl_) impl_->wait();
-  }
-
- private:
-  std::shared_ptr<const Impl> impl_;
-};
+// A point in a stream's work (Note [Streams and events]); the type lives in core so that pooled
+// memory can keep its last uses (core/event.h). A default Event is complete.
+using Event = zerone::Event;
 
 // Bytes of n values in the packed form of Note [Blockwise quantization] (kernels/cpu/quantize.h).
 size_t quantized_bytes(size_t n, int bits, size_t block);
@@ -137,10 +125,12 @@ class Backend {
                             const SGDHyper& hyper) = 0;
 
   // --- the transformers (kernels/cpu/ops.h) ---
+  // wte (V, C) is the token table (V its rows: the padded vocabulary where the table is padded),
+  // wpe (>= T, C) the position table; only its first T rows are read.
   virtual void embedding_forward(float* out, const int32_t* tokens, const void* wte, const void* wpe, DType param_dtype,
-                                 int B, int T, int C) = 0;
+                                 int B, int T, int C, int V) = 0;
   virtual void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
-                                  int C) = 0;
+                                  int C, int V) = 0;
   virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const void* weight,
                                  const void* bias, DType param_dtype, int N, int C) = 0;
   virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,

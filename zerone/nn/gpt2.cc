@@ -209,7 +209,7 @@ float GPT2::forward(const int32_t* inputs, const int32_t* targets, int B, int T)
   if (have_targets_) backend_.copy_to_device(a.targets.data(), targets, sizeof(int32_t) * N);
 
   hooks_->before_forward(0);
-  backend_.embedding_forward(a.encoded.as<float>(), a.inputs.as<int32_t>(), p(0, kWte), p(0, kWpe), dtype_, B, T, C);  // (B,T,C)
+  backend_.embedding_forward(a.encoded.as<float>(), a.inputs.as<int32_t>(), p(0, kWte), p(0, kWpe), dtype_, B, T, C, Vp);  // (B,T,C)
   hooks_->after_forward(0);
 
   for (int l = 0; l < L; ++l) {
@@ -333,7 +333,7 @@ void GPT2::backward(float grad_scale) {
   }
 
   hooks_->before_backward(0);
-  backend_.embedding_backward(g(0, kWte), g(0, kWpe), dresidual, inputs, B, T, C);
+  backend_.embedding_backward(g(0, kWte), g(0, kWpe), dresidual, inputs, B, T, C, Vp);
   hooks_->after_backward(0);
 }
 

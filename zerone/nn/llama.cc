@@ -227,7 +227,7 @@ float Llama::forward(const int32_t* inputs, const int32_t* targets, int B, int T
   if (have_targets_) backend_.copy_to_device(a.targets.data(), targets, sizeof(int32_t) * N);
 
   hooks_->before_forward(0);
-  backend_.embedding_forward(a.encoded.as<float>(), a.inputs.as<int32_t>(), p(0, 0), nullptr, dtype_, B, T, C);  // (B,T,C)
+  backend_.embedding_forward(a.encoded.as<float>(), a.inputs.as<int32_t>(), p(0, 0), nullptr, dtype_, B, T, C, V);  // (B,T,C)
   hooks_->after_forward(0);
 
   for (int l = 0; l < L; ++l) {
@@ -357,7 +357,7 @@ void Llama::backward(float grad_scale) {
 
   hooks_->before_backward(0);
   if (!tied) accumulate_grads(0, {});
-  backend_.embedding_backward(g(0, 0), nullptr, dresidual, a.inputs.as<int32_t>(), B, T, C);
+  backend_.embedding_backward(g(0, 0), nullptr, dresidual, a.inputs.as<int32_t>(), B, T, C, V);
   hooks_->after_backward(0);
 }
 

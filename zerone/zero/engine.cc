@@ -4,7 +4,7 @@
 #include <utility>
 
 #include "zerone/core/error.h"
-#include "zerone/optim/partial_offload.h"
+#include "zerone/optim/placement.h"
 #include "zerone/zero/places.h"
 
 namespace zerone::zero {
@@ -32,12 +32,17 @@ void ZeroEngine::check(const ZeroConfig& config, int world) {
                "offload_optimizer.ratio ", config.offload_optimizer_ratio, " is out of range: expected [0, 1]");
 }
 
+const ZeroConfig& ZeroEngine::checked(const ZeroConfig& config, int world) {
+  check(config, world);
+  return config;
+}
+
 ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroConfig& config,
                        const optim::OptimizerOptions& optimizer, const Materialize& materialize,
                        const optim::NvmeConfig& nvme)
     : model_(model),
       comm_(comm),
-      config_(config),
+      config_(checked(config, comm.world_size())),  // 1. Check (before anything is sized from it).
       world_(comm.world_size()),
       rank_(comm.rank()),
       num_units_(model.num_units()),
@@ -45,20 +50,19 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
       device_comm_(comm, model.backend()),
       dsize_(dtype_size(model.compute_dtype())),
       pool_(static_cast<size_t>(
-                working_set_bytes(model.unit_numels(), world_, model.compute_dtype(), config).device()),
+                working_set_bytes(model.unit_numels(), world_, model.compute_dtype(), config_).device()),
             MemCategory::comm) {
-  // 1. Check.
-  check(config_, world_);
-
   // 2. Lay out: the shards, where the optimizer state goes, the swap files.
   // Note [Partial optimizer offload]: how much of each optimizer shard is offloaded; a unit's
   // gradient shard (and the delayed update's copies) live where its offloaded part steps.
-  const std::vector<size_t> offloaded = offloaded_optimizer_numels(model.unit_numels(), world_, rank_, config_);
-  size_t offloaded_total = 0, optimizer_total = 0;
-  for (size_t n : offloaded) offloaded_total += n;
-  for (size_t n : optimizer_shard_numels(model.unit_numels(), world_, rank_, config_)) optimizer_total += n;
-  const bool fully_swapped = config_.offload_optimizer == OffloadDevice::nvme && offloaded_total > 0 &&
-                             offloaded_total == optimizer_total;
+  optim::StatePlacement placement;
+  placement.offload_place = offload_place(config_.offload_optimizer);
+  placement.offloaded_numels = offloaded_optimizer_numels(model.unit_numels(), world_, rank_, config_);
+  placement.sub_group_numel = config_.sub_group_numel;
+  placement.offload_buffer_count = config_.offload_buffer_count;
+  placement.nvme = nvme;
+  const bool fully_swapped =
+      optim::swaps_all_state(optimizer_shard_numels(model.unit_numels(), world_, rank_, config_), placement);
   // Note [Streaming construction]: with --offload-param nvme each unit's parameter shard is written
   // to params.swp as soon as the unit is materialized, through at most two pooled staging buffers,
   // so building the engine never holds more than a unit or two of parameters. The optimizer's
@@ -70,11 +74,12 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
                              (model.compute_dtype() == DType::f32 || fully_swapped);
   if (config_.offload_optimizer == OffloadDevice::nvme || config_.offload_param == OffloadDevice::nvme)
     swap_dir_ = std::make_unique<io::SwapDirectory>(nvme.nvme_path, nvme.rank, "--nvme-path");
+  placement.swap_dir = swap_dir_.get();
   std::vector<UnitShard> shards(num_units_);
   std::vector<char> host_accumulators(num_units_);
   for (int u = 0; u < num_units_; ++u) {
     shards[u] = unit_shard(model.units()[u].numel(), world_, rank_, config_);
-    host_accumulators[u] = offloaded[u] > 0 ? 1 : 0;
+    host_accumulators[u] = placement.offloaded_numels[u] > 0 ? 1 : 0;
   }
   if (zeropp_enabled(config_))  // ZeRO++: collective (splits the host groups)
     zeropp_ = std::make_unique<ZeroPlusPlus>(device_comm_, device_, pool_, config_, model.compute_dtype(), shards);
@@ -88,34 +93,25 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
   auto delayed = config_.delayed_update ? std::make_unique<DelayedUpdate>() : nullptr;
   std::vector<void*> optimizer_params;
   std::vector<size_t> optimizer_numels;
-  std::vector<optim::ShardRef> optimizer_shards =
-      take_over_units(materialize, stream_params, offloaded, delayed.get(), optimizer_params, optimizer_numels);
+  std::vector<optim::ShardRef> optimizer_shards = take_over_units(
+      materialize, stream_params, placement.offloaded_numels, delayed.get(), optimizer_params, optimizer_numels);
 
-  // 4. Make the optimizer over the shards.
-  if (offloaded_total > 0 && offloaded_total < optimizer_total) {
-    // speculates() is false here (Note [Partial optimizer offload]): no undo copies, no spare slots.
-    ZERONE_ASSERT(!speculates(config_), "a speculative early step with a partial optimizer offload");
-    optimizer_ = std::make_unique<optim::PartialOffloadOptimizer>(
-        std::move(optimizer_shards), offloaded, model.compute_dtype(), optimizer, offload_place(config_.offload_optimizer),
-        config_.sub_group_numel, config_.offload_buffer_count, nvme, swap_dir_.get());
-  } else if (fully_swapped) {
+  // 4. Make the optimizer over the shards (optim/placement.h picks which from where its state goes).
+  std::vector<optim::ShardRef> in_memory;  // what read_back falls back to
+  if (fully_swapped) {
     // Note [Speculative early step]: every unit but the first (whose gradients are final only at
     // the end of the backward, so it is never updated before the step is validated) gets spare
     // swap slots. With streamed parameters the initial master reads each shard back from params.swp.
-    std::vector<char> spare(num_units_, speculates(config_) ? 1 : 0);
-    if (!spare.empty()) spare[0] = 0;
-    std::vector<optim::ShardRef> in_memory = optimizer_shards;  // what read_back falls back to
-    optimizer_ = std::make_unique<optim::SwappedOptimizer>(
-        std::move(optimizer_shards), model.compute_dtype(), optimizer, config_.sub_group_numel,
-        config_.offload_buffer_count, nvme, *swap_dir_, spare,
-        stream_params ? optim::SwappedOptimizer::ParamSource([&](size_t shard) {
-          return params_->read_back(static_cast<int>(shard), in_memory[shard].param);
-        })
-                      : nullptr);
-  } else {
-    optimizer_ = optim::make_optimizer(std::move(optimizer_shards), model.compute_dtype(), optimizer,
-                                       offloaded_total > 0 ? offload_place(config_.offload_optimizer) : MemPlace::device);
+    placement.spare_slots.assign(num_units_, speculates(config_) ? 1 : 0);
+    if (!placement.spare_slots.empty()) placement.spare_slots[0] = 0;
+    if (stream_params) {
+      in_memory = optimizer_shards;
+      placement.param_source = [&](size_t shard) {
+        return params_->read_back(static_cast<int>(shard), in_memory[shard].param);
+      };
+    }
   }
+  optimizer_ = optim::make_optimizer(std::move(optimizer_shards), model.compute_dtype(), optimizer, placement);
   ZERONE_ASSERT(!grads_->swapped() || fully_swapped, "swapped gradients without a swapped optimizer");
   params_->attach(*optimizer_, stream_params);
   grads_->attach(*optimizer_);

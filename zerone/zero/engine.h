@@ -39,7 +39,7 @@
 #include "zerone/kernels/backend.h"
 #include "zerone/nn/model.h"
 #include "zerone/optim/optimizers.h"
-#include "zerone/optim/swapped.h"
+#include "zerone/optim/swapped.h"  // NvmeConfig
 #include "zerone/zero/grad_reducer.h"
 #include "zerone/zero/param_store.h"
 #include "zerone/zero/partition.h"
@@ -173,6 +173,8 @@ class ZeroEngine : public nn::UnitHooks {
  private:
   // Throws Error for settings no engine can run (the stage, bucket sizes, offload combinations).
   static void check(const ZeroConfig& config, int world);
+  // `config` once check() passed (the constructor's first step, before anything is sized from it).
+  static const ZeroConfig& checked(const ZeroConfig& config, int world);
   // Note [Streaming construction]: materializes each unit, hands it to the parameter store and the
   // gradient reducer, and returns the optimizer's shards; `optimizer_params` and
   // `optimizer_numels` get where the optimizer writes each unit's parameters in memory (null for a

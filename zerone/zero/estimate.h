@@ -22,8 +22,12 @@ struct StageEstimate {
   WorkingSetBytes working_set;  // per rank, bound on transient buffers (Note [Working-set bound])
   int64_t activations = 0;       // per rank on the device, for one micro-batch (live through backward)
   int64_t host_activations = 0;  // per rank on the host (Note [CPU checkpointing] in nn/model.h)
+  // Per rank on the host, for a device that stages collectives (Note [Staged collective bytes]).
+  int64_t staged_collectives = 0;
   int64_t device() const { return model_state.placed.place_total(MemPlace::device) + working_set.device() + activations; }
-  int64_t host() const { return model_state.placed.place_total(MemPlace::host) + working_set.host + host_activations; }
+  int64_t host() const {
+    return model_state.placed.place_total(MemPlace::host) + working_set.host + host_activations + staged_collectives;
+  }
   int64_t nvme() const { return model_state.placed.place_total(MemPlace::nvme); }
   // Bytes in memory (device + host): on this CPU build both are RAM.
   int64_t total() const { return device() + host(); }
@@ -39,9 +43,11 @@ std::string describe_places(const StageEstimate& e);
 // One row per stage (or only `only_stage`), for rank 0 (all ranks hold equal shards). `model` needs
 // no storage (make_model(..., allocate=false)): only its unit shapes and activation table are read.
 // The offload settings of `base` apply to the stages that can use them (optimizer: 1-3; param: 3).
-// The optimizer state is `optimizer`'s (optim::optimizer_state_tensors).
+// The optimizer state is `optimizer`'s (optim::optimizer_state_tensors). `stages_collectives`:
+// the run's device stages collectives through host memory (Note [Staged collective bytes];
+// DeviceCommunicator::staged() at this world size).
 std::vector<StageEstimate> estimate(const nn::Model& model, int world, DType dtype, int micro_batch, int seq,
                                     const ZeroConfig& base, const optim::OptimizerOptions& optimizer,
-                                    std::optional<int> only_stage);
+                                    std::optional<int> only_stage, bool stages_collectives = false);
 
 }  // namespace zerone::zero

@@ -181,7 +181,7 @@ void GradReducer::finish(int u) {
   const size_t S = st.shard.shard_numel;
   auto accumulate = [&](float* acc) {
     accumulate_into(device_, acc, st.reduce_out.as<float>(), S);
-    pool_.release(std::move(st.reduce_out));
+    release_to_pool(pool_, std::move(st.reduce_out), device_);
   };
   if (swapped_) {
     // Note [Gradient swap]: the first micro-step's shard landed in a staging buffer; a later one
@@ -205,13 +205,13 @@ void GradReducer::finish(int u) {
     }
     st.write = io_->start(io::IoOp::write, swap_fd_.get(), swap_path_, acc, st.swap_bytes, st.swap_offset);
     writes_.push_back(u);
-    pool_.release(std::move(st.reduce_src));
+    release_to_pool(pool_, std::move(st.reduce_src), device_);
     return;
   }
   // Accumulate this micro-step's reduced shard (unless it landed in the accumulator directly)
   // and give the full gradients back to the pool.
   if (!st.reduce_out.empty()) accumulate(st.accumulator.as<float>());
-  pool_.release(std::move(st.reduce_src));
+  release_to_pool(pool_, std::move(st.reduce_src), device_);
 }
 
 float* GradReducer::acquire_staging(int u) {

@@ -260,7 +260,7 @@ void ParamStore::ensure(int u) {
 void ParamStore::release(int u) {
   if (!sharded(u)) return;
   wait_gather(u);
-  pool_.release(model_.units()[u].take_params());
+  release_to_pool(pool_, model_.units()[u].take_params(), device_);
 }
 
 std::vector<int> ParamStore::touched_at(int access) const {

@@ -200,4 +200,23 @@ struct WorkingSetBytes {
 WorkingSetBytes working_set_bytes(const std::vector<size_t>& unit_numels, int world, DType dtype,
                                   const ZeroConfig& config);
 
+// Note [Staged collective bytes]: on a device whose memory the host cannot address (sim; cuda
+// until collectives run on the device), DeviceCommunicator stages every collective through host
+// buffers (host.comm in the ledger) that live from its submission until it is waited for (Note
+// [Collective endpoints] in comm/communicator.h). At world 1 nothing is staged. Per rank, with P
+// the padded units, ds the compute dtype's size and W the working set above, a bound on those
+// in flight at once:
+//   stage 0   the last micro-step's gradient all-reduces, every bucket in flight: 4 sum P;
+//   stage 1   its reduce-scatters, 4 P each, all in flight; after the step every unit's
+//             parameter all-gather (ds P each), which starts once the reductions ended: 4 sum P;
+//   stage 2   reduce-scatters only while their full gradients are held: W.grad; the
+//             all-gathers after the step as stage 1: max(W.grad, ds sum P);
+//   stage 3   gathers in flight only into gathered buffers, reductions only from held full
+//             gradients: W.param + W.grad;
+// plus kStagedScalarBytes for the scalar all-reduces (loss, gradient norm, overflow flag) that
+// may overlap them. ZeRO++'s collectives (zeropp.h) are not counted here.
+constexpr int64_t kStagedScalarBytes = 64;
+int64_t staged_collective_bytes(const std::vector<size_t>& unit_numels, int world, DType dtype,
+                                const ZeroConfig& config);
+
 }  // namespace zerone::zero

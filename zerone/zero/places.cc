@@ -32,4 +32,9 @@ void with_host_view(kernels::Backend& device, const void* data, MemPlace place, 
   fn(host.data());
 }
 
+void release_to_pool(BufferPool& pool, Buffer&& buffer, kernels::Backend& device) {
+  if (buffer.empty()) return;
+  pool.release(std::move(buffer), {device.record(kernels::Stream::compute), device.record(kernels::Stream::comm)});
+}
+
 }  // namespace zerone::zero

@@ -27,4 +27,10 @@ double sum_squares_and_copy(kernels::Backend& device, const float* grad, size_t 
 void with_host_view(kernels::Backend& device, const void* data, MemPlace place, size_t bytes,
                     const std::function<void(const void* host)>& fn);
 
+// Gives a working-set buffer (full gradients, gathered parameters, landing shards) back to `pool`
+// with the events of its last use on the streams that touch such buffers: compute (kernels) and
+// comm (collectives). The pool reuses or frees it only after both completed (Note [Pooled reuse
+// after last use], core/memory.h); on the inline backends at once.
+void release_to_pool(BufferPool& pool, Buffer&& buffer, kernels::Backend& device);
+
 }  // namespace zerone::zero

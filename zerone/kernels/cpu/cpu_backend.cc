@@ -15,6 +15,16 @@
 
 namespace zerone::kernels::cpu {
 
+namespace {
+// Extents of operands (Note [Operand ranges]), in elements.
+size_t sz(int n) { return static_cast<size_t>(n); }
+size_t conv_in_numel(const Conv2dShape& s) { return sz(s.N) * activation_numel(s.C, s.H, s.W, s.src_layout); }
+size_t conv_out_numel(const Conv2dShape& s) { return sz(s.N) * activation_numel(s.OC, s.OH(), s.OW(), s.dst_layout); }
+size_t conv_weight_numel(const Conv2dShape& s) { return sz(s.OC) * s.C * s.KH * s.KW; }
+size_t pool_in_numel(const Pool2dShape& s) { return sz(s.N) * activation_numel(s.C, s.H, s.W, s.layout); }
+size_t pool_out_numel(const Pool2dShape& s) { return sz(s.N) * activation_numel(s.C, s.OH(), s.OW(), s.layout); }
+}  // namespace
+
 std::string CpuBackend::description() const { return str_cat("cpu (oneDNN ", onednn_version_string(), ")"); }
 
 void CpuBackend::copy(void* dst, MemPlace dst_place, const void* src, MemPlace src_place, size_t bytes) {
@@ -31,8 +41,8 @@ void CpuBackend::fill_zero(void* dst, size_t bytes) {
 
 void CpuBackend::convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n) {
   if (n == 0) return;
-  dst = dev(dst);
-  src = dev(src);
+  dst = dev_param(dst, n, dst_dtype);
+  src = dev_param(src, n, src_dtype);
   if (src_dtype == DType::f32) {
     convert_from_f32(static_cast<const float*>(src), dst, dst_dtype, n);
   } else {
@@ -43,147 +53,171 @@ void CpuBackend::convert(void* dst, DType dst_dtype, const void* src, DType src_
 
 void CpuBackend::quantize_blockwise(const void* src, DType src_dtype, size_t n, int bits, size_t block, void* out) {
   if (n == 0) return;
-  cpu::quantize_blockwise(operand(src, n * dtype_size(src_dtype)), src_dtype, n, bits, block,
-                          operand(out, cpu::quantized_bytes(n, bits, block)));
+  cpu::quantize_blockwise(dev_param(src, n, src_dtype), src_dtype, n, bits, block,
+                          dev_bytes(out, cpu::quantized_bytes(n, bits, block)));
 }
 
 void CpuBackend::dequantize_blockwise(const void* in, size_t n, int bits, size_t block, void* dst, DType dst_dtype,
                                       bool accumulate) {
   if (n == 0) return;
-  cpu::dequantize_blockwise(operand(in, cpu::quantized_bytes(n, bits, block)), n, bits, block,
-                            operand(dst, n * dtype_size(dst_dtype)), dst_dtype, accumulate);
+  cpu::dequantize_blockwise(dev_bytes(in, cpu::quantized_bytes(n, bits, block)), n, bits, block,
+                            dev_param(dst, n, dst_dtype), dst_dtype, accumulate);
 }
 
 void CpuBackend::accumulate(float* dst, const float* src, size_t n) {
-  cpu::accumulate(dev(dst), dev(src), n);
+  cpu::accumulate(dev(dst, n), dev(src, n), n);
 }
 
 double CpuBackend::sum_squares(const float* x, size_t n, float* copy_to) {
-  return cpu::sum_squares(dev(x), n, dev(copy_to));
+  return cpu::sum_squares(dev(x, n), n, dev(copy_to, n));
 }
 
 double CpuBackend::sum(const float* x, size_t n) {
-  return cpu::sum(dev(x), n);
+  return cpu::sum(dev(x, n), n);
 }
 
 bool CpuBackend::all_finite(const float* x, size_t n) {
-  return cpu::all_finite(dev(x), n);
+  return cpu::all_finite(dev(x, n), n);
 }
 
 double CpuBackend::adamw_update(float* master, float* m, float* v, const float* grad, void* param, DType param_dtype, size_t n, const AdamWHyper& hyper) {
-  return cpu::adamw_update(dev(master), dev(m), dev(v), dev(grad), dev(param), param_dtype, n, hyper);
+  return cpu::adamw_update(dev(master, n), dev(m, n), dev(v, n), dev(grad, n), dev_param(param, n, param_dtype), param_dtype, n,
+                           hyper);
 }
 
 double CpuBackend::sgd_update(float* master, float* momentum, const float* grad, void* param, DType param_dtype, size_t n, const SGDHyper& hyper) {
-  return cpu::sgd_update(dev(master), dev(momentum), dev(grad), dev(param), param_dtype, n, hyper);
+  return cpu::sgd_update(dev(master, n), dev(momentum, n), dev(grad, n), dev_param(param, n, param_dtype), param_dtype, n,
+                         hyper);
 }
 
-void CpuBackend::embedding_forward(float* out, const int32_t* tokens, const void* wte, const void* wpe, DType param_dtype, int B, int T, int C) {
-  cpu::embedding_forward(dev(out), dev(tokens), dev(wte), dev(wpe), param_dtype, B, T, C);
+void CpuBackend::embedding_forward(float* out, const int32_t* tokens, const void* wte, const void* wpe, DType param_dtype, int B, int T, int C, int V) {
+  const size_t BT = sz(B) * T;
+  cpu::embedding_forward(dev(out, BT * C), dev(tokens, BT), dev_param(wte, sz(V) * C, param_dtype),
+                         dev_param(wpe, sz(T) * C, param_dtype), param_dtype, B, T, C);
 }
 
-void CpuBackend::embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C) {
-  cpu::embedding_backward(dev(dwte), dev(dwpe), dev(dout), dev(tokens), B, T, C);
+void CpuBackend::embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C, int V) {
+  const size_t BT = sz(B) * T;
+  cpu::embedding_backward(dev(dwte, sz(V) * C), dev(dwpe, sz(T) * C), dev(dout, BT * C), dev(tokens, BT), B, T, C);
 }
 
 void CpuBackend::layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const void* weight, const void* bias, DType param_dtype, int N, int C) {
-  cpu::layernorm_forward(dev(out), dev(mean), dev(rstd), dev(inp), dev(weight), dev(bias), param_dtype, N, C);
+  const size_t NC = sz(N) * C;
+  cpu::layernorm_forward(dev(out, NC), dev(mean, N), dev(rstd, N), dev(inp, NC), dev_param(weight, C, param_dtype),
+                         dev_param(bias, C, param_dtype), param_dtype, N, C);
 }
 
 void CpuBackend::layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const void* weight, DType param_dtype, const float* mean, const float* rstd, int N, int C) {
-  cpu::layernorm_backward(dev(dinp), dev(dweight), dev(dbias), dev(dout), dev(inp), dev(weight), param_dtype, dev(mean), dev(rstd), N, C);
+  const size_t NC = sz(N) * C;
+  cpu::layernorm_backward(dev(dinp, NC), dev(dweight, C), dev(dbias, C), dev(dout, NC), dev(inp, NC),
+                          dev_param(weight, C, param_dtype), param_dtype, dev(mean, N), dev(rstd, N), N, C);
 }
 
 void CpuBackend::linear_forward(float* out, const float* inp, const void* weight, const void* bias, DType param_dtype, int N, int C, int OC) {
-  cpu::linear_forward(dev(out), dev(inp), dev(weight), dev(bias), param_dtype, N, C, OC);
+  cpu::linear_forward(dev(out, sz(N) * OC), dev(inp, sz(N) * C), dev_param(weight, sz(OC) * C, param_dtype),
+                      dev_param(bias, OC, param_dtype), param_dtype, N, C, OC);
 }
 
 void CpuBackend::linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const void* weight, DType param_dtype, int N, int C, int OC, bool accumulate_param_grads) {
-  cpu::linear_backward(dev(dinp), dev(dweight), dev(dbias), dev(dout), dev(inp), dev(weight), param_dtype, N, C, OC, accumulate_param_grads);
+  cpu::linear_backward(dev(dinp, sz(N) * C), dev(dweight, sz(OC) * C), dev(dbias, OC), dev(dout, sz(N) * OC),
+                       dev(inp, sz(N) * C), dev_param(weight, sz(OC) * C, param_dtype), param_dtype, N, C, OC,
+                       accumulate_param_grads);
 }
 
 void CpuBackend::attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
-  cpu::attention_forward(dev(out), dev(att), dev(qkv), B, T, C, NH);
+  const size_t BT = sz(B) * T, att_n = sz(B) * NH * T * T;
+  cpu::attention_forward(dev(out, BT * C), dev(att, att_n), dev(qkv, BT * 3 * C), B, T, C, NH);
 }
 
 void CpuBackend::attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C, int NH) {
-  cpu::attention_backward(dev(dqkv), dev(dout), dev(qkv), dev(att), B, T, C, NH);
+  const size_t BT = sz(B) * T, att_n = sz(B) * NH * T * T;
+  cpu::attention_backward(dev(dqkv, BT * 3 * C), dev(dout, BT * C), dev(qkv, BT * 3 * C), dev(att, att_n), B, T, C,
+                          NH);
 }
 
 void CpuBackend::gqa_attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int NKV, int hs) {
-  cpu::gqa_attention_forward(dev(out), dev(att), dev(qkv), B, T, NH, NKV, hs);
+  const size_t BT = sz(B) * T, att_n = sz(B) * NH * T * T, qkv_n = BT * (NH + 2 * NKV) * hs;
+  cpu::gqa_attention_forward(dev(out, BT * NH * hs), dev(att, att_n), dev(qkv, qkv_n), B, T, NH, NKV, hs);
 }
 
 void CpuBackend::gqa_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int NH, int NKV, int hs) {
-  cpu::gqa_attention_backward(dev(dqkv), dev(dout), dev(qkv), dev(att), B, T, NH, NKV, hs);
+  const size_t BT = sz(B) * T, att_n = sz(B) * NH * T * T, qkv_n = BT * (NH + 2 * NKV) * hs;
+  cpu::gqa_attention_backward(dev(dqkv, qkv_n), dev(dout, BT * NH * hs), dev(qkv, qkv_n), dev(att, att_n), B, T, NH,
+                              NKV, hs);
 }
 
 void CpuBackend::rmsnorm_forward(float* out, float* rstd, const float* inp, const void* weight, DType param_dtype, int N, int C, float eps) {
-  cpu::rmsnorm_forward(dev(out), dev(rstd), dev(inp), dev(weight), param_dtype, N, C, eps);
+  const size_t NC = sz(N) * C;
+  cpu::rmsnorm_forward(dev(out, NC), dev(rstd, N), dev(inp, NC), dev_param(weight, C, param_dtype), param_dtype, N, C,
+                       eps);
 }
 
 void CpuBackend::rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const void* weight, DType param_dtype, const float* rstd, int N, int C) {
-  cpu::rmsnorm_backward(dev(dinp), dev(dweight), dev(dout), dev(inp), dev(weight), param_dtype, dev(rstd), N, C);
+  const size_t NC = sz(N) * C;
+  cpu::rmsnorm_backward(dev(dinp, NC), dev(dweight, C), dev(dout, NC), dev(inp, NC), dev_param(weight, C, param_dtype),
+                        param_dtype, dev(rstd, N), N, C);
 }
 
 void CpuBackend::rope_forward(float* x, const float* inv_freq, int B, int T, int stride, int heads, int hs) {
-  cpu::rope_forward(dev(x), dev(inv_freq), B, T, stride, heads, hs);
+  cpu::rope_forward(dev(x, sz(B) * T * stride), dev(inv_freq, sz(hs) / 2), B, T, stride, heads, hs);
 }
 
 void CpuBackend::rope_backward(float* dx, const float* inv_freq, int B, int T, int stride, int heads, int hs) {
-  cpu::rope_backward(dev(dx), dev(inv_freq), B, T, stride, heads, hs);
+  cpu::rope_backward(dev(dx, sz(B) * T * stride), dev(inv_freq, sz(hs) / 2), B, T, stride, heads, hs);
 }
 
 void CpuBackend::swiglu_forward(float* out, const float* inp, int N, int F) {
-  cpu::swiglu_forward(dev(out), dev(inp), N, F);
+  cpu::swiglu_forward(dev(out, sz(N) * F), dev(inp, sz(N) * 2 * F), N, F);
 }
 
 void CpuBackend::swiglu_backward(float* dinp, const float* dout, const float* inp, int N, int F) {
-  cpu::swiglu_backward(dev(dinp), dev(dout), dev(inp), N, F);
+  cpu::swiglu_backward(dev(dinp, sz(N) * 2 * F), dev(dout, sz(N) * F), dev(inp, sz(N) * 2 * F), N, F);
 }
 
 void CpuBackend::gelu_forward(float* out, const float* inp, size_t n) {
-  cpu::gelu_forward(dev(out), dev(inp), n);
+  cpu::gelu_forward(dev(out, n), dev(inp, n), n);
 }
 
 void CpuBackend::gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
-  cpu::gelu_backward(dev(dinp), dev(inp), dev(dout), n);
+  cpu::gelu_backward(dev(dinp, n), dev(inp, n), dev(dout, n), n);
 }
 
 void CpuBackend::residual_forward(float* out, const float* a, const float* b, size_t n) {
-  cpu::residual_forward(dev(out), dev(a), dev(b), n);
+  cpu::residual_forward(dev(out, n), dev(a, n), dev(b, n), n);
 }
 
 void CpuBackend::crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets, int N, int V, int Vp) {
-  cpu::crossentropy_forward(dev(losses), dev(lse), dev(logits), dev(targets), N, V, Vp);
+  cpu::crossentropy_forward(dev(losses, N), dev(lse, N), dev(logits, sz(N) * Vp), dev(targets, N), N, V, Vp);
 }
 
 void CpuBackend::crossentropy_backward(float* dlogits, const float* logits, const float* lse, const int32_t* targets, float dloss, int N, int V, int Vp) {
-  cpu::crossentropy_backward(dev(dlogits), dev(logits), dev(lse), dev(targets), dloss, N, V, Vp);
+  cpu::crossentropy_backward(dev(dlogits, sz(N) * Vp), dev(logits, sz(N) * Vp), dev(lse, N), dev(targets, N), dloss, N,
+                             V, Vp);
 }
 
 void CpuBackend::relu_forward(float* out, const float* inp, size_t n) {
-  cpu::relu_forward(dev(out), dev(inp), n);
+  cpu::relu_forward(dev(out, n), dev(inp, n), n);
 }
 
 void CpuBackend::relu_backward(float* dinp, const float* dout, const float* out, size_t n) {
-  cpu::relu_backward(dev(dinp), dev(dout), dev(out), n);
+  cpu::relu_backward(dev(dinp, n), dev(dout, n), dev(out, n), n);
 }
 
 void CpuBackend::dropout_forward(float* out, const float* inp, int N, size_t per_sample, float p, const DropoutKey& key) {
-  cpu::dropout_forward(dev(out), dev(inp), N, per_sample, p, key);
+  cpu::dropout_forward(dev(out, sz(N) * per_sample), dev(inp, sz(N) * per_sample), N, per_sample, p, key);
 }
 
 void CpuBackend::dropout_backward(float* dinp, const float* dout, int N, size_t per_sample, float p, const DropoutKey& key) {
-  cpu::dropout_backward(dev(dinp), dev(dout), N, per_sample, p, key);
+  cpu::dropout_backward(dev(dinp, sz(N) * per_sample), dev(dout, sz(N) * per_sample), N, per_sample, p, key);
 }
 
 float CpuBackend::softmax_cross_entropy_forward(float* probs, float* losses, const float* logits, const int32_t* labels, int N, int K, int64_t* correct) {
-  return cpu::softmax_cross_entropy_forward(dev(probs), dev(losses), dev(logits), dev(labels), N, K, correct);
+  return cpu::softmax_cross_entropy_forward(dev(probs, sz(N) * K), dev(losses, N), dev(logits, sz(N) * K), dev(labels, N),
+                                            N, K, correct);
 }
 
 void CpuBackend::softmax_cross_entropy_backward(float* dlogits, const float* probs, const int32_t* labels, int N, int K, float scale) {
-  cpu::softmax_cross_entropy_backward(dev(dlogits), dev(probs), dev(labels), N, K, scale);
+  cpu::softmax_cross_entropy_backward(dev(dlogits, sz(N) * K), dev(probs, sz(N) * K), dev(labels, N), N, K, scale);
 }
 
 int CpuBackend::activation_channel_block() {
@@ -195,19 +229,23 @@ size_t CpuBackend::activation_numel(int C, int H, int W, ActLayout layout) {
 }
 
 void CpuBackend::activation_to_plain(float* out, const float* blocked, int N, int C, int H, int W) {
-  cpu::activation_to_plain(dev(out), dev(blocked), N, C, H, W);
+  cpu::activation_to_plain(dev(out, sz(N) * C * H * W),
+                           dev(blocked, sz(N) * cpu::activation_numel(C, H, W, ActLayout::blocked)), N, C, H, W);
 }
 
 void CpuBackend::activation_to_blocked(float* out, const float* plain, int N, int C, int H, int W) {
-  cpu::activation_to_blocked(dev(out), dev(plain), N, C, H, W);
+  cpu::activation_to_blocked(dev(out, sz(N) * cpu::activation_numel(C, H, W, ActLayout::blocked)),
+                             dev(plain, sz(N) * C * H * W), N, C, H, W);
 }
 
 void CpuBackend::conv2d_forward(float* out, const float* inp, const float* weight, const float* bias, const Conv2dShape& s) {
-  cpu::conv2d_forward(dev(out), dev(inp), dev(weight), dev(bias), s);
+  cpu::conv2d_forward(dev(out, conv_out_numel(s)), dev(inp, conv_in_numel(s)), dev(weight, conv_weight_numel(s)), dev(bias, s.OC), s);
 }
 
 void CpuBackend::conv2d_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, const Conv2dShape& s, bool accumulate_param_grads) {
-  cpu::conv2d_backward(dev(dinp), dev(dweight), dev(dbias), dev(dout), dev(inp), dev(weight), s, accumulate_param_grads);
+  cpu::conv2d_backward(dev(dinp, conv_in_numel(s)), dev(dweight, conv_weight_numel(s)), dev(dbias, s.OC),
+                       dev(dout, conv_out_numel(s)), dev(inp, conv_in_numel(s)), dev(weight, conv_weight_numel(s)), s,
+                       accumulate_param_grads);
 }
 
 size_t CpuBackend::maxpool2d_workspace_bytes(const Pool2dShape& s) {
@@ -215,11 +253,13 @@ size_t CpuBackend::maxpool2d_workspace_bytes(const Pool2dShape& s) {
 }
 
 void CpuBackend::maxpool2d_forward(float* out, void* workspace, const float* inp, const Pool2dShape& s) {
-  cpu::maxpool2d_forward(dev(out), dev(workspace), dev(inp), s);
+  cpu::maxpool2d_forward(dev(out, pool_out_numel(s)), dev_bytes(workspace, cpu::maxpool2d_workspace_bytes(s)),
+                         dev(inp, pool_in_numel(s)), s);
 }
 
 void CpuBackend::maxpool2d_backward(float* dinp, const float* dout, const void* workspace, const Pool2dShape& s) {
-  cpu::maxpool2d_backward(dev(dinp), dev(dout), dev(workspace), s);
+  cpu::maxpool2d_backward(dev(dinp, pool_in_numel(s)), dev(dout, pool_out_numel(s)),
+                          dev_bytes(workspace, cpu::maxpool2d_workspace_bytes(s)), s);
 }
 
 }  // namespace zerone::kernels::cpu

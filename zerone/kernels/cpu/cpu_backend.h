@@ -3,10 +3,11 @@
 // other backend. Also the host backend of every build (kernels::host_backend()): optimizers with
 // state on the host run their updates through it.
 //
-// Every device operand passes through operand() on its way to a kernel: here the identity. A
-// backend that runs these same kernels on memory the host reaches another way (the simulated
-// device, kernels/sim) derives from this class and overrides operand() with its translation, so
-// the operations are written once.
+// Every device operand, with the extent the operation touches (Note [Operand ranges]), passes
+// through dev() on its way to a kernel: here the identity. A backend that runs these same kernels
+// on memory the host reaches another way (the simulated device, kernels/sim) derives from this
+// class and overrides operand() with its translation and range check, so the operations are
+// written once.
 // Thread-safety: as Backend; the object holds no mutable state.
 #pragma once
 
@@ -39,9 +40,9 @@ class CpuBackend : public Backend {
                     const SGDHyper& hyper) override;
 
   void embedding_forward(float* out, const int32_t* tokens, const void* wte, const void* wpe, DType param_dtype, int B,
-                         int T, int C) override;
+                         int T, int C, int V) override;
   void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
-                          int C) override;
+                          int C, int V) override;
   void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const void* weight, const void* bias,
                          DType param_dtype, int N, int C) override;
   void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
@@ -96,11 +97,38 @@ class CpuBackend : public Backend {
   void maxpool2d_forward(float* out, void* workspace, const float* inp, const Pool2dShape& s) override;
   void maxpool2d_backward(float* dinp, const float* dout, const void* workspace, const Pool2dShape& s) override;
 
+ public:
+  CpuBackend() = default;
+
  protected:
-  // Where the kernels reach the `bytes` of device memory at p (the identity here). Never called with null.
+  // For a derived backend whose device memory the kernels reach through a translation (sim): every
+  // device operand then passes through operand(). The cpu backend never sets it, so its operands
+  // cost one predictable branch and no virtual call (Note [Operand ranges]).
+  struct TranslatesOperands {};
+  explicit CpuBackend(TranslatesOperands) : translates_operands_(true) {}
+
+  // Where the kernels reach the `bytes` of device memory at p (the identity here). Never called with
+  // null. An override checks the whole range [p, p + bytes) and aborts when it is not device memory.
   virtual void* operand(const void* p, size_t bytes) const { return const_cast<void*>(p); }
-  // Device operand p as the kernels see it (null stays null).
-  template <typename T> T* dev(T* p) const { return p ? static_cast<T*>(operand(p, 1)) : nullptr; }
+
+  // Note [Operand ranges]: each operation names the extent of every device operand it reads or
+  // writes, from its shape arguments (the extents the kernels' headers state), so that a backend
+  // that translates operands checks the whole range an operation touches, not its first byte: a
+  // range that runs off its device allocation (a wrong shape, a short buffer) aborts on sim instead
+  // of reading a neighbour. dev(p, n) is n elements of T, dev_param(p, n, dtype) n parameters in
+  // their storage dtype, dev_bytes(p, bytes) raw bytes. Null stays null.
+  template <typename T> T* dev(T* p, size_t n) const {
+    if (!translates_operands_ || p == nullptr) return p;
+    return static_cast<T*>(operand(p, n * sizeof(T)));
+  }
+  template <typename T> T* dev_bytes(T* p, size_t bytes) const {
+    if (!translates_operands_ || p == nullptr) return p;
+    return static_cast<T*>(operand(p, bytes));
+  }
+  template <typename T> T* dev_param(T* p, size_t n, DType dtype) const { return dev_bytes(p, n * dtype_size(dtype)); }
+
+ private:
+  const bool translates_operands_ = false;
 };
 
 }  // namespace zerone::kernels::cpu

@@ -47,6 +47,7 @@ void* SimArena::allocate(size_t bytes, size_t alignment) {
     const size_t offset = it->first, left = it->second - need;
     free_.erase(it);
     if (left > 0) free_.emplace(offset + need, left);
+    live_.emplace(offset, bytes);
     return device_ + offset;
   }
   return nullptr;
@@ -59,6 +60,7 @@ void SimArena::deallocate(void* data, size_t bytes, size_t) noexcept {
   if (::fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset), static_cast<off_t>(size)) != 0)
     std::memset(shadow_ + offset, 0, size);
   std::lock_guard<std::mutex> lock(mutex_);
+  live_.erase(offset);
   auto [it, inserted] = free_.emplace(offset, size);
   ZERONE_ASSERT(inserted, "sim: double free at device offset ", offset);
   if (auto next = std::next(it); next != free_.end() && it->first + it->second == next->first) {
@@ -76,18 +78,43 @@ void SimArena::deallocate(void* data, size_t bytes, size_t) noexcept {
 
 void SimArena::zero(void* data, size_t bytes) { std::memset(translate(data, bytes, "zero"), 0, bytes); }
 
-bool SimArena::contains(const void* p, size_t bytes) const {
+bool SimArena::contains(const void* p) const {
   const char* c = static_cast<const char*>(p);
-  return c >= device_ && c < device_ + capacity_ && bytes <= static_cast<size_t>(device_ + capacity_ - c);
+  return c >= device_ && c < device_ + capacity_;
 }
 
 void* SimArena::translate(const void* p, size_t bytes, const char* what) const {
-  if (!contains(p, bytes)) {
-    // An internal invariant: a host pointer reached a device operand (or a range runs off the end).
+  if (!contains(p)) {
+    // An internal invariant: a host pointer reached a device operand.
     std::fprintf(stderr, "zerone: internal error: --device sim: %s %p (%zu bytes) is not device memory\n", what, p, bytes);
     std::abort();
   }
-  return shadow_ + (static_cast<const char*>(p) - device_);
+  const size_t offset = static_cast<size_t>(static_cast<const char*>(p) - device_);
+  size_t start = 0, size = 0;
+  bool found = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (auto it = live_.upper_bound(offset); it != live_.begin()) {
+      --it;
+      start = it->first;
+      size = it->second;
+      found = offset - start <= size;  // one past the end holds an empty range
+    }
+  }
+  if (!found) {
+    std::fprintf(stderr, "zerone: internal error: --device sim: %s %p (%zu bytes) is not device memory in use\n", what,
+                 p, bytes);
+    std::abort();
+  }
+  if (bytes > size - (offset - start)) {
+    // A range that runs past its allocation: a wrong shape or a short buffer.
+    std::fprintf(stderr,
+                 "zerone: internal error: --device sim: %s %p (%zu bytes) runs %zu bytes past its device allocation "
+                 "(%zu bytes)\n",
+                 what, p, bytes, bytes - (size - (offset - start)), size);
+    std::abort();
+  }
+  return shadow_ + offset;
 }
 
 namespace {
@@ -100,7 +127,7 @@ size_t sim_capacity_bytes() {
 }
 }  // namespace
 
-SimBackend::SimBackend() : arena_(sim_capacity_bytes()) {}
+SimBackend::SimBackend() : CpuBackend(TranslatesOperands{}), arena_(sim_capacity_bytes()) {}
 
 std::string SimBackend::description() const {
   return str_cat("sim (simulated device over ", CpuBackend::description(), ")");

@@ -5,7 +5,9 @@
 // addresses in the first mapping, which is PROT_NONE: the CPU faults on any load or store there.
 // The backend alone knows the second, read-write mapping of the same pages; every operation
 // translates its device operands into it (checking that each one is device memory) and runs the
-// cpu kernels there, so results are bit for bit the cpu backend's. Freed ranges are punched out of
+// cpu kernels there, so results are bit for bit the cpu backend's. Each operand is checked over the
+// whole range the operation touches: a range that runs past the bytes its allocation asked for
+// aborts even inside the allocation's last page. Freed ranges are punched out of
 // the memfd (the pages go back to the system and read as zero when handed out again), which keeps
 // the arena's zero-fill contract without a host write.
 //
@@ -37,9 +39,11 @@ class SimArena final : public MemoryArena {
   void deallocate(void* data, size_t bytes, size_t alignment) noexcept override;
   void zero(void* data, size_t bytes) override;
 
-  // True when [p, p + bytes) lies inside the device mapping.
-  bool contains(const void* p, size_t bytes = 1) const;
-  // The backend's view of device address p (aborts, naming `what`, when p is not device memory).
+  // True when p lies inside the device mapping (allocated or not): place_of's answer.
+  bool contains(const void* p) const;
+  // The backend's view of the device range [p, p + bytes). Aborts (an internal invariant), naming
+  // `what`, when p is not device memory or when the range runs off the end of the allocation
+  // holding p (Note [Operand ranges], kernels/cpu/cpu_backend.h).
   void* translate(const void* p, size_t bytes, const char* what) const;
 
  private:
@@ -49,6 +53,7 @@ class SimArena final : public MemoryArena {
   char* shadow_ = nullptr;  // read-write view: what the kernels touch
   mutable std::mutex mutex_;
   std::map<size_t, size_t> free_;  // offset -> bytes, coalesced
+  std::map<size_t, size_t> live_;  // offset -> bytes asked for, of every allocation in use
 };
 
 // The simulated device: the cpu backend's operations (written once, in cpu/cpu_backend.cc) with
@@ -66,7 +71,8 @@ class SimBackend final : public cpu::CpuBackend {
   void copy(void* dst, MemPlace dst_place, const void* src, MemPlace src_place, size_t bytes) override;
 
  protected:
-  // Aborts (an internal invariant) when [p, p + bytes) is not device memory.
+  // Aborts (an internal invariant) when [p, p + bytes) is not inside one live device allocation
+  // (Note [Operand ranges] in kernels/cpu/cpu_backend.h).
   void* operand(const void* p, size_t bytes) const override { return arena_.translate(p, bytes, "operand"); }
 
  private:

@@ -38,6 +38,24 @@ inline std::string device_test_name(const ::testing::TestParamInfo<kernels::Devi
   return kernels::device_kind_name(info.param);
 }
 
+// `n` elements of device memory at `p` (memory of `backend`'s device), copied to the host through
+// the backend: the only way a test may read a model's parameters, gradients or logits.
+template <typename T>
+std::vector<T> to_host(kernels::Backend& backend, const T* p, size_t n) {
+  std::vector<T> out(n);
+  backend.copy_to_host(out.data(), p, n * sizeof(T));
+  return out;
+}
+
+// A new device buffer (of the current device) of `n` floats, each `value`, written through the
+// backend; the caller owns it.
+inline Buffer device_floats(size_t n, float value, MemCategory category) {
+  Buffer out(n * sizeof(float), category);
+  const std::vector<float> host(n, value);
+  kernels::device_backend().copy_to_device(out.data(), host.data(), n * sizeof(float));
+  return out;
+}
+
 class TempDir {
  public:
   TempDir() {

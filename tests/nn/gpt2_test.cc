@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 
+#include "tests/test_util.h"
 #include "zerone/core/error.h"
 #include "zerone/core/rng.h"
 #include "zerone/nn/gpt2.h"
@@ -57,24 +58,6 @@ TEST(FlatParam, PaddedToAlignmentAndTensorsBackToBack) {
   EXPECT_EQ(total, model.config().num_parameters());
 }
 
-TEST(GPT2, InitIsDeterministicAndHasGpt2Statistics) {
-  GPT2Config c = parse_model_spec("gpt2:layers=2,dim=64,heads=4,vocab=100,ctx=16");
-  GPT2 a(c, DType::f32), b(c, DType::f32);
-  a.init_weights(7);
-  b.init_weights(7);
-  const FlatParam& ua = a.units()[1];
-  EXPECT_EQ(std::memcmp(ua.data(), b.units()[1].data(), ua.numel() * 4), 0);
-  const float* qkvw = static_cast<const float*>(ua.param(kQkvw));
-  double sq = 0;
-  size_t n = ua.tensors()[kQkvw].numel();
-  for (size_t i = 0; i < n; ++i) sq += qkvw[i] * qkvw[i];
-  EXPECT_NEAR(std::sqrt(sq / n), 0.02, 0.002);
-  const float* ln1w = static_cast<const float*>(ua.param(kLn1w));
-  EXPECT_EQ(ln1w[0], 1.0f);
-  const float* wte = static_cast<const float*>(a.units()[0].param(kWte));
-  EXPECT_EQ(wte[100 * 64], 0.0f) << "padded vocabulary rows start at zero";
-}
-
 // Two twin models of the small test spec with the same weights, and n random (input, target) ids.
 struct Twins {
   GPT2Config config = parse_model_spec("gpt2:layers=2,dim=32,heads=2,vocab=40,ctx=16");
@@ -88,11 +71,51 @@ struct Twins {
   }
 };
 
-TEST(GPT2, GradientAccumulationEqualsFullBatch) {
+}  // namespace
+}  // namespace zerone::nn
+
+// The model's own tests on every device (tests/test_util.h): parameters and gradients cross to the
+// host through the model's backend. (Outside namespace nn: the fixture is named GPT2.)
+namespace zerone {
+namespace {
+
+using nn::FlatParam;
+using nn::GPT2Config;
+using nn::parse_model_spec;
+using testing::to_host;
+
+class GPT2 : public ::testing::TestWithParam<kernels::DeviceKind> {
+ protected:
+  testing::DeviceScope device_{GetParam()};
+};
+INSTANTIATE_TEST_SUITE_P(Devices, GPT2, testing::every_device(), testing::device_test_name);
+
+TEST_P(GPT2, InitIsDeterministicAndHasGpt2Statistics) {
+  GPT2Config c = parse_model_spec("gpt2:layers=2,dim=64,heads=4,vocab=100,ctx=16");
+  nn::GPT2 a(c, DType::f32), b(c, DType::f32);
+  a.init_weights(7);
+  b.init_weights(7);
+  const FlatParam& ua = a.units()[1];
+  const std::vector<float> pa = to_host(a.backend(), static_cast<const float*>(ua.data()), ua.numel());
+  const std::vector<float> pb = to_host(b.backend(), static_cast<const float*>(b.units()[1].data()), ua.numel());
+  EXPECT_EQ(std::memcmp(pa.data(), pb.data(), ua.numel() * 4), 0);
+  const float* qkvw = pa.data() + ua.tensors()[nn::kQkvw].offset;
+  double sq = 0;
+  size_t n = ua.tensors()[nn::kQkvw].numel();
+  for (size_t i = 0; i < n; ++i) sq += qkvw[i] * qkvw[i];
+  EXPECT_NEAR(std::sqrt(sq / n), 0.02, 0.002);
+  EXPECT_EQ(pa[ua.tensors()[nn::kLn1w].offset], 1.0f);
+  const FlatParam& u0 = a.units()[0];
+  const std::vector<float> wte =
+      to_host(a.backend(), static_cast<const float*>(u0.param(nn::kWte)), u0.tensors()[nn::kWte].numel());
+  EXPECT_EQ(wte[100 * 64], 0.0f) << "padded vocabulary rows start at zero";
+}
+
+TEST_P(GPT2, GradientAccumulationEqualsFullBatch) {
   // Two micro-batches of 2 with grad_scale 1/2 give the gradient of one batch of 4.
   const int B = 4, T = 8;
-  Twins twins(DType::f32, 64, B * T);
-  GPT2 &full = twins.a, &accum = twins.b;
+  nn::Twins twins(DType::f32, 64, B * T);
+  nn::GPT2 &full = twins.a, &accum = twins.b;
   const std::vector<int32_t>& x = twins.x;
   const std::vector<int32_t>& y = twins.y;
   full.zero_grad();
@@ -105,46 +128,46 @@ TEST(GPT2, GradientAccumulationEqualsFullBatch) {
   accum.backward(0.5f);
   EXPECT_NEAR((loss_a + loss_b) / 2, loss_full, 1e-5);
   for (size_t u = 0; u < full.units().size(); ++u) {
-    const float* gf = full.units()[u].grad();
-    const float* ga = accum.units()[u].grad();
+    const std::vector<float> gf = to_host(full.backend(), full.units()[u].grad(), full.units()[u].numel());
+    const std::vector<float> ga = to_host(accum.backend(), accum.units()[u].grad(), full.units()[u].numel());
     for (size_t i = 0; i < full.units()[u].numel(); ++i) ASSERT_NEAR(ga[i], gf[i], 1e-5 + 1e-4 * std::abs(gf[i])) << u << ":" << i;
   }
 }
 
-TEST(GPT2, FreshGradientBuffersFullOfGarbageGiveTheSameGradients) {
+TEST_P(GPT2, FreshGradientBuffersFullOfGarbageGiveTheSameGradients) {
   // Note [Fresh gradients]: buffers handed in with `fresh` are not zeroed; backward must overwrite
   // or zero every element, padding included. NaN garbage would poison anything left behind.
   for (DType dtype : {DType::f32, DType::bf16}) {
     const int B = 2, T = 8;
-    Twins twins(dtype, 128, B * T);  // align 128: every unit has padding
-    GPT2 &zeroed = twins.a, &fresh = twins.b;
+    nn::Twins twins(dtype, 128, B * T);  // align 128: every unit has padding
+    nn::GPT2 &zeroed = twins.a, &fresh = twins.b;
     const std::vector<int32_t>& x = twins.x;
-  const std::vector<int32_t>& y = twins.y;
+    const std::vector<int32_t>& y = twins.y;
     zeroed.zero_grad();
     zeroed.forward(x.data(), y.data(), B, T);
     zeroed.backward(1.0f);
     for (FlatParam& unit : fresh.units()) {
       unit.release_grads();
-      Buffer garbage(unit.grad_bytes(), MemCategory::grad);
-      for (size_t i = 0; i < unit.padded_numel(); ++i) garbage.as<float>()[i] = std::nanf("");
-      unit.set_grads(std::move(garbage), /*fresh=*/true);
+      unit.set_grads(testing::device_floats(unit.padded_numel(), std::nanf(""), MemCategory::grad), /*fresh=*/true);
     }
     fresh.forward(x.data(), y.data(), B, T);
     fresh.backward(1.0f);
     for (size_t u = 0; u < fresh.units().size(); ++u) {
       EXPECT_FALSE(fresh.units()[u].grads_fresh());
-      ASSERT_EQ(std::memcmp(fresh.units()[u].grad(), zeroed.units()[u].grad(), fresh.units()[u].grad_bytes()), 0)
+      const size_t n = fresh.units()[u].padded_numel();
+      const std::vector<float> got = to_host(fresh.backend(), fresh.units()[u].grad(), n);
+      const std::vector<float> want = to_host(zeroed.backend(), zeroed.units()[u].grad(), n);
+      ASSERT_EQ(std::memcmp(got.data(), want.data(), fresh.units()[u].grad_bytes()), 0)
           << "unit " << u << " " << dtype_name(dtype);
     }
   }
 }
 
-TEST(GPT2, SequenceLongerThanContextIsAnError) {
-  GPT2 model(parse_model_spec("gpt2:layers=1,dim=16,heads=2,vocab=10,ctx=4"), DType::f32);
+TEST_P(GPT2, SequenceLongerThanContextIsAnError) {
+  nn::GPT2 model(parse_model_spec("gpt2:layers=1,dim=16,heads=2,vocab=10,ctx=4"), DType::f32);
   std::vector<int32_t> x(5, 1);
   EXPECT_THROW(model.forward(x.data(), x.data(), 1, 5), Error);
 }
 
-
 }  // namespace
-}  // namespace zerone::nn
+}  // namespace zerone

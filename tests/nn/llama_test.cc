@@ -99,28 +99,36 @@ TEST_P(LlamaGoldenTest, Bf16WithinRoundingBounds) {
   for (const LlamaGolden& g : load_llama_golden()) check_case(g, DType::bf16);
 }
 
-TEST(LlamaFreshGradients, OverwriteGarbage) {
+// On every device (tests/test_util.h), the gradients compared on the host.
+class LlamaFreshGradients : public ::testing::TestWithParam<kernels::DeviceKind> {
+ protected:
+  zerone::testing::DeviceScope device_{GetParam()};
+};
+INSTANTIATE_TEST_SUITE_P(Devices, LlamaFreshGradients, zerone::testing::every_device(), zerone::testing::device_test_name);
+
+TEST_P(LlamaFreshGradients, OverwriteGarbage) {
   // Note [Fresh gradients]: pooled buffers full of NaN marked fresh must give the same gradients
   // as zeroed ones, tied and untied.
+  using zerone::testing::to_host;
   for (const LlamaGolden& g : load_llama_golden()) {
     Llama a(g.config, DType::f32), b(g.config, DType::f32);
     load_params(a, g.params);
     load_params(b, g.params);
     a.zero_grad();
     for (FlatParam& unit : b.units()) {
-      Buffer garbage(unit.grad_bytes(), MemCategory::grad);
-      float* f = garbage.as<float>();
-      for (size_t i = 0; i < unit.padded_numel(); ++i) f[i] = std::nanf("");
       unit.release_grads();
-      unit.set_grads(std::move(garbage), /*fresh=*/true);
+      unit.set_grads(zerone::testing::device_floats(unit.padded_numel(), std::nanf(""), MemCategory::grad), /*fresh=*/true);
     }
     a.forward(g.inputs.data(), g.targets.data(), g.B, g.T);
     a.backward(0.5f);
     b.forward(g.inputs.data(), g.targets.data(), g.B, g.T);
     b.backward(0.5f);
-    for (size_t u = 0; u < a.units().size(); ++u)
-      for (size_t i = 0; i < a.units()[u].padded_numel(); ++i)
-        ASSERT_EQ(a.units()[u].grad()[i], b.units()[u].grad()[i]) << a.units()[u].name() << " element " << i;
+    for (size_t u = 0; u < a.units().size(); ++u) {
+      const size_t n = a.units()[u].padded_numel();
+      const std::vector<float> ga = to_host(a.backend(), a.units()[u].grad(), n);
+      const std::vector<float> gb = to_host(b.backend(), b.units()[u].grad(), n);
+      for (size_t i = 0; i < n; ++i) ASSERT_EQ(ga[i], gb[i]) << a.units()[u].name() << " element " << i;
+    }
   }
 }
 
@@ -161,7 +169,15 @@ namespace {
 // same again, the device holds two block-output slots instead of L, and the ledger's host and
 // device activation bytes are what host_activation_bytes / activation_bytes say. Four blocks, so
 // that the two device slots are each reused (a slot mix-up changes the gradients).
-TEST(ActivationCheckpointing, BitwiseSameLossAndGradientsWithLessMemory) {
+// On every device (tests/test_util.h): the gradients are compared on the host, and the ledger's
+// device and host activation bytes hold on each.
+class ActivationCheckpointing : public ::testing::TestWithParam<kernels::DeviceKind> {
+ protected:
+  zerone::testing::DeviceScope device_{GetParam()};
+};
+INSTANTIATE_TEST_SUITE_P(Devices, ActivationCheckpointing, zerone::testing::every_device(), zerone::testing::device_test_name);
+
+TEST_P(ActivationCheckpointing, BitwiseSameLossAndGradientsWithLessMemory) {
   for (const char* spec : {"gpt2:layers=4,dim=32,heads=2,vocab=60,ctx=16",
                            "llama:layers=4,dim=32,heads=4,kv_heads=2,ffn=40,vocab=60,ctx=16,tied=0"}) {
     for (DType dtype : {DType::f32, DType::bf16}) {
@@ -205,9 +221,13 @@ TEST(ActivationCheckpointing, BitwiseSameLossAndGradientsWithLessMemory) {
         cpu->backward(0.5f);
       }
       for (size_t u = 0; u < plain->units().size(); ++u) {
-        ASSERT_EQ(std::memcmp(plain->units()[u].grad(), ckpt->units()[u].grad(), plain->units()[u].grad_bytes()), 0)
+        const size_t n = plain->units()[u].padded_numel();
+        const std::vector<float> g_plain = zerone::testing::to_host(plain->backend(), plain->units()[u].grad(), n);
+        const std::vector<float> g_ckpt = zerone::testing::to_host(ckpt->backend(), ckpt->units()[u].grad(), n);
+        const std::vector<float> g_cpu = zerone::testing::to_host(cpu->backend(), cpu->units()[u].grad(), n);
+        ASSERT_EQ(std::memcmp(g_plain.data(), g_ckpt.data(), plain->units()[u].grad_bytes()), 0)
             << spec << " " << dtype_name(dtype) << " unit " << u;
-        ASSERT_EQ(std::memcmp(plain->units()[u].grad(), cpu->units()[u].grad(), plain->units()[u].grad_bytes()), 0)
+        ASSERT_EQ(std::memcmp(g_plain.data(), g_cpu.data(), plain->units()[u].grad_bytes()), 0)
             << spec << " " << dtype_name(dtype) << " unit " << u << " cpu checkpointing";
       }
       EXPECT_LT(ckpt->activation_bytes(B, T), plain->activation_bytes(B, T));
@@ -215,7 +235,7 @@ TEST(ActivationCheckpointing, BitwiseSameLossAndGradientsWithLessMemory) {
   }
 }
 
-TEST(ActivationCheckpointing, CpuCheckpointingIsRefusedWithoutBlocks) {
+TEST_P(ActivationCheckpointing, CpuCheckpointingIsRefusedWithoutBlocks) {
   std::unique_ptr<Model> mlp = make_model("mnist-mlp", DType::f32, 64, /*allocate=*/false);
   zerone::testing::expect_error([&] { mlp->set_cpu_checkpointing(true); }, "has no blocks whose inputs are saved");
 }

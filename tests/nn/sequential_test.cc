@@ -106,11 +106,7 @@ void set_params(nn::Model& m, const std::vector<float>& flat) {
 }
 
 // n floats of the model's device memory at p, on the host.
-std::vector<float> to_host(nn::Model& m, const float* p, size_t n) {
-  std::vector<float> out(n);
-  m.backend().copy_to_host(out.data(), p, n * sizeof(float));
-  return out;
-}
+std::vector<float> to_host(nn::Model& m, const float* p, size_t n) { return testing::to_host(m.backend(), p, n); }
 
 // The golden cases on every device (tests/test_util.h).
 class SequentialGolden : public ::testing::TestWithParam<kernels::DeviceKind> {
@@ -170,7 +166,13 @@ TEST_P(SequentialGolden, MatchesPyTorch) {
 // Note [Conv layouts]: holding the conv chain's activations blocked (the default) gives the same
 // bits as holding them plain: loss, logits and every gradient, in training (dropout after a
 // blocked layer included) and evaluation.
-TEST(SequentialLayouts, BlockedEqualsPlainBitwise) {
+class SequentialLayouts : public ::testing::TestWithParam<kernels::DeviceKind> {
+ protected:
+  zerone::testing::DeviceScope device_{GetParam()};
+};
+INSTANTIATE_TEST_SUITE_P(Devices, SequentialLayouts, zerone::testing::every_device(), zerone::testing::device_test_name);
+
+TEST_P(SequentialLayouts, BlockedEqualsPlainBitwise) {
   for (const char* spec : {"mnist-cnn", "seq:in=3x10x10,conv=20:k3,relu,dropout=0.3,conv=5:k3:p1,maxpool=2,relu,flatten,linear=6",
                            "seq:in=2x9x8,maxpool=2:s1,conv=17:k3:p1,relu,maxpool=3:s2:p1,dropout=0.2,flatten,linear=4"}) {
     SCOPED_TRACE(spec);
@@ -196,8 +198,7 @@ TEST(SequentialLayouts, BlockedEqualsPlainBitwise) {
       batch.step = 2;
       EXPECT_EQ(blocked.forward(batch), plain.forward(batch));
       const size_t K = static_cast<size_t>(blocked.vocab_size());
-      EXPECT_EQ(std::vector<float>(blocked.logits(), blocked.logits() + B * K),
-                std::vector<float>(plain.logits(), plain.logits() + B * K));
+      EXPECT_EQ(to_host(blocked, blocked.logits(), B * K), to_host(plain, plain.logits(), B * K));
       blocked.zero_grad();
       plain.zero_grad();
       blocked.backward(1.0f);
@@ -206,8 +207,7 @@ TEST(SequentialLayouts, BlockedEqualsPlainBitwise) {
         nn::FlatParam& a = blocked.units()[u];
         nn::FlatParam& b = plain.units()[u];
         for (size_t t = 0; t < a.tensors().size(); ++t)
-          EXPECT_EQ(std::vector<float>(a.grad(t), a.grad(t) + a.tensors()[t].numel()),
-                    std::vector<float>(b.grad(t), b.grad(t) + b.tensors()[t].numel()))
+          EXPECT_EQ(to_host(blocked, a.grad(t), a.tensors()[t].numel()), to_host(plain, b.grad(t), b.tensors()[t].numel()))
               << a.name() << "." << a.tensors()[t].name << (training ? " (training)" : " (evaluation)");
       }
     }
@@ -257,7 +257,14 @@ TEST(SequentialSpec, ErrorsNameTheProblem) {
   expect_spec_error("seq:in=1x8x8,conv=3:k3:p2,flatten,linear=2", "more than half the kernel");
 }
 
-TEST(SequentialDropout, EvalIsIdentityTrainingIsKeyed) {
+// On every device (tests/test_util.h), the logits read through the backend.
+class SequentialDropout : public ::testing::TestWithParam<kernels::DeviceKind> {
+ protected:
+  zerone::testing::DeviceScope device_{GetParam()};
+};
+INSTANTIATE_TEST_SUITE_P(Devices, SequentialDropout, zerone::testing::every_device(), zerone::testing::device_test_name);
+
+TEST_P(SequentialDropout, EvalIsIdentityTrainingIsKeyed) {
   const std::string spec = "seq:in=30,linear=40,relu,dropout=0.5,linear=3";
   nn::Sequential a(nn::parse_sequential_spec(spec), DType::f32), plain(nn::parse_sequential_spec("seq:in=30,linear=40,relu,linear=3"), DType::f32);
   a.init_weights(7);
@@ -276,7 +283,7 @@ TEST(SequentialDropout, EvalIsIdentityTrainingIsKeyed) {
   batch.seed = 11;
   batch.step = 5;
   const float l1 = a.forward(batch);
-  std::vector<float> logits1(a.logits(), a.logits() + B * 3);
+  const std::vector<float> logits1 = to_host(a, a.logits(), B * 3);
   EXPECT_NE(l1, plain.forward(batch));
   EXPECT_EQ(a.forward(batch), l1);  // the same key draws the same mask
   // Samples 2..3 alone, told their place in the global batch, see the same masks.
@@ -286,10 +293,11 @@ TEST(SequentialDropout, EvalIsIdentityTrainingIsKeyed) {
   tail.targets = y.data() + 2;
   tail.first_sample = 2;
   a.forward(tail);
-  for (int i = 0; i < 2 * 3; ++i) EXPECT_EQ(a.logits()[i], logits1[2 * 3 + i]);
+  const std::vector<float> tail_logits = to_host(a, a.logits(), 2 * 3);
+  for (int i = 0; i < 2 * 3; ++i) EXPECT_EQ(tail_logits[i], logits1[2 * 3 + i]);
   batch.step = 6;
   a.forward(batch);
-  EXPECT_NE(std::vector<float>(a.logits(), a.logits() + B * 3), logits1);  // another step, another mask
+  EXPECT_NE(to_host(a, a.logits(), B * 3), logits1);  // another step, another mask
 }
 
 }  // namespace

@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -90,10 +91,20 @@ class Model {
   virtual void set_hooks(UnitHooks* hooks) = 0;
 
   // Deterministic initialization of one unit (storage allocated), from (seed, unit, tensor, element).
+  // Writes the parameters from the host: on a device the host cannot address, run it inside
+  // write_params_from_host.
   virtual void init_unit(int unit, uint64_t seed) = 0;
+  // init_unit for every unit, on any device (through write_params_from_host). Storage allocated.
   void init_weights(uint64_t seed) {
-    for (int u = 0; u < num_units(); ++u) init_unit(u, seed);
+    for (int u = 0; u < num_units(); ++u) write_params_from_host(u, [&] { init_unit(u, seed); });
   }
+  // Note [Materializing on a device]: initialization and the checkpoint readers write a unit's
+  // parameters through host pointers. Runs `write`, which fills unit u's parameter storage so,
+  // with that storage in host memory when the model's device is not host-addressable, and then
+  // copies it whole into the unit's device storage (its own if it had one, else a new device
+  // buffer); on a host-addressable device `write` fills the device storage in place (allocated
+  // first if the unit had none). Failure: throws what `write` or an allocation throws.
+  void write_params_from_host(int u, const std::function<void()>& write);
 
   // inputs (B,T) token ids < vocab_size() (validated by the caller). With targets returns the mean
   // cross-entropy over B*T and keeps what backward needs; without, computes logits only, returns 0.

@@ -14,6 +14,22 @@ std::vector<size_t> Model::unit_numels() const {
   return out;
 }
 
+void Model::write_params_from_host(int u, const std::function<void()>& write) {
+  FlatParam& unit = units()[u];
+  if (backend_.host_addressable()) {
+    if (!unit.has_params()) unit.allocate_params();
+    write();
+    return;
+  }
+  Buffer on_device = unit.has_params() ? unit.take_params() : Buffer();
+  unit.set_params(Buffer(unit.param_bytes(), MemCategory::param, MemPlace::host));
+  write();
+  if (on_device.empty()) on_device = Buffer(unit.param_bytes(), MemCategory::param, MemPlace::device);
+  Buffer on_host = unit.take_params();
+  backend_.copy_to_device(on_device.data(), on_host.data(), on_host.bytes());
+  unit.set_params(std::move(on_device));
+}
+
 float Model::forward(const Batch& batch) {
   ZERONE_ASSERT(input_kind() == InputKind::tokens && batch.tokens != nullptr, "model ", spec(),
                 " was handed a batch without tokens");

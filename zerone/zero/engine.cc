@@ -129,19 +129,8 @@ void ZeroEngine::materialize_unit(int u, const Materialize& materialize) {
   nn::FlatParam& unit = model_.units()[u];
   if (unit.has_params()) return;
   ZERONE_ASSERT(materialize, "unit ", u, " has no parameters and no way to materialize them");
-  if (device_.host_addressable()) {
-    unit.allocate_params();
-    materialize(u);
-    return;
-  }
-  // Note [Materializing on a device]: initialization and the checkpoint readers write the
-  // parameters from the host, so the unit is filled in host memory and copied over whole.
-  unit.set_params(Buffer(unit.param_bytes(), MemCategory::param, MemPlace::host));
-  materialize(u);
-  Buffer on_device(unit.param_bytes(), MemCategory::param, MemPlace::device);
-  Buffer on_host = unit.take_params();
-  device_.copy_to_device(on_device.data(), on_host.data(), on_host.bytes());
-  unit.set_params(std::move(on_device));
+  // Initialization and the checkpoint readers write from the host (Note [Materializing on a device]).
+  model_.write_params_from_host(u, [&] { materialize(u); });
 }
 
 std::vector<optim::ShardRef> ZeroEngine::take_over_units(const Materialize& materialize, bool stream_params,

@@ -25,6 +25,7 @@
 #include "zerone/zero/planner.h"
 #include "zerone/io/aio.h"
 #include "zerone/io/fault_env.h"
+#include "zerone/io/file.h"
 #include "zerone/optim/optimizers.h"
 #include "zerone/train/interrupt.h"
 #include "zerone/train/metrics.h"
@@ -224,7 +225,9 @@ int cmd_plan(train::TrainConfig a, int world, const train::PlanMachineOptions& m
   ZERONE_CHECK(!a.cpu_checkpointing || a.activation_checkpointing || !a.is_given("--activation-checkpointing"),
                "--cpu-checkpointing keeps the inputs that activation checkpointing saves: it needs --activation-checkpointing");
   ZERONE_CHECK(machine_options.host_mem_gib >= 0, "--host-mem ", machine_options.host_mem_gib, " must be at least 0");
-  ZERONE_CHECK(out_path.empty() || out_path != a.config_file, "--out '", out_path, "' is the --config input: give another file");
+  ZERONE_CHECK(out_path.empty() || a.config_file.empty() || !io::same_file(out_path, a.config_file), "--out '", out_path,
+               "' is the --config input: give another file");
+  if (!out_path.empty()) io::check_atomic_output(out_path, "--out");  // before the planning, not after it
   const DType dtype = train::resolve_precision(a.precision);
   a.precision = dtype_name(dtype);
   std::unique_ptr<nn::Model> shape = nn::make_model(a.model, dtype, 64, /*allocate=*/false);
@@ -242,11 +245,10 @@ int cmd_plan(train::TrainConfig a, int world, const train::PlanMachineOptions& m
     train::apply_plan(plan.best->choice, applied);
     for (const char* flag : {"--model", "--seq", "--precision"}) applied.given.insert(flag);
     if (classifier) applied.given.erase("--seq");
-    std::FILE* f = std::fopen(out_path.c_str(), "w");
-    ZERONE_CHECK(f != nullptr, "--out '", out_path, "': ", std::strerror(errno));
     const std::string text = train::effective_config_json(applied, dtype_name(dtype)) + "\n";
-    const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-    ZERONE_CHECK(std::fclose(f) == 0 && ok, "--out '", out_path, "': the write failed");
+    io::write_file_atomically(out_path, [&](std::FILE* f) {
+      ZERONE_CHECK(std::fwrite(text.data(), 1, text.size(), f) == text.size(), "--out '", out_path, "': the write failed");
+    });
     if (!json) std::printf("wrote '%s': zerone train --config %s runs this plan\n", out_path.c_str(), out_path.c_str());
   }
   return 0;

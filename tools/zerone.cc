@@ -119,10 +119,8 @@ int cmd_estimate(train::TrainConfig a, int world, bool json, bool stage_given, c
   ZERONE_CHECK(seq <= model.max_seq_len(), "--seq ", seq, " exceeds the model's context length ", model.max_seq_len());
   const zero::ZeroConfig base = train::zero_config(a, dtype, model.unit_numels(), world);
   const optim::OptimizerOptions optimizer = train::optimizer_options(a);
-  // Note [Staged collective bytes]: only the cpu device's memory is host memory (its backend is
-  // host_addressable); sim and cuda stage collectives through host buffers at world > 1.
   const kernels::DeviceKind device = a.device.empty() ? kernels::default_device() : kernels::parse_device_kind(a.device);
-  const bool stages_collectives = world > 1 && device != kernels::DeviceKind::cpu;
+  const bool stages_collectives = zero::stages_collectives(device, world);
   auto rows = zero::estimate(model, world, dtype, a.micro_batch, seq, base, optimizer,
                              stage_given ? std::optional<int>(a.zero_stage) : std::nullopt, stages_collectives);
   ZERONE_CHECK(machine.ranks_per_host >= 1 && machine.ranks_per_host <= world, "--ranks-per-host ",

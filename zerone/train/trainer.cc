@@ -269,7 +269,8 @@ void check_tokens_in_vocabulary(const io::TokenSource& tokens, int vocab_size, c
 void check_memory_fits(const nn::Model& model, DType dtype, const TrainConfig& cfg, const zero::ZeroConfig& zcfg,
                        int world) {
   const optim::OptimizerOptions optimizer = optimizer_options(cfg);
-  auto rows = zero::estimate(model, world, dtype, cfg.micro_batch, cfg.seq, zcfg, optimizer, std::nullopt);
+  auto rows = zero::estimate(model, world, dtype, cfg.micro_batch, cfg.seq, zcfg, optimizer, std::nullopt,
+                             zero::stages_collectives(model.backend().kind(), world));
   const zero::StageEstimate& mine = rows[cfg.zero_stage];
   auto h = [](double b) { return human_bytes(b); };
   auto hb = [&](int64_t b) { return h(static_cast<double>(b)); };
@@ -379,7 +380,8 @@ nlohmann::ordered_json run_info(const TrainConfig& cfg, const nn::Model& model, 
 // Rank 0's peak bytes per place and category, beside zerone estimate's figure for each place.
 void fill_memory_summary(RunSummary& summary, const nn::Model& model, DType dtype, const TrainConfig& cfg,
                          const zero::ZeroConfig& zcfg, int world) {
-  const auto rows = zero::estimate(model, world, dtype, cfg.micro_batch, cfg.seq, zcfg, optimizer_options(cfg), cfg.zero_stage);
+  const auto rows = zero::estimate(model, world, dtype, cfg.micro_batch, cfg.seq, zcfg, optimizer_options(cfg),
+                                   cfg.zero_stage, zero::stages_collectives(model.backend().kind(), world));
   const MemoryLedger& ledger = MemoryLedger::global();
   for (size_t p = 0; p < MemoryLedger::kPlaces; ++p) {
     const auto place = static_cast<MemPlace>(p);

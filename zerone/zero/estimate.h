@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "zerone/core/memory.h"
+#include "zerone/kernels/backend.h"
 #include "zerone/nn/model.h"
 #include "zerone/optim/optimizers.h"
 #include "zerone/zero/partition.h"
@@ -39,6 +40,12 @@ PlacedBytes placed_bytes(const StageEstimate& e);
 
 // One line per (place, category) with bytes, e.g. "device param 1.2 MiB, host optim 3.4 MiB, ...".
 std::string describe_places(const StageEstimate& e);
+
+// Whether a run on `device` at `world` ranks stages its collectives through host buffers (Note
+// [Staged collective bytes] in partition.h): only the cpu device's memory is host memory.
+inline bool stages_collectives(kernels::DeviceKind device, int world) {
+  return world > 1 && device != kernels::DeviceKind::cpu;
+}
 
 // One row per stage (or only `only_stage`), for rank 0 (all ranks hold equal shards). `model` needs
 // no storage (make_model(..., allocate=false)): only its unit shapes and activation table are read.

@@ -1,6 +1,7 @@
 # zerone: two commands do everything on a fresh Debian machine.
 #   make train   set-up (missing apt packages) + build + train the default model
 #   make test    set-up + build + the whole test suite
+#   make interop zerone against PyPI's transformers, tokenizers, sentencepiece, tensorboard (not in `make test`)
 #   make install build/zerone to $(DESTDIR)$(PREFIX)/bin (PREFIX=/usr/local by default)
 BUILD_DIR ?= build
 BUILD_TYPE ?= Release
@@ -30,9 +31,15 @@ test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
 
 # Interoperability with tools from the Python package index (not Debian; not part of `make test`):
-# zerone's TensorBoard event files read by the real tensorboard package.
+# every tests/interop/*.sh against the peers' environment (bench/peers/setup.sh): TensorBoard reads
+# zerone's event files, transformers loads its Hugging Face exports and writes what it trains from,
+# tokenizers/transformers/sentencepiece encode as it does. One ok/FAIL line per check; fails if any fails.
 interop: build
-	bash tests/interop/tensorboard.sh $(BUILD_DIR)/zerone $(BUILD_DIR)/interop-venv
+	@py=$$(bash bench/peers/setup.sh | tail -n 1) && fail=0 && \
+	for t in tests/interop/*.sh; do \
+	  echo "== $$t"; HF_HUB_OFFLINE=1 bash $$t $(BUILD_DIR)/zerone $$py || { echo "FAIL $$t"; fail=1; }; \
+	done; \
+	if [ $$fail = 0 ]; then echo "interop: all passed"; else echo "interop: FAILED"; fi; exit $$fail
 
 bench: build
 	bash bench/run_all.sh

@@ -1,17 +1,14 @@
 #!/usr/bin/env bash
-# make interop: zerone's TensorBoard event files read by the real `tensorboard` package (PyPI, in a
-# virtual environment under the build directory; not part of `make test`, which stays on Debian
-# packages). Every scalar TensorBoard's EventAccumulator loads must equal the metrics JSONL.
+# make interop: zerone's TensorBoard event files read by the real `tensorboard` package (PyPI, in the
+# peers' environment; not part of `make test`, which stays on Debian packages). Every scalar
+# TensorBoard's EventAccumulator loads must equal the metrics JSONL.
+# Usage: tensorboard.sh ZERONE PYTHON   (PYTHON: the peers' environment, bench/peers/setup.sh)
 set -euo pipefail
-Z="$1"; venv="$2"
-if [ ! -x "$venv/bin/python" ]; then
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install -q tensorboard
-fi
+Z="$1"; py="$2"
 d=$(mktemp -d); trap 'rm -rf "$d"' EXIT
 "$Z" train --model gpt2:layers=1,dim=32,heads=2,vocab=257,ctx=16 --seq 16 --micro-batch 4 --grad-accum 2 --steps 20 \
   --val-every 5 --precision fp16 --threads 1 --tensorboard "$d/tb/run" --metrics "$d/m.jsonl" > "$d/out" 2>&1
-"$venv/bin/python" - "$d" <<'PY'
+"$py" - "$d" <<'PY'
 import json, struct, sys
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 import tensorboard

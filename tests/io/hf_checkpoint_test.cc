@@ -2,7 +2,8 @@
 //  - tests/data/hf_llama_{untied,tied} were written from scratch by tests/nn/make_llama_golden.py in
 //    transformers' LlamaForCausalLM layout (q/k/v/gate/up separate); loading them with --init's
 //    reader must reproduce the PyTorch golden logits and loss, so the tensor map is checked against
-//    an independent writer, not against itself;
+//    an independent writer, not against itself; tests/data/hf_llama_rope_parameters is the untied
+//    model with its rotary settings as transformers 5 writes them (Note [rope_parameters]);
 //  - save then load is bitwise lossless for GPT-2 and LLaMA (tied, untied), f32 and bf16, and the
 //    padded vocabulary rows of GPT-2 stay zero;
 //  - wrong, missing or foreign tensors and unsupported configs are errors naming them.
@@ -28,22 +29,22 @@ using zerone::testing::TempDir;
 TEST(HfCheckpoint, LoadsTransformersLayoutToThePyTorchGolden) {
   auto cases = nn::load_llama_golden();
   ASSERT_EQ(cases.size(), 2u);
-  const char* dirs[] = {"hf_llama_untied", "hf_llama_tied"};
-  for (size_t i = 0; i < cases.size(); ++i) {
-    const std::string dir = std::string(ZERONE_TEST_DATA_DIR) + "/" + dirs[i];
+  const std::pair<const char*, size_t> dirs[] = {{"hf_llama_untied", 0}, {"hf_llama_rope_parameters", 0}, {"hf_llama_tied", 1}};
+  for (const auto& [name, i] : dirs) {
+    const std::string dir = std::string(ZERONE_TEST_DATA_DIR) + "/" + name;
     const nn::LlamaGolden& g = cases[i];
     const std::string spec = read_hf_spec(dir);
     EXPECT_EQ(nn::parse_llama_spec(spec), g.config) << spec;
     std::unique_ptr<nn::Model> model = nn::make_model(spec, DType::f32);
     load_hf_checkpoint(dir, *model);
     const float loss = model->forward(g.inputs.data(), g.targets.data(), g.B, g.T);
-    EXPECT_NEAR(loss, g.loss, 1e-5 * std::abs(g.loss)) << dirs[i];
+    EXPECT_NEAR(loss, g.loss, 1e-5 * std::abs(g.loss)) << name;
     double worst = 0, scale = 1;
     for (size_t k = 0; k < g.logits.size(); ++k) {
       worst = std::max(worst, static_cast<double>(std::abs(model->logits()[k] - g.logits[k])));
       scale = std::max(scale, static_cast<double>(std::abs(g.logits[k])));
     }
-    EXPECT_LE(worst, 1e-4 * scale) << dirs[i];
+    EXPECT_LE(worst, 1e-4 * scale) << name;
   }
 }
 
@@ -107,6 +108,23 @@ TEST(HfCheckpoint, BadDirectoriesNameTheProblem) {
   config("rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}});
   expect_error([&] { read_hf_spec(dir.path()); }, "rope_scaling type 'yarn' is not supported");
   config("rope_scaling", nullptr);
+  // transformers 5's rope_parameters (Note [rope_parameters]): read, checked like rope_scaling.
+  config("rope_theta", nullptr);
+  config("rope_parameters", {{"rope_type", "default"}, {"rope_theta", 500000.0}});
+  EXPECT_NE(read_hf_spec(dir.path()).find(",theta=500000,"), std::string::npos) << read_hf_spec(dir.path());
+  EXPECT_EQ(read_hf_spec(dir.path()).find("rope_factor"), std::string::npos);
+  config("rope_parameters", {{"rope_type", "llama3"}, {"rope_theta", 500000.0}, {"factor", 32.0}, {"low_freq_factor", 1.0},
+                             {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}});
+  EXPECT_NE(read_hf_spec(dir.path()).find(",theta=500000,eps=1e-05,tied=1,rope_factor=32,rope_low=1,rope_high=4,rope_orig=8192"),
+            std::string::npos) << read_hf_spec(dir.path());
+  config("rope_theta", 10000.0);
+  expect_error([&] { read_hf_spec(dir.path()); }, "\"rope_theta\" 10000 differs from rope_parameters' 500000");
+  config("rope_theta", nullptr);
+  config("rope_parameters", {{"rope_type", "yarn"}, {"rope_theta", 10000.0}, {"factor", 4.0}});
+  expect_error([&] { read_hf_spec(dir.path()); }, "rope_parameters type 'yarn' is not supported");
+  config("rope_parameters", {{"rope_type", 3}});
+  expect_error([&] { read_hf_spec(dir.path()); }, "rope_parameters has no string \"rope_type\"");
+  config("rope_parameters", nullptr);
   config("attention_bias", true);
   expect_error([&] { read_hf_spec(dir.path()); }, "biases are not supported");
   config("attention_bias", false);

@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """Writes tests/data/llama_golden.bin: an independent PyTorch reference for tiny LLaMA models.
 
-Run with Debian's python3-torch (`/usr/bin/python3 tests/nn/make_llama_golden.py`). CI does not run
-this; the output file is committed. The model is written from scratch here in float64 (not
-imported from zerone), following Hugging Face's LlamaForCausalLM: RMSNorm, rotate-half rotary
-embeddings (inv_freq with the llama3 scaling rule), grouped-query attention (query head h uses kv
-head h // (NH/NKV), as repeat_kv), SwiGLU MLP, no biases, tied or untied head.
+Run with Debian's python3-torch or the peers' environment (bench/peers/setup.sh):
+`python3 tests/nn/make_llama_golden.py` (the peers' torch 2 reproduces the committed bytes). CI does
+not run this; the outputs (this file and tests/data/hf_llama_*) are committed. The model is written
+from scratch here in float64 (not imported from zerone), following Hugging Face's LlamaForCausalLM:
+RMSNorm, rotate-half rotary embeddings (inv_freq with the llama3 scaling rule), grouped-query
+attention (query head h uses kv head h // (NH/NKV), as repeat_kv), SwiGLU MLP, no biases, tied or
+untied head.
 
 File layout (little endian): int32 number of cases, then per case
   int32[16]: magic 20261122, version 1, L, C, NH, NKV, hs, F, V, ctx, tied, B, T, 0, 0, 0
@@ -106,6 +108,9 @@ def case(seed, L, C, NH, NKV, hs, F, V, ctx, tied, B, T, theta, eps, factor, low
     out += struct.pack(f"<{sum(math.prod(s) for _, s in shapes)}f", *flat([p[n].grad for n, _ in shapes]))
     hf_dir = {0: "hf_llama_untied", 1: "hf_llama_tied"}[0 if not tied else 1]
     write_hf(hf_dir, p, shapes, L, C, NH, NKV, hs, F, V, ctx, tied, theta, eps, factor, low, high, orig)
+    if factor > 0:  # the same model as transformers 5 writes its config (rope_parameters)
+        write_hf("hf_llama_rope_parameters", p, shapes, L, C, NH, NKV, hs, F, V, ctx, tied, theta, eps, factor, low,
+                 high, orig, rope_parameters=True)
     return out
 
 
@@ -123,9 +128,13 @@ def write_safetensors(path, tensors):
     open(path, "wb").write(struct.pack("<Q", len(text)) + text + data)
 
 
-def write_hf(name, p, shapes, L, C, NH, NKV, hs, F, V, ctx, tied, theta, eps, factor, low, high, orig):
+def write_hf(name, p, shapes, L, C, NH, NKV, hs, F, V, ctx, tied, theta, eps, factor, low, high, orig,
+             rope_parameters=False):
     """The same parameters as a Hugging Face LlamaForCausalLM directory (tests/data/NAME), so that
-    zerone's --init of a Hugging Face checkpoint is checked against these golden logits."""
+    zerone's --init of a Hugging Face checkpoint is checked against these golden logits. The rotary
+    settings as transformers 4 writes them ("rope_theta", "rope_scaling"), or with rope_parameters
+    as transformers 5 does: one "rope_parameters" object holding rope_type, rope_theta and the
+    scaling (interop's check found zerone ignoring it)."""
     import json, os
     d = os.path.join(os.path.dirname(sys.argv[1] if len(sys.argv) > 1 else "tests/data/x"), name)
     os.makedirs(d, exist_ok=True)
@@ -155,6 +164,11 @@ def write_hf(name, p, shapes, L, C, NH, NKV, hs, F, V, ctx, tied, theta, eps, fa
               "rope_scaling": {"rope_type": "llama3", "factor": factor, "low_freq_factor": low,
                                "high_freq_factor": high, "original_max_position_embeddings": int(orig)}
               if factor > 0 else None}
+    if rope_parameters:
+        config["rope_parameters"] = {"rope_type": "llama3" if factor > 0 else "default", "rope_theta": theta,
+                                     **({k: v for k, v in config.pop("rope_scaling").items() if k != "rope_type"}
+                                        if factor > 0 else {})}
+        del config["rope_theta"]
     json.dump(config, open(os.path.join(d, "config.json"), "w"), indent=2)
 
 

@@ -201,20 +201,42 @@ std::string read_hf_spec(const std::string& dir, std::string* notice) {
     if (type == "mistral" && notice != nullptr)
       *notice = str_cat("'", path, "': model_type 'mistral' without a sliding window is read as LLaMA (the same ",
                         "architecture)");
+    // Note [rope_parameters]: transformers 5 writes the rotary settings as one object,
+    // "rope_parameters": {"rope_type": "default" | "llama3" | ..., "rope_theta": ..., "factor": ...},
+    // where earlier versions wrote "rope_theta" and "rope_scaling" (null for none) at the top level.
+    // Either is read, rope_parameters first (as transformers 5 does); a file holding both must agree
+    // on theta. Ignoring rope_parameters would train a llama3-scaled model with theta 10000 and no
+    // scaling, without a word.
+    const json* rope = nullptr;
+    std::string rope_key;
+    double rope_theta = number(c, "rope_theta", 10000.0);
+    if (c.contains("rope_parameters") && !c["rope_parameters"].is_null()) {
+      rope = &c["rope_parameters"];
+      rope_key = "rope_parameters";
+      ZERONE_CHECK(rope->is_object(), "'", path, "': rope_parameters is not an object");
+      const double theta = number(*rope, "rope_theta", rope_theta);
+      ZERONE_CHECK(!c.contains("rope_theta") || c["rope_theta"].is_null() || theta == rope_theta, "'", path,
+                   "': \"rope_theta\" ", rope_theta, " differs from rope_parameters' ", theta, ": expected one value");
+      rope_theta = theta;
+    } else if (c.contains("rope_scaling") && !c["rope_scaling"].is_null()) {
+      rope = &c["rope_scaling"];
+      rope_key = "rope_scaling";
+    }
     const int64_t C = integer("hidden_size"), NH = integer("num_attention_heads");
     std::string spec = str_cat("llama:layers=", integer("num_hidden_layers"), ",dim=", C, ",heads=", NH, ",kv_heads=",
                                integer("num_key_value_heads", NH), ",head_dim=", integer("head_dim", C / NH), ",ffn=",
                                integer("intermediate_size"), ",vocab=", integer("vocab_size"), ",ctx=",
-                               integer("max_position_embeddings", 2048), ",theta=", number(c, "rope_theta", 10000.0),
+                               integer("max_position_embeddings", 2048), ",theta=", rope_theta,
                                ",eps=", number(c, "rms_norm_eps", 1e-6), ",tied=",
                                boolean("tie_word_embeddings", false) ? 1 : 0);
-    if (c.contains("rope_scaling") && !c["rope_scaling"].is_null()) {
-      const json& r = c["rope_scaling"];
-      ZERONE_CHECK(r.is_object(), "'", path, "': rope_scaling is not an object");
-      const std::string rtype = r.contains("rope_type") ? r["rope_type"].get<std::string>()
-                                : r.contains("type")    ? r["type"].get<std::string>()
-                                                        : "";
-      ZERONE_CHECK(rtype == "llama3" || rtype == "default", "'", path, "': rope_scaling type '", rtype,
+    if (rope != nullptr) {
+      const json& r = *rope;
+      ZERONE_CHECK(r.is_object(), "'", path, "': ", rope_key, " is not an object");
+      const json& type_entry = r.contains("rope_type") ? r["rope_type"] : r.contains("type") ? r["type"] : json();
+      ZERONE_CHECK(type_entry.is_string() || (type_entry.is_null() && rope_key == "rope_parameters"), "'", path, "': ",
+                   rope_key, " has no string \"rope_type\" (expected llama3 or default)");
+      const std::string rtype = type_entry.is_string() ? type_entry.get<std::string>() : "default";
+      ZERONE_CHECK(rtype == "llama3" || rtype == "default", "'", path, "': ", rope_key, " type '", rtype,
                    "' is not supported (expected llama3)");
       if (rtype == "llama3")
         spec += str_cat(",rope_factor=", number(r, "factor", 8.0), ",rope_low=", number(r, "low_freq_factor", 1.0),

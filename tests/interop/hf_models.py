@@ -119,6 +119,7 @@ llama = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=176, num_hidden
 llama3_rope = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                    original_max_position_embeddings=16)
 cases = [
+    # (name, class, config, None | max_shard_size for a sharded save | "bf16" for a bf16 save)
     ("gpt2", GPT2LMHeadModel, GPT2Config(**gpt2), None),
     ("llama_untied", LlamaForCausalLM, LlamaConfig(**llama), None),
     ("llama_tied", LlamaForCausalLM, LlamaConfig(**{**llama, "tie_word_embeddings": True}), None),
@@ -126,6 +127,8 @@ cases = [
     ("llama_mqa_rope_theta", LlamaForCausalLM, LlamaConfig(**{**llama, "num_key_value_heads": 1, "rope_theta": 500000.0}), None),
     ("llama3_rope_scaling", LlamaForCausalLM,
      LlamaConfig(**{**llama, "num_key_value_heads": 2, "rope_scaling": llama3_rope}), None),
+    ("llama_head_dim", LlamaForCausalLM, LlamaConfig(**{**llama, "num_key_value_heads": 2, "head_dim": 32}), None),
+    ("llama_bf16_file", LlamaForCausalLM, LlamaConfig(**{**llama, "num_key_value_heads": 2}), "bf16"),
     ("llama_sharded", LlamaForCausalLM, LlamaConfig(**{**llama, "num_key_value_heads": 2}), "100KB"),
     ("gpt2_sharded", GPT2LMHeadModel, GPT2Config(**gpt2), "100KB"),
 ]
@@ -135,7 +138,10 @@ for i, (name, cls, config, shard_size) in enumerate(cases):
     src = os.path.join(work, f"hf_{name}")
     try:
         model = randomize(cls(config), seed=100 + i).float().eval()
-        if shard_size:
+        if shard_size == "bf16":  # a bf16 file: zerone --init converts to f32, as from_pretrained(...).float()
+            model.to(torch.bfloat16).save_pretrained(src, safe_serialization=True)
+            shard_size = None
+        elif shard_size:
             model.save_pretrained(src, safe_serialization=True, max_shard_size=shard_size)
             shards = sorted(f for f in os.listdir(src) if f.endswith(".safetensors"))
             assert len(shards) > 1 and os.path.exists(os.path.join(src, "model.safetensors.index.json")), shards

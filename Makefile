@@ -35,8 +35,8 @@ test: build
 # zerone's event files, transformers loads its Hugging Face exports and writes what it trains from,
 # tokenizers/transformers/sentencepiece encode as it does. One ok/FAIL line per check; fails if any fails.
 interop: build
-	@py=$$(bash bench/peers/setup.sh | tail -n 1) && fail=0 && \
-	for t in tests/interop/*.sh; do \
+	@py=$$(bash bench/peers/setup.sh) || { echo "interop: bench/peers/setup.sh failed"; exit 1; }; \
+	py=$$(echo "$$py" | tail -n 1); fail=0; for t in tests/interop/*.sh; do \
 	  echo "== $$t"; HF_HUB_OFFLINE=1 bash $$t $(BUILD_DIR)/zerone $$py || { echo "FAIL $$t"; fail=1; }; \
 	done; \
 	if [ $$fail = 0 ]; then echo "interop: all passed"; else echo "interop: FAILED"; fi; exit $$fail

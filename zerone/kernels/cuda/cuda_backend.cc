@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <utility>
 #include <mutex>
 #include <vector>
 
@@ -57,6 +58,7 @@ class CudaArena final : public MemoryArena {
   void* allocate(size_t bytes, size_t alignment) override {
     ZERONE_CUDA_CHECK(cudaSetDevice(device_));
     const size_t extra = alignment > kPoolAlignment ? alignment : 0;
+    bytes = bytes == 0 ? 1 : bytes;  // a distinct address for an empty Buffer too
     void* raw = nullptr;
     const cudaError_t e = cudaMallocAsync(&raw, bytes + extra, stream_);
     if (e == cudaErrorMemoryAllocation) {
@@ -129,6 +131,14 @@ int local_rank() {
 }
 
 size_t sz(int n) { return static_cast<size_t>(n); }
+
+// The largest power of two (at most 256) dividing the address.
+uint32_t alignment_of(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  uint32_t bytes = 256;
+  while (bytes > 1 && a % bytes != 0) bytes /= 2;
+  return bytes;
+}
 
 cudaDataType cuda_type(DType d) {
   switch (d) {
@@ -472,6 +482,15 @@ class CudaBackend final : public kernels::Backend {
     ZERONE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     ZERONE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                              &kWorkspaceBytes, sizeof kWorkspaceBytes));
+    // cuBLASLt assumes 256-byte aligned operands unless told: the models pass views into larger
+    // buffers, so each operand's true alignment is stated.
+    const std::pair<cublasLtMatmulPreferenceAttributes_t, const void*> aligned[] = {
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, a}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, b},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, d}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, d}};
+    for (const auto& [attribute, p] : aligned) {
+      const uint32_t bytes = alignment_of(p);
+      ZERONE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attribute, &bytes, sizeof bytes));
+    }
     cublasLtMatmulHeuristicResult_t heuristic;
     int found = 0;
     ZERONE_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt_, desc, la, lb, ld, ld, pref, 1, &heuristic, &found));

@@ -14,6 +14,8 @@
 #                               (cudart, cuBLASLt) on LD_LIBRARY_PATH, then runs `zerone info`, the op
 #                               harness's cuda rows, and tests/zero/device_cuda.sh, writing each
 #                               report to $OUT (the device tool brings $OUT back).
+#   scripts/gpu_run.sh sanitize THERE, a second call when the first passed: compute-sanitizer's
+#                               memcheck and racecheck over the op harness's cuda rows (issue 18 §3).
 #
 # The device tool call (from the session's checkout, after `pack`):
 #   run(command="bash scripts/gpu_run.sh run", carry=["gpu_pack"], timeout_s=420)
@@ -65,14 +67,31 @@ do_pack() {
   echo '  run(command="bash scripts/gpu_run.sh run", carry=["gpu_pack"], timeout_s=420)'
 }
 
-do_run() {
-  local out="${OUT:-$root/gpu_out}"
-  mkdir -p "$out"
-  # PyTorch's CUDA wheels: nvidia/<lib>/lib and nvidia/cu13/lib hold libcudart and libcublasLt.
+# The GPU machine's environment: the pack's libraries, then PyTorch's CUDA wheels (nvidia/<lib>/lib
+# and nvidia/cu13/lib hold libcudart and libcublasLt).
+gpu_env() {
   local wheels
   wheels="$(python3 -c 'import nvidia, os, glob; print(":".join(sorted({os.path.dirname(p) for d in nvidia.__path__ for p in glob.glob(os.path.join(d, "*", "lib", "lib*.so*"))})))' 2>/dev/null || true)"
   export LD_LIBRARY_PATH="$pack/lib${wheels:+:$wheels}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   export OMP_NUM_THREADS="${OMP_NUM_THREADS:-8}"
+}
+
+do_sanitize() {
+  local out="${OUT:-$root/gpu_out}" rc=0 tool
+  mkdir -p "$out"
+  gpu_env
+  for tool in memcheck racecheck; do
+    (cd "$root" && timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 3 "$pack/bin/kernels_test" \
+       --gtest_filter='*_cuda') > "$out/sanitize_$tool.log" 2>&1 || rc=1
+    tail -15 "$out/sanitize_$tool.log"
+  done
+  return $rc
+}
+
+do_run() {
+  local out="${OUT:-$root/gpu_out}"
+  mkdir -p "$out"
+  gpu_env
   {
     date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 || true
     echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
@@ -95,5 +114,6 @@ do_run() {
 case "${1:-}" in
   pack) do_pack ;;
   run) do_run ;;
-  *) echo "usage: scripts/gpu_run.sh pack|run (docs/GPU.md)" >&2; exit 2 ;;
+  sanitize) do_sanitize ;;
+  *) echo "usage: scripts/gpu_run.sh pack|run|sanitize (docs/GPU.md)" >&2; exit 2 ;;
 esac

@@ -349,7 +349,8 @@ __global__ void crossentropy_backward_kernel(float* dlogits, const float* logits
   }
 }
 
-unsigned column_blocks(int C) { return static_cast<unsigned>((C + kThreads - 1) / kThreads); }
+// Blocks of one thread per column (at least one block: a launch of none is an error).
+unsigned column_blocks(int C) { return C <= kThreads ? 1u : static_cast<unsigned>((C + kThreads - 1) / kThreads); }
 
 }  // namespace
 

@@ -63,6 +63,34 @@ __global__ void softmax_ce_backward_kernel(float* dlogits, const float* probs, c
   }
 }
 
+// f(kh, kw, h, w) for each cell (h, w) of output (oh, ow)'s window that lies inside the input.
+template <typename Shape, typename F>
+__device__ void for_window(const Shape& s, int oh, int ow, F&& f) {
+  for (int kh = 0; kh < s.KH; ++kh) {
+    const int h = oh * s.stride_h - s.pad_h + kh;
+    if (h < 0 || h >= s.H) continue;
+    for (int kw = 0; kw < s.KW; ++kw) {
+      const int w = ow * s.stride_w - s.pad_w + kw;
+      if (w >= 0 && w < s.W) f(kh, kw, h, w);
+    }
+  }
+}
+
+// f(kh, kw, oh, ow) for each output (oh, ow) whose window holds input cell (h, w) at (kh, kw): the
+// gather form of a backward pass (each input gradient written by one thread, no atomics).
+template <typename Shape, typename F>
+__device__ void for_covering_outputs(const Shape& s, int h, int w, F&& f) {
+  const int OH = s.OH(), OW = s.OW();
+  for (int kh = 0; kh < s.KH; ++kh) {
+    const int oh_s = h + s.pad_h - kh;  // oh * stride_h
+    if (oh_s < 0 || oh_s % s.stride_h != 0 || oh_s / s.stride_h >= OH) continue;
+    for (int kw = 0; kw < s.KW; ++kw) {
+      const int ow_s = w + s.pad_w - kw;
+      if (ow_s >= 0 && ow_s % s.stride_w == 0 && ow_s / s.stride_w < OW) f(kh, kw, oh_s / s.stride_h, ow_s / s.stride_w);
+    }
+  }
+}
+
 __global__ void conv_forward_kernel(float* out, const float* inp, const float* weight, const float* bias, Conv2dShape s) {
   const int OH = s.OH(), OW = s.OW();
   const size_t total = static_cast<size_t>(s.N) * s.OC * OH * OW;
@@ -71,16 +99,10 @@ __global__ void conv_forward_kernel(float* out, const float* inp, const float* w
     const int oc = static_cast<int>(i / OW / OH % s.OC), n = static_cast<int>(i / OW / OH / s.OC);
     float acc = bias ? bias[oc] : 0.0f;
     for (int c = 0; c < s.C; ++c)
-      for (int kh = 0; kh < s.KH; ++kh) {
-        const int h = oh * s.stride_h - s.pad_h + kh;
-        if (h < 0 || h >= s.H) continue;
-        for (int kw = 0; kw < s.KW; ++kw) {
-          const int w = ow * s.stride_w - s.pad_w + kw;
-          if (w < 0 || w >= s.W) continue;
-          acc += inp[((static_cast<size_t>(n) * s.C + c) * s.H + h) * s.W + w] *
-                 weight[((static_cast<size_t>(oc) * s.C + c) * s.KH + kh) * s.KW + kw];
-        }
-      }
+      for_window(s, oh, ow, [&](int kh, int kw, int h, int w) {
+        acc += inp[((static_cast<size_t>(n) * s.C + c) * s.H + h) * s.W + w] *
+               weight[((static_cast<size_t>(oc) * s.C + c) * s.KH + kh) * s.KW + kw];
+      });
     out[i] = acc;
   }
 }
@@ -94,16 +116,10 @@ __global__ void conv_backward_input_kernel(float* dinp, const float* dout, const
     const int c = static_cast<int>(i / s.W / s.H % s.C), n = static_cast<int>(i / s.W / s.H / s.C);
     float acc = 0.0f;
     for (int oc = 0; oc < s.OC; ++oc)
-      for (int kh = 0; kh < s.KH; ++kh) {
-        const int oh_s = h + s.pad_h - kh;  // oh * stride_h
-        if (oh_s < 0 || oh_s % s.stride_h != 0 || oh_s / s.stride_h >= OH) continue;
-        for (int kw = 0; kw < s.KW; ++kw) {
-          const int ow_s = w + s.pad_w - kw;
-          if (ow_s < 0 || ow_s % s.stride_w != 0 || ow_s / s.stride_w >= OW) continue;
-          acc += dout[((static_cast<size_t>(n) * s.OC + oc) * OH + oh_s / s.stride_h) * OW + ow_s / s.stride_w] *
-                 weight[((static_cast<size_t>(oc) * s.C + c) * s.KH + kh) * s.KW + kw];
-        }
-      }
+      for_covering_outputs(s, h, w, [&](int kh, int kw, int oh, int ow) {
+        acc += dout[((static_cast<size_t>(n) * s.OC + oc) * OH + oh) * OW + ow] *
+               weight[((static_cast<size_t>(oc) * s.C + c) * s.KH + kh) * s.KW + kw];
+      });
     dinp[i] = acc;
   }
 }
@@ -153,16 +169,10 @@ __global__ void maxpool_forward_kernel(float* out, int32_t* argmax, const float*
     const size_t nc = i / OW / OH;
     float best = -FLT_MAX;
     int32_t where = -1;
-    for (int kh = 0; kh < s.KH; ++kh) {
-      const int h = oh * s.stride_h - s.pad_h + kh;
-      if (h < 0 || h >= s.H) continue;
-      for (int kw = 0; kw < s.KW; ++kw) {
-        const int w = ow * s.stride_w - s.pad_w + kw;
-        if (w < 0 || w >= s.W) continue;
-        const float x = inp[(nc * s.H + h) * s.W + w];
-        if (where < 0 || x > best) best = x, where = h * s.W + w;
-      }
-    }
+    for_window(s, oh, ow, [&](int, int, int h, int w) {
+      const float x = inp[(nc * s.H + h) * s.W + w];
+      if (where < 0 || x > best) best = x, where = h * s.W + w;
+    });
     out[i] = best;
     argmax[i] = where;
   }
@@ -177,16 +187,10 @@ __global__ void maxpool_backward_kernel(float* dinp, const float* dout, const in
     const size_t nc = i / s.W / s.H;
     const int32_t me = h * s.W + w;
     float acc = 0.0f;
-    for (int kh = 0; kh < s.KH; ++kh) {
-      const int oh_s = h + s.pad_h - kh;
-      if (oh_s < 0 || oh_s % s.stride_h != 0 || oh_s / s.stride_h >= OH) continue;
-      for (int kw = 0; kw < s.KW; ++kw) {
-        const int ow_s = w + s.pad_w - kw;
-        if (ow_s < 0 || ow_s % s.stride_w != 0 || ow_s / s.stride_w >= OW) continue;
-        const size_t o = (nc * OH + oh_s / s.stride_h) * OW + ow_s / s.stride_w;
-        if (argmax[o] == me) acc += dout[o];
-      }
-    }
+    for_covering_outputs(s, h, w, [&](int, int, int oh, int ow) {
+      const size_t o = (nc * OH + oh) * OW + ow;
+      if (argmax[o] == me) acc += dout[o];
+    });
     dinp[i] = acc;
   }
 }

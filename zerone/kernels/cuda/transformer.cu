@@ -159,6 +159,11 @@ struct AttShape {
   __device__ size_t k(int b, int t, int kv) const { return (static_cast<size_t>(b) * T + t) * R() + static_cast<size_t>(NH + kv) * hs; }
   __device__ size_t v(int b, int t, int kv) const { return (static_cast<size_t>(b) * T + t) * R() + static_cast<size_t>(NH + NKV + kv) * hs; }
   __device__ size_t o(int b, int t, int h) const { return (static_cast<size_t>(b) * T + t) * NH * hs + static_cast<size_t>(h) * hs; }
+  // Element i of a (B, T, NH, hs) tensor as (b, t, h, d).
+  __device__ void decode(size_t i, int& b, int& t, int& h, int& d) const {
+    d = static_cast<int>(i % hs), h = static_cast<int>(i / hs % NH);
+    t = static_cast<int>(i / hs / NH % T), b = static_cast<int>(i / hs / NH / T);
+  }
 };
 
 __device__ float dot(const float* a, const float* b, int n) {
@@ -195,8 +200,8 @@ __global__ void attention_probs_kernel(float* att, const float* qkv, AttShape s,
 __global__ void attention_out_kernel(float* out, const float* att, const float* qkv, AttShape s) {
   const size_t total = static_cast<size_t>(s.B) * s.T * s.NH * s.hs;
   ZERONE_GRID_STRIDE(i, total) {
-    const int d = static_cast<int>(i % s.hs), h = static_cast<int>(i / s.hs % s.NH);
-    const int t = static_cast<int>(i / s.hs / s.NH % s.T), b = static_cast<int>(i / s.hs / s.NH / s.T);
+    int b, t, h, d;
+    s.decode(i, b, t, h, d);
     const float* p = att + ((static_cast<size_t>(b) * s.NH + h) * s.T + t) * s.T;
     float acc = 0.0f;
     for (int t2 = 0; t2 <= t; ++t2) acc += p[t2] * qkv[s.v(b, t2, s.kv_of(h)) + d];
@@ -226,8 +231,8 @@ __global__ void attention_dscores_kernel(float* datt, const float* att, const fl
 __global__ void attention_dq_kernel(float* dqkv, const float* datt, const float* qkv, AttShape s, float scale) {
   const size_t total = static_cast<size_t>(s.B) * s.T * s.NH * s.hs;
   ZERONE_GRID_STRIDE(i, total) {
-    const int d = static_cast<int>(i % s.hs), h = static_cast<int>(i / s.hs % s.NH);
-    const int t = static_cast<int>(i / s.hs / s.NH % s.T), b = static_cast<int>(i / s.hs / s.NH / s.T);
+    int b, t, h, d;
+    s.decode(i, b, t, h, d);
     const float* ds = datt + ((static_cast<size_t>(b) * s.NH + h) * s.T + t) * s.T;
     float acc = 0.0f;
     for (int t2 = 0; t2 <= t; ++t2) acc += ds[t2] * qkv[s.k(b, t2, s.kv_of(h)) + d];

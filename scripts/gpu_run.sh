@@ -38,8 +38,11 @@ do_pack() {
   export CCACHE_BASEDIR="${CCACHE_BASEDIR:-/work}"
   local build="$root/build-gpu"
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DZERONE_PORTABLE=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-    -DZERONE_BUILD_BENCH=OFF -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache > "$build.cmake.log"
+    -DZERONE_BUILD_BENCH=OFF -DCMAKE_EXPORT_COMPILE_COMMANDS=ON -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache > "$build.cmake.log"
   grep -q 'CUDA backend ON' "$build.cmake.log" || { echo "gpu_run.sh: the CUDA backend is not configured (no nvcc?)" >&2; exit 1; }
+  # Note [Portable builds]: not one host compile may target this machine's CPU.
+  ! grep -q -- '-march=native' "$build/compile_commands.json" ||
+    { echo "gpu_run.sh: -march=native in $build/compile_commands.json" >&2; exit 1; }
   nice cmake --build "$build" -j"${JOBS:-2}" --target zerone kernels_test
   rm -rf "$pack"
   mkdir -p "$pack/bin" "$pack/lib"

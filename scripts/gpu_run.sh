@@ -21,14 +21,15 @@
 #   run(command="bash scripts/gpu_run.sh run", carry=["gpu_pack"], timeout_s=420)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-pack="$root/gpu_pack"
+carried="$root/gpu_pack"         # what travels: zerone-pack.tar.xz (xz: oneDNN alone is 40 MB unpacked)
+pack="${TMPDIR:-/tmp}/zerone-gpu-pack"  # where it is unpacked and run from (bin/, lib/)
 limit_bytes=$((64 * 1024 * 1024))
 
 # Libraries the pack leaves to the target: the C runtime and the compiler's C++ runtime (the target's
 # are as new or newer), and CUDA's own (the target's driver and PyTorch's wheels provide them).
 system_lib() {
   case "$1" in
-    linux-vdso*|ld-linux*|libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|libstdc++.so*|libgcc_s.so*) return 0 ;;
+    linux-vdso*|ld-linux*|libc.so*|libm.so*|libmvec.so*|libpthread.so*|libdl.so*|librt.so*|libstdc++.so*|libgcc_s.so*) return 0 ;;
     libcuda.so*|libcudart.so*|libcublas.so*|libcublasLt.so*|libnvrtc*|libnvJitLink*) return 0 ;;
   esac
   return 1
@@ -44,8 +45,8 @@ do_pack() {
   ! grep -q -- '-march=native' "$build/compile_commands.json" ||
     { echo "gpu_run.sh: -march=native in $build/compile_commands.json" >&2; exit 1; }
   nice cmake --build "$build" -j"${JOBS:-2}" --target zerone kernels_test
-  rm -rf "$pack"
-  mkdir -p "$pack/bin" "$pack/lib"
+  rm -rf "$pack" "$carried"
+  mkdir -p "$pack/bin" "$pack/lib" "$carried"
   cp "$build/zerone" "$build/tests/kernels_test" "$pack/bin/" 2>/dev/null || cp "$build/zerone" "$(find "$build" -name kernels_test -type f | head -1)" "$pack/bin/"
   strip "$pack/bin/"*
   local lib name
@@ -58,21 +59,33 @@ do_pack() {
   local missing
   missing="$(LD_LIBRARY_PATH="$pack/lib" ldd "$pack/bin/"* "$pack/lib/"* 2>/dev/null | awk '/not found/ {print $1}' | sort -u)"
   [ -z "$missing" ] || { echo "gpu_run.sh: unresolved in the pack: $missing" >&2; exit 1; }
+  tar -C "$pack" -cf - bin lib | xz -T"${JOBS:-2}" -6 > "$carried/zerone-pack.tar.xz"
+  unpack
   local pack_bytes tree_bytes
-  pack_bytes=$(du -sb "$pack" | cut -f1)
+  pack_bytes=$(du -sb "$carried" | cut -f1)
   tree_bytes=$(cd "$root" && git ls-files -co --exclude-standard -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
   echo "gpu_run.sh: pack $((pack_bytes / 1024)) KiB + working tree $((tree_bytes / 1024)) KiB (limit $((limit_bytes / 1024)) KiB)"
   [ $((pack_bytes + tree_bytes)) -le $limit_bytes ] || { echo "gpu_run.sh: over the device tool's 64 MiB" >&2; exit 1; }
   # Starts from the pack, with none of the build tree's paths.
-  LD_LIBRARY_PATH="$pack/lib" "$pack/bin/zerone" info | tee "$pack/info.here.txt"
+  LD_LIBRARY_PATH="$pack/lib" "$pack/bin/zerone" info | tee "$carried/info.here.txt"
+  LD_LIBRARY_PATH="$pack/lib" "$pack/bin/zerone" train --model gpt2:layers=1,dim=32,heads=2,vocab=64,ctx=8 --steps 1 \
+    --device cuda > "$carried/no_gpu.here.txt" 2>&1 && { echo "gpu_run.sh: --device cuda ran without a GPU?" >&2; exit 1; }
+  cat "$carried/no_gpu.here.txt"
   echo
   echo "Next, from a session that is lent a GPU (docs/GPU.md):"
   echo '  run(command="bash scripts/gpu_run.sh run", carry=["gpu_pack"], timeout_s=420)'
 }
 
+# The carried archive, unpacked afresh into $pack.
+unpack() {
+  rm -rf "$pack" && mkdir -p "$pack"
+  xz -dc "$carried/zerone-pack.tar.xz" | tar -C "$pack" -xf -
+}
+
 # The GPU machine's environment: the pack's libraries, then PyTorch's CUDA wheels (nvidia/<lib>/lib
 # and nvidia/cu13/lib hold libcudart and libcublasLt).
 gpu_env() {
+  unpack
   local wheels
   wheels="$(python3 -c 'import nvidia, os, glob; print(":".join(sorted({os.path.dirname(p) for d in nvidia.__path__ for p in glob.glob(os.path.join(d, "*", "lib", "lib*.so*"))})))' 2>/dev/null || true)"
   export LD_LIBRARY_PATH="$pack/lib${wheels:+:$wheels}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -96,7 +109,8 @@ do_run() {
   mkdir -p "$out"
   gpu_env
   {
-    date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 || true
+    date -u; ldd --version | head -1  # the pack needs glibc >= 2.36 and libstdc++ of GCC >= 12
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 || true
     echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
     ldd "$pack/bin/zerone" | grep -E 'cuda|cublas|not found' || true
     "$pack/bin/zerone" info

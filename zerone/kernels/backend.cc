@@ -53,7 +53,12 @@ constexpr bool kCudaBackendBuilt = false;
 std::mutex g_mutex;
 std::unique_ptr<cpu::CpuBackend> g_cpu;
 std::unique_ptr<sim::SimBackend> g_sim;
-std::unique_ptr<Backend> g_cuda;
+#ifdef ZERONE_HAVE_CUDA
+// Never destroyed: at exit the CUDA runtime may already be gone (its atexit handler runs before
+// this namespace's destructors), and tearing down streams, cuBLASLt and device memory then can
+// fault. The process's exit releases the GPU.
+Backend* g_cuda = nullptr;
+#endif
 Backend* g_device = nullptr;
 
 }  // namespace
@@ -79,7 +84,7 @@ Backend& backend(DeviceKind kind) {
       return *g_sim;
     case DeviceKind::cuda:
 #ifdef ZERONE_HAVE_CUDA
-      if (!g_cuda) g_cuda = cuda::make_cuda_backend();  // throws without a GPU
+      if (!g_cuda) g_cuda = cuda::make_cuda_backend().release();  // throws without a GPU
       return *g_cuda;
 #else
       break;

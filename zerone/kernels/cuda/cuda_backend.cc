@@ -5,6 +5,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -38,8 +39,11 @@ using kernels::Pool2dShape;
 using kernels::SGDHyper;
 using kernels::Stream;
 
-// True for the statuses CUDA returns once the process is exiting (static Buffers freed after the
-// runtime unloaded): nothing is left to free.
+// Note [CUDA at exit]: static Buffers and Events may be destroyed after the CUDA runtime has torn
+// itself down (its atexit handler). An atexit handler registered once the runtime is up runs
+// before the runtime's, and from then on frees and event destructions do nothing: the process's
+// exit releases the GPU. The statuses CUDA returns after its teardown are tolerated too.
+std::atomic<bool> g_exiting{false};
 bool exiting(cudaError_t e) { return e == cudaErrorCudartUnloading || e == cudaErrorContextIsDestroyed; }
 
 // ---------------------------------------------------------------- memory
@@ -75,7 +79,7 @@ class CudaArena final : public MemoryArena {
   }
 
   void deallocate(void* data, size_t, size_t alignment) noexcept override {
-    if (data == nullptr) return;
+    if (data == nullptr || g_exiting.load()) return;  // Note [CUDA at exit]
     if (alignment > kPoolAlignment) {
       std::lock_guard<std::mutex> lock(mutex_);
       auto it = over_aligned_.find(data);
@@ -110,7 +114,9 @@ class CudaEvent final : public Event::Impl {
     ZERONE_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
     ZERONE_CUDA_CHECK(cudaEventRecord(event_, stream));
   }
-  ~CudaEvent() override { (void)cudaEventDestroy(event_); }
+  ~CudaEvent() override {
+    if (!g_exiting.load()) (void)cudaEventDestroy(event_);  // Note [CUDA at exit]
+  }
   bool ready() const override {
     const cudaError_t e = cudaEventQuery(event_);
     if (e == cudaErrorNotReady) return false;
@@ -518,7 +524,10 @@ class CudaBackend final : public kernels::Backend {
 std::unique_ptr<kernels::Backend> make_cuda_backend() {
   const int count = device_count();
   ZERONE_CHECK(count > 0, "--device cuda: no CUDA GPU found on this machine; use --device cpu or --device sim");
-  return std::make_unique<CudaBackend>(local_rank() % count);
+  auto backend = std::make_unique<CudaBackend>(local_rank() % count);
+  static const bool registered = [] { return std::atexit([] { g_exiting.store(true); }) == 0; }();  // Note [CUDA at exit]
+  (void)registered;
+  return backend;
 }
 
 }  // namespace zerone::cuda

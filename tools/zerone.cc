@@ -79,6 +79,7 @@ int cmd_info() {
   std::printf("MPI          %s\n", comm::mpi_library_version().c_str());
 #if ZERONE_HAVE_CUDA
   std::printf("CUDA         compiled in (%s)\n", cuda::version_string().c_str());
+  std::printf("  libraries  %s\n", cuda::library_versions().c_str());
   auto devs = cuda::devices();
   if (devs.empty()) std::printf("  devices    none found (GPU kernels will be skipped)\n");
   for (const auto& d : devs)
@@ -87,7 +88,7 @@ int cmd_info() {
 #else
   std::printf("CUDA         not compiled in\n");
 #endif
-  std::printf("NCCL         not compiled in\n");
+  std::printf("NCCL         not compiled in (multi-GPU collectives go through MPI with host staging)\n");
   std::string devices;
   for (kernels::DeviceKind d : kernels::available_devices())
     devices += str_cat(devices.empty() ? "" : ", ", kernels::device_kind_name(d));

@@ -32,12 +32,6 @@
 #include "zerone/core/memory.h"
 #include "zerone/core/rng.h"
 #include "zerone/kernels/backend.h"
-#ifdef ZERONE_HAVE_CUDA
-#include <cuda_runtime.h>
-
-#include "zerone/kernels/cuda/adamw.h"
-#include "zerone/kernels/cuda/device.h"
-#endif
 
 namespace zerone::kernels {
 namespace {
@@ -292,6 +286,35 @@ void expect_bitwise_equal(const Result& got, const Result& cpu) {
   for (size_t k = 0; k < got.scalars.size(); ++k)
     EXPECT_EQ(std::memcmp(&got.scalars[k], &cpu.scalars[k], sizeof(double)), 0)
         << "returned value " << k << ": " << got.scalars[k] << " on the cpu backend " << cpu.scalars[k];
+}
+
+// Note [CUDA against the cpu backend]: the GPU sums in other orders (block trees, cuBLASLt's
+// tiles), so its results agree with the cpu backend's to rounding, not bit for bit: f32 values
+// within 1e-4 of the tensor's scale (the reference tolerance), 16-bit values within two units of
+// their last place (a master value one f32 ulp apart may round the other way), integers and
+// returned counts exactly. Determinism on the GPU itself is checked by running a case twice.
+void expect_close_to_cpu(const Result& got, const Result& cpu) {
+  for (const auto& [name, o] : cpu.operands) {
+    if (o.elem == Elem::opaque) continue;
+    SCOPED_TRACE(name);
+    const Vec want = cpu.values(name), have = got.values(name);
+    ASSERT_EQ(have.size(), want.size());
+    const double tol = o.elem == Elem::f32 ? 1e-4 : o.elem == Elem::bf16 ? 2.0 / 128 : o.elem == Elem::f16 ? 2.0 / 1024 : 0.0;
+    double scale = 1.0;
+    for (double x : want) scale = std::max(scale, std::abs(x));
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      const bool ok = same_value(have[i], want[i]) ||
+                      std::abs(have[i] - want[i]) <= tol * (o.elem == Elem::f32 ? scale : std::max(1.0, std::abs(want[i])));
+      if (!ok && bad++ == 0) first = i;
+    }
+    EXPECT_EQ(bad, 0u) << name << ": " << bad << " values differ from the cpu backend's, first at " << first << ": "
+                       << have[first] << " on the cpu backend " << want[first];
+  }
+  ASSERT_EQ(got.scalars.size(), cpu.scalars.size());
+  for (size_t k = 0; k < got.scalars.size(); ++k)
+    EXPECT_NEAR(got.scalars[k], cpu.scalars[k], 1e-5 * std::max(1.0, std::abs(cpu.scalars[k])))
+        << "returned value " << k;
 }
 
 // ---------------------------------------------------------------- the cases
@@ -1252,7 +1275,12 @@ TEST_P(BackendOps, MatchesReferenceAndCpu) {
   const Result got = run_on(*b, c);
   for (const Want& w : c.reference()) check(got, w);
   if (c.extra) c.extra(got);
-  if (kind != DeviceKind::cpu) expect_bitwise_equal(got, run_on(backend(DeviceKind::cpu), c));
+  if (kind == DeviceKind::cuda) {
+    expect_close_to_cpu(got, run_on(backend(DeviceKind::cpu), c));  // Note [CUDA against the cpu backend]
+    expect_bitwise_equal(run_on(*b, c), got);                        // deterministic: the same bits again
+  } else if (kind != DeviceKind::cpu) {
+    expect_bitwise_equal(got, run_on(backend(DeviceKind::cpu), c));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Ops, BackendOps, ::testing::ValuesIn(every_case_on_every_backend()),
@@ -1398,54 +1426,22 @@ TEST_F(SimSeamDeathTest, OperandRangeRunningOffItsAllocationAborts) {
 
 // ---------------------------------------------------------------- CUDA
 
-#ifdef ZERONE_HAVE_CUDA
-// The standalone CUDA AdamW kernel (until the CUDA Backend exists) against the reference and the
-// cpu backend. Skipped without a GPU.
-TEST(CudaAdamW, MatchesReferenceAndCpuBackend) {
-  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  const size_t n = 100003;
-  auto master = randn(n, 9), grad = randn(n, 10);
-  AdamWHyper h;
-  h.lr = 1e-2f;
-  h.weight_decay = 0.1f;
-  h.grad_scale = 0.5f;
-  float *dm, *dmm, *dv, *dg;
-  unsigned short* dp;
-  ASSERT_EQ(cudaMalloc(&dm, n * 4), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&dmm, n * 4), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&dv, n * 4), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&dg, n * 4), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&dp, n * 2), cudaSuccess);
-  cudaMemcpy(dm, master.data(), n * 4, cudaMemcpyHostToDevice);
-  cudaMemset(dmm, 0, n * 4);
-  cudaMemset(dv, 0, n * 4);
-  cudaMemcpy(dg, grad.data(), n * 4, cudaMemcpyHostToDevice);
-  cuda::adamw_update(dm, dmm, dv, dg, dp, n, h);
-  std::vector<float> gpu_master(n), gpu_m(n), gpu_v(n);
-  std::vector<uint16_t> gpu_param(n);
-  cudaMemcpy(gpu_master.data(), dm, n * 4, cudaMemcpyDeviceToHost);
-  cudaMemcpy(gpu_m.data(), dmm, n * 4, cudaMemcpyDeviceToHost);
-  cudaMemcpy(gpu_v.data(), dv, n * 4, cudaMemcpyDeviceToHost);
-  cudaMemcpy(gpu_param.data(), dp, n * 2, cudaMemcpyDeviceToHost);
-  cudaFree(dm), cudaFree(dmm), cudaFree(dv), cudaFree(dg), cudaFree(dp);
-
-  std::vector<float> cpu_master = master, cpu_m(n), cpu_v(n);
-  std::vector<uint16_t> cpu_param(n);
-  backend(DeviceKind::cpu).adamw_update(cpu_master.data(), cpu_m.data(), cpu_v.data(), grad.data(), cpu_param.data(),
-                                        DType::bf16, n, h);
-  Vec p = to_double(master), m(n, 0.0), v(n, 0.0);
-  ref::AdamWRef rh;
-  rh.lr = h.lr, rh.weight_decay = h.weight_decay, rh.grad_scale = h.grad_scale;
-  ref::adamw_step(p, m, v, to_double(grad), rh, 1);
-  for (size_t i = 0; i < n; ++i) {
-    ASSERT_NEAR(gpu_master[i], cpu_master[i], 1e-6f * std::max(1.0f, std::abs(cpu_master[i]))) << i;
-    ASSERT_NEAR(gpu_master[i], p[i], 1e-5 * std::max(1.0, std::abs(p[i]))) << i;
-    ASSERT_NEAR(gpu_m[i], m[i], 1e-6) << i;
-    ASSERT_NEAR(gpu_v[i], v[i], 1e-6) << i;
-    ASSERT_EQ(decode_bf16(gpu_param[i]), ref::round_bf16(gpu_master[i])) << i;
+// Without a GPU (or without the CUDA backend built) every cuda row above is SKIPPED with the
+// reason, never passed; this says so once more by name.
+TEST(CudaBackend, OfferedExactlyWhenAGpuIsPresent) {
+  bool offered = false;
+  for (DeviceKind kind : available_devices()) offered = offered || kind == DeviceKind::cuda;
+  try {
+    Backend& b = backend(DeviceKind::cuda);
+    EXPECT_TRUE(offered);
+    EXPECT_EQ(b.kind(), DeviceKind::cuda);
+    EXPECT_EQ(b.activation_channel_block(), 0);
+  } catch (const Error& e) {
+    EXPECT_FALSE(offered);
+    EXPECT_NE(std::string(e.what()).find("--device cuda"), std::string::npos) << e.what();
+    GTEST_SKIP() << e.what();
   }
 }
-#endif
 
 }  // namespace
 }  // namespace zerone::kernels

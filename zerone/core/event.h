@@ -29,6 +29,9 @@ class Event {
   void wait() const {
     if (impl_) impl_->wait();
   }
+  // The backend's own handle (null for a complete default Event): the backend that made the event
+  // reads it back (the CUDA backend's cudaEvent_t, to make a stream wait on it).
+  const Impl* impl() const { return impl_.get(); }
 
  private:
   std::shared_ptr<const Impl> impl_;

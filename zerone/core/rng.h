@@ -8,10 +8,15 @@
 #include <cmath>
 #include <cstdint>
 
+#include "zerone/core/host_device.h"
+
+// Note [Rng on the GPU]: the generator's pure functions are also device functions when nvcc
+// compiles a file, so that the CUDA dropout draws the cpu kernel's bits (kernels/cuda/classifier.cu).
+
 namespace zerone {
 
 // SplitMix64 finalizer: a strong 64-bit mixing function.
-inline uint64_t mix64(uint64_t x) {
+ZERONE_HOST_DEVICE inline uint64_t mix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
@@ -25,9 +30,9 @@ inline double uniform_at(uint64_t seed, uint64_t stream, uint64_t index);
 class Rng {
  public:
   explicit Rng(uint64_t seed, uint64_t stream = 0) : key_(key(seed, stream)) {}
-  static uint64_t key(uint64_t seed, uint64_t stream) { return mix64(seed ^ mix64(stream + 0x632be59bd9b4e019ull)); }
-  static uint64_t at(uint64_t key, uint64_t counter) { return mix64(key + counter * 0xd1b54a32d192ed03ull); }
-  static double to_uniform(uint64_t bits) { return static_cast<double>(bits >> 11) * 0x1.0p-53; }
+  ZERONE_HOST_DEVICE static uint64_t key(uint64_t seed, uint64_t stream) { return mix64(seed ^ mix64(stream + 0x632be59bd9b4e019ull)); }
+  ZERONE_HOST_DEVICE static uint64_t at(uint64_t key, uint64_t counter) { return mix64(key + counter * 0xd1b54a32d192ed03ull); }
+  ZERONE_HOST_DEVICE static double to_uniform(uint64_t bits) { return static_cast<double>(bits >> 11) * 0x1.0p-53; }
   uint64_t next_u64() { return at(key_, counter_++); }
   // Uniform in [0, 1) with 53 random bits.
   double uniform() { return to_uniform(next_u64()); }

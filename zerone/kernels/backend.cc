@@ -9,6 +9,7 @@
 #include "zerone/kernels/cpu/cpu_backend.h"
 #include "zerone/kernels/sim/sim_backend.h"
 #ifdef ZERONE_HAVE_CUDA
+#include "zerone/kernels/cuda/cuda_backend.h"
 #include "zerone/kernels/cuda/device.h"
 #endif
 
@@ -42,13 +43,22 @@ int cuda_devices() {
 #endif
 }
 
-// Note [Why cuda is not offered yet]: the CUDA backend (kernels/cuda) so far holds a lone AdamW
-// kernel; until it implements Backend, `--device cuda` is refused with the reason, GPU or not.
+// The CUDA backend is offered when it is built (nvcc found) and a GPU is present.
+#ifdef ZERONE_HAVE_CUDA
+constexpr bool kCudaBackendBuilt = true;
+#else
 constexpr bool kCudaBackendBuilt = false;
+#endif
 
 std::mutex g_mutex;
 std::unique_ptr<cpu::CpuBackend> g_cpu;
 std::unique_ptr<sim::SimBackend> g_sim;
+#ifdef ZERONE_HAVE_CUDA
+// Never destroyed: at exit the CUDA runtime may already be gone (its atexit handler runs before
+// this namespace's destructors), and tearing down streams, cuBLASLt and device memory then can
+// fault. The process's exit releases the GPU.
+Backend* g_cuda = nullptr;
+#endif
 Backend* g_device = nullptr;
 
 }  // namespace
@@ -73,13 +83,15 @@ Backend& backend(DeviceKind kind) {
       if (!g_sim) g_sim = std::make_unique<sim::SimBackend>();
       return *g_sim;
     case DeviceKind::cuda:
+#ifdef ZERONE_HAVE_CUDA
+      if (!g_cuda) g_cuda = cuda::make_cuda_backend().release();  // throws without a GPU
+      return *g_cuda;
+#else
       break;
+#endif
   }
-  const int gpus = cuda_devices();
-  throw Error(str_cat("--device cuda: ",
-                      gpus == 0 ? "no CUDA GPU found on this machine"
-                                : str_cat(gpus, " CUDA GPU(s) found, but this build has no CUDA training backend yet"),
-                      "; use --device cpu or --device sim"));
+  throw Error("--device cuda: this build has no CUDA backend (nvcc was not found when it was built); "
+              "use --device cpu or --device sim");
 }
 
 Backend& host_backend() {

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <tuple>
 
+#include "zerone/core/host_device.h"
+
 namespace zerone::kernels {
 
 // AdamW hyper-parameters of one update (kernels/cpu/adamw.h is the executable spec).
@@ -47,8 +49,8 @@ struct Conv2dShape {
   int OC = 1, KH = 1, KW = 1;          // filters
   int stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
   ActLayout src_layout = ActLayout::plain, dst_layout = ActLayout::plain;  // input / output (and gradients)
-  int OH() const { return (H + 2 * pad_h - KH) / stride_h + 1; }
-  int OW() const { return (W + 2 * pad_w - KW) / stride_w + 1; }
+  ZERONE_HOST_DEVICE int OH() const { return (H + 2 * pad_h - KH) / stride_h + 1; }
+  ZERONE_HOST_DEVICE int OW() const { return (W + 2 * pad_w - KW) / stride_w + 1; }
   auto tie() const {
     return std::tie(N, C, H, W, OC, KH, KW, stride_h, stride_w, pad_h, pad_w, src_layout, dst_layout);
   }
@@ -59,8 +61,8 @@ struct Pool2dShape {
   int N = 1, C = 1, H = 1, W = 1;
   int KH = 1, KW = 1, stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
   ActLayout layout = ActLayout::plain;  // input and output (and their gradients)
-  int OH() const { return (H + 2 * pad_h - KH) / stride_h + 1; }
-  int OW() const { return (W + 2 * pad_w - KW) / stride_w + 1; }
+  ZERONE_HOST_DEVICE int OH() const { return (H + 2 * pad_h - KH) / stride_h + 1; }
+  ZERONE_HOST_DEVICE int OW() const { return (W + 2 * pad_w - KW) / stride_w + 1; }
   auto tie() const { return std::tie(N, C, H, W, KH, KW, stride_h, stride_w, pad_h, pad_w, layout); }
   bool operator<(const Pool2dShape& o) const { return tie() < o.tie(); }
 };

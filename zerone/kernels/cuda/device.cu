@@ -1,3 +1,5 @@
+#include <cublasLt.h>
+
 #include "zerone/kernels/cuda/check.h"
 #include "zerone/kernels/cuda/device.h"
 
@@ -29,6 +31,11 @@ std::string version_string() {
   bool have_driver = cudaDriverGetVersion(&driver) == cudaSuccess && driver > 0;
   return str_cat("runtime ", runtime / 1000, ".", runtime % 1000 / 10, ", driver ",
                  have_driver ? str_cat(driver / 1000, ".", driver % 1000 / 10) : std::string("none"));
+}
+
+std::string library_versions() {
+  const size_t v = cublasLtGetVersion();  // major * 10000 + minor * 100 + patch
+  return str_cat("cuBLASLt ", v / 10000, ".", v / 100 % 100, ".", v % 100);
 }
 
 }  // namespace zerone::cuda

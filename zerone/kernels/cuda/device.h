@@ -23,5 +23,8 @@ int device_count();
 std::vector<DeviceInfo> devices();
 // CUDA runtime and driver versions as "runtime X.Y, driver X.Y" (driver "none" without one).
 std::string version_string();
+// The linked CUDA libraries' versions, "cuBLASLt 13.0.0" (what is linked: the backend uses no
+// cuDNN and no NCCL yet).
+std::string library_versions();
 
 }  // namespace zerone::cuda

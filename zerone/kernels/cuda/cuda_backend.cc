@@ -1,0 +1,533 @@
+// The CUDA backend: host code (C++, no kernels); Note [CUDA backend design] in cuda_backend.h.
+// NOTHING HERE HAS RUN ON A GPU YET.
+#include "zerone/kernels/cuda/cuda_backend.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <utility>
+#include <mutex>
+#include <vector>
+
+#include "zerone/core/error.h"
+#include "zerone/kernels/cpu/quantize.h"
+#include "zerone/kernels/cuda/check.h"
+#include "zerone/kernels/cuda/device.h"
+#include "zerone/kernels/cuda/kernels.h"
+
+#define ZERONE_CUBLAS_CHECK(expr)                                                                     \
+  do {                                                                                               \
+    cublasStatus_t zerone_cublas_status = (expr);                                                    \
+    ZERONE_ASSERT(zerone_cublas_status == CUBLAS_STATUS_SUCCESS, "cuBLASLt call ", #expr, ": status ", \
+                  static_cast<int>(zerone_cublas_status));                                           \
+  } while (0)
+
+namespace zerone::cuda {
+namespace {
+
+using kernels::ActLayout;
+using kernels::AdamWHyper;
+using kernels::Conv2dShape;
+using kernels::DeviceKind;
+using kernels::DropoutKey;
+using kernels::Pool2dShape;
+using kernels::SGDHyper;
+using kernels::Stream;
+
+// Note [CUDA at exit]: static Buffers and Events may be destroyed after the CUDA runtime has torn
+// itself down (its atexit handler). An atexit handler registered once the runtime is up runs
+// before the runtime's, and from then on frees and event destructions do nothing: the process's
+// exit releases the GPU. The statuses CUDA returns after its teardown are tolerated too.
+std::atomic<bool> g_exiting{false};
+bool exiting(cudaError_t e) { return e == cudaErrorCudartUnloading || e == cudaErrorContextIsDestroyed; }
+
+// ---------------------------------------------------------------- memory
+
+// Note [CUDA backend design]: the device's memory, stream-ordered on the compute stream.
+class CudaArena final : public MemoryArena {
+ public:
+  CudaArena(int device, cudaStream_t stream) : device_(device), stream_(stream) {
+    cudaMemPool_t pool;
+    ZERONE_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
+    uint64_t keep = UINT64_MAX;  // cache freed memory in the pool instead of returning it
+    ZERONE_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+  }
+
+  // Zero-filled (on the stream); null when the device is out of memory.
+  void* allocate(size_t bytes, size_t alignment) override {
+    ZERONE_CUDA_CHECK(cudaSetDevice(device_));
+    const size_t extra = alignment > kPoolAlignment ? alignment : 0;
+    bytes = bytes == 0 ? 1 : bytes;  // a distinct address for an empty Buffer too
+    void* raw = nullptr;
+    const cudaError_t e = cudaMallocAsync(&raw, bytes + extra, stream_);
+    if (e == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();  // clear it: out of memory is the caller's Error, not a sticky fault
+      return nullptr;
+    }
+    ZERONE_CUDA_CHECK(e);
+    ZERONE_CUDA_CHECK(cudaMemsetAsync(raw, 0, bytes + extra, stream_));
+    if (extra == 0) return raw;
+    const uintptr_t aligned = (reinterpret_cast<uintptr_t>(raw) + alignment - 1) / alignment * alignment;
+    std::lock_guard<std::mutex> lock(mutex_);
+    over_aligned_.emplace(reinterpret_cast<void*>(aligned), raw);
+    return reinterpret_cast<void*>(aligned);
+  }
+
+  void deallocate(void* data, size_t, size_t alignment) noexcept override {
+    if (data == nullptr || g_exiting.load()) return;  // Note [CUDA at exit]
+    if (alignment > kPoolAlignment) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = over_aligned_.find(data);
+      if (it != over_aligned_.end()) data = it->second, over_aligned_.erase(it);
+    }
+    cudaError_t e = cudaSetDevice(device_);
+    if (e == cudaSuccess) e = cudaFreeAsync(data, stream_);
+    if (e != cudaSuccess && !exiting(e)) {
+      std::fprintf(stderr, "zerone: internal error: cudaFreeAsync: %s\n", cudaGetErrorString(e));
+      std::abort();
+    }
+  }
+
+  void zero(void* data, size_t bytes) override {
+    ZERONE_CUDA_CHECK(cudaSetDevice(device_));
+    ZERONE_CUDA_CHECK(cudaMemsetAsync(data, 0, bytes, stream_));
+  }
+
+ private:
+  static constexpr size_t kPoolAlignment = 256;  // what cudaMallocAsync guarantees
+  const int device_;
+  const cudaStream_t stream_;
+  std::mutex mutex_;
+  std::map<void*, void*> over_aligned_;  // aligned address -> the allocation holding it
+};
+
+// ---------------------------------------------------------------- events
+
+class CudaEvent final : public Event::Impl {
+ public:
+  explicit CudaEvent(cudaStream_t stream) {
+    ZERONE_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+    ZERONE_CUDA_CHECK(cudaEventRecord(event_, stream));
+  }
+  ~CudaEvent() override {
+    if (!g_exiting.load()) (void)cudaEventDestroy(event_);  // Note [CUDA at exit]
+  }
+  bool ready() const override {
+    const cudaError_t e = cudaEventQuery(event_);
+    if (e == cudaErrorNotReady) return false;
+    ZERONE_CUDA_CHECK(e);
+    return true;
+  }
+  void wait() const override { ZERONE_CUDA_CHECK(cudaEventSynchronize(event_)); }
+  cudaEvent_t handle() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+int local_rank() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
+    if (const char* v = std::getenv(name)) return std::atoi(v);
+  return 0;
+}
+
+size_t sz(int n) { return static_cast<size_t>(n); }
+
+// The largest power of two (at most 256) dividing the address.
+uint32_t alignment_of(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  uint32_t bytes = 256;
+  while (bytes > 1 && a % bytes != 0) bytes /= 2;
+  return bytes;
+}
+
+cudaDataType cuda_type(DType d) {
+  switch (d) {
+    case DType::f32: return CUDA_R_32F;
+    case DType::bf16: return CUDA_R_16BF;
+    case DType::f16: return CUDA_R_16F;
+  }
+  return CUDA_R_32F;
+}
+
+// ---------------------------------------------------------------- the backend
+
+class CudaBackend final : public kernels::Backend {
+ public:
+  explicit CudaBackend(int device) : device_(device) {
+    ZERONE_CUDA_CHECK(cudaSetDevice(device_));
+    for (cudaStream_t& s : streams_) ZERONE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    arena_ = std::make_unique<CudaArena>(device_, compute());
+    ZERONE_CUBLAS_CHECK(cublasLtCreate(&lt_));
+    cudaDeviceProp prop;
+    ZERONE_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+    description_ = str_cat("cuda:", device_, " ", prop.name, " (sm_", prop.major, prop.minor, ", ",
+                           prop.multiProcessorCount, " SMs, ", version_string(), ", cuBLASLt ", cublasLtGetVersion(), ")");
+  }
+  ~CudaBackend() override {
+    for (Buffer& b : scratch_) b.reset();
+    if (lt_) (void)cublasLtDestroy(lt_);
+    for (cudaStream_t s : streams_) (void)cudaStreamDestroy(s);
+  }
+
+  DeviceKind kind() const override { return DeviceKind::cuda; }
+  std::string description() const override { return description_; }
+  bool host_addressable() const override { return false; }
+  MemoryArena& device_arena() override { return *arena_; }
+  MemPlace place_of(const void* p) const override {
+    cudaPointerAttributes attr;
+    if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return MemPlace::host;
+    }
+    return attr.type == cudaMemoryTypeDevice && attr.device == device_ ? MemPlace::device : MemPlace::host;
+  }
+
+  Event record(Stream stream) override {
+    if (stream != Stream::compute) join(stream_of(stream), compute());
+    return Event(std::make_shared<const CudaEvent>(stream_of(stream)));
+  }
+  void wait(Stream stream, const Event& event) override {
+    const auto* e = dynamic_cast<const CudaEvent*>(event.impl());
+    if (e == nullptr) return;  // a default (complete) event
+    ZERONE_CUDA_CHECK(cudaStreamWaitEvent(stream_of(stream), e->handle(), 0));
+  }
+  void synchronize(Stream stream) override {
+    ZERONE_CUDA_CHECK(cudaSetDevice(device_));
+    ZERONE_CUDA_CHECK(cudaStreamSynchronize(compute()));  // copies run there too (Note [CUDA backend design])
+    if (stream != Stream::compute) ZERONE_CUDA_CHECK(cudaStreamSynchronize(stream_of(stream)));
+  }
+
+  void copy(void* dst, MemPlace dst_place, const void* src, MemPlace src_place, size_t bytes) override {
+    ZERONE_ASSERT(dst_place != MemPlace::nvme && src_place != MemPlace::nvme, "copy: NVMe is not memory");
+    if (bytes == 0 || dst == src) return;
+    if (dst_place == MemPlace::host && src_place == MemPlace::host) {
+      std::memcpy(dst, src, bytes);
+      return;
+    }
+    ZERONE_CUDA_CHECK(cudaSetDevice(device_));
+    const cudaMemcpyKind kind = dst_place == MemPlace::device
+                                    ? (src_place == MemPlace::device ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
+                                    : cudaMemcpyDeviceToHost;
+    ZERONE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, compute()));
+    if (kind != cudaMemcpyDeviceToDevice) ZERONE_CUDA_CHECK(cudaStreamSynchronize(compute()));
+  }
+  void fill_zero(void* dst, size_t bytes) override {
+    if (bytes > 0) ZERONE_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, compute()));
+  }
+  void accumulate(float* dst, const float* src, size_t n) override { cuda::accumulate(dst, src, n, compute()); }
+  double sum_squares(const float* x, size_t n, float* copy_to) override {
+    return in_order(n, [&](double* dev, double* host) { sum_squares_partials(x, n, copy_to, dev, host, compute()); });
+  }
+  double sum(const float* x, size_t n) override {
+    return in_order(n, [&](double* dev, double* host) { sum_partials(x, n, dev, host, compute()); });
+  }
+  void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n) override {
+    cuda::convert(dst, dst_dtype, src, src_dtype, n, compute());
+  }
+  bool all_finite(const float* x, size_t n) override {
+    if (n == 0) return true;
+    int* flag = static_cast<int*>(scratch(kFlag, sizeof(int)));
+    ZERONE_CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(int), compute()));
+    mark_not_finite(x, n, flag, compute());
+    int bad = 0;
+    ZERONE_CUDA_CHECK(cudaMemcpyAsync(&bad, flag, sizeof(int), cudaMemcpyDeviceToHost, compute()));
+    ZERONE_CUDA_CHECK(cudaStreamSynchronize(compute()));
+    return bad == 0;
+  }
+  void quantize_blockwise(const void* src, DType src_dtype, size_t n, int bits, size_t block, void* out) override {
+    (void)kernels::cpu::quantized_bytes(n, bits, block);  // checks bits and block
+    cuda::quantize_blockwise(src, src_dtype, n, bits, block, out, compute());
+  }
+  void dequantize_blockwise(const void* in, size_t n, int bits, size_t block, void* dst, DType dst_dtype,
+                            bool accumulate) override {
+    (void)kernels::cpu::quantized_bytes(n, bits, block);
+    cuda::dequantize_blockwise(in, n, bits, block, dst, dst_dtype, accumulate, compute());
+  }
+
+  double adamw_update(float* master, float* m, float* v, const float* grad, void* param, DType param_dtype, size_t n,
+                      const AdamWHyper& hyper) override {
+    cuda::adamw_update(master, m, v, grad, param, param_dtype, n, hyper, compute());
+    return sum_squares(grad, n, nullptr);  // the update leaves grad alone
+  }
+  double sgd_update(float* master, float* momentum, const float* grad, void* param, DType param_dtype, size_t n,
+                    const SGDHyper& hyper) override {
+    cuda::sgd_update(master, momentum, grad, param, param_dtype, n, hyper, compute());
+    return sum_squares(grad, n, nullptr);
+  }
+
+  void embedding_forward(float* out, const int32_t* tokens, const void* wte, const void* wpe, DType param_dtype, int B,
+                         int T, int C, int V) override {
+    cuda::embedding_forward(out, tokens, wte, wpe, param_dtype, B, T, C, compute());
+  }
+  void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C,
+                          int V) override {
+    cuda::embedding_backward(dwte, dwpe, dout, tokens, B, T, C, compute());
+  }
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const void* weight, const void* bias,
+                         DType param_dtype, int N, int C) override {
+    cuda::layernorm_forward(out, mean, rstd, inp, weight, bias, param_dtype, N, C, compute());
+  }
+  void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                          const void* weight, DType param_dtype, const float* mean, const float* rstd, int N,
+                          int C) override {
+    cuda::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, param_dtype, mean, rstd, N, C, compute());
+  }
+
+  // Note [CUDA linear]: the cpu kernel's arithmetic (kernels/cpu/ops.cc): with bf16 or f16 weights
+  // the activation (and gradient) operands are rounded to the weights' dtype and the GEMM
+  // multiplies those in f32 (products of two 16-bit values are exact in f32) with f32 accumulation
+  // and an f32 result; f32 weights give an f32 GEMM (no TF32). Row-major (N, C) is column-major
+  // (C, N), so each product below is the transposed one in cuBLASLt's column-major terms.
+  void linear_forward(float* out, const float* inp, const void* weight, const void* bias, DType param_dtype, int N,
+                      int C, int OC) override {
+    if (N == 0 || OC == 0) return;
+    const void* x = operand(inp, sz(N) * C, param_dtype, kActA);
+    // out^T (OC, N) = W (C, OC)^T x^T (C, N)
+    gemm(true, false, OC, N, C, weight, param_dtype, C, x, C, out, OC, 0.0f);
+    if (bias) add_bias(out, bias, param_dtype, N, OC, compute());
+  }
+  void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                       const void* weight, DType param_dtype, int N, int C, int OC,
+                       bool accumulate_param_grads) override {
+    if (N == 0) {
+      if (!accumulate_param_grads) {
+        fill_zero(dweight, sz(OC) * C * sizeof(float));
+        if (dbias) fill_zero(dbias, sz(OC) * sizeof(float));
+      }
+      return;
+    }
+    const void* dy = operand(dout, sz(N) * OC, param_dtype, kActA);
+    // dinp^T (C, N) = W (C, OC) dy^T (OC, N)
+    if (dinp) gemm(false, false, C, N, OC, weight, param_dtype, C, dy, OC, dinp, C, 0.0f);
+    const void* x = operand(inp, sz(N) * C, param_dtype, kActB);
+    // dW^T (C, OC) (+)= x^T (C, N) dy (N, OC)
+    gemm(false, true, C, OC, N, x, param_dtype, C, dy, OC, dweight, C, accumulate_param_grads ? 1.0f : 0.0f);
+    if (dbias) bias_backward(dbias, dout, N, OC, accumulate_param_grads, compute());
+  }
+
+  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) override {
+    cuda::gqa_attention_forward(out, att, qkv, B, T, NH, NH, C / NH, compute());
+  }
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
+                          int NH) override {
+    gqa_attention_backward(dqkv, dout, qkv, att, B, T, NH, NH, C / NH);
+  }
+  void gqa_attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int NKV,
+                             int hs) override {
+    cuda::gqa_attention_forward(out, att, qkv, B, T, NH, NKV, hs, compute());
+  }
+  void gqa_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int NH,
+                              int NKV, int hs) override {
+    float* datt = static_cast<float*>(scratch(kScores, sizeof(float) * sz(B) * NH * T * T));  // (B, NH, T, T)
+    cuda::gqa_attention_backward(dqkv, dout, qkv, att, datt, B, T, NH, NKV, hs, compute());
+  }
+  void rmsnorm_forward(float* out, float* rstd, const float* inp, const void* weight, DType param_dtype, int N, int C,
+                       float eps) override {
+    cuda::rmsnorm_forward(out, rstd, inp, weight, param_dtype, N, C, eps, compute());
+  }
+  void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const void* weight,
+                        DType param_dtype, const float* rstd, int N, int C) override {
+    cuda::rmsnorm_backward(dinp, dweight, dout, inp, weight, param_dtype, rstd, N, C, compute());
+  }
+  void rope_forward(float* x, const float* inv_freq, int B, int T, int stride, int heads, int hs) override {
+    rope_rotate(x, inv_freq, B, T, stride, heads, hs, 1.0f, compute());
+  }
+  void rope_backward(float* dx, const float* inv_freq, int B, int T, int stride, int heads, int hs) override {
+    // The rotation is orthogonal: its transpose (the gradient map) is the rotation by -angle.
+    rope_rotate(dx, inv_freq, B, T, stride, heads, hs, -1.0f, compute());
+  }
+  void swiglu_forward(float* out, const float* inp, int N, int F) override {
+    cuda::swiglu_forward(out, inp, N, F, compute());
+  }
+  void swiglu_backward(float* dinp, const float* dout, const float* inp, int N, int F) override {
+    cuda::swiglu_backward(dinp, dout, inp, N, F, compute());
+  }
+  void gelu_forward(float* out, const float* inp, size_t n) override { cuda::gelu_forward(out, inp, n, compute()); }
+  void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) override {
+    cuda::gelu_backward(dinp, inp, dout, n, compute());
+  }
+  void residual_forward(float* out, const float* a, const float* b, size_t n) override {
+    cuda::residual_forward(out, a, b, n, compute());
+  }
+  void crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets, int N, int V,
+                            int Vp) override {
+    cuda::crossentropy_forward(losses, lse, logits, targets, N, V, Vp, compute());
+  }
+  void crossentropy_backward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
+                             float dloss, int N, int V, int Vp) override {
+    cuda::crossentropy_backward(dlogits, logits, lse, targets, dloss, N, V, Vp, compute());
+  }
+
+  void relu_forward(float* out, const float* inp, size_t n) override { cuda::relu_forward(out, inp, n, compute()); }
+  void relu_backward(float* dinp, const float* dout, const float* out, size_t n) override {
+    cuda::relu_backward(dinp, dout, out, n, compute());
+  }
+  void dropout_forward(float* out, const float* inp, int N, size_t per_sample, float p,
+                       const DropoutKey& key) override {
+    dropout(out, inp, N, per_sample, p, key, compute());
+  }
+  void dropout_backward(float* dinp, const float* dout, int N, size_t per_sample, float p,
+                        const DropoutKey& key) override {
+    dropout(dinp, dout, N, per_sample, p, key, compute());  // the same mask and scale
+  }
+  float softmax_cross_entropy_forward(float* probs, float* losses, const float* logits, const int32_t* labels, int N,
+                                      int K, int64_t* correct) override {
+    if (N == 0) {
+      if (correct) *correct = 0;
+      return 0.0f;
+    }
+    int32_t* hits = static_cast<int32_t*>(scratch(kHits, sizeof(int32_t) * sz(N)));
+    cuda::softmax_cross_entropy_forward(probs, losses, hits, logits, labels, N, K, compute());
+    std::vector<float> host_losses(sz(N));
+    std::vector<int32_t> host_hits(sz(N));
+    ZERONE_CUDA_CHECK(cudaMemcpyAsync(host_losses.data(), losses, sizeof(float) * sz(N), cudaMemcpyDeviceToHost, compute()));
+    ZERONE_CUDA_CHECK(cudaMemcpyAsync(host_hits.data(), hits, sizeof(int32_t) * sz(N), cudaMemcpyDeviceToHost, compute()));
+    ZERONE_CUDA_CHECK(cudaStreamSynchronize(compute()));
+    double total = 0.0;
+    int64_t hit_count = 0;
+    for (int n = 0; n < N; ++n) total += host_losses[n], hit_count += host_hits[n];
+    if (correct) *correct = hit_count;
+    return static_cast<float>(total / N);
+  }
+  void softmax_cross_entropy_backward(float* dlogits, const float* probs, const int32_t* labels, int N, int K,
+                                      float scale) override {
+    cuda::softmax_cross_entropy_backward(dlogits, probs, labels, N, K, scale, compute());
+  }
+  // Plain layouts only: nothing is ever held blocked on the GPU.
+  int activation_channel_block() override { return 0; }
+  size_t activation_numel(int C, int H, int W, ActLayout layout) override {
+    ZERONE_ASSERT(layout == ActLayout::plain, "cuda: activations are held plain (activation_channel_block() is 0)");
+    return sz(C) * H * W;
+  }
+  void activation_to_plain(float*, const float*, int, int, int, int) override {
+    ZERONE_ASSERT(false, "cuda: activations are held plain (activation_channel_block() is 0)");
+  }
+  void activation_to_blocked(float*, const float*, int, int, int, int) override {
+    ZERONE_ASSERT(false, "cuda: activations are held plain (activation_channel_block() is 0)");
+  }
+  void conv2d_forward(float* out, const float* inp, const float* weight, const float* bias,
+                      const Conv2dShape& s) override {
+    cuda::conv2d_forward(out, inp, weight, bias, s, compute());
+  }
+  void conv2d_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                       const float* weight, const Conv2dShape& s, bool accumulate_param_grads) override {
+    cuda::conv2d_backward(dinp, dweight, dbias, dout, inp, weight, s, accumulate_param_grads, compute());
+  }
+  size_t maxpool2d_workspace_bytes(const Pool2dShape& s) override { return cuda::maxpool2d_workspace_bytes(s); }
+  void maxpool2d_forward(float* out, void* workspace, const float* inp, const Pool2dShape& s) override {
+    cuda::maxpool2d_forward(out, static_cast<int32_t*>(workspace), inp, s, compute());
+  }
+  void maxpool2d_backward(float* dinp, const float* dout, const void* workspace, const Pool2dShape& s) override {
+    cuda::maxpool2d_backward(dinp, dout, static_cast<const int32_t*>(workspace), s, compute());
+  }
+
+ private:
+  // Scratch slots: device buffers that only grow (the cpu kernels' Note [Scratch arena]); the
+  // training thread alone uses them. A grown slot's old memory is freed in stream order.
+  enum Slot { kActA, kActB, kScores, kPartials, kFlag, kHits, kGemmWorkspace, kSlots };
+  void* scratch(Slot slot, size_t bytes) {
+    Buffer& b = scratch_[slot];
+    if (b.bytes() < bytes) b = Buffer(bytes, MemCategory::scratch, MemPlace::device, 256, *arena_);
+    return b.data();
+  }
+
+  cudaStream_t compute() const { return streams_[0]; }
+  cudaStream_t stream_of(Stream s) const { return streams_[static_cast<int>(s)]; }
+  // `later` waits for everything submitted to `earlier` so far.
+  void join(cudaStream_t later, cudaStream_t earlier) {
+    cudaEvent_t e;
+    ZERONE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    ZERONE_CUDA_CHECK(cudaEventRecord(e, earlier));
+    ZERONE_CUDA_CHECK(cudaStreamWaitEvent(later, e, 0));
+    ZERONE_CUDA_CHECK(cudaEventDestroy(e));  // released once the wait is done
+  }
+
+  // Note [Deterministic gradient norm]: per-chunk double partials summed on the host in chunk order.
+  template <typename Fill>
+  double in_order(size_t n, Fill&& fill) {
+    const size_t blocks = norm_blocks(n);
+    if (blocks == 0) return 0.0;
+    std::vector<double> host(blocks);
+    fill(static_cast<double*>(scratch(kPartials, blocks * sizeof(double))), host.data());
+    double total = 0.0;
+    for (double p : host) total += p;
+    return total;
+  }
+
+  // `src` (n f32) as a GEMM operand for weights of `dtype` (Note [CUDA linear]).
+  const void* operand(const float* src, size_t n, DType dtype, Slot slot) {
+    if (dtype == DType::f32) return src;
+    void* dst = scratch(slot, n * 2);
+    cuda::convert(dst, dtype, src, DType::f32, n, compute());
+    return dst;
+  }
+
+  // D (m, n; column-major, ld ldd, f32) = op(A) op(B) + beta D, where A and B are in `dtype` with
+  // leading dimensions lda and ldb; op(X) = X^T when its flag is set. f32 compute and scale.
+  void gemm(bool trans_a, bool trans_b, int m, int n, int k, const void* a, DType dtype, int lda, const void* b,
+            int ldb, float* d, int ldd, float beta) {
+    constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+    void* workspace = scratch(kGemmWorkspace, kWorkspaceBytes);
+    const cudaDataType t = cuda_type(dtype);
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
+    cublasLtMatmulPreference_t pref = nullptr;
+    ZERONE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    ZERONE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
+    ZERONE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
+    ZERONE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, t, trans_a ? k : m, trans_a ? m : k, lda));
+    ZERONE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, t, trans_b ? n : k, trans_b ? k : n, ldb));
+    ZERONE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, m, n, ldd));
+    ZERONE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    ZERONE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                             &kWorkspaceBytes, sizeof kWorkspaceBytes));
+    // cuBLASLt assumes 256-byte aligned operands unless told: the models pass views into larger
+    // buffers, so each operand's true alignment is stated.
+    const std::pair<cublasLtMatmulPreferenceAttributes_t, const void*> aligned[] = {
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, a}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, b},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, d}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, d}};
+    for (const auto& [attribute, p] : aligned) {
+      const uint32_t bytes = alignment_of(p);
+      ZERONE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attribute, &bytes, sizeof bytes));
+    }
+    cublasLtMatmulHeuristicResult_t heuristic;
+    int found = 0;
+    ZERONE_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt_, desc, la, lb, ld, ld, pref, 1, &heuristic, &found));
+    ZERONE_ASSERT(found > 0, "cuBLASLt has no algorithm for ", m, "x", n, "x", k, " in ", dtype_name(dtype));
+    const float alpha = 1.0f;
+    ZERONE_CUBLAS_CHECK(cublasLtMatmul(lt_, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld, &heuristic.algo, workspace,
+                                       kWorkspaceBytes, compute()));
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatrixLayoutDestroy(ld);
+    cublasLtMatrixLayoutDestroy(lb);
+    cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatmulDescDestroy(desc);
+  }
+
+  const int device_;
+  cudaStream_t streams_[3] = {};  // compute, comm, copy (the order of kernels::Stream)
+  std::unique_ptr<CudaArena> arena_;
+  cublasLtHandle_t lt_ = nullptr;
+  std::string description_;
+  Buffer scratch_[kSlots];
+};
+
+}  // namespace
+
+std::unique_ptr<kernels::Backend> make_cuda_backend() {
+  const int count = device_count();
+  ZERONE_CHECK(count > 0, "--device cuda: no CUDA GPU found on this machine; use --device cpu or --device sim");
+  auto backend = std::make_unique<CudaBackend>(local_rank() % count);
+  static const bool registered = [] { return std::atexit([] { g_exiting.store(true); }) == 0; }();  // Note [CUDA at exit]
+  (void)registered;
+  return backend;
+}
+
+}  // namespace zerone::cuda

@@ -1,0 +1,35 @@
+// The CUDA backend (kernels/backend.h, `--device cuda`): device memory is GPU memory from a caching
+// arena over CUDA's stream-ordered allocator, every operation a kernel of this folder (kernels.h)
+// or a cuBLASLt GEMM, enqueued on the compute stream.
+//
+// Note [CUDA backend design]:
+//  - Memory: CudaArena serves MemPlace::device Buffers with cudaMallocAsync from the device's
+//    default memory pool (release threshold: never, so freed memory is cached for reuse), ordered
+//    on the compute stream, zero-filled there; the ledger (core/memory.h) counts every Buffer as on
+//    any backend. Out of memory returns null, so Buffer throws its Error. What the ledger cannot
+//    see (the CUDA context, cuBLASLt's own state) is not counted yet.
+//  - Streams: compute, comm and copy are CUDA streams. Today every operation and every copy runs
+//    on the compute stream, so the order of the calls is the order of the work; record(s) on
+//    another stream first makes s wait for compute, so an event of any stream covers the work
+//    submitted before it. Copies with a host side return when they are done (the caller may read
+//    or reuse the host memory at once); device-to-device copies are asynchronous.
+//  - Determinism: no atomics; every reduction has a fixed order (Note [CUDA kernels, correctness
+//    first], kernels.h), cuBLASLt's algorithm is the heuristic's first for the shape, and f32 GEMMs
+//    compute in f32 (CUBLAS_COMPUTE_32F: no TF32).
+// NOTHING HERE HAS RUN ON A GPU YET: it is compile-checked only (docs/GPU.md says what to run).
+// Thread-safety: as Backend. The arena and copy() may be used from the communication thread (each
+// such call binds the backend's device to the calling thread first).
+#pragma once
+
+#include <memory>
+
+#include "zerone/kernels/backend.h"
+
+namespace zerone::cuda {
+
+// The CUDA backend on this process's GPU: with several GPUs, the local rank's (the launcher's
+// OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID or SLURM_LOCALID) modulo their count, else GPU 0.
+// Throws Error saying "no CUDA GPU found on this machine" when there is none.
+std::unique_ptr<kernels::Backend> make_cuda_backend();
+
+}  // namespace zerone::cuda

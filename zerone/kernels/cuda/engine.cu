@@ -1,0 +1,210 @@
+// The engine's own needs on the GPU (kernels.h): accumulate, the deterministic norms, casts,
+// finiteness, blockwise quantization, and the optimizer updates. Note [CUDA kernels, correctness first].
+#include <cmath>
+#include <vector>
+
+#include "zerone/core/rng.h"
+#include "zerone/kernels/cpu/reduce.h"
+#include "zerone/kernels/cuda/common.cuh"
+#include "zerone/kernels/cuda/kernels.h"
+
+namespace zerone::cuda {
+namespace {
+
+__global__ void accumulate_kernel(float* dst, const float* src, size_t n) {
+  ZERONE_GRID_STRIDE(i, n) dst[i] += src[i];
+}
+
+// One block per kNormBlock chunk: partials[b] = sum over the chunk of f(x) in double, a fixed tree.
+template <bool kSquares>
+__global__ void chunk_sum_kernel(const float* x, size_t n, float* copy_to, double* partials) {
+  __shared__ double shared[kThreads];
+  const size_t lo = blockIdx.x * kernels::cpu::kNormBlock;
+  const size_t hi = lo + kernels::cpu::kNormBlock < n ? lo + kernels::cpu::kNormBlock : n;
+  double s = 0.0;
+  for (size_t k = lo + threadIdx.x; k < hi; k += blockDim.x) {
+    const float v = x[k];
+    if (copy_to) copy_to[k] = v;
+    s += kSquares ? static_cast<double>(v) * v : static_cast<double>(v);
+  }
+  s = block_sum(s, shared);
+  if (threadIdx.x == 0) partials[blockIdx.x] = s;
+}
+
+template <bool kSquares>
+void chunk_sums(const float* x, size_t n, float* copy_to, double* device_partials, double* host_partials,
+                cudaStream_t stream) {
+  const size_t blocks = norm_blocks(n);
+  if (blocks == 0) return;
+  chunk_sum_kernel<kSquares><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(x, n, copy_to, device_partials);
+  ZERONE_CUDA_LAUNCHED();
+  ZERONE_CUDA_CHECK(cudaMemcpyAsync(host_partials, device_partials, blocks * sizeof(double), cudaMemcpyDeviceToHost, stream));
+  ZERONE_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+__global__ void convert_kernel(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n) {
+  ZERONE_GRID_STRIDE(i, n) store_param(dst, dst_dtype, i, load_param(src, src_dtype, i));
+}
+
+__global__ void finite_kernel(const float* x, size_t n, int* flag) {
+  ZERONE_GRID_STRIDE(i, n) {
+    if (!isfinite(x[i])) *flag = 1;  // every writer writes the same value: no atomics needed
+  }
+}
+
+// Note [Blockwise quantization]: one CUDA block per quantization block.
+__global__ void quantize_kernel(const void* src, DType src_dtype, size_t n, int bits, size_t block, float* scales,
+                                uint8_t* codes) {
+  __shared__ float shared[kThreads];
+  __shared__ int shared_bad[kThreads];
+  const size_t b = blockIdx.x, begin = b * block, end = begin + block < n ? begin + block : n;
+  const int qm = bits == 8 ? 127 : 7;
+  float amax = 0.0f;
+  int bad = 0;
+  for (size_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const float x = load_param(src, src_dtype, i);
+    if (!isfinite(x)) bad = 1;
+    amax = fmaxf(amax, fabsf(x));
+  }
+  amax = block_max(amax, shared);
+  const bool finite = block_sum(bad, shared_bad) == 0;
+  const float scale = finite ? amax / static_cast<float>(qm) : __int_as_float(0x7fc00000);
+  if (threadIdx.x == 0) scales[b] = scale;
+  const float inv = (finite && scale > 0.0f) ? 1.0f / scale : 0.0f;
+  auto code_of = [&](size_t i) {
+    const float q = fminf(fmaxf(rintf(load_param(src, src_dtype, i) * inv), -static_cast<float>(qm)), static_cast<float>(qm));
+    return finite ? static_cast<int>(q) : 0;
+  };
+  if (bits == 8) {
+    for (size_t i = begin + threadIdx.x; i < end; i += blockDim.x) codes[i] = static_cast<uint8_t>(static_cast<int8_t>(code_of(i)));
+  } else {  // blocks are even-sized: each byte (elements 2j, 2j+1) belongs to one block and one thread
+    for (size_t i = begin + 2 * threadIdx.x; i < end; i += 2 * blockDim.x) {
+      const uint8_t lo = static_cast<uint8_t>(code_of(i) + 8);
+      const uint8_t hi = i + 1 < end ? static_cast<uint8_t>(code_of(i + 1) + 8) : (codes[i / 2] >> 4);
+      codes[i / 2] = static_cast<uint8_t>(lo | (hi << 4));
+    }
+  }
+}
+
+__global__ void dequantize_kernel(const float* scales, const uint8_t* codes, size_t n, int bits, size_t block, void* dst,
+                                  DType dst_dtype, bool accumulate) {
+  ZERONE_GRID_STRIDE(i, n) {
+    const float scale = scales[i / block];
+    const int code = bits == 8 ? static_cast<int8_t>(codes[i])
+                               : static_cast<int>((i % 2 == 0) ? (codes[i / 2] & 0x0F) : (codes[i / 2] >> 4)) - 8;
+    const float x = isfinite(scale) ? static_cast<float>(code) * scale : __int_as_float(0x7fc00000);
+    if (accumulate) static_cast<float*>(dst)[i] += x;
+    else store_param(dst, dst_dtype, i, x);
+  }
+}
+
+__global__ void adamw_kernel(float* master, float* m, float* v, const float* grad, void* param, DType param_dtype,
+                             size_t n, float b1, float b2, float decay, float step_size, float inv_sqrt_bc2, float eps,
+                             float gs) {
+  const float one_b1 = 1.0f - b1, one_b2 = 1.0f - b2;
+  ZERONE_GRID_STRIDE(i, n) {
+    const float g = grad[i] * gs;
+    const float mi = b1 * m[i] + one_b1 * g;
+    const float vi = b2 * v[i] + one_b2 * g * g;
+    const float p = master[i] * decay - step_size * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps);
+    m[i] = mi;
+    v[i] = vi;
+    master[i] = p;
+    if (param) store_param(param, param_dtype, i, p);
+  }
+}
+
+// Note [SGD arithmetic] (kernels/cpu/sgd.h): each operation rounded on its own (__fmul_rn and
+// __fadd_rn are never fused into an FMA), in PyTorch's order.
+__global__ void sgd_kernel(float* master, float* momentum, const float* grad, void* param, DType param_dtype, size_t n,
+                           float lr, float mu, float keep, float wd, float gs, bool nesterov, bool first) {
+  ZERONE_GRID_STRIDE(i, n) {
+    float d = __fmul_rn(grad[i], gs);
+    if (wd != 0.0f) d = __fadd_rn(d, __fmul_rn(wd, master[i]));
+    if (momentum) {
+      const float b = first ? d : __fadd_rn(__fmul_rn(momentum[i], mu), __fmul_rn(keep, d));
+      momentum[i] = b;
+      d = nesterov ? __fadd_rn(d, __fmul_rn(mu, b)) : b;
+    }
+    const float p = __fadd_rn(master[i], -__fmul_rn(lr, d));
+    master[i] = p;
+    if (param) store_param(param, param_dtype, i, p);
+  }
+}
+
+}  // namespace
+
+void accumulate(float* dst, const float* src, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  accumulate_kernel<<<grid_for(n), kThreads, 0, stream>>>(dst, src, n);
+  ZERONE_CUDA_LAUNCHED();
+}
+
+size_t norm_blocks(size_t n) { return (n + kernels::cpu::kNormBlock - 1) / kernels::cpu::kNormBlock; }
+
+void sum_squares_partials(const float* x, size_t n, float* copy_to, double* device_partials, double* host_partials,
+                          cudaStream_t stream) {
+  chunk_sums<true>(x, n, copy_to, device_partials, host_partials, stream);
+}
+
+void sum_partials(const float* x, size_t n, double* device_partials, double* host_partials, cudaStream_t stream) {
+  chunk_sums<false>(x, n, nullptr, device_partials, host_partials, stream);
+}
+
+void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  ZERONE_ASSERT(src_dtype == DType::f32 || dst_dtype == DType::f32, "convert: one side must be f32");
+  convert_kernel<<<grid_for(n), kThreads, 0, stream>>>(dst, dst_dtype, src, src_dtype, n);
+  ZERONE_CUDA_LAUNCHED();
+}
+
+void mark_not_finite(const float* x, size_t n, int* flag, cudaStream_t stream) {
+  if (n == 0) return;
+  finite_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, n, flag);
+  ZERONE_CUDA_LAUNCHED();
+}
+
+void quantize_blockwise(const void* src, DType src_dtype, size_t n, int bits, size_t block, void* out,
+                        cudaStream_t stream) {
+  if (n == 0) return;
+  const size_t nb = (n + block - 1) / block;
+  float* scales = static_cast<float*>(out);
+  quantize_kernel<<<static_cast<unsigned>(nb), kThreads, 0, stream>>>(src, src_dtype, n, bits, block, scales,
+                                                                        reinterpret_cast<uint8_t*>(scales + nb));
+  ZERONE_CUDA_LAUNCHED();
+}
+
+void dequantize_blockwise(const void* in, size_t n, int bits, size_t block, void* dst, DType dst_dtype,
+                          bool accumulate, cudaStream_t stream) {
+  if (n == 0) return;
+  ZERONE_ASSERT(!accumulate || dst_dtype == DType::f32, "dequantize: accumulation needs an f32 destination");
+  const size_t nb = (n + block - 1) / block;
+  const float* scales = static_cast<const float*>(in);
+  dequantize_kernel<<<grid_for(n), kThreads, 0, stream>>>(scales, reinterpret_cast<const uint8_t*>(scales + nb), n, bits,
+                                                           block, dst, dst_dtype, accumulate);
+  ZERONE_CUDA_LAUNCHED();
+}
+
+void adamw_update(float* master, float* m, float* v, const float* grad, void* param, DType param_dtype, size_t n,
+                  const kernels::AdamWHyper& h, cudaStream_t stream) {
+  ZERONE_ASSERT(h.step >= 1, "AdamW step must be 1-based, got ", h.step);
+  if (n == 0) return;
+  // The scalars exactly as kernels/cpu/adamw.cc forms them.
+  const double bc1 = 1.0 - std::pow(static_cast<double>(h.beta1), h.step);
+  const double bc2 = 1.0 - std::pow(static_cast<double>(h.beta2), h.step);
+  adamw_kernel<<<grid_for(n), kThreads, 0, stream>>>(master, m, v, grad, param, param_dtype, n, h.beta1, h.beta2,
+                                                      1.0f - h.lr * h.weight_decay, static_cast<float>(h.lr / bc1),
+                                                      static_cast<float>(1.0 / std::sqrt(bc2)), h.eps, h.grad_scale);
+  ZERONE_CUDA_LAUNCHED();
+}
+
+void sgd_update(float* master, float* momentum, const float* grad, void* param, DType param_dtype, size_t n,
+                const kernels::SGDHyper& h, cudaStream_t stream) {
+  if (n == 0) return;
+  sgd_kernel<<<grid_for(n), kThreads, 0, stream>>>(master, momentum, grad, param, param_dtype, n, h.lr, h.momentum,
+                                                    1.0f - h.dampening, h.weight_decay, h.grad_scale, h.nesterov,
+                                                    h.first);
+  ZERONE_CUDA_LAUNCHED();
+}
+
+}  // namespace zerone::cuda

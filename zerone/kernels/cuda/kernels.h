@@ -1,0 +1,116 @@
+// The CUDA backend's kernels (the .cu files of this folder), as host-callable launchers: each
+// enqueues its work on `stream` and returns at once (nothing here synchronizes). Every pointer is
+// device memory of the current device unless a parameter says `host`; shapes and semantics are the
+// cpu kernels' (kernels/cpu/*.h, the executable spec), which CudaBackend (cuda_backend.h) forwards
+// to. Scratch a kernel needs is passed in by the caller, sized by the *_scratch_* functions.
+//
+// Note [CUDA kernels, correctness first]: every kernel here is the plain, obviously-right form: one
+// thread per output element (or one block per row for row reductions), each output written by one
+// thread, reductions in a fixed order (no atomics), so a run on one GPU gives the same bits every
+// time. Speed (fused flash attention, vectorized loads, epilogues) is issue 18's second half.
+// NOTHING HERE HAS RUN ON A GPU YET (docs/GPU.md).
+// Thread-safety: launchers may be called from any thread; ordering is the stream's.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "zerone/core/dtype.h"
+#include "zerone/kernels/types.h"
+
+namespace zerone::cuda {
+
+// ---------------------------------------------------------------- the engine's own needs
+// dst (n) += src (n).
+void accumulate(float* dst, const float* src, size_t n, cudaStream_t stream);
+// Note [Deterministic gradient norm] (kernels/backend.h) on the GPU: partials (host, blocks_of(n))
+// receive the double sum of squares of each kNormBlock chunk of x in chunk order (a fixed tree
+// inside each chunk); `copy_to` (may be null) receives x. `device_partials` is scratch of
+// blocks_of(n) doubles. Synchronizes the stream (the host reads the partials).
+size_t norm_blocks(size_t n);
+void sum_squares_partials(const float* x, size_t n, float* copy_to, double* device_partials, double* host_partials,
+                          cudaStream_t stream);
+// The same with plain sums (Backend::sum).
+void sum_partials(const float* x, size_t n, double* device_partials, double* host_partials, cudaStream_t stream);
+// dst (n, dst_dtype) = src (n, src_dtype); one side f32; rounding to nearest even.
+void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n, cudaStream_t stream);
+// *flag (device int) = 1 when some x is not finite (left alone otherwise).
+void mark_not_finite(const float* x, size_t n, int* flag, cudaStream_t stream);
+// Note [Blockwise quantization] (kernels/cpu/quantize.h).
+void quantize_blockwise(const void* src, DType src_dtype, size_t n, int bits, size_t block, void* out,
+                        cudaStream_t stream);
+void dequantize_blockwise(const void* in, size_t n, int bits, size_t block, void* dst, DType dst_dtype,
+                          bool accumulate, cudaStream_t stream);
+
+// ---------------------------------------------------------------- optimizers
+// The updates of kernels/cpu/adamw.h and sgd.h (the gradient norm is the caller's, through
+// sum_squares_partials). `param` (param_dtype) and `momentum` may be null.
+void adamw_update(float* master, float* m, float* v, const float* grad, void* param, DType param_dtype, size_t n,
+                  const kernels::AdamWHyper& hyper, cudaStream_t stream);
+void sgd_update(float* master, float* momentum, const float* grad, void* param, DType param_dtype, size_t n,
+                const kernels::SGDHyper& hyper, cudaStream_t stream);
+
+// ---------------------------------------------------------------- transformers (kernels/cpu/ops.h)
+void embedding_forward(float* out, const int32_t* tokens, const void* wte, const void* wpe, DType param_dtype, int B,
+                       int T, int C, cudaStream_t stream);
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C,
+                        cudaStream_t stream);
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const void* weight, const void* bias,
+                       DType param_dtype, int N, int C, cudaStream_t stream);
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const void* weight, DType param_dtype, const float* mean, const float* rstd, int N, int C,
+                        cudaStream_t stream);
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const void* weight, DType param_dtype, int N, int C,
+                     float eps, cudaStream_t stream);
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const void* weight,
+                      DType param_dtype, const float* rstd, int N, int C, cudaStream_t stream);
+// out (N, OC) += bias (OC, param_dtype) on every row.
+void add_bias(float* out, const void* bias, DType param_dtype, int N, int OC, cudaStream_t stream);
+// dbias (OC) (+)= sum over the N rows of dout (N, OC), rows in order.
+void bias_backward(float* dbias, const float* dout, int N, int OC, bool accumulate, cudaStream_t stream);
+// Grouped-query causal attention (NH query heads, NKV key/value heads, head size hs) with the
+// probabilities kept in att (B, NH, T, T), zero above the diagonal, as the cpu kernel.
+void gqa_attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int NKV, int hs,
+                           cudaStream_t stream);
+// datt: scratch (B, NH, T, T).
+void gqa_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, float* datt, int B,
+                            int T, int NH, int NKV, int hs, cudaStream_t stream);
+void rope_rotate(float* x, const float* inv_freq, int B, int T, int stride, int heads, int hs, float sign,
+                 cudaStream_t stream);
+void swiglu_forward(float* out, const float* inp, int N, int F, cudaStream_t stream);
+void swiglu_backward(float* dinp, const float* dout, const float* inp, int N, int F, cudaStream_t stream);
+void gelu_forward(float* out, const float* inp, size_t n, cudaStream_t stream);
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, cudaStream_t stream);
+void residual_forward(float* out, const float* a, const float* b, size_t n, cudaStream_t stream);
+void crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets, int N, int V, int Vp,
+                          cudaStream_t stream);
+void crossentropy_backward(float* dlogits, const float* logits, const float* lse, const int32_t* targets, float dloss,
+                           int N, int V, int Vp, cudaStream_t stream);
+
+// ---------------------------------------------------------------- image classifiers
+void relu_forward(float* out, const float* inp, size_t n, cudaStream_t stream);
+void relu_backward(float* dinp, const float* dout, const float* out, size_t n, cudaStream_t stream);
+// Note [Dropout keys] (kernels/types.h): the same mask bits as the cpu kernel (core/rng.h).
+void dropout(float* out, const float* inp, int N, size_t per_sample, float p, const kernels::DropoutKey& key,
+             cudaStream_t stream);
+// probs (N, K), losses (N), hits (N ints: 1 where the first argmax is the label).
+void softmax_cross_entropy_forward(float* probs, float* losses, int32_t* hits, const float* logits,
+                                   const int32_t* labels, int N, int K, cudaStream_t stream);
+void softmax_cross_entropy_backward(float* dlogits, const float* probs, const int32_t* labels, int N, int K,
+                                    float scale, cudaStream_t stream);
+// Plain NCHW layouts only (activation_channel_block() is 0 on the GPU).
+void conv2d_forward(float* out, const float* inp, const float* weight, const float* bias, const kernels::Conv2dShape& s,
+                    cudaStream_t stream);
+void conv2d_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, const kernels::Conv2dShape& s, bool accumulate_param_grads,
+                     cudaStream_t stream);
+// workspace: one int32 per output element (the flat input index of its window's maximum).
+size_t maxpool2d_workspace_bytes(const kernels::Pool2dShape& s);
+void maxpool2d_forward(float* out, int32_t* workspace, const float* inp, const kernels::Pool2dShape& s,
+                       cudaStream_t stream);
+void maxpool2d_backward(float* dinp, const float* dout, const int32_t* workspace, const kernels::Pool2dShape& s,
+                        cudaStream_t stream);
+
+}  // namespace zerone::cuda

@@ -1,0 +1,494 @@
+// The transformers' operations on the GPU (kernels.h; kernels/cpu/ops.h is the spec).
+// Note [CUDA kernels, correctness first] (kernels.h).
+#include <cmath>
+
+#include "zerone/kernels/cuda/common.cuh"
+#include "zerone/kernels/cuda/kernels.h"
+
+namespace zerone::cuda {
+namespace {
+
+// ---------------------------------------------------------------- embedding
+
+__global__ void embedding_forward_kernel(float* out, const int32_t* tokens, const void* wte, const void* wpe,
+                                         DType dtype, int B, int T, int C) {
+  const size_t total = static_cast<size_t>(B) * T * C;
+  ZERONE_GRID_STRIDE(i, total) {
+    const size_t bt = i / C, c = i % C;
+    const int t = static_cast<int>(bt % T);
+    float x = load_param(wte, dtype, static_cast<size_t>(tokens[bt]) * C + c);
+    if (wpe) x += load_param(wpe, dtype, static_cast<size_t>(t) * C + c);
+    out[i] = x;
+  }
+}
+
+// One thread per channel walks every position in order: repeated tokens add in a fixed order and
+// no two threads write one element (no atomics).
+__global__ void embedding_backward_kernel(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
+                                          int T, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t) {
+      const size_t bt = static_cast<size_t>(b) * T + t;
+      const float g = dout[bt * C + c];
+      dwte[static_cast<size_t>(tokens[bt]) * C + c] += g;
+      if (dwpe) dwpe[static_cast<size_t>(t) * C + c] += g;
+    }
+}
+
+// ---------------------------------------------------------------- norms (one block per row)
+
+__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp, const void* weight,
+                                         const void* bias, DType dtype, int C) {
+  __shared__ float shared[kThreads];
+  const size_t n = blockIdx.x;
+  const float* x = inp + n * C;
+  float s = 0.0f;
+  for (int i = threadIdx.x; i < C; i += blockDim.x) s += x[i];
+  const float m = block_sum(s, shared) / C;
+  float v = 0.0f;
+  for (int i = threadIdx.x; i < C; i += blockDim.x) v += (x[i] - m) * (x[i] - m);
+  const float r = 1.0f / sqrtf(block_sum(v, shared) / C + 1e-5f);
+  float* o = out + n * C;
+  for (int i = threadIdx.x; i < C; i += blockDim.x)
+    o[i] = (x[i] - m) * r * load_param(weight, dtype, i) + load_param(bias, dtype, i);
+  if (threadIdx.x == 0) mean[n] = m, rstd[n] = r;
+}
+
+__global__ void layernorm_backward_rows(float* dinp, const float* dout, const float* inp, const void* weight,
+                                        DType dtype, const float* mean, const float* rstd, int C) {
+  __shared__ float shared[kThreads];
+  const size_t n = blockIdx.x;
+  const float* x = inp + n * C;
+  const float* dy = dout + n * C;
+  const float m = mean[n], r = rstd[n];
+  float a = 0.0f, b = 0.0f;
+  for (int i = threadIdx.x; i < C; i += blockDim.x) {
+    const float norm = (x[i] - m) * r, dnorm = load_param(weight, dtype, i) * dy[i];
+    a += dnorm;
+    b += dnorm * norm;
+  }
+  const float dnorm_mean = block_sum(a, shared) / C, dnorm_norm_mean = block_sum(b, shared) / C;
+  float* dx = dinp + n * C;
+  for (int i = threadIdx.x; i < C; i += blockDim.x) {
+    const float norm = (x[i] - m) * r, dnorm = load_param(weight, dtype, i) * dy[i];
+    dx[i] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * r;
+  }
+}
+
+// One thread per channel sums its column over the rows in order.
+__global__ void layernorm_backward_params(float* dweight, float* dbias, const float* dout, const float* inp,
+                                          const float* mean, const float* rstd, int N, int C) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= C) return;
+  float dw = 0.0f, db = 0.0f;
+  for (int n = 0; n < N; ++n) {
+    const size_t k = static_cast<size_t>(n) * C + i;
+    dw += (inp[k] - mean[n]) * rstd[n] * dout[k];
+    db += dout[k];
+  }
+  if (dweight) dweight[i] += dw;
+  if (dbias) dbias[i] += db;
+}
+
+__global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* inp, const void* weight, DType dtype,
+                                       int C, float eps) {
+  __shared__ float shared[kThreads];
+  const size_t n = blockIdx.x;
+  const float* x = inp + n * C;
+  float s = 0.0f;
+  for (int i = threadIdx.x; i < C; i += blockDim.x) s += x[i] * x[i];
+  const float r = 1.0f / sqrtf(block_sum(s, shared) / C + eps);
+  float* o = out + n * C;
+  for (int i = threadIdx.x; i < C; i += blockDim.x) o[i] = x[i] * r * load_param(weight, dtype, i);
+  if (threadIdx.x == 0) rstd[n] = r;
+}
+
+__global__ void rmsnorm_backward_rows(float* dinp, const float* dout, const float* inp, const void* weight, DType dtype,
+                                      const float* rstd, int C) {
+  __shared__ float shared[kThreads];
+  const size_t n = blockIdx.x;
+  const float* x = inp + n * C;
+  const float* dy = dout + n * C;
+  const float r = rstd[n];
+  float d = 0.0f;
+  for (int i = threadIdx.x; i < C; i += blockDim.x) d += load_param(weight, dtype, i) * dy[i] * x[i] * r;
+  const float dot = block_sum(d, shared) / C;
+  float* dx = dinp + n * C;
+  for (int i = threadIdx.x; i < C; i += blockDim.x)
+    dx[i] += r * (load_param(weight, dtype, i) * dy[i] - x[i] * r * dot);
+}
+
+__global__ void rmsnorm_backward_params(float* dweight, const float* dout, const float* inp, const float* rstd, int N,
+                                        int C) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= C) return;
+  float dw = 0.0f;
+  for (int n = 0; n < N; ++n) {
+    const size_t k = static_cast<size_t>(n) * C + i;
+    dw += inp[k] * rstd[n] * dout[k];
+  }
+  dweight[i] += dw;
+}
+
+// ---------------------------------------------------------------- linear's bias
+
+__global__ void add_bias_kernel(float* out, const void* bias, DType dtype, int N, int OC) {
+  const size_t total = static_cast<size_t>(N) * OC;
+  ZERONE_GRID_STRIDE(i, total) out[i] += load_param(bias, dtype, i % OC);
+}
+
+__global__ void bias_backward_kernel(float* dbias, const float* dout, int N, int OC, bool accumulate) {
+  const int o = blockIdx.x * blockDim.x + threadIdx.x;
+  if (o >= OC) return;
+  float s = accumulate ? dbias[o] : 0.0f;
+  for (int n = 0; n < N; ++n) s += dout[static_cast<size_t>(n) * OC + o];
+  dbias[o] = s;
+}
+
+// ---------------------------------------------------------------- attention
+// qkv rows (R = (NH + 2 NKV) hs): query head h at h*hs, key head kv at (NH + kv)*hs, value head kv
+// at (NH + NKV + kv)*hs; query head h reads kv head h / (NH / NKV). att (B, NH, T, T).
+
+struct AttShape {
+  int B, T, NH, NKV, hs;
+  __device__ size_t R() const { return static_cast<size_t>(NH + 2 * NKV) * hs; }
+  __device__ int kv_of(int h) const { return h / (NH / NKV); }
+  __device__ size_t q(int b, int t, int h) const { return (static_cast<size_t>(b) * T + t) * R() + static_cast<size_t>(h) * hs; }
+  __device__ size_t k(int b, int t, int kv) const { return (static_cast<size_t>(b) * T + t) * R() + static_cast<size_t>(NH + kv) * hs; }
+  __device__ size_t v(int b, int t, int kv) const { return (static_cast<size_t>(b) * T + t) * R() + static_cast<size_t>(NH + NKV + kv) * hs; }
+  __device__ size_t o(int b, int t, int h) const { return (static_cast<size_t>(b) * T + t) * NH * hs + static_cast<size_t>(h) * hs; }
+  // Element i of a (B, T, NH, hs) tensor as (b, t, h, d).
+  __device__ void decode(size_t i, int& b, int& t, int& h, int& d) const {
+    d = static_cast<int>(i % hs), h = static_cast<int>(i / hs % NH);
+    t = static_cast<int>(i / hs / NH % T), b = static_cast<int>(i / hs / NH / T);
+  }
+};
+
+__device__ float dot(const float* a, const float* b, int n) {
+  float s = 0.0f;
+  for (int d = 0; d < n; ++d) s += a[d] * b[d];
+  return s;
+}
+
+// One block per (b, h, t) row: scores of the row, causal softmax, zeros after t.
+__global__ void attention_probs_kernel(float* att, const float* qkv, AttShape s, float scale) {
+  __shared__ float shared[kThreads];
+  const size_t row = blockIdx.x;
+  const int t = static_cast<int>(row % s.T), h = static_cast<int>(row / s.T % s.NH), b = static_cast<int>(row / s.T / s.NH);
+  float* r = att + row * s.T;
+  const float* q = qkv + s.q(b, t, h);
+  float mx = -1e30f;
+  for (int t2 = threadIdx.x; t2 <= t; t2 += blockDim.x) {
+    const float x = scale * dot(q, qkv + s.k(b, t2, s.kv_of(h)), s.hs);
+    r[t2] = x;
+    mx = fmaxf(mx, x);
+  }
+  mx = block_max(mx, shared);
+  float sum = 0.0f;
+  for (int t2 = threadIdx.x; t2 <= t; t2 += blockDim.x) {
+    const float e = expf(r[t2] - mx);
+    r[t2] = e;
+    sum += e;
+  }
+  const float inv = 1.0f / block_sum(sum, shared);
+  for (int t2 = threadIdx.x; t2 < s.T; t2 += blockDim.x) r[t2] = t2 <= t ? r[t2] * inv : 0.0f;
+}
+
+// out (b, t, h, d) = sum over t2 <= t of P (b, h, t, t2) V (b, t2, kv, d).
+__global__ void attention_out_kernel(float* out, const float* att, const float* qkv, AttShape s) {
+  const size_t total = static_cast<size_t>(s.B) * s.T * s.NH * s.hs;
+  ZERONE_GRID_STRIDE(i, total) {
+    int b, t, h, d;
+    s.decode(i, b, t, h, d);
+    const float* p = att + ((static_cast<size_t>(b) * s.NH + h) * s.T + t) * s.T;
+    float acc = 0.0f;
+    for (int t2 = 0; t2 <= t; ++t2) acc += p[t2] * qkv[s.v(b, t2, s.kv_of(h)) + d];
+    out[s.o(b, t, h) + d] = acc;
+  }
+}
+
+// One block per row: dP = dO V^T, then dS = P (dP - sum_j P dP) (zero after t) into datt.
+__global__ void attention_dscores_kernel(float* datt, const float* att, const float* dout, const float* qkv, AttShape s) {
+  __shared__ float shared[kThreads];
+  const size_t row = blockIdx.x;
+  const int t = static_cast<int>(row % s.T), h = static_cast<int>(row / s.T % s.NH), b = static_cast<int>(row / s.T / s.NH);
+  const float* p = att + row * s.T;
+  float* d = datt + row * s.T;
+  const float* dy = dout + s.o(b, t, h);
+  float acc = 0.0f;
+  for (int t2 = threadIdx.x; t2 <= t; t2 += blockDim.x) {
+    const float x = dot(dy, qkv + s.v(b, t2, s.kv_of(h)), s.hs);
+    d[t2] = x;
+    acc += p[t2] * x;
+  }
+  const float pd = block_sum(acc, shared);
+  for (int t2 = threadIdx.x; t2 < s.T; t2 += blockDim.x) d[t2] = t2 <= t ? p[t2] * (d[t2] - pd) : 0.0f;
+}
+
+// dQ (b, t, h, d) = scale * sum over t2 <= t of dS K.
+__global__ void attention_dq_kernel(float* dqkv, const float* datt, const float* qkv, AttShape s, float scale) {
+  const size_t total = static_cast<size_t>(s.B) * s.T * s.NH * s.hs;
+  ZERONE_GRID_STRIDE(i, total) {
+    int b, t, h, d;
+    s.decode(i, b, t, h, d);
+    const float* ds = datt + ((static_cast<size_t>(b) * s.NH + h) * s.T + t) * s.T;
+    float acc = 0.0f;
+    for (int t2 = 0; t2 <= t; ++t2) acc += ds[t2] * qkv[s.k(b, t2, s.kv_of(h)) + d];
+    dqkv[s.q(b, t, h) + d] = scale * acc;
+  }
+}
+
+// dK (b, t2, kv, d) = scale * sum over the group's heads and t >= t2 of dS Q;
+// dV (b, t2, kv, d) = sum over the same of P dO.
+__global__ void attention_dkv_kernel(float* dqkv, const float* datt, const float* att, const float* dout,
+                                     const float* qkv, AttShape s, float scale) {
+  const size_t total = static_cast<size_t>(s.B) * s.T * s.NKV * s.hs;
+  const int G = s.NH / s.NKV;
+  ZERONE_GRID_STRIDE(i, total) {
+    const int d = static_cast<int>(i % s.hs), kv = static_cast<int>(i / s.hs % s.NKV);
+    const int t2 = static_cast<int>(i / s.hs / s.NKV % s.T), b = static_cast<int>(i / s.hs / s.NKV / s.T);
+    float dk = 0.0f, dv = 0.0f;
+    for (int g = 0; g < G; ++g) {
+      const int h = kv * G + g;
+      const size_t head = (static_cast<size_t>(b) * s.NH + h) * s.T;
+      for (int t = t2; t < s.T; ++t) {
+        const size_t e = (head + t) * s.T + t2;
+        dk += datt[e] * qkv[s.q(b, t, h) + d];
+        dv += att[e] * dout[s.o(b, t, h) + d];
+      }
+    }
+    dqkv[s.k(b, t2, kv) + d] = scale * dk;
+    dqkv[s.v(b, t2, kv) + d] = dv;
+  }
+}
+
+// ---------------------------------------------------------------- rope, swiglu, gelu, residual
+
+__global__ void rope_kernel(float* x, const float* inv_freq, int B, int T, int stride, int heads, int hs, float sign) {
+  const int half = hs / 2;
+  const size_t total = static_cast<size_t>(B) * T * heads * half;
+  ZERONE_GRID_STRIDE(e, total) {
+    const int i = static_cast<int>(e % half), h = static_cast<int>(e / half % heads);
+    const size_t bt = e / half / heads;
+    const int t = static_cast<int>(bt % T);
+    // As Hugging Face: the angle t * inv_freq is formed in f32, then cos and sin of it.
+    const float angle = static_cast<float>(t) * inv_freq[i];
+    const float c = cosf(angle), sn = sign * sinf(angle);
+    float* v = x + bt * stride + static_cast<size_t>(h) * hs;
+    const float a = v[i], b = v[i + half];
+    v[i] = a * c - b * sn;
+    v[i + half] = b * c + a * sn;
+  }
+}
+
+__global__ void swiglu_forward_kernel(float* out, const float* inp, int N, int F) {
+  const size_t total = static_cast<size_t>(N) * F;
+  ZERONE_GRID_STRIDE(e, total) {
+    const size_t n = e / F, i = e % F;
+    const float g = inp[n * 2 * F + i], up = inp[n * 2 * F + F + i];
+    out[e] = g / (1.0f + expf(-g)) * up;
+  }
+}
+
+__global__ void swiglu_backward_kernel(float* dinp, const float* dout, const float* inp, int N, int F) {
+  const size_t total = static_cast<size_t>(N) * F;
+  ZERONE_GRID_STRIDE(e, total) {
+    const size_t n = e / F, i = e % F;
+    const float g = inp[n * 2 * F + i], up = inp[n * 2 * F + F + i], dy = dout[e];
+    const float sig = 1.0f / (1.0f + expf(-g));
+    dinp[n * 2 * F + i] = dy * up * sig * (1.0f + g * (1.0f - sig));
+    dinp[n * 2 * F + F + i] = dy * g * sig;
+  }
+}
+
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
+
+__global__ void gelu_forward_kernel(float* out, const float* inp, size_t n) {
+  ZERONE_GRID_STRIDE(i, n) {
+    const float x = inp[i];
+    out[i] = 0.5f * x * (1.0f + tanhf(kGeluScale * (x + 0.044715f * x * x * x)));
+  }
+}
+
+__global__ void gelu_backward_kernel(float* dinp, const float* inp, const float* dout, size_t n) {
+  ZERONE_GRID_STRIDE(i, n) {
+    const float x = inp[i];
+    const float th = tanhf(kGeluScale * (x + 0.044715f * x * x * x));
+    const float sech2 = 1.0f - th * th;
+    const float local = 0.5f * (1.0f + th) + x * 0.5f * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
+    dinp[i] = local * dout[i];
+  }
+}
+
+__global__ void residual_kernel(float* out, const float* a, const float* b, size_t n) {
+  ZERONE_GRID_STRIDE(i, n) out[i] = a[i] + b[i];
+}
+
+// ---------------------------------------------------------------- cross-entropy (one block per row)
+
+__global__ void crossentropy_forward_kernel(float* losses, float* lse, const float* logits, const int32_t* targets,
+                                            int V, int Vp) {
+  __shared__ float shared[kThreads];
+  const size_t n = blockIdx.x;
+  const float* row = logits + n * Vp;
+  float mx = -1e30f;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, row[v]);
+  mx = block_max(mx, shared);
+  float s = 0.0f;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) s += expf(row[v] - mx);
+  const float l = mx + logf(block_sum(s, shared));
+  if (threadIdx.x == 0) lse[n] = l, losses[n] = l - row[targets[n]];
+}
+
+__global__ void crossentropy_backward_kernel(float* dlogits, const float* logits, const float* lse,
+                                             const int32_t* targets, float dloss, int N, int V, int Vp) {
+  const size_t total = static_cast<size_t>(N) * Vp;
+  ZERONE_GRID_STRIDE(e, total) {
+    const size_t n = e / Vp;
+    const int v = static_cast<int>(e % Vp);
+    float g = v < V ? expf(logits[e] - lse[n]) * dloss : 0.0f;
+    if (v == targets[n]) g -= dloss;
+    dlogits[e] = g;
+  }
+}
+
+// Blocks of one thread per column (at least one block: a launch of none is an error).
+unsigned column_blocks(int C) { return C <= kThreads ? 1u : static_cast<unsigned>((C + kThreads - 1) / kThreads); }
+
+}  // namespace
+
+void embedding_forward(float* out, const int32_t* tokens, const void* wte, const void* wpe, DType param_dtype, int B,
+                       int T, int C, cudaStream_t stream) {
+  embedding_forward_kernel<<<grid_for(static_cast<size_t>(B) * T * C), kThreads, 0, stream>>>(out, tokens, wte, wpe,
+                                                                                             param_dtype, B, T, C);
+  ZERONE_CUDA_LAUNCHED();
+}
+
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C,
+                        cudaStream_t stream) {
+  embedding_backward_kernel<<<column_blocks(C), kThreads, 0, stream>>>(dwte, dwpe, dout, tokens, B, T, C);
+  ZERONE_CUDA_LAUNCHED();
+}
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const void* weight, const void* bias,
+                       DType param_dtype, int N, int C, cudaStream_t stream) {
+  if (N == 0) return;
+  layernorm_forward_kernel<<<N, kThreads, 0, stream>>>(out, mean, rstd, inp, weight, bias, param_dtype, C);
+  ZERONE_CUDA_LAUNCHED();
+}
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const void* weight, DType param_dtype, const float* mean, const float* rstd, int N, int C,
+                        cudaStream_t stream) {
+  if (N == 0) return;
+  layernorm_backward_rows<<<N, kThreads, 0, stream>>>(dinp, dout, inp, weight, param_dtype, mean, rstd, C);
+  ZERONE_CUDA_LAUNCHED();
+  layernorm_backward_params<<<column_blocks(C), kThreads, 0, stream>>>(dweight, dbias, dout, inp, mean, rstd, N, C);
+  ZERONE_CUDA_LAUNCHED();
+}
+
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const void* weight, DType param_dtype, int N, int C,
+                     float eps, cudaStream_t stream) {
+  if (N == 0) return;
+  rmsnorm_forward_kernel<<<N, kThreads, 0, stream>>>(out, rstd, inp, weight, param_dtype, C, eps);
+  ZERONE_CUDA_LAUNCHED();
+}
+
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const void* weight,
+                      DType param_dtype, const float* rstd, int N, int C, cudaStream_t stream) {
+  if (N == 0) return;
+  rmsnorm_backward_rows<<<N, kThreads, 0, stream>>>(dinp, dout, inp, weight, param_dtype, rstd, C);
+  ZERONE_CUDA_LAUNCHED();
+  rmsnorm_backward_params<<<column_blocks(C), kThreads, 0, stream>>>(dweight, dout, inp, rstd, N, C);
+  ZERONE_CUDA_LAUNCHED();
+}
+
+void add_bias(float* out, const void* bias, DType param_dtype, int N, int OC, cudaStream_t stream) {
+  add_bias_kernel<<<grid_for(static_cast<size_t>(N) * OC), kThreads, 0, stream>>>(out, bias, param_dtype, N, OC);
+  ZERONE_CUDA_LAUNCHED();
+}
+
+void bias_backward(float* dbias, const float* dout, int N, int OC, bool accumulate, cudaStream_t stream) {
+  bias_backward_kernel<<<column_blocks(OC), kThreads, 0, stream>>>(dbias, dout, N, OC, accumulate);
+  ZERONE_CUDA_LAUNCHED();
+}
+
+void gqa_attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int NKV, int hs,
+                           cudaStream_t stream) {
+  ZERONE_ASSERT(NKV >= 1 && NH % NKV == 0, "NH ", NH, " is not a multiple of NKV ", NKV);
+  const AttShape s{B, T, NH, NKV, hs};
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const size_t rows = static_cast<size_t>(B) * NH * T;
+  if (rows == 0) return;
+  attention_probs_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(att, qkv, s, scale);
+  ZERONE_CUDA_LAUNCHED();
+  attention_out_kernel<<<grid_for(rows * hs), kThreads, 0, stream>>>(out, att, qkv, s);
+  ZERONE_CUDA_LAUNCHED();
+}
+
+void gqa_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, float* datt, int B,
+                            int T, int NH, int NKV, int hs, cudaStream_t stream) {
+  ZERONE_ASSERT(NKV >= 1 && NH % NKV == 0, "NH ", NH, " is not a multiple of NKV ", NKV);
+  const AttShape s{B, T, NH, NKV, hs};
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const size_t rows = static_cast<size_t>(B) * NH * T;
+  if (rows == 0) return;
+  attention_dscores_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(datt, att, dout, qkv, s);
+  ZERONE_CUDA_LAUNCHED();
+  attention_dq_kernel<<<grid_for(rows * hs), kThreads, 0, stream>>>(dqkv, datt, qkv, s, scale);
+  ZERONE_CUDA_LAUNCHED();
+  attention_dkv_kernel<<<grid_for(static_cast<size_t>(B) * T * NKV * hs), kThreads, 0, stream>>>(dqkv, datt, att, dout,
+                                                                                                 qkv, s, scale);
+  ZERONE_CUDA_LAUNCHED();
+}
+
+void rope_rotate(float* x, const float* inv_freq, int B, int T, int stride, int heads, int hs, float sign,
+                 cudaStream_t stream) {
+  ZERONE_ASSERT(hs % 2 == 0, "rotary head size ", hs, " is odd");
+  rope_kernel<<<grid_for(static_cast<size_t>(B) * T * heads * (hs / 2)), kThreads, 0, stream>>>(x, inv_freq, B, T,
+                                                                                                stride, heads, hs, sign);
+  ZERONE_CUDA_LAUNCHED();
+}
+
+void swiglu_forward(float* out, const float* inp, int N, int F, cudaStream_t stream) {
+  swiglu_forward_kernel<<<grid_for(static_cast<size_t>(N) * F), kThreads, 0, stream>>>(out, inp, N, F);
+  ZERONE_CUDA_LAUNCHED();
+}
+
+void swiglu_backward(float* dinp, const float* dout, const float* inp, int N, int F, cudaStream_t stream) {
+  swiglu_backward_kernel<<<grid_for(static_cast<size_t>(N) * F), kThreads, 0, stream>>>(dinp, dout, inp, N, F);
+  ZERONE_CUDA_LAUNCHED();
+}
+
+void gelu_forward(float* out, const float* inp, size_t n, cudaStream_t stream) {
+  gelu_forward_kernel<<<grid_for(n), kThreads, 0, stream>>>(out, inp, n);
+  ZERONE_CUDA_LAUNCHED();
+}
+
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, cudaStream_t stream) {
+  gelu_backward_kernel<<<grid_for(n), kThreads, 0, stream>>>(dinp, inp, dout, n);
+  ZERONE_CUDA_LAUNCHED();
+}
+
+void residual_forward(float* out, const float* a, const float* b, size_t n, cudaStream_t stream) {
+  residual_kernel<<<grid_for(n), kThreads, 0, stream>>>(out, a, b, n);
+  ZERONE_CUDA_LAUNCHED();
+}
+
+void crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets, int N, int V, int Vp,
+                          cudaStream_t stream) {
+  if (N == 0) return;
+  crossentropy_forward_kernel<<<N, kThreads, 0, stream>>>(losses, lse, logits, targets, V, Vp);
+  ZERONE_CUDA_LAUNCHED();
+}
+
+void crossentropy_backward(float* dlogits, const float* logits, const float* lse, const int32_t* targets, float dloss,
+                           int N, int V, int Vp, cudaStream_t stream) {
+  crossentropy_backward_kernel<<<grid_for(static_cast<size_t>(N) * Vp), kThreads, 0, stream>>>(
+      dlogits, logits, lse, targets, dloss, N, V, Vp);
+  ZERONE_CUDA_LAUNCHED();
+}
+
+}  // namespace zerone::cuda

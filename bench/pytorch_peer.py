@@ -1,18 +1,26 @@
 #!/usr/bin/env python3
-"""PyTorch peers for W1 and W2, measured on this machine in the same run as zerone.
+"""PyTorch 2 peers for W1, W2 and W6, measured on this machine in the same run as zerone.
 
-  w1 PRECISION STEPS   GPT-2 124M (L12 C768 H12, V 50257 padded to 50304), micro-batch 4, seq 64,
-                       AdamW (foreach), PRECISION = fp32 or bf16 (torch.autocast on CPU).
-                       Prints the mean seconds per step over STEPS steps after 2 warm-up steps.
-  w2 NPARAMS STEPS     torch.optim.AdamW(foreach=True) over NPARAMS f32 parameters; prints Gparam/s.
-  w6 LAYERS STEPS      LLaMA with the Llama-3.2-1B shape (C 2048, 32 heads, 8 kv heads, head 64, FFN 8192,
-                       V 128256, tied head, RoPE theta 5e5) and LAYERS blocks (the model has 16), B=1,
-                       T=256, bf16 autocast, AdamW (per tensor, foreach=False: memory). Attention written out (PyTorch 1.13 has no
-                       scaled_dot_product_attention). Prints the mean seconds per step after 1 warm-up.
+  w1 PRECISION MODE STEPS  GPT-2 124M (L12 C768 H12, V 50257 padded to 50304, tied head), micro-batch 4,
+                           seq 64, AdamW (fused), PRECISION = fp32 or bf16 (torch.autocast on CPU),
+                           MODE = eager or compile (torch.compile of the model; the compilation happens in
+                           the warm-up steps and is not timed). Prints the mean seconds per step over
+                           STEPS steps after the warm-up (2 steps eager, 3 compiled).
+  w2 NPARAMS STEPS         The AdamW step over NPARAMS f32 parameters (one tensor, as zerone's flat
+                           buffer): torch.optim.AdamW(fused=True), AdamW(foreach=True) and DeepSpeed's
+                           DeepSpeedCPUAdam (adamw_mode=True; its C++ op builds on first use with g++
+                           and ninja, before the timed part). Prints one line per kernel: NAME Gparam/s.
+  w6 LAYERS MODE STEPS     LLaMA with the Llama-3.2-1B shape (C 2048, 32 heads, 8 kv heads, head 64, FFN
+                           8192, V 128256, tied head, RoPE theta 5e5) and LAYERS blocks (the model has
+                           16), B=1, T=256, bf16 autocast, AdamW (fused), attention by
+                           F.scaled_dot_product_attention (causal, grouped-query). MODE eager or compile.
+                           Prints the mean seconds per step after the warm-up (1 step eager, 2 compiled).
 
-Needs Debian's python3-torch (/usr/bin/python3).
+Needs PyTorch 2 (and DeepSpeed for w2): the python printed by `bash bench/peers/setup.sh`.
+Threads: OMP_NUM_THREADS (default 2).
 """
 import math
+import os
 import sys
 import time
 
@@ -32,11 +40,14 @@ class Block(nn.Module):
     def forward(self, x):
         B, T, C = x.shape
         q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.NH, C // self.NH).transpose(1, 2) for t in (q, k, v))
-        att = (q @ k.transpose(-2, -1)) / math.sqrt(C // self.NH)
-        mask = torch.tril(torch.ones(T, T, dtype=torch.bool))
-        att = att.masked_fill(~mask, float("-inf")).softmax(-1)
-        x = x + self.proj((att @ v).transpose(1, 2).reshape(B, T, C))
+        q, k, v = (t.view(B, T, self.NH, C // self.NH).transpose(1, 2) for t in (q, k, v))  # (B, NH, T, hs)
+        if hasattr(F, "scaled_dot_product_attention"):
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, NH, T, hs)
+        else:  # PyTorch 1.13 (bench/pytorch_zero_memory.py imports this model under Debian's python3-torch)
+            att = (q @ k.transpose(-2, -1)) / math.sqrt(C // self.NH)
+            att = att.masked_fill(~torch.tril(torch.ones(T, T, dtype=torch.bool)), float("-inf")).softmax(-1)
+            y = att @ v
+        x = x + self.proj(y.transpose(1, 2).reshape(B, T, C))
         return x + self.fcproj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
 
 
@@ -53,77 +64,89 @@ class GPT(nn.Module):
         x = self.wte(idx) + self.wpe(torch.arange(T))
         for b in self.blocks:
             x = b(x)
-        logits = self.lnf(x) @ self.wte.weight.T
+        logits = self.lnf(x) @ self.wte.weight.T  # (B, T, Vp), tied head
         return F.cross_entropy(logits[..., : self.V].reshape(-1, self.V).float(), targets.reshape(-1))
 
 
-def w1(precision, steps):
-    torch.manual_seed(0)
-    model = GPT()
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, foreach=True)
-    x = torch.randint(0, 50257, (4, 64))
-    y = torch.randint(0, 50257, (4, 64))
+def timed_steps(model, opt, x, y, bf16, warmup, steps):
+    """Mean seconds per step of STEPS steps after WARMUP untimed ones (where torch.compile compiles)."""
     times = []
-    for i in range(steps + 2):
+    for i in range(warmup + steps):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             loss = model(x, y)
         loss.backward()
         opt.step()
-        if i >= 2:
+        if i >= warmup:
             times.append(time.perf_counter() - t0)
-    print(f"{sum(times) / len(times):.4f}")
+    return sum(times) / len(times)
+
+
+def w1(precision, mode, steps):
+    torch.manual_seed(0)
+    model = GPT()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
+    x = torch.randint(0, 50257, (4, 64))
+    y = torch.randint(0, 50257, (4, 64))
+    run = torch.compile(model) if mode == "compile" else model
+    print(f"{timed_steps(run, opt, x, y, precision == 'bf16', 3 if mode == 'compile' else 2, steps):.4f}")
 
 
 def w2(nparams, steps):
+    def rate(step):
+        step()  # warm-up (state allocation)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        return nparams * steps / (time.perf_counter() - t0) / 1e9
+
+    for name, kw in (("fused", {"fused": True}), ("foreach", {"foreach": True})):
+        p = torch.zeros(nparams, requires_grad=True)
+        p.grad = torch.randn(nparams)
+        opt = torch.optim.AdamW([p], lr=1e-3, **kw)
+        print(f"torch_adamw_{name} {rate(opt.step):.4f}", flush=True)
+        del opt, p
+    try:
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+    except Exception as e:  # noqa: BLE001 (report, do not fail the other rows)
+        print(f"deepspeed_cpu_adam unavailable ({type(e).__name__}: {e})")
+        return
     p = torch.zeros(nparams, requires_grad=True)
     p.grad = torch.randn(nparams)
-    opt = torch.optim.AdamW([p], lr=1e-3, foreach=True)
-    opt.step()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        opt.step()
-    print(f"{nparams * steps / (time.perf_counter() - t0) / 1e9:.4f}")
+    opt = DeepSpeedCPUAdam([p], lr=1e-3, adamw_mode=True)  # builds its op here, before timing
+    print(f"deepspeed_cpu_adam {rate(opt.step):.4f}", flush=True)
 
 
 class LlamaBlock(nn.Module):
     def __init__(self, C, NH, NKV, F_):
         super().__init__()
         self.NH, self.NKV, self.hs = NH, NKV, C // NH
-        self.attn_norm = nn.Parameter(torch.ones(C))
+        self.attn_norm = nn.RMSNorm(C, eps=1e-5)
         self.wqkv = nn.Linear(C, (NH + 2 * NKV) * self.hs, bias=False)
         self.wo = nn.Linear(NH * self.hs, C, bias=False)
-        self.mlp_norm = nn.Parameter(torch.ones(C))
+        self.mlp_norm = nn.RMSNorm(C, eps=1e-5)
         self.w_gate_up = nn.Linear(C, 2 * F_, bias=False)
         self.w_down = nn.Linear(F_, C, bias=False)
         self.F = F_
-
-    @staticmethod
-    def rms(x, w, eps=1e-5):
-        return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps).to(x.dtype) * w
 
     @staticmethod
     def rotate_half(x):
         h = x.shape[-1] // 2
         return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
 
-    def forward(self, x, cos, sin, mask):
+    def forward(self, x, cos, sin):
         B, T, C = x.shape
         NH, NKV, hs = self.NH, self.NKV, self.hs
-        qkv = self.wqkv(self.rms(x, self.attn_norm))
-        q = qkv[..., : NH * hs].view(B, T, NH, hs).transpose(1, 2)
-        k = qkv[..., NH * hs : (NH + NKV) * hs].view(B, T, NKV, hs).transpose(1, 2)
+        qkv = self.wqkv(self.attn_norm(x))
+        q = qkv[..., : NH * hs].view(B, T, NH, hs).transpose(1, 2)  # (B, NH, T, hs)
+        k = qkv[..., NH * hs : (NH + NKV) * hs].view(B, T, NKV, hs).transpose(1, 2)  # (B, NKV, T, hs)
         v = qkv[..., (NH + NKV) * hs :].view(B, T, NKV, hs).transpose(1, 2)
         q = q * cos + self.rotate_half(q) * sin
         k = k * cos + self.rotate_half(k) * sin
-        rep = NH // NKV
-        k = k[:, :, None].expand(B, NKV, rep, T, hs).reshape(B, NH, T, hs)
-        v = v[:, :, None].expand(B, NKV, rep, T, hs).reshape(B, NH, T, hs)
-        att = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(hs))
-        att = att.masked_fill(mask, float("-inf")).softmax(-1)
-        x = x + self.wo((att @ v).transpose(1, 2).reshape(B, T, NH * hs))
-        gu = self.w_gate_up(self.rms(x, self.mlp_norm))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        x = x + self.wo(y.transpose(1, 2).reshape(B, T, NH * hs))
+        gu = self.w_gate_up(self.mlp_norm(x))
         return x + self.w_down(F.silu(gu[..., : self.F]) * gu[..., self.F :])
 
 
@@ -132,7 +155,7 @@ class Llama(nn.Module):
         super().__init__()
         self.wte = nn.Embedding(V, C)
         self.blocks = nn.ModuleList([LlamaBlock(C, NH, NKV, F_) for _ in range(L)])
-        self.norm = nn.Parameter(torch.ones(C))
+        self.norm = nn.RMSNorm(C, eps=1e-5)
         self.hs, self.theta = C // NH, theta
 
     def forward(self, idx, targets):
@@ -140,39 +163,32 @@ class Llama(nn.Module):
         f = 1.0 / (self.theta ** (torch.arange(0, self.hs, 2).float() / self.hs))
         ang = torch.arange(T).float()[:, None] * f[None, :]
         cos, sin = torch.cat((ang.cos(), ang.cos()), -1), torch.cat((ang.sin(), ang.sin()), -1)
-        mask = torch.triu(torch.ones(T, T, dtype=torch.bool), 1)
         x = self.wte(idx)
         for b in self.blocks:
-            x = b(x, cos, sin, mask)
-        logits = LlamaBlock.rms(x, self.norm) @ self.wte.weight.T  # tied head
+            x = b(x, cos, sin)
+        logits = self.norm(x) @ self.wte.weight.T  # tied head
         return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
 
 
-def w6(layers, steps):
+def w6(layers, mode, steps):
     torch.manual_seed(0)
     model = Llama(L=layers)
-    # foreach=False: 1.13's foreach AdamW allocates whole-model temporaries (no room at 16 layers).
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, foreach=False)
+    # fused: one kernel over each tensor, no whole-model temporaries (foreach's would not fit beside
+    # 20 GiB of f32 state at 16 layers).
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
     x = torch.randint(0, 128256, (1, 256))
     y = torch.randint(0, 128256, (1, 256))
-    times = []
-    for i in range(steps + 1):
-        t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = model(x, y)
-        loss.backward()
-        opt.step()
-        if i >= 1:
-            times.append(time.perf_counter() - t0)
-    print(f"{sum(times) / len(times):.4f}")
+    run = torch.compile(model) if mode == "compile" else model
+    print(f"{timed_steps(run, opt, x, y, True, 2 if mode == 'compile' else 1, steps):.4f}")
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(int(__import__("os").environ.get("OMP_NUM_THREADS", "2")))
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
     if sys.argv[1] == "w1":
-        w1(sys.argv[2], int(sys.argv[3]))
+        w1(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     elif sys.argv[1] == "w6":
-        w6(int(sys.argv[2]), int(sys.argv[3]))
-    else:
+        w6(int(sys.argv[2]), sys.argv[3], int(sys.argv[4]))
+    elif sys.argv[1] == "w2":
         w2(int(sys.argv[2]), int(sys.argv[3]))
+    else:
+        sys.exit(f"pytorch_peer.py: unknown workload {sys.argv[1]!r}; expected w1, w2 or w6")

@@ -3,13 +3,14 @@
 as `zerone train --model mnist-mlp|mnist-cnn --data DIR --optimizer sgd ...`, on the CPU.
 
   seed_examples_torch.py --model mnist-mlp|mnist-cnn --data DIR --epochs N --micro-batch B --lr X
-                         --momentum M [--threads T] [--seed S]
+                         --momentum M [--threads T] [--seed S] [--compile]
 
 Data: the IDX files of DIR (gzip or raw) read once into tensors, pixels / 255 (torchvision's
 ToTensor), a fresh random permutation per epoch, batches of B with the remainder dropped (as
 zerone's epochs), no DataLoader workers (the whole set is in memory, as in zerone). Model: torch.nn
 layers with PyTorch's default initialization; loss: cross-entropy (mean over the batch); optimizer:
-torch.optim.SGD. After each epoch the whole test split is evaluated (batches of B, no_grad).
+torch.optim.SGD. --compile: the model through torch.compile (PyTorch 2; the first epoch then includes
+the compilation, so compare its later epochs). After each epoch the whole test split is evaluated (batches of B, no_grad).
 
 Prints one JSON line per epoch: {"epoch", "train_s" (training loop only), "eval_s", "val_loss",
 "val_accuracy"}.
@@ -64,6 +65,7 @@ ap.add_argument("--lr", type=float, default=0.01)
 ap.add_argument("--momentum", type=float, default=0.9)
 ap.add_argument("--threads", type=int, default=0)
 ap.add_argument("--seed", type=int, default=1337)
+ap.add_argument("--compile", action="store_true")
 a = ap.parse_args()
 if a.threads:
     torch.set_num_threads(a.threads)
@@ -72,6 +74,7 @@ xtr, ytr = split(a.data, "train")
 xte, yte = split(a.data, "t10k")
 model = model_of(a.model)
 opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum)
+run = torch.compile(model) if a.compile else model
 loss_fn = nn.CrossEntropyLoss()
 B = a.micro_batch
 steps = xtr.shape[0] // B
@@ -82,7 +85,7 @@ for epoch in range(1, a.epochs + 1):
     for s in range(steps):
         idx = perm[s * B:(s + 1) * B]
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(xtr[idx]), ytr[idx])
+        loss = loss_fn(run(xtr[idx]), ytr[idx])
         loss.backward()
         opt.step()
     train_s = time.perf_counter() - t0
@@ -91,7 +94,7 @@ for epoch in range(1, a.epochs + 1):
     total, correct = 0.0, 0
     with torch.no_grad():
         for i in range(0, xte.shape[0], B):
-            out = model(xte[i:i + B])
+            out = run(xte[i:i + B])
             total += loss_fn(out, yte[i:i + B]).item() * out.shape[0]
             correct += (out.argmax(1) == yte[i:i + B]).sum().item()
     print(json.dumps({"epoch": epoch, "train_s": train_s, "eval_s": time.perf_counter() - t1,

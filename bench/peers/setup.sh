@@ -48,11 +48,13 @@ mkdir -p "$(dirname "$venv")"
 # torch first: DeepSpeed's setup imports it.
 "$venv/bin/python" -m pip install --quiet torch >&2
 "$venv/bin/python" -m pip install --quiet $requirements >&2
-"$venv/bin/python" - >"$venv/versions.txt" <<'PY'
-import importlib, platform
-print("python", platform.python_version())
+# The versions go straight to the file: importing deepspeed logs its accelerator choice on stdout.
+DS_ACCELERATOR=cpu "$venv/bin/python" - "$venv/versions.txt" >&2 <<'PY'
+import importlib, platform, sys
+lines = ["python " + platform.python_version()]
 for m in ["torch", "deepspeed", "transformers", "tokenizers", "sentencepiece", "safetensors", "tensorboard", "numpy"]:
-    print(m, importlib.import_module(m).__version__)
+    lines.append(m + " " + importlib.import_module(m).__version__)
+open(sys.argv[1], "w").write("\n".join(lines) + "\n")
 PY
 cat "$venv/versions.txt" >&2
 echo "$requirements" >"$stamp"

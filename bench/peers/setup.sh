@@ -36,7 +36,7 @@ fi
 
 stamp="$venv/zerone-peers.stamp"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$requirements" ] \
-   && "$venv/bin/python" -c "import torch, deepspeed, transformers, tokenizers, sentencepiece, safetensors" 2>/dev/null; then
+   && DS_ACCELERATOR=cpu "$venv/bin/python" -c "import torch, deepspeed, transformers, tokenizers, sentencepiece, safetensors" >/dev/null 2>&1; then
   echo "$venv/bin/python"
   exit 0
 fi

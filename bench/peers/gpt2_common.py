@@ -12,7 +12,7 @@ for bit).
 Data: an llm.c token shard as `zerone prepare` writes it; micro-step s of rank r reads the B*T+1 tokens
 at token ((s * world + r) * B * T) mod the shard, inputs the first B*T, targets the same shifted by one.
 
-Report: one JSON line per rank at exit (`PEER {...}`): the loss of every step, the seconds of every
+Report: one JSON line per rank at exit (`PEER {...}` on stdout, and REPORT.rank<r>.json with --report): the loss of every step, the seconds of every
 step (forward, backward and optimizer step, timed on the rank), the peak RSS of the process
 (getrusage ru_maxrss, the kernel's VmHWM) and the RSS after importing torch (and DeepSpeed) and
 before building the model, so the reader can tell the libraries' own footprint from the run's.
@@ -131,7 +131,7 @@ def common_args(parser):
     parser.add_argument("--eps", type=float, default=1e-8)
     parser.add_argument("--weight-decay", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=1337)
-    parser.add_argument("--label", default="", help="a name for this run in the report")
+    parser.add_argument("--report", default="", help="also write each rank's report to REPORT.rank<r>.json")
 
 
 def train_loop(args, rank, world, step_fn, label, extra=None):
@@ -149,6 +149,9 @@ def train_loop(args, rank, world, step_fn, label, extra=None):
     report = dict(peer=label, rank=rank, world=world, losses=losses, secs=secs, peak_rss=peak_rss_bytes(),
                   **(extra or {}))
     print("PEER " + json.dumps(report), flush=True)
+    if args.report:
+        with open(f"{args.report}.rank{rank}.json", "w") as f:
+            json.dump(report, f)
     return report
 
 

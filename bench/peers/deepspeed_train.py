@@ -47,7 +47,10 @@ def ds_config(args):
     if args.offload_param != "none":
         z["offload_param"] = {"device": args.offload_param, "pin_memory": False}
         if args.offload_param == "nvme":
-            z["offload_param"].update(nvme_path=args.nvme_path, buffer_count=5, buffer_size=args.param_buffer_size)
+            # Each parameter must fit one buffer: the embedding (Vp, C) is the largest.
+            m = gc.parse_model(args.model)
+            z["offload_param"].update(nvme_path=args.nvme_path, buffer_count=5,
+                                      buffer_size=max(args.param_buffer_size, m["padded_vocab"] * m["dim"]))
     if args.sub_group_size:
         z["sub_group_size"] = args.sub_group_size
     return cfg
@@ -81,7 +84,14 @@ def main():
     deepspeed.init_distributed(dist_backend="gloo")
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     torch.manual_seed(args.seed)
-    model = gc.GPT2(gc.parse_model(args.model))
+    mcfg = gc.parse_model(args.model)
+    if args.stage == 3:
+        # ZeRO-3's way to build a model: parameters partitioned (and, with offload_param, sent to their
+        # device) as each module is constructed, so no rank ever holds the whole f32 model.
+        with deepspeed.zero.Init(config_dict_or_path=cfg):
+            model = gc.GPT2(mcfg, gather=deepspeed.zero.GatheredParameters)
+    else:
+        model = gc.GPT2(mcfg)
     if args.stage == 3:
         # The tied head reads wte.weight outside the embedding module's forward: stage 3 must gather it
         # for the root's forward too.
@@ -105,6 +115,11 @@ def main():
                              adam=type(basic).__name__ if basic is not None else ""))
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
+    # The report is written; DeepSpeed's helper threads sometimes abort the interpreter's teardown
+    # ("terminate called without an active exception"), which would fail a finished run.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -74,23 +74,38 @@ class Block(nn.Module):
 
 
 class GPT2(nn.Module):
-    def __init__(self, cfg):
+    """gather: None, or a context manager factory (DeepSpeed's zero.GatheredParameters) that makes a
+    module's parameters whole for the initialisation when they were partitioned at construction
+    (deepspeed.zero.Init): the model is then initialised one module at a time, never whole."""
+
+    def __init__(self, cfg, gather=None):
         super().__init__()
         C, L = cfg["dim"], cfg["layers"]
         self.wte, self.wpe = nn.Embedding(cfg["padded_vocab"], C), nn.Embedding(cfg["ctx"], C)
         self.blocks = nn.ModuleList(Block(C, cfg["heads"]) for _ in range(L))
         self.lnf = nn.LayerNorm(C)
         self.V = cfg["vocab"]
-        with torch.no_grad():
-            for name, p in self.named_parameters():
-                if name.endswith("bias"):
-                    p.zero_()
-                elif "ln" in name:
-                    p.fill_(1.0)
-                else:
-                    std = 0.02 / math.sqrt(2 * L) if name.endswith("proj.weight") else 0.02
-                    p.normal_(0.0, std)
-            self.wte.weight[self.V:].zero_()
+        for prefix, m in [("wte.", self.wte), ("wpe.", self.wpe), ("lnf.", self.lnf)] + \
+                         [(f"blocks.{i}.", b) for i, b in enumerate(self.blocks)]:
+            params = list(m.named_parameters(prefix=prefix[:-1]))
+            if gather is None:
+                self._init(params, L)
+            else:
+                with gather([p for _, p in params], modifier_rank=0):
+                    self._init(params, L)
+
+    @torch.no_grad()
+    def _init(self, named_params, L):
+        for name, p in named_params:
+            if name.endswith("bias"):
+                p.zero_()
+            elif "ln" in name:
+                p.fill_(1.0)
+            else:
+                std = 0.02 / math.sqrt(2 * L) if name.endswith("proj.weight") else 0.02
+                p.normal_(0.0, std)
+            if name == "wte.weight":
+                p[self.V:].zero_()
 
     def forward(self, idx, targets):  # (B, T), (B, T)
         B, T = idx.shape

@@ -10,7 +10,9 @@
 #   bash bench/w4_peers.sh speed [DIR] [STEPS] [ROUNDS]      (defaults build/, 5, 1)
 #   bash bench/w4_peers.sh largest [DIR] [TIMEOUT_S]         DeepSpeed's largest GPT here: ascending
 #        shapes (micro-batch 1 x seq 64, vocab 50257), 2 steps each under a time bound, per setting
-#        (stage 3 without offload, cpu optimizer + cpu parameters, nvme optimizer + nvme parameters),
+#        (none3: stage 3 without offload; infinity2: nvme optimizer + nvme parameters; cpu3, cpu
+#        optimizer + cpu parameters, is the same RAM on this machine and not tried unless named in
+#        W4_LARGEST_SETTINGS),
 #        stopping at a setting's first failure. zerone's own: docs/BENCHMARKS.md "The largest GPT that
 #        trains here" (3.28B with both on NVMe) and `zerone plan`.
 #   W4_OUT=DIR keeps the runs (default: a temporary directory) and adds rounds to those already there.
@@ -55,7 +57,8 @@ run_pair() {  # setting model steps micro-batch seq prefix timeout_s: one zerone
       $(zerone_flags "$s") --metrics "$p.zerone.jsonl" > "$p.zerone.log" 2>&1 || rc=$?
     echo $rc > "$p.zerone.rc"
   fi
-  rc=0; timeout "$limit" $torchrun --nproc-per-node 1 --master-port 29790 bench/peers/deepspeed_train.py \
+  # oom_score_adj 1000: when a try runs out of memory, the kernel kills it and not a neighbour.
+  rc=0; timeout "$limit" sh -c 'echo 1000 > /proc/self/oom_score_adj; exec "$@"' sh $torchrun --nproc-per-node 1 --master-port 29790 bench/peers/deepspeed_train.py \
     "${common[@]}" $(ds_flags "$s") --report "$p.ds" > "$p.ds.log" 2>&1 || rc=$?
   echo $rc > "$p.ds.rc"
   rm -rf "$swap/z" "$swap/ds"
@@ -107,7 +110,7 @@ elif [ "$mode" = largest ]; then
   limit=${3:-300}
   # (layers, dim, heads): 0.35B, 0.77B, 1.56B (gpt2-1.5b), 2.15B, 3.28B (zerone's largest run here)
   shapes=("24 1024 16" "36 1280 20" "48 1600 25" "32 2304 18" "40 2560 20")
-  for s in ${W4_LARGEST_SETTINGS:-none3 cpu3 infinity2}; do
+  for s in ${W4_LARGEST_SETTINGS:-none3 infinity2}; do
     for shape in "${shapes[@]}"; do
       read -r L C H <<<"$shape"
       p="$out/largest_${s}_L${L}_C${C}"

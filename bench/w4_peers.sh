@@ -110,6 +110,7 @@ elif [ "$mode" = largest ]; then
   limit=${3:-300}
   # (layers, dim, heads): 0.35B, 0.77B, 1.56B (gpt2-1.5b), 2.15B, 3.28B (zerone's largest run here)
   shapes=("24 1024 16" "36 1280 20" "48 1600 25" "32 2304 18" "40 2560 20")
+  [ -z "${W4_LARGEST_SHAPES:-}" ] || IFS=, read -r -a shapes <<<"$W4_LARGEST_SHAPES"  # "L C H,L C H,..."
   for s in ${W4_LARGEST_SETTINGS:-none3 infinity2}; do
     for shape in "${shapes[@]}"; do
       read -r L C H <<<"$shape"

@@ -138,7 +138,7 @@ for rc_file in sorted(glob.glob(f"{out}/largest_*.ds.rc"), key=lambda f: (f.spli
         print(f"| {s} | {L}, {C} | {n / 1e9:.2f}B | trains (loss {r['losses'][0]:.2f} -> {r['losses'][-1]:.2f}) | {r['secs'][-1]:.1f} | {r['peak_rss'] / 2**20:.0f} |")
     else:
         log = open(p + ".ds.log").read()
-        why = "out of memory (killed)" if rc in (137, -9) or "Killed" in log else "over the time bound" if rc == 124 else \
+        why = "out of memory (killed)" if rc in (137, -9) or "Killed" in log or "exitcode: -9" in log else "over the time bound" if rc == 124 else \
             (re.findall(r"(\w*Error[^\n]*)", log) or [f"exit {rc}"])[-1][:120]
         print(f"| {s} | {L}, {C} | {n / 1e9:.2f}B | {why} | | |")
 PY

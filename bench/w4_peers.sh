@@ -15,6 +15,9 @@
 #        W4_LARGEST_SETTINGS),
 #        stopping at a setting's first failure. zerone's own: docs/BENCHMARKS.md "The largest GPT that
 #        trains here" (3.28B with both on NVMe) and `zerone plan`.
+#   W4_DS_SUB_GROUP_SIZE=N sets DeepSpeed's zero_optimization.sub_group_size (its default, 1e9 elements,
+#   stages the optimizer state of a model up to 1e9 parameters in RAM at once; zerone's default stages
+#   at most an eighth of it).
 #   W4_OUT=DIR keeps the runs (default: a temporary directory) and adds rounds to those already there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -59,7 +62,7 @@ run_pair() {  # setting model steps micro-batch seq prefix timeout_s: one zerone
   fi
   # oom_score_adj 1000: when a try runs out of memory, the kernel kills it and not a neighbour.
   rc=0; timeout "$limit" sh -c 'echo 1000 > /proc/self/oom_score_adj; exec "$@"' sh $torchrun --nproc-per-node 1 --master-port 29790 bench/peers/deepspeed_train.py \
-    "${common[@]}" $(ds_flags "$s") --report "$p.ds" > "$p.ds.log" 2>&1 || rc=$?
+    "${common[@]}" $(ds_flags "$s") ${W4_DS_SUB_GROUP_SIZE:+--sub-group-size $W4_DS_SUB_GROUP_SIZE} --report "$p.ds" > "$p.ds.log" 2>&1 || rc=$?
   echo $rc > "$p.ds.rc"
   rm -rf "$swap/z" "$swap/ds"
 }

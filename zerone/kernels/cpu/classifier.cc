@@ -6,6 +6,7 @@
 
 #include "zerone/core/profiler.h"
 #include "zerone/core/rng.h"
+#include "zerone/kernels/softmax_row.h"
 
 namespace zerone::kernels::cpu {
 namespace {
@@ -58,21 +59,12 @@ float softmax_cross_entropy_forward(float* probs, float* losses, const float* lo
   int64_t hits = 0;
 #pragma omp parallel for schedule(static) reduction(+ : total, hits) if (N * K > 16384)
   for (int n = 0; n < N; ++n) {
-    const float* x = logits + static_cast<size_t>(n) * K;
-    float* y = probs + static_cast<size_t>(n) * K;
-    int arg = 0;
-    for (int k = 1; k < K; ++k)
-      if (x[k] > x[arg]) arg = k;
-    const float mx = x[arg];
-    double z = 0.0;
-    for (int k = 0; k < K; ++k) z += (y[k] = std::exp(x[k] - mx));
-    const float inv = static_cast<float>(1.0 / z);
-    for (int k = 0; k < K; ++k) y[k] *= inv;
-    // -log softmax computed as log(z) - (x - max): exact for tiny probabilities too.
-    const float loss = static_cast<float>(std::log(z) - (x[labels[n]] - mx));
+    const SoftmaxRow r = softmax_row(probs + static_cast<size_t>(n) * K, logits + static_cast<size_t>(n) * K, K,
+                                     labels[n]);
+    const float loss = r.loss;
     losses[n] = loss;
     total += loss;
-    hits += arg == labels[n] ? 1 : 0;
+    hits += r.argmax == labels[n] ? 1 : 0;
   }
   if (correct) *correct = hits;
   return static_cast<float>(total / N);

@@ -6,6 +6,7 @@
 #include "zerone/core/rng.h"
 #include "zerone/kernels/cuda/common.cuh"
 #include "zerone/kernels/cuda/kernels.h"
+#include "zerone/kernels/softmax_row.h"
 
 namespace zerone::cuda {
 namespace {
@@ -40,18 +41,10 @@ __global__ void softmax_ce_forward_kernel(float* probs, float* losses, int32_t* 
                                           const int32_t* labels, int N, int K) {
   const int n = blockIdx.x * blockDim.x + threadIdx.x;
   if (n >= N) return;
-  const float* x = logits + static_cast<size_t>(n) * K;
-  float* y = probs + static_cast<size_t>(n) * K;
-  int arg = 0;
-  for (int k = 1; k < K; ++k)
-    if (x[k] > x[arg]) arg = k;
-  const float mx = x[arg];
-  double z = 0.0;
-  for (int k = 0; k < K; ++k) z += (y[k] = expf(x[k] - mx));
-  const float inv = static_cast<float>(1.0 / z);
-  for (int k = 0; k < K; ++k) y[k] *= inv;
-  losses[n] = static_cast<float>(log(z) - (x[labels[n]] - mx));
-  hits[n] = arg == labels[n] ? 1 : 0;
+  const kernels::SoftmaxRow r = kernels::softmax_row(probs + static_cast<size_t>(n) * K,
+                                                     logits + static_cast<size_t>(n) * K, K, labels[n]);
+  losses[n] = r.loss;
+  hits[n] = r.argmax == labels[n] ? 1 : 0;
 }
 
 __global__ void softmax_ce_backward_kernel(float* dlogits, const float* probs, const int32_t* labels, int N, int K,

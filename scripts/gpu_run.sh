@@ -1,157 +1,520 @@
 #!/usr/bin/env bash
-# The GPU run of issue 18, in two halves (docs/GPU.md):
+# The GPU run of issues 18 and 19 (docs/GPU.md): build and pack here, run there in ONE device call.
 #
-#   scripts/gpu_run.sh pack     HERE (the dev machine: nvcc, oneDNN, MPI, no GPU). Builds build-gpu/
-#                               for sm_90 with ZERONE_PORTABLE=ON (no -march=native: the binaries run
-#                               on another CPU), then packs into gpu_pack/ (ignored by git):
-#                               zerone, kernels_test and the non-CUDA shared libraries they load
-#                               (oneDNN, Open MPI and its dependencies, liburing, libgomp; from ldd),
-#                               at most 64 MiB with the working tree (the device tool's carry limit).
-#                               Checks the packed binary starts from the pack alone (it says "no CUDA
-#                               GPU" here) and prints the device tool call to make.
-#   scripts/gpu_run.sh run      THERE (the lent GPU machine: driver, PyTorch's CUDA 13 wheels, no
-#                               apt/oneDNN/MPI). Puts the pack's libraries and the wheels' nvidia/*/lib
-#                               (cudart, cuBLASLt) on LD_LIBRARY_PATH, then runs `zerone info`, the op
-#                               harness's cuda rows, and tests/zero/device_cuda.sh, writing each
-#                               report to $OUT (the device tool brings $OUT back).
-#   scripts/gpu_run.sh sanitize THERE, a second call when the first passed: compute-sanitizer's
-#                               memcheck and racecheck over the op harness's cuda rows (issue 18 §3).
+#   scripts/gpu_run.sh pack     HERE (the dev machine: nvcc, oneDNN, MPI, no GPU). Builds build-gpu/ for
+#                               sm_90 with ZERONE_PORTABLE=ON (no -march=native), then packs into
+#                               gpu_pack/zerone-pack.tar.xz (ignored by git): zerone, every test program
+#                               that links CUDA (found from the build's link lines: later tests come
+#                               along without editing this script), Open MPI's launcher (orterun as
+#                               mpiexec, orted, the MCA components, PMIx, help files), the non-CUDA
+#                               shared libraries of all of them (from ldd), and lib/compat/ (glibc 2.36
+#                               with its loader, GCC 12's libstdc++ and libgcc_s) used only where the
+#                               target's are older (Note [Pack modes]). At most 64 MiB with the working
+#                               tree (the device tool's carry limit). Ends with `check` on this machine.
+#   scripts/gpu_run.sh check    ANYWHERE the pack is unpacked: the CPU side of the pack works there:
+#                               `zerone info`, a short cpu training run, the op harness's cpu rows,
+#                               `--device cuda` refused with one `zerone: error:` line when no GPU is
+#                               present, and world 2 under the pack's mpiexec (stage 2; the losses are
+#                               printed: selftest compares them with this machine's own run).
+#   scripts/gpu_run.sh selftest [bookworm|bullseye]   HERE, as root: unpacks a minimal Debian root (no
+#                               oneDNN, MPI, liburing, libgomp, python; the clean room's cached base or
+#                               a cached debootstrap), binds PyTorch's nvidia/*/lib wheels of the peers'
+#                               environment into it as the GPU machine has them, copies the working
+#                               tree and gpu_pack/ in, and runs `check` and then `run` there in a chroot
+#                               (run without a GPU: every step must report, none may fail for packaging).
+#                               bookworm (glibc 2.36) proves the plain mode, bullseye (glibc 2.31,
+#                               GCC 10's libstdc++) the compat mode. Reports in build-gpu/selftest-SUITE/.
+#   scripts/gpu_run.sh run      THERE (the lent GPU machine: driver, PyTorch's CUDA 13 wheels, python3
+#                               with torch, no apt/oneDNN/MPI). In at most ZERONE_GPU_BUDGET_S seconds
+#                               (default 480; each step capped, later steps skipped when time runs out):
+#                               info; every packed test program's CUDA/NCCL rows (gtest filter below);
+#                               every tests/*/*cuda*.sh and *nccl*.sh (world 1 and the multi-rank ones
+#                               under the pack's mpiexec); then the W5 timing beside PyTorch. Each
+#                               report is written to $OUT as the step runs; a failed or crashed step
+#                               never stops the next. Files in $OUT (the device tool brings back 8):
+#                               summary.txt (one line per step), info.txt, gtest_cuda.log,
+#                               zero_cuda.log, bench_w5.log, extra.tar.gz (XML, metrics).
+#   scripts/gpu_run.sh sanitize THERE, a second call when the first passed: compute-sanitizer's memcheck
+#                               and racecheck over the op harness's cuda rows (issue 18 §3).
 #
-# The device tool call (from the session's checkout, after `pack`):
-#   run(command="bash scripts/gpu_run.sh run", carry=["gpu_pack"], timeout_s=420)
+# The device tool call (from the session's checkout, after `pack`; docs/GPU.md):
+#   run(command="bash scripts/gpu_run.sh run", carry=["gpu_pack"], timeout_s=540)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 carried="$root/gpu_pack"         # what travels: zerone-pack.tar.xz (xz: oneDNN alone is 40 MB unpacked)
-pack="${TMPDIR:-/tmp}/zerone-gpu-pack"  # where it is unpacked and run from (bin/, lib/)
+pack="${ZERONE_PACK_DIR:-${TMPDIR:-/tmp}/zerone-gpu-pack}"  # where it is unpacked and run from
 limit_bytes=$((64 * 1024 * 1024))
+gtest_cuda_filter='*cuda*:*Cuda*:*CUDA*:*nccl*:*Nccl*:*NCCL*'
+ompi_pkglibdir=/usr/lib/x86_64-linux-gnu/openmpi/lib/openmpi3
+pmix_dir=/usr/lib/x86_64-linux-gnu/pmix2
 
-# Libraries the pack leaves to the target: the C runtime and the compiler's C++ runtime (the target's
-# are as new or newer), and CUDA's own (the target's driver and PyTorch's wheels provide them).
-system_lib() {
+# Note [Pack modes]
+# The binaries are built on Debian 12 (glibc 2.36, GCC 12). The pack leaves the C and C++ runtimes
+# to the target (its python and torch use them too), which works where the target's are as new:
+# zerone itself needs GLIBC_2.35 and GLIBCXX_3.4.30, the packed libevent (Open MPI) GLIBC_2.36
+# (`MANIFEST` lists what each needs). The GPU machine's image is not documented beyond "Python
+# 3.12.3" (Ubuntu 24.04's: glibc 2.39, GCC 14; but Ubuntu 22.04 has glibc 2.35, one short). So the
+# pack also carries lib/compat/: Debian 12's glibc (its loader, libc, libm, ...) and libstdc++ /
+# libgcc_s. At unpack, `zerone info` is tried with the target's runtimes; only if the loader
+# refuses (a missing GLIBC_/GLIBCXX_ version) does every packed program start through the packed
+# loader (`ld-linux-x86-64.so.2 --library-path compat:lib:... program`): the "compat" mode. Either
+# way the programs are started by small wrappers in bin/ that set the library path for that
+# program alone, never for the environment: python3, torch and the test scripts keep the target's
+# own runtimes (a packed libc in LD_LIBRARY_PATH would break every program of the target).
+
+# Libraries left to the target: the C runtime and the compiler's C++ runtime (packed separately into
+# lib/compat/), and CUDA's own (the driver, and PyTorch's nvidia-* wheels on the GPU machine).
+glibc_lib() {
   case "$1" in
-    linux-vdso*|ld-linux*|libc.so*|libm.so*|libmvec.so*|libpthread.so*|libdl.so*|librt.so*|libstdc++.so*|libgcc_s.so*) return 0 ;;
-    libcuda.so*|libcudart.so*|libcublas.so*|libcublasLt.so*|libnvrtc*|libnvJitLink*) return 0 ;;
+    ld-linux*|libc.so*|libm.so*|libmvec.so*|libpthread.so*|libdl.so*|librt.so*|libutil.so*|libresolv.so*|libanl.so*) return 0 ;;
   esac
   return 1
+}
+system_lib() {
+  glibc_lib "$1" && return 0
+  case "$1" in
+    linux-vdso*|libstdc++.so*|libgcc_s.so*) return 0 ;;
+    libcuda.so*|libcudart.so*|libcublas*|libcudnn*|libcufft*|libcurand*|libcusolver*|libcusparse*|libcufile*) return 0 ;;
+    libnccl*|libnvrtc*|libnvJitLink*|libnvToolsExt*|libnvshmem*|libnvidia-*) return 0 ;;
+  esac
+  return 1
+}
+# Open MPI components left out: their transports (UCX, libfabric, verbs, PSM) need libraries and
+# hardware that one machine's ranks do not use (the pack's mpiexec runs ob1 over shared memory).
+skipped_component_dep() {
+  case "$1" in
+    libuc[pstm].so*|libfabric*|libibverbs*|librdmacm*|libefa*|libpsm*|libinfinipath*|libnuma*|libnl-*|libmca_common_ucx*|libmca_common_ofi*|libmca_common_verbs*|libjvm*|libmpi_java*|liboshmem*) return 0 ;;
+  esac
+  return 1
+}
+# The shared libraries that FILE... load, found by this machine's loader (absolute paths).
+needed_libs() { ldd "$@" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u; }
+# Highest symbol version PREFIX_ (GLIBC, GLIBCXX) that FILE... require.
+required_version() {
+  local prefix="$1"; shift
+  objdump -p "$@" 2>/dev/null | awk '/Version References/ {f=1} f && /0x/ {print $NF}' |
+    grep -E "^${prefix}_[0-9.]+$" | sort -uV | tail -1
+}
+
+# The executables of build-gpu/ that link CUDA (cudart, cuBLASLt, NCCL, the CUDA backend): read from
+# the link lines CMake wrote, so that test programs added later are packed without editing this file.
+cuda_programs() {
+  local build="$1" lt dir out
+  for lt in $(find "$build" -path '*/CMakeFiles/*.dir/link.txt' | sort); do
+    grep -q -- ' -o ' "$lt" || continue                       # executables only (not ar, not -shared)
+    grep -q -- '-shared' "$lt" && continue
+    grep -qE 'zerone_kernels_cuda|libcudart|cublas|nccl' "$lt" || continue
+    dir="$(dirname "$(dirname "$(dirname "$lt")")")"
+    out="$(tr ' ' '\n' < "$lt" | grep -A1 -x -- '-o' | tail -1)"
+    echo "$(basename "$(dirname "$lt")" .dir) $dir/$out"
+  done
 }
 
 do_pack() {
   export CCACHE_BASEDIR="${CCACHE_BASEDIR:-/work}"
   local build="$root/build-gpu"
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DZERONE_PORTABLE=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-    -DZERONE_BUILD_BENCH=OFF -DCMAKE_EXPORT_COMPILE_COMMANDS=ON -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache > "$build.cmake.log"
+    -DZERONE_BUILD_BENCH=OFF -DCMAKE_EXPORT_COMPILE_COMMANDS=ON -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
+    -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache > "$build.cmake.log"
   grep -q 'CUDA backend ON' "$build.cmake.log" || { echo "gpu_run.sh: the CUDA backend is not configured (no nvcc?)" >&2; exit 1; }
   # Note [Portable builds]: not one host compile may target this machine's CPU.
   ! grep -q -- '-march=native' "$build/compile_commands.json" ||
     { echo "gpu_run.sh: -march=native in $build/compile_commands.json" >&2; exit 1; }
-  nice cmake --build "$build" -j"${JOBS:-2}" --target zerone kernels_test
+  local programs targets
+  programs="$(cuda_programs "$build")"
+  targets="$(awk '{print $1}' <<<"$programs" | tr '\n' ' ')"
+  grep -q '^zerone ' <<<"$programs" || { echo "gpu_run.sh: zerone does not link CUDA in $build?" >&2; exit 1; }
+  echo "gpu_run.sh: building $targets"
+  # shellcheck disable=SC2086 # one word per target
+  nice cmake --build "$build" -j"${JOBS:-2}" --target $targets
   rm -rf "$pack" "$carried"
-  mkdir -p "$pack/bin" "$pack/lib" "$carried"
-  cp "$build/zerone" "$build/tests/kernels_test" "$pack/bin/" 2>/dev/null || cp "$build/zerone" "$(find "$build" -name kernels_test -type f | head -1)" "$pack/bin/"
-  strip "$pack/bin/"*
-  local lib name
-  for lib in $(ldd "$pack/bin/"* | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u); do
-    name="$(basename "$lib")"
-    system_lib "$name" || cp -L "$lib" "$pack/lib/$name"
+  mkdir -p "$pack/libexec" "$pack/lib/compat" "$pack/mpi/lib" "$pack/mpi/share" "$pack/mpi/etc" \
+           "$pack/mpi/pmix/lib/pmix" "$pack/mpi/pmix/share" "$carried"
+  local name path
+  while read -r name path; do cp "$path" "$pack/libexec/$name"; done <<<"$programs"
+  # Open MPI's launcher: orterun (mpiexec), orted (singleton MPI_Init starts one), their components
+  # (but the transports of skipped_component_dep), PMIx's, and the help texts and defaults.
+  cp "$(readlink -f "$(command -v orterun)")" "$pack/libexec/orterun"
+  cp "$(readlink -f "$(command -v orted)")" "$pack/libexec/orted"
+  mkdir -p "$pack/mpi/lib/openmpi3"
+  local comp dep skip
+  for comp in "$ompi_pkglibdir"/*.so; do
+    skip=""
+    for dep in $(ldd "$comp" | awk '{print $1}'); do skipped_component_dep "$dep" && skip="$dep"; done
+    [ -n "$skip" ] || cp "$comp" "$pack/mpi/lib/openmpi3/"
   done
-  strip --strip-unneeded "$pack/lib/"* 2>/dev/null || true
-  # The pack alone must resolve everything but the system and CUDA libraries.
+  cp "$pmix_dir"/lib/pmix/*.so "$pack/mpi/pmix/lib/pmix/"
+  cp -r "$pmix_dir/share/pmix" "$pack/mpi/pmix/share/"
+  cp -r /usr/share/openmpi "$pack/mpi/share/"
+  rm -rf "$pack/mpi/share/openmpi/"{doc,java,mpif*}* 2>/dev/null || true
+  cp /etc/openmpi/openmpi-mca-params.conf /etc/openmpi/openmpi-default-hostfile "$pack/mpi/etc/"
+  strip "$pack/libexec/"*
+  # Every non-system library the programs and components load; the glibc and C++ runtimes apart.
+  local lib
+  for lib in $(needed_libs "$pack/libexec/"* "$pack/mpi/lib/openmpi3/"*.so "$pack/mpi/pmix/lib/pmix/"*.so); do
+    name="$(basename "$lib")"
+    if glibc_lib "$name" || [[ "$name" == libstdc++.so* || "$name" == libgcc_s.so* ]]; then
+      cp -L "$lib" "$pack/lib/compat/$name"
+    elif ! system_lib "$name"; then
+      cp -L "$lib" "$pack/lib/$name"
+    fi
+  done
+  # The libraries' own needs (ldd lists them transitively, but the compat set must be complete).
+  for lib in $(needed_libs "$pack/lib/"*.so*); do
+    name="$(basename "$lib")"
+    if glibc_lib "$name" || [[ "$name" == libstdc++.so* || "$name" == libgcc_s.so* ]]; then
+      cp -L "$lib" "$pack/lib/compat/$name"
+    elif ! system_lib "$name" && [ ! -e "$pack/lib/$name" ]; then
+      cp -L "$lib" "$pack/lib/$name"
+    fi
+  done
+  cp -L /lib64/ld-linux-x86-64.so.2 "$pack/lib/compat/ld-linux-x86-64.so.2"
+  strip --strip-unneeded "$pack/lib/"*.so* "$pack/mpi/lib/openmpi3/"*.so "$pack/mpi/pmix/lib/pmix/"*.so 2>/dev/null || true
+  # The pack alone must resolve everything but the CUDA libraries (and the runtimes of lib/compat).
   local missing
-  missing="$(LD_LIBRARY_PATH="$pack/lib" ldd "$pack/bin/"* "$pack/lib/"* 2>/dev/null | awk '/not found/ {print $1}' | sort -u)"
+  missing="$(LD_LIBRARY_PATH="$pack/lib:$pack/lib/compat" ldd "$pack/libexec/"* "$pack/lib/"*.so* \
+             "$pack/mpi/lib/openmpi3/"*.so "$pack/mpi/pmix/lib/pmix/"*.so 2>/dev/null |
+             awk '/not found/ {print $1}' | sort -u | while read -r n; do system_lib "$n" || echo "$n"; done)"
   [ -z "$missing" ] || { echo "gpu_run.sh: unresolved in the pack: $missing" >&2; exit 1; }
-  tar -C "$pack" -cf - bin lib | xz -T"${JOBS:-2}" -6 > "$carried/zerone-pack.tar.xz"
-  unpack
+  {
+    echo "commit $(git -C "$root" rev-parse --short HEAD)$(git -C "$root" diff --quiet HEAD -- zerone tests tools CMakeLists.txt || echo ' (with uncommitted changes)')"
+    echo "packed $(date -u +%Y-%m-%dT%H:%MZ) on $(. /etc/os-release; echo "$PRETTY_NAME"), $(ldd --version | head -1)"
+    echo "nvcc $(/usr/local/cuda/bin/nvcc --version | grep -o 'release [0-9.]*'), architectures 90"
+    echo "programs $(ls "$pack/libexec" | tr '\n' ' ')"
+    echo "tests $(awk '$1 != "zerone" {print $1}' <<<"$programs" | tr '\n' ' ')"
+    echo "needs $(required_version GLIBC "$pack/libexec/"* "$pack/lib/"*.so* "$pack/mpi/lib/openmpi3/"*.so) $(required_version GLIBCXX "$pack/libexec/"* "$pack/lib/"*.so*) (else lib/compat: Note [Pack modes])"
+    for name in "$pack/libexec/"*; do
+      echo "  $(basename "$name"): $(required_version GLIBC "$name") $(required_version GLIBCXX "$name")"
+    done
+  } > "$pack/MANIFEST"
+  cat "$pack/MANIFEST"
+  tar -C "$pack" -cf - MANIFEST libexec lib mpi | xz -T"${JOBS:-2}" -6 > "$carried/zerone-pack.tar.xz"
   local pack_bytes tree_bytes
   pack_bytes=$(du -sb "$carried" | cut -f1)
   tree_bytes=$(cd "$root" && git ls-files -co --exclude-standard -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
-  echo "gpu_run.sh: pack $((pack_bytes / 1024)) KiB + working tree $((tree_bytes / 1024)) KiB (limit $((limit_bytes / 1024)) KiB)"
+  echo "gpu_run.sh: pack $((pack_bytes / 1024)) KiB (unpacked $(du -sk "$pack" | cut -f1) KiB) + working tree $((tree_bytes / 1024)) KiB (limit $((limit_bytes / 1024)) KiB)"
   [ $((pack_bytes + tree_bytes)) -le $limit_bytes ] || { echo "gpu_run.sh: over the device tool's 64 MiB" >&2; exit 1; }
-  # Starts from the pack, with none of the build tree's paths.
-  LD_LIBRARY_PATH="$pack/lib" "$pack/bin/zerone" info | tee "$carried/info.here.txt"
-  LD_LIBRARY_PATH="$pack/lib" "$pack/bin/zerone" train --model gpt2:layers=1,dim=32,heads=2,vocab=64,ctx=8 --steps 1 \
-    --device cuda > "$carried/no_gpu.here.txt" 2>&1 && { echo "gpu_run.sh: --device cuda ran without a GPU?" >&2; exit 1; }
-  cat "$carried/no_gpu.here.txt"
+  # The pack from the archive alone, with none of the build tree's paths, on this machine.
+  do_check
   echo
-  echo "Next, from a session that is lent a GPU (docs/GPU.md):"
-  echo '  run(command="bash scripts/gpu_run.sh run", carry=["gpu_pack"], timeout_s=420)'
+  echo "Prove it on a foreign root (minutes, as root): bash scripts/gpu_run.sh selftest [bookworm|bullseye]"
+  echo "Then, from a session that is lent a GPU (docs/GPU.md):"
+  echo '  run(command="bash scripts/gpu_run.sh run", carry=["gpu_pack"], timeout_s=540)'
 }
 
-# The carried archive, unpacked afresh into $pack.
-unpack() {
-  rm -rf "$pack" && mkdir -p "$pack"
+# CUDA's libraries on this machine: ZERONE_NVIDIA_DIR (a folder of nvidia/*/lib), else the nvidia-*
+# wheels of python3 (the GPU machine's PyTorch: nvidia/cu13/lib holds cudart and cuBLASLt,
+# nvidia/nccl/lib NCCL), else the toolkit's lib/ (dev machines). Printed as a PATH-like list.
+cuda_lib_dirs() {
+  if [ -n "${ZERONE_NVIDIA_DIR:-}" ]; then
+    find "$ZERONE_NVIDIA_DIR" -maxdepth 3 -name 'lib*.so*' -path '*/lib/*' -printf '%h\n' | sort -u | paste -sd:
+  elif command -v python3 >/dev/null && python3 -c 'import nvidia' 2>/dev/null; then
+    python3 -c 'import nvidia, os, glob; print(":".join(sorted({os.path.dirname(p) for d in nvidia.__path__ for p in glob.glob(os.path.join(d, "*", "lib", "lib*.so*"))})))'
+  elif [ -d /usr/local/cuda/lib ] || [ -d /usr/local/cuda/lib64 ]; then
+    echo "/usr/local/cuda/lib:/usr/local/cuda/lib64"
+  fi
+}
+
+# Unpacks the carried archive afresh into $pack, picks the mode (Note [Pack modes]) and writes the
+# wrappers bin/NAME (mpiexec and mpirun start orterun). Sets PATH (bin/ first: mpiexec is the pack's)
+# and the Open MPI / PMIx variables that point Open MPI at the pack's components and help files.
+pack_env() {
+  rm -rf "$pack" && mkdir -p "$pack/bin"
   xz -dc "$carried/zerone-pack.tar.xz" | tar -C "$pack" -xf -
+  local cuda libs mode=plain trial
+  cuda="$(cuda_lib_dirs || true)"
+  libs="$pack/lib${cuda:+:$cuda}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  if [ "${ZERONE_PACK_MODE:-}" = compat ]; then
+    mode=compat
+  elif [ "${ZERONE_PACK_MODE:-}" != plain ]; then
+    trial="$(LD_LIBRARY_PATH="$libs" "$pack/libexec/zerone" info 2>&1 >/dev/null || true)"
+    if grep -qE "version \`(GLIBC|GLIBCXX|CXXABI)_[0-9.]+' not found" <<<"$trial"; then mode=compat; fi
+  fi
+  local name target
+  for name in $(ls "$pack/libexec") mpiexec mpirun; do
+    target="$name"; case "$name" in mpiexec|mpirun) target=orterun ;; esac
+    if [ "$mode" = compat ]; then
+      printf '#!/bin/sh\n# Note [Pack modes] (scripts/gpu_run.sh): compat, the packed glibc and libstdc++.\nexec "%s/lib/compat/ld-linux-x86-64.so.2" --library-path "%s/lib/compat:%s${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" --argv0 "$0" "%s/libexec/%s" "$@"\n' \
+        "$pack" "$pack" "$pack/lib${cuda:+:$cuda}" "$pack" "$target" > "$pack/bin/$name"
+    else
+      printf '#!/bin/sh\n# Note [Pack modes] (scripts/gpu_run.sh): plain, the target'"'"'s glibc and libstdc++.\nLD_LIBRARY_PATH="%s${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "%s/libexec/%s" "$@"\n' \
+        "$pack/lib${cuda:+:$cuda}" "$pack" "$target" > "$pack/bin/$name"
+    fi
+    chmod +x "$pack/bin/$name"
+  done
+  echo "$mode" > "$pack/MODE"
+  export PATH="$pack/bin:$PATH"
+  # Open MPI's and PMIx's install directories, moved to the pack (opal/pmix installdirs "env").
+  export OPAL_PREFIX="$pack/mpi" OPAL_EXEC_PREFIX="$pack/mpi" OPAL_BINDIR="$pack/bin" OPAL_LIBDIR="$pack/lib" \
+         OPAL_PKGLIBDIR="$pack/mpi/lib/openmpi3" OPAL_DATADIR="$pack/mpi/share" OPAL_DATAROOTDIR="$pack/mpi/share" \
+         OPAL_PKGDATADIR="$pack/mpi/share/openmpi" OPAL_SYSCONFDIR="$pack/mpi/etc"
+  export PMIX_PREFIX="$pack/mpi/pmix" PMIX_EXEC_PREFIX="$pack/mpi/pmix" PMIX_LIBDIR="$pack/lib" \
+         PMIX_PKGLIBDIR="$pack/mpi/pmix/lib/pmix" PMIX_DATADIR="$pack/mpi/pmix/share" \
+         PMIX_PKGDATADIR="$pack/mpi/pmix/share/pmix" PMIX_SYSCONFDIR="$pack/mpi/etc"
+  # One machine: shared memory (ob1: Note [Test environment] in tests/CMakeLists.txt), ranks that
+  # wait yield their core (2-3 ranks share one GPU and the host's cores).
+  export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader OMPI_MCA_mpi_yield_when_idle=1
+  export OMP_NUM_THREADS="${OMP_NUM_THREADS:-8}"
 }
 
-# The GPU machine's environment: the pack's libraries, then PyTorch's CUDA wheels (nvidia/<lib>/lib
-# and nvidia/cu13/lib hold libcudart and libcublasLt).
-gpu_env() {
-  unpack
-  local wheels
-  wheels="$(python3 -c 'import nvidia, os, glob; print(":".join(sorted({os.path.dirname(p) for d in nvidia.__path__ for p in glob.glob(os.path.join(d, "*", "lib", "lib*.so*"))})))' 2>/dev/null || true)"
-  export LD_LIBRARY_PATH="$pack/lib${wheels:+:$wheels}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  export OMP_NUM_THREADS="${OMP_NUM_THREADS:-8}"
+pack_banner() {
+  echo "pack: $(head -1 "$pack/MANIFEST"), mode $(cat "$pack/MODE") (Note [Pack modes]); target $(ldd --version 2>&1 | head -1)"
+  echo "pack: CUDA libraries from: $(cuda_lib_dirs || true)"
+}
+
+# check: the CPU side of the unpacked pack on this machine (module docs above). Prints what it ran;
+# exits 1 at the first failure.
+do_check() {
+  pack_env
+  pack_banner
+  local Z="$pack/bin/zerone" d
+  d="$(mktemp -d)"
+  echo "== zerone info"; "$Z" info
+  echo "== cpu training (gpt2 tiny, 5 steps)"
+  "$Z" train --model gpt2:layers=2,dim=32,heads=2,vocab=257,ctx=16 --seq 16 --micro-batch 2 --steps 5 \
+    --device cpu --precision fp32 --threads 2 --no-shuffle --metrics "$d/w1.jsonl" > "$d/w1.log" 2>&1 ||
+    { cat "$d/w1.log"; echo "check: FAIL cpu training"; exit 1; }
+  grep -o '"loss":[^,]*' "$d/w1.jsonl" | tr '\n' ' '; echo
+  echo "== kernels_test cpu rows"
+  (cd "$root" && "$pack/bin/kernels_test" --gtest_filter='*_cpu' --gtest_brief=1) > "$d/kt.log" 2>&1 ||
+    { tail -30 "$d/kt.log"; echo "check: FAIL kernels_test cpu rows"; exit 1; }
+  tail -3 "$d/kt.log"
+  if ! "$Z" info | grep -q '^devices .*cuda'; then
+    echo "== --device cuda without a GPU: one clean error line"
+    if "$Z" train --model gpt2:layers=1,dim=32,heads=2,vocab=257,ctx=8 --steps 1 --device cuda > "$d/nogpu.log" 2>&1; then
+      echo "check: FAIL --device cuda ran without a GPU?"; exit 1
+    fi
+    cat "$d/nogpu.log"
+    [ "$(wc -l < "$d/nogpu.log")" -eq 1 ] && grep -q '^zerone: error: ' "$d/nogpu.log" ||
+      { echo "check: FAIL the refusal is not one 'zerone: error:' line"; exit 1; }
+  fi
+  echo "== mpiexec (the pack's) -n 2, ZeRO stage 2, cpu"
+  mpiexec --allow-run-as-root --oversubscribe --bind-to none -n 2 "$Z" train \
+    --model gpt2:layers=2,dim=32,heads=2,vocab=257,ctx=16 --seq 16 --micro-batch 2 --steps 5 --zero-stage 2 \
+    --device cpu --precision fp32 --threads 1 --no-shuffle --metrics "$d/w2.jsonl" > "$d/w2.log" 2>&1 ||
+    { cat "$d/w2.log"; echo "check: FAIL mpiexec -n 2"; exit 1; }
+  echo "world2 losses: $(grep -o '"loss":[^,]*' "$d/w2.jsonl" | tr '\n' ' ')"
+  rm -rf "$d"
+  echo "check: PASS"
+}
+
+# selftest SUITE: `check` and `run` from the pack in a minimal Debian root (module docs above).
+do_selftest() {
+  local suite="${1:-bookworm}"
+  [ "$(id -u)" -eq 0 ] || { echo "gpu_run.sh selftest: needs root (chroot, mounts)" >&2; exit 1; }
+  [ -f "$carried/zerone-pack.tar.xz" ] || { echo "gpu_run.sh selftest: no pack; run gpu_run.sh pack first" >&2; exit 1; }
+  if [ -z "${ZERONE_SELFTEST_NS:-}" ]; then   # a private mount namespace: mounts vanish with it
+    ZERONE_SELFTEST_NS=1 exec unshare --mount --propagation private -- bash "$0" selftest "$suite"
+  fi
+  local wheels="${ZERONE_NVIDIA_DIR:-}" cache=/var/cache/zerone-clean-room base work report
+  if [ -z "$wheels" ]; then
+    wheels="$(ls -d "$HOME"/.cache/zerone/peers-venv/lib/python3*/site-packages/nvidia 2>/dev/null | head -1)"
+  fi
+  [ -d "$wheels/cu13/lib" ] || { echo "gpu_run.sh selftest: no nvidia wheels (bash bench/peers/setup.sh, or ZERONE_NVIDIA_DIR)" >&2; exit 1; }
+  # The base root: the clean room's cached bookworm, or a cached debootstrap of SUITE.
+  base="$(ls -t "$cache/$suite"-minbase-*.tar.gz 2>/dev/null | head -1 || true)"
+  if [ -z "$base" ]; then
+    base="$cache/$suite-minbase-gpupack.tar.gz"
+    mkdir -p "$cache"
+    work="$(mktemp -d /var/tmp/zerone-debootstrap.XXXXXX)"
+    echo "selftest: debootstrap --variant=minbase $suite (once; cached as $base)"
+    debootstrap --variant=minbase "$suite" "$work" http://deb.debian.org/debian > "$work.log" 2>&1 ||
+      { tail -20 "$work.log"; rm -rf --one-file-system "$work"; exit 1; }
+    tar --numeric-owner -czf "$base" -C "$work" . && rm -rf --one-file-system "$work" "$work.log"
+  fi
+  work="$(mktemp -d /var/tmp/zerone-gpu-selftest.XXXXXX)"
+  report="$root/build-gpu/selftest-$suite"
+  rm -rf "$report"; mkdir -p "$report"
+  # shellcheck disable=SC2064 # expand now
+  trap "umount -R '$work/r' 2>/dev/null; rm -rf --one-file-system '$work'" EXIT
+  mkdir "$work/r"
+  tar --numeric-owner -xzf "$base" -C "$work/r"
+  local r="$work/r" absent=""
+  # What the GPU machine lacks must be absent here too (else the test proves nothing).
+  for lib in libdnnl.so libmpi.so libopen-pal.so liburing.so libgomp.so libhwloc.so libevent_core; do
+    ! ls "$r"/usr/lib/x86_64-linux-gnu/$lib* "$r"/lib/x86_64-linux-gnu/$lib* >/dev/null 2>&1 || absent+=" $lib"
+  done
+  [ -z "$absent" ] || { echo "selftest: the base root has$absent: not a foreign root" >&2; exit 1; }
+  mkdir -p "$r/root/zerone" "$r/opt/nvidia-wheels"
+  (cd "$root" && git ls-files -co --exclude-standard -z | tar --null -T - -cf - gpu_pack/zerone-pack.tar.xz) |
+    tar -C "$r/root/zerone" -xf -
+  mount --bind "$r" "$r"
+  mount -t proc proc "$r/proc"
+  mount -t sysfs -o ro sysfs "$r/sys"          # hwloc (Open MPI) reads it
+  mount --bind /dev "$r/dev"; mount --make-private "$r/dev"
+  mount -t devpts -o newinstance,ptmxmode=0666 devpts "$r/dev/pts"
+  mount -t tmpfs tmpfs "$r/dev/shm"            # Open MPI's shared memory
+  mount --bind -o ro "$wheels" "$r/opt/nvidia-wheels"
+  mount -o remount,bind,ro "$r/opt/nvidia-wheels"
+  local envs=(HOME=/root PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 ZERONE_NVIDIA_DIR=/opt/nvidia-wheels
+              OUT=/root/out ZERONE_GPU_BUDGET_S="${ZERONE_GPU_BUDGET_S:-300}")
+  echo "selftest: $suite root ($(chroot "$r" ldd --version 2>&1 | head -1)), python3: $(chroot "$r" sh -c 'command -v python3 || echo none')"
+  local rc=0
+  chroot "$r" /usr/bin/env -i "${envs[@]}" /bin/bash -c 'cd /root/zerone && bash scripts/gpu_run.sh check' \
+    > "$report/check.log" 2>&1 || rc=1
+  cat "$report/check.log"
+  # The same world-2 run natively (this machine's own MPI and libraries, the same binary): the losses
+  # must be the pack's, bit for bit.
+  local native
+  native="$(cd "$work" && mpiexec --allow-run-as-root --oversubscribe --bind-to none -n 2 "$root/build-gpu/zerone" train \
+    --model gpt2:layers=2,dim=32,heads=2,vocab=257,ctx=16 --seq 16 --micro-batch 2 --steps 5 --zero-stage 2 \
+    --device cpu --precision fp32 --threads 1 --no-shuffle --metrics "$work/native.jsonl" > "$work/native.log" 2>&1 &&
+    grep -o '"loss":[^,]*' "$work/native.jsonl" | tr '\n' ' ')" || true
+  echo "native world2 losses: $native" | tee -a "$report/check.log"
+  if [ -n "$native" ] && grep -qxF "world2 losses: $native" "$report/check.log"; then
+    echo "selftest: the pack's mpiexec -n 2 reproduces the native run's losses bitwise" | tee -a "$report/check.log"
+  else
+    echo "selftest: FAIL the pack's world-2 losses differ from the native run's" | tee -a "$report/check.log"; rc=1
+  fi
+  chroot "$r" /usr/bin/env -i "${envs[@]}" /bin/bash -c 'cd /root/zerone && bash scripts/gpu_run.sh run' \
+    > "$report/run.log" 2>&1; echo "run exit status $?" >> "$report/run.log"
+  cp -r "$r/root/out" "$report/out" 2>/dev/null || true
+  tail -25 "$report/run.log"
+  # Without a GPU every run step must have reported a skip (77) or a pass, never a packaging failure.
+  if grep -vE ' rc=(0|77) ' "$report/out/summary.txt" | grep -E ' rc=' ; then
+    echo "selftest: FAIL a run step failed without a GPU (above; $report/out)"; rc=1
+  fi
+  [ "$(ls "$report/out" | wc -l)" -le 8 ] || { echo "selftest: FAIL more than 8 files in \$OUT"; rc=1; }
+  [ $rc -eq 0 ] && echo "selftest $suite: PASS (reports in $report)" || echo "selftest $suite: FAIL (reports in $report)"
+  return $rc
 }
 
 do_sanitize() {
   local out="${OUT:-$root/gpu_out}" rc=0 tool
   mkdir -p "$out"
-  gpu_env
+  pack_env
   for tool in memcheck racecheck; do
-    (cd "$root" && timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 3 "$pack/bin/kernels_test" \
+    (cd "$root" && timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 3 "$pack/libexec/kernels_test" \
        --gtest_filter='*_cuda') > "$out/sanitize_$tool.log" 2>&1 || rc=1
     tail -15 "$out/sanitize_$tool.log"
   done
   return $rc
 }
 
-do_run() {
-  local out="${OUT:-$root/gpu_out}"
-  mkdir -p "$out"
-  gpu_env
-  {
-    date -u; ldd --version | head -1  # the pack needs glibc >= 2.36 and libstdc++ of GCC >= 12
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 || true
-    echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
-    ldd "$pack/bin/zerone" | grep -E 'cuda|cublas|not found' || true
-    "$pack/bin/zerone" info
-  } > "$out/info.txt" 2>&1 || true
-  cat "$out/info.txt"
-  local rc=0
-  # The op harness: every case on cuda (against the reference and the cpu backend), plus the cpu
-  # rows as a control. Each row's result lands in the XML report.
-  local status=0
-  (cd "$root" && timeout 300 "$pack/bin/kernels_test" --gtest_filter='*cuda*:*Cuda*:*_cpu' \
-     --gtest_output=xml:"$out/kernels_test.xml") > "$out/kernels_test.log" 2>&1 || status=$?
-  grep -E '^\[  (FAILED|PASSED|SKIPPED) ' "$out/kernels_test.log" | tail -60
-  if [ "$status" -gt 1 ]; then
-    # A crash (an abort inside the backend, a fault) ends the binary: then each cuda case runs on
-    # its own, so one run still says which cases pass, fail or crash.
-    rc=1
-    echo "kernels_test ended with status $status: running each cuda case alone"
-    local t
-    for t in $("$pack/bin/kernels_test" --gtest_list_tests --gtest_filter='*cuda*:*Cuda*' |
-               awk '/^[^ ]/ {suite=$1} /^  / {print suite $1}'); do
-      if (cd "$root" && timeout 30 "$pack/bin/kernels_test" --gtest_filter="$t") > "$out/one.log" 2>&1; then
-        grep -q '^\[  SKIPPED' "$out/one.log" && echo "SKIPPED $t" || echo "PASSED $t"
-      else
-        echo "FAILED($?) $t"; grep -E 'Failure|error|Expected|Which is|internal' "$out/one.log" | head -8 | sed 's/^/    /'
-      fi
-    done > "$out/kernels_cuda_each.log" 2>&1
-    rm -f "$out/one.log"
-    grep -c '^PASSED' "$out/kernels_cuda_each.log" | sed 's/$/ cuda cases pass alone/'
-    grep '^FAILED' "$out/kernels_cuda_each.log" | head -40
-  elif [ "$status" -ne 0 ]; then
-    rc=1
+# --- run: the GPU session's one call --------------------------------------------------------------
+out="${OUT:-$root/gpu_out}"
+deadline="${ZERONE_DEADLINE:-0}"   # the run's end, in seconds since the epoch (exported to the steps)
+now() { date +%s; }
+# step NAME CAP_S LOG CMD...: runs CMD with its output appended to $out/LOG, stopped (its whole
+# process group: timeout's default) after CAP_S seconds or when the run's budget is spent, whichever
+# is first; one line "NAME rc=N Ss" in summary.txt. Never fails: the next step always runs.
+step() {
+  local name="$1" cap="$2" log="$3"; shift 3
+  local left=$((deadline - $(now) - 5)) t0 rc=0
+  t0=$(now)
+  [ "$cap" -le "$left" ] || cap=$left
+  if [ "$cap" -lt 15 ]; then
+    echo "$name rc=skipped (no time left of ZERONE_GPU_BUDGET_S)" | tee -a "$out/summary.txt"; return 0
   fi
-  (cd "$root" && timeout 300 bash tests/zero/device_cuda.sh "$pack/bin/zerone") > "$out/device_cuda.log" 2>&1 || rc=1
-  tail -40 "$out/device_cuda.log"
-  echo "gpu_run.sh: reports in $out (rc $rc)"
-  return $rc
+  echo "=== $name (cap ${cap}s): $*" >> "$out/$log"
+  case "$1" in gtest_cuda|bench_w5) set -- bash "$0" "_$1" "${@:2}" ;; esac  # functions: through this script
+  timeout -k 5 "$cap" "$@" >> "$out/$log" 2>&1 < /dev/null || rc=$?
+  [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] || echo "=== $name: TIMED OUT after ${cap}s" >> "$out/$log"
+  echo "$name rc=$rc $(($(now) - t0))s" | tee -a "$out/summary.txt"
+}
+
+# The gtest rows on cuda of one packed test program; when the program crashes (a CUDA error
+# aborts: Note [CUDA backend design]), each case runs alone so that one run says which pass.
+gtest_cuda() {
+  local prog="$1" xml="$2" status=0 t
+  (cd "$root" && "$pack/bin/$prog" --gtest_filter="$gtest_cuda_filter" --gtest_output=xml:"$xml") || status=$?
+  [ "$status" -gt 1 ] || return "$status"
+  echo "=== $prog ended with status $status: each case alone"
+  for t in $("$pack/bin/$prog" --gtest_list_tests --gtest_filter="$gtest_cuda_filter" |
+             awk '/^[^ ]/ {suite=$1} /^  / {print suite $1}'); do
+    if (cd "$root" && timeout 30 "$pack/bin/$prog" --gtest_filter="$t") > "$xml.one" 2>&1; then
+      grep -q '^\[  SKIPPED' "$xml.one" && echo "ALONE SKIPPED $t" || echo "ALONE PASSED $t"
+    else
+      echo "ALONE FAILED($?) $t"; grep -E 'Failure|error|Expected|Which is|internal|CUDA' "$xml.one" | head -8 | sed 's/^/    /'
+    fi
+  done
+  rm -f "$xml.one"
+  return "$status"
+}
+
+# W5 (issue 18 §4): GPT-2 124M bf16 T=1024 on cuda, zerone beside PyTorch (eager, then compile if
+# time is left), step time, tokens/s and MFU against 989 TFLOP/s (H100 SXM dense bf16).
+bench_w5() {
+  local mb="${ZERONE_W5_MB:-8}" steps="${ZERONE_W5_STEPS:-8}" d
+  d="$(mktemp -d)"
+  local flops
+  flops="$(python3 -c "
+L, C, NH, T, Vp = 12, 768, 12, 1024, 50304
+n = Vp * C + L * 12 * C * C                       # matmul parameters (tied head counted once)
+print(6 * n + 6 * L * T * C)                     # per token: 6N + attention (QK^T, PV; fwd+bwd, causal)")"
+  echo "model FLOPs per token $flops; micro-batch $mb, T 1024"
+  "$pack/bin/zerone" train --model gpt2-124m --seq 1024 --micro-batch "$mb" --steps "$steps" --precision bf16 \
+    --device cuda --metrics "$d/z.jsonl" > "$d/z.log" 2>&1 || { tail -20 "$d/z.log"; echo "zerone w5: FAILED"; }
+  tail -5 "$d/z.log"
+  [ ! -s "$d/z.jsonl" ] || python3 - "$d/z.jsonl" "$mb" "$flops" <<'PY'
+import json, sys
+ms = [x["ms"] for x in map(json.loads, open(sys.argv[1])) if "ms" in x]
+mb, flops = int(sys.argv[2]), float(sys.argv[3])
+if len(ms) > 2:
+    s = sum(ms[2:]) / len(ms[2:]) / 1000
+    tok = mb * 1024 / s
+    print(f"W5 zerone bf16 B={mb} T=1024: {s:.4f} s/step, {tok:.0f} tokens/s, MFU {tok * flops / 989e12:.1%} (steps 3..{len(ms)})")
+PY
+  cp "$d/z.jsonl" "$out/w5_zerone.jsonl" 2>/dev/null || true
+  rm -rf "$d"
+  local mode
+  for mode in eager compile; do
+    [ $((deadline - $(now))) -gt 90 ] || { echo "torch $mode: skipped (time)"; continue; }
+    PYTHONUNBUFFERED=1 timeout $((deadline - $(now) - 20)) python3 "$root/bench/pytorch_peer.py" w5 "$mode" "$steps" "$mb" |
+      while read -r s; do
+        echo "W5 torch $mode raw: $s"
+        python3 -c "s=float('$s'); tok=$mb*1024/s; print(f'W5 torch $mode bf16 B=$mb T=1024: {s:.4f} s/step, {tok:.0f} tokens/s, MFU {tok*$flops/989e12:.1%}')" 2>/dev/null || true
+      done
+  done
+}
+
+do_run() {
+  set +e
+  mkdir -p "$out"
+  : > "$out/summary.txt"
+  deadline=$(($(now) + ${ZERONE_GPU_BUDGET_S:-480}))
+  export ZERONE_DEADLINE=$deadline OUT="$out" ZERONE_PACK_DIR="$pack"
+  pack_env > "$out/pack_env.tmp" 2>&1 || { cat "$out/pack_env.tmp"; echo "pack rc=1: cannot unpack" >> "$out/summary.txt"; return 1; }
+  rm -f "$out/pack_env.tmp"
+  local tmp; tmp="$(mktemp -d)"
+  {
+    date -u; pack_banner; sed 's/^/  /' "$pack/MANIFEST"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
+    (. /etc/os-release 2>/dev/null; echo "os: ${PRETTY_NAME:-?}"); uname -r; nproc
+    python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "gpu", torch.cuda.is_available())' 2>&1 | tail -1
+    echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+  } > "$out/info.txt" 2>&1
+  step info 30 info.txt "$pack/bin/zerone" info
+  step ldd 10 info.txt sh -c "cat '$pack/bin/zerone'; LD_LIBRARY_PATH='$pack/lib:$(cuda_lib_dirs)' ldd '$pack/libexec/zerone' | grep -E 'cuda|cublas|nccl|not found'"
+  local prog
+  for prog in $(sed -n 's/^tests //p' "$pack/MANIFEST"); do
+    step "gtest:$prog" 150 gtest_cuda.log gtest_cuda "$prog" "$tmp/$prog.xml"
+  done
+  local script
+  # shellcheck disable=SC2231 # the globs are the point: later *cuda*/*nccl* test scripts run too
+  for script in $(ls "$root"/tests/*/*cuda*.sh "$root"/tests/*/*nccl*.sh 2>/dev/null | sort -u); do
+    step "$(basename "$(dirname "$script")")/$(basename "$script")" 150 zero_cuda.log bash "$script" "$pack/bin/zerone"
+  done
+  if "$pack/bin/zerone" info 2>/dev/null | grep -q '^devices .*cuda'; then
+    step w5 $((deadline - $(now))) bench_w5.log bench_w5
+  else
+    echo "w5 rc=77 (no GPU: skipped)" | tee -a "$out/summary.txt"
+  fi
+  cp "$out"/*.jsonl "$tmp/" 2>/dev/null; rm -f "$out"/*.jsonl
+  tar -C "$tmp" -czf "$out/extra.tar.gz" . 2>/dev/null
+  rm -rf "$tmp"
+  echo "=== summary (reports in $out: $(ls "$out" | tr '\n' ' '))"
+  cat "$out/summary.txt"
+  ! grep -vE ' rc=(0|77) ' "$out/summary.txt" | grep -q ' rc='
 }
 
 case "${1:-}" in
   pack) do_pack ;;
+  check) do_check ;;
+  selftest) do_selftest "${2:-bookworm}" ;;
   run) do_run ;;
   sanitize) do_sanitize ;;
-  *) echo "usage: scripts/gpu_run.sh pack|run|sanitize (docs/GPU.md)" >&2; exit 2 ;;
+  _gtest_cuda) gtest_cuda "${@:2}" ;;   # internal: a step of run (pack_env already done)
+  _bench_w5) bench_w5 ;;
+  *) echo "usage: scripts/gpu_run.sh pack|check|selftest [bookworm|bullseye]|run|sanitize (docs/GPU.md)" >&2; exit 2 ;;
 esac

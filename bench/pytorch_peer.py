@@ -16,6 +16,11 @@
                            F.scaled_dot_product_attention (causal, grouped-query). MODE eager or compile.
                            Prints the mean seconds per step after the warm-up (1 step eager, 2 compiled).
 
+  w5 MODE STEPS MB          GPT-2 124M on the GPU (cuda): micro-batch MB, T=1024, bf16 autocast, fused AdamW,
+                           attention by F.scaled_dot_product_attention (flash on an H100). MODE eager or
+                           compile. Prints the mean seconds per step after the warm-up (2 steps eager, 3
+                           compiled), each step ending in torch.cuda.synchronize() (scripts/gpu_run.sh run).
+
 Needs PyTorch 2 (and DeepSpeed for w2): the python printed by `bash bench/peers/setup.sh`.
 Threads: OMP_NUM_THREADS (default 2).
 """
@@ -61,7 +66,7 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets):
         B, T = idx.shape
-        x = self.wte(idx) + self.wpe(torch.arange(T))
+        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
         for b in self.blocks:
             x = b(x)
         logits = self.lnf(x) @ self.wte.weight.T  # (B, T, Vp), tied head
@@ -69,15 +74,19 @@ class GPT(nn.Module):
 
 
 def timed_steps(model, opt, x, y, bf16, warmup, steps):
-    """Mean seconds per step of STEPS steps after WARMUP untimed ones (where torch.compile compiles)."""
+    """Mean seconds per step of STEPS steps after WARMUP untimed ones (where torch.compile compiles).
+    On cuda each step ends when the GPU is done (torch.cuda.synchronize)."""
     times = []
+    dev = x.device.type
     for i in range(warmup + steps):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        with torch.autocast(dev, dtype=torch.bfloat16, enabled=bf16):
             loss = model(x, y)
         loss.backward()
         opt.step()
+        if dev == "cuda":
+            torch.cuda.synchronize()
         if i >= warmup:
             times.append(time.perf_counter() - t0)
     return sum(times) / len(times)
@@ -91,6 +100,16 @@ def w1(precision, mode, steps):
     y = torch.randint(0, 50257, (4, 64))
     run = torch.compile(model) if mode == "compile" else model
     print(f"{timed_steps(run, opt, x, y, precision == 'bf16', 3 if mode == 'compile' else 2, steps):.4f}")
+
+
+def w5(mode, steps, mb):
+    torch.manual_seed(0)
+    model = GPT().cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
+    x = torch.randint(0, 50257, (mb, 1024), device="cuda")
+    y = torch.randint(0, 50257, (mb, 1024), device="cuda")
+    run = torch.compile(model) if mode == "compile" else model
+    print(f"{timed_steps(run, opt, x, y, True, 3 if mode == 'compile' else 2, steps):.4f}")
 
 
 def w2(nparams, steps):
@@ -188,7 +207,9 @@ if __name__ == "__main__":
         w1(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     elif sys.argv[1] == "w6":
         w6(int(sys.argv[2]), sys.argv[3], int(sys.argv[4]))
+    elif sys.argv[1] == "w5":
+        w5(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
     elif sys.argv[1] == "w2":
         w2(int(sys.argv[2]), int(sys.argv[3]))
     else:
-        sys.exit(f"pytorch_peer.py: unknown workload {sys.argv[1]!r}; expected w1, w2 or w6")
+        sys.exit(f"pytorch_peer.py: unknown workload {sys.argv[1]!r}; expected w1, w2, w5 or w6")

@@ -206,6 +206,14 @@ do_pack() {
 # wheels of python3 (the GPU machine's PyTorch: nvidia/cu13/lib holds cudart and cuBLASLt,
 # nvidia/nccl/lib NCCL), else the toolkit's lib/ (dev machines). Printed as a PATH-like list.
 cuda_lib_dirs() {
+  wheel_lib_dirs
+  # The driver's libcuda.so.1 where the loader's cache may not list it (a container's mounted driver).
+  local dir
+  for dir in /usr/local/nvidia/lib64 /usr/local/nvidia/lib; do
+    [ ! -e "$dir/libcuda.so.1" ] || echo "$dir"
+  done
+}
+wheel_lib_dirs() {
   if [ -n "${ZERONE_NVIDIA_DIR:-}" ]; then
     find "$ZERONE_NVIDIA_DIR" -maxdepth 3 -name 'lib*.so*' -path '*/lib/*' -printf '%h\n' | sort -u | paste -sd:
   elif command -v python3 >/dev/null && python3 -c 'import nvidia' 2>/dev/null; then
@@ -222,7 +230,8 @@ pack_env() {
   rm -rf "$pack" && mkdir -p "$pack/bin"
   gzip -dc "$carried/zerone-pack.tar.gz" | tar -C "$pack" -xf -
   local cuda libs mode=plain trial
-  cuda="$(cuda_lib_dirs || true)"
+  cuda="$(cuda_lib_dirs | paste -sd: || true)"
+  [ -d /usr/local/nvidia/bin ] && export PATH="$PATH:/usr/local/nvidia/bin"
   libs="$pack/lib${cuda:+:$cuda}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   if [ "${ZERONE_PACK_MODE:-}" = compat ]; then
     mode=compat
@@ -261,7 +270,7 @@ pack_env() {
 
 pack_banner() {
   echo "pack: $(head -1 "$pack/MANIFEST"), mode $(cat "$pack/MODE") (Note [Pack modes]); target $(ldd --version 2>&1 | head -1)"
-  echo "pack: CUDA libraries from: $(cuda_lib_dirs || true)"
+  echo "pack: CUDA libraries from: $(cuda_lib_dirs | paste -sd: || true); the loader's cache: $(/sbin/ldconfig -p 2>/dev/null | grep -oE '(libcuda|libcudart|libcublasLt|libnccl)\.so[^ ]* => [^ ]*' | tr '\n' ' ')"
 }
 
 # check: the CPU side of the unpacked pack on this machine (module docs above). Prints what it ran;
@@ -386,7 +395,7 @@ do_sanitize() {
   mkdir -p "$out"
   pack_env
   for tool in memcheck racecheck; do
-    (cd "$root" && timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 3 "$pack/libexec/kernels_test" \
+    (cd "$root" && timeout 240 compute-sanitizer --tool "$tool" --target-processes all --error-exitcode 3 "$pack/bin/kernels_test" \
        --gtest_filter='*_cuda') > "$out/sanitize_$tool.log" 2>&1 || rc=1
     tail -15 "$out/sanitize_$tool.log"
   done
@@ -487,7 +496,7 @@ do_run() {
     echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
   } > "$out/info.txt" 2>&1
   step info 30 info.txt "$pack/bin/zerone" info
-  step ldd 10 info.txt sh -c "cat '$pack/bin/zerone'; LD_LIBRARY_PATH='$pack/lib:$(cuda_lib_dirs)' ldd '$pack/libexec/zerone' | grep -E 'cuda|cublas|nccl|not found'"
+  step ldd 10 info.txt sh -c "cat '$pack/bin/zerone'; LD_LIBRARY_PATH='$pack/lib:$(cuda_lib_dirs | paste -sd:)' ldd '$pack/libexec/zerone' | grep -E 'cuda|cublas|nccl|not found'"
   local prog
   for prog in $(sed -n 's/^tests //p' "$pack/MANIFEST"); do
     step "gtest:$prog" 150 gtest_cuda.log gtest_cuda "$prog" "$tmp/$prog.xml"

@@ -16,7 +16,6 @@
 # Every case runs even after one failed (a GPU run is rare: it should say all it can).
 set -euo pipefail
 Z="$(readlink -f "$1")"; DEV="${2:-cuda}"
-here="$(cd "$(dirname "$0")" && pwd)"
 case "$DEV" in cuda|sim) ;; *) echo "device_cuda_ranks.sh: expected device cuda or sim, got '$DEV'" >&2; exit 2 ;; esac
 if ! "$Z" info 2>/dev/null | grep -q "^devices .*$DEV"; then
   echo "SKIPPED: no $DEV device: $("$Z" info 2>&1 | grep -E '^(CUDA|devices)' | tr '\n' ' ')"

@@ -6,7 +6,7 @@
 # cpu backend], tests/kernels/backend_ops_test.cc). Then a checkpoint written on the GPU resumes on
 # the cpu and gives the cpu's own continuation.
 # Exit 77 (ctest: SKIPPED, never passed) when the build has no CUDA backend or the machine no GPU.
-# World 1 without mpiexec: the GPU machine of scripts/gpu_run.sh has no MPI launcher.
+# World 1 without mpiexec; several ranks sharing the GPU: tests/zero/device_cuda_ranks.sh.
 # NOT YET RUN ON A GPU (docs/GPU.md).
 set -euo pipefail
 Z="$(readlink -f "$1")"

@@ -179,6 +179,7 @@ do_pack() {
   {
     echo "commit $(git -C "$root" rev-parse --short HEAD)$(git -C "$root" diff --quiet HEAD -- zerone tests tools CMakeLists.txt || echo ' (with uncommitted changes)')"
     echo "packed $(date -u +%Y-%m-%dT%H:%MZ) on $(. /etc/os-release; echo "$PRETTY_NAME"), $(ldd --version | head -1)"
+    echo "built_in $root"
     echo "nvcc $(/usr/local/cuda/bin/nvcc --version | grep -o 'release [0-9.]*'), architectures 90"
     echo "programs $(ls "$pack/libexec" | tr '\n' ' ')"
     echo "tests $(awk '$1 != "zerone" {print $1}' <<<"$programs" | tr '\n' ' ')"
@@ -252,6 +253,17 @@ pack_env() {
     chmod +x "$pack/bin/$name"
   done
   echo "$mode" > "$pack/MODE"
+  # The test programs carry this machine's paths (ZERONE_SOURCE_DIR, ZERONE_TEST_DATA_DIR,
+  # ZERONE_BINARY: tests/CMakeLists.txt): where they do not exist, point them at this checkout
+  # and the pack's zerone (the GPU machine runs as root; a later gtest may read data or run zerone).
+  local built
+  built="$(sed -n 's/^built_in //p' "$pack/MANIFEST")"
+  if [ -n "$built" ] && [ ! -e "$built" ] && mkdir -p "$(dirname "$built")" 2>/dev/null; then
+    ln -s "$root" "$built" 2>/dev/null || true
+  fi
+  if [ ! -e "$root/build-gpu/zerone" ] && mkdir -p "$root/build-gpu" 2>/dev/null; then
+    ln -s "$pack/bin/zerone" "$root/build-gpu/zerone" 2>/dev/null || true
+  fi
   export PATH="$pack/bin:$PATH"
   # Open MPI's and PMIx's install directories, moved to the pack (opal/pmix installdirs "env").
   export OPAL_PREFIX="$pack/mpi" OPAL_EXEC_PREFIX="$pack/mpi" OPAL_BINDIR="$pack/bin" OPAL_LIBDIR="$pack/lib" \

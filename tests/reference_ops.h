@@ -276,6 +276,65 @@ inline Vec gqa_attention_probs(const Vec& qkv, int B, int T, int NH, int NKV, in
   return att;
 }
 
+// Each row's logsumexp of its causal scaled scores (B,NH,T): what a flash kernel saves
+// (Note [Attention's saved state] in zerone/kernels/backend.h).
+inline Vec gqa_attention_lse(const Vec& qkv, int B, int T, int NH, int NKV, int hs) {
+  const int R = (NH + 2 * NKV) * hs, G = NH / NKV;
+  Vec lse(static_cast<size_t>(B) * NH * T);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < NH; ++h)
+      for (int t = 0; t < T; ++t) {
+        std::vector<double> score(t + 1);
+        double mx = -1e300, z = 0;
+        for (int u = 0; u <= t; ++u) {
+          double d = 0;
+          for (int i = 0; i < hs; ++i) d += qkv[(b * T + t) * R + h * hs + i] * qkv[(b * T + u) * R + (NH + h / G) * hs + i];
+          score[u] = d / std::sqrt(static_cast<double>(hs));
+          mx = std::max(mx, score[u]);
+        }
+        for (double sc : score) z += std::exp(sc - mx);
+        lse[(static_cast<size_t>(b) * NH + h) * T + t] = mx + std::log(z);
+      }
+  return lse;
+}
+
+// The gradient (B,T,(NH+2*NKV)*hs) of sum(gqa_attention(qkv) * dout) with respect to qkv, by the
+// chain rule (dP = dO V^T, dS = P (dP - rowsum(P dP)), dQ = dS K / sqrt(hs), dK = dS^T Q /
+// sqrt(hs), dV = P^T dO); for shapes where finite differences would take too long. The test of
+// the flash tiling checks it against finite differences (tests/kernels/flash_tiles_test.cc).
+inline Vec gqa_attention_grad(const Vec& qkv, const Vec& dout, int B, int T, int NH, int NKV, int hs) {
+  const int R = (NH + 2 * NKV) * hs, G = NH / NKV;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
+  const Vec P = gqa_attention_probs(qkv, B, T, NH, NKV, hs);
+  Vec g(qkv.size(), 0.0);
+  auto at = [&](int b, int t, int head) { return (static_cast<size_t>(b) * T + t) * R + static_cast<size_t>(head) * hs; };
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < NH; ++h) {
+      const int kq = NH + h / G, vq = NH + NKV + h / G;
+      for (int t = 0; t < T; ++t) {
+        const double* p = &P[((static_cast<size_t>(b) * NH + h) * T + t) * T];
+        const size_t o = (static_cast<size_t>(b) * T + t) * NH * hs + static_cast<size_t>(h) * hs;
+        std::vector<double> dp(t + 1);
+        double D = 0;
+        for (int u = 0; u <= t; ++u) {
+          double d = 0;
+          for (int i = 0; i < hs; ++i) d += dout[o + i] * qkv[at(b, u, vq) + i];
+          dp[u] = d;
+          D += p[u] * d;
+        }
+        for (int u = 0; u <= t; ++u) {
+          const double ds = p[u] * (dp[u] - D);
+          for (int i = 0; i < hs; ++i) {
+            g[at(b, t, h) + i] += scale * ds * qkv[at(b, u, kq) + i];
+            g[at(b, u, kq) + i] += scale * ds * qkv[at(b, t, h) + i];
+            g[at(b, u, vq) + i] += p[u] * dout[o + i];
+          }
+        }
+      }
+    }
+  return g;
+}
+
 // Per-row log-sum-exp over the first V of Vp columns.
 inline Vec logsumexp(const Vec& logits, int N, int V, int Vp) {
   Vec out(N);

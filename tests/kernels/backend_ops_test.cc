@@ -32,6 +32,9 @@
 #include "zerone/core/memory.h"
 #include "zerone/core/rng.h"
 #include "zerone/kernels/backend.h"
+#ifdef ZERONE_HAVE_CUDA
+#include "zerone/kernels/cuda/cuda_backend.h"
+#endif
 
 namespace zerone::kernels {
 namespace {
@@ -217,6 +220,10 @@ struct OpCase {
   std::function<void(const Result&)> extra = nullptr;
   // Blocked layouts: the channel block the operands were laid out for (0: plain only).
   int block = 0;
+  // Attention (Note [Attention's saved state], kernels/backend.h): the operand `att` holds the
+  // backend's saved state. On a backend that saves the rows' logsumexp these expectations replace
+  // reference()'s of "att", and "att" is not compared with the cpu backend's probabilities.
+  std::function<std::vector<Want>()> logsumexp_reference = nullptr;
 };
 
 // ---------------------------------------------------------------- running and checking
@@ -293,9 +300,9 @@ void expect_bitwise_equal(const Result& got, const Result& cpu) {
 // within 1e-4 of the tensor's scale (the reference tolerance), 16-bit values within two units of
 // their last place (a master value one f32 ulp apart may round the other way), integers and
 // returned counts exactly. Determinism on the GPU itself is checked by running a case twice.
-void expect_close_to_cpu(const Result& got, const Result& cpu) {
+void expect_close_to_cpu(const Result& got, const Result& cpu, const std::string& skip = "") {
   for (const auto& [name, o] : cpu.operands) {
-    if (o.elem == Elem::opaque) continue;
+    if (o.elem == Elem::opaque || name == skip) continue;
     SCOPED_TRACE(name);
     const Vec want = cpu.values(name), have = got.values(name);
     ASSERT_EQ(have.size(), want.size());
@@ -719,7 +726,13 @@ void linear_bf16_columns_case() {
 }
 
 // Attention (NKV == 0: GPT-2's attention_forward over qkv (B,T,3C), C = NH * hs) or grouped-query
-// attention with NKV key/value heads.
+// attention with NKV key/value heads. The gradient from finite differences of the reference, or
+// past a few thousand inputs from the reference's chain rule (ref::gqa_attention_grad, itself held
+// to finite differences by tests/kernels/flash_tiles_test.cc).
+// Note [Flash attention rows]: the cuda backend runs these with its flash kernels (saving the
+// logsumexp) and, as the `cuda_plain` rows, with its plain ones; the shapes from T 17 up cut the
+// flash tiles (flash_tiles.h) short: T one past a lane tile of 32, a last partial warp tile,
+// head sizes of 1, 2, 4 and 8 chunks of 32 channels, odd ones, GQA groups of 2 and 3.
 void attention_case(int B, int T, int NH, int NKV, int hs, uint64_t seed) {
   const bool gqa = NKV > 0;
   const int KV = gqa ? NKV : NH, R = (NH + 2 * KV) * hs, C = NH * hs;
@@ -745,8 +758,16 @@ void attention_case(int B, int T, int NH, int NKV, int hs, uint64_t seed) {
          auto f = [&](const Vec& q) {
            return gqa ? ref::gqa_attention(q, B, T, NH, NKV, hs) : ref::attention(q, B, T, C, NH);
          };
+         const bool small = Q.size() <= 2000;
          return std::vector<Want>{close("out", f(Q)), close("att", ref::gqa_attention_probs(Q, B, T, NH, KV, hs)),
-                                  close("dqkv", numeric_grad(Q, f, D))};
+                                  close("dqkv", small ? numeric_grad(Q, f, D) : ref::gqa_attention_grad(Q, D, B, T, NH, KV, hs))};
+       },
+       nullptr, 0,
+       [=] {
+         // The rows' logsumexp (B,NH,T) at the start of att, the rest of it untouched.
+         Vec want = ref::gqa_attention_lse(to_double(qkv), B, T, NH, KV, hs);
+         want.resize(static_cast<size_t>(B) * NH * T * T, 9.0);
+         return std::vector<Want>{near_each("att", want, 1e-4)};
        }});
 }
 
@@ -891,6 +912,13 @@ void transformer_cases() {
   for (int NKV : {2, 1, 4}) attention_case(2, 5, 4, NKV, 4, 40 + NKV);  // groups of 2, multi-query, multi-head
   attention_case(1, 1, 4, 2, 3, 29);
   attention_case(2, 3, 6, 2, 5, 30);  // groups of 3, odd head size
+  // Note [Flash attention rows]
+  attention_case(2, 33, 4, 2, 64, 31);  // one past a lane tile, groups of 2, hs 64
+  attention_case(1, 70, 2, 0, 64, 32);  // GPT-2: three warp tiles, the last partial
+  attention_case(1, 37, 4, 1, 128, 33);  // multi-query, hs 128
+  attention_case(1, 40, 3, 1, 33, 34);  // groups of 3, odd hs 33 (a second chunk of one channel)
+  attention_case(1, 35, 2, 0, 255, 35);  // hs 255: eight chunks, warp tiles of 16
+  attention_case(1, 17, 2, 2, 256, 36);  // the largest head size flash takes
   rope_case(2, 6, 3, 4, 8, false, 70);  // NH 2 query, NKV 1 key, 1 value head: the values stay
   rope_case(2, 6, 3, 4, 8, true, 71);
   rope_case(1, 1, 2, 2, 4, false, 72);  // T = 1: the identity
@@ -1244,28 +1272,45 @@ const std::vector<OpCase>& cases() {
 
 // ---------------------------------------------------------------- the tests
 
-// One case on one backend.
+// One case on one backend; plain_attention: the cuda backend made with --cuda-attention plain
+// (attention cases only: a GPU session bisects a flash failure with these rows).
 struct OpParam {
   size_t index;
   DeviceKind kind;
-  std::string name() const { return cases()[index].name + "_" + device_kind_name(kind); }
+  bool plain_attention = false;
+  std::string name() const {
+    return cases()[index].name + "_" + device_kind_name(kind) + (plain_attention ? "_plain" : "");
+  }
   friend void PrintTo(const OpParam& p, std::ostream* os) { *os << p.name(); }
 };
 std::vector<OpParam> every_case_on_every_backend() {
   std::vector<OpParam> out;
-  for (size_t i = 0; i < cases().size(); ++i)
+  for (size_t i = 0; i < cases().size(); ++i) {
     for (DeviceKind kind : {DeviceKind::cpu, DeviceKind::sim, DeviceKind::cuda}) out.push_back({i, kind});
+    if (cases()[i].logsumexp_reference) out.push_back({i, DeviceKind::cuda, true});
+  }
   return out;
+}
+
+// The process's second cuda backend, with the plain attention kernels (throws Error as
+// backend(cuda) does without a GPU). Never destroyed (Note [CUDA at exit], cuda_backend.cc).
+Backend& plain_attention_backend() {
+#ifdef ZERONE_HAVE_CUDA
+  static Backend* plain = cuda::make_cuda_backend(DeviceOptions{.cuda_attention = CudaAttention::plain}).release();
+  return *plain;
+#else
+  return backend(DeviceKind::cuda);  // throws: no CUDA backend in this build
+#endif
 }
 
 class BackendOps : public ::testing::TestWithParam<OpParam> {};
 
 TEST_P(BackendOps, MatchesReferenceAndCpu) {
-  const auto [index, kind] = GetParam();
+  const auto [index, kind, plain_attention] = GetParam();
   const OpCase& c = cases()[index];
   Backend* b = nullptr;
   try {
-    b = &backend(kind);
+    b = plain_attention ? &plain_attention_backend() : &backend(kind);
   } catch (const Error& e) {
     GTEST_SKIP() << e.what();
   }
@@ -1273,10 +1318,16 @@ TEST_P(BackendOps, MatchesReferenceAndCpu) {
     GTEST_SKIP() << device_kind_name(kind) << " holds blocked activations in blocks of "
                  << b->activation_channel_block() << ", this case's operands in blocks of " << c.block;
   const Result got = run_on(*b, c);
-  for (const Want& w : c.reference()) check(got, w);
+  // Note [Attention's saved state]: a backend saving the logsumexp is held to it instead.
+  const bool saves_logsumexp = c.logsumexp_reference && b->attention_saved() == AttentionSaved::logsumexp;
+  for (const Want& w : c.reference())
+    if (!saves_logsumexp || w.what != "att") check(got, w);
+  if (saves_logsumexp)
+    for (const Want& w : c.logsumexp_reference()) check(got, w);
   if (c.extra) c.extra(got);
   if (kind == DeviceKind::cuda) {
-    expect_close_to_cpu(got, run_on(backend(DeviceKind::cpu), c));  // Note [CUDA against the cpu backend]
+    // Note [CUDA against the cpu backend]
+    expect_close_to_cpu(got, run_on(backend(DeviceKind::cpu), c), saves_logsumexp ? "att" : "");
     expect_bitwise_equal(run_on(*b, c), got);                        // deterministic: the same bits again
   } else if (kind != DeviceKind::cpu) {
     expect_bitwise_equal(got, run_on(backend(DeviceKind::cpu), c));

@@ -17,6 +17,19 @@ namespace zerone::kernels {
 
 size_t quantized_bytes(size_t n, int bits, size_t block) { return cpu::quantized_bytes(n, bits, block); }
 
+size_t attention_saved_numel(AttentionSaved saved, int B, int NH, int T) {
+  const size_t rows = static_cast<size_t>(B) * NH * T;  // (B, NH, T)
+  return saved == AttentionSaved::logsumexp ? rows : rows * T;
+}
+
+const char* cuda_attention_name(CudaAttention kind) { return kind == CudaAttention::flash ? "flash" : "plain"; }
+
+CudaAttention parse_cuda_attention(const std::string& name) {
+  if (name == "flash") return CudaAttention::flash;
+  if (name == "plain") return CudaAttention::plain;
+  throw Error(str_cat("--cuda-attention '", name, "': expected flash or plain"));
+}
+
 const char* device_kind_name(DeviceKind kind) {
   switch (kind) {
     case DeviceKind::cpu: return "cpu";
@@ -58,6 +71,7 @@ std::unique_ptr<sim::SimBackend> g_sim;
 // this namespace's destructors), and tearing down streams, cuBLASLt and device memory then can
 // fault. The process's exit releases the GPU.
 Backend* g_cuda = nullptr;
+DeviceOptions g_cuda_options;  // what g_cuda was made with
 #endif
 Backend* g_device = nullptr;
 
@@ -73,8 +87,10 @@ std::vector<DeviceKind> available_devices() {
 
 DeviceKind default_device() { return available_devices().front(); }
 
-Backend& backend(DeviceKind kind) {
-  std::lock_guard<std::mutex> lock(g_mutex);
+namespace {
+
+Backend& backend_locked(DeviceKind kind, const DeviceOptions& options) {
+  (void)options;  // only the cuda backend has choices
   switch (kind) {
     case DeviceKind::cpu:
       if (!g_cpu) g_cpu = std::make_unique<cpu::CpuBackend>();
@@ -84,7 +100,13 @@ Backend& backend(DeviceKind kind) {
       return *g_sim;
     case DeviceKind::cuda:
 #ifdef ZERONE_HAVE_CUDA
-      if (!g_cuda) g_cuda = cuda::make_cuda_backend().release();  // throws without a GPU
+      if (!g_cuda) {
+        g_cuda = cuda::make_cuda_backend(options).release();  // throws without a GPU
+        g_cuda_options = options;
+      }
+      ZERONE_ASSERT(g_cuda_options.cuda_attention == options.cuda_attention, "the cuda backend exists with --cuda-attention ",
+                    cuda_attention_name(g_cuda_options.cuda_attention), ", asked for ",
+                    cuda_attention_name(options.cuda_attention));
       return *g_cuda;
 #else
       break;
@@ -94,13 +116,26 @@ Backend& backend(DeviceKind kind) {
               "use --device cpu or --device sim");
 }
 
+}  // namespace
+
+Backend& backend(DeviceKind kind) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+#ifdef ZERONE_HAVE_CUDA
+  if (kind == DeviceKind::cuda && g_cuda) return *g_cuda;  // whatever options use_device made it with
+#endif
+  return backend_locked(kind, DeviceOptions{});
+}
+
 Backend& host_backend() {
   static Backend& cpu = backend(DeviceKind::cpu);  // once: optimizer updates ask for it per shard
   return cpu;
 }
 
-Backend& use_device(DeviceKind kind) {
-  Backend& b = backend(kind);
+Backend& use_device(DeviceKind kind, const DeviceOptions& options) {
+  Backend& b = [&]() -> Backend& {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    return backend_locked(kind, options);
+  }();
   set_arena(MemPlace::device, &b.device_arena());
   g_device = &b;
   return b;

@@ -62,6 +62,31 @@ using Event = zerone::Event;
 // Bytes of n values in the packed form of Note [Blockwise quantization] (kernels/cpu/quantize.h).
 size_t quantized_bytes(size_t n, int bits, size_t block);
 
+// Note [Attention's saved state]: what attention_forward keeps in `att` for attention_backward is
+// the backend's choice (Backend::attention_saved):
+//   probabilities  the causal softmax (B, NH, T, T), zero above the diagonal (cpu, sim, and cuda's
+//                  plain kernels);
+//   logsumexp      each row's logsumexp of its scaled scores (B, NH, T), f32 (cuda's flash
+//                  kernels, which recompute the probabilities tile by tile in backward).
+// Callers size `att` with attention_saved_numel and hand it only to attention_backward.
+enum class AttentionSaved : uint8_t { probabilities, logsumexp };
+// Floats of `att` for one attention call of that shape.
+size_t attention_saved_numel(AttentionSaved saved, int B, int NH, int T);
+
+// How the CUDA backend runs attention (`--cuda-attention`): flash (the default; Note [Flash
+// attention on CUDA cores], kernels/cuda/attention.cu) or plain (one thread per output element
+// with the probabilities in memory; kept so that a GPU session can bisect a failure).
+enum class CudaAttention : uint8_t { flash, plain };
+const char* cuda_attention_name(CudaAttention kind);
+// "flash" or "plain"; throws Error naming --cuda-attention and the choices otherwise.
+CudaAttention parse_cuda_attention(const std::string& name);
+
+// Choices fixed when a device backend is made (use_device); backends that have no such choice
+// ignore them.
+struct DeviceOptions {
+  CudaAttention cuda_attention = CudaAttention::flash;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -141,6 +166,9 @@ class Backend {
   virtual void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                                const void* weight, DType param_dtype, int N, int C, int OC,
                                bool accumulate_param_grads = true) = 0;
+  // Note [Attention's saved state]: `att` holds attention_saved_numel(attention_saved(), B, NH, T)
+  // floats.
+  virtual AttentionSaved attention_saved() const { return AttentionSaved::probabilities; }
   virtual void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) = 0;
   virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T,
                                   int C, int NH) = 0;
@@ -205,8 +233,10 @@ Backend& backend(DeviceKind kind);
 Backend& host_backend();
 
 // Makes `kind` the process's device: its arena serves MemPlace::device Buffers from now on, and
-// device_backend() returns it. Call at start-up before any device Buffer exists.
-Backend& use_device(DeviceKind kind);
+// device_backend() returns it. Call at start-up before any device Buffer exists. The process-wide
+// backend of `kind` is made with `options` (backend(kind) makes it with the defaults); asking for
+// other options after it exists is an internal error.
+Backend& use_device(DeviceKind kind, const DeviceOptions& options = {});
 // The device backend in use (cpu until use_device says otherwise).
 Backend& device_backend();
 

@@ -141,12 +141,13 @@ namespace {
 // are kept for one block (S = 1 slot, recomputed in backward) and only the block outputs
 // (residual3) for all L; with CPU checkpointing two device slots of them, and the last entry, the
 // host copies (Note [CPU checkpointing] in model.h).
-std::array<size_t, 28> activation_numels(const GPT2Config& c, int B, int T, bool checkpointing, bool on_host) {
+std::array<size_t, 28> activation_numels(const GPT2Config& c, int B, int T, bool checkpointing, bool on_host,
+                                         kernels::AttentionSaved att_saved) {
   const size_t L = c.num_layers, C = c.channels, NH = c.num_heads, Vp = c.padded_vocab_size;
   const size_t S = checkpointing ? 1 : L;
   const size_t BT = static_cast<size_t>(B) * T;
   return {BT * C,         S * BT * C, S * BT,     S * BT,     S * BT * 3 * C, S * BT * C,
-          S * B * NH * T * T, S * BT * C, S * BT * C, S * BT,     S * BT,         S * BT * 4 * C,
+          S * kernels::attention_saved_numel(att_saved, B, NH, T), S * BT * C, S * BT * C, S * BT,     S * BT,         S * BT * 4 * C,
           S * BT * 4 * C, UnitModel::output_slots_numel(on_host, L, BT * C), BT * C, BT, BT, BT * Vp,
           BT,             BT,         BT * C,     BT * C,     BT * C,         BT * 3 * C,
           BT * 4 * C,     BT,         BT,         UnitModel::saved_inputs_numel(on_host, L, BT * C)};
@@ -154,7 +155,8 @@ std::array<size_t, 28> activation_numels(const GPT2Config& c, int B, int T, bool
 
 }  // namespace
 
-size_t GPT2::activation_bytes(const GPT2Config& config, int B, int T, bool checkpointing, bool on_host) {
+size_t GPT2::activation_bytes(const GPT2Config& config, int B, int T, bool checkpointing, bool on_host,
+                              kernels::AttentionSaved att_saved) {
   // In long double first: L * B * NH * T * T overflows 64 bits for absurd shapes, and a wrapped
   // total would pass the start-up memory check.
   const long double L = config.num_layers, C = config.channels, NH = config.num_heads, Vp = config.padded_vocab_size;
@@ -164,7 +166,7 @@ size_t GPT2::activation_bytes(const GPT2Config& config, int B, int T, bool check
   ZERONE_CHECK(approx < 0x1p62L, "activations of ", config.to_string(), " at micro-batch ", B, " x seq ", T,
                " would need about ", static_cast<double>(approx), " bytes: beyond any machine");
   size_t total = 0;
-  for (size_t n : activation_numels(config, B, T, checkpointing, on_host)) total += n * 4;  // f32 and int32 alike
+  for (size_t n : activation_numels(config, B, T, checkpointing, on_host, att_saved)) total += n * 4;  // f32 and int32 alike
   return total;
 }
 
@@ -185,7 +187,7 @@ void GPT2::ensure_activations(int B, int T) {
   a.T = T;
   a.checkpointing = checkpointing_;
   a.on_host = saved_inputs_on_host();
-  auto sizes = activation_numels(config_, B, T, checkpointing_, a.on_host);
+  auto sizes = activation_numels(config_, B, T, checkpointing_, a.on_host, backend_.attention_saved());
   Buffer* buffers[] = {&a.encoded, &a.ln1,      &a.ln1_mean, &a.ln1_rstd, &a.qkv,    &a.atty,   &a.att,
                        &a.residual2, &a.ln2,    &a.ln2_mean, &a.ln2_rstd, &a.fch,    &a.fch_gelu, &a.residual3,
                        &a.lnf,     &a.lnf_mean, &a.lnf_rstd, &a.logits,   &a.losses, &a.lse,    &a.tmp_c,
@@ -243,7 +245,7 @@ GPT2::BlockActs GPT2::block_acts(int l) {
   b.ln1_rstd = a.ln1_rstd.as<float>() + s * N;
   b.qkv = a.qkv.as<float>() + s * BTC * 3;                                                   // (B,T,3C)
   b.atty = a.atty.as<float>() + s * BTC;                                                     // (B,T,C)
-  b.att = a.att.as<float>() + s * a.B * config_.num_heads * a.T * a.T;                      // (B,NH,T,T)
+  b.att = a.att.as<float>() + s * kernels::attention_saved_numel(backend_.attention_saved(), a.B, config_.num_heads, a.T);  // Note [Attention's saved state]
   b.residual2 = a.residual2.as<float>() + s * BTC;
   b.ln2 = a.ln2.as<float>() + s * BTC;
   b.ln2_mean = a.ln2_mean.as<float>() + s * N;

@@ -160,12 +160,13 @@ namespace {
 // With activation checkpointing (Note [Activation checkpointing] in model.h) one slot (S = 1) of block
 // internals, recomputed in backward; the block outputs (residual3) for all L, or two device slots
 // of them and, as the last entry, their host copies (Note [CPU checkpointing] in model.h).
-std::array<size_t, 28> llama_activation_numels(const LlamaConfig& c, int B, int T, bool checkpointing, bool on_host) {
+std::array<size_t, 28> llama_activation_numels(const LlamaConfig& c, int B, int T, bool checkpointing, bool on_host,
+                                               kernels::AttentionSaved att_saved) {
   const size_t L = c.num_layers, C = c.channels, NH = c.num_heads, V = c.vocab_size, F = c.ffn;
   const size_t S = checkpointing ? 1 : L;
   const size_t A = NH * c.head_dim, R = static_cast<size_t>(c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
   const size_t BT = static_cast<size_t>(B) * T;
-  return {BT * C,     S * BT * C, S * BT,         S * BT * R, S * BT * A, S * B * NH * T * T, S * BT * C,
+  return {BT * C,     S * BT * C, S * BT,         S * BT * R, S * BT * A, S * kernels::attention_saved_numel(att_saved, B, NH, T), S * BT * C,
           S * BT * C, S * BT,     S * BT * 2 * F, S * BT * F, UnitModel::output_slots_numel(on_host, L, BT * C), BT * C, BT,
           BT * V,     BT,         BT,             BT * C,     BT * C,     BT * C,             BT * A,
           BT * R,     BT * 2 * F, BT * F,         BT,         BT,         static_cast<size_t>(c.head_dim) / 2,
@@ -174,7 +175,8 @@ std::array<size_t, 28> llama_activation_numels(const LlamaConfig& c, int B, int 
 
 }  // namespace
 
-size_t Llama::activation_bytes(const LlamaConfig& config, int B, int T, bool checkpointing, bool on_host) {
+size_t Llama::activation_bytes(const LlamaConfig& config, int B, int T, bool checkpointing, bool on_host,
+                               kernels::AttentionSaved att_saved) {
   // Overflow guard as GPT2::activation_bytes: the per-layer attention matrix dominates for long T.
   const long double L = config.num_layers, NH = config.num_heads, BT = static_cast<long double>(B) * T;
   const long double width = 8.0L * config.channels + 3.0L * (config.num_heads + 2 * config.num_kv_heads) * config.head_dim +
@@ -183,7 +185,7 @@ size_t Llama::activation_bytes(const LlamaConfig& config, int B, int T, bool che
   ZERONE_CHECK(approx < 0x1p62L, "activations of ", config.to_string(), " at micro-batch ", B, " x seq ", T,
                " would need about ", static_cast<double>(approx), " bytes: beyond any machine");
   size_t total = 0;
-  for (size_t n : llama_activation_numels(config, B, T, checkpointing, on_host)) total += n * 4;
+  for (size_t n : llama_activation_numels(config, B, T, checkpointing, on_host, att_saved)) total += n * 4;
   return total;
 }
 
@@ -202,7 +204,7 @@ void Llama::ensure_activations(int B, int T) {
   a.T = T;
   a.checkpointing = checkpointing_;
   a.on_host = saved_inputs_on_host();
-  auto sizes = llama_activation_numels(config_, B, T, checkpointing_, a.on_host);
+  auto sizes = llama_activation_numels(config_, B, T, checkpointing_, a.on_host, backend_.attention_saved());
   Buffer* buffers[] = {&a.encoded, &a.h1,       &a.rstd1,  &a.qkv,    &a.atty,      &a.att,   &a.residual2,
                        &a.h2,      &a.rstd2,    &a.gate_up, &a.act,   &a.residual3, &a.hf,    &a.rstdf,
                        &a.logits,  &a.losses,   &a.lse,    &a.tmp_c,  &a.dresidual, &a.dbuf_c, &a.datty,
@@ -261,7 +263,7 @@ Llama::BlockActs Llama::block_acts(int l) {
   b.rstd1 = a.rstd1.as<float>() + s * N;                                                    // (B,T)
   b.qkv = a.qkv.as<float>() + s * N * R;                                                    // (B,T,R), q and k rotated
   b.atty = a.atty.as<float>() + s * N * A;                                                  // (B,T,NH*hs)
-  b.att = a.att.as<float>() + s * a.B * config_.num_heads * a.T * a.T;                     // (B,NH,T,T)
+  b.att = a.att.as<float>() + s * kernels::attention_saved_numel(backend_.attention_saved(), a.B, config_.num_heads, a.T);  // Note [Attention's saved state]
   b.residual2 = a.residual2.as<float>() + s * BTC;
   b.h2 = a.h2.as<float>() + s * BTC;
   b.rstd2 = a.rstd2.as<float>() + s * N;

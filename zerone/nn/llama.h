@@ -80,10 +80,12 @@ class Llama : public UnitModel {
   std::vector<int> units_touched(int u) const override {
     return u == num_units() - 1 && config_.tie_word_embeddings ? std::vector<int>{u, 0} : std::vector<int>{u};
   }
+  // `att_saved`: what the device backend keeps of attention (Note [Attention's saved state]).
   static size_t activation_bytes(const LlamaConfig& config, int B, int T, bool checkpointing = false,
-                                 bool saved_inputs_on_host = false);
+                                 bool saved_inputs_on_host = false,
+                                 kernels::AttentionSaved att_saved = kernels::AttentionSaved::probabilities);
   size_t activation_bytes(int B, int T) const override {
-    return activation_bytes(config_, B, T, checkpointing_, saved_inputs_on_host());
+    return activation_bytes(config_, B, T, checkpointing_, saved_inputs_on_host(), backend().attention_saved());
   }
   size_t host_activation_bytes(int B, int T) const override {
     return saved_inputs_numel(saved_inputs_on_host(), config_.num_layers, static_cast<size_t>(B) * T * config_.channels) * 4;

@@ -781,6 +781,8 @@ void validate(const TrainConfig& c) {
     ZERONE_CHECK(!c.is_given(flag) || !c.checkpoint_dir.empty(), setting_name(c, flag),
                  " needs --checkpoint-dir (where checkpoints are written and found)");
   if (!c.device.empty()) (void)kernels::parse_device_kind(c.device);  // throws naming --device
+  ZERONE_CHECK(!c.is_given("--cuda-attention") || c.device.empty() || c.device == "cuda", setting_name(c, "--cuda-attention"),
+               " picks the attention kernels of --device cuda, but the device is ", c.device);
   ZERONE_CHECK(c.offload_optimizer == "none" || c.zero_stage >= 1, "--offload-optimizer ", c.offload_optimizer,
                " needs --zero-stage 1, 2 or 3 (stage 0 keeps no optimizer shard to offload)");
   ZERONE_CHECK(c.offload_param == "none" || c.zero_stage == 3, "--offload-param ", c.offload_param,

@@ -303,6 +303,11 @@ std::vector<Setting> build_table() {
        .help = "where compute runs: cpu, sim (a simulated device the host cannot touch) or cuda",
        .default_text = "cuda where a GPU and the CUDA backend are present, else cpu",
        .commands = kTrain | kEstimate, .changes_results = false},
+      {.flag = "--cuda-attention", .key = "cuda_attention", .group = G::run, .type = T::choice,
+       .field = &C::cuda_attention, .choices = {"flash", "plain"},
+       .help = "attention kernels of --device cuda: flash (no (B, NH, T, T) matrix in memory) or plain (keeps it; "
+               "to bisect a GPU failure)",
+       .default_text = "flash", .commands = kTrain, .changes_results = false},
       {.flag = "--threads", .key = "threads", .group = G::run, .type = T::integer, .field = &C::threads, .lo = 0,
        .hi = 4096, .help = "OpenMP threads per rank", .default_text = "0: the cores / ranks on this host",
        .ranks_must_agree = false, .changes_results = false},

@@ -1048,7 +1048,8 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm, const io::Fa
     ZERONE_CHECK(!cfg.model.empty(), "--model is required with --data (or --init FILE to take the shape from a checkpoint)");
   }
   // Note [Models and their device] (nn/model.h): the device is chosen before anything lives on it.
-  kernels::use_device(cfg.device.empty() ? kernels::default_device() : kernels::parse_device_kind(cfg.device));
+  kernels::use_device(cfg.device.empty() ? kernels::default_device() : kernels::parse_device_kind(cfg.device),
+                      kernels::DeviceOptions{.cuda_attention = kernels::parse_cuda_attention(cfg.cuda_attention)});
   std::unique_ptr<nn::Model> model_owner = nn::make_model(model_spec, dtype, zero::kShardAlign * world, /*allocate=*/false);
   nn::Model& model = *model_owner;
   model.set_activation_checkpointing(cfg.activation_checkpointing);

@@ -159,7 +159,7 @@ cudaDataType cuda_type(DType d) {
 
 class CudaBackend final : public kernels::Backend {
  public:
-  explicit CudaBackend(int device) : device_(device) {
+  CudaBackend(int device, kernels::CudaAttention attention) : device_(device), attention_(attention) {
     ZERONE_CUDA_CHECK(cudaSetDevice(device_));
     for (cudaStream_t& s : streams_) ZERONE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     arena_ = std::make_unique<CudaArena>(device_, compute());
@@ -167,7 +167,8 @@ class CudaBackend final : public kernels::Backend {
     cudaDeviceProp prop;
     ZERONE_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
     description_ = str_cat("cuda:", device_, " ", prop.name, " (sm_", prop.major, prop.minor, ", ",
-                           prop.multiProcessorCount, " SMs, ", version_string(), ", cuBLASLt ", cublasLtGetVersion(), ")");
+                           prop.multiProcessorCount, " SMs, ", version_string(), ", cuBLASLt ", cublasLtGetVersion(),
+                           ", ", kernels::cuda_attention_name(attention_), " attention)");
   }
   ~CudaBackend() override {
     for (Buffer& b : scratch_) b.reset();
@@ -311,8 +312,13 @@ class CudaBackend final : public kernels::Backend {
     if (dbias) bias_backward(dbias, dout, N, OC, accumulate_param_grads, compute());
   }
 
+  // Note [Attention's saved state] (kernels/backend.h): flash keeps the rows' logsumexp in att.
+  kernels::AttentionSaved attention_saved() const override {
+    return attention_ == kernels::CudaAttention::flash ? kernels::AttentionSaved::logsumexp
+                                                       : kernels::AttentionSaved::probabilities;
+  }
   void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) override {
-    cuda::gqa_attention_forward(out, att, qkv, B, T, NH, NH, C / NH, compute());
+    gqa_attention_forward(out, att, qkv, B, T, NH, NH, C / NH);
   }
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
                           int NH) override {
@@ -320,10 +326,18 @@ class CudaBackend final : public kernels::Backend {
   }
   void gqa_attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int NKV,
                              int hs) override {
-    cuda::gqa_attention_forward(out, att, qkv, B, T, NH, NKV, hs, compute());
+    if (attention_ == kernels::CudaAttention::flash)
+      cuda::flash_attention_forward(out, att, qkv, B, T, NH, NKV, hs, compute());  // att: lse (B, NH, T)
+    else
+      cuda::gqa_attention_forward(out, att, qkv, B, T, NH, NKV, hs, compute());
   }
   void gqa_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int NH,
                               int NKV, int hs) override {
+    if (attention_ == kernels::CudaAttention::flash) {
+      float* dsum = static_cast<float*>(scratch(kScores, sizeof(float) * sz(B) * NH * T));  // (B, NH, T)
+      cuda::flash_attention_backward(dqkv, dsum, dout, qkv, att, B, T, NH, NKV, hs, compute());
+      return;
+    }
     float* datt = static_cast<float*>(scratch(kScores, sizeof(float) * sz(B) * NH * T * T));  // (B, NH, T, T)
     cuda::gqa_attention_backward(dqkv, dout, qkv, att, datt, B, T, NH, NKV, hs, compute());
   }
@@ -512,6 +526,7 @@ class CudaBackend final : public kernels::Backend {
   }
 
   const int device_;
+  const kernels::CudaAttention attention_;
   cudaStream_t streams_[3] = {};  // compute, comm, copy (the order of kernels::Stream)
   std::unique_ptr<CudaArena> arena_;
   cublasLtHandle_t lt_ = nullptr;
@@ -521,10 +536,10 @@ class CudaBackend final : public kernels::Backend {
 
 }  // namespace
 
-std::unique_ptr<kernels::Backend> make_cuda_backend() {
+std::unique_ptr<kernels::Backend> make_cuda_backend(const kernels::DeviceOptions& options) {
   const int count = device_count();
   ZERONE_CHECK(count > 0, "--device cuda: no CUDA GPU found on this machine; use --device cpu or --device sim");
-  auto backend = std::make_unique<CudaBackend>(local_rank() % count);
+  auto backend = std::make_unique<CudaBackend>(local_rank() % count, options.cuda_attention);
   static const bool registered = [] { return std::atexit([] { g_exiting.store(true); }) == 0; }();  // Note [CUDA at exit]
   (void)registered;
   return backend;

@@ -13,6 +13,9 @@
 //    another stream first makes s wait for compute, so an event of any stream covers the work
 //    submitted before it. Copies with a host side return when they are done (the caller may read
 //    or reuse the host memory at once); device-to-device copies are asynchronous.
+//  - Attention: flash by default (Note [Flash attention on CUDA cores], attention.cu), saving
+//    the rows' logsumexp in `att`; the plain kernels (the probabilities in `att`, a (B, NH, T, T)
+//    scratch in backward) when made with CudaAttention::plain.
 //  - Determinism: no atomics; every reduction has a fixed order (Note [CUDA kernels, correctness
 //    first], kernels.h), cuBLASLt's algorithm is the heuristic's first for the shape, and f32 GEMMs
 //    compute in f32 (CUBLAS_COMPUTE_32F: no TF32).
@@ -29,7 +32,8 @@ namespace zerone::cuda {
 
 // The CUDA backend on this process's GPU: with several GPUs, the local rank's (the launcher's
 // OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID or SLURM_LOCALID) modulo their count, else GPU 0.
-// Throws Error saying "no CUDA GPU found on this machine" when there is none.
-std::unique_ptr<kernels::Backend> make_cuda_backend();
+// Throws Error saying "no CUDA GPU found on this machine" when there is none. `options` picks the
+// attention kernels (flash or plain; Note [Attention's saved state] in kernels/backend.h).
+std::unique_ptr<kernels::Backend> make_cuda_backend(const kernels::DeviceOptions& options = {});
 
 }  // namespace zerone::cuda

@@ -7,7 +7,8 @@
 // Note [CUDA kernels, correctness first]: every kernel here is the plain, obviously-right form: one
 // thread per output element (or one block per row for row reductions), each output written by one
 // thread, reductions in a fixed order (no atomics), so a run on one GPU gives the same bits every
-// time. Speed (fused flash attention, vectorized loads, epilogues) is issue 18's second half.
+// time. Speed (tensor cores, vectorized loads, epilogues) is issue 18's second half; attention's
+// flash form (attention.cu) keeps the same rules with tiles and the plain form stays selectable.
 // NOTHING HERE HAS RUN ON A GPU YET (docs/GPU.md).
 // Thread-safety: launchers may be called from any thread; ordering is the stream's.
 #pragma once
@@ -77,6 +78,14 @@ void gqa_attention_forward(float* out, float* att, const float* qkv, int B, int 
 // datt: scratch (B, NH, T, T).
 void gqa_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, float* datt, int B,
                             int T, int NH, int NKV, int hs, cudaStream_t stream);
+// Note [Flash attention on CUDA cores] (attention.cu): the same attention without the (B, NH, T, T)
+// matrix. forward: out (B, T, NH*hs) and lse (B, NH, T), each row's logsumexp of its scaled scores,
+// all that backward reads besides qkv; backward: dqkv (B, T, (NH + 2 NKV) hs) overwritten, with
+// dsum scratch (B, NH, T) (D = rowsum(dO * O)). Head sizes 1..flash::kMaxHeadSize (flash_tiles.h).
+void flash_attention_forward(float* out, float* lse, const float* qkv, int B, int T, int NH, int NKV, int hs,
+                             cudaStream_t stream);
+void flash_attention_backward(float* dqkv, float* dsum, const float* dout, const float* qkv, const float* lse, int B,
+                              int T, int NH, int NKV, int hs, cudaStream_t stream);
 void rope_rotate(float* x, const float* inv_freq, int B, int T, int stride, int heads, int hs, float sign,
                  cudaStream_t stream);
 void swiglu_forward(float* out, const float* inp, int N, int F, cudaStream_t stream);

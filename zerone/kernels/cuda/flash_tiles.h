@@ -1,0 +1,85 @@
+// The tiling of the CUDA backend's flash attention (attention.cu): tile sizes, which tiles a tile
+// meets under the causal mask, the mask itself, and the online-softmax step. Plain C++ (no CUDA
+// headers), so that a host test can run the same loop structure without a GPU
+// (tests/kernels/flash_tiles_test.cc); under nvcc every function is also a device function.
+//
+// Note [Flash attention tiles]: a block is kWarps warps of kLanes threads. Two kinds of tile:
+//  - the lane tile: kLanes rows, one per lane (the keys of forward and dQ, the queries of dK/dV);
+//  - the warp tile: kWarps * rows_per_warp(chunks) rows, rows_per_warp of them per warp (the
+//    queries of forward and dQ, the keys of dK/dV), each warp walking its rows one at a time.
+// A lane owns the head channels d = lane + kLanes * c for c < chunks (chunks_for(hs) of them, so
+// any head size up to kMaxHeadSize, odd ones included: channels d >= hs are skipped), and keeps
+// the accumulators of its warp's rows for those channels in registers. Shared-memory rows are
+// smem_stride(hs) floats apart, an odd number, so that 32 lanes reading 32 different rows at one
+// channel hit 32 different banks.
+// The causal mask: query t sees keys t2 <= t. Rows past T (the last tile's tail) are zero-filled
+// in shared memory and never written; scores a row does not see are -inf before the softmax and
+// exactly 0 after it.
+// Thread-safety: pure functions.
+#pragma once
+
+#include <cmath>
+
+#if defined(__CUDACC__)
+#define ZERONE_FLASH_FN __host__ __device__ inline
+#else
+#define ZERONE_FLASH_FN inline
+#endif
+
+namespace zerone::cuda::flash {
+
+constexpr int kWarps = 4;
+constexpr int kLanes = 32;
+constexpr int kThreadsPerBlock = kWarps * kLanes;
+// The largest head size the flash kernels take (chunks_for's largest case).
+constexpr int kMaxHeadSize = 256;
+
+// Channel chunks of kLanes a lane owns for head size hs (1 <= hs <= kMaxHeadSize): 1, 2, 4 or 8.
+ZERONE_FLASH_FN constexpr int chunks_for(int hs) { return hs <= 32 ? 1 : hs <= 64 ? 2 : hs <= 128 ? 4 : 8; }
+// Rows each warp walks in a warp tile: fewer with the largest heads, so that the register
+// accumulators (rows * chunks floats, twice in dK/dV) stay at 64 floats.
+ZERONE_FLASH_FN constexpr int rows_per_warp(int chunks) { return chunks <= 4 ? 8 : 4; }
+ZERONE_FLASH_FN constexpr int warp_tile_rows(int chunks) { return kWarps * rows_per_warp(chunks); }
+// Floats between consecutive rows of a tile in shared memory: odd (see the Note).
+ZERONE_FLASH_FN constexpr int smem_stride(int hs) { return hs | 1; }
+
+// Shared-memory bytes of each kernel (attention.cu lays them out in this order).
+// forward: Q (warp tile), K and V (lane tile).
+ZERONE_FLASH_FN constexpr int forward_smem_floats(int hs) {
+  return (warp_tile_rows(chunks_for(hs)) + 2 * kLanes) * smem_stride(hs);
+}
+// dQ: Q and dO (warp tile), K and V (lane tile).
+ZERONE_FLASH_FN constexpr int dq_smem_floats(int hs) {
+  return (2 * warp_tile_rows(chunks_for(hs)) + 2 * kLanes) * smem_stride(hs);
+}
+// dK/dV: K and V (warp tile), Q and dO (lane tile), then the lane tile's logsumexp and D.
+ZERONE_FLASH_FN constexpr int dkv_smem_floats(int hs) {
+  return (2 * warp_tile_rows(chunks_for(hs)) + 2 * kLanes) * smem_stride(hs) + 2 * kLanes;
+}
+
+ZERONE_FLASH_FN constexpr int tiles_of(int n, int tile) { return (n + tile - 1) / tile; }
+
+// Forward and dQ: the query tile starting at q0 (warp_rows rows) meets the lane tiles of keys
+// 0 .. min(q0 + warp_rows, T) - 1: this many of them, from key tile 0.
+ZERONE_FLASH_FN constexpr int key_tiles_seen(int q0, int warp_rows, int T) {
+  return tiles_of(q0 + warp_rows < T ? q0 + warp_rows : T, kLanes);
+}
+// dK/dV: the key tile starting at k0 is seen by the query lane tiles from this one to the last
+// (tiles_of(T, kLanes) - 1): queries before k0 see none of its keys.
+ZERONE_FLASH_FN constexpr int first_query_tile_seeing(int k0) { return k0 / kLanes; }
+
+// Whether query row `query` sees key `key` (causal, and the query a real row).
+ZERONE_FLASH_FN constexpr bool sees(int query, int key, int T) { return query < T && key <= query; }
+
+// The online softmax (Milakov and Gimelshein): a row's running maximum m and sum l of exp(s - m)
+// meet a tile whose largest visible score is tile_max (-inf when the row sees none of it).
+// Returns the new maximum; *rescale is the factor exp(m_old - m_new) for l and the output
+// accumulator (0 on the row's first tile, where m_old is -inf and nothing has accumulated).
+// The first tile of every real row holds key 0, which it sees, so m_new is finite from there on.
+ZERONE_FLASH_FN float online_max(float m_old, float tile_max, float* rescale) {
+  const float m_new = m_old > tile_max ? m_old : tile_max;
+  *rescale = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
+  return m_new;
+}
+
+}  // namespace zerone::cuda::flash

@@ -111,6 +111,7 @@ int cmd_estimate(train::TrainConfig a, int world, bool json, bool stage_given, c
   std::unique_ptr<nn::Model> shape = nn::make_model(a.model, dtype, 64, /*allocate=*/false);
   shape->set_activation_checkpointing(a.activation_checkpointing);
   shape->set_cpu_checkpointing(a.cpu_checkpointing);
+  train::count_for_run_device(*shape, a);  // --device, --cuda-attention: what attention saves there
   const nn::Model& model = *shape;
   // Image classifiers read one sample per row: --seq does not apply to them.
   const bool classifier = model.input_kind() == nn::InputKind::features;
@@ -120,7 +121,7 @@ int cmd_estimate(train::TrainConfig a, int world, bool json, bool stage_given, c
   ZERONE_CHECK(seq <= model.max_seq_len(), "--seq ", seq, " exceeds the model's context length ", model.max_seq_len());
   const zero::ZeroConfig base = train::zero_config(a, dtype, model.unit_numels(), world);
   const optim::OptimizerOptions optimizer = train::optimizer_options(a);
-  const kernels::DeviceKind device = a.device.empty() ? kernels::default_device() : kernels::parse_device_kind(a.device);
+  const kernels::DeviceKind device = kernels::device_or_default(a.device);
   const bool stages_collectives = zero::stages_collectives(device, world);
   auto rows = zero::estimate(model, world, dtype, a.micro_batch, seq, base, optimizer,
                              stage_given ? std::optional<int>(a.zero_stage) : std::nullopt, stages_collectives);
@@ -130,7 +131,9 @@ int cmd_estimate(train::TrainConfig a, int world, bool json, bool stage_given, c
   zero::MemoryBudget budget;
   budget.unified = train::unified_memory(a);
   budget.ranks_per_host = machine.ranks_per_host;
-  budget.device_bytes = static_cast<int64_t>(a.device_mem_limit * 1024.0 * 1024.0 * 1024.0);
+  // Note [Device budget] (train/plan.h): --device-mem-limit, and on cuda the GPU's usable memory.
+  const train::DeviceBudget device_cap = train::device_budget(device, a.device_mem_limit, kernels::device_memory(device));
+  budget.device_bytes = device_cap.bytes;
   budget.host_bytes = machine.host_mem_gib > 0 ? static_cast<int64_t>(machine.host_mem_gib * 1024.0 * 1024.0 * 1024.0)
                                                : physical_memory_bytes();
   if (!a.nvme_path.empty())
@@ -181,22 +184,27 @@ int cmd_estimate(train::TrainConfig a, int world, bool json, bool stage_given, c
       s["fits"] = fits(r);
       j["stages"].push_back(s);
     }
+    j["device"] = kernels::device_kind_name(device);
+    if (device == kernels::DeviceKind::cuda) j["cuda_attention"] = a.cuda_attention;
     j["budget"] = {{"unified", budget.unified}, {"ranks_per_host", budget.ranks_per_host},
                    {"device_per_rank", budget.device_bytes}, {"memory_per_host", budget.host_bytes},
                    {"nvme_free", budget.nvme_bytes}};
+    if (budget.device_bytes > 0) j["budget"]["device_source"] = device_cap.source;
     if (const std::string text = advice(); !text.empty()) j["advice"] = text;
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
-  std::printf("model %s (%zu parameters), world %d, %s, %s, micro-batch %d x seq %d, offload optimizer %s, param %s; "
-              "bytes per rank:\n",
-              model.spec().c_str(), model.num_parameters(), world, dtype_name(dtype),
+  std::printf("model %s (%zu parameters), world %d, device %s%s, %s, %s, micro-batch %d x seq %d, offload optimizer %s, "
+              "param %s; bytes per rank:\n",
+              model.spec().c_str(), model.num_parameters(), world, kernels::device_kind_name(device),
+              device == kernels::DeviceKind::cuda ? str_cat(" (", a.cuda_attention, " attention)").c_str() : "",
+              dtype_name(dtype),
               a.optimizer == "sgd" ? str_cat("sgd (momentum ", a.momentum, ")").c_str() : "adamw", a.micro_batch, seq,
               a.offload_optimizer.c_str(), a.offload_param.c_str());
   std::printf("fits: %s%s per host%s%s%s\n", budget.unified ? "device + host within " : "host within ",
               train::human_bytes(static_cast<double>(budget.host_bytes)).c_str(),
               budget.ranks_per_host > 1 ? str_cat(" (", budget.ranks_per_host, " ranks per host)").c_str() : "",
-              budget.device_bytes > 0 ? str_cat(", device within ", train::human_bytes(static_cast<double>(budget.device_bytes)), " per rank").c_str() : "",
+              budget.device_bytes > 0 ? str_cat(", device within ", train::human_bytes(static_cast<double>(budget.device_bytes)), " per rank (", device_cap.source, ")").c_str() : "",
               budget.nvme_bytes >= 0 ? str_cat(", NVMe within ", train::human_bytes(static_cast<double>(budget.nvme_bytes)), " free").c_str() : "");
   std::printf("%-6s %12s %12s %12s %12s %12s %12s %12s %12s %12s %12s %12s%s\n", "stage", "param", "grad", "master", "optim",
               "model", "working set", "activation", "device", "host", "nvme", "in memory", "  fits");
@@ -230,6 +238,7 @@ int cmd_plan(train::TrainConfig a, int world, const train::PlanMachineOptions& m
   const DType dtype = train::resolve_precision(a.precision);
   a.precision = dtype_name(dtype);
   std::unique_ptr<nn::Model> shape = nn::make_model(a.model, dtype, 64, /*allocate=*/false);
+  train::count_for_run_device(*shape, a);  // --device, --cuda-attention: what attention saves there
   const bool classifier = shape->input_kind() == nn::InputKind::features;
   ZERONE_CHECK(!classifier || !a.is_given("--seq"), "--seq applies to token models; ", shape->spec(), " reads one image per sample");
   if (classifier) a.seq = 1;

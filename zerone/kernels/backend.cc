@@ -22,6 +22,11 @@ size_t attention_saved_numel(AttentionSaved saved, int B, int NH, int T) {
   return saved == AttentionSaved::logsumexp ? rows : rows * T;
 }
 
+AttentionSaved attention_saved(DeviceKind kind, const DeviceOptions& options) {
+  return kind == DeviceKind::cuda && options.cuda_attention == CudaAttention::flash ? AttentionSaved::logsumexp
+                                                                                   : AttentionSaved::probabilities;
+}
+
 const char* cuda_attention_name(CudaAttention kind) { return kind == CudaAttention::flash ? "flash" : "plain"; }
 
 CudaAttention parse_cuda_attention(const std::string& name) {
@@ -45,6 +50,8 @@ DeviceKind parse_device_kind(const std::string& name) {
   if (name == "cuda") return DeviceKind::cuda;
   throw Error(str_cat("--device '", name, "': expected cpu, sim or cuda"));
 }
+
+DeviceKind device_or_default(const std::string& name) { return name.empty() ? default_device() : parse_device_kind(name); }
 
 namespace {
 
@@ -142,5 +149,18 @@ Backend& use_device(DeviceKind kind, const DeviceOptions& options) {
 }
 
 Backend& device_backend() { return g_device ? *g_device : host_backend(); }
+
+std::optional<DeviceMemory> device_memory(DeviceKind kind) {
+  if (kind != DeviceKind::cuda) return std::nullopt;
+#ifdef ZERONE_HAVE_CUDA
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    if (g_cuda) return g_cuda->device_memory();
+  }
+  const std::vector<cuda::DeviceInfo> gpus = cuda::devices();
+  if (!gpus.empty()) return DeviceMemory::before_context(gpus.front().total_memory_bytes);
+#endif
+  return std::nullopt;
+}
 
 }  // namespace zerone::kernels

@@ -35,9 +35,11 @@
 // operation are internal invariants (abort) except out-of-memory, which throws Error through Buffer.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -52,6 +54,9 @@ enum class DeviceKind : uint8_t { cpu, sim, cuda };
 const char* device_kind_name(DeviceKind kind);
 // "cpu", "sim" or "cuda"; throws Error naming --device and the choices otherwise.
 DeviceKind parse_device_kind(const std::string& name);
+// The device a run names (`--device`): default_device() when `name` is empty (not given), else
+// parse_device_kind(name).
+DeviceKind device_or_default(const std::string& name);
 
 enum class Stream : uint8_t { compute, comm, copy };
 
@@ -87,6 +92,53 @@ struct DeviceOptions {
   CudaAttention cuda_attention = CudaAttention::flash;
 };
 
+// What the backend of `kind` made with `options` keeps in `att` (Note [Attention's saved state]):
+// logsumexp for cuda with flash attention, probabilities otherwise. The one rule: every backend's
+// attention_saved() is this function of its kind and options, and `zerone estimate` / `plan`
+// count a run's activations by it without making the backend (nn::Model::set_attention_saved),
+// so the estimate equals the ledger on a device this machine lacks too.
+AttentionSaved attention_saved(DeviceKind kind, const DeviceOptions& options);
+
+// Note [Device memory the ledger cannot see]: the ledger (core/memory.h) counts every Buffer, so
+// the estimate's device bytes are the ledger's. A GPU also holds memory no Buffer owns, which the
+// start-up fit check and `zerone estimate` reserve instead:
+//  - the CUDA context of the process: the driver's per-context state, the SMs' local-memory
+//    reserve, the device heaps and the kernel modules loaded so far (lazily: CUDA_MODULE_LOADING
+//    =LAZY is Linux's default since CUDA 12.2, so only the kernels that run). nvidia-smi commonly
+//    shows 300-500 MiB for a process that has only created its context on an A100/H100 with
+//    CUDA 12; kCudaContextReserveBytes is the round bound 512 MiB above that. NOT measured here
+//    (no GPU): the first GPU session reads it (`zerone info` prints the GPU's free and total
+//    memory once a backend exists, i.e. with the context resident) and corrects the constant.
+//    A live backend needs no such figure: cudaMemGetInfo's free bytes already exclude its context.
+//  - cuBLASLt's workspace, kCudaGemmWorkspaceBytes = 32 MiB: the backend hands every GEMM this
+//    workspace (cublasLtMatmulPreferenceSetAttribute's MAX_WORKSPACE_BYTES, so cuBLASLt allocates
+//    none of its own). It is a scratch Buffer (the ledger's "scratch", which the estimate does not
+//    count), allocated on the first GEMM, i.e. after the fit check.
+// So a run on cuda may fill with the estimate's device bytes: free - kCudaGemmWorkspaceBytes of a
+// GPU whose context exists (the start-up check, from the backend's cudaMemGetInfo), or total -
+// kCudaContextReserveBytes - kCudaGemmWorkspaceBytes of one that has none yet (`zerone estimate`
+// and `zerone plan`, which never make the backend). The cpu and sim devices are host memory: their
+// fit is the host's (Note [Fit] in zero/planner.h) and they report no DeviceMemory.
+// Not reserved: the other scratch slots of the cuda backend (16-bit operand copies of the GEMMs'
+// activations, plain attention's (B, NH, T, T) backward scratch), which the ledger counts as
+// "scratch" at their first use.
+inline constexpr int64_t kCudaContextReserveBytes = int64_t{512} << 20;
+inline constexpr int64_t kCudaGemmWorkspaceBytes = int64_t{32} << 20;
+
+// A GPU's memory (Note [Device memory the ledger cannot see]).
+struct DeviceMemory {
+  int64_t total_bytes = 0;
+  int64_t free_bytes = 0;  // now, with this process's context resident
+  bool measured = true;    // false: before_context's figure, not cudaMemGetInfo's
+  // What a run may fill with the estimate's device bytes: free less the GEMM workspace.
+  int64_t usable_bytes() const { return std::max<int64_t>(free_bytes - kCudaGemmWorkspaceBytes, 0); }
+  // A GPU of `total_bytes` before this process made its context: free is total less the context
+  // reserve.
+  static DeviceMemory before_context(int64_t total_bytes) {
+    return DeviceMemory{total_bytes, std::max<int64_t>(total_bytes - kCudaContextReserveBytes, 0), false};
+  }
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -103,6 +155,11 @@ class Backend {
   // A backend whose device memory is host memory (cpu) says host for every pointer: for it the
   // distinction never changes what an operation does.
   virtual MemPlace place_of(const void* p) const = 0;
+  // The choices this backend was made with (DeviceOptions; the defaults for cpu and sim).
+  virtual DeviceOptions device_options() const { return {}; }
+  // The device's own memory now (cuda: cudaMemGetInfo on its GPU); nullopt when device memory is
+  // host memory (cpu, sim). Note [Device memory the ledger cannot see].
+  virtual std::optional<DeviceMemory> device_memory() const { return std::nullopt; }
 
   // --- streams and events (Note [Streams and events]) ---
   virtual Event record(Stream stream) { return Event(); }
@@ -168,7 +225,7 @@ class Backend {
                                bool accumulate_param_grads = true) = 0;
   // Note [Attention's saved state]: `att` holds attention_saved_numel(attention_saved(), B, NH, T)
   // floats.
-  virtual AttentionSaved attention_saved() const { return AttentionSaved::probabilities; }
+  AttentionSaved attention_saved() const { return kernels::attention_saved(kind(), device_options()); }
   virtual void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) = 0;
   virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T,
                                   int C, int NH) = 0;
@@ -239,6 +296,12 @@ Backend& host_backend();
 Backend& use_device(DeviceKind kind, const DeviceOptions& options = {});
 // The device backend in use (cpu until use_device says otherwise).
 Backend& device_backend();
+
+// The memory of `kind`'s device for a run that has not made its backend: the backend's
+// device_memory() when it exists already, else for cuda with a GPU present the GPU this process
+// would use (GPU 0's total, DeviceMemory::before_context), else nullopt (cpu, sim, no GPU).
+// Never makes a backend (no CUDA context).
+std::optional<DeviceMemory> device_memory(DeviceKind kind);
 
 // The backend whose operations run on memory of `place` (device: device_backend(); host:
 // host_backend()).

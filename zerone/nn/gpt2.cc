@@ -187,7 +187,7 @@ void GPT2::ensure_activations(int B, int T) {
   a.T = T;
   a.checkpointing = checkpointing_;
   a.on_host = saved_inputs_on_host();
-  auto sizes = activation_numels(config_, B, T, checkpointing_, a.on_host, backend_.attention_saved());
+  auto sizes = activation_numels(config_, B, T, checkpointing_, a.on_host, allocated_attention_saved());
   Buffer* buffers[] = {&a.encoded, &a.ln1,      &a.ln1_mean, &a.ln1_rstd, &a.qkv,    &a.atty,   &a.att,
                        &a.residual2, &a.ln2,    &a.ln2_mean, &a.ln2_rstd, &a.fch,    &a.fch_gelu, &a.residual3,
                        &a.lnf,     &a.lnf_mean, &a.lnf_rstd, &a.logits,   &a.losses, &a.lse,    &a.tmp_c,
@@ -245,7 +245,7 @@ GPT2::BlockActs GPT2::block_acts(int l) {
   b.ln1_rstd = a.ln1_rstd.as<float>() + s * N;
   b.qkv = a.qkv.as<float>() + s * BTC * 3;                                                   // (B,T,3C)
   b.atty = a.atty.as<float>() + s * BTC;                                                     // (B,T,C)
-  b.att = a.att.as<float>() + s * kernels::attention_saved_numel(backend_.attention_saved(), a.B, config_.num_heads, a.T);  // Note [Attention's saved state]
+  b.att = a.att.as<float>() + s * kernels::attention_saved_numel(attention_saved_, a.B, config_.num_heads, a.T);  // Note [Attention's saved state]
   b.residual2 = a.residual2.as<float>() + s * BTC;
   b.ln2 = a.ln2.as<float>() + s * BTC;
   b.ln2_mean = a.ln2_mean.as<float>() + s * N;

@@ -101,7 +101,7 @@ class GPT2 : public UnitModel {
                                  bool saved_inputs_on_host = false,
                                  kernels::AttentionSaved att_saved = kernels::AttentionSaved::probabilities);
   size_t activation_bytes(int B, int T) const override {
-    return activation_bytes(config_, B, T, checkpointing_, saved_inputs_on_host(), backend().attention_saved());
+    return activation_bytes(config_, B, T, checkpointing_, saved_inputs_on_host(), attention_saved());
   }
   size_t host_activation_bytes(int B, int T) const override {
     return saved_inputs_numel(saved_inputs_on_host(), config_.num_layers, static_cast<size_t>(B) * T * config_.channels) * 4;

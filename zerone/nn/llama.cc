@@ -204,7 +204,7 @@ void Llama::ensure_activations(int B, int T) {
   a.T = T;
   a.checkpointing = checkpointing_;
   a.on_host = saved_inputs_on_host();
-  auto sizes = llama_activation_numels(config_, B, T, checkpointing_, a.on_host, backend_.attention_saved());
+  auto sizes = llama_activation_numels(config_, B, T, checkpointing_, a.on_host, allocated_attention_saved());
   Buffer* buffers[] = {&a.encoded, &a.h1,       &a.rstd1,  &a.qkv,    &a.atty,      &a.att,   &a.residual2,
                        &a.h2,      &a.rstd2,    &a.gate_up, &a.act,   &a.residual3, &a.hf,    &a.rstdf,
                        &a.logits,  &a.losses,   &a.lse,    &a.tmp_c,  &a.dresidual, &a.dbuf_c, &a.datty,
@@ -263,7 +263,7 @@ Llama::BlockActs Llama::block_acts(int l) {
   b.rstd1 = a.rstd1.as<float>() + s * N;                                                    // (B,T)
   b.qkv = a.qkv.as<float>() + s * N * R;                                                    // (B,T,R), q and k rotated
   b.atty = a.atty.as<float>() + s * N * A;                                                  // (B,T,NH*hs)
-  b.att = a.att.as<float>() + s * kernels::attention_saved_numel(backend_.attention_saved(), a.B, config_.num_heads, a.T);  // Note [Attention's saved state]
+  b.att = a.att.as<float>() + s * kernels::attention_saved_numel(attention_saved_, a.B, config_.num_heads, a.T);  // Note [Attention's saved state]
   b.residual2 = a.residual2.as<float>() + s * BTC;
   b.h2 = a.h2.as<float>() + s * BTC;
   b.rstd2 = a.rstd2.as<float>() + s * N;

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "zerone/core/dtype.h"
+#include "zerone/core/error.h"
 #include "zerone/core/memory.h"
 #include "zerone/kernels/backend.h"
 #include "zerone/nn/flat_param.h"
@@ -150,8 +151,24 @@ class Model {
   // the rest is on the device.
   virtual size_t host_activation_bytes(int /*B*/, int /*T*/) const { return 0; }
 
+  // What attention keeps for backward (Note [Attention's saved state], kernels/backend.h) in the
+  // activation table and the buffers: the backend's by default. A model without storage
+  // (make_model(..., allocate=false)) that estimates a run on another device than the one
+  // installed here (`zerone estimate --device cuda` on a machine without a GPU) is told that
+  // device's: set_attention_saved(kernels::attention_saved(kind, options)). Allocating
+  // activations under another form than the backend's is an internal error.
+  kernels::AttentionSaved attention_saved() const { return attention_saved_; }
+  void set_attention_saved(kernels::AttentionSaved saved) { attention_saved_ = saved; }
+
  protected:
   kernels::Backend& backend_ = kernels::device_backend();
+  kernels::AttentionSaved attention_saved_ = backend_.attention_saved();
+  // attention_saved_ for sizing buffers on the backend: its own form, or an internal error.
+  kernels::AttentionSaved allocated_attention_saved() const {
+    ZERONE_ASSERT(attention_saved_ == backend_.attention_saved(), "a model told another device's attention state "
+                  "(set_attention_saved) allocates its activations on ", backend_.description());
+    return attention_saved_;
+  }
 };
 
 // The plumbing every transformer here shares: the units, the compute dtype, the hooks, the

@@ -90,9 +90,29 @@ const char* const kPlannedFlags[] = {"--zero-stage", "--offload-optimizer", "--o
 
 }  // namespace
 
-bool unified_memory(const TrainConfig& cfg) {
-  if (!cfg.device.empty()) return cfg.device != "cuda";
-  return kernels::default_device() != kernels::DeviceKind::cuda;
+bool unified_memory(kernels::DeviceKind device) { return device != kernels::DeviceKind::cuda; }
+
+bool unified_memory(const TrainConfig& cfg) { return unified_memory(kernels::device_or_default(cfg.device)); }
+
+DeviceBudget device_budget(kernels::DeviceKind device, double device_mem_limit_gib,
+                           const std::optional<kernels::DeviceMemory>& memory) {
+  DeviceBudget b;
+  if (device_mem_limit_gib > 0) {
+    b.bytes = static_cast<int64_t>(device_mem_limit_gib * kGiB);
+    b.source = str_cat("--device-mem-limit ", device_mem_limit_gib, " GiB");
+  }
+  if (unified_memory(device) || !memory) return b;
+  const int64_t usable = memory->usable_bytes();
+  if (b.bytes > 0 && b.bytes <= usable) return b;
+  b.bytes = std::max<int64_t>(usable, 1);  // a full GPU still caps: nothing fits
+  b.source = str_cat("the GPU's ", hb(usable), " usable (", hb(memory->free_bytes), " free of ", hb(memory->total_bytes),
+                     memory->measured ? "" : str_cat(" once the CUDA context's ", hb(kernels::kCudaContextReserveBytes), " reserve is taken"),
+                     ", less ", hb(kernels::kCudaGemmWorkspaceBytes), " for cuBLASLt's workspace)");
+  return b;
+}
+
+void count_for_run_device(nn::Model& shape, const TrainConfig& cfg) {
+  shape.set_attention_saved(kernels::attention_saved(kernels::device_or_default(cfg.device), device_options(cfg)));
 }
 
 PlanMachine plan_machine(const TrainConfig& cfg, int world, DType dtype, const PlanMachineOptions& o) {
@@ -103,7 +123,9 @@ PlanMachine plan_machine(const TrainConfig& cfg, int world, DType dtype, const P
   zero::MemoryBudget& b = m.budget;
   b.ranks_per_host = o.ranks_per_host > 0 ? o.ranks_per_host : world;
   b.unified = unified_memory(cfg);
-  b.device_bytes = static_cast<int64_t>(cfg.device_mem_limit * kGiB);
+  const DeviceBudget device = device_budget(kernels::device_or_default(cfg.device), cfg.device_mem_limit,
+                                            kernels::device_memory(kernels::device_or_default(cfg.device)));
+  b.device_bytes = device.bytes;
   if (o.host_mem_gib > 0) {
     b.host_bytes = static_cast<int64_t>(o.host_mem_gib * kGiB);
     m.sources.push_back(str_cat("memory ", hb(b.host_bytes), " per host (--host-mem)"));
@@ -118,7 +140,7 @@ PlanMachine plan_machine(const TrainConfig& cfg, int world, DType dtype, const P
                                 hb(physical_memory_bytes()), " physical, less a reserve of ", hb(reserve),
                                 "; --host-mem plans for another figure)"));
   }
-  if (b.device_bytes > 0) m.sources.push_back(str_cat("device cap ", hb(b.device_bytes), " per rank (--device-mem-limit)"));
+  if (b.device_bytes > 0) m.sources.push_back(str_cat("device cap ", hb(b.device_bytes), " per rank (", device.source, ")"));
   else if (!b.unified) m.sources.push_back("device memory per rank not measured: give --device-mem-limit GiB, else it is not checked");
   if (!cfg.nvme_path.empty()) {
     if (o.disk_free_gib >= 0) {
@@ -572,6 +594,7 @@ TrainConfig auto_fit(TrainConfig cfg, comm::Communicator& comm) {
   ZERONE_CHECK(!resolved.model.empty(), "--auto-fit plans for --model: give the model (--init alone is not read before planning)");
   const DType dtype = resolve_precision(resolved.precision);
   std::unique_ptr<nn::Model> shape = nn::make_model(resolved.model, dtype, 64, /*allocate=*/false);
+  count_for_run_device(*shape, resolved);
   // Rank 0 measures; every rank plans with its figures (Note [Fit]: the plan is deterministic).
   PlanMachine machine;
   double figures[9] = {};

@@ -42,6 +42,27 @@ struct PlanMachine {
 // Whether the run's device is this host's RAM (Note [Fit]): --device cpu or sim, or no --device
 // where the default device is the cpu.
 bool unified_memory(const TrainConfig& cfg);
+bool unified_memory(kernels::DeviceKind device);
+
+// Note [Device budget]: the device bytes per rank a run may fill with what the estimate counts
+// (its device() bytes, the ledger's). On cpu and sim the device is host memory (Note [Fit] in
+// zero/planner.h): only --device-mem-limit caps it. On cuda the GPU's usable bytes cap it too
+// (kernels::DeviceMemory::usable_bytes: free less cuBLASLt's workspace, and before the process has
+// a CUDA context less the context's reserve; Note [Device memory the ledger cannot see] in
+// kernels/backend.h), the smaller of the two when both are known; a GPU not present here (nullopt
+// memory) leaves the limit alone. The start-up check passes the backend's measurement, estimate
+// and plan kernels::device_memory(kind) (no backend made).
+struct DeviceBudget {
+  int64_t bytes = 0;   // per rank; 0: no cap
+  std::string source;  // what set it, for messages: "--device-mem-limit 2 GiB", "the GPU's ..."
+};
+DeviceBudget device_budget(kernels::DeviceKind device, double device_mem_limit_gib,
+                           const std::optional<kernels::DeviceMemory>& memory);
+
+// A model without storage made to estimate or plan the run of `cfg` counts the activations of the
+// run's device (--device, --cuda-attention; Note [Attention's saved state] in kernels/backend.h),
+// which need not be the device installed here.
+void count_for_run_device(nn::Model& shape, const TrainConfig& cfg);
 
 // Budgets and speeds for a run of `cfg` at `world` ranks. Measures what `options` leaves open.
 PlanMachine plan_machine(const TrainConfig& cfg, int world, DType dtype, const PlanMachineOptions& options);

@@ -307,7 +307,7 @@ std::vector<Setting> build_table() {
        .field = &C::cuda_attention, .choices = {"flash", "plain"},
        .help = "attention kernels of --device cuda: flash (no (B, NH, T, T) matrix in memory) or plain (keeps it; "
                "to bisect a GPU failure)",
-       .default_text = "flash", .commands = kTrain, .changes_results = false},
+       .default_text = "flash", .commands = kTrain | kEstimate, .changes_results = false},
       {.flag = "--threads", .key = "threads", .group = G::run, .type = T::integer, .field = &C::threads, .lo = 0,
        .hi = 4096, .help = "OpenMP threads per rank", .default_text = "0: the cores / ranks on this host",
        .ranks_must_agree = false, .changes_results = false},

@@ -262,15 +262,20 @@ void check_tokens_in_vocabulary(const io::TokenSource& tokens, int vocab_size, c
 }
 
 
-// Note [Refuse what cannot fit]: a run whose estimated memory exceeds what this host has left is
-// refused before anything is allocated, with the estimate, instead of being killed by the kernel
-// minutes later. The estimate is zerone estimate's, the engine's own partition arithmetic (model
-// states and working set to the byte, activations from the model's table); ranks on one host share it.
+}  // namespace
+
+// Note [Refuse what cannot fit]: a run whose estimated memory exceeds what this host (or its GPU)
+// has left is refused before anything is allocated, with the estimate, instead of being killed by
+// the kernel (or failing an allocation) minutes later. The estimate is zerone estimate's, the
+// engine's own partition arithmetic (model states and working set to the byte, activations from
+// the model's table); ranks on one host share its memory. On a GPU the device bytes are checked
+// against the GPU's free memory less what the ledger cannot see (Note [Device memory the ledger
+// cannot see] in kernels/backend.h; train::device_budget), the host bytes against the host's.
 void check_memory_fits(const nn::Model& model, DType dtype, const TrainConfig& cfg, const zero::ZeroConfig& zcfg,
-                       int world) {
+                       int world, kernels::DeviceKind device, const std::optional<kernels::DeviceMemory>& device_memory) {
   const optim::OptimizerOptions optimizer = optimizer_options(cfg);
   auto rows = zero::estimate(model, world, dtype, cfg.micro_batch, cfg.seq, zcfg, optimizer, std::nullopt,
-                             zero::stages_collectives(model.backend().kind(), world));
+                             zero::stages_collectives(device, world));
   const zero::StageEstimate& mine = rows[cfg.zero_stage];
   auto h = [](double b) { return human_bytes(b); };
   auto hb = [&](int64_t b) { return h(static_cast<double>(b)); };
@@ -278,13 +283,15 @@ void check_memory_fits(const nn::Model& model, DType dtype, const TrainConfig& c
       "param ", hb(mine.model_state.param), ", grad ", hb(mine.model_state.grad), ", master ", hb(mine.model_state.master),
       ", optim ", hb(mine.model_state.optim), ", working set ", hb(mine.working_set.total()), ", activations ",
       hb(mine.activations + mine.host_activations), "; by place: ", zero::describe_places(mine), " bytes");
-  // Note [Device cap]: --device-mem-limit caps the device arena (core/memory.h). The plan is
-  // checked against it before anything is allocated; the message names what overflows and the
-  // settings that fit (Note [Advice that leads somewhere] in train/plan.cc).
+  // Note [Device cap]: --device-mem-limit caps the device arena (core/memory.h); a GPU's own
+  // memory caps it too (Note [Device budget] in train/plan.h). The plan is checked against the
+  // smaller before anything is allocated; the message names what overflows and the settings that
+  // fit (Note [Advice that leads somewhere] in train/plan.cc).
   const int local = local_ranks();
+  const DeviceBudget device_cap = device_budget(device, cfg.device_mem_limit, device_memory);
   zero::MemoryBudget budget;
-  budget.unified = unified_memory(cfg);
-  budget.device_bytes = static_cast<int64_t>(cfg.device_mem_limit * 1024.0 * 1024.0 * 1024.0);
+  budget.unified = unified_memory(device);
+  budget.device_bytes = device_cap.bytes;
   budget.ranks_per_host = local;
   budget.host_bytes = std::max<long long>(available_memory_bytes(), 0);
   if (!cfg.nvme_path.empty()) {
@@ -294,10 +301,9 @@ void check_memory_fits(const nn::Model& model, DType dtype, const TrainConfig& c
       // Refused below with the path's own message when the run swaps there.
     }
   }
-  const double cap = cfg.device_mem_limit * 1024.0 * 1024.0 * 1024.0;
-  if (cap > 0 && static_cast<double>(mine.device()) > cap)
-    throw Error(str_cat("the run needs ", hb(mine.device()), " of device memory per rank, over --device-mem-limit ",
-                        cfg.device_mem_limit, " GiB (", breakdown, "). ",
+  if (device_cap.bytes > 0 && mine.device() > device_cap.bytes)
+    throw Error(str_cat("the run needs ", hb(mine.device()), " of ", kernels::device_kind_name(device),
+                        " device memory per rank, over ", device_cap.source, " (", breakdown, "). ",
                         fit_advice(cfg, model, dtype, world, budget, mine)));
   if (zcfg.offload_optimizer == zero::OffloadDevice::nvme || zcfg.offload_param == zero::OffloadDevice::nvme) {
     const uint64_t free_bytes = io::check_swap_path(cfg.nvme_path, "--nvme-path");
@@ -319,18 +325,22 @@ void check_memory_fits(const nn::Model& model, DType dtype, const TrainConfig& c
       staging += static_cast<int64_t>(saved * (dtype_size(dtype) + 4 * state_tensors));
     }
   }
-  const double need = static_cast<double>(mine.total() + staging) * local;
+  // In host memory: everything on a device that is host memory, else the host place alone.
+  auto in_memory = [&](const zero::StageEstimate& r) { return budget.unified ? r.total() : r.host(); };
+  const double need = static_cast<double>(in_memory(mine) + staging) * local;
   if (need <= static_cast<double>(available)) return;
   budget.host_bytes = available - staging * local;
   std::string stages;
-  for (const auto& r : rows) stages += str_cat(stages.empty() ? "" : ", ", r.stage, ": ", h(static_cast<double>(r.total())));
-  throw Error(str_cat("the run needs ", hb(mine.total() + staging), " per rank (", breakdown,
-                      staging > 0 ? str_cat("; --checkpoint-async staging ", hb(staging)) : "", ")",
+  for (const auto& r : rows) stages += str_cat(stages.empty() ? "" : ", ", r.stage, ": ", h(static_cast<double>(in_memory(r))));
+  throw Error(str_cat("the run needs ", hb(in_memory(mine) + staging), budget.unified ? "" : " of host memory", " per rank (",
+                      breakdown, staging > 0 ? str_cat("; --checkpoint-async staging ", hb(staging)) : "", ")",
                       local > 1 ? str_cat(" x ", local, " ranks on this host") : "",
                       ", but this host has ", h(static_cast<double>(available)), " available. Per rank at world ", world,
                       " by ZeRO stage: ", stages, world == 1 ? " (at world 1 sharding saves nothing: more ranks on more hosts divide it)" : "",
                       ". ", fit_advice(cfg, model, dtype, world, budget, mine)));
 }
+
+namespace {
 
 // The "run" object of the first metrics line: settings, machine and peak (docs/metrics.md).
 nlohmann::ordered_json run_info(const TrainConfig& cfg, const nn::Model& model, DType dtype, int world,
@@ -880,6 +890,10 @@ struct StepLoop : StepLoopInputs {
 
 }  // namespace
 
+kernels::DeviceOptions device_options(const TrainConfig& cfg) {
+  return kernels::DeviceOptions{.cuda_attention = kernels::parse_cuda_attention(cfg.cuda_attention)};
+}
+
 optim::OptimizerOptions optimizer_options(const TrainConfig& cfg) {
   if (cfg.optimizer == "sgd") return optim::SGDOptions{cfg.momentum, cfg.dampening, cfg.weight_decay, cfg.nesterov};
   return optim::AdamWOptions{cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay};
@@ -1048,8 +1062,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm, const io::Fa
     ZERONE_CHECK(!cfg.model.empty(), "--model is required with --data (or --init FILE to take the shape from a checkpoint)");
   }
   // Note [Models and their device] (nn/model.h): the device is chosen before anything lives on it.
-  kernels::use_device(cfg.device.empty() ? kernels::default_device() : kernels::parse_device_kind(cfg.device),
-                      kernels::DeviceOptions{.cuda_attention = kernels::parse_cuda_attention(cfg.cuda_attention)});
+  kernels::use_device(kernels::device_or_default(cfg.device), device_options(cfg));
   std::unique_ptr<nn::Model> model_owner = nn::make_model(model_spec, dtype, zero::kShardAlign * world, /*allocate=*/false);
   nn::Model& model = *model_owner;
   model.set_activation_checkpointing(cfg.activation_checkpointing);
@@ -1091,7 +1104,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm, const io::Fa
   const zero::ZeroConfig zcfg = zero_config(cfg, dtype, model.unit_numels(), world, env);
   zero::check_zeropp(zcfg, world);
   const optim::NvmeConfig nvme = nvme_config(cfg, rank, env);
-  check_memory_fits(model, dtype, cfg, zcfg, world);
+  check_memory_fits(model, dtype, cfg, zcfg, world, model.backend().kind(), model.backend().device_memory());
   DeviceLimitGuard device_limit(static_cast<int64_t>(cfg.device_mem_limit * 1024.0 * 1024.0 * 1024.0));
 
   TrainData data = open_training_data(cfg, model, default_run, settings, comm);

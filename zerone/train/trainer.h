@@ -54,6 +54,17 @@ zero::ZeroConfig zero_config(const TrainConfig& cfg, DType dtype, const std::vec
 optim::NvmeConfig nvme_config(const TrainConfig& cfg, int rank, const io::FaultEnv& env = io::FaultEnv::none());
 // The optimizer the settings name.
 optim::OptimizerOptions optimizer_options(const TrainConfig& cfg);
+// The device backend's choices the settings name (--cuda-attention); the device itself is
+// kernels::device_or_default(cfg.device).
+kernels::DeviceOptions device_options(const TrainConfig& cfg);
+
+// Note [Refuse what cannot fit]: throws Error, one message naming the bytes needed and available
+// and the settings that would fit, when the run of `cfg` on `model` cannot fit before anything is
+// allocated. `device` is the run's device and `device_memory` its memory when it is not host
+// memory (the backend's device_memory(): the GPU's free and total bytes); both are data so that
+// the check for a GPU runs anywhere (tests). The host's memory and the NVMe free space are read here.
+void check_memory_fits(const nn::Model& model, DType dtype, const TrainConfig& cfg, const zero::ZeroConfig& zcfg,
+                       int world, kernels::DeviceKind device, const std::optional<kernels::DeviceMemory>& device_memory);
 
 // Chooses the compute dtype: cfg.precision if set, else bf16 where the CPU has native bf16 dot
 // products (AVX512-BF16 or AMX), else fp32.

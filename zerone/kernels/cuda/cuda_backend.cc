@@ -180,6 +180,13 @@ class CudaBackend final : public kernels::Backend {
   std::string description() const override { return description_; }
   bool host_addressable() const override { return false; }
   MemoryArena& device_arena() override { return *arena_; }
+  // Note [Attention's saved state] (kernels/backend.h): flash keeps the rows' logsumexp in att.
+  kernels::DeviceOptions device_options() const override { return {.cuda_attention = attention_}; }
+  // Note [Device memory the ledger cannot see] (kernels/backend.h): free with the context resident.
+  std::optional<kernels::DeviceMemory> device_memory() const override {
+    const MemoryInfo m = memory_info(device_);
+    return kernels::DeviceMemory{m.total_bytes, m.free_bytes};
+  }
   MemPlace place_of(const void* p) const override {
     cudaPointerAttributes attr;
     if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
@@ -312,11 +319,6 @@ class CudaBackend final : public kernels::Backend {
     if (dbias) bias_backward(dbias, dout, N, OC, accumulate_param_grads, compute());
   }
 
-  // Note [Attention's saved state] (kernels/backend.h): flash keeps the rows' logsumexp in att.
-  kernels::AttentionSaved attention_saved() const override {
-    return attention_ == kernels::CudaAttention::flash ? kernels::AttentionSaved::logsumexp
-                                                       : kernels::AttentionSaved::probabilities;
-  }
   void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) override {
     gqa_attention_forward(out, att, qkv, B, T, NH, NH, C / NH);
   }
@@ -486,7 +488,7 @@ class CudaBackend final : public kernels::Backend {
   // leading dimensions lda and ldb; op(X) = X^T when its flag is set. f32 compute and scale.
   void gemm(bool trans_a, bool trans_b, int m, int n, int k, const void* a, DType dtype, int lda, const void* b,
             int ldb, float* d, int ldd, float beta) {
-    constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+    constexpr size_t kWorkspaceBytes = kernels::kCudaGemmWorkspaceBytes;  // Note [Device memory the ledger cannot see]
     void* workspace = scratch(kGemmWorkspace, kWorkspaceBytes);
     const cudaDataType t = cuda_type(dtype);
     cublasLtMatmulDesc_t desc = nullptr;

@@ -7,7 +7,9 @@
 //    default memory pool (release threshold: never, so freed memory is cached for reuse), ordered
 //    on the compute stream, zero-filled there; the ledger (core/memory.h) counts every Buffer as on
 //    any backend. Out of memory returns null, so Buffer throws its Error. What the ledger cannot
-//    see (the CUDA context, cuBLASLt's own state) is not counted yet.
+//    see (the CUDA context) and what the estimate does not count (cuBLASLt's workspace) are
+//    reserved by the fit checks (Note [Device memory the ledger cannot see], kernels/backend.h);
+//    device_memory() reads the GPU's free and total memory (cudaMemGetInfo).
 //  - Streams: compute, comm and copy are CUDA streams. Today every operation and every copy runs
 //    on the compute stream, so the order of the calls is the order of the work; record(s) on
 //    another stream first makes s wait for compute, so an event of any stream covers the work

@@ -14,6 +14,17 @@ int device_count() {
   return count;
 }
 
+MemoryInfo memory_info(int device) {
+  ZERONE_CHECK(device >= 0 && device < device_count(), "no CUDA GPU ", device, " on this machine");
+  int current = 0;
+  ZERONE_CUDA_CHECK(cudaGetDevice(&current));
+  ZERONE_CUDA_CHECK(cudaSetDevice(device));
+  size_t free_bytes = 0, total_bytes = 0;
+  ZERONE_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  ZERONE_CUDA_CHECK(cudaSetDevice(current));
+  return MemoryInfo{static_cast<long long>(total_bytes), static_cast<long long>(free_bytes)};
+}
+
 std::vector<DeviceInfo> devices() {
   std::vector<DeviceInfo> out;
   for (int i = 0, n = device_count(); i < n; ++i) {

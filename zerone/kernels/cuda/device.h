@@ -21,6 +21,13 @@ struct DeviceInfo {
 int device_count();
 // Facts about every device (empty without a GPU).
 std::vector<DeviceInfo> devices();
+// GPU `device`'s memory now (cudaMemGetInfo): its total and what is free with this process's
+// context resident, which this call makes if it did not exist (Note [Device memory the ledger
+// cannot see], kernels/backend.h). Throws Error without a GPU.
+struct MemoryInfo {
+  long long total_bytes = 0, free_bytes = 0;
+};
+MemoryInfo memory_info(int device);
 // CUDA runtime and driver versions as "runtime X.Y, driver X.Y" (driver "none" without one).
 std::string version_string();
 // The linked CUDA libraries' versions, "cuBLASLt 13.0.0" (what is linked: the backend uses no

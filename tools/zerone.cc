@@ -361,6 +361,11 @@ int main(int argc, char** argv) {
   sample_cmd->add_option("--temperature", sample_opts.temperature, "sampling temperature (0: greedy)");
   sample_cmd->add_option("--top-k", sample_opts.top_k, "sample among the k most likely (0: all)");
   sample_cmd->add_option("--seed", sample_opts.seed, "sampling seed");
+  for (auto [flag, field] : {std::pair{"--device", &sample_opts.device}, std::pair{"--cuda-attention", &sample_opts.cuda_attention}}) {
+    const train::Setting& setting = *train::find_setting(flag);  // train's flag: the same help, choices and default
+    sample_cmd->add_option(flag, *field, setting.help + " (" + train::range_text(setting) + ") [default: " +
+                                             setting.default_text + "]");
+  }
   sample_cmd->add_option("--precision", sample_opts.precision, train::find_setting("--precision")->help + " (" +
                          train::range_text(*train::find_setting("--precision")) + ") [default: " +
                          train::find_setting("--precision")->default_text + "]");

@@ -111,7 +111,8 @@ void WeightSource::load_unit(nn::Model& model, int u) const {
 
 void WeightSource::load(nn::Model& model) {
   bind(model);
-  for (int u = 0; u < model.num_units(); ++u) load_unit(model, u);
+  // Note [Materializing on a device] (nn/model.h): through host memory on a device the host cannot touch.
+  for (int u = 0; u < model.num_units(); ++u) model.write_params_from_host(u, [&] { load_unit(model, u); });
 }
 
 }  // namespace zerone::io

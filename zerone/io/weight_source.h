@@ -73,7 +73,8 @@ class WeightSource {
   // Fills unit `u` of `model` (shaped as the bound model, in any dtype, its storage allocated),
   // converting to its dtype (Note [Reading at another precision]). bind() must have been called.
   void load_unit(nn::Model& model, int u) const;
-  // bind(model), then every unit.
+  // bind(model), then every unit, on the model's device (through host memory where the host
+  // cannot address it: nn::Model::write_params_from_host).
   void load(nn::Model& model);
 
  private:

@@ -11,6 +11,8 @@
 #include "zerone/core/sysinfo.h"
 #include "zerone/io/tokenizer.h"
 #include "zerone/io/weight_source.h"
+#include "zerone/kernels/backend.h"
+#include "zerone/train/plan.h"
 #include "zerone/train/trainer.h"
 
 namespace zerone::train {
@@ -30,6 +32,11 @@ void sample(const SampleOptions& o, const std::function<void(const std::string&)
   std::string tokenizer_path = o.tokenizer.empty() ? source.tokenizer_dir() : o.tokenizer;
   std::unique_ptr<io::Tokenizer> tokenizer =
       tokenizer_path.empty() ? io::make_byte_tokenizer() : io::load_tokenizer(tokenizer_path);
+  // The device before the model (Note [Models and their device] in nn/model.h); an unknown or
+  // absent device is refused here, as training refuses it.
+  const kernels::DeviceKind device = kernels::device_or_default(o.device);
+  kernels::Backend& backend = kernels::use_device(
+      device, kernels::DeviceOptions{.cuda_attention = kernels::parse_cuda_attention(o.cuda_attention)});
   // Refuse a model that cannot fit before allocating it (as training does, Note [Refuse what cannot fit]).
   const DType dtype = resolve_precision(o.precision);
   std::unique_ptr<nn::Model> shape = nn::make_model(spec, dtype, 64, /*allocate=*/false);
@@ -44,10 +51,18 @@ void sample(const SampleOptions& o, const std::function<void(const std::string&)
   ZERONE_CHECK(o.prompt.empty() || o.prompt_tokens.empty(), "--prompt and --prompt-tokens both given: expected one");
   const long double need = static_cast<long double>(shape->num_parameters()) * dtype_size(dtype) +
                            static_cast<long double>(shape->activation_bytes(1, max_seq));
-  const long long available = available_memory_bytes();
-  ZERONE_CHECK(available <= 0 || need <= available, "sampling from '", o.init, "' needs about ",
-               static_cast<double>(need) / (1 << 20), " MiB (parameters and activations), but this host has ",
-               available / (1 << 20), " MiB available");
+  if (unified_memory(device)) {
+    const long long available = available_memory_bytes();
+    ZERONE_CHECK(available <= 0 || need <= available, "sampling from '", o.init, "' needs about ",
+                 static_cast<double>(need) / (1 << 20), " MiB (parameters and activations), but this host has ",
+                 available / (1 << 20), " MiB available");
+  } else {
+    // Note [Device budget] (train/plan.h): the GPU's free memory less what the ledger cannot see.
+    const DeviceBudget cap = device_budget(device, 0, backend.device_memory());
+    ZERONE_CHECK(cap.bytes <= 0 || need <= cap.bytes, "sampling from '", o.init, "' needs about ",
+                 static_cast<double>(need) / (1 << 20), " MiB of ", kernels::device_kind_name(device),
+                 " device memory (parameters and activations), over ", cap.source);
+  }
   shape.reset();
   std::unique_ptr<nn::Model> model = nn::make_model(spec, dtype);
   source.load(*model);

@@ -19,9 +19,15 @@ struct SampleOptions {
   int top_k = 0;                       // 0: no truncation
   uint64_t seed = 1337;
   std::string precision;               // empty: as training would choose
+  std::string device;                  // cpu | sim | cuda (--device); empty: as training would choose
+  std::string cuda_attention = "flash";  // the cuda backend's attention kernels (--cuda-attention)
 };
 
-// Generates and streams decoded text to `emit` as it goes. Throws Error for bad input.
+// Generates and streams decoded text to `emit` as it goes: the model and its forward on the
+// device (`device`, chosen as training chooses it), the sampling on the host from the last
+// position's logits copied through the backend, so every device gives the same text where its
+// logits are the same bits (cpu and sim always). Throws Error for bad input, a device this machine
+// lacks, or a model that cannot fit the device (or the host, for cpu and sim).
 void sample(const SampleOptions& options, const std::function<void(const std::string&)>& emit);
 
 }  // namespace zerone::train

@@ -82,9 +82,19 @@ int cmd_info() {
   std::printf("  libraries  %s\n", cuda::library_versions().c_str());
   auto devs = cuda::devices();
   if (devs.empty()) std::printf("  devices    none found (GPU kernels will be skipped)\n");
-  for (const auto& d : devs)
+  for (const auto& d : devs) {
     std::printf("  device %d   %s, sm_%d%d, %d SMs, %s\n", d.index, d.name.c_str(), d.compute_major, d.compute_minor,
                 d.multiprocessors, train::human_bytes(static_cast<double>(d.total_memory_bytes)).c_str());
+    // Note [Device memory the ledger cannot see]: with this process's context made, what is free
+    // (on an idle GPU, total - free is the context, the figure kCudaContextReserveBytes bounds).
+    const cuda::MemoryInfo m = cuda::memory_info(d.index);
+    std::printf("    memory   %s free of %s with this process's CUDA context (context and other processes: %s; "
+                "reserved before a context: %s)\n",
+                train::human_bytes(static_cast<double>(m.free_bytes)).c_str(),
+                train::human_bytes(static_cast<double>(m.total_bytes)).c_str(),
+                train::human_bytes(static_cast<double>(m.total_bytes - m.free_bytes)).c_str(),
+                train::human_bytes(static_cast<double>(kernels::kCudaContextReserveBytes)).c_str());
+  }
 #else
   std::printf("CUDA         not compiled in\n");
 #endif

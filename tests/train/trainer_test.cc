@@ -8,6 +8,8 @@
 #include "zerone/io/llmc_checkpoint.h"
 #include "zerone/io/token_shards.h"
 #include "zerone/train/markov_source.h"
+#include "zerone/train/plan.h"
+#include "zerone/zero/estimate.h"
 #include "zerone/train/trainer.h"
 
 namespace zerone::train {
@@ -179,6 +181,93 @@ TEST_P(TrainerFp16On, OverflowSkipsStepsLowersTheScaleThenLearns) {
   EXPECT_LT(lines.back()["loss_scale"].get<double>(), std::ldexp(1.0, 30));
   ASSERT_TRUE(r.final_val_loss.has_value());
   EXPECT_LT(*r.final_val_loss, 5.0f) << "learns once the scale fits";
+}
+
+// Note [Attention's saved state]: the one rule, for backends and shape models alike.
+TEST(DeviceMemory, AttentionSavedIsAFunctionOfDeviceAndOptions) {
+  using kernels::AttentionSaved;
+  using kernels::CudaAttention;
+  using kernels::DeviceKind;
+  const kernels::DeviceOptions flash{.cuda_attention = CudaAttention::flash}, plain{.cuda_attention = CudaAttention::plain};
+  EXPECT_EQ(kernels::attention_saved(DeviceKind::cuda, flash), AttentionSaved::logsumexp);
+  EXPECT_EQ(kernels::attention_saved(DeviceKind::cuda, plain), AttentionSaved::probabilities);
+  for (DeviceKind d : {DeviceKind::cpu, DeviceKind::sim})
+    for (const auto& o : {flash, plain}) EXPECT_EQ(kernels::attention_saved(d, o), AttentionSaved::probabilities);
+  for (DeviceKind d : {DeviceKind::cpu, DeviceKind::sim})
+    EXPECT_EQ(kernels::backend(d).attention_saved(), kernels::attention_saved(d, kernels::backend(d).device_options()));
+}
+
+// The estimate for a cuda run counts flash attention's (B, NH, T) logsumexp where plain (and cpu)
+// count (B, NH, T, T) probabilities: L * B * NH * T * (T - 1) floats fewer, per checkpointing slot.
+TEST(DeviceMemory, EstimateCountsTheRunDevicesAttention) {
+  const int B = 3, T = 24, NH = 4, L = 3;
+  for (const char* spec : {"gpt2:layers=3,dim=32,heads=4,vocab=257,ctx=32",
+                           "llama:layers=3,dim=32,heads=4,kv_heads=2,ffn=64,vocab=257,ctx=32"})
+    for (bool ckpt : {false, true}) {
+      TrainConfig cfg;
+      cfg.model = spec;
+      cfg.device = "cuda";
+      auto activations = [&](const char* attention) {
+        cfg.cuda_attention = attention;
+        auto shape = nn::make_model(spec, DType::f32, 64, /*allocate=*/false);
+        shape->set_activation_checkpointing(ckpt);
+        count_for_run_device(*shape, cfg);
+        const zero::ZeroConfig z = zero_config(cfg, DType::f32, shape->unit_numels(), 1);
+        return zero::estimate(*shape, 1, DType::f32, B, T, z, optimizer_options(cfg), 0)[0].activations;
+      };
+      const int64_t slots = ckpt ? 1 : L;
+      const auto cpu = nn::make_model(spec, DType::f32, 64, false);  // this process's device: cpu
+      cpu->set_activation_checkpointing(ckpt);
+      EXPECT_EQ(activations("plain"), static_cast<int64_t>(cpu->activation_bytes(B, T))) << spec;
+      EXPECT_EQ(activations("plain") - activations("flash"), slots * B * NH * T * (T - 1) * 4) << spec;
+    }
+}
+
+// Note [Device budget]: cpu and sim are capped by --device-mem-limit alone; cuda by the GPU's usable
+// memory too (Note [Device memory the ledger cannot see]).
+TEST(DeviceMemory, DeviceBudget) {
+  using kernels::DeviceKind;
+  constexpr int64_t GiB = int64_t{1} << 30;
+  const kernels::DeviceMemory gpu{80 * GiB, 79 * GiB};
+  EXPECT_EQ(device_budget(DeviceKind::cpu, 0, std::nullopt).bytes, 0);
+  EXPECT_EQ(device_budget(DeviceKind::sim, 2, gpu).bytes, 2 * GiB) << "sim's device is host memory";
+  const DeviceBudget measured = device_budget(DeviceKind::cuda, 0, gpu);
+  EXPECT_EQ(measured.bytes, 79 * GiB - kernels::kCudaGemmWorkspaceBytes);
+  EXPECT_NE(measured.source.find("the GPU's"), std::string::npos) << measured.source;
+  const DeviceBudget before = device_budget(DeviceKind::cuda, 0, kernels::DeviceMemory::before_context(80 * GiB));
+  EXPECT_EQ(before.bytes, 80 * GiB - kernels::kCudaContextReserveBytes - kernels::kCudaGemmWorkspaceBytes);
+  EXPECT_NE(before.source.find("CUDA context"), std::string::npos) << before.source;
+  EXPECT_EQ(device_budget(DeviceKind::cuda, 2, gpu).bytes, 2 * GiB) << "the smaller: the limit";
+  EXPECT_EQ(device_budget(DeviceKind::cuda, 100, gpu).bytes, measured.bytes) << "the smaller: the GPU";
+  EXPECT_EQ(device_budget(DeviceKind::cuda, 2, std::nullopt).bytes, 2 * GiB) << "no GPU here: the limit alone";
+  EXPECT_EQ(device_budget(DeviceKind::cuda, 0, std::nullopt).bytes, 0);
+  EXPECT_EQ(device_budget(DeviceKind::cuda, 0, kernels::DeviceMemory{GiB, 0}).bytes, 1) << "a full GPU still caps";
+}
+
+// The start-up check's cuda branch, with the GPU's memory given as data: a model that cannot fit
+// the GPU is refused naming the bytes needed and the GPU's; one that fits passes (its host bytes
+// alone are checked against the host).
+TEST(DeviceMemory, StartupCheckReadsTheGpu) {
+  TrainConfig cfg;
+  cfg.model = "gpt2:layers=2,dim=64,heads=4,vocab=257,ctx=64";
+  cfg.device = "cuda";
+  cfg.micro_batch = 4;
+  cfg.seq = 64;
+  cfg.precision = "fp32";
+  auto shape = nn::make_model(cfg.model, DType::f32, 64, /*allocate=*/false);
+  count_for_run_device(*shape, cfg);
+  const zero::ZeroConfig z = zero_config(cfg, DType::f32, shape->unit_numels(), 1);
+  const int64_t need =
+      zero::estimate(*shape, 1, DType::f32, cfg.micro_batch, cfg.seq, z, optimizer_options(cfg), 0)[0].device();
+  const int64_t usable_free = need + kernels::kCudaGemmWorkspaceBytes;  // exactly enough
+  const kernels::DeviceKind cuda = kernels::DeviceKind::cuda;
+  EXPECT_NO_THROW(check_memory_fits(*shape, DType::f32, cfg, z, 1, cuda, kernels::DeviceMemory{int64_t{1} << 34, usable_free}));
+  expect_error([&] { check_memory_fits(*shape, DType::f32, cfg, z, 1, cuda, kernels::DeviceMemory{int64_t{1} << 34, usable_free - 1}); },
+               "of cuda device memory per rank, over the GPU's");
+  // The limit still names itself when it is the smaller cap.
+  cfg.device_mem_limit = 0.0001;
+  expect_error([&] { check_memory_fits(*shape, DType::f32, cfg, z, 1, cuda, kernels::DeviceMemory{int64_t{1} << 34, usable_free}); },
+               "over --device-mem-limit 0.0001 GiB");
 }
 
 }  // namespace

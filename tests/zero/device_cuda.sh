@@ -4,7 +4,9 @@
 # for 10 steps on --device cuda reproduce the cpu run: in f32 every step's loss and gradient norm
 # within 1e-5 relative, in bf16 within 2e-2 (the GPU sums in other orders; Note [CUDA against the
 # cpu backend], tests/kernels/backend_ops_test.cc). Then a checkpoint written on the GPU resumes on
-# the cpu and gives the cpu's own continuation.
+# the cpu and gives the cpu's own continuation; `zerone estimate --device cuda` equals the ledger
+# (flash and plain attention); a run too large for the GPU is refused at start-up; `zerone sample
+# --device cuda` decodes the cpu's text.
 # Exit 77 (ctest: SKIPPED, never passed) when the build has no CUDA backend or the machine no GPU.
 # World 1 without mpiexec; several ranks sharing the GPU: tests/zero/device_cuda_ranks.sh.
 # NOT YET RUN ON A GPU (docs/GPU.md).
@@ -83,6 +85,51 @@ for y in b:
     assert rel <= 1e-5, f"resume {sys.argv[3]} step {y['step']}: loss {y['loss']} straight cpu run {x['loss']}"
 print(f"ok resume saved on {sys.argv[3]}: {len(b)} steps agree with the straight cpu run")
 PY
+done
+# estimate == ledger on the GPU (Note [Attention's saved state], Note [Device memory the ledger
+# cannot see]): for flash and plain attention, the ledger's device bytes per category after one
+# step equal `zerone estimate --device cuda --cuda-attention X`'s, to the byte.
+for att in flash plain; do
+  "$Z" "${gpt[@]}" --precision fp32 --steps 1 --device cuda --cuda-attention $att --metrics "$d/ledger_$att.jsonl"     > "$d/ledger_$att.log" 2>&1 || { echo "FAIL ledger run ($att)"; tail -20 "$d/ledger_$att.log"; failed+=("ledger_$att"); continue; }
+  "$Z" estimate --model gpt2:layers=2,dim=64,heads=4,vocab=257,ctx=32 --world 1 --zero-stage 0 --micro-batch 4 --seq 32     --precision fp32 --device cuda --cuda-attention $att --json > "$d/estimate_$att.json" ||
+    { echo "FAIL estimate --device cuda ($att)"; failed+=("ledger_$att"); continue; }
+  python3 - "$d/ledger_$att.jsonl" "$d/estimate_$att.json" "$att" <<'PY' || failed+=("ledger_$att")
+import json, sys
+mem = [json.loads(l) for l in open(sys.argv[1])][-1]["mem"]
+est = json.load(open(sys.argv[2]))["stages"][0]
+got = {k: mem.get(f"device.{k}", 0) for k in ("param", "grad", "master", "optim", "activation")}
+want = {k: est[k] for k in ("param", "grad", "master", "optim")}
+want["activation"] = est["activation_places"]["device"]
+assert got == want, f"{sys.argv[3]}: ledger {got} != estimate {want}"
+print(f"ok estimate == ledger on cuda ({sys.argv[3]} attention): {got}")
+PY
+done
+
+# A run that cannot fit the GPU is refused at start-up with one line naming the bytes needed and
+# the GPU's (Note [Refuse what cannot fit], train/trainer.cc): GPT-2 124M at micro-batch 512 x 1024.
+if "$Z" train --model gpt2-124m --micro-batch 512 --seq 1024 --steps 1 --device cuda > "$d/big.out" 2> "$d/big.err"; then
+  echo "FAIL a 124M model at micro-batch 512 x 1024 was not refused"; failed+=("refuse_big")
+elif [ "$(wc -l < "$d/big.err")" -ne 1 ] || ! grep -q "^zerone: error: the run needs .* of cuda device memory per rank, over the GPU's" "$d/big.err"; then
+  echo "FAIL refusal: $(cat "$d/big.err")"; failed+=("refuse_big")
+else
+  echo "ok refused at start-up: $(cut -c1-200 "$d/big.err")"
+fi
+
+# zerone sample on the GPU decodes as the cpu does: greedy and seeded f32 decodes from a model
+# trained on the cpu give the same text (the sampling runs on the host from the logits copied
+# back; a near-tie of two logits could in principle flip, which the f32 tolerance above makes rare).
+"$Z" "${gpt[@]}" --precision fp32 --device cpu --save "$d/sample_model.bin" > "$d/sample_train.log" 2>&1 ||
+  { echo "FAIL training the sample model"; failed+=("sample"); }
+for how in "--temperature 0" "--seed 7 --top-k 20"; do
+  for dev in cpu cuda; do
+    "$Z" sample --init "$d/sample_model.bin" --prompt "ab" --tokens 40 --precision fp32 $how --device $dev       > "$d/sample.$dev.txt" 2> "$d/sample.$dev.err" || { echo "FAIL sample on $dev ($how)"; cat "$d/sample.$dev.err"; }
+  done
+  if cmp -s "$d/sample.cpu.txt" "$d/sample.cuda.txt" && [ -s "$d/sample.cpu.txt" ]; then
+    echo "ok sample --device cuda == cpu ($how): $(wc -c < "$d/sample.cpu.txt") bytes"
+  else
+    echo "FAIL sample --device cuda differs from cpu ($how)"; diff "$d/sample.cpu.txt" "$d/sample.cuda.txt" || true
+    failed+=("sample $how")
+  fi
 done
 [ ${#failed[@]} -eq 0 ] || { echo "FAILED: ${failed[*]}"; exit 1; }
 echo "all cuda step tests passed"

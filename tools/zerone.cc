@@ -117,6 +117,7 @@ int cmd_estimate(train::TrainConfig a, int world, bool json, bool stage_given, c
   for (const train::Setting& s : train::settings())
     if (s.commands & train::kEstimate) train::check_setting(s, a);
   train::check_memory_settings(a);
+  train::check_device_settings(a);
   DType dtype = train::resolve_precision(a.precision);
   std::unique_ptr<nn::Model> shape = nn::make_model(a.model, dtype, 64, /*allocate=*/false);
   shape->set_activation_checkpointing(a.activation_checkpointing);
@@ -239,6 +240,7 @@ int cmd_plan(train::TrainConfig a, int world, const train::PlanMachineOptions& m
   ZERONE_CHECK(world >= 1 && world <= 1048576, "--world ", world, " is out of range: expected an integer in 1..1048576");
   for (const train::Setting& s : train::settings())
     if (s.commands & train::kEstimate) train::check_setting(s, a);
+  train::check_device_settings(a);
   ZERONE_CHECK(!a.cpu_checkpointing || a.activation_checkpointing || !a.is_given("--activation-checkpointing"),
                "--cpu-checkpointing keeps the inputs that activation checkpointing saves: it needs --activation-checkpointing");
   ZERONE_CHECK(machine_options.host_mem_gib >= 0, "--host-mem ", machine_options.host_mem_gib, " must be at least 0");

@@ -96,6 +96,10 @@ same_text llama_seeded --init "$d/llama" --prompt "the " --tokens 30 --seed 5
 
 expect_error sample_device "--device 'tpu': expected cpu, sim or cuda" sample --init "$d/gpt.bin" --device tpu
 expect_error sample_attention "--cuda-attention 'x': expected flash or plain" sample --init "$d/gpt.bin" --cuda-attention x
+for cmd in "estimate --model $gpt --world 1" "sample --init $d/gpt.bin"; do
+  expect_error "${cmd%% *}_attention_on_sim" "--cuda-attention picks the attention kernels of --device cuda, but the device is sim" \
+    $cmd --device sim --cuda-attention plain
+done
 # Without a GPU (here): --device cuda is one clear error (tests/zero/device_cuda.sh covers the GPU).
 if ! "$Z" info | grep -q '^devices .*cuda'; then
   expect_error sample_cuda "--device cuda" sample --init "$d/gpt.bin" --device cuda --tokens 5

@@ -90,8 +90,11 @@ done
 # cannot see]): for flash and plain attention, the ledger's device bytes per category after one
 # step equal `zerone estimate --device cuda --cuda-attention X`'s, to the byte.
 for att in flash plain; do
-  "$Z" "${gpt[@]}" --precision fp32 --steps 1 --device cuda --cuda-attention $att --metrics "$d/ledger_$att.jsonl"     > "$d/ledger_$att.log" 2>&1 || { echo "FAIL ledger run ($att)"; tail -20 "$d/ledger_$att.log"; failed+=("ledger_$att"); continue; }
-  "$Z" estimate --model gpt2:layers=2,dim=64,heads=4,vocab=257,ctx=32 --world 1 --zero-stage 0 --micro-batch 4 --seq 32     --precision fp32 --device cuda --cuda-attention $att --json > "$d/estimate_$att.json" ||
+  "$Z" train --model gpt2:layers=2,dim=64,heads=4,vocab=257,ctx=32 --micro-batch 4 --seq 32 --steps 1 --threads 2 \
+    --precision fp32 --device cuda --cuda-attention $att --metrics "$d/ledger_$att.jsonl" > "$d/ledger_$att.log" 2>&1 ||
+    { echo "FAIL ledger run ($att)"; tail -20 "$d/ledger_$att.log"; failed+=("ledger_$att"); continue; }
+  "$Z" estimate --model gpt2:layers=2,dim=64,heads=4,vocab=257,ctx=32 --world 1 --zero-stage 0 --micro-batch 4 --seq 32 \
+    --precision fp32 --device cuda --cuda-attention $att --json > "$d/estimate_$att.json" ||
     { echo "FAIL estimate --device cuda ($att)"; failed+=("ledger_$att"); continue; }
   python3 - "$d/ledger_$att.jsonl" "$d/estimate_$att.json" "$att" <<'PY' || failed+=("ledger_$att")
 import json, sys
@@ -122,7 +125,8 @@ fi
   { echo "FAIL training the sample model"; failed+=("sample"); }
 for how in "--temperature 0" "--seed 7 --top-k 20"; do
   for dev in cpu cuda; do
-    "$Z" sample --init "$d/sample_model.bin" --prompt "ab" --tokens 40 --precision fp32 $how --device $dev       > "$d/sample.$dev.txt" 2> "$d/sample.$dev.err" || { echo "FAIL sample on $dev ($how)"; cat "$d/sample.$dev.err"; }
+    "$Z" sample --init "$d/sample_model.bin" --prompt "ab" --tokens 40 --precision fp32 $how --device $dev \
+      > "$d/sample.$dev.txt" 2> "$d/sample.$dev.err" || { echo "FAIL sample on $dev ($how)"; cat "$d/sample.$dev.err"; }
   done
   if cmp -s "$d/sample.cpu.txt" "$d/sample.cuda.txt" && [ -s "$d/sample.cpu.txt" ]; then
     echo "ok sample --device cuda == cpu ($how): $(wc -c < "$d/sample.cpu.txt") bytes"

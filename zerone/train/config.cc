@@ -780,9 +780,7 @@ void validate(const TrainConfig& c) {
   for (const char* flag : {"--checkpoint-every", "--keep-last", "--checkpoint-async", "--resume"})
     ZERONE_CHECK(!c.is_given(flag) || !c.checkpoint_dir.empty(), setting_name(c, flag),
                  " needs --checkpoint-dir (where checkpoints are written and found)");
-  if (!c.device.empty()) (void)kernels::parse_device_kind(c.device);  // throws naming --device
-  ZERONE_CHECK(!c.is_given("--cuda-attention") || c.device.empty() || c.device == "cuda", setting_name(c, "--cuda-attention"),
-               " picks the attention kernels of --device cuda, but the device is ", c.device);
+  check_device_settings(c);
   ZERONE_CHECK(c.offload_optimizer == "none" || c.zero_stage >= 1, "--offload-optimizer ", c.offload_optimizer,
                " needs --zero-stage 1, 2 or 3 (stage 0 keeps no optimizer shard to offload)");
   ZERONE_CHECK(c.offload_param == "none" || c.zero_stage == 3, "--offload-param ", c.offload_param,
@@ -792,6 +790,16 @@ void validate(const TrainConfig& c) {
                " nvme needs --nvme-path DIR (a directory on a local disk)");
   ZERONE_CHECK(nvme || c.nvme_path.empty(),
                "--nvme-path is given but nothing is offloaded to nvme (--offload-optimizer nvme or --offload-param nvme)");
+}
+
+void check_device_settings(const std::string& device, const std::string& cuda_attention_given_as) {
+  if (!device.empty()) (void)kernels::parse_device_kind(device);  // throws naming --device
+  ZERONE_CHECK(cuda_attention_given_as.empty() || device.empty() || device == "cuda", cuda_attention_given_as,
+               " picks the attention kernels of --device cuda, but the device is ", device);
+}
+
+void check_device_settings(const TrainConfig& c) {
+  check_device_settings(c.device, c.is_given("--cuda-attention") ? setting_name(c, "--cuda-attention") : "");
 }
 
 void check_memory_settings(const TrainConfig& c) {

@@ -179,6 +179,13 @@ void validate(const TrainConfig& cfg);
 // the flag (or config key) and what was expected.
 void check_memory_settings(const TrainConfig& cfg);
 
+// The device settings, shared by validate() (train), `zerone estimate`, `zerone plan` and `zerone
+// sample`: --device names a device (cpu, sim, cuda; empty: the default), and --cuda-attention,
+// when given (`cuda_attention_given_as`: how it was spelt, flag or config key; empty: not given),
+// applies to --device cuda or the default device. Throws Error naming the flag otherwise.
+void check_device_settings(const std::string& device, const std::string& cuda_attention_given_as);
+void check_device_settings(const TrainConfig& cfg);
+
 // Every setting that must agree across ranks, as (flag, value) pairs in a fixed order, for the
 // start-up consistency check. Output paths are included: only rank 0 writes them, so a flag given
 // to another rank alone would silently do nothing.

@@ -12,6 +12,7 @@
 #include "zerone/io/tokenizer.h"
 #include "zerone/io/weight_source.h"
 #include "zerone/kernels/backend.h"
+#include "zerone/train/config.h"
 #include "zerone/train/plan.h"
 #include "zerone/train/trainer.h"
 
@@ -34,9 +35,11 @@ void sample(const SampleOptions& o, const std::function<void(const std::string&)
       tokenizer_path.empty() ? io::make_byte_tokenizer() : io::load_tokenizer(tokenizer_path);
   // The device before the model (Note [Models and their device] in nn/model.h); an unknown or
   // absent device is refused here, as training refuses it.
+  check_device_settings(o.device, o.cuda_attention.empty() ? "" : "--cuda-attention");
   const kernels::DeviceKind device = kernels::device_or_default(o.device);
-  kernels::Backend& backend = kernels::use_device(
-      device, kernels::DeviceOptions{.cuda_attention = kernels::parse_cuda_attention(o.cuda_attention)});
+  kernels::DeviceOptions options;  // the defaults unless --cuda-attention is given
+  if (!o.cuda_attention.empty()) options.cuda_attention = kernels::parse_cuda_attention(o.cuda_attention);
+  kernels::Backend& backend = kernels::use_device(device, options);
   // Refuse a model that cannot fit before allocating it (as training does, Note [Refuse what cannot fit]).
   const DType dtype = resolve_precision(o.precision);
   std::unique_ptr<nn::Model> shape = nn::make_model(spec, dtype, 64, /*allocate=*/false);

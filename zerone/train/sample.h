@@ -20,7 +20,7 @@ struct SampleOptions {
   uint64_t seed = 1337;
   std::string precision;               // empty: as training would choose
   std::string device;                  // cpu | sim | cuda (--device); empty: as training would choose
-  std::string cuda_attention = "flash";  // the cuda backend's attention kernels (--cuda-attention)
+  std::string cuda_attention;          // flash | plain (--cuda-attention, for cuda); empty: flash
 };
 
 // Generates and streams decoded text to `emit` as it goes: the model and its forward on the

@@ -102,6 +102,7 @@ Backend& host_backend() {
 Backend& use_device(DeviceKind kind) {
   Backend& b = backend(kind);
   set_arena(MemPlace::device, &b.device_arena());
+  set_arena(MemPlace::host, b.host_arena());  // Note [Pinned host memory]; null: the default
   g_device = &b;
   return b;
 }

@@ -53,7 +53,7 @@ TEST(NcclBuild, VersionIsTheLinkedLibrarys) {
     EXPECT_EQ(nccl_version(), "");
     GTEST_SKIP() << "this build has no NCCL";
   }
-  EXPECT_EQ(nccl_version().rfind("NCCL 2.", 0), 0u) << nccl_version();
+  EXPECT_EQ(nccl_version().rfind("2.", 0), 0u) << nccl_version();
 }
 
 TEST(NcclCommunicatorCuda, EveryCollectiveOverDeviceBuffers) {

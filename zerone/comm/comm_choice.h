@@ -31,7 +31,7 @@ struct CommChoice {
   std::string notice;  // for the user when the choice falls back (empty otherwise)
 };
 
-// True when this build has NCCL (ZERONE_HAVE_NCCL); nccl_version() is then "NCCL 2.28.9" (the
+// True when this build has NCCL (ZERONE_HAVE_NCCL); nccl_version() is then "2.28.9" (the
 // library loaded, ncclGetVersion), else "".
 bool nccl_compiled_in();
 std::string nccl_version();

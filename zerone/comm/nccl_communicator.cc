@@ -45,9 +45,9 @@ struct NcclCommunicator::Handle {
 
 std::string nccl_library_version() {
   int v = 0;
-  if (ncclGetVersion(&v) != ncclSuccess) return "NCCL (version unknown)";
+  if (ncclGetVersion(&v) != ncclSuccess) return "(version unknown)";
   // Since NCCL 2.9 the code is major * 10000 + minor * 100 + patch (NCCL_VERSION in nccl.h).
-  return str_cat("NCCL ", v / 10000, ".", v / 100 % 100, ".", v % 100);
+  return str_cat(v / 10000, ".", v / 100 % 100, ".", v % 100);
 }
 
 NcclCommunicator::NcclCommunicator(Communicator& host, kernels::Backend& device)
@@ -78,7 +78,7 @@ NcclCommunicator::~NcclCommunicator() {
 }
 
 std::string NcclCommunicator::description() const {
-  return str_cat(nccl_library_version(), " (bootstrap: ", host_.description(), ")");
+  return str_cat("NCCL ", nccl_library_version(), " (bootstrap: ", host_.description(), ")");
 }
 
 template <typename F> Work NcclCommunicator::enqueue(F&& enqueue) {

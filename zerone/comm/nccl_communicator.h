@@ -34,7 +34,7 @@
 
 namespace zerone::comm {
 
-// "NCCL 2.28.9": the version of the library loaded (ncclGetVersion).
+// "2.28.9": the version of the NCCL library loaded (ncclGetVersion).
 std::string nccl_library_version();
 
 class NcclCommunicator final : public Communicator {

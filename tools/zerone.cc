@@ -11,6 +11,7 @@
 #include <system_error>
 #include <iostream>
 
+#include "zerone/comm/comm_choice.h"
 #include "zerone/comm/communicator.h"
 #include "zerone/core/error.h"
 #include "zerone/core/sysinfo.h"
@@ -98,7 +99,10 @@ int cmd_info() {
 #else
   std::printf("CUDA         not compiled in\n");
 #endif
-  std::printf("NCCL         not compiled in (multi-GPU collectives go through MPI with host staging)\n");
+  if (comm::nccl_compiled_in())
+    std::printf("NCCL         %s (the collectives over GPU memory; --comm nccl)\n", comm::nccl_version().c_str());
+  else
+    std::printf("NCCL         not compiled in (multi-GPU collectives go through MPI with host staging)\n");
   std::string devices;
   for (kernels::DeviceKind d : kernels::available_devices())
     devices += str_cat(devices.empty() ? "" : ", ", kernels::device_kind_name(d));

@@ -36,6 +36,10 @@
 #include "zerone/kernels/cuda/cuda_backend.h"
 #endif
 
+#if ZERONE_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
 namespace zerone::kernels {
 namespace {
 
@@ -351,10 +355,11 @@ void engine_cases() {
            b.copy_any(d.f("any"), host3.data(), n * 4);                                        // host -> device
            b.copy_any(d.f("any"), d.f("any") + 1, 4);                                          // device -> device
            // Note [Streams and events]: the copies are done once an event recorded after them is.
-           const Event done = b.record(Stream::copy);
+           const Event done = b.record(Stream::device_to_host);
            b.wait(Stream::compute, done);
            done.wait();
-           b.synchronize(Stream::copy);
+           b.synchronize(Stream::device_to_host);
+           b.synchronize(Stream::host_to_device);
            return std::vector<double>{host2[0], host2[n - 1], double(done.ready())};
          },
          [=] {
@@ -1492,6 +1497,50 @@ TEST(CudaBackend, OfferedExactlyWhenAGpuIsPresent) {
     EXPECT_NE(std::string(e.what()).find("--device cuda"), std::string::npos) << e.what();
     GTEST_SKIP() << e.what();
   }
+}
+
+// Note [Pinned host memory]: the inline backends keep the default host arena and have no
+// library handles; the cuda one pins host Buffers (zero-filled, aligned as asked, reused zeroed)
+// and names its GPU.
+TEST(Backend, InlineBackendsHaveNoPinnedArenaNorNativeHandles) {
+  for (DeviceKind kind : {DeviceKind::cpu, DeviceKind::sim}) {
+    Backend& b = backend(kind);
+    EXPECT_EQ(b.host_arena(), nullptr) << device_kind_name(kind);
+    EXPECT_EQ(b.device_identity(), "") << device_kind_name(kind);
+    EXPECT_EQ(b.native_device(), -1) << device_kind_name(kind);
+    EXPECT_EQ(b.native_stream(Stream::comm), nullptr) << device_kind_name(kind);
+  }
+}
+
+TEST(CudaBackend, HostBuffersArePinnedZeroedAndAligned) {
+  bool offered = false;
+  for (DeviceKind kind : available_devices()) offered = offered || kind == DeviceKind::cuda;
+  if (!offered) GTEST_SKIP() << "no CUDA GPU (or no CUDA backend) on this machine";
+#if ZERONE_HAVE_CUDA
+  Backend& b = backend(DeviceKind::cuda);
+  ASSERT_NE(b.host_arena(), nullptr);
+  EXPECT_EQ(b.device_identity().size(), 32u) << b.device_identity();  // the UUID's 16 bytes in hex
+  EXPECT_GE(b.native_device(), 0);
+  EXPECT_NE(b.native_stream(Stream::host_to_device), b.native_stream(Stream::device_to_host));
+  const size_t n = 4099;
+  for (size_t alignment : {size_t{64}, size_t{4096}}) {
+    for (int round = 0; round < 2; ++round) {  // the second allocation of a size comes from the cache
+      Buffer h(n * sizeof(float), MemCategory::comm, MemPlace::host, alignment, *b.host_arena());
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(h.data()) % alignment, 0u);
+      unsigned flags = 0;
+      EXPECT_EQ(cudaHostGetFlags(&flags, h.data()), cudaSuccess) << "not page-locked";
+      EXPECT_EQ(b.place_of(h.data()), MemPlace::host);
+      for (size_t i = 0; i < n; ++i) ASSERT_EQ(h.as<float>()[i], 0.0f) << i;
+      // Through the GPU and back on the copy streams.
+      for (size_t i = 0; i < n; ++i) h.as<float>()[i] = static_cast<float>(i) + 0.5f;
+      Buffer d(n * sizeof(float), MemCategory::scratch, MemPlace::device, 256, b.device_arena());
+      b.copy_to_device(d.data(), h.data(), h.bytes());
+      std::vector<float> back(n);
+      b.copy_to_host(back.data(), d.data(), d.bytes());
+      for (size_t i = 0; i < n; ++i) ASSERT_EQ(back[i], static_cast<float>(i) + 0.5f) << i;
+    }
+  }
+#endif
 }
 
 }  // namespace

@@ -30,11 +30,15 @@ cnn=(train --model "seq:in=1x28x28,conv=8:k3:p1,relu,maxpool=2,conv=16:k3:p1,rel
 # Every case runs even after one failed (a GPU run is rare: it should say all it can); the script
 # fails at the end if any did.
 failed=()
-# close NAME TOLERANCE ARGS...: the run on cpu and on cuda, every step's numbers compared.
+# close NAME TOLERANCE ARGS...: the run on cpu and on cuda, every step's numbers compared; the
+# cuda run also gets the flags in cuda_only (e.g. --comm nccl).
+cuda_only=()
 close() {
   local name="$1" tol="$2"; shift 2
   for dev in cpu cuda; do
-    "$Z" "$@" --device "$dev" --metrics "$d/$name.$dev.jsonl" > "$d/$name.$dev.log" 2>&1 ||
+    local extra=()
+    [ "$dev" = cuda ] && extra=("${cuda_only[@]}")
+    "$Z" "$@" --device "$dev" "${extra[@]}" --metrics "$d/$name.$dev.jsonl" > "$d/$name.$dev.log" 2>&1 ||
       { echo "FAIL $name on $dev"; tail -20 "$d/$name.$dev.log"; failed+=("$name"); return 0; }
   done
   python3 - "$d/$name.cpu.jsonl" "$d/$name.cuda.jsonl" "$name" "$tol" <<'PY' || failed+=("$name")
@@ -62,6 +66,13 @@ close llama_gqa_fp32 1e-5 "${llama[@]}" --precision fp32
 close llama_gqa_bf16 2e-2 "${llama[@]}" --precision bf16
 close cnn_fp32 1e-5 "${cnn[@]}" --precision fp32
 close gpt2_fp32_ckpt 1e-5 "${gpt[@]}" --precision fp32 --activation-checkpointing
+# Issue 19: NCCL at world 1 (Note [NCCL collectives]) and the offload paths through pinned host
+# memory (Note [Pinned host memory]), against the cpu's run of the same stage.
+cuda_only=(--comm nccl)
+close gpt2_fp32_stage2_nccl 1e-5 "${gpt[@]}" --precision fp32 --zero-stage 2
+close gpt2_fp32_stage3_offload_nccl 1e-5 "${gpt[@]}" --precision fp32 --zero-stage 3 --offload-optimizer cpu --offload-param cpu
+cuda_only=()
+close gpt2_fp32_stage3_offload_mpi 1e-5 "${gpt[@]}" --precision fp32 --zero-stage 3 --offload-optimizer cpu --offload-param cpu
 
 # A checkpoint written on one device resumes on the other: the step-5 checkpoint of a 10-step f32
 # run, continued to step 10 on the other device, gives the straight cpu run's steps 6-10.

@@ -18,6 +18,16 @@ Work::Work(std::shared_future<void> done, std::function<void()> on_complete)
   state_->on_complete = std::move(on_complete);
 }
 
+Work::Work(kernels::Event done_on_device) : state_(std::make_shared<State>()) {
+  state_->on_device = true;
+  state_->event = std::move(done_on_device);
+}
+
+void Work::wait_on(kernels::Backend& backend, kernels::Stream stream) {
+  if (state_ && state_->on_device) return backend.wait(stream, state_->event);
+  wait();
+}
+
 Work Work::then(Work before, std::function<void()> on_complete) {
   Work work;
   work.state_ = std::make_shared<State>();
@@ -32,6 +42,8 @@ void Work::wait() {
     Work before;
     before.state_ = state_->before;
     before.wait();
+  } else if (state_->on_device) {
+    state_->event.wait();
   } else {
     state_->done.get();  // rethrows the collective's error
   }
@@ -45,6 +57,7 @@ bool Work::ready() const {
     before.state_ = state_->before;
     return before.ready();
   }
+  if (state_->on_device) return state_->event.ready();
   return state_->done.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
 }
 

@@ -53,11 +53,15 @@ struct Hosts {
 // whether it finished, wait() makes the host wait for it (rethrowing its error, if any),
 // wait_on(stream) orders a device stream's later work after it. An empty Work is complete.
 // A Work may carry a completion step (a staged collective's copy back to the device), run once by
-// the first wait on the waiting thread. Copies of a Work share that state.
+// the first wait on the waiting thread. Copies of a Work share that state. A collective enqueued
+// on a device stream (NCCL) is a Work over the Event recorded after it: wait_on then orders the
+// stream after that event without the host waiting.
 class Work {
  public:
   Work() = default;
   explicit Work(std::shared_future<void> done, std::function<void()> on_complete = nullptr);
+  // Complete when `done_on_device` is (a collective enqueued on a device stream).
+  explicit Work(kernels::Event done_on_device);
   // A Work that completes when `before` does and then runs `on_complete` (once, on the waiter).
   static Work then(Work before, std::function<void()> on_complete);
   void wait();
@@ -66,11 +70,13 @@ class Work {
   bool ready() const;
   // Work submitted to `stream` of `backend` after this call runs after the collective. Collectives
   // run by a host thread (MPI) make the host wait; a stream-native library records an event instead.
-  void wait_on(kernels::Backend& backend, kernels::Stream stream) { wait(); }
+  void wait_on(kernels::Backend& backend, kernels::Stream stream);
 
  private:
   struct State {
-    std::shared_future<void> done;  // or, when `before` is set, its completion
+    std::shared_future<void> done;  // or, when `before` is set, its completion, or when `on_device`, `event`
+    bool on_device = false;
+    kernels::Event event;
     std::shared_ptr<State> before;
     std::function<void()> on_complete;
     std::once_flag completed;

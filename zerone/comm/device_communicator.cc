@@ -14,25 +14,40 @@ std::shared_ptr<Buffer> staging(size_t bytes) {
 Work done() { return Work(); }
 }  // namespace
 
-DeviceCommunicator::DeviceCommunicator(Communicator& host, kernels::Backend& device) : host_(host), device_(device) {}
+DeviceCommunicator::DeviceCommunicator(Communicator& host, kernels::Backend& device, Communicator* native)
+    : host_(host), device_(device), native_(native) {}
 
-DeviceCommunicator::DeviceCommunicator(std::unique_ptr<Communicator> host, kernels::Backend& device)
-    : owned_(std::move(host)), host_(*owned_), device_(device) {}
+DeviceCommunicator::DeviceCommunicator(std::unique_ptr<Communicator> host, kernels::Backend& device,
+                                       std::unique_ptr<Communicator> native)
+    : owned_(std::move(host)), owned_native_(std::move(native)), host_(*owned_), device_(device),
+      native_(owned_native_.get()) {}
 
 std::string DeviceCommunicator::description() const {
+  if (native_) return native_->description();
   return staged() ? str_cat(host_.description(), ", staged through host memory") : host_.description();
 }
 
+// Split both, in the same order on every rank (each split is collective over its library).
 std::unique_ptr<Communicator> DeviceCommunicator::split(int color, int key) {
-  return std::make_unique<DeviceCommunicator>(host_.split(color, key), device_);
+  std::unique_ptr<Communicator> host = host_.split(color, key);
+  return std::make_unique<DeviceCommunicator>(std::move(host), device_, native_ ? native_->split(color, key) : nullptr);
 }
 
 std::unique_ptr<Communicator> DeviceCommunicator::split_by_host() {
-  return std::make_unique<DeviceCommunicator>(host_.split_by_host(), device_);
+  std::unique_ptr<Communicator> host = host_.split_by_host();
+  return std::make_unique<DeviceCommunicator>(std::move(host), device_, native_ ? native_->split_by_host() : nullptr);
+}
+
+bool DeviceCommunicator::on_native(std::initializer_list<const void*> operands) const {
+  if (native_ == nullptr) return false;
+  for (const void* p : operands)
+    if (device_.place_of(p) != MemPlace::device) return false;
+  return true;
 }
 
 template <typename T> Work DeviceCommunicator::all_reduce_staged(T* data, size_t n) {
-  if (!staged()) return device_.host_addressable() ? host_.all_reduce_sum_async(data, n) : done();
+  if (on_native({data})) return native_->all_reduce_sum_async(data, n);
+  if (!must_stage()) return device_.host_addressable() ? host_.all_reduce_sum_async(data, n) : done();
   auto host = staging(n * sizeof(T));
   device_.copy_any(host->data(), data, n * sizeof(T));
   Work work = host_.all_reduce_sum_async(host->as<T>(), n);
@@ -43,8 +58,9 @@ Work DeviceCommunicator::all_reduce_sum_async(float* data, size_t n) { return al
 Work DeviceCommunicator::all_reduce_sum_async(double* data, size_t n) { return all_reduce_staged(data, n); }
 
 Work DeviceCommunicator::reduce_scatter_sum_async(const float* in, float* out, size_t shard_n) {
-  if (!staged() && device_.host_addressable()) return host_.reduce_scatter_sum_async(in, out, shard_n);
-  if (!staged()) {  // alone: this rank's shard is the whole input
+  if (on_native({in, out})) return native_->reduce_scatter_sum_async(in, out, shard_n);
+  if (!must_stage() && device_.host_addressable()) return host_.reduce_scatter_sum_async(in, out, shard_n);
+  if (!must_stage()) {  // alone: this rank's shard is the whole input
     if (in != out) device_.copy_any(out, in, shard_n * sizeof(float));
     return done();
   }
@@ -52,8 +68,8 @@ Work DeviceCommunicator::reduce_scatter_sum_async(const float* in, float* out, s
   auto host = staging(world * bytes);
   device_.copy_any(host->data(), in, world * bytes);
   Work work = host_.reduce_scatter_sum_async(host->as<float>(), host->as<float>(), shard_n);
-  // In place the shard stays where the host communicator leaves it; otherwise it goes to `out`.
-  const size_t offset = in == out ? host_.in_place_shard_offset(shard_n) : 0;
+  // In place the shard goes where this communicator's convention says; otherwise to `out`.
+  const size_t offset = in == out ? in_place_shard_offset(shard_n) : 0;
   const size_t from = host_.in_place_shard_offset(shard_n);
   return Work::then(std::move(work), [this, host, out, offset, from, shard_n, bytes] {
     device_.copy_any(out + offset, host->as<float>() + from, bytes);
@@ -61,8 +77,9 @@ Work DeviceCommunicator::reduce_scatter_sum_async(const float* in, float* out, s
 }
 
 Work DeviceCommunicator::all_gather_strided_async(const void* in, void* out, size_t bytes, size_t stride_bytes) {
-  if (!staged() && device_.host_addressable()) return host_.all_gather_strided_async(in, out, bytes, stride_bytes);
-  if (!staged()) {  // alone: slot 0 is this rank's
+  if (on_native({in, out})) return native_->all_gather_strided_async(in, out, bytes, stride_bytes);
+  if (!must_stage() && device_.host_addressable()) return host_.all_gather_strided_async(in, out, bytes, stride_bytes);
+  if (!must_stage()) {  // alone: slot 0 is this rank's
     if (in != out) device_.copy_any(out, in, bytes);
     return done();
   }
@@ -80,8 +97,9 @@ Work DeviceCommunicator::all_gather_strided_async(const void* in, void* out, siz
 }
 
 Work DeviceCommunicator::all_to_all_async(const void* in, void* out, size_t bytes) {
-  if (!staged() && device_.host_addressable()) return host_.all_to_all_async(in, out, bytes);
-  if (!staged()) {  // alone: its own block
+  if (on_native({in, out})) return native_->all_to_all_async(in, out, bytes);
+  if (!must_stage() && device_.host_addressable()) return host_.all_to_all_async(in, out, bytes);
+  if (!must_stage()) {  // alone: its own block
     device_.copy_any(out, in, bytes);
     return done();
   }
@@ -93,7 +111,8 @@ Work DeviceCommunicator::all_to_all_async(const void* in, void* out, size_t byte
 }
 
 Work DeviceCommunicator::broadcast_async(void* data, size_t bytes, int root) {
-  if (!staged()) return device_.host_addressable() ? host_.broadcast_async(data, bytes, root) : done();
+  if (on_native({data})) return native_->broadcast_async(data, bytes, root);
+  if (!must_stage()) return device_.host_addressable() ? host_.broadcast_async(data, bytes, root) : done();
   auto host = staging(bytes);
   device_.copy_any(host->data(), data, bytes);
   Work work = host_.broadcast_async(host->data(), bytes, root);

@@ -321,12 +321,7 @@ MpiCommunicator::MpiCommunicator(std::shared_ptr<MpiWorker> worker, void* comm, 
     : rank_(rank), world_(world), library_(std::move(library)), comm_(comm), worker_(std::move(worker)),
       hosts_(std::move(hosts)) {}
 
-template <typename F> void MpiCommunicator::count(F to_peer) const {
-  Traffic& traffic = Traffic::global();
-  const int mine = hosts_.of_member[rank_];
-  for (int p = 0; p < world_; ++p)
-    if (p != rank_) traffic.add(hosts_.of_member[p] == mine, static_cast<uint64_t>(to_peer(p)));
-}
+template <typename F> void MpiCommunicator::count(F to_peer) const { count_traffic(hosts_, rank_, to_peer); }
 
 MpiCommunicator::~MpiCommunicator() {
   if (owns_mpi_) {

@@ -21,6 +21,8 @@
 #include <atomic>
 #include <cstdint>
 
+#include "zerone/comm/communicator.h"
+
 namespace zerone::comm {
 
 struct TrafficBytes {
@@ -40,5 +42,14 @@ class Traffic {
  private:
   std::atomic<uint64_t> intra_{0}, inter_{0};
 };
+
+// Note [Counting traffic]: counts one collective of this member (`rank` of `hosts`' members):
+// `to_peer(p)` bytes to each member p != rank, intra-host or inter-host by p's host.
+template <typename F> void count_traffic(const Hosts& hosts, int rank, F to_peer) {
+  Traffic& traffic = Traffic::global();
+  const int mine = hosts.of_member[static_cast<size_t>(rank)];
+  for (int p = 0; p < static_cast<int>(hosts.of_member.size()); ++p)
+    if (p != rank) traffic.add(hosts.of_member[static_cast<size_t>(p)] == mine, static_cast<uint64_t>(to_peer(p)));
+}
 
 }  // namespace zerone::comm

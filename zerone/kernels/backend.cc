@@ -144,6 +144,7 @@ Backend& use_device(DeviceKind kind, const DeviceOptions& options) {
     return backend_locked(kind, options);
   }();
   set_arena(MemPlace::device, &b.device_arena());
+  set_arena(MemPlace::host, b.host_arena());  // Note [Pinned host memory]; null: the default
   g_device = &b;
   return b;
 }

@@ -22,7 +22,8 @@
 //    kernels/cpu/cpu_backend.h): the simulated device aborts on a range that runs off its allocation.
 //  - Operations returning a host value (a loss, a sum of squares) finish the work they depend on.
 //
-// Note [Streams and events]: work on a device is ordered by streams (compute, comm, copy); an
+// Note [Streams and events]: work on a device is ordered by streams (compute, comm, and one copy
+// stream per direction: host_to_device, device_to_host); an
 // Event marks a point in one stream, another stream or the host can wait on it. The cpu and sim
 // backends run every operation inline on the calling thread, in call order, so their events are
 // complete when recorded. Reuse rule for pooled memory: a buffer goes back to a pool with the events
@@ -58,7 +59,7 @@ DeviceKind parse_device_kind(const std::string& name);
 // parse_device_kind(name).
 DeviceKind device_or_default(const std::string& name);
 
-enum class Stream : uint8_t { compute, comm, copy };
+enum class Stream : uint8_t { compute, comm, host_to_device, device_to_host };
 
 // A point in a stream's work (Note [Streams and events]); the type lives in core so that pooled
 // memory can keep its last uses (core/event.h). A default Event is complete.
@@ -160,6 +161,20 @@ class Backend {
   // The device's own memory now (cuda: cudaMemGetInfo on its GPU); nullopt when device memory is
   // host memory (cpu, sim). Note [Device memory the ledger cannot see].
   virtual std::optional<DeviceMemory> device_memory() const { return std::nullopt; }
+  // Note [Pinned host memory]: the arena MemPlace::host Buffers come from while this backend is
+  // the device (use_device), or null for the process default (aligned_alloc). The CUDA backend
+  // serves page-locked memory, so that every copy between the host and the GPU (offloaded state,
+  // staged collectives) is a DMA the copy engines run without a bounce through pageable memory.
+  // The ledger counts these Buffers as host bytes, as any other.
+  virtual MemoryArena* host_arena() { return nullptr; }
+  // What identifies this backend's physical device across processes (the GPU's UUID, hex), or ""
+  // for a device every process has its own of (cpu, sim). Two ranks with the same non-empty
+  // identity share one GPU (comm/comm_choice.h).
+  virtual std::string device_identity() const { return ""; }
+  // The library handles a stream-native communicator (NCCL, comm/nccl_communicator.h) enqueues
+  // on: the device ordinal and the `cudaStream_t` of `stream`; -1 and null on the inline backends.
+  virtual int native_device() const { return -1; }
+  virtual void* native_stream(Stream stream) const { return nullptr; }
 
   // --- streams and events (Note [Streams and events]) ---
   virtual Event record(Stream stream) { return Event(); }
@@ -289,10 +304,10 @@ Backend& backend(DeviceKind kind);
 // offloaded to the host (and the engine's host-side work) use it on any device.
 Backend& host_backend();
 
-// Makes `kind` the process's device: its arena serves MemPlace::device Buffers from now on, and
-// device_backend() returns it. Call at start-up before any device Buffer exists. The process-wide
-// backend of `kind` is made with `options` (backend(kind) makes it with the defaults); asking for
-// other options after it exists is an internal error.
+// Makes `kind` the process's device: its arena serves MemPlace::device Buffers from now on (and its
+// host_arena(), where it has one, the MemPlace::host ones), and device_backend() returns it. Call at
+// start-up before any device Buffer exists. The process-wide backend of `kind` is made with `options`
+// (backend(kind) makes it with the defaults); asking for other options after it exists is an internal error.
 Backend& use_device(DeviceKind kind, const DeviceOptions& options = {});
 // The device backend in use (cpu until use_device says otherwise).
 Backend& device_backend();

@@ -1,5 +1,6 @@
 #include "zerone/train/config.h"
 
+#include "zerone/comm/comm_choice.h"
 #include "zerone/kernels/backend.h"
 
 #include <cmath>
@@ -781,6 +782,10 @@ void validate(const TrainConfig& c) {
     ZERONE_CHECK(!c.is_given(flag) || !c.checkpoint_dir.empty(), setting_name(c, flag),
                  " needs --checkpoint-dir (where checkpoints are written and found)");
   check_device_settings(c);
+  // Note [Choosing NCCL] (comm/comm_choice.h): an explicit --comm nccl that cannot run fails here,
+  // before anything starts; whether ranks share a GPU is known only once they run (run_training).
+  if (c.comm == "nccl")
+    (void)comm::choose_comm_library(c.comm, kernels::device_or_default(c.device), comm::nccl_compiled_in(), 1, {});
   ZERONE_CHECK(c.offload_optimizer == "none" || c.zero_stage >= 1, "--offload-optimizer ", c.offload_optimizer,
                " needs --zero-stage 1, 2 or 3 (stage 0 keeps no optimizer shard to offload)");
   ZERONE_CHECK(c.offload_param == "none" || c.zero_stage == 3, "--offload-param ", c.offload_param,

@@ -101,6 +101,7 @@ struct TrainConfig {
   double device_mem_limit = 0.0;        // GiB per rank of the device arena; 0: no cap
   std::string device;                   // cpu | sim | cuda; empty: kernels::default_device()
   std::string cuda_attention = "flash";  // flash | plain: the cuda backend's attention kernels
+  std::string comm;                     // nccl | mpi; empty: comm::choose_comm_library's default
   std::string offload_optimizer = "none";  // none | cpu | nvme (stages 1-3)
   std::string offload_param = "none";      // none | cpu (stage 3)
   std::string nvme_path;                // parent of the run's swap directories

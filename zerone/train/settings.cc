@@ -196,6 +196,12 @@ std::vector<Setting> build_table() {
        .help = "seconds a rank waits for the others in a collective before the job ends, naming the ranks that did "
                "not arrive",
        .changes_results = false},
+      {.flag = "--comm", .key = "comm", .group = G::zero, .type = T::choice, .field = &C::comm,
+       .choices = {"nccl", "mpi"},
+       .help = "the library of the collectives over device memory: nccl (one GPU per rank, --device cuda) or mpi "
+               "(staged through pinned host memory where the device is a GPU)",
+       .default_text = "nccl on cuda with more than one rank, each on its own GPU, and NCCL built; else mpi",
+       .changes_results = false},
       // offload
       {.flag = "--offload-optimizer", .key = "offload_optimizer", .aliases = {"zero_optimization.offload_optimizer.device"},
        .group = G::offload, .type = T::choice, .field = &C::offload_optimizer, .choices = {"none", "cpu", "nvme"},

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <memory>
 
+#include "zerone/comm/comm_choice.h"
 #include "zerone/comm/traffic.h"
 #include "zerone/core/error.h"
 #include "zerone/io/aio.h"
@@ -1149,7 +1150,22 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm, const io::Fa
     progress.message(str_cat("zerone: building ", model.spec(), " (", model.num_parameters(), " parameters, ",
                              resume_from ? "from the checkpoint" : cfg.init.empty() ? "initialized from the seed" : "read from --init",
                              ") ..."));
-  zero::ZeroEngine engine(model, comm, zcfg, optimizer, materialize, nvme);
+  // Note [Choosing NCCL] (comm/comm_choice.h): the library of the collectives over device memory.
+  // On cuda every rank tells its GPU first (collective), so that ranks sharing one never reach NCCL.
+  std::unique_ptr<comm::Communicator> native_comm;  // outlives the engine
+  {
+    kernels::Backend& device = model.backend();
+    const bool on_gpu = device.kind() == kernels::DeviceKind::cuda;
+    const std::vector<std::string> gpus = on_gpu && world > 1 ? comm::gather_device_identities(comm, device)
+                                                              : std::vector<std::string>{};
+    const comm::CommChoice choice = comm::choose_comm_library(cfg.comm, device.kind(), comm::nccl_compiled_in(), world, gpus);
+    if (lead && !choice.notice.empty()) progress.message(str_cat("zerone: notice: ", choice.notice));
+    if (choice.library == comm::CommLibrary::nccl) {
+      native_comm = comm::make_nccl_communicator(comm, device);
+      if (lead) progress.message(str_cat("zerone: collectives over GPU memory: ", native_comm->description()));
+    }
+  }
+  zero::ZeroEngine engine(model, comm, zcfg, optimizer, materialize, nvme, native_comm.get());
   if (resume_from) resume_optimizer(*resume_from, engine);
 
   if (lead) print_run_header(progress, cfg, model, dtype, zcfg, optimizer, data, comm);

@@ -39,7 +39,7 @@ const ZeroConfig& ZeroEngine::checked(const ZeroConfig& config, int world) {
 
 ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroConfig& config,
                        const optim::OptimizerOptions& optimizer, const Materialize& materialize,
-                       const optim::NvmeConfig& nvme)
+                       const optim::NvmeConfig& nvme, comm::Communicator* native_comm)
     : model_(model),
       comm_(comm),
       config_(checked(config, comm.world_size())),  // 1. Check (before anything is sized from it).
@@ -47,7 +47,7 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
       rank_(comm.rank()),
       num_units_(model.num_units()),
       device_(model.backend()),
-      device_comm_(comm, model.backend()),
+      device_comm_(comm, model.backend(), native_comm),
       dsize_(dtype_size(model.compute_dtype())),
       pool_(static_cast<size_t>(
                 working_set_bytes(model.unit_numels(), world_, model.compute_dtype(), config_).device()),

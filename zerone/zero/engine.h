@@ -67,8 +67,12 @@ class ZeroEngine : public nn::UnitHooks {
   // Throws Error for offload a stage cannot do (optimizer offload at stage 0, parameter offload
   // below stage 3). config.offload_param nvme keeps them in the swap file "params.swp" (Note
   // [Parameter swap]).
+  // `native_comm` (null: none), a communicator that takes device buffers directly over the same
+  // ranks as `comm` (NCCL, comm/comm_choice.h), runs the collectives over device memory; it must
+  // outlive the engine. Without it they are staged through `comm` where the device needs it.
   ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroConfig& config, const optim::OptimizerOptions& optimizer,
-             const Materialize& materialize = nullptr, const optim::NvmeConfig& nvme = optim::NvmeConfig());
+             const Materialize& materialize = nullptr, const optim::NvmeConfig& nvme = optim::NvmeConfig(),
+             comm::Communicator* native_comm = nullptr);
   ~ZeroEngine() override;
   ZeroEngine(const ZeroEngine&) = delete;
   ZeroEngine& operator=(const ZeroEngine&) = delete;

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <set>
 #include <utility>
 #include <mutex>
 #include <vector>
@@ -106,6 +107,92 @@ class CudaArena final : public MemoryArena {
   std::map<void*, void*> over_aligned_;  // aligned address -> the allocation holding it
 };
 
+// Note [Pinned host memory] (kernels/backend.h): MemPlace::host Buffers under the CUDA backend are
+// page-locked (cudaHostAlloc, portable to every device of the process), zero-filled as the default
+// arena's. Pinning costs a system call and cudaFreeHost synchronizes the device, so freed blocks of
+// at most kCachedBlockBytes are kept for reuse by exact size, up to kCachedTotalBytes in all (the
+// staging buffers of collectives come and go every step; big one-time buffers are returned, so
+// that RSS follows the ledger, Note [Returning memory] in core/memory.cc). Where the driver cannot
+// pin more, the block is pageable memory instead (copies from it still work, only slower) and a
+// notice says so once.
+class PinnedHostArena final : public MemoryArena {
+ public:
+  void* allocate(size_t bytes, size_t alignment) override {
+    const size_t extra = alignment > kPinnedAlignment ? alignment : 0;
+    const size_t raw_bytes = (bytes == 0 ? 1 : bytes) + extra;
+    void* raw = take_cached(raw_bytes);
+    if (raw == nullptr) {
+      const cudaError_t e = cudaHostAlloc(&raw, raw_bytes, cudaHostAllocPortable);
+      if (e != cudaSuccess) {
+        (void)cudaGetLastError();  // not sticky: fall back to pageable memory
+        raw = std::aligned_alloc(kPinnedAlignment, (raw_bytes + kPinnedAlignment - 1) / kPinnedAlignment * kPinnedAlignment);
+        if (raw == nullptr) return nullptr;  // Buffer throws its out-of-memory Error
+        static std::once_flag told;
+        std::call_once(told, [&] {
+          std::fprintf(stderr, "zerone: notice: cudaHostAlloc of %zu bytes failed (%s); host buffers that cannot be "
+                       "pinned are pageable (slower copies to and from the GPU)\n", raw_bytes, cudaGetErrorString(e));
+        });
+        std::lock_guard<std::mutex> lock(mutex_);
+        pageable_.insert(raw);
+      }
+    }
+    std::memset(raw, 0, raw_bytes);
+    std::lock_guard<std::mutex> lock(mutex_);
+    sizes_[raw] = raw_bytes;
+    if (extra == 0) return raw;
+    void* aligned = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(raw) + alignment - 1) / alignment * alignment);
+    over_aligned_.emplace(aligned, raw);
+    return aligned;
+  }
+
+  void deallocate(void* data, size_t, size_t) noexcept override {
+    if (data == nullptr || g_exiting.load()) return;  // Note [CUDA at exit]
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (auto it = over_aligned_.find(data); it != over_aligned_.end()) data = it->second, over_aligned_.erase(it);
+    auto size = sizes_.find(data);
+    if (size == sizes_.end()) {
+      std::fprintf(stderr, "zerone: internal error: a pinned host block not from this arena\n");
+      std::abort();
+    }
+    const size_t raw_bytes = size->second;
+    sizes_.erase(size);
+    if (pageable_.erase(data) > 0) {
+      std::free(data);
+      return;
+    }
+    if (raw_bytes <= kCachedBlockBytes && cached_bytes_ + raw_bytes <= kCachedTotalBytes) {
+      cache_.emplace(raw_bytes, data);
+      cached_bytes_ += raw_bytes;
+      return;
+    }
+    lock.unlock();
+    const cudaError_t e = cudaFreeHost(data);
+    if (e != cudaSuccess && !exiting(e)) {
+      std::fprintf(stderr, "zerone: internal error: cudaFreeHost: %s\n", cudaGetErrorString(e));
+      std::abort();
+    }
+  }
+
+ private:
+  static constexpr size_t kPinnedAlignment = 256;  // what cudaHostAlloc guarantees at least (it gives pages)
+  static constexpr size_t kCachedBlockBytes = size_t{256} << 20, kCachedTotalBytes = size_t{1} << 30;
+  void* take_cached(size_t raw_bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = cache_.find(raw_bytes);
+    if (it == cache_.end()) return nullptr;
+    void* raw = it->second;
+    cache_.erase(it);
+    cached_bytes_ -= raw_bytes;
+    return raw;
+  }
+  std::mutex mutex_;
+  std::map<void*, size_t> sizes_;          // allocation -> its bytes
+  std::map<void*, void*> over_aligned_;    // aligned address -> the allocation holding it
+  std::set<void*> pageable_;               // allocations that could not be pinned
+  std::multimap<size_t, void*> cache_;     // freed pinned blocks by bytes
+  size_t cached_bytes_ = 0;
+};
+
 // ---------------------------------------------------------------- events
 
 class CudaEvent final : public Event::Impl {
@@ -166,6 +253,11 @@ class CudaBackend final : public kernels::Backend {
     ZERONE_CUBLAS_CHECK(cublasLtCreate(&lt_));
     cudaDeviceProp prop;
     ZERONE_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+    static const char* kHex = "0123456789abcdef";
+    for (char byte : prop.uuid.bytes) {
+      uuid_ += kHex[static_cast<unsigned char>(byte) >> 4];
+      uuid_ += kHex[static_cast<unsigned char>(byte) & 15];
+    }
     description_ = str_cat("cuda:", device_, " ", prop.name, " (sm_", prop.major, prop.minor, ", ",
                            prop.multiProcessorCount, " SMs, ", version_string(), ", cuBLASLt ", cublasLtGetVersion(),
                            ", ", kernels::cuda_attention_name(attention_), " attention)");
@@ -187,6 +279,10 @@ class CudaBackend final : public kernels::Backend {
     const MemoryInfo m = memory_info(device_);
     return kernels::DeviceMemory{m.total_bytes, m.free_bytes};
   }
+  MemoryArena* host_arena() override { return &pinned_; }
+  std::string device_identity() const override { return uuid_; }
+  int native_device() const override { return device_; }
+  void* native_stream(Stream stream) const override { return stream_of(stream); }
   MemPlace place_of(const void* p) const override {
     cudaPointerAttributes attr;
     if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
@@ -207,7 +303,7 @@ class CudaBackend final : public kernels::Backend {
   }
   void synchronize(Stream stream) override {
     ZERONE_CUDA_CHECK(cudaSetDevice(device_));
-    ZERONE_CUDA_CHECK(cudaStreamSynchronize(compute()));  // copies run there too (Note [CUDA backend design])
+    ZERONE_CUDA_CHECK(cudaStreamSynchronize(compute()));  // other streams' work may wait for compute's
     if (stream != Stream::compute) ZERONE_CUDA_CHECK(cudaStreamSynchronize(stream_of(stream)));
   }
 
@@ -222,8 +318,17 @@ class CudaBackend final : public kernels::Backend {
     const cudaMemcpyKind kind = dst_place == MemPlace::device
                                     ? (src_place == MemPlace::device ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
                                     : cudaMemcpyDeviceToHost;
-    ZERONE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, compute()));
-    if (kind != cudaMemcpyDeviceToDevice) ZERONE_CUDA_CHECK(cudaStreamSynchronize(compute()));
+    if (kind == cudaMemcpyDeviceToDevice) {
+      ZERONE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, compute()));
+      return;
+    }
+    // Note [CUDA backend design]: a copy with a host side runs on its direction's copy stream
+    // after the compute work submitted so far (which may write its source or still read its
+    // destination), and returns when it is done, so later work of any stream sees it.
+    const cudaStream_t s = stream_of(kind == cudaMemcpyHostToDevice ? Stream::host_to_device : Stream::device_to_host);
+    join(s, compute());
+    ZERONE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, s));
+    ZERONE_CUDA_CHECK(cudaStreamSynchronize(s));
   }
   void fill_zero(void* dst, size_t bytes) override {
     if (bytes > 0) ZERONE_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, compute()));
@@ -529,7 +634,9 @@ class CudaBackend final : public kernels::Backend {
 
   const int device_;
   const kernels::CudaAttention attention_;
-  cudaStream_t streams_[3] = {};  // compute, comm, copy (the order of kernels::Stream)
+  cudaStream_t streams_[4] = {};  // compute, comm, host_to_device, device_to_host (kernels::Stream's order)
+  std::string uuid_;               // device_identity()
+  PinnedHostArena pinned_;
   std::unique_ptr<CudaArena> arena_;
   cublasLtHandle_t lt_ = nullptr;
   std::string description_;

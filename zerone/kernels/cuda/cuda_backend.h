@@ -10,11 +10,16 @@
 //    see (the CUDA context) and what the estimate does not count (cuBLASLt's workspace) are
 //    reserved by the fit checks (Note [Device memory the ledger cannot see], kernels/backend.h);
 //    device_memory() reads the GPU's free and total memory (cudaMemGetInfo).
-//  - Streams: compute, comm and copy are CUDA streams. Today every operation and every copy runs
-//    on the compute stream, so the order of the calls is the order of the work; record(s) on
-//    another stream first makes s wait for compute, so an event of any stream covers the work
-//    submitted before it. Copies with a host side return when they are done (the caller may read
-//    or reuse the host memory at once); device-to-device copies are asynchronous.
+//  - Streams: compute, comm, host_to_device and device_to_host are CUDA streams. Every operation
+//    and every device-to-device copy runs on the compute stream, so the order of the calls is the
+//    order of the work. A copy with a host side runs on its direction's copy stream, after the
+//    compute work submitted before it (an event), and returns when it is done (the caller may read
+//    or reuse the host memory at once, and later work of any stream comes after it). NCCL's
+//    collectives run on the comm stream (comm/nccl_communicator.h). record(s) on a stream other
+//    than compute first makes s wait for compute, so an event of any stream covers the work
+//    submitted before it.
+//  - Host memory: MemPlace::host Buffers are pinned (Note [Pinned host memory], kernels/backend.h;
+//    PinnedHostArena in cuda_backend.cc), so the copies above are DMAs of the copy engines.
 //  - Attention: flash by default (Note [Flash attention on CUDA cores], attention.cu), saving
 //    the rows' logsumexp in `att`; the plain kernels (the probabilities in `att`, a (B, NH, T, T)
 //    scratch in backward) when made with CudaAttention::plain.

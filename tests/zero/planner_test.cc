@@ -249,8 +249,11 @@ TEST(Planner, TheCommunicatorChoiceDecidesWhatIsStaged) {
       EXPECT_EQ(mpi[s].host() - nccl[s].host(), mpi[s].staged_collectives - nccl[s].staged_collectives) << s;
       EXPECT_EQ(mpi[s].device(), nccl[s].device()) << s;
       EXPECT_EQ(mpi[s].model_state.placed.place_total(MemPlace::host), nccl[s].model_state.placed.place_total(MemPlace::host));
-      if (s <= 1 || std::string(offload) == "none") EXPECT_EQ(nccl[s].staged_collectives, kStagedScalarBytes) << s;
-      else EXPECT_GT(nccl[s].staged_collectives, kStagedScalarBytes) << s;
+      if (s <= 1 || std::string(offload) == "none") {
+        EXPECT_EQ(nccl[s].staged_collectives, kStagedScalarBytes) << s;
+      } else {
+        EXPECT_GT(nccl[s].staged_collectives, kStagedScalarBytes) << s;
+      }
     }
     EXPECT_GT(mpi[0].staged_collectives, kStagedScalarBytes);
   }

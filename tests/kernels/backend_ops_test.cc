@@ -1494,24 +1494,30 @@ TEST(CudaBackend, HostBuffersArePinnedZeroedAndAligned) {
 }
 
 // Note [Asynchronous copies]: on every backend a copy_async in both directions lands once its event
-// completed, and its Event may be waited for twice. Offered cuda runs it on the copy streams.
-TEST(Backend, AsynchronousCopiesLandOnceTheirEventCompleted) {
-  for (DeviceKind kind : available_devices()) {
-    Backend& b = backend(kind);
-    const size_t n = 5003;
-    std::vector<float> host(n), back(n, -1.0f);
-    for (size_t i = 0; i < n; ++i) host[i] = static_cast<float>(i) * 0.25f - 3.0f;
-    Buffer d(n * sizeof(float), MemCategory::scratch, MemPlace::device, 256, b.device_arena());
-    const MemPlace device_place = b.place_of(d.data());
-    Event up = b.copy_async(d.data(), device_place, host.data(), MemPlace::host, d.bytes());
-    b.wait(Stream::compute, up);  // the kernels after this read it
-    Event down = b.copy_async(back.data(), MemPlace::host, d.data(), device_place, d.bytes());
-    down.wait();
-    down.wait();
-    EXPECT_TRUE(down.ready());
-    for (size_t i = 0; i < n; ++i) ASSERT_EQ(back[i], host[i]) << device_kind_name(kind) << " " << i;
-  }
+// completed, and its Event may be waited for twice. One case per offered device (named by it, so
+// that the GPU run's '*cuda*' filter picks the cuda one: the copy streams and their events).
+class AsyncCopies : public ::testing::TestWithParam<DeviceKind> {};
+
+TEST_P(AsyncCopies, LandOnceTheirEventCompleted) {
+  Backend& b = backend(GetParam());
+  const size_t n = 5003;
+  std::vector<float> host(n), back(n, -1.0f);
+  for (size_t i = 0; i < n; ++i) host[i] = static_cast<float>(i) * 0.25f - 3.0f;
+  Buffer d(n * sizeof(float), MemCategory::scratch, MemPlace::device, 256, b.device_arena());
+  const MemPlace device_place = b.place_of(d.data());
+  Event up = b.copy_async(d.data(), device_place, host.data(), MemPlace::host, d.bytes());
+  b.wait(Stream::compute, up);  // the kernels after this read it
+  Event down = b.copy_async(back.data(), MemPlace::host, d.data(), device_place, d.bytes());
+  down.wait();
+  down.wait();
+  EXPECT_TRUE(down.ready());
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(back[i], host[i]) << i;
 }
+
+INSTANTIATE_TEST_SUITE_P(Devices, AsyncCopies, ::testing::ValuesIn(available_devices()),
+                         [](const ::testing::TestParamInfo<DeviceKind>& info) {
+                           return std::string(device_kind_name(info.param));
+                         });
 
 // Note [Deferred copies]: the simulated device runs a copy_async when its event is observed (or a
 // later copy of its direction runs), in order, the destination reading as NaN bytes until then.

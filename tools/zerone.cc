@@ -137,9 +137,9 @@ int cmd_estimate(train::TrainConfig a, int world, bool json, bool stage_given, c
   const zero::ZeroConfig base = train::zero_config(a, dtype, model.unit_numels(), world);
   const optim::OptimizerOptions optimizer = train::optimizer_options(a);
   const kernels::DeviceKind device = kernels::device_or_default(a.device);
-  const bool stages_collectives = zero::stages_collectives(device, world);
   auto rows = zero::estimate(model, world, dtype, a.micro_batch, seq, base, optimizer,
-                             stage_given ? std::optional<int>(a.zero_stage) : std::nullopt, stages_collectives);
+                             stage_given ? std::optional<int>(a.zero_stage) : std::nullopt,
+                             train::planned_collective_route(a, world));
   ZERONE_CHECK(machine.ranks_per_host >= 1 && machine.ranks_per_host <= world, "--ranks-per-host ",
                machine.ranks_per_host, " is out of range: expected 1..--world (", world, ")");
   ZERONE_CHECK(machine.host_mem_gib >= 0, "--host-mem ", machine.host_mem_gib, " must be at least 0");

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <climits>
+#include <cmath>
 #include <cstdio>
 #include <cstdint>
 #include <cstring>
@@ -16,6 +17,7 @@
 #include "zerone/comm/device_communicator.h"
 #include "zerone/core/error.h"
 #include "zerone/kernels/backend.h"
+#include "zerone/kernels/sim/sim_backend.h"
 
 namespace zerone::comm {
 namespace {
@@ -212,6 +214,37 @@ TEST_P(DeviceCollectives, ReduceScatterAllGatherAllReduceBroadcast) {
   dcomm.broadcast(d_value.data(), d_value.bytes(), 0);
   for (float x : to_host(d_value)) EXPECT_EQ(x, 2.5f);
   comm().barrier();
+}
+
+// Note [Asynchronous copies]: alone, a reduce-scatter into host memory (an offloaded gradient
+// accumulator) and a gather from it (an offloaded parameter shard) are copies on the copy streams;
+// their Work is the copy's end. The simulated device defers them (Note [Deferred copies]): the
+// result reads as NaN until the Work is waited for.
+TEST(DeviceCollectivesAlone, CopiesAcrossPlacesAreAsynchronous) {
+  if (comm().world_size() != 1) GTEST_SKIP() << "a lone rank's collectives";
+  auto& sim = dynamic_cast<kernels::sim::SimBackend&>(kernels::backend(kernels::DeviceKind::sim));
+  DeviceCommunicator dcomm(comm(), sim);
+  const size_t n = 77;
+  std::vector<float> in(n), out(n, 0.0f);
+  for (size_t i = 0; i < n; ++i) in[i] = static_cast<float>(i) + 0.5f;
+  Buffer d(n * sizeof(float), MemCategory::scratch, MemPlace::device, 64, sim.device_arena());
+  sim.copy_to_device(d.data(), in.data(), d.bytes());
+  const uint64_t before = sim.copies_deferred();
+  Work down = dcomm.reduce_scatter_sum_async(d.as<float>(), out.data(), n);  // device -> host
+  EXPECT_EQ(sim.copies_deferred(), before + 1);
+  EXPECT_TRUE(std::isnan(out[0]));
+  down.wait();
+  EXPECT_EQ(out, in);
+  Buffer d2(n * sizeof(float), MemCategory::scratch, MemPlace::device, 64, sim.device_arena());
+  Work up = dcomm.all_gather_strided_async(out.data(), d2.data(), d2.bytes(), d2.bytes());  // host -> device
+  EXPECT_EQ(sim.copies_deferred(), before + 2);
+  up.wait();
+  std::vector<float> back(n);
+  sim.copy_to_host(back.data(), d2.data(), d2.bytes());
+  EXPECT_EQ(back, in);
+  // Within the device: at once, nothing deferred.
+  dcomm.reduce_scatter_sum_async(d.as<float>(), d2.as<float>(), n).wait();
+  EXPECT_EQ(sim.copies_deferred(), before + 2);
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, DeviceCollectives,

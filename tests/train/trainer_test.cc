@@ -261,12 +261,12 @@ TEST(DeviceMemory, StartupCheckReadsTheGpu) {
       zero::estimate(*shape, 1, DType::f32, cfg.micro_batch, cfg.seq, z, optimizer_options(cfg), 0)[0].device();
   const int64_t usable_free = need + kernels::kCudaGemmWorkspaceBytes;  // exactly enough
   const kernels::DeviceKind cuda = kernels::DeviceKind::cuda;
-  EXPECT_NO_THROW(check_memory_fits(*shape, DType::f32, cfg, z, 1, cuda, kernels::DeviceMemory{int64_t{1} << 34, usable_free}));
-  expect_error([&] { check_memory_fits(*shape, DType::f32, cfg, z, 1, cuda, kernels::DeviceMemory{int64_t{1} << 34, usable_free - 1}); },
+  EXPECT_NO_THROW(check_memory_fits(*shape, DType::f32, cfg, z, 1, cuda, kernels::DeviceMemory{int64_t{1} << 34, usable_free}, zero::CollectiveRoute::direct));
+  expect_error([&] { check_memory_fits(*shape, DType::f32, cfg, z, 1, cuda, kernels::DeviceMemory{int64_t{1} << 34, usable_free - 1}, zero::CollectiveRoute::direct); },
                "of cuda device memory per rank, over the GPU's");
   // The limit still names itself when it is the smaller cap.
   cfg.device_mem_limit = 0.0001;
-  expect_error([&] { check_memory_fits(*shape, DType::f32, cfg, z, 1, cuda, kernels::DeviceMemory{int64_t{1} << 34, usable_free}); },
+  expect_error([&] { check_memory_fits(*shape, DType::f32, cfg, z, 1, cuda, kernels::DeviceMemory{int64_t{1} << 34, usable_free}, zero::CollectiveRoute::direct); },
                "over --device-mem-limit 0.0001 GiB");
 }
 

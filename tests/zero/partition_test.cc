@@ -241,6 +241,39 @@ TEST(Partition, StagedCollectivesFollowTheCollectivesInFlight) {
   config.stage = 3;
   w = working_set_bytes(units, 2, DType::bf16, config);
   EXPECT_EQ(staged_collective_bytes(units, 2, DType::bf16, config), w.param + w.grad + kStagedScalarBytes);
+  for (int stage = 0; stage <= 3; ++stage) {
+    config.stage = stage;
+    EXPECT_EQ(staged_collective_bytes(units, 2, DType::bf16, config, CollectiveRoute::direct), 0)
+        << "host-addressable device memory stages nothing";
+  }
+}
+
+TEST(Partition, UnderNcclOnlyCollectivesWithAHostOperandAreStaged) {
+  // Note [Staged collective bytes], route native: device-only collectives go to NCCL.
+  const std::vector<size_t> units = {4096, 8192, 1024};
+  ZeroConfig config;
+  config.persistence_threshold = 2000;
+  config.reduce_bucket_numel = 100;
+  config.prefetch_numel = 5000;
+  auto native = [&] { return staged_collective_bytes(units, 2, DType::bf16, config, CollectiveRoute::native); };
+  for (int stage = 0; stage <= 3; ++stage) {
+    config.stage = stage;
+    EXPECT_EQ(native(), kStagedScalarBytes) << "stage " << stage << " without offload: only the host scalars";
+    EXPECT_EQ(staged_collective_bytes(units, 1, DType::bf16, config, CollectiveRoute::native), 0) << "alone";
+  }
+  config.offload_optimizer = OffloadDevice::cpu;
+  config.stage = 1;  // reduced in place on the device; the optimizer copies its shard itself
+  EXPECT_EQ(native(), kStagedScalarBytes);
+  for (int stage : {2, 3}) {  // reduce-scatters into host accumulators
+    config.stage = stage;
+    EXPECT_EQ(native(), working_set_bytes(units, 2, DType::bf16, config).grad + kStagedScalarBytes) << stage;
+  }
+  config.offload_param = OffloadDevice::cpu;  // and stage 3's gathers from host shards
+  const WorkingSetBytes w = working_set_bytes(units, 2, DType::bf16, config);
+  EXPECT_EQ(native(), w.param + w.grad + kStagedScalarBytes);
+  EXPECT_EQ(native(), staged_collective_bytes(units, 2, DType::bf16, config, CollectiveRoute::staged));
+  config.offload_optimizer = OffloadDevice::none;
+  EXPECT_EQ(native(), w.param + kStagedScalarBytes);
 }
 
 class Engine : public ::testing::TestWithParam<kernels::DeviceKind> {

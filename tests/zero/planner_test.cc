@@ -3,6 +3,7 @@
 // alone), and a budget a few percent below its need is refused or gets another plan that fits it.
 #include <gtest/gtest.h>
 
+#include "zerone/comm/comm_choice.h"
 #include "zerone/core/error.h"
 #include "zerone/nn/model.h"
 #include "zerone/train/config.h"
@@ -43,7 +44,8 @@ PlanRequest request_for(nn::Model& model, int world, MemoryBudget budget) {
 StageEstimate estimate_of(nn::Model& model, const PlanRequest& r, const PlanChoice& c) {
   model.set_activation_checkpointing(c.activation_checkpointing);
   model.set_cpu_checkpointing(c.cpu_checkpointing);
-  StageEstimate e = estimate(model, r.world, r.dtype, c.micro_batch, r.seq, c.zero, r.optimizer, c.zero.stage)[0];
+  StageEstimate e =
+      estimate(model, r.world, r.dtype, c.micro_batch, r.seq, c.zero, r.optimizer, c.zero.stage, r.collectives)[0];
   model.set_activation_checkpointing(false);
   model.set_cpu_checkpointing(false);
   return e;
@@ -204,6 +206,73 @@ TEST(Planner, AutoSizesKeepOffloadCheaperThanNone) {
   const StageEstimate off = estimate(*model, 1, DType::bf16, 4, 1024, z, optim::AdamWOptions{}, 3)[0];
   const StageEstimate plain = estimate(*model, 1, DType::bf16, 4, 1024, none, optim::AdamWOptions{}, 0)[0];
   EXPECT_LT(off.total(), plain.total());
+}
+
+TEST(Planner, TheCommunicatorChoiceDecidesWhatIsStaged) {
+  // Note [Choosing NCCL] and Note [Staged collective bytes]: estimate, train's fit check and the
+  // planner take the route from the trainer's own choice of library.
+  train::TrainConfig cfg;
+  cfg.device = "cuda";
+  EXPECT_EQ(train::planned_collective_route(cfg, 1), CollectiveRoute::direct) << "alone";
+  EXPECT_EQ(train::planned_collective_route(cfg, 2),
+            comm::nccl_compiled_in() ? CollectiveRoute::native : CollectiveRoute::staged);
+  cfg.comm = "mpi";
+  EXPECT_EQ(train::planned_collective_route(cfg, 2), CollectiveRoute::staged);
+  cfg.device = "sim";
+  EXPECT_EQ(train::planned_collective_route(cfg, 2), CollectiveRoute::staged);
+  cfg.device = "cpu";
+  EXPECT_EQ(train::planned_collective_route(cfg, 2), CollectiveRoute::direct);
+  cfg.comm = "nccl";
+  EXPECT_THROW(train::planned_collective_route(cfg, 2), Error) << "--comm nccl on the cpu";
+  EXPECT_EQ(collective_route(kernels::DeviceKind::cuda, 2, comm::CommLibrary::nccl), CollectiveRoute::native);
+  EXPECT_EQ(collective_route(kernels::DeviceKind::cuda, 2, comm::CommLibrary::mpi), CollectiveRoute::staged);
+
+  // GPT-2 124M at world 2: under NCCL the estimate's host bytes lose exactly what MPI would stage
+  // beyond the collectives with a host operand; everything else is the same to the byte.
+  std::unique_ptr<nn::Model> model = nn::make_model("gpt2-124m", DType::bf16, 64, false);
+  const std::vector<size_t> numels = model->unit_numels();
+  for (const char* offload : {"none", "cpu"}) {
+    train::TrainConfig t;
+    t.offload_optimizer = offload;
+    t.zero_stage = 3;
+    t.offload_param = offload;
+    const ZeroConfig z = train::zero_config(t, DType::bf16, numels, 2);
+    const auto mpi = estimate(*model, 2, DType::bf16, 1, 64, z, optim::AdamWOptions{}, std::nullopt, CollectiveRoute::staged);
+    const auto nccl = estimate(*model, 2, DType::bf16, 1, 64, z, optim::AdamWOptions{}, std::nullopt, CollectiveRoute::native);
+    ASSERT_EQ(mpi.size(), 4u);
+    for (size_t s = 0; s < 4; ++s) {
+      ZeroConfig zs = z;
+      zs.stage = static_cast<int>(s);
+      if (s == 0) zs.offload_optimizer = OffloadDevice::none;
+      if (s != 3) zs.offload_param = OffloadDevice::none;
+      EXPECT_EQ(nccl[s].staged_collectives, staged_collective_bytes(numels, 2, DType::bf16, zs, CollectiveRoute::native));
+      EXPECT_EQ(mpi[s].host() - nccl[s].host(), mpi[s].staged_collectives - nccl[s].staged_collectives) << s;
+      EXPECT_EQ(mpi[s].device(), nccl[s].device()) << s;
+      EXPECT_EQ(mpi[s].model_state.placed.place_total(MemPlace::host), nccl[s].model_state.placed.place_total(MemPlace::host));
+      if (s <= 1 || std::string(offload) == "none") {
+        EXPECT_EQ(nccl[s].staged_collectives, kStagedScalarBytes) << s;
+      } else {
+        EXPECT_GT(nccl[s].staged_collectives, kStagedScalarBytes) << s;
+      }
+    }
+    EXPECT_GT(mpi[0].staged_collectives, kStagedScalarBytes);
+  }
+
+  // The planner counts the route in every candidate: its best plan's estimate is train's.
+  MemoryBudget budget;
+  budget.ranks_per_host = 2;
+  budget.host_bytes = 64 * kGiB;
+  budget.device_bytes = 80 * kGiB;
+  budget.unified = false;
+  for (CollectiveRoute route : {CollectiveRoute::staged, CollectiveRoute::native}) {
+    PlanRequest r = request_for(*model, 2, budget);
+    r.collectives = route;
+    const Plan plan = make_plan(r);
+    ASSERT_TRUE(plan.best.has_value());
+    const StageEstimate again = estimate_of(*model, r, plan.best->choice);
+    EXPECT_EQ(plan.best->estimate.staged_collectives, again.staged_collectives);
+    EXPECT_EQ(plan.best->estimate.host(), again.host());
+  }
 }
 
 }  // namespace

@@ -38,6 +38,20 @@ std::unique_ptr<Communicator> DeviceCommunicator::split_by_host() {
   return std::make_unique<DeviceCommunicator>(std::move(host), device_, native_ ? native_->split_by_host() : nullptr);
 }
 
+Work DeviceCommunicator::copy_alone(void* out, const void* in, size_t bytes) {
+  if (in == out) return done();
+  const MemPlace out_place = device_.place_of(out), in_place = device_.place_of(in);
+  if (out_place == in_place) {  // on the device: ordered on compute like the kernels around it
+    device_.copy(out, out_place, in, in_place, bytes);
+    return done();
+  }
+  // Note [Asynchronous copies] (kernels/backend.h): an offloaded operand (a gradient accumulator
+  // in host memory, a parameter shard gathered from it) moves on the copy stream, overlapping the
+  // compute after it; the Work is its end, which the engine waits for before it reads the result
+  // or touches either side.
+  return Work(device_.copy_async(out, out_place, in, in_place, bytes));
+}
+
 bool DeviceCommunicator::on_native(std::initializer_list<const void*> operands) const {
   if (native_ == nullptr) return false;
   for (const void* p : operands)
@@ -60,10 +74,7 @@ Work DeviceCommunicator::all_reduce_sum_async(double* data, size_t n) { return a
 Work DeviceCommunicator::reduce_scatter_sum_async(const float* in, float* out, size_t shard_n) {
   if (on_native({in, out})) return native_->reduce_scatter_sum_async(in, out, shard_n);
   if (!must_stage() && device_.host_addressable()) return host_.reduce_scatter_sum_async(in, out, shard_n);
-  if (!must_stage()) {  // alone: this rank's shard is the whole input
-    if (in != out) device_.copy_any(out, in, shard_n * sizeof(float));
-    return done();
-  }
+  if (!must_stage()) return copy_alone(out, in, shard_n * sizeof(float));  // alone: the shard is the whole input
   const size_t world = static_cast<size_t>(world_size()), bytes = shard_n * sizeof(float);
   auto host = staging(world * bytes);
   device_.copy_any(host->data(), in, world * bytes);
@@ -79,10 +90,7 @@ Work DeviceCommunicator::reduce_scatter_sum_async(const float* in, float* out, s
 Work DeviceCommunicator::all_gather_strided_async(const void* in, void* out, size_t bytes, size_t stride_bytes) {
   if (on_native({in, out})) return native_->all_gather_strided_async(in, out, bytes, stride_bytes);
   if (!must_stage() && device_.host_addressable()) return host_.all_gather_strided_async(in, out, bytes, stride_bytes);
-  if (!must_stage()) {  // alone: slot 0 is this rank's
-    if (in != out) device_.copy_any(out, in, bytes);
-    return done();
-  }
+  if (!must_stage()) return copy_alone(out, in, bytes);  // alone: slot 0 is this rank's
   const int world = world_size(), rank = this->rank();
   auto host = staging(static_cast<size_t>(world - 1) * stride_bytes + bytes);
   char* slots = host->as<char>();
@@ -99,10 +107,7 @@ Work DeviceCommunicator::all_gather_strided_async(const void* in, void* out, siz
 Work DeviceCommunicator::all_to_all_async(const void* in, void* out, size_t bytes) {
   if (on_native({in, out})) return native_->all_to_all_async(in, out, bytes);
   if (!must_stage() && device_.host_addressable()) return host_.all_to_all_async(in, out, bytes);
-  if (!must_stage()) {  // alone: its own block
-    device_.copy_any(out, in, bytes);
-    return done();
-  }
+  if (!must_stage()) return copy_alone(out, in, bytes);  // alone: its own block
   const size_t total = static_cast<size_t>(world_size()) * bytes;
   auto send = staging(total), recv = staging(total);
   device_.copy_any(send->data(), in, total);

@@ -8,7 +8,9 @@
 // runs on the staging buffer, and the Work's completion step copies the result back to the device
 // when it is first waited on. Staging buffers live until then. Either operand may also be host
 // memory (an offloaded shard): the copies take each side's place from the backend (Note [Places of
-// pointers] in kernels/backend.h). Reduce-scatter's result lands in
+// pointers] in kernels/backend.h). A lone rank's reduce-scatter, all-gather and all-to-all are a
+// copy, asynchronous where it crosses places (the Work is its end: do not read `out`, nor write or
+// free `in`, before waiting for it). Reduce-scatter's result lands in
 // `out` as given; in place (out == in) it lands at in_place_shard_offset(shard_n), the convention
 // of the library underneath (the native one where there is one), so callers need no case for it.
 //
@@ -65,6 +67,9 @@ class DeviceCommunicator final : public Communicator {
   // True when the native communicator takes this collective: there is one and every operand is
   // device memory.
   bool on_native(std::initializer_list<const void*> operands) const;
+  // A lone rank's collective: out = in (bytes). Across places asynchronously, the Work being the
+  // copy's end (Note [Asynchronous copies] in kernels/backend.h); within one place at once.
+  Work copy_alone(void* out, const void* in, size_t bytes);
   // True when a collective over non-native operands must go through host staging buffers.
   bool must_stage() const { return !device_.host_addressable() && host_.world_size() > 1; }
   std::unique_ptr<Communicator> owned_, owned_native_;

@@ -191,6 +191,22 @@ class Backend {
   void copy_on_device(void* dst, const void* src, size_t bytes) { copy(dst, MemPlace::device, src, MemPlace::device, bytes); }
   // The same with each side's place told by place_of (cudaMemcpyDefault's rule).
   void copy_any(void* dst, const void* src, size_t bytes) { copy(dst, place_of(dst), src, place_of(src), bytes); }
+  // Note [Asynchronous copies]: copy() that may return before the copy ran, with the Event of its
+  // end. It runs after the compute work submitted so far (on a GPU, a copy with a host side on its
+  // direction's copy stream, device-to-device on compute). Lifetime rule: until the event
+  // completed, the caller neither reads nor frees the destination, nor writes nor frees the source.
+  // The host may touch them after event.wait() (or a Work made of the event, comm/communicator.h);
+  // a stream may after wait(stream, event). The cpu backend copies at once (a complete Event); the
+  // simulated device defers the copy to the event's first observation and fills the destination
+  // with NaN bytes meanwhile (Note [Deferred copies] in kernels/sim/sim_backend.h), so that a use
+  // that breaks the rule changes the bits the tests compare.
+  virtual Event copy_async(void* dst, MemPlace dst_place, const void* src, MemPlace src_place, size_t bytes) {
+    copy(dst, dst_place, src, src_place, bytes);
+    return Event();
+  }
+  Event copy_any_async(void* dst, const void* src, size_t bytes) {
+    return copy_async(dst, place_of(dst), src, place_of(src), bytes);
+  }
   // dst (bytes) = 0.
   virtual void fill_zero(void* dst, size_t bytes) = 0;
   // dst (n) += src (n).

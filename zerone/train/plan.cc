@@ -10,6 +10,7 @@
 #include <limits>
 #include <memory>
 
+#include "zerone/comm/comm_choice.h"
 #include "zerone/core/error.h"
 #include "zerone/core/memory.h"
 #include "zerone/core/sysinfo.h"
@@ -115,6 +116,12 @@ void count_for_run_device(nn::Model& shape, const TrainConfig& cfg) {
   shape.set_attention_saved(kernels::attention_saved(kernels::device_or_default(cfg.device), device_options(cfg)));
 }
 
+zero::CollectiveRoute planned_collective_route(const TrainConfig& cfg, int world) {
+  const kernels::DeviceKind device = cfg.device.empty() ? kernels::default_device() : kernels::parse_device_kind(cfg.device);
+  const comm::CommChoice choice = comm::choose_comm_library(cfg.comm, device, comm::nccl_compiled_in(), world, {});
+  return zero::collective_route(device, world, choice.library);
+}
+
 PlanMachine plan_machine(const TrainConfig& cfg, int world, DType dtype, const PlanMachineOptions& o) {
   ZERONE_CHECK(world >= 1, "--world ", world, " must be at least 1");
   ZERONE_CHECK(o.ranks_per_host >= 0 && o.ranks_per_host <= world, "--ranks-per-host ", o.ranks_per_host,
@@ -194,6 +201,7 @@ zero::PlanRequest plan_request(const TrainConfig& cfg, nn::Model& shape, DType d
   }
   r.flops_per_token = model_flops_per_token(shape, r.seq).value_or(0.0);
   r.base = zero_config(cfg, dtype, shape.unit_numels(), world);
+  r.collectives = planned_collective_route(cfg, world);
   auto given = [&](const char* flag) { return cfg.is_given(flag); };
   if (given("--zero-stage")) r.stage = cfg.zero_stage;
   if (given("--offload-optimizer")) r.offload_optimizer = zero::parse_offload_device(cfg.offload_optimizer, "--offload-optimizer");
@@ -540,7 +548,8 @@ std::string fit_advice(const TrainConfig& cfg, const nn::Model& model, DType dty
       shape.set_activation_checkpointing(f.cfg.activation_checkpointing);
       shape.set_cpu_checkpointing(f.cfg.cpu_checkpointing);
       const zero::StageEstimate e =
-          zero::estimate(shape, world, dtype, f.cfg.micro_batch, cfg.seq, z, optimizer, f.cfg.zero_stage)[0];
+          zero::estimate(shape, world, dtype, f.cfg.micro_batch, cfg.seq, z, optimizer, f.cfg.zero_stage,
+                         planned_collective_route(f.cfg, world))[0];
       const zero::PlaceNeed n = zero::place_need(e, check);
       if (!zero::overflows(n, check).empty()) continue;
       works += str_cat(works.empty() ? "" : "; ", f.flags, " (", need_text(n, check), ")");

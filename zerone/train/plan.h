@@ -64,6 +64,12 @@ DeviceBudget device_budget(kernels::DeviceKind device, double device_mem_limit_g
 // which need not be the device installed here.
 void count_for_run_device(nn::Model& shape, const TrainConfig& cfg);
 
+// How a run of `cfg` at `world` ranks will move its collectives (Note [Staged collective bytes] in
+// zero/partition.h): the trainer's choice of library (comm::choose_comm_library, Note [Choosing
+// NCCL]) assuming each rank has a GPU of its own; ranks sharing one run MPI, as --comm mpi says.
+// Throws Error for a --comm nccl that cannot run on the run's device or in this build.
+zero::CollectiveRoute planned_collective_route(const TrainConfig& cfg, int world);
+
 // Budgets and speeds for a run of `cfg` at `world` ranks. Measures what `options` leaves open.
 PlanMachine plan_machine(const TrainConfig& cfg, int world, DType dtype, const PlanMachineOptions& options);
 

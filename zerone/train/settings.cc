@@ -201,7 +201,7 @@ std::vector<Setting> build_table() {
        .help = "the library of the collectives over device memory: nccl (one GPU per rank, --device cuda) or mpi "
                "(staged through pinned host memory where the device is a GPU)",
        .default_text = "nccl on cuda with more than one rank, each on its own GPU, and NCCL built; else mpi",
-       .changes_results = false},
+       .commands = kTrain | kEstimate, .changes_results = false},
       // offload
       {.flag = "--offload-optimizer", .key = "offload_optimizer", .aliases = {"zero_optimization.offload_optimizer.device"},
        .group = G::offload, .type = T::choice, .field = &C::offload_optimizer, .choices = {"none", "cpu", "nvme"},

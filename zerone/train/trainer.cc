@@ -273,10 +273,10 @@ void check_tokens_in_vocabulary(const io::TokenSource& tokens, int vocab_size, c
 // against the GPU's free memory less what the ledger cannot see (Note [Device memory the ledger
 // cannot see] in kernels/backend.h; train::device_budget), the host bytes against the host's.
 void check_memory_fits(const nn::Model& model, DType dtype, const TrainConfig& cfg, const zero::ZeroConfig& zcfg,
-                       int world, kernels::DeviceKind device, const std::optional<kernels::DeviceMemory>& device_memory) {
+                       int world, kernels::DeviceKind device, const std::optional<kernels::DeviceMemory>& device_memory,
+                       zero::CollectiveRoute route) {
   const optim::OptimizerOptions optimizer = optimizer_options(cfg);
-  auto rows = zero::estimate(model, world, dtype, cfg.micro_batch, cfg.seq, zcfg, optimizer, std::nullopt,
-                             zero::stages_collectives(device, world));
+  auto rows = zero::estimate(model, world, dtype, cfg.micro_batch, cfg.seq, zcfg, optimizer, std::nullopt, route);
   const zero::StageEstimate& mine = rows[cfg.zero_stage];
   auto h = [](double b) { return human_bytes(b); };
   auto hb = [&](int64_t b) { return h(static_cast<double>(b)); };
@@ -390,9 +390,9 @@ nlohmann::ordered_json run_info(const TrainConfig& cfg, const nn::Model& model, 
 
 // Rank 0's peak bytes per place and category, beside zerone estimate's figure for each place.
 void fill_memory_summary(RunSummary& summary, const nn::Model& model, DType dtype, const TrainConfig& cfg,
-                         const zero::ZeroConfig& zcfg, int world) {
+                         const zero::ZeroConfig& zcfg, int world, zero::CollectiveRoute route) {
   const auto rows = zero::estimate(model, world, dtype, cfg.micro_batch, cfg.seq, zcfg, optimizer_options(cfg),
-                                   cfg.zero_stage, zero::stages_collectives(model.backend().kind(), world));
+                                   cfg.zero_stage, route);
   const MemoryLedger& ledger = MemoryLedger::global();
   for (size_t p = 0; p < MemoryLedger::kPlaces; ++p) {
     const auto place = static_cast<MemPlace>(p);
@@ -830,7 +830,8 @@ struct StepLoop : StepLoopInputs {
   }
 
   // The end of the run, after --save: what was written, the summary and the final loss line.
-  TrainResult report(const std::optional<double>& entropy, DType dtype, const zero::ZeroConfig& zcfg) {
+  TrainResult report(const std::optional<double>& entropy, DType dtype, const zero::ZeroConfig& zcfg,
+                     zero::CollectiveRoute route) {
     if (int sig = interrupt_signal(); sig != 0) {
       result.interrupted_by = sig;
       if (lead) progress.message(str_cat("zerone: ", signal_name(sig), " arrived after the last step; everything was written"));
@@ -852,7 +853,7 @@ struct StepLoop : StepLoopInputs {
     if (start_step > cfg.steps) return result;
     if (lead) {
       summary.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_t0).count();
-      fill_memory_summary(summary, model, dtype, cfg, zcfg, world);
+      fill_memory_summary(summary, model, dtype, cfg, zcfg, world, route);
       if (!cfg.metrics.empty())
         summary.written.push_back(str_cat("metrics '", cfg.metrics, "' (", result.steps - start_step + 1 - metrics.missing_lines(), " lines)"));
       if (checkpointer && checkpointer->last_published_step() > 0)
@@ -1105,7 +1106,18 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm, const io::Fa
   const zero::ZeroConfig zcfg = zero_config(cfg, dtype, model.unit_numels(), world, env);
   zero::check_zeropp(zcfg, world);
   const optim::NvmeConfig nvme = nvme_config(cfg, rank, env);
-  check_memory_fits(model, dtype, cfg, zcfg, world, model.backend().kind(), model.backend().device_memory());
+  // Note [Choosing NCCL] (comm/comm_choice.h): the library of the collectives over device memory,
+  // before the fit check (which counts what it stages through host memory). On cuda every rank
+  // tells its GPU first (collective), so that ranks sharing one never reach NCCL.
+  const comm::CommChoice comm_choice = [&] {
+    kernels::Backend& device = model.backend();
+    const bool on_gpu = device.kind() == kernels::DeviceKind::cuda;
+    const std::vector<std::string> gpus = on_gpu && world > 1 ? comm::gather_device_identities(comm, device)
+                                                              : std::vector<std::string>{};
+    return comm::choose_comm_library(cfg.comm, device.kind(), comm::nccl_compiled_in(), world, gpus);
+  }();
+  const zero::CollectiveRoute route = zero::collective_route(model.backend().kind(), world, comm_choice.library);
+  check_memory_fits(model, dtype, cfg, zcfg, world, model.backend().kind(), model.backend().device_memory(), route);
   DeviceLimitGuard device_limit(static_cast<int64_t>(cfg.device_mem_limit * 1024.0 * 1024.0 * 1024.0));
 
   TrainData data = open_training_data(cfg, model, default_run, settings, comm);
@@ -1150,20 +1162,11 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm, const io::Fa
     progress.message(str_cat("zerone: building ", model.spec(), " (", model.num_parameters(), " parameters, ",
                              resume_from ? "from the checkpoint" : cfg.init.empty() ? "initialized from the seed" : "read from --init",
                              ") ..."));
-  // Note [Choosing NCCL] (comm/comm_choice.h): the library of the collectives over device memory.
-  // On cuda every rank tells its GPU first (collective), so that ranks sharing one never reach NCCL.
   std::unique_ptr<comm::Communicator> native_comm;  // outlives the engine
-  {
-    kernels::Backend& device = model.backend();
-    const bool on_gpu = device.kind() == kernels::DeviceKind::cuda;
-    const std::vector<std::string> gpus = on_gpu && world > 1 ? comm::gather_device_identities(comm, device)
-                                                              : std::vector<std::string>{};
-    const comm::CommChoice choice = comm::choose_comm_library(cfg.comm, device.kind(), comm::nccl_compiled_in(), world, gpus);
-    if (lead && !choice.notice.empty()) progress.message(str_cat("zerone: notice: ", choice.notice));
-    if (choice.library == comm::CommLibrary::nccl) {
-      native_comm = comm::make_nccl_communicator(comm, device);
-      if (lead) progress.message(str_cat("zerone: collectives over GPU memory: ", native_comm->description()));
-    }
+  if (lead && !comm_choice.notice.empty()) progress.message(str_cat("zerone: notice: ", comm_choice.notice));
+  if (comm_choice.library == comm::CommLibrary::nccl) {
+    native_comm = comm::make_nccl_communicator(comm, model.backend());
+    if (lead) progress.message(str_cat("zerone: collectives over GPU memory: ", native_comm->description()));
   }
   zero::ZeroEngine engine(model, comm, zcfg, optimizer, materialize, nvme, native_comm.get());
   if (resume_from) resume_optimizer(*resume_from, engine);
@@ -1243,7 +1246,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm, const io::Fa
                                saved.peak_param_bytes, " bytes of parameters; the whole model is ",
                                saved.model_param_bytes, " bytes)"));
   }
-  return loop.report(entropy, dtype, zcfg);
+  return loop.report(entropy, dtype, zcfg, route);
 }
 
 }  // namespace zerone::train

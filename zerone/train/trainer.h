@@ -62,9 +62,12 @@ kernels::DeviceOptions device_options(const TrainConfig& cfg);
 // and the settings that would fit, when the run of `cfg` on `model` cannot fit before anything is
 // allocated. `device` is the run's device and `device_memory` its memory when it is not host
 // memory (the backend's device_memory(): the GPU's free and total bytes); both are data so that
-// the check for a GPU runs anywhere (tests). The host's memory and the NVMe free space are read here.
+// the check for a GPU runs anywhere (tests). `route` is how the run's collectives move
+// (zero::collective_route), which decides the host bytes they stage. The host's memory and the NVMe
+// free space are read here.
 void check_memory_fits(const nn::Model& model, DType dtype, const TrainConfig& cfg, const zero::ZeroConfig& zcfg,
-                       int world, kernels::DeviceKind device, const std::optional<kernels::DeviceMemory>& device_memory);
+                       int world, kernels::DeviceKind device, const std::optional<kernels::DeviceMemory>& device_memory,
+                       zero::CollectiveRoute route);
 
 // Chooses the compute dtype: cfg.precision if set, else bf16 where the CPU has native bf16 dot
 // products (AVX512-BF16 or AMX), else fp32.

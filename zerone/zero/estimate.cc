@@ -6,7 +6,7 @@ namespace zerone::zero {
 
 std::vector<StageEstimate> estimate(const nn::Model& model, int world, DType dtype, int micro_batch, int seq,
                                     const ZeroConfig& base, const optim::OptimizerOptions& optimizer,
-                                    std::optional<int> only_stage, bool stages_collectives) {
+                                    std::optional<int> only_stage, CollectiveRoute route) {
   ZERONE_CHECK(world >= 1 && world <= 1'000'000, "--world ", world, " is out of range: expected 1..1000000");
   ZERONE_CHECK(micro_batch >= 1, "--micro-batch ", micro_batch, " must be at least 1");
   ZERONE_CHECK(seq >= 1 && seq <= model.max_seq_len(), "--seq ", seq, " is outside 1..", model.max_seq_len(),
@@ -29,7 +29,7 @@ std::vector<StageEstimate> estimate(const nn::Model& model, int world, DType dty
     e.working_set = working_set_bytes(numels, world, dtype, config);
     e.host_activations = static_cast<int64_t>(model.host_activation_bytes(micro_batch, seq));
     e.activations = static_cast<int64_t>(model.activation_bytes(micro_batch, seq)) - e.host_activations;
-    if (stages_collectives) e.staged_collectives = staged_collective_bytes(numels, world, dtype, config);
+    e.staged_collectives = staged_collective_bytes(numels, world, dtype, config, route);
     out.push_back(e);
   }
   return out;

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "zerone/comm/comm_choice.h"
 #include "zerone/core/memory.h"
 #include "zerone/kernels/backend.h"
 #include "zerone/nn/model.h"
@@ -23,7 +24,7 @@ struct StageEstimate {
   WorkingSetBytes working_set;  // per rank, bound on transient buffers (Note [Working-set bound])
   int64_t activations = 0;       // per rank on the device, for one micro-batch (live through backward)
   int64_t host_activations = 0;  // per rank on the host (Note [CPU checkpointing] in nn/model.h)
-  // Per rank on the host, for a device that stages collectives (Note [Staged collective bytes]).
+  // Per rank on the host, for collectives staged through it (Note [Staged collective bytes]).
   int64_t staged_collectives = 0;
   int64_t device() const { return model_state.placed.place_total(MemPlace::device) + working_set.device() + activations; }
   int64_t host() const {
@@ -41,20 +42,21 @@ PlacedBytes placed_bytes(const StageEstimate& e);
 // One line per (place, category) with bytes, e.g. "device param 1.2 MiB, host optim 3.4 MiB, ...".
 std::string describe_places(const StageEstimate& e);
 
-// Whether a run on `device` at `world` ranks stages its collectives through host buffers (Note
-// [Staged collective bytes] in partition.h): only the cpu device's memory is host memory.
-inline bool stages_collectives(kernels::DeviceKind device, int world) {
-  return world > 1 && device != kernels::DeviceKind::cpu;
+// How a run on `device` at `world` ranks moves its collectives over device buffers (Note [Staged
+// collective bytes] in partition.h) when `library` runs them (comm::choose_comm_library, the
+// function the trainer decides with): only the cpu device's memory is host memory.
+inline CollectiveRoute collective_route(kernels::DeviceKind device, int world, comm::CommLibrary library) {
+  if (world <= 1 || device == kernels::DeviceKind::cpu) return CollectiveRoute::direct;
+  return library == comm::CommLibrary::nccl ? CollectiveRoute::native : CollectiveRoute::staged;
 }
 
 // One row per stage (or only `only_stage`), for rank 0 (all ranks hold equal shards). `model` needs
 // no storage (make_model(..., allocate=false)): only its unit shapes and activation table are read.
 // The offload settings of `base` apply to the stages that can use them (optimizer: 1-3; param: 3).
-// The optimizer state is `optimizer`'s (optim::optimizer_state_tensors). `stages_collectives`:
-// the run's device stages collectives through host memory (Note [Staged collective bytes];
-// DeviceCommunicator::staged() at this world size).
+// The optimizer state is `optimizer`'s (optim::optimizer_state_tensors). `route`: how the run's
+// collectives move (collective_route above), which decides its staged_collectives.
 std::vector<StageEstimate> estimate(const nn::Model& model, int world, DType dtype, int micro_batch, int seq,
                                     const ZeroConfig& base, const optim::OptimizerOptions& optimizer,
-                                    std::optional<int> only_stage, bool stages_collectives = false);
+                                    std::optional<int> only_stage, CollectiveRoute route = CollectiveRoute::direct);
 
 }  // namespace zerone::zero

@@ -218,18 +218,24 @@ WorkingSetBytes working_set_bytes(const std::vector<size_t>& unit_numels, int wo
 }
 
 int64_t staged_collective_bytes(const std::vector<size_t>& unit_numels, int world, DType dtype,
-                                const ZeroConfig& config) {
-  if (world <= 1) return 0;
+                                const ZeroConfig& config, CollectiveRoute route) {
+  if (world <= 1 || route == CollectiveRoute::direct) return 0;
   int64_t sum_p = 0;
   for (size_t numel : unit_numels) sum_p += static_cast<int64_t>(unit_shard(numel, world, 0, config).padded_numel);
   const int64_t ds = static_cast<int64_t>(dtype_size(dtype));
   const WorkingSetBytes w = working_set_bytes(unit_numels, world, dtype, config);
   int64_t in_flight = 0;
-  switch (config.stage) {
-    case 0:
-    case 1: in_flight = 4 * sum_p; break;
-    case 2: in_flight = std::max(w.grad, ds * sum_p); break;
-    default: in_flight = w.param + w.grad; break;
+  if (route == CollectiveRoute::native) {
+    const bool host_grads = config.stage >= 2 && config.offload_optimizer != OffloadDevice::none;
+    const bool host_params = config.stage == 3 && config.offload_param != OffloadDevice::none;
+    in_flight = (host_grads ? w.grad : 0) + (host_params ? w.param : 0);
+  } else {
+    switch (config.stage) {
+      case 0:
+      case 1: in_flight = 4 * sum_p; break;
+      case 2: in_flight = std::max(w.grad, ds * sum_p); break;
+      default: in_flight = w.param + w.grad; break;
+    }
   }
   return in_flight + kStagedScalarBytes;
 }

@@ -200,23 +200,35 @@ struct WorkingSetBytes {
 WorkingSetBytes working_set_bytes(const std::vector<size_t>& unit_numels, int world, DType dtype,
                                   const ZeroConfig& config);
 
-// Note [Staged collective bytes]: on a device whose memory the host cannot address (sim; cuda
-// until collectives run on the device), DeviceCommunicator stages every collective through host
-// buffers (host.comm in the ledger) that live from its submission until it is waited for (Note
-// [Collective endpoints] in comm/communicator.h). At world 1 nothing is staged. Per rank, with P
-// the padded units, ds the compute dtype's size and W the working set above, a bound on those
-// in flight at once:
+// How a run's collectives over device buffers move (Note [Staged collective bytes]).
+//   direct   no staging: the device's memory is host memory (cpu), or the rank is alone;
+//   staged   every collective through host buffers and the host communicator (MPI; sim, or cuda
+//            with --comm mpi or ranks sharing a GPU);
+//   native   a device communicator (NCCL) takes those whose operands are all device memory; those
+//            with a host operand (an offloaded shard or accumulator, a host scalar) are staged.
+enum class CollectiveRoute : uint8_t { direct, staged, native };
+
+// Note [Staged collective bytes]: on a device whose memory the host cannot address (sim, cuda),
+// DeviceCommunicator stages collectives through host buffers (host.comm in the ledger) that live
+// from their submission until they are waited for (Note [Collective endpoints] in
+// comm/communicator.h). Per rank, with P the padded units, ds the compute dtype's size and W the
+// working set above, a bound on those in flight at once. Route staged:
 //   stage 0   the last micro-step's gradient all-reduces, every bucket in flight: 4 sum P;
 //   stage 1   its reduce-scatters, 4 P each, all in flight; after the step every unit's
 //             parameter all-gather (ds P each), which starts once the reductions ended: 4 sum P;
 //   stage 2   reduce-scatters only while their full gradients are held: W.grad; the
 //             all-gathers after the step as stage 1: max(W.grad, ds sum P);
 //   stage 3   gathers in flight only into gathered buffers, reductions only from held full
-//             gradients: W.param + W.grad;
-// plus kStagedScalarBytes for the scalar all-reduces (loss, gradient norm, overflow flag) that
-// may overlap them. ZeRO++'s collectives (zeropp.h) are not counted here.
+//             gradients: W.param + W.grad.
+// Route native: only the collectives with a host operand. Stages 0-1 reduce device gradients in
+// place and gather the updated parameters from the device: nothing. The reduce-scatters of stages
+// 2-3 land in host accumulators (or gradient swap buffers) when the optimizer is offloaded: W.grad
+// then. Stage 3's gathers read host shards when the parameters are offloaded: W.param then.
+// Either route adds kStagedScalarBytes for the scalar all-reduces over host memory (loss, gradient
+// norm, overflow flag) that may overlap them; route direct and world 1 stage nothing. ZeRO++'s
+// collectives (zeropp.h) are not counted here.
 constexpr int64_t kStagedScalarBytes = 64;
 int64_t staged_collective_bytes(const std::vector<size_t>& unit_numels, int world, DType dtype,
-                                const ZeroConfig& config);
+                                const ZeroConfig& config, CollectiveRoute route = CollectiveRoute::staged);
 
 }  // namespace zerone::zero

@@ -249,7 +249,7 @@ Plan make_plan(const PlanRequest& r) {
                       ch.cpu_checkpointing = cpu_ckpt;
                       ch.micro_batch = mb;
                       ch.grad_accum = accum;
-                      cand.estimate = estimate(model, r.world, r.dtype, mb, r.seq, ch.zero, r.optimizer, stage)[0];
+                      cand.estimate = estimate(model, r.world, r.dtype, mb, r.seq, ch.zero, r.optimizer, stage, r.collectives)[0];
                       cand.need = place_need(cand.estimate, r.budget);
                       cand.overflow = overflows(cand.need, r.budget);
                       cand.cost = step_cost(work, ch.zero, cand.estimate, r.speed);

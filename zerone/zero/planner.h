@@ -70,6 +70,9 @@ struct PlanRequest {
   bool micro_batch_free = false;
   double flops_per_token = 0;           // Note [Model FLOPs]; 0: 6 x parameters
   ZeroConfig base;                      // what the planner does not choose (early step, ZeRO++, ...)
+  // How the run's collectives move (Note [Staged collective bytes] in partition.h): what they
+  // stage through host memory counts in every candidate's estimate.
+  CollectiveRoute collectives = CollectiveRoute::direct;
   // The user's own choices, held fixed; unset: the planner chooses.
   std::optional<int> stage;
   std::optional<OffloadDevice> offload_optimizer, offload_param;

@@ -307,28 +307,15 @@ class CudaBackend final : public kernels::Backend {
     if (stream != Stream::compute) ZERONE_CUDA_CHECK(cudaStreamSynchronize(stream_of(stream)));
   }
 
+  // A copy with a host side returns when it is done, so later work of any stream sees it.
   void copy(void* dst, MemPlace dst_place, const void* src, MemPlace src_place, size_t bytes) override {
-    ZERONE_ASSERT(dst_place != MemPlace::nvme && src_place != MemPlace::nvme, "copy: NVMe is not memory");
-    if (bytes == 0 || dst == src) return;
-    if (dst_place == MemPlace::host && src_place == MemPlace::host) {
-      std::memcpy(dst, src, bytes);
-      return;
-    }
-    ZERONE_CUDA_CHECK(cudaSetDevice(device_));
-    const cudaMemcpyKind kind = dst_place == MemPlace::device
-                                    ? (src_place == MemPlace::device ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
-                                    : cudaMemcpyDeviceToHost;
-    if (kind == cudaMemcpyDeviceToDevice) {
-      ZERONE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, compute()));
-      return;
-    }
-    // Note [CUDA backend design]: a copy with a host side runs on its direction's copy stream
-    // after the compute work submitted so far (which may write its source or still read its
-    // destination), and returns when it is done, so later work of any stream sees it.
-    const cudaStream_t s = stream_of(kind == cudaMemcpyHostToDevice ? Stream::host_to_device : Stream::device_to_host);
-    join(s, compute());
-    ZERONE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, s));
-    ZERONE_CUDA_CHECK(cudaStreamSynchronize(s));
+    const cudaStream_t s = enqueue_copy(dst, dst_place, src, src_place, bytes);
+    if (s != nullptr && s != compute()) ZERONE_CUDA_CHECK(cudaStreamSynchronize(s));
+  }
+  // Note [Asynchronous copies] (kernels/backend.h): the event recorded after the copy on its stream.
+  Event copy_async(void* dst, MemPlace dst_place, const void* src, MemPlace src_place, size_t bytes) override {
+    const cudaStream_t s = enqueue_copy(dst, dst_place, src, src_place, bytes);
+    return s == nullptr ? Event() : Event(std::make_shared<const CudaEvent>(s));
   }
   void fill_zero(void* dst, size_t bytes) override {
     if (bytes > 0) ZERONE_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, compute()));
@@ -559,6 +546,30 @@ class CudaBackend final : public kernels::Backend {
   }
 
   cudaStream_t compute() const { return streams_[0]; }
+  // Enqueues dst = src and returns the stream it runs on, or null when it is done already (nothing
+  // to copy, or host to host: memcpy). Device to device runs on compute; a copy with a host side
+  // on its direction's copy stream after the compute work submitted so far (which may write its
+  // source or still read its destination; Note [CUDA backend design]).
+  cudaStream_t enqueue_copy(void* dst, MemPlace dst_place, const void* src, MemPlace src_place, size_t bytes) {
+    ZERONE_ASSERT(dst_place != MemPlace::nvme && src_place != MemPlace::nvme, "copy: NVMe is not memory");
+    if (bytes == 0 || dst == src) return nullptr;
+    if (dst_place == MemPlace::host && src_place == MemPlace::host) {
+      std::memcpy(dst, src, bytes);
+      return nullptr;
+    }
+    ZERONE_CUDA_CHECK(cudaSetDevice(device_));
+    const cudaMemcpyKind kind = dst_place == MemPlace::device
+                                    ? (src_place == MemPlace::device ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
+                                    : cudaMemcpyDeviceToHost;
+    if (kind == cudaMemcpyDeviceToDevice) {
+      ZERONE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, compute()));
+      return compute();
+    }
+    const cudaStream_t s = stream_of(kind == cudaMemcpyHostToDevice ? Stream::host_to_device : Stream::device_to_host);
+    join(s, compute());
+    ZERONE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, s));
+    return s;
+  }
   cudaStream_t stream_of(Stream s) const { return streams_[static_cast<int>(s)]; }
   // `later` waits for everything submitted to `earlier` so far.
   void join(cudaStream_t later, cudaStream_t earlier) {

@@ -133,7 +133,66 @@ std::string SimBackend::description() const {
   return str_cat("sim (simulated device over ", CpuBackend::description(), ")");
 }
 
+namespace {
+// A deferred copy's event (Note [Deferred copies]): observing it runs the copy.
+class DeferredCopyEvent final : public Event::Impl {
+ public:
+  DeferredCopyEvent(SimBackend& backend, int direction, uint64_t number)
+      : backend_(backend), direction_(direction), number_(number) {}
+  bool ready() const override {
+    backend_.run_deferred(direction_, number_);
+    return true;
+  }
+  void wait() const override { backend_.run_deferred(direction_, number_); }
+
+ private:
+  SimBackend& backend_;
+  const int direction_;
+  const uint64_t number_;
+};
+}  // namespace
+
+Event SimBackend::copy_async(void* dst, MemPlace dst_place, const void* src, MemPlace src_place, size_t bytes) {
+  if (bytes == 0 || dst_place == src_place) {  // on one side: ordered as any operation, at once
+    copy(dst, dst_place, src, src_place, bytes);
+    return Event();
+  }
+  const int direction = dst_place == MemPlace::device ? 0 : 1;
+  void* d = dst_place == MemPlace::device ? arena_.translate(dst, bytes, "copy destination") : dst;
+  if (dst_place != MemPlace::device) ZERONE_ASSERT(!arena_.contains(dst), "sim: copy to host memory given a device address");
+  std::memset(d, 0xff, bytes);  // undefined until the event: NaN bytes
+  std::lock_guard<std::mutex> lock(deferred_mutex_);
+  const uint64_t number = ++copies_deferred_;
+  deferred_[direction].push_back({number, dst, dst_place, src, src_place, bytes});
+  return Event(std::make_shared<const DeferredCopyEvent>(*this, direction, number));
+}
+
+void SimBackend::run_deferred(int direction, uint64_t through) {
+  std::lock_guard<std::mutex> lock(deferred_mutex_);
+  std::deque<DeferredCopy>& queue = deferred_[direction];
+  while (!queue.empty() && queue.front().number <= through) {
+    const DeferredCopy c = queue.front();
+    queue.pop_front();
+    copy_now(c.dst, c.dst_place, c.src, c.src_place, c.bytes);
+  }
+}
+
+void SimBackend::synchronize(Stream) {
+  for (int direction : {0, 1}) run_deferred(direction, UINT64_MAX);
+}
+
+uint64_t SimBackend::copies_deferred() const {
+  std::lock_guard<std::mutex> lock(deferred_mutex_);
+  return copies_deferred_;
+}
+
 void SimBackend::copy(void* dst, MemPlace dst_place, const void* src, MemPlace src_place, size_t bytes) {
+  // A copy with a host side runs on its direction's stream, after the copies deferred there.
+  if (dst_place != src_place) run_deferred(dst_place == MemPlace::device ? 0 : 1, UINT64_MAX);
+  copy_now(dst, dst_place, src, src_place, bytes);
+}
+
+void SimBackend::copy_now(void* dst, MemPlace dst_place, const void* src, MemPlace src_place, size_t bytes) {
   if (bytes == 0) return;
   void* d = dst_place == MemPlace::device ? arena_.translate(dst, bytes, "copy destination") : dst;
   const void* s = src_place == MemPlace::device ? arena_.translate(src, bytes, "copy source") : src;

@@ -11,10 +11,22 @@
 // the memfd (the pages go back to the system and read as zero when handed out again), which keeps
 // the arena's zero-fill contract without a host write.
 //
-// Thread-safety: as Backend. The arena is locked (the communication thread allocates staging).
+// Note [Deferred copies]: copy_async (Note [Asynchronous copies], kernels/backend.h) with a host
+// side is the latest schedule a GPU could run it in: the copy is queued per direction and runs
+// when its event is first observed (ready(), wait(), or wait(stream, event)), or when a later copy
+// of its direction that waits for it runs (a synchronous copy with a host side, synchronize()),
+// queued copies of the direction first, in order. Meanwhile its destination holds 0xff bytes
+// (a NaN in every float dtype). So a read of the destination before the event, or a write of the
+// source after the call, changes what the engine computes, and the bit-for-bit comparisons with the
+// cpu backend fail; a freed device operand aborts when the copy finally translates it.
+// copies_deferred() counts them, for the tests that the asynchronous paths are taken.
+//
+// Thread-safety: as Backend. The arena is locked (the communication thread allocates staging);
+// so is the queue of deferred copies.
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -67,8 +79,18 @@ class SimBackend final : public cpu::CpuBackend {
   MemoryArena& device_arena() override { return arena_; }
   MemPlace place_of(const void* p) const override { return arena_.contains(p) ? MemPlace::device : MemPlace::host; }
   SimArena& arena() { return arena_; }
-  // Checks that each side is where the caller says it is, then copies between the views.
+  // Checks that each side is where the caller says it is, then copies between the views (after
+  // the deferred copies of its direction, Note [Deferred copies]).
   void copy(void* dst, MemPlace dst_place, const void* src, MemPlace src_place, size_t bytes) override;
+  // Note [Deferred copies].
+  Event copy_async(void* dst, MemPlace dst_place, const void* src, MemPlace src_place, size_t bytes) override;
+  void wait(Stream stream, const Event& event) override { event.wait(); }
+  void synchronize(Stream stream) override;
+  // Copies deferred since the process started (a test's evidence that a path is asynchronous).
+  uint64_t copies_deferred() const;
+  // Runs the deferred copies of `direction` (0: to the device, 1: to the host) up to and including
+  // number `through` (every one for UINT64_MAX).
+  void run_deferred(int direction, uint64_t through);
 
  protected:
   // Aborts (an internal invariant) when [p, p + bytes) is not inside one live device allocation
@@ -76,7 +98,19 @@ class SimBackend final : public cpu::CpuBackend {
   void* operand(const void* p, size_t bytes) const override { return arena_.translate(p, bytes, "operand"); }
 
  private:
+  struct DeferredCopy {
+    uint64_t number;
+    void* dst;
+    MemPlace dst_place;
+    const void* src;
+    MemPlace src_place;
+    size_t bytes;
+  };
+  void copy_now(void* dst, MemPlace dst_place, const void* src, MemPlace src_place, size_t bytes);
   SimArena arena_;
+  mutable std::mutex deferred_mutex_;
+  std::deque<DeferredCopy> deferred_[2];  // by direction: to the device, to the host
+  uint64_t copies_deferred_ = 0;
 };
 
 }  // namespace zerone::kernels::sim

@@ -206,7 +206,12 @@ class CudaEvent final : public Event::Impl {
   }
   bool ready() const override {
     const cudaError_t e = cudaEventQuery(event_);
-    if (e == cudaErrorNotReady) return false;
+    if (e == cudaErrorNotReady) {
+      // The runtime records "not ready" as this thread's last error: clear it, or the next
+      // launch's cudaGetLastError (ZERONE_CUDA_LAUNCHED) would report it as a launch failure.
+      (void)cudaGetLastError();
+      return false;
+    }
     ZERONE_CUDA_CHECK(e);
     return true;
   }

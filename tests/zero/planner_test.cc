@@ -78,14 +78,14 @@ void check_plans(const std::string& spec) {
           continue;
         }
         const PlanChoice& c = plan.best->choice;
-        if (!nvme) EXPECT_NE(c.zero.offload_optimizer, OffloadDevice::nvme);
+        if (!nvme) { EXPECT_NE(c.zero.offload_optimizer, OffloadDevice::nvme); }
         const StageEstimate e = estimate_of(*model, r, c);
         EXPECT_EQ(e.total(), plan.best->estimate.total());
         const PlaceNeed need = place_need(e, budget);
         EXPECT_TRUE(overflows(need, budget).empty()) << family_label(c);
         EXPECT_LE(need.memory, budget.host_bytes);
         for (const RunnerUp& ru : plan.runners_up)
-          if (ru.candidate.fits()) EXPECT_GE(ru.candidate.cost.total_s, plan.best->cost.total_s);
+          if (ru.candidate.fits()) { EXPECT_GE(ru.candidate.cost.total_s, plan.best->cost.total_s); }
         // A budget 3% below the plan's need: refused, or another plan that fits it.
         PlanRequest tight = r;
         tight.budget.host_bytes = need.memory * 97 / 100;

@@ -73,6 +73,14 @@ __device__ void load_tile(float* tile, int ld, const float* src, At at, int firs
   }
 }
 
+// The K and V rows first..first+rows-1 of KV head kv of batch b (forward, dQ and dK/dV all take
+// them together).
+__device__ void load_kv_tiles(float* k_s, float* v_s, int ld, const float* qkv, const FlashShape& s, int b, int kv,
+                              int first, int rows, int T, int hs) {
+  load_tile(k_s, ld, qkv, [=](int t) { return s.k(b, t, kv); }, first, rows, T, hs);
+  load_tile(v_s, ld, qkv, [=](int t) { return s.v(b, t, kv); }, first, rows, T, hs);
+}
+
 // ---------------------------------------------------------------- forward
 
 template <int kChunks>
@@ -100,8 +108,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   for (int jt = 0; jt < key_tiles; ++jt) {
     const int k0 = jt * kLanes;
     __syncthreads();  // the previous tile's reads are done
-    load_tile(k_s, ld, qkv, [=](int t) { return s.k(b, t, kv); }, k0, kLanes, T, hs);
-    load_tile(v_s, ld, qkv, [=](int t) { return s.v(b, t, kv); }, k0, kLanes, T, hs);
+    load_kv_tiles(k_s, v_s, ld, qkv, s, b, kv, k0, kLanes, T, hs);
     __syncthreads();
     const int key = k0 + lane;
 #pragma unroll
@@ -176,8 +183,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     for (int jt = 0; jt < key_tiles; ++jt) {
       const int k0 = jt * kLanes;
       __syncthreads();
-      load_tile(k_s, ld, qkv, [=](int t) { return s.k(b, t, kv); }, k0, kLanes, T, hs);
-      load_tile(v_s, ld, qkv, [=](int t) { return s.v(b, t, kv); }, k0, kLanes, T, hs);
+      load_kv_tiles(k_s, v_s, ld, qkv, s, b, kv, k0, kLanes, T, hs);
       __syncthreads();
       const int key = k0 + lane;
 #pragma unroll
@@ -242,8 +248,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   const int k0 = (gridDim.y - 1 - blockIdx.y) * kBc;  // the keys seen by the fewest queries last
   const int warp = threadIdx.x / kLanes, lane = threadIdx.x % kLanes;
 
-  load_tile(k_s, ld, qkv, [=](int t) { return s.k(b, t, kv); }, k0, kBc, T, hs);
-  load_tile(v_s, ld, qkv, [=](int t) { return s.v(b, t, kv); }, k0, kBc, T, hs);
+  load_kv_tiles(k_s, v_s, ld, qkv, s, b, kv, k0, kBc, T, hs);
   float dk[kRows][kChunks], dv[kRows][kChunks];
 #pragma unroll
   for (int rr = 0; rr < kRows; ++rr)

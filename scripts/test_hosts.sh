@@ -81,6 +81,18 @@ shape() {  # shape NAME DEV
 cleanup() {
   local rc=$?
   trap - EXIT INT TERM
+  # Whatever still runs in a test host's namespaces goes too: a daemon on a host whose link was cut
+  # never hears the launcher's end and would otherwise outlive the run (and keep the namespace).
+  local pid ns proc own_ns
+  own_ns=$(readlink /proc/$$/ns/net)
+  for pid in "${PIDS[@]}"; do
+    ns=$(readlink "/proc/$pid/ns/net" 2>/dev/null) || continue
+    [ "$ns" != "$own_ns" ] || continue  # never this machine's own network
+    for proc in /proc/[0-9]*; do
+      [ "${proc#/proc/}" = "$pid" ] && continue
+      [ "$(readlink "$proc/ns/net" 2>/dev/null)" = "$ns" ] && kill -KILL "${proc#/proc/}" 2>/dev/null || true
+    done
+  done
   for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
   for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
   [ -n "${DIR:-}" ] && rm -rf "$DIR"

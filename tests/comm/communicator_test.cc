@@ -11,10 +11,15 @@
 #include <cstring>
 #include <memory>
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "zerone/comm/communicator.h"
 #include "zerone/comm/device_communicator.h"
+#include "zerone/comm/mpi_communicator.h"
 #include "zerone/core/error.h"
 #include "zerone/kernels/backend.h"
 #include "zerone/kernels/sim/sim_backend.h"
@@ -132,6 +137,32 @@ TEST(Communicator, CountsBeyondMpiLimitsAreErrorsNotCrashes) {
   EXPECT_THROW(comm().reduce_scatter_sum_async(&dummy, &dummy + 1, size_t{INT_MAX} + 1), Error);
   EXPECT_THROW(comm().all_gather_strided_async(&dummy, &dummy, 4, size_t{INT_MAX}), Error);
   comm().barrier();  // still usable
+}
+
+// Note [A failed worker fails fast] (mpi_communicator.cc): a worker of its own, no MPI calls.
+TEST(MpiWorker, EverythingQueuedBehindAFailureFailsAtOnceWithItsMessage) {
+  MpiWorker worker;
+  std::atomic<int> ran{0};
+  Work failing = worker.submit([] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the others queue meanwhile
+    throw Error("all-gather #7 (step 2) timed out");
+  });
+  std::vector<Work> behind;
+  for (int i = 0; i < 3; ++i) behind.push_back(worker.submit([&] { ++ran; }));
+  auto message_of = [](Work& w) {
+    try {
+      w.wait();
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  // Waited on in any order, every Work reports the first failure itself.
+  for (Work& w : behind) EXPECT_EQ(message_of(w), "all-gather #7 (step 2) timed out");
+  EXPECT_EQ(message_of(failing), "all-gather #7 (step 2) timed out");
+  Work later = worker.submit([&] { ++ran; });  // submitted after the failure: fails the same way
+  EXPECT_EQ(message_of(later), "all-gather #7 (step 2) timed out");
+  EXPECT_EQ(ran.load(), 0);
 }
 
 TEST(Communicator, SplitGroupsRanksByColorInKeyOrder) {

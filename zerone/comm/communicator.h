@@ -141,11 +141,15 @@ class Communicator {
   virtual void abort_job(int exit_code) {}
 
   // Note [Collective timeout]: a collective that has not completed after `seconds` fails its Work
-  // with an Error naming the ranks that did not arrive, and those that arrived but no longer answer
-  // a ping (a cut link takes down ranks in both groups), and the collective and phase each was last
-  // in (rank 0 collects who entered which collective; the others wait a little longer, so that
-  // rank 0's message is the one the job ends with). The phase is a label for messages ("step 17"),
-  // captured when a collective is submitted. No-ops at world size 1. Call from the submitting thread.
+  // with an Error naming the ranks that do not answer a ping, those that did not arrive and those
+  // that arrived but no longer answer (a cut link takes down ranks in both groups), and the
+  // collective and phase each was last in (rank 0 collects who entered which collective; the
+  // others wait a little longer, so that rank 0's message is the one the job ends with). A rank
+  // that did not arrive but answers waits in an earlier collective and is mentioned, not named.
+  // Every collective queued behind a failed one fails at once with its message, so the error
+  // surfaces `seconds` after the stall, however many collectives were in flight. The phase is a
+  // label for messages ("step 17"), captured when a collective is submitted. No-ops at world size
+  // 1. Call from the submitting thread.
   virtual void set_timeout(double seconds) {}
   virtual void set_phase(const std::string& phase) {}
 };

@@ -70,6 +70,52 @@ struct CollectiveWatch {
   std::deque<std::pair<MPI_Request, std::unique_ptr<Announcement>>> sends;
   MPI_Request probe = MPI_REQUEST_NULL;
   int64_t probe_buffer = 0;
+  // Rank 0's ping of the others when a collective times out (unanswered_after_ping).
+  int64_t ping_out = 0;
+  std::vector<Announcement> answers_in;
+
+  // Rank 0, once (the collective that asks then fails, and so does the worker): pings every other
+  // rank and returns, in rank order, those that did not answer within `seconds`. An answer updates
+  // that rank's last announcement. Unanswered receives are cancelled and unfinished pings freed;
+  // their buffers are members, so a late completion writes into live memory.
+  std::vector<int> unanswered_after_ping(double seconds) {
+    ZERONE_ASSERT(rank == 0 && answers_in.empty(), "pinged twice, or from rank ", rank);
+    ping_out = seq;
+    answers_in.assign(world, Announcement{});
+    std::vector<MPI_Request> pings(world, MPI_REQUEST_NULL), answers(world, MPI_REQUEST_NULL);
+    for (int r = 1; r < world; ++r) {
+      MPI_Isend(&ping_out, 1, MPI_INT64_T, r, 1, comm, &pings[r]);
+      MPI_Irecv(&answers_in[r], sizeof(Announcement), MPI_BYTE, r, 2, comm, &answers[r]);
+    }
+    std::vector<bool> answered(world, false);
+    int answering = 0;
+    const auto asked = std::chrono::steady_clock::now();
+    while (answering < world - 1 &&
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - asked).count() < seconds) {
+      for (int r = 1; r < world; ++r)
+        if (!answered[r]) {
+          int done = 0;
+          MPI_Test(&answers[r], &done, MPI_STATUS_IGNORE);
+          if (done) answered[r] = true, ++answering;
+        }
+      poll();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    std::vector<int> unanswered;
+    for (int r = 1; r < world; ++r) {
+      if (answered[r]) {
+        if (answers_in[r].seq > last[r].seq) last[r] = answers_in[r];
+      } else {
+        unanswered.push_back(r);
+        MPI_Cancel(&answers[r]);
+        MPI_Request_free(&answers[r]);
+      }
+      int sent = 0;
+      MPI_Test(&pings[r], &sent, MPI_STATUS_IGNORE);
+      if (!sent) MPI_Request_free(&pings[r]);
+    }
+    return unanswered;
+  }
 
   void poll() {
     if (rank == 0) {
@@ -106,6 +152,11 @@ namespace {
 std::string describe(const Announcement& a) {
   if (a.seq == 0) return "it entered no collective yet";
   return str_cat("its last collective was ", a.name, " #", a.seq, " (", a.phase, ")");
+}
+// "all-gather #145 (step 7)", for a rank that answers a ping: it waits there.
+std::string describe_in(const Announcement& a) {
+  if (a.seq == 0) return "start-up, before any collective";
+  return str_cat(a.name, " #", a.seq, " (", a.phase, ")");
 }
 }  // namespace
 
@@ -188,49 +239,31 @@ void MpiWorker::wait(void* request_ptr, const char* name, const std::string& pha
         throw Error(str_cat("collective ", what, " did not complete within --comm-timeout ", timeout,
                             " s, and rank 0, which knows which ranks arrived, did not end the job first: rank 0 ",
                             "itself may be stopped, stuck or cut off"));
-      // Who is unreachable: the ranks that never entered this collective, and of those that did,
-      // the ones that no longer answer a ping (a live rank answers from its own polling loop
-      // within milliseconds; a stopped, stuck or cut-off one does not). A cut link takes down
-      // ranks in both groups at once, so both are asked and named.
+      // Who is unreachable: every other rank is pinged, and the ones that do not answer within a
+      // second are named: those that never entered this collective ("did not arrive") and those
+      // that entered but no longer answer ("stopped answering"); a cut link takes down ranks in
+      // both groups at once. A live rank answers from its own polling loop within milliseconds, so
+      // a rank that did not arrive but answers is alive and waits in an earlier collective, most
+      // likely on the silent ones: it is mentioned, not blamed.
       CollectiveWatch& w = *watch_;
-      std::vector<int> absent, silent;
-      std::vector<int> entered;
-      for (int r = 1; r < w.world; ++r) (w.last[r].seq < w.seq ? absent : entered).push_back(r);
-      if (!entered.empty()) {
-        const int64_t ping = w.seq;
-        std::vector<MPI_Request> pings(w.world, MPI_REQUEST_NULL), answers(w.world, MPI_REQUEST_NULL);
-        std::vector<Announcement> answered(w.world);
-        for (int r : entered) {
-          MPI_Isend(&ping, 1, MPI_INT64_T, r, 1, w.comm, &pings[r]);
-          MPI_Irecv(&answered[r], sizeof(Announcement), MPI_BYTE, r, 2, w.comm, &answers[r]);
-        }
-        std::vector<bool> alive(w.world, false);
-        size_t answering = 0;
-        const auto asked = std::chrono::steady_clock::now();
-        while (answering < entered.size() &&
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - asked).count() < 1.0) {
-          for (int r : entered)
-            if (!alive[r]) {
-              int done = 0;
-              MPI_Test(&answers[r], &done, MPI_STATUS_IGNORE);
-              if (done) alive[r] = true, ++answering;
-            }
-          std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        }
-        for (int r : entered)
-          if (!alive[r]) silent.push_back(r);
-      }
-      if (absent.empty() && silent.empty())
-        throw Error(str_cat("collective ", what, " did not complete within --comm-timeout ", timeout,
-                            " s although every rank entered it and answers (a failing network link?)"));
-      std::vector<int> named = absent;
-      named.insert(named.end(), silent.begin(), silent.end());
-      std::sort(named.begin(), named.end());
+      std::vector<int> absent, silent, behind;
+      for (int r : w.unanswered_after_ping(1.0)) (w.last[r].seq < w.seq ? absent : silent).push_back(r);
+      for (int r = 1; r < w.world; ++r)
+        if (w.last[r].seq < w.seq && std::find(absent.begin(), absent.end(), r) == absent.end()) behind.push_back(r);
       auto list = [](const std::vector<int>& ranks) {
         std::string out;
         for (size_t i = 0; i < ranks.size(); ++i) out += str_cat(i ? ", " : "", ranks[i]);
         return out;
       };
+      std::string waiting;
+      for (int r : behind) waiting += str_cat("; rank ", r, " answers but is still in ", describe_in(w.last[r]));
+      if (absent.empty() && silent.empty())
+        throw Error(str_cat("collective ", what, " did not complete within --comm-timeout ", timeout,
+                            " s although every rank answers", waiting,
+                            " (a failing network link, or ranks that issued different collectives?)"));
+      std::vector<int> named = absent;
+      named.insert(named.end(), silent.begin(), silent.end());
+      std::sort(named.begin(), named.end());
       std::string where;
       for (int r : named) where += str_cat("; rank ", r, ": ", describe(w.last[r]));
       const std::string how = silent.empty()  ? std::string(" did not arrive")
@@ -239,7 +272,8 @@ void MpiWorker::wait(void* request_ptr, const char* name, const std::string& pha
                                                          list(silent), ")");
       throw Error(str_cat(named.size() == 1 ? "rank " : "ranks ", list(named), how, " in ", what,
                           " within --comm-timeout ", timeout, " s", where,
-                          " (a stopped, deadlocked or stuck rank, or one cut off from the network)"));
+                          " (a stopped, deadlocked or stuck rank, or one cut off from the network)",
+                          behind.empty() ? "" : str_cat(waiting, ", waiting on ", named.size() == 1 ? "it" : "them")));
     }
     // Spin briefly (a collective usually completes in microseconds), then poll gently.
     if (polls > 2000) std::this_thread::sleep_for(std::chrono::microseconds(polls > 20000 ? 1000 : 100));
@@ -261,7 +295,22 @@ void MpiWorker::loop() {
 }
 
 Work MpiWorker::submit(std::function<void()> op) {
-  std::packaged_task<void()> task(std::move(op));
+  // Note [A failed worker fails fast]: once one operation on this thread has failed (a collective
+  // timed out, MPI returned an error), the ranks no longer agree on which collective comes next, so
+  // nothing queued behind it is started: each fails at once with the first failure itself, which is
+  // what the user must read whichever Work the training thread waits on first. Were they started,
+  // each would wait out its own --comm-timeout, and a rank unwinding from the first error
+  // (destructors wait on their outstanding Works) would print it only after all of them: a stage-3
+  // step has several gathers queued, so a 20 s timeout became 60 s and more.
+  std::packaged_task<void()> task([this, op = std::move(op)] {
+    if (failure_) std::rethrow_exception(failure_);
+    try {
+      op();
+    } catch (...) {
+      failure_ = std::current_exception();
+      throw;
+    }
+  });
   Work work(task.get_future().share());
   {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <exception>
 #include <mutex>
 #include <memory>
 #include <thread>
@@ -30,6 +31,9 @@ class MpiWorker {
  public:
   MpiWorker();
   ~MpiWorker();  // drains the queue, joins
+  // Queues `op` (run on the worker thread, in submission order); its exception lands in the Work.
+  // Once one operation has failed, every later one fails at once with that same exception, without
+  // running.
   Work submit(std::function<void()> op);
 
   // Set up the rank-0 channel over a duplicate of the world communicator (on the calling thread,
@@ -60,6 +64,9 @@ class MpiWorker {
   std::string phase_ = "start-up";
   std::atomic<double> timeout_s_{600.0};
   std::unique_ptr<CollectiveWatch> watch_;  // worker thread only, after watch_world
+  // The first failure of an operation on this thread (Note [A failed worker fails fast] in the
+  // .cc); worker thread only.
+  std::exception_ptr failure_;
   std::thread thread_;
 };
 

@@ -22,7 +22,7 @@ timeout_s=6
 export OMPI_MCA_mpi_yield_when_idle=1
 mpiexec --allow-run-as-root --oversubscribe --bind-to none -n 3 "$Z" train --model gpt2:layers=1,dim=32,heads=2,vocab=257,ctx=16 \
   --seq 16 --micro-batch 1 --steps 100000 --threads 1 --comm-timeout $timeout_s --metrics "$d/m.jsonl" \
-  --zero-stage 3 --allgather-bucket-size 2000 --stage3-prefetch-bucket-size 20000 --stage3-param-persistence-threshold 100 \
+  --zero-stage 3 --allgather-bucket-size 500 --stage3-prefetch-bucket-size 1000000 --stage3-param-persistence-threshold 0 \
   > "$d/out" 2> "$d/err" &
 launcher=$!
 # Wait until the job is stepping (its metrics file has lines), at most 120 s.

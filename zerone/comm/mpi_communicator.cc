@@ -77,7 +77,9 @@ struct CollectiveWatch {
   // Rank 0, once (the collective that asks then fails, and so does the worker): pings every other
   // rank and returns, in rank order, those that did not answer within `seconds`. An answer updates
   // that rank's last announcement. Unanswered receives are cancelled and unfinished pings freed;
-  // their buffers are members, so a late completion writes into live memory.
+  // their buffers are members, so a late completion writes into live memory. A rank answers from
+  // its polling loop, inside a collective (perhaps on a sub-communicator, after its last world
+  // one), so an answer means "alive, and waiting on someone".
   std::vector<int> unanswered_after_ping(double seconds) {
     ZERONE_ASSERT(rank == 0 && answers_in.empty(), "pinged twice, or from rank ", rank);
     ping_out = seq;
@@ -153,11 +155,7 @@ std::string describe(const Announcement& a) {
   if (a.seq == 0) return "it entered no collective yet";
   return str_cat("its last collective was ", a.name, " #", a.seq, " (", a.phase, ")");
 }
-// "all-gather #145 (step 7)", for a rank that answers a ping: it waits there.
-std::string describe_in(const Announcement& a) {
-  if (a.seq == 0) return "start-up, before any collective";
-  return str_cat(a.name, " #", a.seq, " (", a.phase, ")");
-}
+
 }  // namespace
 
 MpiWorker::MpiWorker() : thread_([this] { loop(); }) {}
@@ -256,7 +254,7 @@ void MpiWorker::wait(void* request_ptr, const char* name, const std::string& pha
         return out;
       };
       std::string waiting;
-      for (int r : behind) waiting += str_cat("; rank ", r, " answers but is still in ", describe_in(w.last[r]));
+      for (int r : behind) waiting += str_cat("; rank ", r, " answers but has not arrived: ", describe(w.last[r]));
       if (absent.empty() && silent.empty())
         throw Error(str_cat("collective ", what, " did not complete within --comm-timeout ", timeout,
                             " s although every rank answers", waiting,

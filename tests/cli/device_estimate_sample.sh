@@ -9,6 +9,9 @@
 #  3. sample --device sim gives byte-identical text to --device cpu (greedy and seeded, GPT-2 from
 #     an llm.c file and a zerone checkpoint, LLaMA from a Hugging Face directory); --device cuda
 #     without a GPU and an unknown device are one `zerone: error:` line each.
+#  4. Note [cuBLASLt loaded on first use] (kernels/cuda/cublaslt.h): training, estimating and
+#     sampling on cpu and sim (and `--device cuda` refused without a GPU) never load cuBLASLt (the
+#     dynamic loader's own log, LD_DEBUG=files); `zerone info` does, and reports its version.
 set -euo pipefail
 Z="$(readlink -f "$1")"
 d=$(mktemp -d); trap 'rm -rf "$d"' EXIT
@@ -103,4 +106,26 @@ done
 # Without a GPU (here): --device cuda is one clear error (tests/zero/device_cuda.sh covers the GPU).
 if ! "$Z" info | grep -q '^devices .*cuda'; then
   expect_error sample_cuda "--device cuda" sample --init "$d/gpt.bin" --device cuda --tokens 5
+fi
+
+# 4. cuBLASLt is loaded by a CUDA backend (or `info`), never by a cpu or sim process.
+if "$Z" info | grep -q '^CUDA  *compiled in'; then
+  loads_cublaslt() {  # loads_cublaslt NAME ARGS...: 0 when the process opened libcublasLt
+    local name="$1"; shift
+    LD_DEBUG=files LD_DEBUG_OUTPUT="$d/ld.$name" "$Z" "$@" > "$d/$name.ldlog" 2>&1 || true
+    cat "$d/ld.$name".* 2>/dev/null | grep -q 'file=libcublasLt'
+  }
+  for dev in cpu sim; do
+    if loads_cublaslt "train_$dev" train --model "$gpt" --data "$d/c_train.bin" "${common[@]}" --steps 2 --device $dev; then
+      fail "train --device $dev loaded cuBLASLt"
+    fi
+    grep -q "final loss" "$d/train_$dev.ldlog" || { cat "$d/train_$dev.ldlog"; fail "train --device $dev did not finish"; }
+    echo "ok   train --device $dev: cuBLASLt not loaded"
+  done
+  loads_cublaslt estimate_cuda estimate --model "$gpt" --world 1 --device cuda && fail "estimate --device cuda loaded cuBLASLt"
+  loads_cublaslt sample_cpu sample --init "$d/gpt.bin" --prompt "the " --tokens 5 && fail "sample loaded cuBLASLt"
+  echo "ok   estimate --device cuda, sample --device cpu: cuBLASLt not loaded"
+  loads_cublaslt info info || fail "info did not load cuBLASLt"
+  grep -Eq '^  libraries  cuBLASLt [0-9]+\.[0-9]+\.[0-9]+' "$d/info.ldlog" || { cat "$d/info.ldlog"; fail "info: no cuBLASLt version"; }
+  echo "ok   info: $(grep '^  libraries' "$d/info.ldlog" | sed 's/^ *//')"
 fi

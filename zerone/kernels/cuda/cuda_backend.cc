@@ -18,6 +18,7 @@
 #include "zerone/core/error.h"
 #include "zerone/kernels/cpu/quantize.h"
 #include "zerone/kernels/cuda/check.h"
+#include "zerone/kernels/cuda/cublaslt.h"
 #include "zerone/kernels/cuda/device.h"
 #include "zerone/kernels/cuda/kernels.h"
 
@@ -255,7 +256,7 @@ class CudaBackend final : public kernels::Backend {
     ZERONE_CUDA_CHECK(cudaSetDevice(device_));
     for (cudaStream_t& s : streams_) ZERONE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     arena_ = std::make_unique<CudaArena>(device_, compute());
-    ZERONE_CUBLAS_CHECK(cublasLtCreate(&lt_));
+    ZERONE_CUBLAS_CHECK(lib_.create(&lt_));
     cudaDeviceProp prop;
     ZERONE_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
     static const char* kHex = "0123456789abcdef";
@@ -264,12 +265,12 @@ class CudaBackend final : public kernels::Backend {
       uuid_ += kHex[static_cast<unsigned char>(byte) & 15];
     }
     description_ = str_cat("cuda:", device_, " ", prop.name, " (sm_", prop.major, prop.minor, ", ",
-                           prop.multiProcessorCount, " SMs, ", version_string(), ", cuBLASLt ", cublasLtGetVersion(),
+                           prop.multiProcessorCount, " SMs, ", version_string(), ", cuBLASLt ", lib_.get_version(),
                            ", ", kernels::cuda_attention_name(attention_), " attention)");
   }
   ~CudaBackend() override {
     for (Buffer& b : scratch_) b.reset();
-    if (lt_) (void)cublasLtDestroy(lt_);
+    if (lt_) (void)lib_.destroy(lt_);
     for (cudaStream_t s : streams_) (void)cudaStreamDestroy(s);
   }
 
@@ -615,15 +616,15 @@ class CudaBackend final : public kernels::Backend {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
     cublasLtMatmulPreference_t pref = nullptr;
-    ZERONE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    ZERONE_CUBLAS_CHECK(lib_.desc_create(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-    ZERONE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
-    ZERONE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
-    ZERONE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, t, trans_a ? k : m, trans_a ? m : k, lda));
-    ZERONE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, t, trans_b ? n : k, trans_b ? k : n, ldb));
-    ZERONE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, m, n, ldd));
-    ZERONE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    ZERONE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+    ZERONE_CUBLAS_CHECK(lib_.desc_set_attribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
+    ZERONE_CUBLAS_CHECK(lib_.desc_set_attribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
+    ZERONE_CUBLAS_CHECK(lib_.layout_create(&la, t, trans_a ? k : m, trans_a ? m : k, lda));
+    ZERONE_CUBLAS_CHECK(lib_.layout_create(&lb, t, trans_b ? n : k, trans_b ? k : n, ldb));
+    ZERONE_CUBLAS_CHECK(lib_.layout_create(&ld, CUDA_R_32F, m, n, ldd));
+    ZERONE_CUBLAS_CHECK(lib_.preference_create(&pref));
+    ZERONE_CUBLAS_CHECK(lib_.preference_set_attribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                              &kWorkspaceBytes, sizeof kWorkspaceBytes));
     // cuBLASLt assumes 256-byte aligned operands unless told: the models pass views into larger
     // buffers, so each operand's true alignment is stated.
@@ -632,20 +633,20 @@ class CudaBackend final : public kernels::Backend {
         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, d}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, d}};
     for (const auto& [attribute, p] : aligned) {
       const uint32_t bytes = alignment_of(p);
-      ZERONE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attribute, &bytes, sizeof bytes));
+      ZERONE_CUBLAS_CHECK(lib_.preference_set_attribute(pref, attribute, &bytes, sizeof bytes));
     }
     cublasLtMatmulHeuristicResult_t heuristic;
     int found = 0;
-    ZERONE_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt_, desc, la, lb, ld, ld, pref, 1, &heuristic, &found));
+    ZERONE_CUBLAS_CHECK(lib_.algo_get_heuristic(lt_, desc, la, lb, ld, ld, pref, 1, &heuristic, &found));
     ZERONE_ASSERT(found > 0, "cuBLASLt has no algorithm for ", m, "x", n, "x", k, " in ", dtype_name(dtype));
     const float alpha = 1.0f;
-    ZERONE_CUBLAS_CHECK(cublasLtMatmul(lt_, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld, &heuristic.algo, workspace,
+    ZERONE_CUBLAS_CHECK(lib_.matmul(lt_, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld, &heuristic.algo, workspace,
                                        kWorkspaceBytes, compute()));
-    cublasLtMatmulPreferenceDestroy(pref);
-    cublasLtMatrixLayoutDestroy(ld);
-    cublasLtMatrixLayoutDestroy(lb);
-    cublasLtMatrixLayoutDestroy(la);
-    cublasLtMatmulDescDestroy(desc);
+    lib_.preference_destroy(pref);
+    lib_.layout_destroy(ld);
+    lib_.layout_destroy(lb);
+    lib_.layout_destroy(la);
+    lib_.desc_destroy(desc);
   }
 
   const int device_;
@@ -654,6 +655,7 @@ class CudaBackend final : public kernels::Backend {
   std::string uuid_;               // device_identity()
   PinnedHostArena pinned_;
   std::unique_ptr<CudaArena> arena_;
+  const CublasLtLibrary& lib_ = cublaslt();  // loaded here (Note [cuBLASLt loaded on first use])
   cublasLtHandle_t lt_ = nullptr;
   std::string description_;
   Buffer scratch_[kSlots];

@@ -1,6 +1,5 @@
-#include <cublasLt.h>
-
 #include "zerone/kernels/cuda/check.h"
+#include "zerone/kernels/cuda/cublaslt.h"
 #include "zerone/kernels/cuda/device.h"
 
 namespace zerone::cuda {
@@ -45,8 +44,12 @@ std::string version_string() {
 }
 
 std::string library_versions() {
-  const size_t v = cublasLtGetVersion();  // major * 10000 + minor * 100 + patch
-  return str_cat("cuBLASLt ", v / 10000, ".", v / 100 % 100, ".", v % 100);
+  try {
+    const size_t v = cublaslt().get_version();  // major * 10000 + minor * 100 + patch
+    return str_cat("cuBLASLt ", v / 10000, ".", v / 100 % 100, ".", v % 100);
+  } catch (const Error& e) {
+    return str_cat("cuBLASLt not loadable (", e.what(), ")");
+  }
 }
 
 }  // namespace zerone::cuda

@@ -30,8 +30,9 @@ struct MemoryInfo {
 MemoryInfo memory_info(int device);
 // CUDA runtime and driver versions as "runtime X.Y, driver X.Y" (driver "none" without one).
 std::string version_string();
-// The linked CUDA libraries' versions, "cuBLASLt 13.0.0" (what is linked: the backend uses no
-// cuDNN and no NCCL yet).
+// The CUDA libraries' versions, "cuBLASLt 13.0.0". Loads cuBLASLt if no backend has (Note
+// [cuBLASLt loaded on first use], cublaslt.h); never throws: a library that cannot be loaded is
+// reported in the text.
 std::string library_versions();
 
 }  // namespace zerone::cuda

@@ -3,8 +3,13 @@
 // Run: build/bench_matmul --benchmark_counters_tabular=true
 #include <benchmark/benchmark.h>
 
+#include <chrono>
+#include <cstring>
+#include <vector>
+
 #include "zerone/core/memory.h"
 #include "zerone/kernels/cpu/matmul.h"
+#include "zerone/kernels/cpu/onednn.h"
 
 namespace {
 
@@ -36,6 +41,55 @@ BENCHMARK(BM_MatmulW6)->ArgNames({"M", "N", "K", "bf16", "kind"})
     ->Args({256, 2048, 8192, 1, 0})->Args({256, 128256, 2048, 1, 0})->Args({256, 2048, 128256, 1, 1})
     ->Args({128256, 2048, 256, 1, 2})
     ->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// Would the step's GEMMs gain from operands packed ahead of time? oneDNN 2.6's AMX matmul takes
+// zerone's plain row-major operands and copies the B operand into its tile layout inside every
+// call. Here the same shapes in bf16 with B given in the layout the primitive prefers
+// (format_tag::any, reordered once outside the timed loop: what packing weights once per optimizer
+// step would buy), beside plain B; `cold` evicts the caches before each call (256 MiB written),
+// as a training step's GEMMs find them (each weight is used once per pass, far apart).
+// Args: packed, shape (0 qkv forward, 1 fc forward, 2 fcproj forward, 3 head forward, 4 head
+// input gradient, 5 fc input gradient, 6 head weight gradient, 7 fc weight gradient), cold.
+// The counters report the GEMM alone (manual timing, the eviction outside it). This machine's
+// GEMM throughput drifts by 2x within a minute (shared AMX units), so compare packed with plain
+// only interleaved:
+//   build/bench/bench_matmul --benchmark_filter=Layout --benchmark_repetitions=5
+//     --benchmark_enable_random_interleaving=true --benchmark_report_aggregates_only=true
+// (docs/BENCHMARKS.md, W1: the medians of each pair).
+void BM_MatmulLayout(benchmark::State& state) {
+  using dnnl::memory;
+  struct Shape { int64_t m, n, k; int kind; };  // kind as BM_Matmul's
+  static const Shape kShapes[] = {{256, 2304, 768, 0}, {256, 3072, 768, 0}, {256, 768, 3072, 0}, {256, 50304, 768, 0},
+                                  {256, 768, 50304, 1}, {256, 768, 3072, 1}, {50304, 768, 256, 2}, {3072, 768, 256, 2}};
+  const Shape sh = kShapes[state.range(1)];
+  const bool packed = state.range(0) != 0, cold = state.range(2) != 0;
+  kernels::cpu::OneDnn& ctx = kernels::cpu::onednn();
+  const auto bf16 = memory::data_type::bf16;
+  memory::desc a_md = sh.kind == 2 ? memory::desc({sh.m, sh.k}, bf16, {1, sh.m}) : memory::desc({sh.m, sh.k}, bf16, {sh.k, 1});
+  memory::desc b_md = sh.kind == 0 ? memory::desc({sh.k, sh.n}, bf16, {1, sh.k}) : memory::desc({sh.k, sh.n}, bf16, {sh.n, 1});
+  memory::desc c_md({sh.m, sh.n}, memory::data_type::f32, {sh.n, 1});
+  memory::desc b_use = packed ? memory::desc({sh.k, sh.n}, bf16, memory::format_tag::any) : b_md;
+  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_use, c_md), ctx.engine);
+  dnnl::matmul gemm(pd);
+  memory a(a_md, ctx.engine), b(b_md, ctx.engine), c(c_md, ctx.engine), b_packed(pd.weights_desc(), ctx.engine);
+  std::memset(a.get_data_handle(), 0x3c, a_md.get_size());
+  std::memset(b.get_data_handle(), 0x3c, b_md.get_size());
+  dnnl::reorder(b, b_packed).execute(ctx.stream, b, b_packed);
+  ctx.stream.wait();
+  std::vector<char> evict(cold ? 256u << 20 : 0);
+  char fill = 0;
+  for (auto _ : state) {
+    if (cold) std::memset(evict.data(), ++fill, evict.size());
+    const auto start = std::chrono::steady_clock::now();
+    gemm.execute(ctx.stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, packed ? b_packed : b}, {DNNL_ARG_DST, c}});
+    ctx.stream.wait();
+    state.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  state.counters["TFLOP/s"] =
+      benchmark::Counter(2.0 * sh.m * sh.n * sh.k / 1e12, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_MatmulLayout)->ArgNames({"packed", "shape", "cold"})
+    ->ArgsProduct({{0, 1}, {0, 1, 2, 3, 4, 5, 6, 7}, {0, 1}})->Unit(benchmark::kMillisecond)->UseManualTime();
 
 }  // namespace
 

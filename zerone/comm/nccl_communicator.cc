@@ -37,6 +37,27 @@ std::string last_message() {
   return last != nullptr && last[0] != '\0' ? str_cat(" (", last, ")") : std::string();
 }
 
+// One NCCL group (ncclGroupStart ... ncclGroupEnd) that is closed on every path: a call inside it
+// that fails throws, and the unwinding closes the group (its result ignored: the first error is the
+// one reported), so that this thread's next NCCL call is not taken into a group left open.
+class NcclGroup {
+ public:
+  NcclGroup() { ZERONE_NCCL_CHECK(ncclGroupStart()); }
+  ~NcclGroup() {
+    if (open_) (void)ncclGroupEnd();
+  }
+  NcclGroup(const NcclGroup&) = delete;
+  NcclGroup& operator=(const NcclGroup&) = delete;
+  // Closes the group, launching what it holds; throws Error when NCCL fails.
+  void end() {
+    open_ = false;
+    ZERONE_NCCL_CHECK(ncclGroupEnd());
+  }
+
+ private:
+  bool open_ = true;
+};
+
 }  // namespace
 
 struct NcclCommunicator::Handle {
@@ -116,12 +137,12 @@ Work NcclCommunicator::all_gather_strided_async(const void* in, void* out, size_
   if (stride_bytes == bytes)  // in place when in == out + rank * bytes, NCCL's rule too
     return enqueue([&](cudaStream_t s) { ZERONE_NCCL_CHECK(ncclAllGather(in, out, bytes, ncclUint8, comm_->comm, s)); });
   return enqueue([&](cudaStream_t s) {
-    ZERONE_NCCL_CHECK(ncclGroupStart());
+    NcclGroup group;
     for (int r = 0; r < world_; ++r) {
       char* slot = slots + static_cast<size_t>(r) * stride_bytes;
       ZERONE_NCCL_CHECK(ncclBroadcast(r == rank_ ? in : slot, slot, bytes, ncclUint8, r, comm_->comm, s));
     }
-    ZERONE_NCCL_CHECK(ncclGroupEnd());
+    group.end();
   });
 }
 
@@ -138,14 +159,14 @@ Work NcclCommunicator::barrier_async() {
 Work NcclCommunicator::all_to_all_async(const void* in, void* out, size_t bytes) {
   count_traffic(hosts(), rank_, [&](int) { return bytes; });
   return enqueue([&](cudaStream_t s) {
-    ZERONE_NCCL_CHECK(ncclGroupStart());
+    NcclGroup group;
     for (int r = 0; r < world_; ++r) {
       ZERONE_NCCL_CHECK(ncclSend(static_cast<const char*>(in) + static_cast<size_t>(r) * bytes, bytes, ncclUint8, r,
                                  comm_->comm, s));
       ZERONE_NCCL_CHECK(ncclRecv(static_cast<char*>(out) + static_cast<size_t>(r) * bytes, bytes, ncclUint8, r,
                                  comm_->comm, s));
     }
-    ZERONE_NCCL_CHECK(ncclGroupEnd());
+    group.end();
   });
 }
 

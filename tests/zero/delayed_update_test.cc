@@ -16,6 +16,7 @@
 #include "tests/test_util.h"
 #include "zerone/comm/communicator.h"
 #include "zerone/core/error.h"
+#include "zerone/kernels/sim/sim_backend.h"
 #include "zerone/nn/model.h"
 #include "zerone/zero/engine.h"
 
@@ -36,6 +37,7 @@ struct Case {
   float clip = 0.0f;
   int accum = 1;
   int steps = 6;
+  OffloadDevice offload = OffloadDevice::none;  // --offload-optimizer (stages 1-3)
 };
 
 void batch(int step, int micro, std::vector<int32_t>& x, std::vector<int32_t>& y) {
@@ -73,6 +75,7 @@ Trajectory run(const Case& c, bool delayed, int explicit_delay = 0) {
   config.stage = explicit_delay > 0 ? std::min(c.stage, 2) : c.stage;
   config.persistence_threshold = 0;  // stage 3 shards every unit
   config.delayed_update = delayed;
+  config.offload_optimizer = c.stage > 0 ? c.offload : OffloadDevice::none;
   ZeroEngine engine(*model, single, config, optim::AdamWOptions{0.9f, 0.95f, 1e-8f, 0.1f},
                     [&](int u) { model->init_unit(u, 7); });
   std::vector<int32_t> x(kB * kT), y(kB * kT);
@@ -205,6 +208,45 @@ TEST(DelayedUpdateDevices, SimGivesTheCpuDevicesBits) {
       on_sim = run(c, true);
     }
     expect_same(on_sim, on_cpu, str_cat("stage ", stage));
+  }
+}
+
+// Note [Installing the update behind the gradients' copy]: with the optimizer on the host, the
+// update is installed by asynchronous copies, which the simulated device defers (their
+// destination NaN until a wait): the trajectory is still the cpu device's, and the plain engine's
+// with the delay applied by hand, at stages 1-3, with clipping, accumulation and an fp16-free
+// bf16 run; and the copies were deferred (the asynchronous path was taken, one per unit and step).
+TEST(DelayedUpdateDevices, InstallsFromTheHostAsynchronouslyWithTheCpuDevicesBits) {
+  Case c;
+  c.dtype = DType::bf16;
+  c.clip = 0.05f;
+  c.accum = 2;
+  c.steps = 4;
+  c.offload = OffloadDevice::cpu;
+  auto& sim = dynamic_cast<kernels::sim::SimBackend&>(kernels::backend(kernels::DeviceKind::sim));
+  for (int stage = 1; stage <= 3; ++stage) {
+    c.stage = stage;
+    Trajectory on_cpu, on_sim, reference;
+    {
+      testing::DeviceScope device(kernels::DeviceKind::cpu);
+      on_cpu = run(c, true);
+      reference = run(c, false, /*explicit_delay=*/1);
+    }
+    uint64_t deferred = 0, deferred_plain = 0;
+    {
+      testing::DeviceScope device(kernels::DeviceKind::sim);
+      uint64_t before = sim.copies_deferred();
+      on_sim = run(c, true);
+      deferred = sim.copies_deferred() - before;
+      before = sim.copies_deferred();
+      run(c, false);
+      deferred_plain = sim.copies_deferred() - before;
+    }
+    expect_same(on_sim, on_cpu, str_cat("offload cpu, stage ", stage));
+    if (stage < 3) expect_same(on_cpu, reference, str_cat("offload cpu, stage ", stage, " against the explicit delay"));
+    // 4 steps install 3 updates during steps 2-4 and the last at the end, 4 units each: copies
+    // the plain engine (the same other paths) does not make.
+    EXPECT_EQ(deferred, deferred_plain + 4u * 4u) << "stage " << stage;
   }
 }
 

@@ -343,20 +343,21 @@ void ParamStore::commit_slots() {
     if (std::exchange(st.swap_dirty, false)) std::swap(st.swap_offset, st.swap_spare);
 }
 
-void ParamStore::install(int u, const void* fresh, MemPlace place) {
+Event ParamStore::install(int u, const void* fresh, MemPlace place) {
   release(u);  // stage 3: a gathered copy is stale now
   wait_gather(u);
   nn::FlatParam& unit = model_.units()[u];
   UnitParams& st = units_[u];
-  if (config_.stage == 0) {
-    device_.copy(unit.data(), MemPlace::device, fresh, place, unit.numel() * dsize_);
-  } else if (sharded(u)) {
-    device_.copy(st.shard_params.data(), st.shard_params.place(), fresh, place, st.shard.shard_numel * dsize_);
-  } else {
-    char* full = static_cast<char*>(unit.data());
-    device_.copy(full + st.shard.shard_begin * dsize_, MemPlace::device, fresh, place, st.shard.shard_numel * dsize_);
-    gather_updated(u);
-  }
+  if (config_.stage == 0) return device_.copy_async(unit.data(), MemPlace::device, fresh, place, unit.numel() * dsize_);
+  if (sharded(u))
+    return device_.copy_async(st.shard_params.data(), st.shard_params.place(), fresh, place,
+                              st.shard.shard_numel * dsize_);
+  char* full = static_cast<char*>(unit.data());
+  Event copy = device_.copy_async(full + st.shard.shard_begin * dsize_, MemPlace::device, fresh, place,
+                                  st.shard.shard_numel * dsize_);
+  device_.wait(kernels::Stream::compute, copy);  // the gather reads the shard after the compute work before it
+  gather_updated(u);
+  return copy;
 }
 
 // ---------------------------------------------------------------- checkpoints

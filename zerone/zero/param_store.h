@@ -112,8 +112,11 @@ class ParamStore {
   }
   // Replaces the rank's slice of unit u's parameters with `fresh` (its optimizer slice's elements,
   // memory of `place`): the whole unit at stage 0, the shard otherwise, all-gathered into the
-  // full parameters where they are kept (Note [Delayed parameter update]).
-  void install(int u, const void* fresh, MemPlace place);
+  // full parameters where they are kept (Note [Delayed parameter update]). Returns the Event of
+  // the copy (Note [Asynchronous copies]): until it completed, `fresh` must not be written and the
+  // unit's parameters (or shard) not read, but on the compute stream after a wait for it (where
+  // the install gathers, it made the compute stream wait before the gather).
+  Event install(int u, const void* fresh, MemPlace place);
 
   // --- checkpoints ---
   // Hands fn elements [begin, end) of unit u's parameters (the rank's partition) in host memory.

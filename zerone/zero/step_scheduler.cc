@@ -394,12 +394,13 @@ void DelayedUpdate::redirect(optim::ShardRef& ref, MemPlace place, MemPlace para
   ref.param = params_.back().data();
 }
 
-void DelayedUpdate::start(optim::ShardStepping& optimizer, float lr, float grad_scale) {
+void DelayedUpdate::start(optim::ShardStepping& optimizer, float lr, float grad_scale, std::vector<Event> installs) {
   install_pending_ = true;
-  worker_ = std::thread([this, &optimizer, lr, grad_scale] {
+  worker_ = std::thread([this, &optimizer, lr, grad_scale, installs = std::move(installs)] {
     Profiler::set_thread_excluded(true);
     omp_set_num_threads(threads_);
     try {
+      for (const Event& copy : installs) copy.wait();  // they still read what the step overwrites
       optimizer.step(lr, grad_scale);
     } catch (...) {
       error_ = std::current_exception();
@@ -416,21 +417,49 @@ void DelayedUpdate::join() {
   if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
 }
 
-void StepScheduler::install_delayed() {
-  if (!delayed_) return;
+std::vector<Event> StepScheduler::launch_installs() {
+  std::vector<Event> copies;
+  if (!delayed_) return copies;
   delayed_->join();
-  if (!delayed_->take_pending()) return;
+  if (!delayed_->take_pending()) return copies;
   for (int u = 0; u < num_units(); ++u)
-    params_.install(u, delayed_->fresh_params(static_cast<size_t>(u)), delayed_->fresh_place(static_cast<size_t>(u)));
+    copies.push_back(params_.install(u, delayed_->fresh_params(static_cast<size_t>(u)),
+                                     delayed_->fresh_place(static_cast<size_t>(u))));
+  return copies;
 }
 
+void StepScheduler::install_delayed() {
+  for (const Event& copy : launch_installs()) {
+    device_.wait(kernels::Stream::compute, copy);
+    copy.wait();
+  }
+}
+
+// Note [Installing the update behind the gradients' copy]: with the optimizer off the device
+// (--offload-optimizer cpu or nvme), installing the finished update is a host-to-device copy per
+// unit, and handing this step's gradients to the optimizer a device-to-host copy per unit: on a
+// GPU the two directions have copy engines of their own. So the installs are launched first and
+// waited for only where their data is used: the compute stream waits for them after the
+// gradients' measurement is submitted (the next forward reads the parameters; a collective that
+// gathers them starts after the compute work submitted before it), and the optimizer thread
+// waits for them before it overwrites their source. Any other way out of the step (a skipped
+// fp16 step, an error) waits for them on the host. The cpu backend copies at once; the simulated device
+// defers each copy to the first wait for it and fills the destination with NaN meanwhile (Note
+// [Deferred copies]), so a read or a write before a wait changes the bits the tests compare.
 StepResult StepScheduler::step_delayed(float lr, float grad_clip, double loss_scale, bool skip_on_overflow) {
-  install_delayed();
+  std::vector<Event> installs = launch_installs();
+  struct WaitOnExit {  // every way out but start() below (which hands them on) waits for the copies
+    const std::vector<Event>& copies;
+    ~WaitOnExit() {
+      for (const Event& copy : copies) copy.wait();
+    }
+  } wait_on_exit{installs};
   // Copy this step's gradients to the optimizer (which may then run beside the next backward) and
   // measure them on the way; the model's gradient buffers are free for the next step after this.
   double local = 0.0;
   for (size_t i = 0; i < optimizer_.num_shards(); ++i)  // as step() measures it (Note [Deterministic gradient norm])
     local += sum_squares_and_copy(device_, delayed_->reduced_grads(i), optimizer_.numel(i), delayed_->optimizer_grads(i));
+  for (const Event& copy : installs) device_.wait(kernels::Stream::compute, copy);
   drop_gradients();  // consumed: the next micro-step starts a new sum
   StepResult result;
   result.norm = std::sqrt(global_norm_sq(local)) / loss_scale;
@@ -443,7 +472,7 @@ StepResult StepScheduler::step_delayed(float lr, float grad_clip, double loss_sc
   float clip = 1.0f;
   if (grad_clip > 0.0f && result.norm > grad_clip) clip = static_cast<float>(grad_clip / result.norm);
   const float scale = static_cast<float>(1.0 / (static_cast<double>(world_) * loss_scale)) * clip;
-  delayed_->start(optimizer_, lr, scale);
+  delayed_->start(optimizer_, lr, scale, std::move(installs));  // leaves `installs` empty
   return result;
 }
 

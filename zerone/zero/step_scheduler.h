@@ -75,9 +75,10 @@ class DelayedUpdate {
   const void* fresh_params(size_t i) const { return params_[i].data(); }
   MemPlace fresh_place(size_t i) const { return params_[i].place(); }
 
-  // Starts `optimizer`.step(lr, grad_scale) on the optimizer thread; installing its result is
-  // pending from then on.
-  void start(optim::ShardStepping& optimizer, float lr, float grad_scale);
+  // Starts `optimizer`.step(lr, grad_scale) on the optimizer thread, which first waits for
+  // `installs` (the copies still reading the parameters it is to overwrite); installing its
+  // result is pending from then on.
+  void start(optim::ShardStepping& optimizer, float lr, float grad_scale, std::vector<Event> installs);
   // Waits for the update in flight, if any; rethrows its error.
   void join();
   // Whether a finished update waits to be installed; take_pending() clears it.
@@ -111,7 +112,8 @@ class StepScheduler {
   // After unit u's backward (and its reduction was launched): the early step's updates.
   void after_backward(int u);
 
-  // --delayed-update: waits for the update in flight / and installs it into the model.
+  // --delayed-update: waits for the update in flight / and installs it into the model (the
+  // install complete when this returns).
   void join_delayed() {
     if (delayed_) delayed_->join();
   }
@@ -133,6 +135,9 @@ class StepScheduler {
   double local_sumsq() const;
   void on_shard_updated(int u);
   StepResult step_delayed(float lr, float grad_clip, double loss_scale, bool skip_on_overflow);
+  // --delayed-update: starts installing the finished update (if one is pending) into the model;
+  // the Events of its copies (Note [Installing the update behind the gradients' copy]).
+  std::vector<Event> launch_installs();
   void early_update(int u, int next);
   StepResult step_early();
   std::vector<int> take_back_early();  // the units it restored

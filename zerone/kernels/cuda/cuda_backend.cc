@@ -11,6 +11,7 @@
 #include <cstring>
 #include <map>
 #include <set>
+#include <tuple>
 #include <utility>
 #include <mutex>
 #include <vector>
@@ -270,6 +271,7 @@ class CudaBackend final : public kernels::Backend {
   }
   ~CudaBackend() override {
     for (Buffer& b : scratch_) b.reset();
+    destroy_gemm_plans();
     if (lt_) (void)lib_.destroy(lt_);
     for (cudaStream_t s : streams_) (void)cudaStreamDestroy(s);
   }
@@ -544,7 +546,7 @@ class CudaBackend final : public kernels::Backend {
  private:
   // Scratch slots: device buffers that only grow (the cpu kernels' Note [Scratch arena]); the
   // training thread alone uses them. A grown slot's old memory is freed in stream order.
-  enum Slot { kActA, kActB, kScores, kPartials, kFlag, kHits, kGemmWorkspace, kSlots };
+  enum Slot { kActA, kActB, kScores, kPartials, kFlag, kHits, kGemmWorkspace, kWideA, kWideB, kSlots };
   void* scratch(Slot slot, size_t bytes) {
     Buffer& b = scratch_[slot];
     if (b.bytes() < bytes) b = Buffer(bytes, MemCategory::scratch, MemPlace::device, 256, *arena_);
@@ -606,47 +608,103 @@ class CudaBackend final : public kernels::Backend {
     return dst;
   }
 
+  // Note [GEMM plans]: a cuBLASLt GEMM needs a matmul descriptor, three matrix layouts and an
+  // algorithm from the heuristic, which depends on the shape, the transposes, the dtype, the
+  // leading dimensions and the operands' alignments. A training step repeats the same few dozen
+  // GEMMs, so each is planned once (descriptors and algorithm kept in `gemm_plans_`, destroyed
+  // with the backend) instead of on every call. Where the heuristic has no algorithm for 16-bit
+  // operands (leading dimensions whose rows are not 16-byte aligned, as in the op harness's C = 7
+  // and 11 rows), the GEMM runs in f32 on the operands widened exactly (kWideA/kWideB): the same
+  // products, f32 accumulation as cuBLASLt's 16-bit path (CUBLAS_COMPUTE_32F), like the cpu
+  // kernels' Note [oneDNN 2.6 AMX column tails]. Only an f32 GEMM without an algorithm aborts.
+  struct GemmKey {
+    bool trans_a, trans_b;
+    int m, n, k, lda, ldb, ldd;
+    DType dtype;
+    uint32_t align_a, align_b, align_d;
+    auto tie() const { return std::tie(trans_a, trans_b, m, n, k, lda, ldb, ldd, dtype, align_a, align_b, align_d); }
+    bool operator<(const GemmKey& o) const { return tie() < o.tie(); }
+  };
+  struct GemmPlan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    bool found = false;  // false: no algorithm for this dtype (the f32 fallback runs instead)
+  };
+
+  const GemmPlan& plan_gemm(const GemmKey& key) {
+    auto it = gemm_plans_.find(key);
+    if (it != gemm_plans_.end()) return it->second;
+    constexpr size_t kWorkspaceBytes = kernels::kCudaGemmWorkspaceBytes;
+    const cudaDataType t = cuda_type(key.dtype);
+    GemmPlan plan;
+    ZERONE_CUBLAS_CHECK(lib_.desc_create(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t op_a = key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    ZERONE_CUBLAS_CHECK(lib_.desc_set_attribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
+    ZERONE_CUBLAS_CHECK(lib_.desc_set_attribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
+    ZERONE_CUBLAS_CHECK(lib_.layout_create(&plan.la, t, key.trans_a ? key.k : key.m, key.trans_a ? key.m : key.k, key.lda));
+    ZERONE_CUBLAS_CHECK(lib_.layout_create(&plan.lb, t, key.trans_b ? key.n : key.k, key.trans_b ? key.k : key.n, key.ldb));
+    ZERONE_CUBLAS_CHECK(lib_.layout_create(&plan.ld, CUDA_R_32F, key.m, key.n, key.ldd));
+    cublasLtMatmulPreference_t pref = nullptr;
+    ZERONE_CUBLAS_CHECK(lib_.preference_create(&pref));
+    ZERONE_CUBLAS_CHECK(lib_.preference_set_attribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                      &kWorkspaceBytes, sizeof kWorkspaceBytes));
+    // cuBLASLt assumes 256-byte aligned operands unless told: the models pass views into larger
+    // buffers, so each operand's true alignment is stated.
+    const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligned[] = {
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_d}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_d}};
+    for (const auto& [attribute, bytes] : aligned)
+      ZERONE_CUBLAS_CHECK(lib_.preference_set_attribute(pref, attribute, &bytes, sizeof bytes));
+    cublasLtMatmulHeuristicResult_t heuristic{};
+    int found = 0;
+    const cublasStatus_t status =
+        lib_.algo_get_heuristic(lt_, plan.desc, plan.la, plan.lb, plan.ld, plan.ld, pref, 1, &heuristic, &found);
+    lib_.preference_destroy(pref);
+    // "Not supported" is the heuristic's way of saying none, as found == 0 is.
+    ZERONE_ASSERT(status == CUBLAS_STATUS_SUCCESS || status == CUBLAS_STATUS_NOT_SUPPORTED,
+                  "cuBLASLt heuristic: status ", static_cast<int>(status));
+    plan.found = status == CUBLAS_STATUS_SUCCESS && found > 0;
+    plan.algo = heuristic.algo;
+    ZERONE_ASSERT(plan.found || key.dtype != DType::f32, "cuBLASLt has no algorithm for ", key.m, "x", key.n, "x",
+                  key.k, " in f32");
+    return gemm_plans_.emplace(key, plan).first->second;
+  }
+
   // D (m, n; column-major, ld ldd, f32) = op(A) op(B) + beta D, where A and B are in `dtype` with
   // leading dimensions lda and ldb; op(X) = X^T when its flag is set. f32 compute and scale.
   void gemm(bool trans_a, bool trans_b, int m, int n, int k, const void* a, DType dtype, int lda, const void* b,
             int ldb, float* d, int ldd, float beta) {
     constexpr size_t kWorkspaceBytes = kernels::kCudaGemmWorkspaceBytes;  // Note [Device memory the ledger cannot see]
-    void* workspace = scratch(kGemmWorkspace, kWorkspaceBytes);
-    const cudaDataType t = cuda_type(dtype);
-    cublasLtMatmulDesc_t desc = nullptr;
-    cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
-    cublasLtMatmulPreference_t pref = nullptr;
-    ZERONE_CUBLAS_CHECK(lib_.desc_create(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-    ZERONE_CUBLAS_CHECK(lib_.desc_set_attribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
-    ZERONE_CUBLAS_CHECK(lib_.desc_set_attribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
-    ZERONE_CUBLAS_CHECK(lib_.layout_create(&la, t, trans_a ? k : m, trans_a ? m : k, lda));
-    ZERONE_CUBLAS_CHECK(lib_.layout_create(&lb, t, trans_b ? n : k, trans_b ? k : n, ldb));
-    ZERONE_CUBLAS_CHECK(lib_.layout_create(&ld, CUDA_R_32F, m, n, ldd));
-    ZERONE_CUBLAS_CHECK(lib_.preference_create(&pref));
-    ZERONE_CUBLAS_CHECK(lib_.preference_set_attribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                             &kWorkspaceBytes, sizeof kWorkspaceBytes));
-    // cuBLASLt assumes 256-byte aligned operands unless told: the models pass views into larger
-    // buffers, so each operand's true alignment is stated.
-    const std::pair<cublasLtMatmulPreferenceAttributes_t, const void*> aligned[] = {
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, a}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, b},
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, d}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, d}};
-    for (const auto& [attribute, p] : aligned) {
-      const uint32_t bytes = alignment_of(p);
-      ZERONE_CUBLAS_CHECK(lib_.preference_set_attribute(pref, attribute, &bytes, sizeof bytes));
+    const GemmPlan& plan = plan_gemm(GemmKey{trans_a, trans_b, m, n, k, lda, ldb, ldd, dtype, alignment_of(a),
+                                             alignment_of(b), alignment_of(d)});
+    if (!plan.found) {  // Note [GEMM plans]: f32 on the operands widened exactly
+      // A column-major operand of `rows` x `cols` stored with leading dimension `ld` spans
+      // (cols - 1) * ld + rows elements.
+      auto widen = [&](const void* src, int rows, int cols, int ld, Slot slot) {
+        const size_t span = static_cast<size_t>(cols - 1) * ld + rows;
+        void* wide = scratch(slot, span * sizeof(float));
+        cuda::convert(wide, DType::f32, src, dtype, span, compute());
+        return static_cast<const void*>(wide);
+      };
+      const void* wide_a = widen(a, trans_a ? k : m, trans_a ? m : k, lda, kWideA);
+      const void* wide_b = widen(b, trans_b ? n : k, trans_b ? k : n, ldb, kWideB);
+      return gemm(trans_a, trans_b, m, n, k, wide_a, DType::f32, lda, wide_b, ldb, d, ldd, beta);
     }
-    cublasLtMatmulHeuristicResult_t heuristic;
-    int found = 0;
-    ZERONE_CUBLAS_CHECK(lib_.algo_get_heuristic(lt_, desc, la, lb, ld, ld, pref, 1, &heuristic, &found));
-    ZERONE_ASSERT(found > 0, "cuBLASLt has no algorithm for ", m, "x", n, "x", k, " in ", dtype_name(dtype));
+    void* workspace = scratch(kGemmWorkspace, kWorkspaceBytes);
     const float alpha = 1.0f;
-    ZERONE_CUBLAS_CHECK(lib_.matmul(lt_, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld, &heuristic.algo, workspace,
-                                       kWorkspaceBytes, compute()));
-    lib_.preference_destroy(pref);
-    lib_.layout_destroy(ld);
-    lib_.layout_destroy(lb);
-    lib_.layout_destroy(la);
-    lib_.desc_destroy(desc);
+    ZERONE_CUBLAS_CHECK(lib_.matmul(lt_, plan.desc, &alpha, a, plan.la, b, plan.lb, &beta, d, plan.ld, d, plan.ld,
+                                    &plan.algo, workspace, kWorkspaceBytes, compute()));
+  }
+
+  void destroy_gemm_plans() {
+    for (auto& [key, plan] : gemm_plans_) {
+      lib_.layout_destroy(plan.ld);
+      lib_.layout_destroy(plan.lb);
+      lib_.layout_destroy(plan.la);
+      lib_.desc_destroy(plan.desc);
+    }
+    gemm_plans_.clear();
   }
 
   const int device_;
@@ -657,6 +715,7 @@ class CudaBackend final : public kernels::Backend {
   std::unique_ptr<CudaArena> arena_;
   const CublasLtLibrary& lib_ = cublaslt();  // loaded here (Note [cuBLASLt loaded on first use])
   cublasLtHandle_t lt_ = nullptr;
+  std::map<GemmKey, GemmPlan> gemm_plans_;  // Note [GEMM plans]; the training thread's, like scratch_
   std::string description_;
   Buffer scratch_[kSlots];
 };

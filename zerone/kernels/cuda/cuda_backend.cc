@@ -300,13 +300,17 @@ class CudaBackend final : public kernels::Backend {
     return attr.type == cudaMemoryTypeDevice && attr.device == device_ ? MemPlace::device : MemPlace::host;
   }
 
+  // record and wait may come from any thread (the communication thread records staged copies):
+  // an event is created on the calling thread's current device, which must be this backend's.
   Event record(Stream stream) override {
+    ZERONE_CUDA_CHECK(cudaSetDevice(device_));
     if (stream != Stream::compute) join(stream_of(stream), compute());
     return Event(std::make_shared<const CudaEvent>(stream_of(stream)));
   }
   void wait(Stream stream, const Event& event) override {
     const auto* e = dynamic_cast<const CudaEvent*>(event.impl());
     if (e == nullptr) return;  // a default (complete) event
+    ZERONE_CUDA_CHECK(cudaSetDevice(device_));
     ZERONE_CUDA_CHECK(cudaStreamWaitEvent(stream_of(stream), e->handle(), 0));
   }
   void synchronize(Stream stream) override {

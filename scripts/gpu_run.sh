@@ -113,10 +113,11 @@ cuda_programs() {
 do_pack() {
   export CCACHE_BASEDIR="${CCACHE_BASEDIR:-/work}"
   local build="$root/build-gpu"
+  mkdir -p "$build"
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DZERONE_PORTABLE=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
     -DZERONE_BUILD_BENCH=OFF -DCMAKE_EXPORT_COMPILE_COMMANDS=ON -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
-    -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache > "$build.cmake.log"
-  grep -q 'CUDA backend ON' "$build.cmake.log" || { echo "gpu_run.sh: the CUDA backend is not configured (no nvcc?)" >&2; exit 1; }
+    -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache > "$build/configure.log"
+  grep -q 'CUDA backend ON' "$build/configure.log" || { echo "gpu_run.sh: the CUDA backend is not configured (no nvcc?)" >&2; exit 1; }
   # Note [Portable builds]: not one host compile may target this machine's CPU.
   ! grep -q -- '-march=native' "$build/compile_commands.json" ||
     { echo "gpu_run.sh: -march=native in $build/compile_commands.json" >&2; exit 1; }

@@ -429,10 +429,7 @@ std::vector<Event> StepScheduler::launch_installs() {
 }
 
 void StepScheduler::install_delayed() {
-  for (const Event& copy : launch_installs()) {
-    device_.wait(kernels::Stream::compute, copy);
-    copy.wait();
-  }
+  for (const Event& copy : launch_installs()) copy.wait();  // complete on return: any later work sees it
 }
 
 // Note [Installing the update behind the gradients' copy]: with the optimizer off the device
@@ -443,9 +440,9 @@ void StepScheduler::install_delayed() {
 // gradients' measurement is submitted (the next forward reads the parameters; a collective that
 // gathers them starts after the compute work submitted before it), and the optimizer thread
 // waits for them before it overwrites their source. Any other way out of the step (a skipped
-// fp16 step, an error) waits for them on the host. The cpu backend copies at once; the simulated device
-// defers each copy to the first wait for it and fills the destination with NaN meanwhile (Note
-// [Deferred copies]), so a read or a write before a wait changes the bits the tests compare.
+// fp16 step, an error) waits for them on the host. The cpu backend copies at once; the simulated
+// device defers each copy to the first wait for it and fills the destination with NaN meanwhile
+// (Note [Deferred copies]), so a read or a write before a wait changes the bits the tests compare.
 StepResult StepScheduler::step_delayed(float lr, float grad_clip, double loss_scale, bool skip_on_overflow) {
   std::vector<Event> installs = launch_installs();
   struct WaitOnExit {  // every way out but start() below (which hands them on) waits for the copies

@@ -35,6 +35,8 @@
 #                               summary.txt (one line per step), info.txt, gtest_cuda.log,
 #                               zero_cuda.log, bench_w5.log, extra.tar.gz (XML, metrics).
 #                               ZERONE_W5_PEERS (default "eager compile") names the PyTorch modes timed.
+#   scripts/gpu_run.sh profile  THERE: Nsight Compute's per-kernel GPU time of a 2-step W5 run.
+#   scripts/gpu_run.sh more     THERE, a second call: profile, sanitize and the torch.compile peer of W5.
 #   scripts/gpu_run.sh sanitize THERE, a second call when the first passed: compute-sanitizer's memcheck
 #                               and racecheck over the op harness's cuda rows (issue 18 §3).
 #
@@ -404,16 +406,76 @@ do_selftest() {
   return $rc
 }
 
+# A CUDA tool: on PATH, else under the toolkit or Nsight Compute's install (the GPU machine's image).
+cuda_tool() {
+  command -v "$1" 2>/dev/null ||
+    { ls /usr/local/cuda/bin/"$1" /opt/nvidia/nsight-compute/*/"$1" /usr/local/cuda/nsight-compute*/"$1" 2>/dev/null || true; } | head -1
+}
+
 do_sanitize() {
-  local out="${OUT:-$root/gpu_out}" rc=0 tool
+  local out="${OUT:-$root/gpu_out}" rc=0 tool sanitizer
   mkdir -p "$out"
   pack_env
+  sanitizer="$(cuda_tool compute-sanitizer)"
+  [ -n "$sanitizer" ] || { echo "sanitize: no compute-sanitizer"; return 1; }
   for tool in memcheck racecheck; do
-    (cd "$root" && timeout 240 compute-sanitizer --tool "$tool" --target-processes all --error-exitcode 3 "$pack/bin/kernels_test" \
+    (cd "$root" && timeout "${ZERONE_SANITIZE_CAP_S:-240}" "$sanitizer" --tool "$tool" --target-processes all --error-exitcode 3 "$pack/bin/kernels_test" \
        --gtest_filter='*_cuda') > "$out/sanitize_$tool.log" 2>&1 || rc=1
     tail -15 "$out/sanitize_$tool.log"
   done
   return $rc
+}
+
+# profile: where one W5 step's GPU time goes, kernel by kernel: Nsight Compute's kernel durations
+# (gpu__time_duration, one pass per kernel, the clocks left alone) over a 2-step run, summed per
+# kernel name, beside the sum of all kernels and the step's own time in the same run. ncu runs the
+# kernels one at a time: the sum says how busy the GPU could be, the step time what it is.
+do_profile() {
+  local out="${OUT:-$root/gpu_out}" ncu mb="${ZERONE_W5_MB:-8}" d
+  mkdir -p "$out"
+  pack_env
+  ncu="$(cuda_tool ncu)"
+  [ -n "$ncu" ] || { echo "profile: no ncu"; return 1; }
+  d="$(mktemp -d)"
+  timeout "${ZERONE_PROFILE_CAP_S:-150}" "$ncu" --clock-control none --target-processes all \
+    --metrics gpu__time_duration.sum --csv --print-units base --print-kernel-base function \
+    --log-file "$d/ncu.csv" "$pack/bin/zerone" train --model "${ZERONE_PROFILE_MODEL:-gpt2-124m}" --seq 1024 \
+    --micro-batch "$mb" --steps 2 --precision bf16 --device cuda --metrics "$d/z.jsonl" > "$d/z.log" 2>&1 ||
+    echo "profile: ncu run ended with $?"
+  tail -3 "$d/z.log"
+  cp "$d/ncu.csv" "$out/ncu_w5.csv" 2>/dev/null || true
+  python3 - "$d/ncu.csv" <<'PY'
+import csv, sys, collections
+rows = []
+with open(sys.argv[1], errors="replace") as f:
+    lines = [l for l in f if l.startswith('"')]
+for r in csv.DictReader(lines):
+    if r.get("Metric Name") == "gpu__time_duration.sum":
+        rows.append((r.get("Kernel Name") or r.get("Function Name", "?"), float(r["Metric Value"].replace(",", ""))))
+total = sum(t for _, t in rows)
+by = collections.defaultdict(lambda: [0, 0.0])
+for k, t in rows:
+    by[k][0] += 1; by[k][1] += t
+print(f"profile: {len(rows)} kernels over 2 steps, GPU time {total / 1e6:.2f} ms (ns units summed)")
+for k, (n, t) in sorted(by.items(), key=lambda kv: -kv[1][1])[:30]:
+    print(f"  {t / 1e6:9.3f} ms  {100 * t / max(total, 1):5.1f}%  {n:6d} x {t / n / 1e3:9.1f} us  {k[:110]}")
+PY
+  rm -rf "$d"
+}
+
+# more: the GPU session's second call, when `run` passed: the W5 profile, compute-sanitizer over the
+# op harness, and the torch.compile peer of W5 (each capped; ZERONE_GPU_BUDGET_S in all).
+do_more() {
+  set +e
+  mkdir -p "$out"
+  : > "$out/summary.txt"
+  deadline=$(($(now) + ${ZERONE_GPU_BUDGET_S:-400}))
+  export ZERONE_DEADLINE=$deadline OUT="$out" ZERONE_PACK_DIR="$pack"
+  pack_env > /dev/null 2>&1
+  step profile 150 profile.log bash "$0" profile
+  ZERONE_SANITIZE_CAP_S=80 step sanitize 170 sanitize.log bash "$0" sanitize
+  ZERONE_W5_PEERS="${ZERONE_W5_PEERS-compile}" step w5 $((deadline - $(now))) bench_w5.log bench_w5
+  cat "$out/summary.txt"
 }
 
 # --- run: the GPU session's one call --------------------------------------------------------------
@@ -543,6 +605,8 @@ case "${1:-}" in
   selftest) do_selftest "${2:-bookworm}" ;;
   run) do_run ;;
   sanitize) do_sanitize ;;
+  profile) do_profile ;;
+  more) do_more ;;
   _gtest_cuda) gtest_cuda "${@:2}" ;;   # internal: a step of run (pack_env already done)
   _bench_w5) bench_w5 ;;
   *) echo "usage: scripts/gpu_run.sh pack|check|selftest [bookworm|bullseye]|run|sanitize (docs/GPU.md)" >&2; exit 2 ;;

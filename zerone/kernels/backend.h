@@ -257,13 +257,19 @@ class Backend {
   // Note [Attention's saved state]: `att` holds attention_saved_numel(attention_saved(), B, NH, T)
   // floats.
   AttentionSaved attention_saved() const { return kernels::attention_saved(kind(), device_options()); }
-  virtual void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) = 0;
+  // `operands`: the dtype the model computes its products in (its parameters' dtype). With bf16 or
+  // f16 a backend may round attention's operands (q, k, v, the probabilities, dO, dS) to it, as
+  // PyTorch's autocast does: the cuda backend's flash attention then runs on tensor cores (Note
+  // [Flash attention on tensor cores], kernels/cuda/attention_tensor_cores.cu). The cpu and sim
+  // backends compute in f32 whatever it says. f32 asks for f32 products everywhere.
+  virtual void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH,
+                                 DType operands) = 0;
   virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T,
-                                  int C, int NH) = 0;
-  virtual void gqa_attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int NKV,
-                                     int hs) = 0;
+                                  int C, int NH, DType operands) = 0;
+  virtual void gqa_attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int NKV, int hs,
+                                     DType operands) = 0;
   virtual void gqa_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T,
-                                      int NH, int NKV, int hs) = 0;
+                                      int NH, int NKV, int hs, DType operands) = 0;
   virtual void rmsnorm_forward(float* out, float* rstd, const float* inp, const void* weight, DType param_dtype, int N,
                                int C, float eps) = 0;
   virtual void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const void* weight,

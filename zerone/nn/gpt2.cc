@@ -263,7 +263,7 @@ void GPT2::block_forward(int l) {
   float* tmp = acts_.tmp_c.as<float>();
   backend_.layernorm_forward(b.ln1, b.ln1_mean, b.ln1_rstd, b.residual, p(u, kLn1w), p(u, kLn1b), dtype_, N, C);
   backend_.linear_forward(b.qkv, b.ln1, p(u, kQkvw), p(u, kQkvb), dtype_, N, C, 3 * C);
-  backend_.attention_forward(b.atty, b.att, b.qkv, B, T, C, NH);
+  backend_.attention_forward(b.atty, b.att, b.qkv, B, T, C, NH, dtype_);
   backend_.linear_forward(tmp, b.atty, p(u, kAttprojw), p(u, kAttprojb), dtype_, N, C, C);
   backend_.residual_forward(b.residual2, b.residual, tmp, BTC);
   backend_.layernorm_forward(b.ln2, b.ln2_mean, b.ln2_rstd, b.residual2, p(u, kLn2w), p(u, kLn2b), dtype_, N, C);
@@ -327,7 +327,7 @@ void GPT2::backward(float grad_scale) {
     // residual2 = residual + attproj
     backend_.linear_backward(dbuf, g(u, kAttprojw), g(u, kAttprojb), dresidual, atty, p(u, kAttprojw), dtype_, N, C, C,
                        acc);
-    backend_.attention_backward(dqkv, dbuf, qkv, att, B, T, C, NH);
+    backend_.attention_backward(dqkv, dbuf, qkv, att, B, T, C, NH, dtype_);
     backend_.linear_backward(dbuf, g(u, kQkvw), g(u, kQkvb), dqkv, ln1, p(u, kQkvw), dtype_, N, C, 3 * C, acc);
     backend_.layernorm_backward(dresidual, g(u, kLn1w), g(u, kLn1b), dbuf, residual, p(u, kLn1w), dtype_, ln1_mean,
                           ln1_rstd, N, C);

@@ -20,6 +20,7 @@
 #include <cmath>
 
 #include "zerone/kernels/cuda/common.cuh"
+#include "zerone/kernels/cuda/flash_common.cuh"
 #include "zerone/kernels/cuda/flash_tiles.h"
 #include "zerone/kernels/cuda/kernels.h"
 
@@ -29,20 +30,6 @@ namespace {
 using namespace flash;
 
 constexpr unsigned kFullMask = 0xffffffffu;
-
-// qkv rows (R = (NH + 2 NKV) hs): query head h at h*hs, key head kv at (NH + kv)*hs, value head
-// kv at (NH + NKV + kv)*hs; query head h reads kv head h / G, G = NH / NKV.
-struct FlashShape {
-  int B, T, NH, NKV, hs;
-  __device__ int G() const { return NH / NKV; }
-  __device__ size_t row(int b, int t) const { return (static_cast<size_t>(b) * T + t) * (static_cast<size_t>(NH + 2 * NKV) * hs); }
-  __device__ size_t q(int b, int t, int h) const { return row(b, t) + static_cast<size_t>(h) * hs; }
-  __device__ size_t k(int b, int t, int kv) const { return row(b, t) + static_cast<size_t>(NH + kv) * hs; }
-  __device__ size_t v(int b, int t, int kv) const { return row(b, t) + static_cast<size_t>(NH + NKV + kv) * hs; }
-  __device__ size_t o(int b, int t, int h) const { return (static_cast<size_t>(b) * T + t) * NH * hs + static_cast<size_t>(h) * hs; }
-  // Index of row t of head h in a (B, NH, T) tensor (lse, D).
-  __device__ size_t stat(int b, int h, int t) const { return (static_cast<size_t>(b) * NH + h) * T + t; }
-};
 
 // Butterfly reductions over a warp: every lane ends with the same value (each step combines a pair
 // commutatively), in a fixed order.
@@ -310,21 +297,6 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
 
 // ---------------------------------------------------------------- launching
 
-// Dynamic shared memory of `floats` for `kernel`: above the 48 KiB default a kernel must opt in,
-// up to the device's limit per block (sm_80: 163 KiB, sm_90: 227 KiB; flash_tiles.h's largest
-// need, hs 256, is about 132 KiB).
-template <typename Kernel>
-size_t request_smem(Kernel kernel, int floats) {
-  const size_t bytes = sizeof(float) * static_cast<size_t>(floats);
-  int device = 0, limit = 0;
-  ZERONE_CUDA_CHECK(cudaGetDevice(&device));
-  ZERONE_CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  ZERONE_ASSERT(bytes <= static_cast<size_t>(limit), "flash attention needs ", bytes,
-                " bytes of shared memory per block; this GPU offers ", limit);
-  ZERONE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-  return bytes;
-}
-
 void check_shape(int NH, int NKV, int hs) {
   ZERONE_ASSERT(NKV >= 1 && NH % NKV == 0, "NH ", NH, " is not a multiple of NKV ", NKV);
   ZERONE_ASSERT(hs >= 1 && hs <= kMaxHeadSize, "flash attention takes head sizes 1..", kMaxHeadSize, ", got ", hs);
@@ -332,7 +304,7 @@ void check_shape(int NH, int NKV, int hs) {
 
 template <int kChunks>
 void forward_with(float* out, float* lse, const float* qkv, const FlashShape& s, float scale, cudaStream_t stream) {
-  const size_t bytes = request_smem(flash_forward_kernel<kChunks>, forward_smem_floats(s.hs));
+  const size_t bytes = request_smem(flash_forward_kernel<kChunks>, sizeof(float) * forward_smem_floats(s.hs));
   const dim3 grid(static_cast<unsigned>(s.B * s.NH), static_cast<unsigned>(tiles_of(s.T, warp_tile_rows(kChunks))));
   flash_forward_kernel<kChunks><<<grid, kThreadsPerBlock, bytes, stream>>>(out, lse, qkv, s, scale);
   ZERONE_CUDA_LAUNCHED();
@@ -342,11 +314,11 @@ template <int kChunks>
 void backward_with(float* dqkv, float* dsum, const float* dout, const float* qkv, const float* lse,
                    const FlashShape& s, float scale, cudaStream_t stream) {
   const unsigned warp_tiles = static_cast<unsigned>(tiles_of(s.T, warp_tile_rows(kChunks)));
-  const size_t dq_bytes = request_smem(flash_dq_kernel<kChunks>, dq_smem_floats(s.hs));
+  const size_t dq_bytes = request_smem(flash_dq_kernel<kChunks>, sizeof(float) * dq_smem_floats(s.hs));
   flash_dq_kernel<kChunks><<<dim3(static_cast<unsigned>(s.B * s.NH), warp_tiles), kThreadsPerBlock, dq_bytes, stream>>>(
       dqkv, dsum, dout, qkv, lse, s, scale);
   ZERONE_CUDA_LAUNCHED();
-  const size_t dkv_bytes = request_smem(flash_dkv_kernel<kChunks>, dkv_smem_floats(s.hs));
+  const size_t dkv_bytes = request_smem(flash_dkv_kernel<kChunks>, sizeof(float) * dkv_smem_floats(s.hs));
   flash_dkv_kernel<kChunks><<<dim3(static_cast<unsigned>(s.B * s.NKV), warp_tiles), kThreadsPerBlock, dkv_bytes,
                               stream>>>(dqkv, dout, qkv, lse, dsum, s, scale);
   ZERONE_CUDA_LAUNCHED();
@@ -355,11 +327,13 @@ void backward_with(float* dqkv, float* dsum, const float* dout, const float* qkv
 }  // namespace
 
 void flash_attention_forward(float* out, float* lse, const float* qkv, int B, int T, int NH, int NKV, int hs,
-                             cudaStream_t stream) {
+                             DType operands, cudaStream_t stream) {
   check_shape(NH, NKV, hs);
   if (B == 0 || T == 0) return;
   const FlashShape s{B, T, NH, NKV, hs};
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  if (tensor_core_flash_takes(operands, hs, out, qkv, qkv))
+    return tensor_core_flash_forward(out, lse, qkv, s, operands, scale, stream);
   switch (chunks_for(hs)) {
     case 1: return forward_with<1>(out, lse, qkv, s, scale, stream);
     case 2: return forward_with<2>(out, lse, qkv, s, scale, stream);
@@ -369,11 +343,13 @@ void flash_attention_forward(float* out, float* lse, const float* qkv, int B, in
 }
 
 void flash_attention_backward(float* dqkv, float* dsum, const float* dout, const float* qkv, const float* lse, int B,
-                              int T, int NH, int NKV, int hs, cudaStream_t stream) {
+                              int T, int NH, int NKV, int hs, DType operands, cudaStream_t stream) {
   check_shape(NH, NKV, hs);
   if (B == 0 || T == 0) return;
   const FlashShape s{B, T, NH, NKV, hs};
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  if (tensor_core_flash_takes(operands, hs, dqkv, dout, qkv))
+    return tensor_core_flash_backward(dqkv, dsum, dout, qkv, lse, s, operands, scale, stream);
   switch (chunks_for(hs)) {
     case 1: return backward_with<1>(dqkv, dsum, dout, qkv, lse, s, scale, stream);
     case 2: return backward_with<2>(dqkv, dsum, dout, qkv, lse, s, scale, stream);

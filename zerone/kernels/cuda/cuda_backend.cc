@@ -423,25 +423,27 @@ class CudaBackend final : public kernels::Backend {
     if (dbias) bias_backward(dbias, dout, N, OC, accumulate_param_grads, compute());
   }
 
-  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) override {
-    gqa_attention_forward(out, att, qkv, B, T, NH, NH, C / NH);
+  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH,
+                         DType operands) override {
+    gqa_attention_forward(out, att, qkv, B, T, NH, NH, C / NH, operands);
   }
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
-                          int NH) override {
-    gqa_attention_backward(dqkv, dout, qkv, att, B, T, NH, NH, C / NH);
+                          int NH, DType operands) override {
+    gqa_attention_backward(dqkv, dout, qkv, att, B, T, NH, NH, C / NH, operands);
   }
-  void gqa_attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int NKV,
-                             int hs) override {
+  // operands: the flash form's (Note [Flash attention on tensor cores]); the plain form is f32.
+  void gqa_attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int NKV, int hs,
+                             DType operands) override {
     if (attention_ == kernels::CudaAttention::flash)
-      cuda::flash_attention_forward(out, att, qkv, B, T, NH, NKV, hs, compute());  // att: lse (B, NH, T)
+      cuda::flash_attention_forward(out, att, qkv, B, T, NH, NKV, hs, operands, compute());  // att: lse (B, NH, T)
     else
       cuda::gqa_attention_forward(out, att, qkv, B, T, NH, NKV, hs, compute());
   }
   void gqa_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int NH,
-                              int NKV, int hs) override {
+                              int NKV, int hs, DType operands) override {
     if (attention_ == kernels::CudaAttention::flash) {
       float* dsum = static_cast<float*>(scratch(kScores, sizeof(float) * sz(B) * NH * T));  // (B, NH, T)
-      cuda::flash_attention_backward(dqkv, dsum, dout, qkv, att, B, T, NH, NKV, hs, compute());
+      cuda::flash_attention_backward(dqkv, dsum, dout, qkv, att, B, T, NH, NKV, hs, operands, compute());
       return;
     }
     float* datt = static_cast<float*>(scratch(kScores, sizeof(float) * sz(B) * NH * T * T));  // (B, NH, T, T)

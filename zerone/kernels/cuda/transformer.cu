@@ -22,19 +22,67 @@ __global__ void embedding_forward_kernel(float* out, const int32_t* tokens, cons
   }
 }
 
-// One thread per channel walks every position in order: repeated tokens add in a fixed order and
-// no two threads write one element (no atomics).
-__global__ void embedding_backward_kernel(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
-                                          int T, int C) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  for (int b = 0; b < B; ++b)
-    for (int t = 0; t < T; ++t) {
-      const size_t bt = static_cast<size_t>(b) * T + t;
-      const float g = dout[bt * C + c];
-      dwte[static_cast<size_t>(tokens[bt]) * C + c] += g;
-      if (dwpe) dwpe[static_cast<size_t>(t) * C + c] += g;
+// Note [Embedding backward without atomics]: repeated tokens must add into one row of dwte in a
+// fixed order (position order, as the cpu does). One block per position bt: it is the row's
+// "owner" when bt is the first position holding its token (a scan of the positions before it);
+// the owner then lists, in order, every position holding the token (ballots over chunks of the
+// token array) and sums their dout rows channel by channel. Every row of dwte has one owner, no
+// two blocks write one element, and the work is spread over the distinct tokens (the worst case,
+// one token everywhere, is one block summing B*T rows: the old one-thread-per-channel loop).
+__global__ void embedding_backward_wte_kernel(float* dwte, const float* dout, const int32_t* tokens, int BT, int C) {
+  __shared__ int positions[kThreads];
+  __shared__ int warp_counts[kThreads / 32];
+  const int bt = blockIdx.x;
+  const int32_t token = tokens[bt];
+  // Owner test: no earlier position holds the token.
+  bool earlier = false;
+  for (int j = threadIdx.x; j < bt; j += blockDim.x) earlier |= tokens[j] == token;
+  if (__syncthreads_or(earlier)) return;  // the whole block leaves together
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  float acc[4];  // channels c = threadIdx.x + kThreads * k (C <= 4 * kThreads here; wider in passes)
+  for (int c0 = 0; c0 < C; c0 += 4 * kThreads) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) acc[k] = 0.0f;
+    for (int j0 = bt; j0 < BT; j0 += kThreads) {
+      // Positions j0 .. j0+kThreads-1 holding the token, compacted in order into `positions`.
+      const int j = j0 + threadIdx.x;
+      const bool match = j < BT && tokens[j] == token;
+      const unsigned ballot = __ballot_sync(0xffffffffu, match);
+      if (lane == 0) warp_counts[warp] = __popc(ballot);
+      __syncthreads();
+      int before = 0, count = 0;
+      for (int w = 0; w < kThreads / 32; ++w) {
+        if (w < warp) before += warp_counts[w];
+        count += warp_counts[w];
+      }
+      if (match) positions[before + __popc(ballot & ((1u << lane) - 1u))] = j;
+      __syncthreads();
+      for (int i = 0; i < count; ++i) {
+        const float* row = dout + static_cast<size_t>(positions[i]) * C;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const int c = c0 + threadIdx.x + kThreads * k;
+          if (c < C) acc[k] += row[c];
+        }
+      }
+      __syncthreads();  // positions and warp_counts are rewritten next chunk
     }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int c = c0 + threadIdx.x + kThreads * k;
+      if (c < C) dwte[static_cast<size_t>(token) * C + c] += acc[k];
+    }
+  }
+}
+
+// dwpe row t += sum over b of dout row (b, t), in b order: one thread per (t, channel).
+__global__ void embedding_backward_wpe_kernel(float* dwpe, const float* dout, int B, int T, int C) {
+  const size_t total = static_cast<size_t>(T) * C;
+  ZERONE_GRID_STRIDE(i, total) {
+    float g = 0.0f;
+    for (int b = 0; b < B; ++b) g += dout[static_cast<size_t>(b) * total + i];
+    dwpe[i] += g;
+  }
 }
 
 // ---------------------------------------------------------------- norms (one block per row)
@@ -77,19 +125,49 @@ __global__ void layernorm_backward_rows(float* dinp, const float* dout, const fl
   }
 }
 
-// One thread per channel sums its column over the rows in order.
+// Note [Column sums]: the parameter gradients of the norms and of linear's bias sum a column of
+// an (N, C) tensor over its N rows. A block takes kColumnWidth adjacent columns (one 32-byte
+// memory sector of each row) and kColumnLanes row lanes: lane y sums rows y, y + kColumnLanes, ...
+// in order, then the lanes are summed in a fixed tree. The same bits every run, no atomics, and
+// C / kColumnWidth blocks reading N rows each (one thread per column walking N rows, before, took
+// 1.7 ms per layernorm on an H200 at N = 8192, C = 768; docs/BENCHMARKS.md "GPU runs").
+constexpr int kColumnWidth = 8;
+constexpr int kColumnLanes = 32;
+const dim3 kColumnBlock(kColumnWidth, kColumnLanes);
+unsigned column_sum_blocks(int C) { return static_cast<unsigned>((C + kColumnWidth - 1) / kColumnWidth); }
+
+// Sum of v over the block's row lanes (threadIdx.y) for this thread's column, in a fixed tree; every
+// thread of the column gets it. All threads of the block must call it.
+__device__ float column_lanes_sum(float v, float (*shared)[kColumnWidth]) {
+  shared[threadIdx.y][threadIdx.x] = v;
+  __syncthreads();
+  for (int stride = kColumnLanes / 2; stride > 0; stride /= 2) {
+    if (threadIdx.y < stride) shared[threadIdx.y][threadIdx.x] += shared[threadIdx.y + stride][threadIdx.x];
+    __syncthreads();
+  }
+  const float sum = shared[0][threadIdx.x];
+  __syncthreads();
+  return sum;
+}
+
+// dweight[i] += sum_n (inp - mean) rstd dout, dbias[i] += sum_n dout (Note [Column sums]).
 __global__ void layernorm_backward_params(float* dweight, float* dbias, const float* dout, const float* inp,
                                           const float* mean, const float* rstd, int N, int C) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= C) return;
+  __shared__ float shared[kColumnLanes][kColumnWidth];
+  const int i = blockIdx.x * kColumnWidth + threadIdx.x;
   float dw = 0.0f, db = 0.0f;
-  for (int n = 0; n < N; ++n) {
-    const size_t k = static_cast<size_t>(n) * C + i;
-    dw += (inp[k] - mean[n]) * rstd[n] * dout[k];
-    db += dout[k];
+  if (i < C)
+    for (int n = threadIdx.y; n < N; n += kColumnLanes) {
+      const size_t k = static_cast<size_t>(n) * C + i;
+      dw += (inp[k] - mean[n]) * rstd[n] * dout[k];
+      db += dout[k];
+    }
+  dw = column_lanes_sum(dw, shared);
+  db = column_lanes_sum(db, shared);
+  if (i < C && threadIdx.y == 0) {
+    if (dweight) dweight[i] += dw;
+    if (dbias) dbias[i] += db;
   }
-  if (dweight) dweight[i] += dw;
-  if (dbias) dbias[i] += db;
 }
 
 __global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* inp, const void* weight, DType dtype,
@@ -122,14 +200,16 @@ __global__ void rmsnorm_backward_rows(float* dinp, const float* dout, const floa
 
 __global__ void rmsnorm_backward_params(float* dweight, const float* dout, const float* inp, const float* rstd, int N,
                                         int C) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= C) return;
+  __shared__ float shared[kColumnLanes][kColumnWidth];
+  const int i = blockIdx.x * kColumnWidth + threadIdx.x;
   float dw = 0.0f;
-  for (int n = 0; n < N; ++n) {
-    const size_t k = static_cast<size_t>(n) * C + i;
-    dw += inp[k] * rstd[n] * dout[k];
-  }
-  dweight[i] += dw;
+  if (i < C)
+    for (int n = threadIdx.y; n < N; n += kColumnLanes) {
+      const size_t k = static_cast<size_t>(n) * C + i;
+      dw += inp[k] * rstd[n] * dout[k];
+    }
+  dw = column_lanes_sum(dw, shared);
+  if (i < C && threadIdx.y == 0) dweight[i] += dw;
 }
 
 // ---------------------------------------------------------------- linear's bias
@@ -140,11 +220,13 @@ __global__ void add_bias_kernel(float* out, const void* bias, DType dtype, int N
 }
 
 __global__ void bias_backward_kernel(float* dbias, const float* dout, int N, int OC, bool accumulate) {
-  const int o = blockIdx.x * blockDim.x + threadIdx.x;
-  if (o >= OC) return;
-  float s = accumulate ? dbias[o] : 0.0f;
-  for (int n = 0; n < N; ++n) s += dout[static_cast<size_t>(n) * OC + o];
-  dbias[o] = s;
+  __shared__ float shared[kColumnLanes][kColumnWidth];
+  const int o = blockIdx.x * kColumnWidth + threadIdx.x;
+  float s = 0.0f;
+  if (o < OC)
+    for (int n = threadIdx.y; n < N; n += kColumnLanes) s += dout[static_cast<size_t>(n) * OC + o];
+  s = column_lanes_sum(s, shared);
+  if (o < OC && threadIdx.y == 0) dbias[o] = accumulate ? dbias[o] + s : s;
 }
 
 // ---------------------------------------------------------------- attention
@@ -354,9 +436,6 @@ __global__ void crossentropy_backward_kernel(float* dlogits, const float* logits
   }
 }
 
-// Blocks of one thread per column (at least one block: a launch of none is an error).
-unsigned column_blocks(int C) { return C <= kThreads ? 1u : static_cast<unsigned>((C + kThreads - 1) / kThreads); }
-
 }  // namespace
 
 void embedding_forward(float* out, const int32_t* tokens, const void* wte, const void* wpe, DType param_dtype, int B,
@@ -368,8 +447,14 @@ void embedding_forward(float* out, const int32_t* tokens, const void* wte, const
 
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C,
                         cudaStream_t stream) {
-  embedding_backward_kernel<<<column_blocks(C), kThreads, 0, stream>>>(dwte, dwpe, dout, tokens, B, T, C);
+  const int BT = B * T;
+  if (BT == 0 || C == 0) return;
+  embedding_backward_wte_kernel<<<BT, kThreads, 0, stream>>>(dwte, dout, tokens, BT, C);
   ZERONE_CUDA_LAUNCHED();
+  if (dwpe) {
+    embedding_backward_wpe_kernel<<<grid_for(static_cast<size_t>(T) * C), kThreads, 0, stream>>>(dwpe, dout, B, T, C);
+    ZERONE_CUDA_LAUNCHED();
+  }
 }
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const void* weight, const void* bias,
@@ -385,7 +470,7 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
   if (N == 0) return;
   layernorm_backward_rows<<<N, kThreads, 0, stream>>>(dinp, dout, inp, weight, param_dtype, mean, rstd, C);
   ZERONE_CUDA_LAUNCHED();
-  layernorm_backward_params<<<column_blocks(C), kThreads, 0, stream>>>(dweight, dbias, dout, inp, mean, rstd, N, C);
+  layernorm_backward_params<<<column_sum_blocks(C), kColumnBlock, 0, stream>>>(dweight, dbias, dout, inp, mean, rstd, N, C);
   ZERONE_CUDA_LAUNCHED();
 }
 
@@ -401,7 +486,7 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
   if (N == 0) return;
   rmsnorm_backward_rows<<<N, kThreads, 0, stream>>>(dinp, dout, inp, weight, param_dtype, rstd, C);
   ZERONE_CUDA_LAUNCHED();
-  rmsnorm_backward_params<<<column_blocks(C), kThreads, 0, stream>>>(dweight, dout, inp, rstd, N, C);
+  rmsnorm_backward_params<<<column_sum_blocks(C), kColumnBlock, 0, stream>>>(dweight, dout, inp, rstd, N, C);
   ZERONE_CUDA_LAUNCHED();
 }
 
@@ -411,7 +496,8 @@ void add_bias(float* out, const void* bias, DType param_dtype, int N, int OC, cu
 }
 
 void bias_backward(float* dbias, const float* dout, int N, int OC, bool accumulate, cudaStream_t stream) {
-  bias_backward_kernel<<<column_blocks(OC), kThreads, 0, stream>>>(dbias, dout, N, OC, accumulate);
+  if (OC == 0) return;
+  bias_backward_kernel<<<column_sum_blocks(OC), kColumnBlock, 0, stream>>>(dbias, dout, N, OC, accumulate);
   ZERONE_CUDA_LAUNCHED();
 }
 

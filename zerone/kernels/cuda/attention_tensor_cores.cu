@@ -1,0 +1,439 @@
+// Flash attention on tensor cores: the form of the CUDA backend's flash attention that runs when a
+// model computes in 16 bits (flash_common.cuh says which calls it takes; attention.cu dispatches).
+//
+// Note [Flash attention on tensor cores]: FlashAttention-2 (Dao 2023) with the warp-level matrix
+// instruction mma.sync m16n8k16 (sm_80 and later): 16-bit operands, f32 accumulators.
+//  - What is rounded: q, k, v and dO are rounded to the operand dtype (bf16 or f16) when a tile is
+//    loaded into shared memory, as PyTorch's autocast hands scaled_dot_product_attention 16-bit
+//    tensors; so are P before P V, and dS before dS K and dS^T Q. Scores, the softmax, its
+//    statistics (lse, D) and every accumulator stay f32; out, lse, dqkv are f32 as in the f32 form.
+//    An f32 run (operands f32) never comes here: it keeps attention.cu's exact f32 kernels.
+//  - Tiles: a block is 4 warps; a warp owns 16 rows of the block's 64 (queries in forward and dQ,
+//    keys in dK/dV) and sweeps 64-row tiles of the other side. The C fragment of one mma (16 x 8,
+//    f32) is laid out as the A fragment of the next (16 x 16, two C fragments side by side), so P
+//    and dS go from the score accumulators to the next product in registers.
+//  - Shared-memory rows are hs + 8 elements apart (16 bytes of padding): the fragment loads of a
+//    warp then hit 32 different banks.
+//  - The same three kernels, grids and fixed orders as attention.cu (forward; dQ with D; dK/dV
+//    sweeping the G query heads of a group): no atomics, the same bits every run.
+//  - Head sizes 16, 32, 64, 96 and 128 (template instances); other sizes use the f32 form.
+// Fragment layouts of mma.m16n8k16 (PTX ISA, "Matrix fragments for mma.m16n8k16"), with lane =
+// 4 g + t: A (16 x 16, row-major) registers a0..a3 hold rows {g, g+8, g, g+8} and columns
+// {2t, 2t, 2t+8, 2t+8} (+1 in the high half); B (16 x 8) registers b0, b1 hold rows (k) 2t and
+// 2t+8 (+1 in the high half) of column g; C (16 x 8) c0..c3 hold (g, 2t), (g, 2t+1), (g+8, 2t),
+// (g+8, 2t+1).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "zerone/kernels/cuda/common.cuh"
+#include "zerone/kernels/cuda/flash_common.cuh"
+#include "zerone/kernels/cuda/flash_tiles.h"
+
+namespace zerone::cuda {
+namespace {
+
+constexpr int kWarpsTc = 4;
+constexpr int kThreadsTc = 32 * kWarpsTc;
+constexpr int kTileRows = 64;  // a block's rows, and the rows of each tile it sweeps
+constexpr unsigned kAllLanes = 0xffffffffu;
+
+// The operand dtypes: packing two f32 into one register of two 16-bit values (the lower column in
+// the low half), and the mma instruction.
+template <typename E>
+struct Operand;
+template <>
+struct Operand<__nv_bfloat16> {
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+  static __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+};
+template <>
+struct Operand<__half> {
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+  static __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+};
+
+// A tile of kTileRows rows of hs 16-bit elements in shared memory, rows `ld` elements apart.
+template <int HS>
+struct TileLayout {
+  static constexpr int ld = HS + 8;
+  static constexpr int elems = kTileRows * ld;
+};
+
+__device__ __forceinline__ uint32_t load_pair(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+
+// The lane's A fragment of rows row0..row0+15, columns col0..col0+15 of a row-major tile.
+__device__ __forceinline__ void load_a(uint32_t a[4], const uint16_t* tile, int ld, int row0, int col0, int g, int t) {
+  const uint16_t* p = tile + (row0 + g) * ld + col0 + 2 * t;
+  a[0] = load_pair(p);
+  a[1] = load_pair(p + 8 * ld);
+  a[2] = load_pair(p + 8);
+  a[3] = load_pair(p + 8 * ld + 8);
+}
+// The lane's B fragment with B[k][n] = tile[n0 + n][k0 + k] (the tile's rows are B's columns: K for
+// Q K^T, V for dO V^T, Q for K Q^T, dO for V dO^T).
+__device__ __forceinline__ void load_b_rows_are_n(uint32_t b[2], const uint16_t* tile, int ld, int n0, int k0, int g,
+                                                  int t) {
+  const uint16_t* p = tile + (n0 + g) * ld + k0 + 2 * t;
+  b[0] = load_pair(p);
+  b[1] = load_pair(p + 8);
+}
+// The lane's B fragment with B[k][n] = tile[k0 + k][n0 + n] (the tile's rows are B's rows: V for
+// P V, K for dS K, dO for P^T dO, Q for dS^T Q).
+__device__ __forceinline__ void load_b_rows_are_k(uint32_t b[2], const uint16_t* tile, int ld, int k0, int n0, int g,
+                                                  int t) {
+  const uint16_t* p = tile + (k0 + 2 * t) * ld + n0 + g;
+  b[0] = static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[ld]) << 16;
+  b[1] = static_cast<uint32_t>(p[8 * ld]) | static_cast<uint32_t>(p[9 * ld]) << 16;
+}
+
+// Rows first..first+kTileRows-1 of a (T, HS) f32 head view (row t at src + at(t)) rounded into a
+// tile; rows at or past T are zero. 16-byte loads (the caller checked the alignment). All threads
+// of the block take part.
+template <typename E, int HS, typename At>
+__device__ void load_tile(uint16_t* tile, const float* src, At at, int first, int T) {
+  constexpr int kQuads = HS / 4, ld = TileLayout<HS>::ld;
+  for (int i = threadIdx.x; i < kTileRows * kQuads; i += kThreadsTc) {
+    const int r = i / kQuads, c = i % kQuads * 4, row = first + r;
+    const float4 v = row < T ? *reinterpret_cast<const float4*>(src + at(row) + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+    *reinterpret_cast<uint2*>(tile + r * ld + c) = make_uint2(Operand<E>::pack(v.x, v.y), Operand<E>::pack(v.z, v.w));
+  }
+}
+
+// acc (16 x 64: 8 C fragments) = A (16 rows at a_row0 of tile a) times the transpose of the 64
+// rows of tile b: sum over the HS columns of both.
+template <typename E, int HS>
+__device__ __forceinline__ void rows_times_rows(float acc[8][4], const uint16_t* a, int a_row0, const uint16_t* b,
+                                                int g, int t) {
+  constexpr int ld = TileLayout<HS>::ld;
+#pragma unroll
+  for (int n = 0; n < 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+#pragma unroll
+  for (int k = 0; k < HS / 16; ++k) {
+    uint32_t fa[4];
+    load_a(fa, a, ld, a_row0, 16 * k, g, t);
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      uint32_t fb[2];
+      load_b_rows_are_n(fb, b, ld, 8 * n, 16 * k, g, t);
+      Operand<E>::mma(acc[n], fa, fb);
+    }
+  }
+}
+
+// out (16 x HS: HS/8 C fragments) += P (16 x 64, the C fragments p, rounded to E) times the 64 x HS
+// tile b.
+template <typename E, int HS>
+__device__ __forceinline__ void accumulate_times_tile(float out[HS / 8][4], const float p[8][4], const uint16_t* b,
+                                                      int g, int t) {
+  constexpr int ld = TileLayout<HS>::ld;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const uint32_t fa[4] = {Operand<E>::pack(p[2 * k][0], p[2 * k][1]), Operand<E>::pack(p[2 * k][2], p[2 * k][3]),
+                            Operand<E>::pack(p[2 * k + 1][0], p[2 * k + 1][1]),
+                            Operand<E>::pack(p[2 * k + 1][2], p[2 * k + 1][3])};
+#pragma unroll
+    for (int n = 0; n < HS / 8; ++n) {
+      uint32_t fb[2];
+      load_b_rows_are_k(fb, b, ld, 16 * k, 8 * n, g, t);
+      Operand<E>::mma(out[n], fa, fb);
+    }
+  }
+}
+
+// Sum of v over the 4 lanes of a row group (lanes 4g .. 4g+3), the same bits in each.
+__device__ __forceinline__ float group_sum(float v) {
+  v += __shfl_xor_sync(kAllLanes, v, 1);
+  return v + __shfl_xor_sync(kAllLanes, v, 2);
+}
+__device__ __forceinline__ float group_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(kAllLanes, v, 1));
+  return fmaxf(v, __shfl_xor_sync(kAllLanes, v, 2));
+}
+
+// ---------------------------------------------------------------- forward
+
+// One block per (b, h, 64-query tile), the longest rows first.
+template <typename E, int HS>
+__global__ void __launch_bounds__(kThreadsTc)
+    tc_flash_forward_kernel(float* out, float* lse, const float* qkv, FlashShape s, float scale) {
+  extern __shared__ __align__(16) uint16_t smem[];
+  uint16_t* q_s = smem;                          // (64, ld) queries
+  uint16_t* k_s = q_s + TileLayout<HS>::elems;   // (64, ld) keys
+  uint16_t* v_s = k_s + TileLayout<HS>::elems;   // (64, ld) values
+  const int T = s.T, b = blockIdx.x / s.NH, h = blockIdx.x % s.NH, kv = h / s.G();
+  const int query_tile = gridDim.y - 1 - blockIdx.y, q0 = query_tile * kTileRows;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int rows[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8};
+  const bool warp_live = q0 + 16 * warp < T;
+
+  load_tile<E, HS>(q_s, qkv, [=](int r) { return s.q(b, r, h); }, q0, T);
+  float o[HS / 8][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  for (int key_tile = 0; key_tile <= query_tile; ++key_tile) {
+    const int k0 = key_tile * kTileRows;
+    __syncthreads();  // the previous tile's reads are done
+    load_tile<E, HS>(k_s, qkv, [=](int r) { return s.k(b, r, kv); }, k0, T);
+    load_tile<E, HS>(v_s, qkv, [=](int r) { return s.v(b, r, kv); }, k0, T);
+    __syncthreads();
+    if (!warp_live) continue;
+    float p[8][4];
+    rows_times_rows<E, HS>(p, q_s, 16 * warp, k_s, g, t);  // scores (16 x 64)
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = k0 + 8 * n + 2 * t + (e & 1);
+        p[n][e] = flash::sees(rows[e / 2], key, T) ? scale * p[n][e] : -INFINITY;
+        tile_max[e / 2] = fmaxf(tile_max[e / 2], p[n][e]);
+      }
+    float rescale[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      m[r] = flash::online_max(m[r], group_max(tile_max[r]), &rescale[r]);
+      l[r] *= rescale[r];
+    }
+#pragma unroll
+    for (int n = 0; n < HS / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[n][e] *= rescale[e / 2];
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        p[n][e] = p[n][e] == -INFINITY ? 0.0f : expf(p[n][e] - m[e / 2]);
+        l[e / 2] += p[n][e];  // this lane's share of the row sum (summed over the group at the end)
+      }
+    accumulate_times_tile<E, HS>(o, p, v_s, g, t);
+  }
+  if (!warp_live) return;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float row_sum = group_sum(l[r]);
+    if (rows[r] >= T) continue;
+    const float inv = 1.0f / row_sum;
+    float* dst = out + s.o(b, rows[r], h);
+#pragma unroll
+    for (int n = 0; n < HS / 8; ++n)
+      *reinterpret_cast<float2*>(dst + 8 * n + 2 * t) = make_float2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+    if (t == 0) lse[s.stat(b, h, rows[r])] = m[r] + logf(row_sum);
+  }
+}
+
+// ---------------------------------------------------------------- dQ (and D)
+
+// One block per (b, h, 64-query tile). Sweep 0 sums D = rowsum(P * dP) (= rowsum(dO * O)), sweep 1
+// accumulates dQ = dS K with dS = P (dP - D).
+template <typename E, int HS>
+__global__ void __launch_bounds__(kThreadsTc)
+    tc_flash_dq_kernel(float* dqkv, float* dsum, const float* dout, const float* qkv, const float* lse, FlashShape s,
+                       float scale) {
+  extern __shared__ __align__(16) uint16_t smem[];
+  uint16_t* q_s = smem;
+  uint16_t* do_s = q_s + TileLayout<HS>::elems;
+  uint16_t* k_s = do_s + TileLayout<HS>::elems;
+  uint16_t* v_s = k_s + TileLayout<HS>::elems;
+  const int T = s.T, b = blockIdx.x / s.NH, h = blockIdx.x % s.NH, kv = h / s.G();
+  const int query_tile = gridDim.y - 1 - blockIdx.y, q0 = query_tile * kTileRows;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int rows[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8};
+  const bool warp_live = q0 + 16 * warp < T;
+
+  load_tile<E, HS>(q_s, qkv, [=](int r) { return s.q(b, r, h); }, q0, T);
+  load_tile<E, HS>(do_s, dout, [=](int r) { return s.o(b, r, h); }, q0, T);
+  float row_lse[2], D[2] = {0.0f, 0.0f}, dq[HS / 8][4] = {};
+#pragma unroll
+  for (int r = 0; r < 2; ++r) row_lse[r] = rows[r] < T ? lse[s.stat(b, h, rows[r])] : 0.0f;
+  for (int sweep = 0; sweep < 2; ++sweep) {
+    for (int key_tile = 0; key_tile <= query_tile; ++key_tile) {
+      const int k0 = key_tile * kTileRows;
+      __syncthreads();
+      load_tile<E, HS>(k_s, qkv, [=](int r) { return s.k(b, r, kv); }, k0, T);
+      load_tile<E, HS>(v_s, qkv, [=](int r) { return s.v(b, r, kv); }, k0, T);
+      __syncthreads();
+      if (!warp_live) continue;
+      float p[8][4], dp[8][4];
+      rows_times_rows<E, HS>(p, q_s, 16 * warp, k_s, g, t);    // scores
+      rows_times_rows<E, HS>(dp, do_s, 16 * warp, v_s, g, t);  // dP = dO V^T
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = k0 + 8 * n + 2 * t + (e & 1);
+          const float prob = flash::sees(rows[e / 2], key, T) ? expf(scale * p[n][e] - row_lse[e / 2]) : 0.0f;
+          if (sweep == 0)
+            D[e / 2] += prob * dp[n][e];
+          else
+            p[n][e] = prob * (dp[n][e] - D[e / 2]);  // dS
+        }
+      if (sweep == 1) accumulate_times_tile<E, HS>(dq, p, k_s, g, t);
+    }
+    if (sweep == 0) D[0] = group_sum(D[0]), D[1] = group_sum(D[1]);
+  }
+  if (!warp_live) return;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (rows[r] >= T) continue;
+    float* dst = dqkv + s.q(b, rows[r], h);
+#pragma unroll
+    for (int n = 0; n < HS / 8; ++n)
+      *reinterpret_cast<float2*>(dst + 8 * n + 2 * t) = make_float2(scale * dq[n][2 * r], scale * dq[n][2 * r + 1]);
+    if (t == 0) dsum[s.stat(b, h, rows[r])] = D[r];
+  }
+}
+
+// ---------------------------------------------------------------- dK and dV
+
+// One block per (b, kv head, 64-key tile), the keys seen by the most queries first. A warp owns 16
+// keys and, for each query head of the group in order, sweeps the query tiles that see them:
+// S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q, all in registers.
+template <typename E, int HS>
+__global__ void __launch_bounds__(kThreadsTc)
+    tc_flash_dkv_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* dsum,
+                        FlashShape s, float scale) {
+  extern __shared__ __align__(16) uint16_t smem[];
+  uint16_t* k_s = smem;
+  uint16_t* v_s = k_s + TileLayout<HS>::elems;
+  uint16_t* q_s = v_s + TileLayout<HS>::elems;
+  uint16_t* do_s = q_s + TileLayout<HS>::elems;
+  float* lse_s = reinterpret_cast<float*>(do_s + TileLayout<HS>::elems);  // (64) the query tile's lse
+  float* d_s = lse_s + kTileRows;                                         // (64) and D
+  const int T = s.T, b = blockIdx.x / s.NKV, kv = blockIdx.x % s.NKV, G = s.G();
+  const int key_tile = blockIdx.y, k0 = key_tile * kTileRows;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int keys[2] = {k0 + 16 * warp + g, k0 + 16 * warp + g + 8};
+  const bool warp_live = k0 + 16 * warp < T;
+  const int query_tiles = flash::tiles_of(T, kTileRows);
+
+  load_tile<E, HS>(k_s, qkv, [=](int r) { return s.k(b, r, kv); }, k0, T);
+  load_tile<E, HS>(v_s, qkv, [=](int r) { return s.v(b, r, kv); }, k0, T);
+  float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
+  for (int group = 0; group < G; ++group) {
+    const int h = kv * G + group;
+    for (int query_tile = key_tile; query_tile < query_tiles; ++query_tile) {
+      const int q0 = query_tile * kTileRows;
+      __syncthreads();
+      load_tile<E, HS>(q_s, qkv, [=](int r) { return s.q(b, r, h); }, q0, T);
+      load_tile<E, HS>(do_s, dout, [=](int r) { return s.o(b, r, h); }, q0, T);
+      if (threadIdx.x < kTileRows) {
+        const int query = q0 + threadIdx.x;
+        lse_s[threadIdx.x] = query < T ? lse[s.stat(b, h, query)] : 0.0f;
+        d_s[threadIdx.x] = query < T ? dsum[s.stat(b, h, query)] : 0.0f;
+      }
+      __syncthreads();
+      if (!warp_live) continue;
+      float p[8][4], ds[8][4];
+      rows_times_rows<E, HS>(p, k_s, 16 * warp, q_s, g, t);    // S^T (keys x queries)
+      rows_times_rows<E, HS>(ds, v_s, 16 * warp, do_s, g, t);  // dP^T = V dO^T
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int column = 8 * n + 2 * t + (e & 1), query = q0 + column;
+          const float prob = flash::sees(query, keys[e / 2], T) ? expf(scale * p[n][e] - lse_s[column]) : 0.0f;
+          p[n][e] = prob;
+          ds[n][e] = prob * (ds[n][e] - d_s[column]);
+        }
+      accumulate_times_tile<E, HS>(dv, p, do_s, g, t);
+      accumulate_times_tile<E, HS>(dk, ds, q_s, g, t);
+    }
+  }
+  if (!warp_live) return;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (keys[r] >= T) continue;
+    float* dk_dst = dqkv + s.k(b, keys[r], kv);
+    float* dv_dst = dqkv + s.v(b, keys[r], kv);
+#pragma unroll
+    for (int n = 0; n < HS / 8; ++n) {
+      *reinterpret_cast<float2*>(dk_dst + 8 * n + 2 * t) = make_float2(scale * dk[n][2 * r], scale * dk[n][2 * r + 1]);
+      *reinterpret_cast<float2*>(dv_dst + 8 * n + 2 * t) = make_float2(dv[n][2 * r], dv[n][2 * r + 1]);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- launching
+
+template <typename E, int HS>
+void forward_with(float* out, float* lse, const float* qkv, const FlashShape& s, float scale, cudaStream_t stream) {
+  const size_t bytes = request_smem(tc_flash_forward_kernel<E, HS>, 3 * sizeof(uint16_t) * TileLayout<HS>::elems);
+  const dim3 grid(static_cast<unsigned>(s.B * s.NH), static_cast<unsigned>(flash::tiles_of(s.T, kTileRows)));
+  tc_flash_forward_kernel<E, HS><<<grid, kThreadsTc, bytes, stream>>>(out, lse, qkv, s, scale);
+  ZERONE_CUDA_LAUNCHED();
+}
+
+template <typename E, int HS>
+void backward_with(float* dqkv, float* dsum, const float* dout, const float* qkv, const float* lse, const FlashShape& s,
+                   float scale, cudaStream_t stream) {
+  const unsigned tiles = static_cast<unsigned>(flash::tiles_of(s.T, kTileRows));
+  const size_t tiles_bytes = 4 * sizeof(uint16_t) * TileLayout<HS>::elems;
+  const size_t dq_bytes = request_smem(tc_flash_dq_kernel<E, HS>, tiles_bytes);
+  tc_flash_dq_kernel<E, HS><<<dim3(static_cast<unsigned>(s.B * s.NH), tiles), kThreadsTc, dq_bytes, stream>>>(
+      dqkv, dsum, dout, qkv, lse, s, scale);
+  ZERONE_CUDA_LAUNCHED();
+  const size_t dkv_bytes = request_smem(tc_flash_dkv_kernel<E, HS>, tiles_bytes + 2 * sizeof(float) * kTileRows);
+  tc_flash_dkv_kernel<E, HS><<<dim3(static_cast<unsigned>(s.B * s.NKV), tiles), kThreadsTc, dkv_bytes, stream>>>(
+      dqkv, dout, qkv, lse, dsum, s, scale);
+  ZERONE_CUDA_LAUNCHED();
+}
+
+// The instance for the operand dtype and head size (tensor_core_flash_takes said yes).
+#define ZERONE_TC_FLASH_DISPATCH(operands, hs, CALL)                  \
+  do {                                                               \
+    if ((operands) == DType::bf16) {                                 \
+      using E = __nv_bfloat16;                                       \
+      ZERONE_TC_FLASH_HEAD_SIZES(hs, CALL);                          \
+    } else {                                                         \
+      using E = __half;                                              \
+      ZERONE_TC_FLASH_HEAD_SIZES(hs, CALL);                          \
+    }                                                                \
+  } while (false)
+#define ZERONE_TC_FLASH_HEAD_SIZES(hs, CALL)                         \
+  switch (hs) {                                                      \
+    case 16: { constexpr int HS = 16; CALL; break; }                 \
+    case 32: { constexpr int HS = 32; CALL; break; }                 \
+    case 64: { constexpr int HS = 64; CALL; break; }                 \
+    case 96: { constexpr int HS = 96; CALL; break; }                 \
+    default: { constexpr int HS = 128; CALL; break; }                \
+  }
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+bool tensor_core_flash_takes(DType operands, int hs, const void* a, const void* b, const void* c) {
+  const bool built_for = hs == 16 || hs == 32 || hs == 64 || hs == 96 || hs == 128;
+  return operands != DType::f32 && built_for && aligned16(a) && aligned16(b) && aligned16(c);
+}
+
+void tensor_core_flash_forward(float* out, float* lse, const float* qkv, const FlashShape& s, DType operands,
+                               float scale, cudaStream_t stream) {
+  ZERONE_TC_FLASH_DISPATCH(operands, s.hs, (forward_with<E, HS>(out, lse, qkv, s, scale, stream)));
+}
+
+void tensor_core_flash_backward(float* dqkv, float* dsum, const float* dout, const float* qkv, const float* lse,
+                                const FlashShape& s, DType operands, float scale, cudaStream_t stream) {
+  ZERONE_TC_FLASH_DISPATCH(operands, s.hs, (backward_with<E, HS>(dqkv, dsum, dout, qkv, lse, s, scale, stream)));
+}
+
+}  // namespace zerone::cuda

@@ -763,10 +763,11 @@ void attention_case(int B, int T, int NH, int NKV, int hs, uint64_t seed, DType 
        [=](Backend& b, const Dev& d) {
          if (gqa) {
            b.gqa_attention_forward(d.f("out"), d.f("att"), d.f("qkv"), B, T, NH, NKV, hs, operands);
-           b.gqa_attention_backward(d.f("dqkv"), d.f("dout"), d.f("qkv"), d.f("att"), B, T, NH, NKV, hs, operands);
+           b.gqa_attention_backward(d.f("dqkv"), d.f("dout"), d.f("qkv"), d.f("out"), d.f("att"), B, T, NH, NKV, hs,
+                                    operands);
          } else {
            b.attention_forward(d.f("out"), d.f("att"), d.f("qkv"), B, T, C, NH, operands);
-           b.attention_backward(d.f("dqkv"), d.f("dout"), d.f("qkv"), d.f("att"), B, T, C, NH, operands);
+           b.attention_backward(d.f("dqkv"), d.f("dout"), d.f("qkv"), d.f("out"), d.f("att"), B, T, C, NH, operands);
          }
          return std::vector<double>{};
        },

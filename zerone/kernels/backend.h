@@ -262,14 +262,16 @@ class Backend {
   // PyTorch's autocast does: the cuda backend's flash attention then runs on tensor cores (Note
   // [Flash attention on tensor cores], kernels/cuda/attention_tensor_cores.cu). The cpu and sim
   // backends compute in f32 whatever it says. f32 asks for f32 products everywhere.
+  // Backward reads `out`, what forward wrote, unchanged (a backend may form rowsum(dout * out)
+  // from it; the cpu's does not read it).
   virtual void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH,
                                  DType operands) = 0;
-  virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T,
-                                  int C, int NH, DType operands) = 0;
+  virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* att,
+                                  int B, int T, int C, int NH, DType operands) = 0;
   virtual void gqa_attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int NKV, int hs,
                                      DType operands) = 0;
-  virtual void gqa_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T,
-                                      int NH, int NKV, int hs, DType operands) = 0;
+  virtual void gqa_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                                      const float* att, int B, int T, int NH, int NKV, int hs, DType operands) = 0;
   virtual void rmsnorm_forward(float* out, float* rstd, const float* inp, const void* weight, DType param_dtype, int N,
                                int C, float eps) = 0;
   virtual void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const void* weight,

@@ -327,7 +327,7 @@ void GPT2::backward(float grad_scale) {
     // residual2 = residual + attproj
     backend_.linear_backward(dbuf, g(u, kAttprojw), g(u, kAttprojb), dresidual, atty, p(u, kAttprojw), dtype_, N, C, C,
                        acc);
-    backend_.attention_backward(dqkv, dbuf, qkv, att, B, T, C, NH, dtype_);
+    backend_.attention_backward(dqkv, dbuf, qkv, atty, att, B, T, C, NH, dtype_);
     backend_.linear_backward(dbuf, g(u, kQkvw), g(u, kQkvb), dqkv, ln1, p(u, kQkvw), dtype_, N, C, 3 * C, acc);
     backend_.layernorm_backward(dresidual, g(u, kLn1w), g(u, kLn1b), dbuf, residual, p(u, kLn1w), dtype_, ln1_mean,
                           ln1_rstd, N, C);

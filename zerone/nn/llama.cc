@@ -350,7 +350,7 @@ void Llama::backward(float grad_scale) {
     backend_.rmsnorm_backward(dresidual, g(u, kMlpNorm), dbuf, residual2, p(u, kMlpNorm), dtype_, rstd2, N, C);
     // residual2 = residual + wo(attention(rope(wqkv(norm(residual)))))
     backend_.linear_backward(datty, g(u, kWo), nullptr, dresidual, atty, p(u, kWo), dtype_, N, A, C, acc);
-    backend_.gqa_attention_backward(dqkv, datty, qkv, att, B, T, NH, NKV, hs, dtype_);
+    backend_.gqa_attention_backward(dqkv, datty, qkv, atty, att, B, T, NH, NKV, hs, dtype_);
     backend_.rope_backward(dqkv, a.inv_freq.as<float>(), B, T, R, NH + NKV, hs);
     backend_.linear_backward(dbuf, g(u, kWqkv), nullptr, dqkv, h1, p(u, kWqkv), dtype_, N, C, R, acc);
     backend_.rmsnorm_backward(dresidual, g(u, kAttnNorm), dbuf, residual, p(u, kAttnNorm), dtype_, rstd1, N, C);

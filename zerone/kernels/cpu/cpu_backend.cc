@@ -129,8 +129,8 @@ void CpuBackend::attention_forward(float* out, float* att, const float* qkv, int
   cpu::attention_forward(dev(out, BT * C), dev(att, att_n), dev(qkv, BT * 3 * C), B, T, C, NH);
 }
 
-void CpuBackend::attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C, int NH,
-                                    DType) {
+void CpuBackend::attention_backward(float* dqkv, const float* dout, const float* qkv, const float*, const float* att,
+                                    int B, int T, int C, int NH, DType) {
   const size_t BT = sz(B) * T, att_n = sz(B) * NH * T * T;
   cpu::attention_backward(dev(dqkv, BT * 3 * C), dev(dout, BT * C), dev(qkv, BT * 3 * C), dev(att, att_n), B, T, C,
                           NH);
@@ -142,8 +142,8 @@ void CpuBackend::gqa_attention_forward(float* out, float* att, const float* qkv,
   cpu::gqa_attention_forward(dev(out, BT * NH * hs), dev(att, att_n), dev(qkv, qkv_n), B, T, NH, NKV, hs);
 }
 
-void CpuBackend::gqa_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int NH, int NKV, int hs,
-                                        DType) {
+void CpuBackend::gqa_attention_backward(float* dqkv, const float* dout, const float* qkv, const float*,
+                                        const float* att, int B, int T, int NH, int NKV, int hs, DType) {
   const size_t BT = sz(B) * T, att_n = sz(B) * NH * T * T, qkv_n = BT * (NH + 2 * NKV) * hs;
   cpu::gqa_attention_backward(dev(dqkv, qkv_n), dev(dout, BT * NH * hs), dev(qkv, qkv_n), dev(att, att_n), B, T, NH,
                               NKV, hs);

@@ -56,12 +56,12 @@ class CpuBackend : public Backend {
   // In f32 whatever `operands` says (backend.h).
   void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH,
                          DType operands) override;
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
-                          int NH, DType operands) override;
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* att, int B,
+                          int T, int C, int NH, DType operands) override;
   void gqa_attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int NKV, int hs,
                              DType operands) override;
-  void gqa_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int NH,
-                              int NKV, int hs, DType operands) override;
+  void gqa_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* att,
+                              int B, int T, int NH, int NKV, int hs, DType operands) override;
   void rmsnorm_forward(float* out, float* rstd, const float* inp, const void* weight, DType param_dtype, int N, int C,
                        float eps) override;
   void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const void* weight,

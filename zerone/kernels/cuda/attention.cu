@@ -326,14 +326,19 @@ void backward_with(float* dqkv, float* dsum, const float* dout, const float* qkv
 
 }  // namespace
 
+size_t flash_attention_scratch_bytes(int B, int T, int NH, int NKV, int hs, DType operands, bool backward) {
+  if (operands == DType::f32) return 0;
+  return sizeof(uint16_t) * tensor_core_flash_scratch_elems(FlashShape{B, T, NH, NKV, hs}, backward);
+}
+
 void flash_attention_forward(float* out, float* lse, const float* qkv, int B, int T, int NH, int NKV, int hs,
-                             DType operands, cudaStream_t stream) {
+                             DType operands, void* scratch, cudaStream_t stream) {
   check_shape(NH, NKV, hs);
   if (B == 0 || T == 0) return;
   const FlashShape s{B, T, NH, NKV, hs};
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  if (tensor_core_flash_takes(operands, hs, out, qkv, qkv))
-    return tensor_core_flash_forward(out, lse, qkv, s, operands, scale, stream);
+  if (tensor_core_flash_takes(operands, hs, out))
+    return tensor_core_flash_forward(out, lse, qkv, s, operands, scale, static_cast<uint16_t*>(scratch), stream);
   switch (chunks_for(hs)) {
     case 1: return forward_with<1>(out, lse, qkv, s, scale, stream);
     case 2: return forward_with<2>(out, lse, qkv, s, scale, stream);
@@ -342,14 +347,16 @@ void flash_attention_forward(float* out, float* lse, const float* qkv, int B, in
   }
 }
 
-void flash_attention_backward(float* dqkv, float* dsum, const float* dout, const float* qkv, const float* lse, int B,
-                              int T, int NH, int NKV, int hs, DType operands, cudaStream_t stream) {
+void flash_attention_backward(float* dqkv, float* dsum, const float* dout, const float* qkv, const float* out,
+                              const float* lse, int B, int T, int NH, int NKV, int hs, DType operands, void* scratch,
+                              cudaStream_t stream) {
   check_shape(NH, NKV, hs);
   if (B == 0 || T == 0) return;
   const FlashShape s{B, T, NH, NKV, hs};
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  if (tensor_core_flash_takes(operands, hs, dqkv, dout, qkv))
-    return tensor_core_flash_backward(dqkv, dsum, dout, qkv, lse, s, operands, scale, stream);
+  if (tensor_core_flash_takes(operands, hs, dqkv))
+    return tensor_core_flash_backward(dqkv, dsum, dout, qkv, out, lse, s, operands, scale,
+                                      static_cast<uint16_t*>(scratch), stream);
   switch (chunks_for(hs)) {
     case 1: return backward_with<1>(dqkv, dsum, dout, qkv, lse, s, scale, stream);
     case 2: return backward_with<2>(dqkv, dsum, dout, qkv, lse, s, scale, stream);

@@ -14,8 +14,11 @@
 //    and dS go from the score accumulators to the next product in registers.
 //  - Shared-memory rows are hs + 8 elements apart (16 bytes of padding): the fragment loads of a
 //    warp then hit 32 different banks.
-//  - The same three kernels, grids and fixed orders as attention.cu (forward; dQ with D; dK/dV
-//    sweeping the G query heads of a group): no atomics, the same bits every run.
+//  - The operands are rounded once per call into scratch (Note [Operands rounded once], below),
+//    so tiles load 16-bit rows with 16-byte loads.
+//  - Backward forms D = rowsum(dO * O) from the forward's output (one warp per row), then runs dQ
+//    in one sweep over the keys and dK/dV over the queries, sweeping the G query heads of a group
+//    in order, as attention.cu's grids do: no atomics, the same bits every run.
 //  - Head sizes 16, 32, 64, 96 and 128 (template instances); other sizes use the f32 form.
 // Fragment layouts of mma.m16n8k16 (PTX ISA, "Matrix fragments for mma.m16n8k16"), with lane =
 // 4 g + t: A (16 x 16, row-major) registers a0..a3 hold rows {g, g+8, g, g+8} and columns
@@ -31,6 +34,7 @@
 #include "zerone/kernels/cuda/common.cuh"
 #include "zerone/kernels/cuda/flash_common.cuh"
 #include "zerone/kernels/cuda/flash_tiles.h"
+#include "zerone/kernels/cuda/kernels.h"
 
 namespace zerone::cuda {
 namespace {
@@ -107,16 +111,16 @@ __device__ __forceinline__ void load_b_rows_are_k(uint32_t b[2], const uint16_t*
   b[1] = static_cast<uint32_t>(p[8 * ld]) | static_cast<uint32_t>(p[9 * ld]) << 16;
 }
 
-// Rows first..first+kTileRows-1 of a (T, HS) f32 head view (row t at src + at(t)) rounded into a
-// tile; rows at or past T are zero. 16-byte loads (the caller checked the alignment). All threads
-// of the block take part.
-template <typename E, int HS, typename At>
-__device__ void load_tile(uint16_t* tile, const float* src, At at, int first, int T) {
-  constexpr int kQuads = HS / 4, ld = TileLayout<HS>::ld;
-  for (int i = threadIdx.x; i < kTileRows * kQuads; i += kThreadsTc) {
-    const int r = i / kQuads, c = i % kQuads * 4, row = first + r;
-    const float4 v = row < T ? *reinterpret_cast<const float4*>(src + at(row) + c) : make_float4(0.f, 0.f, 0.f, 0.f);
-    *reinterpret_cast<uint2*>(tile + r * ld + c) = make_uint2(Operand<E>::pack(v.x, v.y), Operand<E>::pack(v.z, v.w));
+// Rows first..first+kTileRows-1 of a (T, HS) head view of 16-bit operands (row t at src + at(t);
+// rounded from f32 once per call: Note [Operands rounded once]) into a tile; rows at or past T are
+// zero. 16-byte loads (rows start at multiples of 16 elements). All threads of the block take part.
+template <int HS, typename At>
+__device__ void load_tile(uint16_t* tile, const uint16_t* src, At at, int first, int T) {
+  constexpr int kOctets = HS / 8, ld = TileLayout<HS>::ld;
+  for (int i = threadIdx.x; i < kTileRows * kOctets; i += kThreadsTc) {
+    const int r = i / kOctets, c = i % kOctets * 8, row = first + r;
+    *reinterpret_cast<uint4*>(tile + r * ld + c) =
+        row < T ? *reinterpret_cast<const uint4*>(src + at(row) + c) : make_uint4(0u, 0u, 0u, 0u);
   }
 }
 
@@ -176,7 +180,7 @@ __device__ __forceinline__ float group_max(float v) {
 // One block per (b, h, 64-query tile), the longest rows first.
 template <typename E, int HS>
 __global__ void __launch_bounds__(kThreadsTc)
-    tc_flash_forward_kernel(float* out, float* lse, const float* qkv, FlashShape s, float scale) {
+    tc_flash_forward_kernel(float* out, float* lse, const uint16_t* qkv, FlashShape s, float scale) {
   extern __shared__ __align__(16) uint16_t smem[];
   uint16_t* q_s = smem;                          // (64, ld) queries
   uint16_t* k_s = q_s + TileLayout<HS>::elems;   // (64, ld) keys
@@ -187,13 +191,13 @@ __global__ void __launch_bounds__(kThreadsTc)
   const int rows[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8};
   const bool warp_live = q0 + 16 * warp < T;
 
-  load_tile<E, HS>(q_s, qkv, [=](int r) { return s.q(b, r, h); }, q0, T);
+  load_tile<HS>(q_s, qkv, [=](int r) { return s.q(b, r, h); }, q0, T);
   float o[HS / 8][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   for (int key_tile = 0; key_tile <= query_tile; ++key_tile) {
     const int k0 = key_tile * kTileRows;
     __syncthreads();  // the previous tile's reads are done
-    load_tile<E, HS>(k_s, qkv, [=](int r) { return s.k(b, r, kv); }, k0, T);
-    load_tile<E, HS>(v_s, qkv, [=](int r) { return s.v(b, r, kv); }, k0, T);
+    load_tile<HS>(k_s, qkv, [=](int r) { return s.k(b, r, kv); }, k0, T);
+    load_tile<HS>(v_s, qkv, [=](int r) { return s.v(b, r, kv); }, k0, T);
     __syncthreads();
     if (!warp_live) continue;
     float p[8][4];
@@ -240,14 +244,31 @@ __global__ void __launch_bounds__(kThreadsTc)
   }
 }
 
-// ---------------------------------------------------------------- dQ (and D)
+// ---------------------------------------------------------------- D, then dQ
 
-// One block per (b, h, 64-query tile). Sweep 0 sums D = rowsum(P * dP) (= rowsum(dO * O)), sweep 1
-// accumulates dQ = dS K with dS = P (dP - D).
+// D = rowsum(dO * O) (B, NH, T) from the f32 output and its gradient: one warp per row, the lanes'
+// shares summed in a fixed butterfly. (The f32 form sums P * dP over the keys instead: it equals
+// this, and costs a second sweep.)
+__global__ void tc_flash_row_dot_kernel(float* dsum, const float* dout, const float* out, FlashShape s) {
+  const size_t rows = static_cast<size_t>(s.B) * s.NH * s.T;
+  const size_t row = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;  // the whole warp
+  const int t = static_cast<int>(row % s.T), h = static_cast<int>(row / s.T % s.NH), b = static_cast<int>(row / s.T / s.NH);
+  const float* dy = dout + s.o(b, t, h);
+  const float* y = out + s.o(b, t, h);
+  float d = 0.0f;
+  for (int i = lane; i < s.hs; i += 32) d += dy[i] * y[i];
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) d += __shfl_xor_sync(kAllLanes, d, offset);
+  if (lane == 0) dsum[s.stat(b, h, t)] = d;
+}
+
+// One block per (b, h, 64-query tile): dQ = dS K with dS = P (dP - D), P recomputed.
 template <typename E, int HS>
 __global__ void __launch_bounds__(kThreadsTc)
-    tc_flash_dq_kernel(float* dqkv, float* dsum, const float* dout, const float* qkv, const float* lse, FlashShape s,
-                       float scale) {
+    tc_flash_dq_kernel(float* dqkv, const float* dsum, const uint16_t* dout, const uint16_t* qkv, const float* lse,
+                       FlashShape s, float scale) {
   extern __shared__ __align__(16) uint16_t smem[];
   uint16_t* q_s = smem;
   uint16_t* do_s = q_s + TileLayout<HS>::elems;
@@ -259,36 +280,33 @@ __global__ void __launch_bounds__(kThreadsTc)
   const int rows[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8};
   const bool warp_live = q0 + 16 * warp < T;
 
-  load_tile<E, HS>(q_s, qkv, [=](int r) { return s.q(b, r, h); }, q0, T);
-  load_tile<E, HS>(do_s, dout, [=](int r) { return s.o(b, r, h); }, q0, T);
-  float row_lse[2], D[2] = {0.0f, 0.0f}, dq[HS / 8][4] = {};
+  load_tile<HS>(q_s, qkv, [=](int r) { return s.q(b, r, h); }, q0, T);
+  load_tile<HS>(do_s, dout, [=](int r) { return s.o(b, r, h); }, q0, T);
+  float row_lse[2], D[2], dq[HS / 8][4] = {};
 #pragma unroll
-  for (int r = 0; r < 2; ++r) row_lse[r] = rows[r] < T ? lse[s.stat(b, h, rows[r])] : 0.0f;
-  for (int sweep = 0; sweep < 2; ++sweep) {
-    for (int key_tile = 0; key_tile <= query_tile; ++key_tile) {
-      const int k0 = key_tile * kTileRows;
-      __syncthreads();
-      load_tile<E, HS>(k_s, qkv, [=](int r) { return s.k(b, r, kv); }, k0, T);
-      load_tile<E, HS>(v_s, qkv, [=](int r) { return s.v(b, r, kv); }, k0, T);
-      __syncthreads();
-      if (!warp_live) continue;
-      float p[8][4], dp[8][4];
-      rows_times_rows<E, HS>(p, q_s, 16 * warp, k_s, g, t);    // scores
-      rows_times_rows<E, HS>(dp, do_s, 16 * warp, v_s, g, t);  // dP = dO V^T
+  for (int r = 0; r < 2; ++r) {
+    row_lse[r] = rows[r] < T ? lse[s.stat(b, h, rows[r])] : 0.0f;
+    D[r] = rows[r] < T ? dsum[s.stat(b, h, rows[r])] : 0.0f;
+  }
+  for (int key_tile = 0; key_tile <= query_tile; ++key_tile) {
+    const int k0 = key_tile * kTileRows;
+    __syncthreads();
+    load_tile<HS>(k_s, qkv, [=](int r) { return s.k(b, r, kv); }, k0, T);
+    load_tile<HS>(v_s, qkv, [=](int r) { return s.v(b, r, kv); }, k0, T);
+    __syncthreads();
+    if (!warp_live) continue;
+    float p[8][4], dp[8][4];
+    rows_times_rows<E, HS>(p, q_s, 16 * warp, k_s, g, t);    // scores
+    rows_times_rows<E, HS>(dp, do_s, 16 * warp, v_s, g, t);  // dP = dO V^T
 #pragma unroll
-      for (int n = 0; n < 8; ++n)
+    for (int n = 0; n < 8; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = k0 + 8 * n + 2 * t + (e & 1);
-          const float prob = flash::sees(rows[e / 2], key, T) ? expf(scale * p[n][e] - row_lse[e / 2]) : 0.0f;
-          if (sweep == 0)
-            D[e / 2] += prob * dp[n][e];
-          else
-            p[n][e] = prob * (dp[n][e] - D[e / 2]);  // dS
-        }
-      if (sweep == 1) accumulate_times_tile<E, HS>(dq, p, k_s, g, t);
-    }
-    if (sweep == 0) D[0] = group_sum(D[0]), D[1] = group_sum(D[1]);
+      for (int e = 0; e < 4; ++e) {
+        const int key = k0 + 8 * n + 2 * t + (e & 1);
+        const float prob = flash::sees(rows[e / 2], key, T) ? expf(scale * p[n][e] - row_lse[e / 2]) : 0.0f;
+        p[n][e] = prob * (dp[n][e] - D[e / 2]);  // dS
+      }
+    accumulate_times_tile<E, HS>(dq, p, k_s, g, t);
   }
   if (!warp_live) return;
 #pragma unroll
@@ -298,7 +316,6 @@ __global__ void __launch_bounds__(kThreadsTc)
 #pragma unroll
     for (int n = 0; n < HS / 8; ++n)
       *reinterpret_cast<float2*>(dst + 8 * n + 2 * t) = make_float2(scale * dq[n][2 * r], scale * dq[n][2 * r + 1]);
-    if (t == 0) dsum[s.stat(b, h, rows[r])] = D[r];
   }
 }
 
@@ -309,7 +326,7 @@ __global__ void __launch_bounds__(kThreadsTc)
 // S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q, all in registers.
 template <typename E, int HS>
 __global__ void __launch_bounds__(kThreadsTc)
-    tc_flash_dkv_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* dsum,
+    tc_flash_dkv_kernel(float* dqkv, const uint16_t* dout, const uint16_t* qkv, const float* lse, const float* dsum,
                         FlashShape s, float scale) {
   extern __shared__ __align__(16) uint16_t smem[];
   uint16_t* k_s = smem;
@@ -325,16 +342,16 @@ __global__ void __launch_bounds__(kThreadsTc)
   const bool warp_live = k0 + 16 * warp < T;
   const int query_tiles = flash::tiles_of(T, kTileRows);
 
-  load_tile<E, HS>(k_s, qkv, [=](int r) { return s.k(b, r, kv); }, k0, T);
-  load_tile<E, HS>(v_s, qkv, [=](int r) { return s.v(b, r, kv); }, k0, T);
+  load_tile<HS>(k_s, qkv, [=](int r) { return s.k(b, r, kv); }, k0, T);
+  load_tile<HS>(v_s, qkv, [=](int r) { return s.v(b, r, kv); }, k0, T);
   float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
   for (int group = 0; group < G; ++group) {
     const int h = kv * G + group;
     for (int query_tile = key_tile; query_tile < query_tiles; ++query_tile) {
       const int q0 = query_tile * kTileRows;
       __syncthreads();
-      load_tile<E, HS>(q_s, qkv, [=](int r) { return s.q(b, r, h); }, q0, T);
-      load_tile<E, HS>(do_s, dout, [=](int r) { return s.o(b, r, h); }, q0, T);
+      load_tile<HS>(q_s, qkv, [=](int r) { return s.q(b, r, h); }, q0, T);
+      load_tile<HS>(do_s, dout, [=](int r) { return s.o(b, r, h); }, q0, T);
       if (threadIdx.x < kTileRows) {
         const int query = q0 + threadIdx.x;
         lse_s[threadIdx.x] = query < T ? lse[s.stat(b, h, query)] : 0.0f;
@@ -375,7 +392,7 @@ __global__ void __launch_bounds__(kThreadsTc)
 // ---------------------------------------------------------------- launching
 
 template <typename E, int HS>
-void forward_with(float* out, float* lse, const float* qkv, const FlashShape& s, float scale, cudaStream_t stream) {
+void forward_with(float* out, float* lse, const uint16_t* qkv, const FlashShape& s, float scale, cudaStream_t stream) {
   const size_t bytes = request_smem(tc_flash_forward_kernel<E, HS>, 3 * sizeof(uint16_t) * TileLayout<HS>::elems);
   const dim3 grid(static_cast<unsigned>(s.B * s.NH), static_cast<unsigned>(flash::tiles_of(s.T, kTileRows)));
   tc_flash_forward_kernel<E, HS><<<grid, kThreadsTc, bytes, stream>>>(out, lse, qkv, s, scale);
@@ -383,9 +400,10 @@ void forward_with(float* out, float* lse, const float* qkv, const FlashShape& s,
 }
 
 template <typename E, int HS>
-void backward_with(float* dqkv, float* dsum, const float* dout, const float* qkv, const float* lse, const FlashShape& s,
-                   float scale, cudaStream_t stream) {
+void backward_with(float* dqkv, float* dsum, const uint16_t* dout, const uint16_t* qkv, const float* lse,
+                   const FlashShape& s, float scale, cudaStream_t stream) {
   const unsigned tiles = static_cast<unsigned>(flash::tiles_of(s.T, kTileRows));
+  // dsum (D) is already formed (tensor_core_flash_backward).
   const size_t tiles_bytes = 4 * sizeof(uint16_t) * TileLayout<HS>::elems;
   const size_t dq_bytes = request_smem(tc_flash_dq_kernel<E, HS>, tiles_bytes);
   tc_flash_dq_kernel<E, HS><<<dim3(static_cast<unsigned>(s.B * s.NH), tiles), kThreadsTc, dq_bytes, stream>>>(
@@ -417,23 +435,44 @@ void backward_with(float* dqkv, float* dsum, const float* dout, const float* qkv
     default: { constexpr int HS = 128; CALL; break; }                \
   }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+bool aligned8(const void* p) { return reinterpret_cast<uintptr_t>(p) % 8 == 0; }
+
+size_t qkv_numel(const FlashShape& s) { return static_cast<size_t>(s.B) * s.T * (s.NH + 2 * s.NKV) * s.hs; }
+size_t out_numel(const FlashShape& s) { return static_cast<size_t>(s.B) * s.T * s.NH * s.hs; }
 
 }  // namespace
 
-bool tensor_core_flash_takes(DType operands, int hs, const void* a, const void* b, const void* c) {
+bool tensor_core_flash_takes(DType operands, int hs, const void* output) {
   const bool built_for = hs == 16 || hs == 32 || hs == 64 || hs == 96 || hs == 128;
-  return operands != DType::f32 && built_for && aligned16(a) && aligned16(b) && aligned16(c);
+  return operands != DType::f32 && built_for && aligned8(output);  // float2 stores
 }
 
+size_t tensor_core_flash_scratch_elems(const FlashShape& s, bool backward) {
+  return qkv_numel(s) + (backward ? out_numel(s) : 0);
+}
+
+// Note [Operands rounded once]: every block of every kernel reads its tiles from the rounded copy
+// (half the bytes of f32, no conversion in the tile loads), made by one pass over qkv (and dO)
+// per call into the caller's scratch.
 void tensor_core_flash_forward(float* out, float* lse, const float* qkv, const FlashShape& s, DType operands,
-                               float scale, cudaStream_t stream) {
-  ZERONE_TC_FLASH_DISPATCH(operands, s.hs, (forward_with<E, HS>(out, lse, qkv, s, scale, stream)));
+                               float scale, uint16_t* scratch, cudaStream_t stream) {
+  convert(scratch, operands, qkv, DType::f32, qkv_numel(s), stream);
+  const uint16_t* qkv16 = scratch;
+  ZERONE_TC_FLASH_DISPATCH(operands, s.hs, (forward_with<E, HS>(out, lse, qkv16, s, scale, stream)));
 }
 
-void tensor_core_flash_backward(float* dqkv, float* dsum, const float* dout, const float* qkv, const float* lse,
-                                const FlashShape& s, DType operands, float scale, cudaStream_t stream) {
-  ZERONE_TC_FLASH_DISPATCH(operands, s.hs, (backward_with<E, HS>(dqkv, dsum, dout, qkv, lse, s, scale, stream)));
+void tensor_core_flash_backward(float* dqkv, float* dsum, const float* dout, const float* qkv, const float* out,
+                                const float* lse, const FlashShape& s, DType operands, float scale, uint16_t* scratch,
+                                cudaStream_t stream) {
+  const size_t rows = static_cast<size_t>(s.B) * s.NH * s.T;
+  constexpr int kRowsPerBlock = 8;  // warps of 32 lanes, one row each
+  tc_flash_row_dot_kernel<<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), 32 * kRowsPerBlock, 0,
+                            stream>>>(dsum, dout, out, s);
+  ZERONE_CUDA_LAUNCHED();
+  convert(scratch, operands, qkv, DType::f32, qkv_numel(s), stream);
+  convert(scratch + qkv_numel(s), operands, dout, DType::f32, out_numel(s), stream);
+  const uint16_t *qkv16 = scratch, *dout16 = scratch + qkv_numel(s);
+  ZERONE_TC_FLASH_DISPATCH(operands, s.hs, (backward_with<E, HS>(dqkv, dsum, dout16, qkv16, lse, s, scale, stream)));
 }
 
 }  // namespace zerone::cuda

@@ -400,9 +400,16 @@ class CudaBackend final : public kernels::Backend {
                       int C, int OC) override {
     if (N == 0 || OC == 0) return;
     const void* x = operand(inp, sz(N) * C, param_dtype, kActA);
-    // out^T (OC, N) = W (C, OC)^T x^T (C, N)
-    gemm(true, false, OC, N, C, weight, param_dtype, C, x, C, out, OC, 0.0f);
-    if (bias) add_bias(out, bias, param_dtype, N, OC, compute());
+    // Note [Bias in the GEMM's epilogue]: the bias widened to f32 (exactly) and added by cuBLASLt
+    // as it writes out, in f32 as add_bias would: one pass over out fewer.
+    const float* bias_f32 = nullptr;
+    if (bias) {
+      bias_f32 = static_cast<const float*>(scratch(kBias, sz(OC) * sizeof(float)));
+      cuda::convert(const_cast<float*>(bias_f32), DType::f32, bias, param_dtype, sz(OC), compute());
+    }
+    // out^T (OC, N) = W (C, OC)^T x^T (C, N) (+ bias on every column)
+    const bool bias_added = gemm(true, false, OC, N, C, weight, param_dtype, C, x, C, out, OC, 0.0f, bias_f32);
+    if (bias && !bias_added) add_bias(out, bias, param_dtype, N, OC, compute());
   }
   void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                        const void* weight, DType param_dtype, int N, int C, int OC,
@@ -427,23 +434,27 @@ class CudaBackend final : public kernels::Backend {
                          DType operands) override {
     gqa_attention_forward(out, att, qkv, B, T, NH, NH, C / NH, operands);
   }
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
-                          int NH, DType operands) override {
-    gqa_attention_backward(dqkv, dout, qkv, att, B, T, NH, NH, C / NH, operands);
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* att, int B,
+                          int T, int C, int NH, DType operands) override {
+    gqa_attention_backward(dqkv, dout, qkv, out, att, B, T, NH, NH, C / NH, operands);
   }
   // operands: the flash form's (Note [Flash attention on tensor cores]); the plain form is f32.
   void gqa_attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int NKV, int hs,
                              DType operands) override {
-    if (attention_ == kernels::CudaAttention::flash)
-      cuda::flash_attention_forward(out, att, qkv, B, T, NH, NKV, hs, operands, compute());  // att: lse (B, NH, T)
+    if (attention_ == kernels::CudaAttention::flash)  // att: lse (B, NH, T)
+      cuda::flash_attention_forward(
+          out, att, qkv, B, T, NH, NKV, hs, operands,
+          scratch(kActA, cuda::flash_attention_scratch_bytes(B, T, NH, NKV, hs, operands, false)), compute());
     else
       cuda::gqa_attention_forward(out, att, qkv, B, T, NH, NKV, hs, compute());
   }
-  void gqa_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int NH,
-                              int NKV, int hs, DType operands) override {
+  void gqa_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* att,
+                              int B, int T, int NH, int NKV, int hs, DType operands) override {
     if (attention_ == kernels::CudaAttention::flash) {
       float* dsum = static_cast<float*>(scratch(kScores, sizeof(float) * sz(B) * NH * T));  // (B, NH, T)
-      cuda::flash_attention_backward(dqkv, dsum, dout, qkv, att, B, T, NH, NKV, hs, operands, compute());
+      cuda::flash_attention_backward(
+          dqkv, dsum, dout, qkv, out, att, B, T, NH, NKV, hs, operands,
+          scratch(kActA, cuda::flash_attention_scratch_bytes(B, T, NH, NKV, hs, operands, true)), compute());
       return;
     }
     float* datt = static_cast<float*>(scratch(kScores, sizeof(float) * sz(B) * NH * T * T));  // (B, NH, T, T)
@@ -552,7 +563,8 @@ class CudaBackend final : public kernels::Backend {
  private:
   // Scratch slots: device buffers that only grow (the cpu kernels' Note [Scratch arena]); the
   // training thread alone uses them. A grown slot's old memory is freed in stream order.
-  enum Slot { kActA, kActB, kScores, kPartials, kFlag, kHits, kGemmWorkspace, kWideA, kWideB, kSlots };
+  // kActA: a GEMM's activation operand rounded to 16 bits, or flash attention's rounded operands.
+  enum Slot { kActA, kActB, kScores, kPartials, kFlag, kHits, kGemmWorkspace, kWideA, kWideB, kBias, kSlots };
   void* scratch(Slot slot, size_t bytes) {
     Buffer& b = scratch_[slot];
     if (b.bytes() < bytes) b = Buffer(bytes, MemCategory::scratch, MemPlace::device, 256, *arena_);
@@ -628,7 +640,8 @@ class CudaBackend final : public kernels::Backend {
     int m, n, k, lda, ldb, ldd;
     DType dtype;
     uint32_t align_a, align_b, align_d;
-    auto tie() const { return std::tie(trans_a, trans_b, m, n, k, lda, ldb, ldd, dtype, align_a, align_b, align_d); }
+    bool bias;  // the epilogue adds an f32 bias of m elements to every column (Note [Bias in the GEMM's epilogue])
+    auto tie() const { return std::tie(trans_a, trans_b, m, n, k, lda, ldb, ldd, dtype, align_a, align_b, align_d, bias); }
     bool operator<(const GemmKey& o) const { return tie() < o.tie(); }
   };
   struct GemmPlan {
@@ -648,6 +661,10 @@ class CudaBackend final : public kernels::Backend {
     const cublasOperation_t op_a = key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     ZERONE_CUBLAS_CHECK(lib_.desc_set_attribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
     ZERONE_CUBLAS_CHECK(lib_.desc_set_attribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
+    if (key.bias) {  // the bias's dtype is D's (f32) by default
+      const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+      ZERONE_CUBLAS_CHECK(lib_.desc_set_attribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+    }
     ZERONE_CUBLAS_CHECK(lib_.layout_create(&plan.la, t, key.trans_a ? key.k : key.m, key.trans_a ? key.m : key.k, key.lda));
     ZERONE_CUBLAS_CHECK(lib_.layout_create(&plan.lb, t, key.trans_b ? key.n : key.k, key.trans_b ? key.k : key.n, key.ldb));
     ZERONE_CUBLAS_CHECK(lib_.layout_create(&plan.ld, CUDA_R_32F, key.m, key.n, key.ldd));
@@ -672,18 +689,25 @@ class CudaBackend final : public kernels::Backend {
                   "cuBLASLt heuristic: status ", static_cast<int>(status));
     plan.found = status == CUBLAS_STATUS_SUCCESS && found > 0;
     plan.algo = heuristic.algo;
-    ZERONE_ASSERT(plan.found || key.dtype != DType::f32, "cuBLASLt has no algorithm for ", key.m, "x", key.n, "x",
-                  key.k, " in f32");
+    ZERONE_ASSERT(plan.found || key.dtype != DType::f32 || key.bias, "cuBLASLt has no algorithm for ", key.m, "x",
+                  key.n, "x", key.k, " in f32");
     return gemm_plans_.emplace(key, plan).first->second;
   }
 
   // D (m, n; column-major, ld ldd, f32) = op(A) op(B) + beta D, where A and B are in `dtype` with
   // leading dimensions lda and ldb; op(X) = X^T when its flag is set. f32 compute and scale.
-  void gemm(bool trans_a, bool trans_b, int m, int n, int k, const void* a, DType dtype, int lda, const void* b,
-            int ldb, float* d, int ldd, float beta) {
+  // bias_f32 (m floats, 256-byte aligned, or null): added to every column of D by the epilogue
+  // (Note [Bias in the GEMM's epilogue]); returns whether it was (false: no algorithm has that
+  // epilogue for this GEMM, and the caller adds it).
+  bool gemm(bool trans_a, bool trans_b, int m, int n, int k, const void* a, DType dtype, int lda, const void* b,
+            int ldb, float* d, int ldd, float beta, const float* bias_f32 = nullptr) {
     constexpr size_t kWorkspaceBytes = kernels::kCudaGemmWorkspaceBytes;  // Note [Device memory the ledger cannot see]
     const GemmPlan& plan = plan_gemm(GemmKey{trans_a, trans_b, m, n, k, lda, ldb, ldd, dtype, alignment_of(a),
-                                             alignment_of(b), alignment_of(d)});
+                                             alignment_of(b), alignment_of(d), bias_f32 != nullptr});
+    if (!plan.found && bias_f32) {
+      gemm(trans_a, trans_b, m, n, k, a, dtype, lda, b, ldb, d, ldd, beta);
+      return false;
+    }
     if (!plan.found) {  // Note [GEMM plans]: f32 on the operands widened exactly
       // A column-major operand of `rows` x `cols` stored with leading dimension `ld` spans
       // (cols - 1) * ld + rows elements.
@@ -695,12 +719,17 @@ class CudaBackend final : public kernels::Backend {
       };
       const void* wide_a = widen(a, trans_a ? k : m, trans_a ? m : k, lda, kWideA);
       const void* wide_b = widen(b, trans_b ? n : k, trans_b ? k : n, ldb, kWideB);
-      return gemm(trans_a, trans_b, m, n, k, wide_a, DType::f32, lda, wide_b, ldb, d, ldd, beta);
+      gemm(trans_a, trans_b, m, n, k, wide_a, DType::f32, lda, wide_b, ldb, d, ldd, beta);
+      return false;
     }
+    if (bias_f32)  // read when the GEMM is enqueued: the kept descriptor may point at another bias next time
+      ZERONE_CUBLAS_CHECK(
+          lib_.desc_set_attribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_f32, sizeof bias_f32));
     void* workspace = scratch(kGemmWorkspace, kWorkspaceBytes);
     const float alpha = 1.0f;
     ZERONE_CUBLAS_CHECK(lib_.matmul(lt_, plan.desc, &alpha, a, plan.la, b, plan.lb, &beta, d, plan.ld, d, plan.ld,
                                     &plan.algo, workspace, kWorkspaceBytes, compute()));
+    return bias_f32 != nullptr;
   }
 
   void destroy_gemm_plans() {

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 
 #include "zerone/core/dtype.h"
 #include "zerone/kernels/cuda/check.h"
@@ -42,12 +43,17 @@ size_t request_smem(Kernel kernel, size_t bytes) {
 }
 
 // Note [Flash attention on tensor cores] (attention_tensor_cores.cu). Whether that form takes this
-// call: 16-bit operands, a head size it is built for, 16-byte aligned f32 tensors.
-bool tensor_core_flash_takes(DType operands, int hs, const void* a, const void* b, const void* c);
-// The same contracts as flash_attention_forward / _backward (kernels.h), for calls it takes.
+// call: 16-bit operands, a head size it is built for, an 8-byte aligned output (out or dqkv).
+bool tensor_core_flash_takes(DType operands, int hs, const void* output);
+// 16-bit elements of the scratch it rounds its operands into (Note [Operands rounded once]): qkv,
+// and dO in backward.
+size_t tensor_core_flash_scratch_elems(const FlashShape& s, bool backward);
+// The same contracts as flash_attention_forward / _backward (kernels.h), for calls it takes;
+// scratch: tensor_core_flash_scratch_elems of them, 16-byte aligned.
 void tensor_core_flash_forward(float* out, float* lse, const float* qkv, const FlashShape& s, DType operands,
-                               float scale, cudaStream_t stream);
-void tensor_core_flash_backward(float* dqkv, float* dsum, const float* dout, const float* qkv, const float* lse,
-                                const FlashShape& s, DType operands, float scale, cudaStream_t stream);
+                               float scale, uint16_t* scratch, cudaStream_t stream);
+void tensor_core_flash_backward(float* dqkv, float* dsum, const float* dout, const float* qkv, const float* out,
+                                const float* lse, const FlashShape& s, DType operands, float scale, uint16_t* scratch,
+                                cudaStream_t stream);
 
 }  // namespace zerone::cuda

@@ -83,11 +83,16 @@ void gqa_attention_backward(float* dqkv, const float* dout, const float* qkv, co
 // all that backward reads besides qkv; backward: dqkv (B, T, (NH + 2 NKV) hs) overwritten, with
 // dsum scratch (B, NH, T) (D = rowsum(dO * O)). Head sizes 1..flash::kMaxHeadSize (flash_tiles.h).
 // operands: f32, or bf16 / f16 to let the products round q, k, v, P, dO and dS to that dtype on
-// tensor cores where Note [Flash attention on tensor cores] applies (attention_tensor_cores.cu).
+// tensor cores where Note [Flash attention on tensor cores] applies (attention_tensor_cores.cu);
+// scratch: flash_attention_scratch_bytes of device memory, 256-byte aligned (none for f32), which
+// the call may overwrite.
+size_t flash_attention_scratch_bytes(int B, int T, int NH, int NKV, int hs, DType operands, bool backward);
 void flash_attention_forward(float* out, float* lse, const float* qkv, int B, int T, int NH, int NKV, int hs,
-                             DType operands, cudaStream_t stream);
-void flash_attention_backward(float* dqkv, float* dsum, const float* dout, const float* qkv, const float* lse, int B,
-                              int T, int NH, int NKV, int hs, DType operands, cudaStream_t stream);
+                             DType operands, void* scratch, cudaStream_t stream);
+// out: what forward wrote (the tensor-core form forms D = rowsum(dO * out) from it).
+void flash_attention_backward(float* dqkv, float* dsum, const float* dout, const float* qkv, const float* out,
+                              const float* lse, int B, int T, int NH, int NKV, int hs, DType operands, void* scratch,
+                              cudaStream_t stream);
 void rope_rotate(float* x, const float* inv_freq, int B, int T, int stride, int heads, int hs, float sign,
                  cudaStream_t stream);
 void swiglu_forward(float* out, const float* inp, int N, int F, cudaStream_t stream);

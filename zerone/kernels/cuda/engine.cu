@@ -46,6 +46,19 @@ __global__ void convert_kernel(void* dst, DType dst_dtype, const void* src, DTyp
   ZERONE_GRID_STRIDE(i, n) store_param(dst, dst_dtype, i, load_param(src, src_dtype, i));
 }
 
+// f32 -> bf16 or f16, four elements a thread-step: 16-byte loads, 8-byte stores (the roundings of
+// store_param, so the same bits as convert_kernel; n4 = n / 4, both pointers aligned for it).
+template <DType kDst>
+__global__ void narrow4_kernel(uint2* dst, const float4* src, size_t n4) {
+  ZERONE_GRID_STRIDE(i, n4) {
+    const float4 v = src[i];
+    const auto bits = [](float x) -> uint32_t {
+      return kDst == DType::bf16 ? f32_to_bf16_bits(x) : f32_to_f16_bits(x);
+    };
+    dst[i] = make_uint2(bits(v.x) | bits(v.y) << 16, bits(v.z) | bits(v.w) << 16);
+  }
+}
+
 __global__ void finite_kernel(const float* x, size_t n, int* flag) {
   ZERONE_GRID_STRIDE(i, n) {
     if (!isfinite(x[i])) *flag = 1;  // every writer writes the same value: no atomics needed
@@ -154,7 +167,19 @@ void sum_partials(const float* x, size_t n, double* device_partials, double* hos
 void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n, cudaStream_t stream) {
   if (n == 0) return;
   ZERONE_ASSERT(src_dtype == DType::f32 || dst_dtype == DType::f32, "convert: one side must be f32");
-  convert_kernel<<<grid_for(n), kThreads, 0, stream>>>(dst, dst_dtype, src, src_dtype, n);
+  const bool narrowing = src_dtype == DType::f32 && dst_dtype != DType::f32;
+  const bool vectorizable = n % 4 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 8 == 0;
+  if (narrowing && vectorizable) {  // activations rounded for a GEMM or attention: the common case
+    const size_t n4 = n / 4;
+    if (dst_dtype == DType::bf16)
+      narrow4_kernel<DType::bf16><<<grid_for(n4), kThreads, 0, stream>>>(static_cast<uint2*>(dst),
+                                                                         static_cast<const float4*>(src), n4);
+    else
+      narrow4_kernel<DType::f16><<<grid_for(n4), kThreads, 0, stream>>>(static_cast<uint2*>(dst),
+                                                                        static_cast<const float4*>(src), n4);
+  } else {
+    convert_kernel<<<grid_for(n), kThreads, 0, stream>>>(dst, dst_dtype, src, src_dtype, n);
+  }
   ZERONE_CUDA_LAUNCHED();
 }
 

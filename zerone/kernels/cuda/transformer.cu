@@ -130,9 +130,11 @@ __global__ void layernorm_backward_rows(float* dinp, const float* dout, const fl
 // memory sector of each row) and kColumnLanes row lanes: lane y sums rows y, y + kColumnLanes, ...
 // in order, then the lanes are summed in a fixed tree. The same bits every run, no atomics, and
 // C / kColumnWidth blocks reading N rows each (one thread per column walking N rows, before, took
-// 1.7 ms per layernorm on an H200 at N = 8192, C = 768; docs/BENCHMARKS.md "GPU runs").
+// 1.7 ms per layernorm on an H200 at N = 8192, C = 768; docs/BENCHMARKS.md "GPU runs"). Blocks
+// of 1024 threads: at C = 768 there are only 96 blocks, each of which must keep many loads in
+// flight (32 lanes, the first form, took 72 us there: a fifth of the bandwidth).
 constexpr int kColumnWidth = 8;
-constexpr int kColumnLanes = 32;
+constexpr int kColumnLanes = 128;
 const dim3 kColumnBlock(kColumnWidth, kColumnLanes);
 unsigned column_sum_blocks(int C) { return static_cast<unsigned>((C + kColumnWidth - 1) / kColumnWidth); }
 
@@ -410,16 +412,26 @@ __global__ void residual_kernel(float* out, const float* a, const float* b, size
 
 // ---------------------------------------------------------------- cross-entropy (one block per row)
 
+// One pass over the row (the online softmax: each thread keeps its running maximum and its sum of
+// exp(x - maximum), rescaled when the maximum grows), then the threads' pairs are combined in a
+// fixed tree: half the reads of a max pass followed by a sum pass.
 __global__ void crossentropy_forward_kernel(float* losses, float* lse, const float* logits, const int32_t* targets,
                                             int V, int Vp) {
   __shared__ float shared[kThreads];
   const size_t n = blockIdx.x;
   const float* row = logits + n * Vp;
-  float mx = -1e30f;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, row[v]);
-  mx = block_max(mx, shared);
-  float s = 0.0f;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) s += expf(row[v] - mx);
+  float m = -1e30f, s = 0.0f;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) {
+    const float x = row[v];
+    if (x > m) {
+      s = s * expf(m - x) + 1.0f;
+      m = x;
+    } else {
+      s += expf(x - m);
+    }
+  }
+  const float mx = block_max(m, shared);
+  s *= expf(m - mx);
   const float l = mx + logf(block_sum(s, shared));
   if (threadIdx.x == 0) lse[n] = l, losses[n] = l - row[targets[n]];
 }

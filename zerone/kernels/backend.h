@@ -105,11 +105,11 @@ AttentionSaved attention_saved(DeviceKind kind, const DeviceOptions& options);
 // start-up fit check and `zerone estimate` reserve instead:
 //  - the CUDA context of the process: the driver's per-context state, the SMs' local-memory
 //    reserve, the device heaps and the kernel modules loaded so far (lazily: CUDA_MODULE_LOADING
-//    =LAZY is Linux's default since CUDA 12.2, so only the kernels that run). nvidia-smi commonly
-//    shows 300-500 MiB for a process that has only created its context on an A100/H100 with
-//    CUDA 12; kCudaContextReserveBytes is the round bound 512 MiB above that. NOT measured here
-//    (no GPU): the first GPU session reads it (`zerone info` prints the GPU's free and total
-//    memory once a backend exists, i.e. with the context resident) and corrects the constant.
+//    =LAZY is Linux's default since CUDA 12.2, so only the kernels that run). Measured on an H200
+//    (driver 580.159, CUDA 13.0 runtime, 2026-11-27; `zerone info`, a backend made and cuBLASLt
+//    loaded, no kernel run yet): 526.8 MiB of the GPU not free. Training loads more modules
+//    lazily (zerone's kernels, cuBLASLt's), not measured; kCudaContextReserveBytes is the round
+//    bound 1 GiB above both. (The first form, 512 MiB, was a guess below the measurement.)
 //    A live backend needs no such figure: cudaMemGetInfo's free bytes already exclude its context.
 //  - cuBLASLt's workspace, kCudaGemmWorkspaceBytes = 32 MiB: the backend hands every GEMM this
 //    workspace (cublasLtMatmulPreferenceSetAttribute's MAX_WORKSPACE_BYTES, so cuBLASLt allocates
@@ -123,7 +123,7 @@ AttentionSaved attention_saved(DeviceKind kind, const DeviceOptions& options);
 // Not reserved: the other scratch slots of the cuda backend (16-bit operand copies of the GEMMs'
 // activations, plain attention's (B, NH, T, T) backward scratch), which the ledger counts as
 // "scratch" at their first use.
-inline constexpr int64_t kCudaContextReserveBytes = int64_t{512} << 20;
+inline constexpr int64_t kCudaContextReserveBytes = int64_t{1024} << 20;
 inline constexpr int64_t kCudaGemmWorkspaceBytes = int64_t{32} << 20;
 
 // A GPU's memory (Note [Device memory the ledger cannot see]).

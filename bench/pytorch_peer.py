@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch 2 peers for W1, W2 and W6, measured on this machine in the same run as zerone.
+"""PyTorch 2 peers for W1, W2, W5 and W6, measured on this machine in the same run as zerone.
 
   w1 PRECISION MODE STEPS  GPT-2 124M (L12 C768 H12, V 50257 padded to 50304, tied head), micro-batch 4,
                            seq 64, AdamW (fused), PRECISION = fp32 or bf16 (torch.autocast on CPU),
@@ -20,6 +20,11 @@
                            attention by F.scaled_dot_product_attention (flash on an H100). MODE eager or
                            compile. Prints the mean seconds per step after the warm-up (2 steps eager, 3
                            compiled), each step ending in torch.cuda.synchronize() (scripts/gpu_run.sh run).
+  w5_llama MODE STEPS MB   The w6 model (all 16 blocks) on the GPU: micro-batch MB, T=2048, as w5 otherwise.
+  fsdp2_offload STEPS MB   Issue 19: the w5_llama model under FSDP2 with CPUOffloadPolicy, one GPU.
+  attention B T NH NKV HS  scaled_dot_product_attention alone on the GPU (flash backend, bf16, causal):
+                           median forward and backward milliseconds and TFLOP/s, the line format of
+                           bench/attention_cuda.cc (zerone's kernel at the same shape).
 
 Needs PyTorch 2 (and DeepSpeed for w2): the python printed by `bash bench/peers/setup.sh`.
 Threads: OMP_NUM_THREADS (default 2).
@@ -179,8 +184,8 @@ class Llama(nn.Module):
 
     def forward(self, idx, targets):
         B, T = idx.shape
-        f = 1.0 / (self.theta ** (torch.arange(0, self.hs, 2).float() / self.hs))
-        ang = torch.arange(T).float()[:, None] * f[None, :]
+        f = 1.0 / (self.theta ** (torch.arange(0, self.hs, 2, device=idx.device).float() / self.hs))
+        ang = torch.arange(T, device=idx.device).float()[:, None] * f[None, :]
         cos, sin = torch.cat((ang.cos(), ang.cos()), -1), torch.cat((ang.sin(), ang.sin()), -1)
         x = self.wte(idx)
         for b in self.blocks:
@@ -201,6 +206,89 @@ def w6(layers, mode, steps):
     print(f"{timed_steps(run, opt, x, y, True, 2 if mode == 'compile' else 1, steps):.4f}")
 
 
+def w5_llama(mode, steps, mb, T=2048):
+    """Llama-3.2-1B shape on the GPU (issue 18 §4): micro-batch MB, T=2048, bf16 autocast, fused AdamW."""
+    torch.manual_seed(0)
+    model = Llama().cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
+    x = torch.randint(0, 128256, (mb, T), device="cuda")
+    y = torch.randint(0, 128256, (mb, T), device="cuda")
+    run = torch.compile(model) if mode == "compile" else model
+    print(f"{timed_steps(run, opt, x, y, True, 3 if mode == 'compile' else 2, steps):.4f}")
+
+
+def fsdp2_offload(steps, mb, T=2048):
+    """Issue 19 §4's peer: the Llama-3.2-1B shape on one GPU under FSDP2 (`fully_shard` per block and
+    at the root) with CPUOffloadPolicy (parameters, gradients and the AdamW step on the host) and
+    bf16 compute (MixedPrecisionPolicy, f32 reduction), world 1 over NCCL (gloo for host tensors).
+    Prints the mean seconds per step after 2 warm-up steps."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29517")
+    dist.init_process_group("cpu:gloo,cuda:nccl", rank=0, world_size=1)
+    torch.cuda.set_device(0)
+    torch.manual_seed(0)
+    model = Llama()
+    policy = dict(offload_policy=CPUOffloadPolicy(), mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                                                 reduce_dtype=torch.float32))
+    for block in model.blocks:
+        fully_shard(block, **policy)
+    fully_shard(model, **policy)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)  # the host's parameters: the step runs on the CPU
+    x = torch.randint(0, 128256, (mb, T), device="cuda")
+    y = torch.randint(0, 128256, (mb, T), device="cuda")
+    times = []
+    for i in range(2 + steps):
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        model(x, y).backward()
+        opt.step()
+        torch.cuda.synchronize()
+        if i >= 2:
+            times.append(time.perf_counter() - t0)
+    print(f"{sum(times) / len(times):.4f}")
+    dist.destroy_process_group()
+
+
+def attention(B, T, NH, NKV, hs, reps=20):
+    """scaled_dot_product_attention alone (flash backend, bf16, causal) at zerone's bench shape
+    (bench/attention_cuda.cc): median forward and backward milliseconds over REPS timed runs with
+    CUDA events, after 3 warm-ups. GQA's keys and values are expanded to NH heads before timing
+    (the flash backend takes equal heads)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(B, NH, T, hs, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+    k = torch.randn(B, NKV, T, hs, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(B, NKV, T, hs, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = k.repeat_interleave(NH // NKV, dim=1).requires_grad_()
+    v = v.repeat_interleave(NH // NKV, dim=1).requires_grad_()
+    dy = torch.randn(B, NH, T, hs, device="cuda", dtype=torch.bfloat16, generator=g)
+
+    def median_ms(f):
+        for _ in range(3):
+            f()
+        times = []
+        for _ in range(reps):
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            f()
+            stop.record()
+            stop.synchronize()
+            times.append(start.elapsed_time(stop))
+        return sorted(times)[len(times) // 2]
+
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        fwd = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        bwd = median_ms(lambda: torch.autograd.grad(y, (q, k, v), dy, retain_graph=True))
+    flop = 2.0 * B * NH * T * T * hs
+    print(f"torch sdpa B={B} T={T} NH={NH} NKV={NKV} hs={hs} bf16: forward {fwd:.4f} ms ({flop / fwd / 1e9:.1f} TFLOP/s), "
+          f"backward {bwd:.4f} ms ({2.5 * flop / bwd / 1e9:.1f} TFLOP/s)")
+
+
 if __name__ == "__main__":
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
     if sys.argv[1] == "w1":
@@ -209,7 +297,13 @@ if __name__ == "__main__":
         w6(int(sys.argv[2]), sys.argv[3], int(sys.argv[4]))
     elif sys.argv[1] == "w5":
         w5(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    elif sys.argv[1] == "w5_llama":
+        w5_llama(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    elif sys.argv[1] == "fsdp2_offload":
+        fsdp2_offload(int(sys.argv[2]), int(sys.argv[3]))
+    elif sys.argv[1] == "attention":
+        attention(*map(int, sys.argv[2:7]))
     elif sys.argv[1] == "w2":
         w2(int(sys.argv[2]), int(sys.argv[3]))
     else:
-        sys.exit(f"pytorch_peer.py: unknown workload {sys.argv[1]!r}; expected w1, w2, w5 or w6")
+        sys.exit(f"pytorch_peer.py: unknown workload {sys.argv[1]!r}; expected w1, w2, w5, w5_llama, w6, fsdp2_offload or attention")

@@ -29,7 +29,8 @@
 #                               (default 480; each step capped, later steps skipped when time runs out):
 #                               info; every packed test program's CUDA/NCCL rows (gtest filter below);
 #                               every tests/*/*cuda*.sh and *nccl*.sh (world 1 and the multi-rank ones
-#                               under the pack's mpiexec); then the W5 timing beside PyTorch. Each
+#                               under the pack's mpiexec); then W5 beside PyTorch (GPT-2 124M, the
+#                               flash attention alone beside SDPA, Llama-3.2-1B: bench_w5.log). Each
 #                               report is written to $OUT as the step runs; a failed or crashed step
 #                               never stops the next. Files in $OUT (the device tool brings back 8):
 #                               summary.txt (one line per step), info.txt, gtest_cuda.log,
@@ -37,6 +38,8 @@
 #                               ZERONE_W5_PEERS (default "eager compile") names the PyTorch modes timed.
 #   scripts/gpu_run.sh profile  THERE: Nsight Compute's per-kernel GPU time of a 2-step W5 run.
 #   scripts/gpu_run.sh more     THERE, a second call: profile, sanitize and the torch.compile peer of W5.
+#   scripts/gpu_run.sh offload  THERE, a call of its own (issue 19 §4): ZeRO-Offload on the GPU beside
+#                               FSDP2's CPUOffloadPolicy, then the Llama-2-7B shape (offload.log).
 #   scripts/gpu_run.sh sanitize THERE, a second call when the first passed: compute-sanitizer's memcheck
 #                               and racecheck over the op harness's cuda rows (issue 18 §3).
 #
@@ -118,14 +121,15 @@ do_pack() {
   local build="$root/build-gpu"
   mkdir -p "$build"
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DZERONE_PORTABLE=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-    -DZERONE_BUILD_BENCH=OFF -DCMAKE_EXPORT_COMPILE_COMMANDS=ON -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
+    -DZERONE_BUILD_BENCH=ON -DCMAKE_EXPORT_COMPILE_COMMANDS=ON -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
     -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache > "$build/configure.log"
   grep -q 'CUDA backend ON' "$build/configure.log" || { echo "gpu_run.sh: the CUDA backend is not configured (no nvcc?)" >&2; exit 1; }
   # Note [Portable builds]: not one host compile may target this machine's CPU.
   ! grep -q -- '-march=native' "$build/compile_commands.json" ||
     { echo "gpu_run.sh: -march=native in $build/compile_commands.json" >&2; exit 1; }
   local programs targets
-  programs="$(cuda_programs "$build")"
+  # zerone, the test programs, and of the benchmarks the one that needs a GPU (bench_attention_cuda).
+  programs="$(cuda_programs "$build" | awk '$1 == "zerone" || $1 ~ /_test$/ || $1 == "bench_attention_cuda"')"
   targets="$(awk '{print $1}' <<<"$programs" | tr '\n' ' ')"
   grep -q '^zerone ' <<<"$programs" || { echo "gpu_run.sh: zerone does not link CUDA in $build?" >&2; exit 1; }
   echo "gpu_run.sh: building $targets"
@@ -186,7 +190,7 @@ do_pack() {
     echo "built_in $root"
     echo "nvcc $(/usr/local/cuda/bin/nvcc --version | grep -o 'release [0-9.]*'), architectures 90"
     echo "programs $(ls "$pack/libexec" | tr '\n' ' ')"
-    echo "tests $(awk '$1 != "zerone" {print $1}' <<<"$programs" | tr '\n' ' ')"
+    echo "tests $(awk '$1 ~ /_test$/ {print $1}' <<<"$programs" | tr '\n' ' ')"
     echo "needs $(required_version GLIBC "$pack/libexec/"* "$pack/lib/"*.so* "$pack/mpi/lib/openmpi3/"*.so) $(required_version GLIBCXX "$pack/libexec/"* "$pack/lib/"*.so*) (else lib/compat: Note [Pack modes])"
     for name in "$pack/libexec/"*; do
       echo "  $(basename "$name"): $(required_version GLIBC "$name") $(required_version GLIBCXX "$name")"
@@ -494,7 +498,7 @@ step() {
     echo "$name rc=skipped (no time left of ZERONE_GPU_BUDGET_S)" | tee -a "$out/summary.txt"; return 0
   fi
   echo "=== $name (cap ${cap}s): $*" >> "$out/$log"
-  case "$1" in gtest_cuda|bench_w5) set -- bash "$0" "_$1" "${@:2}" ;; esac  # functions: through this script
+  case "$1" in gtest_cuda|bench_w5|bench_attention|bench_offload) set -- bash "$0" "_$1" "${@:2}" ;; esac  # functions: through this script
   timeout -k 5 "$cap" "$@" >> "$out/$log" 2>&1 < /dev/null || rc=$?
   [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] || echo "=== $name: TIMED OUT after ${cap}s" >> "$out/$log"
   echo "$name rc=$rc $(($(now) - t0))s" | tee -a "$out/summary.txt"
@@ -519,39 +523,119 @@ gtest_cuda() {
   return "$status"
 }
 
-# W5 (issue 18 §4): GPT-2 124M bf16 T=1024 on cuda, zerone beside PyTorch (eager, then compile if
-# time is left), step time, tokens/s and MFU against 989 TFLOP/s (H100 SXM dense bf16).
+# W5 (issue 18 §4) on cuda: zerone beside PyTorch (eager, then compile if time is left): step
+# time, tokens/s and MFU against 989 TFLOP/s (H100/H200 SXM dense bf16). MODEL is gpt2 (GPT-2 124M,
+# T=1024, micro-batch ZERONE_W5_MB, default 8) or llama (Llama-3.2-1B, T=2048, micro-batch
+# ZERONE_W5L_MB, default 4); model FLOPs per token 6N + 6LTC (N the matmul parameters, the tied
+# head once; 6LTC the causal attention products, forward and backward).
 bench_w5() {
-  local mb="${ZERONE_W5_MB:-8}" steps="${ZERONE_W5_STEPS:-8}" d
+  local model="${1:-gpt2}" steps="${ZERONE_W5_STEPS:-8}" d mb T zmodel peer flops
+  if [ "$model" = llama ]; then
+    mb="${ZERONE_W5L_MB:-4}" T=2048 zmodel=llama-3.2-1b peer=w5_llama
+    flops="$(python3 -c "
+L, C, NH, NKV, hs, F, V, T = 16, 2048, 32, 8, 64, 8192, 128256, 2048
+n = V * C + L * (C * (NH + 2 * NKV) * hs + NH * hs * C + 3 * C * F)
+print(6 * n + 6 * L * T * NH * hs)")"
+  else
+    mb="${ZERONE_W5_MB:-8}" T=1024 zmodel=gpt2-124m peer=w5
+    flops="$(python3 -c "
+L, C, T, Vp = 12, 768, 1024, 50304
+print(6 * (Vp * C + L * 12 * C * C) + 6 * L * T * C)")"
+  fi
   d="$(mktemp -d)"
-  local flops
-  flops="$(python3 -c "
-L, C, NH, T, Vp = 12, 768, 12, 1024, 50304
-n = Vp * C + L * 12 * C * C                       # matmul parameters (tied head counted once)
-print(6 * n + 6 * L * T * C)                     # per token: 6N + attention (QK^T, PV; fwd+bwd, causal)")"
-  echo "model FLOPs per token $flops; micro-batch $mb, T 1024"
-  "$pack/bin/zerone" train --model gpt2-124m --seq 1024 --micro-batch "$mb" --steps "$steps" --precision bf16 \
-    --device cuda --metrics "$d/z.jsonl" > "$d/z.log" 2>&1 || { tail -20 "$d/z.log"; echo "zerone w5: FAILED"; }
+  echo "$model: model FLOPs per token $flops; micro-batch $mb, T $T"
+  "$pack/bin/zerone" train --model "$zmodel" --seq "$T" --micro-batch "$mb" --steps "$steps" --precision bf16 \
+    --device cuda --metrics "$d/z.jsonl" > "$d/z.log" 2>&1 || { tail -20 "$d/z.log"; echo "zerone $model: FAILED"; }
   tail -5 "$d/z.log"
-  [ ! -s "$d/z.jsonl" ] || python3 - "$d/z.jsonl" "$mb" "$flops" <<'PY'
+  [ ! -s "$d/z.jsonl" ] || python3 - "$d/z.jsonl" "$mb" "$flops" "$T" "$model" <<'PY'
 import json, sys
 ms = [x["ms"] for x in map(json.loads, open(sys.argv[1])) if "ms" in x]
-mb, flops = int(sys.argv[2]), float(sys.argv[3])
+mb, flops, T, model = int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 if len(ms) > 2:
     s = sum(ms[2:]) / len(ms[2:]) / 1000
-    tok = mb * 1024 / s
-    print(f"W5 zerone bf16 B={mb} T=1024: {s:.4f} s/step, {tok:.0f} tokens/s, MFU {tok * flops / 989e12:.1%} (steps 3..{len(ms)})")
+    tok = mb * T / s
+    print(f"W5 {model} zerone bf16 B={mb} T={T}: {s:.4f} s/step, {tok:.0f} tokens/s, MFU {tok * flops / 989e12:.1%} (steps 3..{len(ms)})")
 PY
-  cp "$d/z.jsonl" "$out/w5_zerone.jsonl" 2>/dev/null || true
+  cp "$d/z.jsonl" "$out/w5_${model}_zerone.jsonl" 2>/dev/null || true
   rm -rf "$d"
   local mode
   for mode in ${ZERONE_W5_PEERS-eager compile}; do
-    [ $((deadline - $(now))) -gt 90 ] || { echo "torch $mode: skipped (time)"; continue; }
-    PYTHONUNBUFFERED=1 timeout $((deadline - $(now) - 20)) python3 "$root/bench/pytorch_peer.py" w5 "$mode" "$steps" "$mb" |
+    [ $((deadline - $(now))) -gt 90 ] || { echo "torch $model $mode: skipped (time)"; continue; }
+    PYTHONUNBUFFERED=1 timeout $((deadline - $(now) - 20)) python3 "$root/bench/pytorch_peer.py" "$peer" "$mode" "$steps" "$mb" |
       while read -r s; do
-        echo "W5 torch $mode raw: $s"
-        python3 -c "s=float('$s'); tok=$mb*1024/s; print(f'W5 torch $mode bf16 B=$mb T=1024: {s:.4f} s/step, {tok:.0f} tokens/s, MFU {tok*$flops/989e12:.1%}')" 2>/dev/null || true
+        echo "W5 $model torch $mode raw: $s"
+        python3 -c "s=float('$s'); tok=$mb*$T/s; print(f'W5 $model torch $mode bf16 B=$mb T=$T: {s:.4f} s/step, {tok:.0f} tokens/s, MFU {tok*$flops/989e12:.1%}')" 2>/dev/null || true
       done
+  done
+}
+
+# Issue 19 §4 (`gpu_run.sh offload`, a call of its own): ZeRO-Offload on the GPU. Llama-3.2-1B
+# (B=ZERONE_OFFLOAD_MB, default 4; T=2048; bf16; stage 2) with the optimizer on the GPU, in host
+# memory and on the disk (ZERONE_NVME_DIR, default /tmp/zerone-nvme): s/step and the ratio to
+# none; FSDP2 with CPUOffloadPolicy on the same model (pytorch_peer.py fsdp2_offload); then the
+# Llama-2-7B shape, B=1, T=2048, with the optimizer in host memory: s/step, MFU, peak host RSS
+# beside `zerone estimate`.
+bench_offload() {
+  local steps="${ZERONE_OFFLOAD_STEPS:-6}" mb="${ZERONE_OFFLOAD_MB:-4}" nvme="${ZERONE_NVME_DIR:-/tmp/zerone-nvme}" d mode
+  d="$(mktemp -d)"
+  mkdir -p "$nvme"
+  local mean='import json, sys
+ms = [x["ms"] for x in map(json.loads, open(sys.argv[1])) if "ms" in x]
+print(f"{sum(ms[2:]) / max(len(ms) - 2, 1) / 1000:.4f}" if len(ms) > 2 else "nan")'
+  for mode in none cpu nvme; do
+    [ $((deadline - $(now))) -gt 60 ] || { echo "offload $mode: skipped (time)"; continue; }
+    local extra=()
+    case "$mode" in cpu) extra=(--offload-optimizer cpu) ;; nvme) extra=(--offload-optimizer nvme --nvme-path "$nvme") ;; esac
+    "$pack/bin/zerone" train --model llama-3.2-1b --seq 2048 --micro-batch "$mb" --steps "$steps" --precision bf16 \
+      --device cuda --zero-stage 2 "${extra[@]}" --metrics "$d/$mode.jsonl" > "$d/$mode.log" 2>&1 ||
+      { tail -5 "$d/$mode.log"; echo "offload $mode: FAILED"; continue; }
+    grep -E 'peak (memory|RSS)' "$d/$mode.log"
+    echo "offload $mode llama-3.2-1b B=$mb T=2048 stage 2: $(python3 -c "$mean" "$d/$mode.jsonl") s/step (steps 3..$steps)"
+  done
+  if [ $((deadline - $(now))) -gt 120 ]; then
+    echo "fsdp2 CPUOffloadPolicy llama-3.2-1b B=$mb T=2048: $(PYTHONUNBUFFERED=1 timeout $((deadline - $(now) - 60)) \
+      python3 "$root/bench/pytorch_peer.py" fsdp2_offload "$steps" "$mb" 2>&1 | tail -1) s/step"
+  fi
+  [ $((deadline - $(now))) -gt 120 ] || { echo "llama-2-7b: skipped (time)"; rm -rf "$d"; return 0; }
+  "$pack/bin/zerone" estimate --model llama-2-7b --seq 2048 --micro-batch 1 --precision bf16 --device cuda \
+    --zero-stage 2 --offload-optimizer cpu --world 1 2>&1 | tail -4
+  timeout $((deadline - $(now) - 10)) "$pack/bin/zerone" train --model llama-2-7b --seq 2048 --micro-batch 1 --steps 4 \
+    --precision bf16 --device cuda --zero-stage 2 --offload-optimizer cpu --metrics "$d/7b.jsonl" > "$d/7b.log" 2>&1 ||
+    echo "llama-2-7b: ended with $?"
+  tail -6 "$d/7b.log"
+  [ ! -s "$d/7b.jsonl" ] || python3 - "$d/7b.jsonl" <<'PY'
+import json, sys
+rows = [x for x in map(json.loads, open(sys.argv[1])) if "ms" in x]
+L, C, NH, NKV, hs, F, V, T = 32, 4096, 32, 32, 128, 11008, 32000, 2048
+flops = 6 * (V * C + L * (C * (NH + 2 * NKV) * hs + NH * hs * C + 3 * C * F)) + 6 * L * T * NH * hs
+for r in rows:
+    s = r["ms"] / 1000
+    print(f"llama-2-7b step {r['step']}: loss {r['loss']:.4f}, {s:.3f} s/step, MFU {T / s * flops / 989e12:.1%}")
+PY
+  cp "$d"/*.jsonl "$out/" 2>/dev/null || true
+  rm -rf "$d"
+}
+
+do_offload() {
+  set +e
+  mkdir -p "$out"
+  : > "$out/summary.txt"
+  deadline=$(($(now) + ${ZERONE_GPU_BUDGET_S:-480}))
+  export ZERONE_DEADLINE=$deadline OUT="$out" ZERONE_PACK_DIR="$pack"
+  pack_env > /dev/null 2>&1
+  step offload $((deadline - $(now))) offload.log bench_offload
+  cat "$out/summary.txt"
+}
+
+# Issue 18 §4: the flash attention alone beside PyTorch's scaled_dot_product_attention (flash), at
+# W5's GPT-2 shape and at Llama-3.2-1B's (grouped-query), bf16 operands.
+bench_attention() {
+  local shape
+  for shape in "8 1024 12 12 64" "4 2048 32 8 64"; do
+    # shellcheck disable=SC2086 # one word per dimension
+    "$pack/bin/bench_attention_cuda" $shape bf16 || echo "bench_attention_cuda $shape: FAILED"
+    # shellcheck disable=SC2086
+    PYTHONUNBUFFERED=1 python3 "$root/bench/pytorch_peer.py" attention $shape || echo "torch sdpa $shape: FAILED"
   done
 }
 
@@ -587,7 +671,9 @@ do_run() {
     step "$(basename "$(dirname "$script")")/$(basename "$script")" 150 zero_cuda.log bash "$script" "$pack/bin/zerone"
   done
   if "$pack/bin/zerone" info 2>/dev/null | grep -q '^devices .*cuda'; then
-    step w5 $((deadline - $(now))) bench_w5.log bench_w5
+    step w5 150 bench_w5.log bench_w5 gpt2
+    step attention 90 bench_w5.log bench_attention
+    step w5_llama $((deadline - $(now))) bench_w5.log bench_w5 llama
   else
     echo "w5 rc=77 (no GPU: skipped)" | tee -a "$out/summary.txt"
   fi
@@ -608,6 +694,9 @@ case "${1:-}" in
   profile) do_profile ;;
   more) do_more ;;
   _gtest_cuda) gtest_cuda "${@:2}" ;;   # internal: a step of run (pack_env already done)
-  _bench_w5) bench_w5 ;;
+  _bench_w5) bench_w5 "${@:2}" ;;
+  _bench_attention) bench_attention ;;
+  _bench_offload) bench_offload ;;
+  offload) do_offload ;;
   *) echo "usage: scripts/gpu_run.sh pack|check|selftest [bookworm|bullseye]|run|sanitize (docs/GPU.md)" >&2; exit 2 ;;
 esac

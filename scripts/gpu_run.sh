@@ -470,12 +470,7 @@ PY
 # more: the GPU session's second call, when `run` passed: the W5 profile, compute-sanitizer over the
 # op harness, and the torch.compile peer of W5 (each capped; ZERONE_GPU_BUDGET_S in all).
 do_more() {
-  set +e
-  mkdir -p "$out"
-  : > "$out/summary.txt"
-  deadline=$(($(now) + ${ZERONE_GPU_BUDGET_S:-400}))
-  export ZERONE_DEADLINE=$deadline OUT="$out" ZERONE_PACK_DIR="$pack"
-  pack_env > /dev/null 2>&1
+  begin_call 400 || return 1
   step profile 150 profile.log bash "$0" profile
   ZERONE_SANITIZE_CAP_S=80 step sanitize 170 sanitize.log bash "$0" sanitize
   ZERONE_W5_PEERS="${ZERONE_W5_PEERS-compile}" step w5 $((deadline - $(now))) bench_w5.log bench_w5
@@ -486,6 +481,19 @@ do_more() {
 out="${OUT:-$root/gpu_out}"
 deadline="${ZERONE_DEADLINE:-0}"   # the run's end, in seconds since the epoch (exported to the steps)
 now() { date +%s; }
+# The start of a call THERE (run, more, offload): errors no longer end the script (each step
+# reports its own), an empty summary.txt in $OUT, the deadline ZERONE_GPU_BUDGET_S (default $1)
+# seconds from now, and the pack unpacked (pack_env). Returns 1 when the pack cannot be unpacked.
+begin_call() {
+  set +e
+  mkdir -p "$out"
+  : > "$out/summary.txt"
+  deadline=$(($(now) + ${ZERONE_GPU_BUDGET_S:-$1}))
+  export ZERONE_DEADLINE=$deadline OUT="$out" ZERONE_PACK_DIR="$pack"
+  pack_env > "$out/pack_env.tmp" 2>&1 || { cat "$out/pack_env.tmp"; echo "pack rc=1: cannot unpack" >> "$out/summary.txt"; return 1; }
+  rm -f "$out/pack_env.tmp"
+}
+
 # step NAME CAP_S LOG CMD...: runs CMD with its output appended to $out/LOG, stopped (its whole
 # process group: timeout's default) after CAP_S seconds or when the run's budget is spent, whichever
 # is first; one line "NAME rc=N Ss" in summary.txt. Never fails: the next step always runs.
@@ -617,12 +625,7 @@ PY
 }
 
 do_offload() {
-  set +e
-  mkdir -p "$out"
-  : > "$out/summary.txt"
-  deadline=$(($(now) + ${ZERONE_GPU_BUDGET_S:-480}))
-  export ZERONE_DEADLINE=$deadline OUT="$out" ZERONE_PACK_DIR="$pack"
-  pack_env > /dev/null 2>&1
+  begin_call 480 || return 1
   step offload $((deadline - $(now))) offload.log bench_offload
   cat "$out/summary.txt"
 }
@@ -640,13 +643,7 @@ bench_attention() {
 }
 
 do_run() {
-  set +e
-  mkdir -p "$out"
-  : > "$out/summary.txt"
-  deadline=$(($(now) + ${ZERONE_GPU_BUDGET_S:-480}))
-  export ZERONE_DEADLINE=$deadline OUT="$out" ZERONE_PACK_DIR="$pack"
-  pack_env > "$out/pack_env.tmp" 2>&1 || { cat "$out/pack_env.tmp"; echo "pack rc=1: cannot unpack" >> "$out/summary.txt"; return 1; }
-  rm -f "$out/pack_env.tmp"
+  begin_call 480 || return 1
   local tmp; tmp="$(mktemp -d)"
   {
     date -u; pack_banner; sed 's/^/  /' "$pack/MANIFEST"

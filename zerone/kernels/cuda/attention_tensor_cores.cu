@@ -45,37 +45,27 @@ constexpr int kTileRows = 64;  // a block's rows, and the rows of each tile it s
 constexpr unsigned kAllLanes = 0xffffffffu;
 
 // The operand dtypes: packing two f32 into one register of two 16-bit values (the lower column in
-// the low half), and the mma instruction.
+// the low half), and the mma instruction. One definition for both, by PAIR (the CUDA pair type),
+// TO_PAIR (its round-to-nearest conversion) and PTX (the instruction's operand type).
 template <typename E>
 struct Operand;
-template <>
-struct Operand<__nv_bfloat16> {
-  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
-  }
-  static __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], const uint32_t b[2]) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-  }
-};
-template <>
-struct Operand<__half> {
-  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-    const __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
-  }
-  static __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], const uint32_t b[2]) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-  }
-};
+#define ZERONE_TC_OPERAND(E, PAIR, TO_PAIR, PTX)                                                              \
+  template <>                                                                                               \
+  struct Operand<E> {                                                                                       \
+    static __device__ __forceinline__ uint32_t pack(float lo, float hi) {                                   \
+      const PAIR v = TO_PAIR(lo, hi);                                                                       \
+      return *reinterpret_cast<const uint32_t*>(&v);                                                        \
+    }                                                                                                       \
+    static __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], const uint32_t b[2]) {      \
+      asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." PTX "." PTX                                     \
+                   ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"                           \
+                   : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                         \
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));                     \
+    }                                                                                                       \
+  };
+ZERONE_TC_OPERAND(__nv_bfloat16, __nv_bfloat162, __floats2bfloat162_rn, "bf16")
+ZERONE_TC_OPERAND(__half, __half2, __floats2half2_rn, "f16")
+#undef ZERONE_TC_OPERAND
 
 // A tile of kTileRows rows of hs 16-bit elements in shared memory, rows `ld` elements apart.
 template <int HS>

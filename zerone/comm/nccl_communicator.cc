@@ -1,5 +1,4 @@
 // The NCCL communicator (Note [NCCL collectives] in nccl_communicator.h).
-// NOTHING HERE HAS RUN ON A GPU YET.
 #include "zerone/comm/nccl_communicator.h"
 
 #include <cuda_runtime.h>

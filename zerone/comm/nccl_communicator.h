@@ -22,7 +22,7 @@
 //    ranks end through abort_job's MPI_Abort) and the collective-watch messages of the MPI
 //    communicator. Every NCCL call is checked: a failure throws Error naming the call and NCCL's
 //    message (ncclGetLastError), as a failed collective of MPI does.
-// NOTHING HERE HAS RUN ON A GPU YET (docs/GPU.md).
+// Run on an H200 at world 1 (2026-11-27; docs/GPU.md): two GPUs have not been tried.
 // Thread-safety: as Communicator (submit from the training thread).
 #pragma once
 

@@ -9,14 +9,15 @@
 //    shuffles) update the row's online softmax, and every lane adds P V for its own channels.
 //    It writes out (B, T, NH*hs) and the rows' logsumexp lse (B, NH, T), all backward keeps.
 //  - dQ: one block per (b, h, query warp tile), two sweeps over the keys it sees: the first sums
-//    D = sum_j P_ij dP_ij (dP = dO V^T; D = dO . O, from P, since the interface does not hand
-//    backward the output), the second adds dS K with dS = P (dP - D). It writes dQ and D (B, NH, T).
+//    D = sum_j P_ij dP_ij (dP = dO V^T; D = dO . O, here from P; the tensor-core form reads the
+//    output backward is handed instead), the second adds dS K with dS = P (dP - D). It writes dQ
+//    and D (B, NH, T).
 //  - dK/dV: one block per (b, kv head, key warp tile), sweeping the G query heads of the group in
 //    order and, for each, the query lane tiles that see its keys; dK and dV accumulate in
 //    registers and are written once, so the group's sum has a fixed order and nothing is atomic.
 // P = exp(S - lse) is recomputed from the scores in both backward kernels. Every sum runs in a
 // fixed order (per-lane loops, butterfly shuffles), so a run gives the same bits every time.
-// NOTHING HERE HAS RUN ON A GPU YET (docs/GPU.md).
+// Run on an H200 (2026-11-27); 16-bit runs use attention_tensor_cores.cu instead where it applies.
 #include <cmath>
 
 #include "zerone/kernels/cuda/common.cuh"

@@ -1,5 +1,4 @@
 // The CUDA backend: host code (C++, no kernels); Note [CUDA backend design] in cuda_backend.h.
-// NOTHING HERE HAS RUN ON A GPU YET.
 #include "zerone/kernels/cuda/cuda_backend.h"
 
 #include <cublasLt.h>

@@ -26,7 +26,7 @@
 //  - Determinism: no atomics; every reduction has a fixed order (Note [CUDA kernels, correctness
 //    first], kernels.h), cuBLASLt's algorithm is the heuristic's first for the shape, and f32 GEMMs
 //    compute in f32 (CUBLAS_COMPUTE_32F: no TF32).
-// NOTHING HERE HAS RUN ON A GPU YET: it is compile-checked only (docs/GPU.md says what to run).
+// Run on an H200 (2026-11-27): the op harness and whole training runs (docs/GPU.md).
 // Thread-safety: as Backend. The arena and copy() may be used from the communication thread (each
 // such call binds the backend's device to the calling thread first).
 #pragma once

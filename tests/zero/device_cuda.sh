@@ -9,7 +9,7 @@
 # --device cuda` decodes the cpu's text.
 # Exit 77 (ctest: SKIPPED, never passed) when the build has no CUDA backend or the machine no GPU.
 # World 1 without mpiexec; several ranks sharing the GPU: tests/zero/device_cuda_ranks.sh.
-# NOT YET RUN ON A GPU (docs/GPU.md).
+# First run on an H200 on 2026-11-27 (docs/BENCHMARKS.md "GPU runs"); the MFU check at the end since.
 set -euo pipefail
 Z="$(readlink -f "$1")"
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -144,6 +144,25 @@ for how in "--temperature 0" "--seed 7 --top-k 20"; do
   else
     echo "FAIL sample --device cuda differs from cpu ($how)"; diff "$d/sample.cpu.txt" "$d/sample.cuda.txt" || true
     failed+=("sample $how")
+  fi
+done
+# MFU on cuda (Note [Model FLOPs], train/trainer.cc): none against the host's GEMM peak, which says
+# nothing of the GPU's; with --peak-tflops, tflop_per_s / that on every line.
+for peak in "" 989; do
+  "$Z" "${gpt[@]}" --steps 2 --device cuda ${peak:+--peak-tflops $peak} --metrics "$d/mfu$peak.jsonl" > "$d/mfu.log" 2>&1 ||
+    { echo "FAIL training for the MFU check"; cat "$d/mfu.log"; failed+=("mfu"); continue; }
+  if python3 - "$d/mfu$peak.jsonl" "$peak" <<'PY'
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1]) if '"step"' in l]
+peak = sys.argv[2]
+if not peak:
+    ok = all("mfu" not in l for l in lines) and "peak_tflop_per_s" not in lines[0]["run"]
+else:
+    ok = all(abs(l["mfu"] - l["tflop_per_s"] / float(peak)) < 1e-12 for l in lines)
+sys.exit(0 if ok and lines else 1)
+PY
+  then echo "ok MFU on cuda ${peak:+against --peak-tflops $peak}${peak:-: none without --peak-tflops}"
+  else echo "FAIL MFU on cuda (--peak-tflops '${peak}'): $(head -c 400 "$d/mfu$peak.jsonl")"; failed+=("mfu $peak")
   fi
 done
 [ ${#failed[@]} -eq 0 ] || { echo "FAILED: ${failed[*]}"; exit 1; }

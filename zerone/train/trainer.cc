@@ -519,11 +519,15 @@ void print_run_header(Progress& progress, const TrainConfig& cfg, const nn::Mode
 }
 
 // Note [Model FLOPs] (throughput.h): the TFLOP/s per rank MFU is measured against and where it
-// comes from: --peak-tflops, else the GEMM peak measured now (rank 0 of a model with a FLOP count).
+// comes from: --peak-tflops, else the host's GEMM peak measured now (rank 0 of a model with a
+// FLOP count) where the model runs on the host's cores (cpu, sim). On cuda the host's GEMMs say
+// nothing of the GPU's, and no GPU peak is measured: MFU is reported only with --peak-tflops
+// (989 for an H100 or H200 SXM's dense bf16).
 std::pair<std::optional<double>, std::string> peak_tflop_per_s(const TrainConfig& cfg, DType dtype, bool lead,
-                                                               const std::optional<double>& flops_per_token) {
+                                                               const std::optional<double>& flops_per_token,
+                                                               kernels::DeviceKind device) {
   if (cfg.peak_tflops > 0) return {cfg.peak_tflops, "--peak-tflops"};
-  if (lead && flops_per_token)
+  if (lead && flops_per_token && device != kernels::DeviceKind::cuda)
     return {measure_gemm_peak_tflop_per_s(dtype), str_cat("measured ", dtype == DType::bf16 ? "bf16" : "f32", " GEMM peak")};
   return {std::nullopt, ""};
 }
@@ -1175,7 +1179,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm, const io::Fa
   MetricsWriter metrics(lead ? cfg.metrics : "");
   if (resume_from) metrics.continue_after(start_step - 1);
   const std::optional<double> flops_per_token = model_flops_per_token(model, T);  // Note [Model FLOPs]
-  const auto [peak_tflops, peak_source] = peak_tflop_per_s(cfg, dtype, lead, flops_per_token);
+  const auto [peak_tflops, peak_source] = peak_tflop_per_s(cfg, dtype, lead, flops_per_token, model.backend().kind());
   RunSummary summary;
   summary.classifier = classifier;
   summary.world = world;

@@ -401,10 +401,10 @@ class CudaBackend final : public kernels::Backend {
     const void* x = operand(inp, sz(N) * C, param_dtype, kActA);
     // Note [Bias in the GEMM's epilogue]: the bias widened to f32 (exactly) and added by cuBLASLt
     // as it writes out, in f32 as add_bias would: one pass over out fewer.
-    const float* bias_f32 = nullptr;
+    float* bias_f32 = nullptr;
     if (bias) {
-      bias_f32 = static_cast<const float*>(scratch(kBias, sz(OC) * sizeof(float)));
-      cuda::convert(const_cast<float*>(bias_f32), DType::f32, bias, param_dtype, sz(OC), compute());
+      bias_f32 = static_cast<float*>(scratch(kBias, sz(OC) * sizeof(float)));
+      cuda::convert(bias_f32, DType::f32, bias, param_dtype, sz(OC), compute());
     }
     // out^T (OC, N) = W (C, OC)^T x^T (C, N) (+ bias on every column)
     const bool bias_added = gemm(true, false, OC, N, C, weight, param_dtype, C, x, C, out, OC, 0.0f, bias_f32);

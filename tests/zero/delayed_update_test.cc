@@ -40,6 +40,16 @@ struct Case {
   OffloadDevice offload = OffloadDevice::none;  // --offload-optimizer (stages 1-3)
 };
 
+// The device tests' case: bf16 with clipping and two micro-steps, `steps` steps.
+Case bf16_clipped_accumulated(int steps) {
+  Case c;
+  c.dtype = DType::bf16;
+  c.clip = 0.05f;
+  c.accum = 2;
+  c.steps = steps;
+  return c;
+}
+
 void batch(int step, int micro, std::vector<int32_t>& x, std::vector<int32_t>& y) {
   std::mt19937 gen(static_cast<uint32_t>(1000 * step + micro));
   std::uniform_int_distribution<int32_t> tok(0, 99);
@@ -191,11 +201,7 @@ TEST_P(EarlyStep, UpdatesTheTopUnitDuringTheBackwardAndWithClippingOnlyWhenSpecu
 // The same bits on both devices: the delayed trajectory at every stage, bf16 with clipping and
 // accumulation, on the cpu device and on sim.
 TEST(DelayedUpdateDevices, SimGivesTheCpuDevicesBits) {
-  Case c;
-  c.dtype = DType::bf16;
-  c.clip = 0.05f;
-  c.accum = 2;
-  c.steps = 3;
+  Case c = bf16_clipped_accumulated(3);
   for (int stage = 0; stage <= 3; ++stage) {
     c.stage = stage;
     Trajectory on_cpu, on_sim;
@@ -217,11 +223,7 @@ TEST(DelayedUpdateDevices, SimGivesTheCpuDevicesBits) {
 // with the delay applied by hand, at stages 1-3, with clipping, accumulation and an fp16-free
 // bf16 run; and the copies were deferred (the asynchronous path was taken, one per unit and step).
 TEST(DelayedUpdateDevices, InstallsFromTheHostAsynchronouslyWithTheCpuDevicesBits) {
-  Case c;
-  c.dtype = DType::bf16;
-  c.clip = 0.05f;
-  c.accum = 2;
-  c.steps = 4;
+  Case c = bf16_clipped_accumulated(4);
   c.offload = OffloadDevice::cpu;
   auto& sim = dynamic_cast<kernels::sim::SimBackend&>(kernels::backend(kernels::DeviceKind::sim));
   for (int stage = 1; stage <= 3; ++stage) {

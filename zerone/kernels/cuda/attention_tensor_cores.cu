@@ -67,12 +67,25 @@ ZERONE_TC_OPERAND(__nv_bfloat16, __nv_bfloat162, __floats2bfloat162_rn, "bf16")
 ZERONE_TC_OPERAND(__half, __half2, __floats2half2_rn, "f16")
 #undef ZERONE_TC_OPERAND
 
-// A tile of kTileRows rows of hs 16-bit elements in shared memory, rows `ld` elements apart.
+// A tile of kTileRows rows of hs 16-bit elements in shared memory, rows `ld` elements apart; the
+// kernels' dynamic shared memory is tiles side by side (forward: Q, K, V; dQ: Q, dO, K, V; dK/dV:
+// K, V, Q, dO, then two rows of floats), and tile(smem, i) is the i-th.
 template <int HS>
 struct TileLayout {
   static constexpr int ld = HS + 8;
   static constexpr int elems = kTileRows * ld;
+  static __device__ __forceinline__ uint16_t* tile(uint16_t* smem, int i) { return smem + i * elems; }
 };
+constexpr int kForwardTiles = 3, kBackwardTiles = 4;
+
+// This thread's warp and its roles in mma's fragments (lane = 4 g + t).
+struct LaneRoles {
+  int warp, g, t;
+};
+__device__ __forceinline__ LaneRoles lane_roles() {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  return {warp, lane / 4, lane % 4};
+}
 
 __device__ __forceinline__ uint32_t load_pair(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
@@ -171,13 +184,12 @@ __device__ __forceinline__ float group_max(float v) {
 template <typename E, int HS>
 __global__ void __launch_bounds__(kThreadsTc)
     tc_flash_forward_kernel(float* out, float* lse, const uint16_t* qkv, FlashShape s, float scale) {
+  using L = TileLayout<HS>;
   extern __shared__ __align__(16) uint16_t smem[];
-  uint16_t* q_s = smem;                          // (64, ld) queries
-  uint16_t* k_s = q_s + TileLayout<HS>::elems;   // (64, ld) keys
-  uint16_t* v_s = k_s + TileLayout<HS>::elems;   // (64, ld) values
+  uint16_t *q_s = L::tile(smem, 0), *k_s = L::tile(smem, 1), *v_s = L::tile(smem, 2);  // queries, keys, values
   const int T = s.T, b = blockIdx.x / s.NH, h = blockIdx.x % s.NH, kv = h / s.G();
   const int query_tile = gridDim.y - 1 - blockIdx.y, q0 = query_tile * kTileRows;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const auto [warp, g, t] = lane_roles();
   const int rows[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8};
   const bool warp_live = q0 + 16 * warp < T;
 
@@ -259,14 +271,12 @@ template <typename E, int HS>
 __global__ void __launch_bounds__(kThreadsTc)
     tc_flash_dq_kernel(float* dqkv, const float* dsum, const uint16_t* dout, const uint16_t* qkv, const float* lse,
                        FlashShape s, float scale) {
+  using L = TileLayout<HS>;
   extern __shared__ __align__(16) uint16_t smem[];
-  uint16_t* q_s = smem;
-  uint16_t* do_s = q_s + TileLayout<HS>::elems;
-  uint16_t* k_s = do_s + TileLayout<HS>::elems;
-  uint16_t* v_s = k_s + TileLayout<HS>::elems;
+  uint16_t *q_s = L::tile(smem, 0), *do_s = L::tile(smem, 1), *k_s = L::tile(smem, 2), *v_s = L::tile(smem, 3);
   const int T = s.T, b = blockIdx.x / s.NH, h = blockIdx.x % s.NH, kv = h / s.G();
   const int query_tile = gridDim.y - 1 - blockIdx.y, q0 = query_tile * kTileRows;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const auto [warp, g, t] = lane_roles();
   const int rows[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8};
   const bool warp_live = q0 + 16 * warp < T;
 
@@ -318,16 +328,14 @@ template <typename E, int HS>
 __global__ void __launch_bounds__(kThreadsTc)
     tc_flash_dkv_kernel(float* dqkv, const uint16_t* dout, const uint16_t* qkv, const float* lse, const float* dsum,
                         FlashShape s, float scale) {
+  using L = TileLayout<HS>;
   extern __shared__ __align__(16) uint16_t smem[];
-  uint16_t* k_s = smem;
-  uint16_t* v_s = k_s + TileLayout<HS>::elems;
-  uint16_t* q_s = v_s + TileLayout<HS>::elems;
-  uint16_t* do_s = q_s + TileLayout<HS>::elems;
-  float* lse_s = reinterpret_cast<float*>(do_s + TileLayout<HS>::elems);  // (64) the query tile's lse
-  float* d_s = lse_s + kTileRows;                                         // (64) and D
+  uint16_t *k_s = L::tile(smem, 0), *v_s = L::tile(smem, 1), *q_s = L::tile(smem, 2), *do_s = L::tile(smem, 3);
+  float* lse_s = reinterpret_cast<float*>(L::tile(smem, kBackwardTiles));  // (64) the query tile's lse
+  float* d_s = lse_s + kTileRows;                                          // (64) and D
   const int T = s.T, b = blockIdx.x / s.NKV, kv = blockIdx.x % s.NKV, G = s.G();
   const int key_tile = blockIdx.y, k0 = key_tile * kTileRows;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const auto [warp, g, t] = lane_roles();
   const int keys[2] = {k0 + 16 * warp + g, k0 + 16 * warp + g + 8};
   const bool warp_live = k0 + 16 * warp < T;
   const int query_tiles = flash::tiles_of(T, kTileRows);
@@ -383,7 +391,8 @@ __global__ void __launch_bounds__(kThreadsTc)
 
 template <typename E, int HS>
 void forward_with(float* out, float* lse, const uint16_t* qkv, const FlashShape& s, float scale, cudaStream_t stream) {
-  const size_t bytes = request_smem(tc_flash_forward_kernel<E, HS>, 3 * sizeof(uint16_t) * TileLayout<HS>::elems);
+  const size_t bytes = request_smem(tc_flash_forward_kernel<E, HS>,
+                                    kForwardTiles * sizeof(uint16_t) * TileLayout<HS>::elems);
   const dim3 grid(static_cast<unsigned>(s.B * s.NH), static_cast<unsigned>(flash::tiles_of(s.T, kTileRows)));
   tc_flash_forward_kernel<E, HS><<<grid, kThreadsTc, bytes, stream>>>(out, lse, qkv, s, scale);
   ZERONE_CUDA_LAUNCHED();
@@ -394,7 +403,7 @@ void backward_with(float* dqkv, float* dsum, const uint16_t* dout, const uint16_
                    const FlashShape& s, float scale, cudaStream_t stream) {
   const unsigned tiles = static_cast<unsigned>(flash::tiles_of(s.T, kTileRows));
   // dsum (D) is already formed (tensor_core_flash_backward).
-  const size_t tiles_bytes = 4 * sizeof(uint16_t) * TileLayout<HS>::elems;
+  const size_t tiles_bytes = kBackwardTiles * sizeof(uint16_t) * TileLayout<HS>::elems;
   const size_t dq_bytes = request_smem(tc_flash_dq_kernel<E, HS>, tiles_bytes);
   tc_flash_dq_kernel<E, HS><<<dim3(static_cast<unsigned>(s.B * s.NH), tiles), kThreadsTc, dq_bytes, stream>>>(
       dqkv, dsum, dout, qkv, lse, s, scale);

@@ -607,6 +607,9 @@ print(f"{sum(ms[2:]) / max(len(ms) - 2, 1) / 1000:.4f}" if len(ms) > 2 else "nan
   [ $((deadline - $(now))) -gt 120 ] || { echo "llama-2-7b: skipped (time)"; rm -rf "$d"; return 0; }
   "$pack/bin/zerone" estimate --model llama-2-7b --seq 2048 --micro-batch 1 --precision bf16 --device cuda \
     --zero-stage 2 --offload-optimizer cpu --world 1 2>&1 | tail -4
+  # The planner on the GPU's measured speeds (Note [Device speeds]): its prediction for the run below.
+  timeout 60 "$pack/bin/zerone" plan --model llama-2-7b --seq 2048 --micro-batch 1 --precision bf16 --device cuda \
+    --zero-stage 2 --offload-optimizer cpu 2>&1 | grep -E "^  device:|^  host memory|^chosen" || echo "plan: failed"
   timeout $((deadline - $(now) - 10)) "$pack/bin/zerone" train --model llama-2-7b --seq 2048 --micro-batch 1 --steps 4 \
     --precision bf16 --device cuda --zero-stage 2 --offload-optimizer cpu --metrics "$d/7b.jsonl" > "$d/7b.log" 2>&1 ||
     echo "llama-2-7b: ended with $?"

@@ -437,8 +437,13 @@ int main(int argc, char** argv) {
   plan_cmd->add_option("--nvme-path", plan_cfg.nvme_path, "swap directory: NVMe offload is considered (its free space is the budget)");
   plan_cmd->add_option("--host-mem", plan_machine.host_mem_gib, "GiB of memory per host [default: available now, less a reserve of 5% and 256 MiB per rank]");
   plan_cmd->add_option("--disk-free", plan_machine.disk_free_gib, "GiB free under --nvme-path [default: statvfs]");
-  plan_cmd->add_option("--gemm-tflops", plan_machine.gemm_tflops, "GEMM TFLOP/s per rank [default: measured]");
-  plan_cmd->add_option("--memory-bandwidth", plan_machine.memory_gbps, "GB/s per rank [default: measured]");
+  plan_cmd->add_option("--gemm-tflops", plan_machine.gemm_tflops,
+                       "GEMM TFLOP/s per rank (with --device cuda the GPU's) [default: measured]");
+  plan_cmd->add_option("--memory-bandwidth", plan_machine.memory_gbps, "host memory GB/s per rank [default: measured]");
+  plan_cmd->add_option("--device-bandwidth", plan_machine.device_memory_gbps,
+                       "with --device cuda: the GPU's memory GB/s [default: measured on the GPU]");
+  plan_cmd->add_option("--host-device-bandwidth", plan_machine.host_device_gbps,
+                       "with --device cuda: GB/s between host and GPU, the slower direction [default: measured on the GPU]");
   plan_cmd->add_option("--disk-bandwidth", plan_machine.disk_gbps, "GB/s under --nvme-path [default: measured]");
   plan_cmd->add_option("--link-bandwidth", plan_machine.link_gbps,
                        "GB/s per rank between ranks [default: half the memory bandwidth on one host, 1.25 across hosts]");

@@ -156,4 +156,33 @@ PY
   --offload-optimizer nvme --offload-param nvme --sub-group-size 1000000000 --nvme-path "$d/swap" --data "$d/c_train.bin" --steps 1 > "$d/n2t.out" 2>&1
 grep -qE "Largest over budget: host swap .*zerone plan --model llama-3.2-1b" "$d/n2t.out" \
   && ok "newcomer Llama-3.2-1B: train's refusal names the swap staging and the plan command" || bad "newcomer train refusal: $(tail -1 "$d/n2t.out")"
+# Note [Device speeds]: a plan for a GPU takes the GPU's figures (measured there, or given when
+# planning from elsewhere), never the host's GEMM rate. Without a GPU here the flags are required;
+# with them the sources name them and the GPU's memory makes the memory-bound term small.
+G=(--model gpt2-350m --micro-batch 4 --seq 1024 --precision bf16 --device cuda --device-mem-limit 79 --host-mem 100 --json)
+if ! "$Z" info 2>/dev/null | grep -qE "^devices .*cuda"; then
+  "$Z" plan "${G[@]}" > "$d/g0.out" 2> "$d/g0.err" && bad "plan --device cuda without a GPU or its speeds ran" ||
+    { grep -q "^zerone: error: --device cuda: no such device here to measure its speeds; .*--gemm-tflops, --device-bandwidth and --host-device-bandwidth" "$d/g0.err" \
+      && ok "plan --device cuda without a GPU asks for the GPU's speeds" || bad "plan --device cuda without a GPU: $(cat "$d/g0.err")"; }
+fi
+"$Z" plan "${G[@]}" --gemm-tflops 700 --device-bandwidth 3000 --host-device-bandwidth 50 --memory-bandwidth 20 > "$d/g1.json" 2> "$d/g1.err" \
+  && python3 - "$d/g1.json" <<'PY' && ok "plan --device cuda with the GPU's speeds given: device terms at the GPU's figures" || bad "plan --device cuda with speeds: $(cat "$d/g1.err")"
+import json, sys
+j = json.load(open(sys.argv[1]))
+s = j["speed"]
+assert s["gemm_flop_per_s"] == 700e12 and s["device_memory_bytes_per_s"] == 3000e9 and s["host_device_bytes_per_s"] == 50e9, s
+assert s["memory_bytes_per_s"] == 20e9, s
+assert any(x.startswith("device: GEMM 700.0 TFLOP/s (--gemm-tflops), memory 3000.00 GB/s (--device-bandwidth)") for x in j["sources"]), j["sources"]
+c = j["chosen"]["cost"]
+assert set(c) >= {"compute_s", "memory_s", "optimizer_s", "nvme_s", "comm_s", "transfer_s"}, c
+assert j["chosen"]["need"]["device_per_rank"] <= 79 * 2**30
+PY
+for bad_flags in "--device-bandwidth 3000" "--host-device-bandwidth 50"; do
+  "$Z" plan --model "$M" "${speeds[@]}" $bad_flags > /dev/null 2> "$d/g2.err" && bad "plan on the cpu accepted $bad_flags" ||
+    { grep -q "^zerone: error: --device-bandwidth and --host-device-bandwidth describe a GPU of its own: give them with --device cuda" "$d/g2.err" \
+      && ok "plan on the cpu refuses $bad_flags" || bad "plan $bad_flags: $(cat "$d/g2.err")"; }
+done
+"$Z" plan --model "$M" --gemm-tflops -1 --memory-bandwidth 5 > /dev/null 2> "$d/g3.err" && bad "plan accepted --gemm-tflops -1" ||
+  { grep -q "^zerone: error: --gemm-tflops -1 is out of range: expected a speed > 0 (or 0: measured)" "$d/g3.err" \
+    && ok "plan refuses a negative speed" || bad "plan --gemm-tflops -1: $(cat "$d/g3.err")"; }
 exit $fail

@@ -3,11 +3,16 @@
 // alone), and a budget a few percent below its need is refused or gets another plan that fits it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
 #include "zerone/comm/comm_choice.h"
 #include "zerone/core/error.h"
 #include "zerone/nn/model.h"
 #include "zerone/train/config.h"
 #include "zerone/train/plan.h"
+#include "zerone/train/throughput.h"
 #include "zerone/train/trainer.h"
 #include "zerone/zero/planner.h"
 
@@ -274,6 +279,101 @@ TEST(Planner, TheCommunicatorChoiceDecidesWhatIsStaged) {
     EXPECT_EQ(plan.best->estimate.host(), again.host());
   }
 }
+
+TEST(CostModel, ASeparateDeviceTakesItsOwnSpeeds) {
+  // Note [Device speeds]: with device_memory_bytes_per_s given, the memory-bound kernels and the
+  // optimizer's on-device share run at the device's bandwidth, the offloaded share at the host's
+  // plus the copies over the host link, and parameters offloaded to the host cross that link at
+  // every gather. Where the device is host memory nothing of this applies.
+  std::unique_ptr<nn::Model> model = nn::make_model("gpt2-350m", DType::bf16, 64, false);
+  const std::vector<size_t> numels = model->unit_numels();
+  StepWorkload w;
+  w.unit_numels = numels;
+  w.flops_per_token = 6.0 * static_cast<double>(model->num_parameters());
+  w.micro_batch = 4;
+  w.seq = 1024;
+  w.dtype = DType::bf16;
+  w.activation_bytes = int64_t{4} << 30;
+  const MachineSpeed host = test_speed();
+  MachineSpeed gpu = host;
+  gpu.device_memory_bytes_per_s = 20 * host.memory_bytes_per_s;
+  gpu.host_device_bytes_per_s = host.memory_bytes_per_s / 4;
+  const double bytes_per_element = 30;  // AdamW in bf16 (Note [Cost model])
+  for (const char* optimizer_place : {"none", "cpu"}) {
+    for (const char* param_place : {"none", "cpu"}) {
+      SCOPED_TRACE(str_cat("optimizer ", optimizer_place, ", parameters ", param_place));
+      train::TrainConfig cfg;
+      cfg.zero_stage = 3;
+      cfg.offload_optimizer = optimizer_place;
+      cfg.offload_param = param_place;
+      ZeroConfig z = train::zero_config(cfg, DType::bf16, numels, 1);
+      z.prefetch_numel = 1;  // nothing prefetched: every copy is exposed
+      double stepped = 0, padded = 0;
+      for (size_t n : numels) {
+        stepped += static_cast<double>(unit_shard(n, 1, 0, z).shard_numel);
+        padded += static_cast<double>(unit_shard(n, 1, 0, z).padded_numel);
+      }
+      const StepCost on_host = step_cost(w, z, StageEstimate{}, host);
+      const StepCost on_gpu = step_cost(w, z, StageEstimate{}, gpu);
+      EXPECT_EQ(on_host.compute_s, on_gpu.compute_s);
+      EXPECT_NEAR(on_gpu.memory_s * 20, on_host.memory_s, 1e-12 * on_host.memory_s);
+      EXPECT_EQ(on_host.transfer_s, 0.0);
+      const bool optimizer_offloaded = std::string(optimizer_place) == "cpu";
+      const double want_optimizer_s =
+          optimizer_offloaded ? stepped * bytes_per_element / host.memory_bytes_per_s + stepped * 6 / gpu.host_device_bytes_per_s
+                              : stepped * bytes_per_element / gpu.device_memory_bytes_per_s;
+      EXPECT_NEAR(on_gpu.optimizer_s, want_optimizer_s, 1e-9 * want_optimizer_s);
+      // Two gathers per micro-step (forward, backward) and the shard written back once.
+      const double want_transfer_s = std::string(param_place) == "cpu" ? 3 * padded * 2 / gpu.host_device_bytes_per_s : 0.0;
+      EXPECT_NEAR(on_gpu.transfer_s, want_transfer_s, 1e-9 * want_transfer_s + 1e-15);
+      EXPECT_NEAR(on_gpu.total_s, on_gpu.compute_s + on_gpu.memory_s + on_gpu.optimizer_s + on_gpu.transfer_s,
+                  1e-9 * on_gpu.total_s);
+      // Prefetched under a compute longer than the copies: hidden, and the step as without offload.
+      z.prefetch_numel = size_t{1} << 40;
+      StepWorkload long_compute = w;
+      long_compute.micro_batch = 64;
+      const StepCost hidden = step_cost(long_compute, z, StageEstimate{}, gpu);
+      ZeroConfig kept = z;
+      kept.offload_param = OffloadDevice::none;
+      EXPECT_EQ(hidden.transfer_s, 0.0);
+      EXPECT_NEAR(hidden.total_s, step_cost(long_compute, kept, StageEstimate{}, gpu).total_s, 1e-9 * hidden.total_s);
+    }
+  }
+  StepCost copies_bound;
+  copies_bound.compute_s = 1;
+  copies_bound.transfer_s = 2;
+  EXPECT_EQ(copies_bound.bottleneck(), "transfer");
+}
+
+class DeviceSpeedsTest : public ::testing::TestWithParam<kernels::DeviceKind> {};
+
+TEST_P(DeviceSpeedsTest, AreMeasuredThroughTheBackend) {
+  // Note [Device speeds]: measure_device_speeds reaches the device only through its backend (on
+  // sim, a host access to device memory would be a fault); on a GPU the figures are a GPU's.
+  const std::vector<kernels::DeviceKind> here = kernels::available_devices();
+  if (std::find(here.begin(), here.end(), GetParam()) == here.end()) GTEST_SKIP() << "no such device here";
+  const bool gpu = GetParam() == kernels::DeviceKind::cuda;
+  const train::DeviceSpeeds s = train::measure_device_speeds(kernels::backend(GetParam()), DType::bf16, gpu ? 8192 : 96,
+                                                             gpu ? size_t{256} << 20 : size_t{1} << 20);
+  for (double v : {s.gemm_flop_per_s, s.memory_bytes_per_s, s.host_device_bytes_per_s}) {
+    EXPECT_GT(v, 0);
+    EXPECT_TRUE(std::isfinite(v));
+  }
+  if (gpu) {
+    // Any GPU the CUDA backend is built for (sm_80, sm_90) is far above these.
+    EXPECT_GT(s.gemm_flop_per_s, 50e12);
+    EXPECT_GT(s.memory_bytes_per_s, 500e9);
+    EXPECT_GT(s.host_device_bytes_per_s, 4e9);
+    std::printf("GPU speeds: GEMM %.1f TFLOP/s, memory %.0f GB/s, host link %.1f GB/s\n", s.gemm_flop_per_s / 1e12,
+                s.memory_bytes_per_s / 1e9, s.host_device_bytes_per_s / 1e9);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, DeviceSpeedsTest,
+                         ::testing::Values(kernels::DeviceKind::cpu, kernels::DeviceKind::sim, kernels::DeviceKind::cuda),
+                         [](const ::testing::TestParamInfo<kernels::DeviceKind>& info) {
+                           return std::string(kernels::device_kind_name(info.param));
+                         });
 
 }  // namespace
 }  // namespace zerone::zero

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -122,6 +123,36 @@ zero::CollectiveRoute planned_collective_route(const TrainConfig& cfg, int world
   return zero::collective_route(device, world, choice.library);
 }
 
+namespace {
+
+// Note [Device speeds]: fills the GPU's GEMM rate, memory and host link bandwidth of `s` from the
+// flags that give them, measuring the rest on the GPU (its backend: a CUDA context); returns the
+// line that says where each came from. Throws Error when one must be measured and no GPU is here.
+std::string plan_device_speeds(const TrainConfig& cfg, DType dtype, const PlanMachineOptions& o, zero::MachineSpeed& s) {
+  const kernels::DeviceKind kind = kernels::device_or_default(cfg.device);
+  const bool measure = o.gemm_tflops <= 0 || o.device_memory_gbps <= 0 || o.host_device_gbps <= 0;
+  train::DeviceSpeeds measured;
+  if (measure) {
+    const std::vector<kernels::DeviceKind> here = kernels::available_devices();
+    ZERONE_CHECK(std::find(here.begin(), here.end(), kind) != here.end(), "--device ", kernels::device_kind_name(kind),
+                 ": no such device here to measure its speeds; to plan for one elsewhere give --gemm-tflops, "
+                 "--device-bandwidth and --host-device-bandwidth (an H100 SXM: about 700 TFLOP/s on bf16 GEMMs, "
+                 "3000 GB/s, 50 GB/s)");
+    // The run's own backend (its options: --auto-fit's run then finds it as it asks for it).
+    measured = measure_device_speeds(kernels::use_device(kind, device_options(cfg)), dtype);
+  }
+  s.gemm_flop_per_s = o.gemm_tflops > 0 ? o.gemm_tflops * 1e12 : measured.gemm_flop_per_s;
+  s.device_memory_bytes_per_s = o.device_memory_gbps > 0 ? o.device_memory_gbps * 1e9 : measured.memory_bytes_per_s;
+  s.host_device_bytes_per_s = o.host_device_gbps > 0 ? o.host_device_gbps * 1e9 : measured.host_device_bytes_per_s;
+  return str_cat("device: GEMM ", fixed_text(s.gemm_flop_per_s / 1e12, 1), " TFLOP/s",
+                 o.gemm_tflops > 0 ? " (--gemm-tflops)" : " (measured, 8192^3)", ", memory ",
+                 gb_per_s(s.device_memory_bytes_per_s), o.device_memory_gbps > 0 ? " (--device-bandwidth)" : " (measured)",
+                 ", host link ", gb_per_s(s.host_device_bytes_per_s),
+                 o.host_device_gbps > 0 ? " (--host-device-bandwidth)" : " (measured, the slower direction)");
+}
+
+}  // namespace
+
 PlanMachine plan_machine(const TrainConfig& cfg, int world, DType dtype, const PlanMachineOptions& o) {
   ZERONE_CHECK(world >= 1, "--world ", world, " must be at least 1");
   ZERONE_CHECK(o.ranks_per_host >= 0 && o.ranks_per_host <= world, "--ranks-per-host ", o.ranks_per_host,
@@ -160,17 +191,33 @@ PlanMachine plan_machine(const TrainConfig& cfg, int world, DType dtype, const P
   } else {
     m.sources.push_back("no --nvme-path: NVMe offload not considered");
   }
+  const std::pair<double, const char*> given_speeds[] = {{o.gemm_tflops, "--gemm-tflops"}, {o.memory_gbps, "--memory-bandwidth"},
+                                                         {o.disk_gbps, "--disk-bandwidth"}, {o.link_gbps, "--link-bandwidth"},
+                                                         {o.device_memory_gbps, "--device-bandwidth"},
+                                                         {o.host_device_gbps, "--host-device-bandwidth"}};
+  for (const auto& [value, flag] : given_speeds)
+    ZERONE_CHECK(value >= 0 && std::isfinite(value), flag, " ", value, " is out of range: expected a speed > 0 (or 0: measured)");
+  ZERONE_CHECK(!b.unified || (o.device_memory_gbps == 0 && o.host_device_gbps == 0),
+               "--device-bandwidth and --host-device-bandwidth describe a GPU of its own: give them with --device cuda");
   zero::MachineSpeed& s = m.speed;
   // Measured here with every core (GEMM) or one (the copy); the ranks of a host share its cores
   // (Note [Threads per rank] in trainer.cc), so a rank gets its share.
   const double ranks = b.ranks_per_host, cores = std::max(1, cpu_info().logical_cores);
-  s.gemm_flop_per_s = o.gemm_tflops > 0 ? o.gemm_tflops * 1e12 : measure_gemm_peak_tflop_per_s(dtype) * 1e12 / ranks;
   s.memory_bytes_per_s = o.memory_gbps > 0 ? o.memory_gbps * 1e9 : measure_memory_bytes_per_s() / std::max(1.0, ranks / cores);
-  s.host_device_bytes_per_s = s.memory_bytes_per_s;
+  if (b.unified) {
+    s.gemm_flop_per_s = o.gemm_tflops > 0 ? o.gemm_tflops * 1e12 : measure_gemm_peak_tflop_per_s(dtype) * 1e12 / ranks;
+    s.host_device_bytes_per_s = s.memory_bytes_per_s;
+  } else {
+    // Note [Device speeds]: the GPU's own figures, one GPU per rank.
+    const std::string device_sources = plan_device_speeds(cfg, dtype, o, s);
+    m.sources.push_back(device_sources);
+  }
   if (b.nvme_bytes >= 0) s.disk_bytes_per_s = o.disk_gbps > 0 ? o.disk_gbps * 1e9 : measure_disk_bytes_per_s(cfg.nvme_path);
   s.link_bytes_per_s = o.link_gbps > 0 ? o.link_gbps * 1e9 : world <= b.ranks_per_host ? s.memory_bytes_per_s / 2 : 1.25e9;
-  m.sources.push_back(str_cat("GEMM ", fixed_text(s.gemm_flop_per_s / 1e12, 3), " TFLOP/s per rank",
-                              o.gemm_tflops > 0 ? " (--gemm-tflops)" : " (measured)", ", memory ",
+  m.sources.push_back(str_cat(b.unified ? str_cat("GEMM ", fixed_text(s.gemm_flop_per_s / 1e12, 3), " TFLOP/s per rank",
+                                                  o.gemm_tflops > 0 ? " (--gemm-tflops)" : " (measured)", ", ")
+                                        : "host ",
+                              "memory ",
                               gb_per_s(s.memory_bytes_per_s), o.memory_gbps > 0 ? " (--memory-bandwidth)" : " (measured)",
                               s.disk_bytes_per_s > 0 ? str_cat(", disk ", gb_per_s(s.disk_bytes_per_s),
                                                                o.disk_gbps > 0 ? " (--disk-bandwidth)" : " (measured)")
@@ -311,7 +358,8 @@ namespace {
 std::string cost_text(const zero::StepCost& c) {
   return str_cat(fixed_text(c.total_s, 3), " s/step (compute ", fixed_text(c.compute_s, 3), ", memory ",
                  fixed_text(c.memory_s, 3), ", optimizer ", fixed_text(c.optimizer_s, 3), ", NVMe ", fixed_text(c.nvme_s, 3),
-                 ", comm ", fixed_text(c.comm_s, 3), ")");
+                 ", comm ", fixed_text(c.comm_s, 3), c.transfer_s > 0 ? str_cat(", host-device ", fixed_text(c.transfer_s, 3)) : "",
+                 ")");
 }
 
 std::string need_text(const zero::PlaceNeed& n, const zero::MemoryBudget& b) {
@@ -328,7 +376,8 @@ nlohmann::ordered_json candidate_json(const zero::PlanCandidate& c) {
   j["flags"] = choice_flags(c.choice);
   j["predicted_s_per_step"] = c.cost.total_s;
   j["cost"] = {{"compute_s", c.cost.compute_s}, {"memory_s", c.cost.memory_s}, {"optimizer_s", c.cost.optimizer_s},
-               {"nvme_s", c.cost.nvme_s}, {"comm_s", c.cost.comm_s}, {"bottleneck", c.cost.bottleneck()}};
+               {"nvme_s", c.cost.nvme_s}, {"comm_s", c.cost.comm_s}, {"transfer_s", c.cost.transfer_s},
+               {"bottleneck", c.cost.bottleneck()}};
   j["need"] = {{"device_per_rank", c.need.device}, {"memory_per_host", c.need.memory}, {"nvme_per_host", c.need.nvme}};
   j["bytes_per_rank"] = places_json(zero::placed_bytes(c.estimate));
   // The model state alone (what the ledger's metrics show at the end of a step, Note [Offload places]).
@@ -400,6 +449,8 @@ nlohmann::ordered_json plan_json(const zero::Plan& plan, const zero::PlanRequest
   j["budget"] = {{"unified", r.budget.unified}, {"device_per_rank", r.budget.device_bytes},
                  {"memory_per_host", r.budget.host_bytes}, {"nvme_free", r.budget.nvme_bytes}};
   j["speed"] = {{"gemm_flop_per_s", r.speed.gemm_flop_per_s}, {"memory_bytes_per_s", r.speed.memory_bytes_per_s},
+                {"device_memory_bytes_per_s", r.speed.device_memory_bytes_per_s},
+                {"host_device_bytes_per_s", r.speed.host_device_bytes_per_s},
                 {"disk_bytes_per_s", r.speed.disk_bytes_per_s}, {"link_bytes_per_s", r.speed.link_bytes_per_s}};
   j["sources"] = machine.sources;
   j["candidates"] = plan.candidates;
@@ -606,7 +657,7 @@ TrainConfig auto_fit(TrainConfig cfg, comm::Communicator& comm) {
   count_for_run_device(*shape, resolved);
   // Rank 0 measures; every rank plans with its figures (Note [Fit]: the plan is deterministic).
   PlanMachine machine;
-  double figures[9] = {};
+  double figures[11] = {};
   if (comm.rank() == 0) {
     PlanMachineOptions options;
     const comm::Hosts& hosts = comm.hosts();
@@ -616,9 +667,10 @@ TrainConfig auto_fit(TrainConfig cfg, comm::Communicator& comm) {
     machine = plan_machine(resolved, world, dtype, options);
     const zero::MemoryBudget& b = machine.budget;
     const zero::MachineSpeed& s = machine.speed;
-    double values[9] = {static_cast<double>(b.ranks_per_host), static_cast<double>(b.device_bytes),
-                        static_cast<double>(b.host_bytes), static_cast<double>(b.nvme_bytes), s.gemm_flop_per_s,
-                        s.memory_bytes_per_s, s.disk_bytes_per_s, s.link_bytes_per_s, b.unified ? 1.0 : 0.0};
+    double values[11] = {static_cast<double>(b.ranks_per_host), static_cast<double>(b.device_bytes),
+                         static_cast<double>(b.host_bytes), static_cast<double>(b.nvme_bytes), s.gemm_flop_per_s,
+                         s.memory_bytes_per_s, s.disk_bytes_per_s, s.link_bytes_per_s, b.unified ? 1.0 : 0.0,
+                         s.device_memory_bytes_per_s, s.host_device_bytes_per_s};
     std::copy(std::begin(values), std::end(values), figures);
   }
   if (world > 1) comm.broadcast(figures, sizeof figures, 0);
@@ -628,10 +680,11 @@ TrainConfig auto_fit(TrainConfig cfg, comm::Communicator& comm) {
   machine.budget.nvme_bytes = static_cast<int64_t>(figures[3]);
   machine.speed.gemm_flop_per_s = figures[4];
   machine.speed.memory_bytes_per_s = figures[5];
-  machine.speed.host_device_bytes_per_s = figures[5];
+  machine.speed.host_device_bytes_per_s = figures[10];
   machine.speed.disk_bytes_per_s = figures[6];
   machine.speed.link_bytes_per_s = figures[7];
   machine.budget.unified = figures[8] != 0.0;
+  machine.speed.device_memory_bytes_per_s = figures[9];
   const zero::PlanRequest request = plan_request(resolved, *shape, dtype, world, machine);
   const zero::Plan plan = zero::make_plan(request);
   if (comm.rank() == 0) std::printf("%s", plan_text(plan, request, machine, resolved, 3).c_str());

@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <vector>
 
+#include "zerone/core/error.h"
+#include "zerone/core/memory.h"
 #include "zerone/kernels/cpu/matmul.h"
 
 namespace zerone::train {
@@ -56,6 +59,59 @@ double measure_gemm_peak_tflop_per_s(DType dtype) {
     if (rep >= 2 && std::chrono::duration<double>(t1 - start).count() > 0.1) break;
   }
   return 2.0 * n * n * n / best_s / 1e12;
+}
+
+DeviceSpeeds measure_device_speeds(kernels::Backend& device, DType dtype, int gemm_n, size_t copy_bytes) {
+  ZERONE_ASSERT(gemm_n >= 1 && copy_bytes >= 4);
+  using Clock = std::chrono::steady_clock;
+  MemoryArena& device_memory = device.device_arena();
+  MemoryArena& host_memory = device.host_arena() != nullptr ? *device.host_arena() : default_arena();
+  // The best of up to 5 runs after a warm-up, each waited for on `stream`.
+  auto best_seconds = [&](kernels::Stream stream, const std::function<void()>& run) {
+    run();
+    device.synchronize(stream);
+    double best = 1e30;
+    for (int rep = 0; rep < 5; ++rep) {
+      const auto t0 = Clock::now();
+      run();
+      device.synchronize(stream);
+      best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    return best;
+  };
+  DeviceSpeeds out;
+  {
+    // (n, n) activations times an (n, n) weight in the run's parameter precision. The operands
+    // hold varied values (a GPU's power draw, and so its clock, depends on them).
+    const size_t n = static_cast<size_t>(gemm_n), elems = n * n;
+    const DType param_dtype = dtype;
+    Buffer inp(elems * sizeof(float), MemCategory::scratch, MemPlace::device, 256, device_memory);
+    Buffer weight(elems * dtype_size(param_dtype), MemCategory::scratch, MemPlace::device, 256, device_memory);
+    Buffer out_buf(elems * sizeof(float), MemCategory::scratch, MemPlace::device, 256, device_memory);
+    {
+      Buffer host(elems * sizeof(float), MemCategory::scratch, MemPlace::host, 64, host_memory);
+      float* h = host.as<float>();
+      for (size_t i = 0; i < elems; ++i) h[i] = static_cast<float>(static_cast<int>(i % 61) - 30) / 64.0f;
+      device.copy_to_device(inp.data(), h, host.bytes());
+    }
+    device.convert(weight.data(), param_dtype, inp.data(), DType::f32, elems);
+    const double s = best_seconds(kernels::Stream::compute, [&] {
+      device.linear_forward(out_buf.as<float>(), inp.as<float>(), weight.data(), nullptr, param_dtype, gemm_n, gemm_n,
+                            gemm_n);
+    });
+    out.gemm_flop_per_s = 2.0 * static_cast<double>(n) * n * n / s;
+  }
+  {
+    Buffer a(copy_bytes, MemCategory::scratch, MemPlace::device, 256, device_memory);
+    Buffer b(copy_bytes, MemCategory::scratch, MemPlace::device, 256, device_memory);
+    Buffer host(copy_bytes, MemCategory::scratch, MemPlace::host, 64, host_memory);
+    const double on_device = best_seconds(kernels::Stream::compute, [&] { device.copy_on_device(b.data(), a.data(), copy_bytes); });
+    out.memory_bytes_per_s = 2.0 * static_cast<double>(copy_bytes) / on_device;
+    const double up = best_seconds(kernels::Stream::host_to_device, [&] { device.copy_to_device(a.data(), host.data(), copy_bytes); });
+    const double down = best_seconds(kernels::Stream::device_to_host, [&] { device.copy_to_host(host.data(), b.data(), copy_bytes); });
+    out.host_device_bytes_per_s = static_cast<double>(copy_bytes) / std::max(up, down);
+  }
+  return out;
 }
 
 }  // namespace zerone::train

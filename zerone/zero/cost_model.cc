@@ -10,7 +10,8 @@ namespace zerone::zero {
 // Note [Cost model]: per rank and optimizer step, with T = micro_batch x seq x grad_accum tokens,
 // N the model's elements, P the padded elements, S the rank's shard, f = (world - 1) / world:
 //   compute   flops_per_token x T (x 4/3 with activation checkpointing: one more forward of the
-//             6 N per token) / (GEMM peak x kGemmEfficiency). The peak is the measured 1024^3 one.
+//             6 N per token) / (GEMM peak x kGemmEfficiency). The peak is the measured 1024^3 one
+//             (a GPU's: 8192^3 through its backend, Note [Device speeds]).
 //   memory    kActivationTrafficFactor x activation bytes x micro-steps (x 4/3 with recompute)
 //             / memory bandwidth: the elementwise kernels, softmax and layer norms stream their
 //             activations; CPU checkpointing adds a copy out and back of the saved block inputs.
@@ -37,6 +38,13 @@ namespace zerone::zero {
 //             and reduce-scatters every micro-step; plus link_latency_s per call (one per bucket
 //             of reduce_bucket_size elements, at least one per unit). Not overlapped: on a CPU
 //             the collectives and the kernels share the same cores and memory.
+//   transfer  a separate device only (Note [Device speeds]): with --offload-param cpu the shard of
+//             every parameter gather comes over from the host (padded / world x dtype bytes per
+//             gather, as often as the NVMe parameter reads above) and the updated shard goes back
+//             once per step, at host_device_bytes_per_s; prefetched under compute on the same
+//             rule as the NVMe parameter reads. With the device separate, the memory term and the
+//             optimizer's on-device share take device_memory_bytes_per_s, the offloaded share of
+//             the optimizer the host's memory_bytes_per_s.
 // The terms then add: compute, memory, optimizer (or the overlapped swap), un-hidden I/O, comm.
 // The engine's early step (the optimizer during the rest of backward) is not counted as overlap
 // for the same reason as communication. What it leaves out: kernel launch and Python-free
@@ -44,7 +52,8 @@ namespace zerone::zero {
 
 std::string StepCost::bottleneck() const {
   std::pair<double, const char*> terms[] = {
-      {compute_s, "compute"}, {memory_s, "memory"}, {optimizer_s, "optimizer"}, {nvme_s, "nvme"}, {comm_s, "comm"}};
+      {compute_s, "compute"}, {memory_s, "memory"},  {optimizer_s, "optimizer"},
+      {nvme_s, "nvme"},       {comm_s, "comm"},      {transfer_s, "transfer"}};
   return std::max_element(std::begin(terms), std::end(terms))->second;
 }
 
@@ -54,10 +63,16 @@ StepCost step_cost(const StepWorkload& w, const ZeroConfig& c, const StageEstima
   const double micro_steps = w.grad_accum;
   const double tokens = static_cast<double>(w.micro_batch) * w.seq * micro_steps;
   const double recompute = w.activation_checkpointing ? 4.0 / 3.0 : 1.0;
+  // Note [Device speeds]: the device's own memory, or host memory where the device is the host.
+  const bool separate_device = m.device_memory_bytes_per_s > 0;
+  const double device_bw = separate_device ? m.device_memory_bytes_per_s : m.memory_bytes_per_s;
+  const double copy_bw = m.host_device_bytes_per_s > 0 ? m.host_device_bytes_per_s : m.memory_bytes_per_s;
   out.compute_s = w.flops_per_token * tokens * recompute / (m.gemm_flop_per_s * kGemmEfficiency);
-  out.memory_s = (kActivationTrafficFactor * static_cast<double>(w.activation_bytes) * recompute +
-                  (w.cpu_checkpointing ? 2.0 * static_cast<double>(w.host_activation_bytes) : 0.0)) *
-                 micro_steps / m.memory_bytes_per_s;
+  // CPU checkpointing's copies out and back cross the host link of a separate device.
+  const double activation_traffic = kActivationTrafficFactor * static_cast<double>(w.activation_bytes) * recompute;
+  const double checkpoint_copies = w.cpu_checkpointing ? 2.0 * static_cast<double>(w.host_activation_bytes) : 0.0;
+  out.memory_s = separate_device ? (activation_traffic / device_bw + checkpoint_copies / copy_bw) * micro_steps
+                                 : (activation_traffic + checkpoint_copies) * micro_steps / m.memory_bytes_per_s;
 
   // Elements the optimizer updates on this rank, the padded total, the largest unit.
   double stepped = 0, padded = 0, largest = 0, units = 0;
@@ -71,12 +86,13 @@ StepCost step_cost(const StepWorkload& w, const ZeroConfig& c, const StageEstima
   const double ds = static_cast<double>(dtype_size(w.dtype));
   const double master = w.dtype == DType::f32 ? 0.0 : 1.0;
   const double bytes_per_element = 4.0 + 2.0 * 4.0 * (master + w.optim_tensors) + ds;
-  double step_s = stepped * bytes_per_element / m.memory_bytes_per_s;
-  if (c.offload_optimizer != OffloadDevice::none) {
-    const double offloaded = stepped * c.offload_optimizer_ratio;
-    const double copy_bw = m.host_device_bytes_per_s > 0 ? m.host_device_bytes_per_s : m.memory_bytes_per_s;
-    step_s += offloaded * (4.0 + ds) / copy_bw;
-  }
+  // A separate device steps its share in its own memory, the host the offloaded share in host
+  // memory; offloading adds the copies of the gradient shard over and the parameters back.
+  const double offloaded = c.offload_optimizer != OffloadDevice::none ? stepped * c.offload_optimizer_ratio : 0.0;
+  double step_s = separate_device ? (stepped - offloaded) * bytes_per_element / device_bw +
+                                        offloaded * bytes_per_element / m.memory_bytes_per_s
+                                  : stepped * bytes_per_element / m.memory_bytes_per_s;
+  if (offloaded > 0) step_s += offloaded * (4.0 + ds) / copy_bw;
 
   // Swap traffic (bytes per step on this rank) from the estimate's NVMe places.
   const double disk_bw = m.disk_bytes_per_s > 0 ? m.disk_bytes_per_s / std::max(1, w.ranks_per_host) : 0.0;
@@ -130,10 +146,21 @@ StepCost step_cost(const StepWorkload& w, const ZeroConfig& c, const StageEstima
     const double link_bw = m.link_bytes_per_s > 0 ? m.link_bytes_per_s : m.memory_bytes_per_s;
     out.comm_s = bytes / link_bw + calls * m.link_latency_s;
   }
+  // Note [Device speeds]: parameter shards held by the host cross to a separate device at every
+  // gather (prefetched as the NVMe reads are) and back once per step.
+  // (Parameters are offloaded to the host or to NVMe, never both: at most one of them is hidden.)
+  double hidden_copy_s = 0;
+  if (separate_device && c.offload_param == OffloadDevice::cpu) {
+    const double shard_bytes = padded / w.world * ds;
+    const double copies_s = ((w.activation_checkpointing ? 3.0 : 2.0) * micro_steps + 1.0) * shard_bytes / copy_bw;
+    if (static_cast<double>(c.prefetch_numel) >= largest) hidden_copy_s = copies_s;
+    else out.transfer_s = copies_s;
+  }
   const double compute_total = out.compute_s + out.memory_s;
-  out.total_s = std::max(compute_total, hidden_param_s) + opt_s + exposed_io_s + out.comm_s;
-  // The hidden parameter I/O that compute could not cover shows as NVMe time.
-  out.nvme_s += std::max(compute_total, hidden_param_s) - compute_total;
+  const double hidden_s = std::max(hidden_param_s, hidden_copy_s);
+  out.total_s = std::max(compute_total, hidden_s) + opt_s + exposed_io_s + out.comm_s + out.transfer_s;
+  // The hidden parameter I/O or copies that compute could not cover show as NVMe or host-device time.
+  (hidden_copy_s > 0 ? out.transfer_s : out.nvme_s) += std::max(compute_total, hidden_s) - compute_total;
   return out;
 }
 

@@ -16,9 +16,15 @@
 namespace zerone::zero {
 
 // Speeds of one rank's share of the machine. All > 0 where they are used.
+// Note [Device speeds]: on a GPU (--device cuda) the device is a machine of its own: its GEMMs,
+// its memory (HBM) and the link to the host (PCIe) have speeds that say nothing of the host's, so
+// `device_memory_bytes_per_s` > 0 marks a separate device and the terms that run there take the
+// device's figures (the GEMM rate is then the GPU's); where it is 0 (cpu, sim) the device is host
+// memory and every term takes memory_bytes_per_s.
 struct MachineSpeed {
-  double gemm_flop_per_s = 0;        // the measured GEMM peak (train::measure_gemm_peak_tflop_per_s)
-  double memory_bytes_per_s = 0;     // streaming copy (read + write counted), per rank
+  double gemm_flop_per_s = 0;        // the device's measured GEMM peak (train::plan_machine)
+  double memory_bytes_per_s = 0;     // host memory: streaming copy (read + write counted), per rank
+  double device_memory_bytes_per_s = 0;  // a separate device's own memory, per rank; 0: host memory
   double disk_bytes_per_s = 0;       // swap reads and writes under --nvme-path, per host (shared by its ranks)
   double link_bytes_per_s = 0;       // collective bytes per rank per second (ring algorithms)
   double host_device_bytes_per_s = 0;  // device <-> host copies (a CPU build: memory_bytes_per_s)
@@ -47,8 +53,9 @@ struct StepCost {
   double optimizer_s = 0;  // the optimizer step's memory traffic and offload copies
   double nvme_s = 0;       // swap I/O not hidden behind compute or the optimizer step
   double comm_s = 0;       // collectives (bytes over the link, plus a latency per call)
+  double transfer_s = 0;   // a separate device's parameter copies from the host not hidden behind compute
   double total_s = 0;
-  // The largest term's name ("compute", "memory", "optimizer", "nvme", "comm").
+  // The largest term's name ("compute", "memory", "optimizer", "nvme", "comm", "transfer").
   std::string bottleneck() const;
 };
 

@@ -284,7 +284,8 @@ Plan make_plan(const PlanRequest& r) {
                                                  {a.memory_s - b.memory_s, "memory traffic"},
                                                  {a.optimizer_s - b.optimizer_s, "optimizer step"},
                                                  {a.nvme_s - b.nvme_s, "NVMe I/O"},
-                                                 {a.comm_s - b.comm_s, "communication"}};
+                                                 {a.comm_s - b.comm_s, "communication"},
+                                                 {a.transfer_s - b.transfer_s, "host-device copies"}};
       auto worst = *std::max_element(std::begin(deltas), std::end(deltas));
       const double pct = b.total_s > 0 ? 100.0 * (a.total_s / b.total_s - 1.0) : 0.0;
       const bool more = c.need.memory + c.need.device > plan.best->need.memory + plan.best->need.device;

@@ -1633,5 +1633,58 @@ TEST(SimBackend, DeferredCopiesRunWhenObservedInOrder) {
   (void)e4;
 }
 
+// Note [AdamW lanes]: an element's update does not depend on where the range it is updated in
+// starts or ends (vector body or scalar tail, thread split), so that a parameter sharded anywhere
+// (ZeRO stages, world sizes, the early per-unit step) gets the same bits. Whole against three
+// pieces that cut through the vector blocks, with a bf16 parameter copy, over two steps.
+class AdamWSplits : public ::testing::TestWithParam<DeviceKind> {};
+
+TEST_P(AdamWSplits, UpdateEveryElementAsTheWholeRangeWould) {
+  Backend& b = backend(GetParam());
+  const size_t n = 1000;
+  const size_t cuts[] = {0, 37, 530, n};
+  const std::vector<float> master = randn(n, 901), grad = randn(n, 902);
+  std::vector<float> moments = randn(n, 903, 0.01);
+  std::vector<float> variances(n);
+  for (size_t i = 0; i < n; ++i) variances[i] = std::abs(moments[i]) * 1e-2f;
+  auto run = [&](bool split) {
+    std::vector<Buffer> state;
+    for (const std::vector<float>* init : std::initializer_list<const std::vector<float>*>{&master, &moments, &variances, &grad}) {
+      state.emplace_back(n * sizeof(float), MemCategory::scratch, MemPlace::device, 256, b.device_arena());
+      b.copy_to_device(state.back().data(), init->data(), n * sizeof(float));
+    }
+    Buffer param(n * 2, MemCategory::scratch, MemPlace::device, 256, b.device_arena());
+    AdamWHyper h;
+    h.lr = 1e-2f;
+    h.weight_decay = 0.1f;
+    h.grad_scale = 0.5f;
+    for (int step = 1; step <= 2; ++step) {
+      h.step = step;
+      for (size_t k = 0; k + 1 < std::size(cuts); ++k) {
+        const size_t lo = split ? cuts[k] : 0, hi = split ? cuts[k + 1] : n;
+        b.adamw_update(state[0].as<float>() + lo, state[1].as<float>() + lo, state[2].as<float>() + lo,
+                       state[3].as<float>() + lo, static_cast<uint16_t*>(param.data()) + lo, DType::bf16, hi - lo, h);
+        if (!split) break;
+      }
+    }
+    std::vector<std::vector<float>> out(4, std::vector<float>(n));
+    for (int t = 0; t < 3; ++t) b.copy_to_host(out[t].data(), state[t].data(), n * sizeof(float));
+    std::vector<uint16_t> p(n);
+    b.copy_to_host(p.data(), param.data(), n * 2);
+    std::copy(p.begin(), p.end(), out[3].begin());
+    return out;
+  };
+  const auto whole = run(false), pieces = run(true);
+  const char* names[] = {"master", "m", "v", "param"};
+  for (int t = 0; t < 4; ++t)
+    for (size_t i = 0; i < n; ++i)
+      ASSERT_EQ(std::bit_cast<uint32_t>(whole[t][i]), std::bit_cast<uint32_t>(pieces[t][i])) << names[t] << "[" << i << "]";
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, AdamWSplits, ::testing::ValuesIn(available_devices()),
+                         [](const ::testing::TestParamInfo<DeviceKind>& info) {
+                           return std::string(device_kind_name(info.param));
+                         });
+
 }  // namespace
 }  // namespace zerone::kernels

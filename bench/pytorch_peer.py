@@ -10,6 +10,12 @@
                            buffer): torch.optim.AdamW(fused=True), AdamW(foreach=True) and DeepSpeed's
                            DeepSpeedCPUAdam (adamw_mode=True; its C++ op builds on first use with g++
                            and ninja, before the timed part). Prints one line per kernel: NAME Gparam/s.
+  w2_interleaved NPARAMS ROUNDS LIB
+                           The same step in ONE process, the contenders taking turns (the first one
+                           rotating each round): zerone's pass through LIB (build/bench/
+                           libzerone_adamw_shim.so, bench/adamw_shim.cc), DeepSpeedCPUAdam and
+                           AdamW(fused=True), each on its own tensors, weight decay 0.01. Prints one
+                           line per kernel (median and best Gparam/s over ROUNDS) and zerone's ratios.
   w6 LAYERS MODE STEPS     LLaMA with the Llama-3.2-1B shape (C 2048, 32 heads, 8 kv heads, head 64, FFN
                            8192, V 128256, tied head, RoPE theta 5e5) and LAYERS blocks (the model has
                            16), B=1, T=256, bf16 autocast, AdamW (fused), attention by
@@ -140,6 +146,46 @@ def w2(nparams, steps):
     p.grad = torch.randn(nparams)
     opt = DeepSpeedCPUAdam([p], lr=1e-3, adamw_mode=True)  # builds its op here, before timing
     print(f"deepspeed_cpu_adam {rate(opt.step):.4f}", flush=True)
+
+
+def w2_interleaved(nparams, rounds, lib_path):
+    import ctypes
+    import statistics
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    lib = ctypes.CDLL(lib_path)
+    lib.zerone_adamw_f32.restype = ctypes.c_double
+    lib.zerone_adamw_f32.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_size_t] + [ctypes.c_float] * 5 + [ctypes.c_int]
+    z = [torch.zeros(nparams), torch.zeros(nparams), torch.zeros(nparams), torch.randn(nparams)]  # master, m, v, grad
+    z_step = [0]
+
+    def zerone_step():
+        z_step[0] += 1
+        lib.zerone_adamw_f32(*(t.data_ptr() for t in z), nparams, 1e-3, 0.9, 0.999, 1e-8, 0.01, z_step[0])
+
+    def peer(make):
+        p = torch.zeros(nparams, requires_grad=True)
+        p.grad = torch.randn(nparams)
+        return make([p]).step
+
+    steps = {"zerone": zerone_step,
+             "deepspeed_cpu_adam": peer(lambda ps: DeepSpeedCPUAdam(ps, lr=1e-3, adamw_mode=True, weight_decay=0.01)),
+             "torch_adamw_fused": peer(lambda ps: torch.optim.AdamW(ps, lr=1e-3, weight_decay=0.01, fused=True))}
+    times = {name: [] for name in steps}
+    order = list(steps)
+    for step in steps.values():
+        step()  # warm-up: state allocation, DeepSpeed's op build
+    for _ in range(rounds):
+        order = order[1:] + order[:1]
+        for name in order:
+            t0 = time.perf_counter()
+            steps[name]()
+            times[name].append(time.perf_counter() - t0)
+    median = {name: statistics.median(t) for name, t in times.items()}
+    for name, t in times.items():
+        print(f"{name} {nparams / median[name] / 1e9:.4f} Gparam/s median, {nparams / min(t) / 1e9:.4f} best", flush=True)
+    for name in ("deepspeed_cpu_adam", "torch_adamw_fused"):
+        print(f"zerone / {name}: {median[name] / median['zerone']:.3f}x (speed ratio of the medians)")
 
 
 class LlamaBlock(nn.Module):
@@ -305,5 +351,7 @@ if __name__ == "__main__":
         attention(*map(int, sys.argv[2:7]))
     elif sys.argv[1] == "w2":
         w2(int(sys.argv[2]), int(sys.argv[3]))
+    elif sys.argv[1] == "w2_interleaved":
+        w2_interleaved(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
     else:
-        sys.exit(f"pytorch_peer.py: unknown workload {sys.argv[1]!r}; expected w1, w2, w5, w5_llama, w6, fsdp2_offload or attention")
+        sys.exit(f"pytorch_peer.py: unknown workload {sys.argv[1]!r}; expected w1, w2, w2_interleaved, w5, w5_llama, w6, fsdp2_offload or attention")

@@ -363,13 +363,16 @@ class CudaBackend final : public kernels::Backend {
 
   double adamw_update(float* master, float* m, float* v, const float* grad, void* param, DType param_dtype, size_t n,
                       const AdamWHyper& hyper) override {
-    cuda::adamw_update(master, m, v, grad, param, param_dtype, n, hyper, compute());
-    return sum_squares(grad, n, nullptr);  // the update leaves grad alone
+    // Note [Updates that measure the norm]: the same sum as sum_squares(grad, n).
+    return in_order(n, [&](double* dev, double* host) {
+      cuda::adamw_update(master, m, v, grad, param, param_dtype, n, hyper, dev, host, compute());
+    });
   }
   double sgd_update(float* master, float* momentum, const float* grad, void* param, DType param_dtype, size_t n,
                     const SGDHyper& hyper) override {
-    cuda::sgd_update(master, momentum, grad, param, param_dtype, n, hyper, compute());
-    return sum_squares(grad, n, nullptr);
+    return in_order(n, [&](double* dev, double* host) {
+      cuda::sgd_update(master, momentum, grad, param, param_dtype, n, hyper, dev, host, compute());
+    });
   }
 
   void embedding_forward(float* out, const int32_t* tokens, const void* wte, const void* wpe, DType param_dtype, int B,

@@ -15,20 +15,37 @@ __global__ void accumulate_kernel(float* dst, const float* src, size_t n) {
   ZERONE_GRID_STRIDE(i, n) dst[i] += src[i];
 }
 
-// One block per kNormBlock chunk: partials[b] = sum over the chunk of f(x) in double, a fixed tree.
-template <bool kSquares>
-__global__ void chunk_sum_kernel(const float* x, size_t n, float* copy_to, double* partials) {
+// One block per kNormBlock chunk: partials[blockIdx.x] = the sum over the chunk of f(x) in double
+// (f the square, or x itself), thread t taking elements lo + t, lo + t + blockDim.x, ... and the
+// block adding its threads' sums in a fixed tree. `visit(k, x[k])` runs on every element on the
+// way: Note [Updates that measure the norm].
+template <bool kSquares, typename Visit>
+__device__ void chunk_sum(const float* x, size_t n, double* partials, Visit visit) {
   __shared__ double shared[kThreads];
   const size_t lo = blockIdx.x * kernels::cpu::kNormBlock;
   const size_t hi = lo + kernels::cpu::kNormBlock < n ? lo + kernels::cpu::kNormBlock : n;
   double s = 0.0;
   for (size_t k = lo + threadIdx.x; k < hi; k += blockDim.x) {
     const float v = x[k];
-    if (copy_to) copy_to[k] = v;
+    visit(k, v);
     s += kSquares ? static_cast<double>(v) * v : static_cast<double>(v);
   }
   s = block_sum(s, shared);
   if (threadIdx.x == 0) partials[blockIdx.x] = s;
+}
+
+template <bool kSquares>
+__global__ void chunk_sum_kernel(const float* x, size_t n, float* copy_to, double* partials) {
+  chunk_sum<kSquares>(x, n, partials, [copy_to](size_t k, float v) {
+    if (copy_to) copy_to[k] = v;
+  });
+}
+
+// The partials of a chunked kernel (norm_blocks(n) of them) to the host, which reads them next.
+void partials_to_host(size_t n, const double* device_partials, double* host_partials, cudaStream_t stream) {
+  ZERONE_CUDA_CHECK(cudaMemcpyAsync(host_partials, device_partials, norm_blocks(n) * sizeof(double),
+                                    cudaMemcpyDeviceToHost, stream));
+  ZERONE_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
 template <bool kSquares>
@@ -38,8 +55,7 @@ void chunk_sums(const float* x, size_t n, float* copy_to, double* device_partial
   if (blocks == 0) return;
   chunk_sum_kernel<kSquares><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(x, n, copy_to, device_partials);
   ZERONE_CUDA_LAUNCHED();
-  ZERONE_CUDA_CHECK(cudaMemcpyAsync(host_partials, device_partials, blocks * sizeof(double), cudaMemcpyDeviceToHost, stream));
-  ZERONE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  partials_to_host(n, device_partials, host_partials, stream);
 }
 
 __global__ void convert_kernel(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n) {
@@ -111,28 +127,41 @@ __global__ void dequantize_kernel(const float* scales, const uint8_t* codes, siz
   }
 }
 
+// Note [Updates that measure the norm]: Backend::adamw_update and sgd_update return the gradients'
+// sum of squares (Note [Fused optimizer pass]). On the GPU the update kernels take the chunk
+// layout of the norm's kernel (one block per kNormBlock chunk, chunk_sum), so that one pass over
+// the gradients updates the parameters and leaves the chunk partials that sum_squares_partials
+// would have: the same bits, without a second kernel reading every gradient again (W5 spent 4.6%
+// of its GPU time in that second kernel, 112 launches a step).
+//
+// Note [AdamW lanes] (kernels/cpu/adamw.cc) on the GPU: each element's arithmetic is the cpu
+// kernel's, every operation rounded on its own as written (no contraction but the fmaf spelled
+// out), so that the update is the same function of its inputs on both devices.
 __global__ void adamw_kernel(float* master, float* m, float* v, const float* grad, void* param, DType param_dtype,
                              size_t n, float b1, float b2, float decay, float step_size, float inv_sqrt_bc2, float eps,
-                             float gs) {
+                             float gs, double* partials) {
   const float one_b1 = 1.0f - b1, one_b2 = 1.0f - b2;
-  ZERONE_GRID_STRIDE(i, n) {
-    const float g = grad[i] * gs;
-    const float mi = b1 * m[i] + one_b1 * g;
-    const float vi = b2 * v[i] + one_b2 * g * g;
-    const float p = master[i] * decay - step_size * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps);
+  chunk_sum<true>(grad, n, partials, [&](size_t i, float raw) {
+    const float g = __fmul_rn(raw, gs);
+    const float mi = fmaf(one_b1, g, __fmul_rn(b1, m[i]));
+    const float vi = fmaf(__fmul_rn(one_b2, g), g, __fmul_rn(b2, v[i]));
+    const float q = __fdiv_rn(__fmul_rn(step_size, mi), fmaf(__fsqrt_rn(vi), inv_sqrt_bc2, eps));
+    const float p = fmaf(master[i], decay, -q);
     m[i] = mi;
     v[i] = vi;
     master[i] = p;
     if (param) store_param(param, param_dtype, i, p);
-  }
+  });
 }
 
 // Note [SGD arithmetic] (kernels/cpu/sgd.h): each operation rounded on its own (__fmul_rn and
 // __fadd_rn are never fused into an FMA), in PyTorch's order.
+// Its norm as AdamW's (Note [Updates that measure the norm]).
 __global__ void sgd_kernel(float* master, float* momentum, const float* grad, void* param, DType param_dtype, size_t n,
-                           float lr, float mu, float keep, float wd, float gs, bool nesterov, bool first) {
-  ZERONE_GRID_STRIDE(i, n) {
-    float d = __fmul_rn(grad[i], gs);
+                           float lr, float mu, float keep, float wd, float gs, bool nesterov, bool first,
+                           double* partials) {
+  chunk_sum<true>(grad, n, partials, [&](size_t i, float raw) {
+    float d = __fmul_rn(raw, gs);
     if (wd != 0.0f) d = __fadd_rn(d, __fmul_rn(wd, master[i]));
     if (momentum) {
       const float b = first ? d : __fadd_rn(__fmul_rn(momentum[i], mu), __fmul_rn(keep, d));
@@ -142,7 +171,7 @@ __global__ void sgd_kernel(float* master, float* momentum, const float* grad, vo
     const float p = __fadd_rn(master[i], -__fmul_rn(lr, d));
     master[i] = p;
     if (param) store_param(param, param_dtype, i, p);
-  }
+  });
 }
 
 }  // namespace
@@ -211,25 +240,27 @@ void dequantize_blockwise(const void* in, size_t n, int bits, size_t block, void
 }
 
 void adamw_update(float* master, float* m, float* v, const float* grad, void* param, DType param_dtype, size_t n,
-                  const kernels::AdamWHyper& h, cudaStream_t stream) {
+                  const kernels::AdamWHyper& h, double* device_partials, double* host_partials, cudaStream_t stream) {
   ZERONE_ASSERT(h.step >= 1, "AdamW step must be 1-based, got ", h.step);
   if (n == 0) return;
   // The scalars exactly as kernels/cpu/adamw.cc forms them.
   const double bc1 = 1.0 - std::pow(static_cast<double>(h.beta1), h.step);
   const double bc2 = 1.0 - std::pow(static_cast<double>(h.beta2), h.step);
-  adamw_kernel<<<grid_for(n), kThreads, 0, stream>>>(master, m, v, grad, param, param_dtype, n, h.beta1, h.beta2,
-                                                      1.0f - h.lr * h.weight_decay, static_cast<float>(h.lr / bc1),
-                                                      static_cast<float>(1.0 / std::sqrt(bc2)), h.eps, h.grad_scale);
+  adamw_kernel<<<static_cast<unsigned>(norm_blocks(n)), kThreads, 0, stream>>>(
+      master, m, v, grad, param, param_dtype, n, h.beta1, h.beta2, 1.0f - h.lr * h.weight_decay,
+      static_cast<float>(h.lr / bc1), static_cast<float>(1.0 / std::sqrt(bc2)), h.eps, h.grad_scale, device_partials);
   ZERONE_CUDA_LAUNCHED();
+  partials_to_host(n, device_partials, host_partials, stream);
 }
 
 void sgd_update(float* master, float* momentum, const float* grad, void* param, DType param_dtype, size_t n,
-                const kernels::SGDHyper& h, cudaStream_t stream) {
+                const kernels::SGDHyper& h, double* device_partials, double* host_partials, cudaStream_t stream) {
   if (n == 0) return;
-  sgd_kernel<<<grid_for(n), kThreads, 0, stream>>>(master, momentum, grad, param, param_dtype, n, h.lr, h.momentum,
-                                                    1.0f - h.dampening, h.weight_decay, h.grad_scale, h.nesterov,
-                                                    h.first);
+  sgd_kernel<<<static_cast<unsigned>(norm_blocks(n)), kThreads, 0, stream>>>(
+      master, momentum, grad, param, param_dtype, n, h.lr, h.momentum, 1.0f - h.dampening, h.weight_decay,
+      h.grad_scale, h.nesterov, h.first, device_partials);
   ZERONE_CUDA_LAUNCHED();
+  partials_to_host(n, device_partials, host_partials, stream);
 }
 
 }  // namespace zerone::cuda

@@ -1681,6 +1681,57 @@ TEST_P(AdamWSplits, UpdateEveryElementAsTheWholeRangeWould) {
       ASSERT_EQ(std::bit_cast<uint32_t>(whole[t][i]), std::bit_cast<uint32_t>(pieces[t][i])) << names[t] << "[" << i << "]";
 }
 
+// Backend::adamw_update_ranges: the updates and the sum of adamw_update range by range, to the
+// bit (on a GPU one wait for all the ranges: Note [Updates that measure the norm]). Ranges of
+// 0, 1, 300 and 40000 elements (three norm chunks) with hyperparameters of their own.
+TEST_P(AdamWSplits, RangesUpdateAndSumAsOneCallEach) {
+  Backend& b = backend(GetParam());
+  const size_t sizes[] = {300, 0, 40000, 1};
+  size_t n = 0;
+  for (size_t k : sizes) n += k;
+  const std::vector<float> master = randn(n, 911), grad = randn(n, 912), moments = randn(n, 913, 0.01);
+  auto run = [&](bool together, double* sum) {
+    std::vector<Buffer> state;
+    for (const std::vector<float>* init :
+         std::initializer_list<const std::vector<float>*>{&master, &moments, &moments, &grad}) {
+      state.emplace_back(n * sizeof(float), MemCategory::scratch, MemPlace::device, 256, b.device_arena());
+      b.copy_to_device(state.back().data(), init->data(), n * sizeof(float));
+    }
+    b.fill_zero(state[2].data(), n * sizeof(float));  // v
+    Buffer param(n * 2, MemCategory::scratch, MemPlace::device, 256, b.device_arena());
+    std::vector<Backend::AdamWRange> ranges;
+    size_t at = 0;
+    for (size_t k = 0; k < std::size(sizes); ++k) {
+      AdamWHyper h;
+      h.lr = 1e-2f * static_cast<float>(k + 1);
+      h.weight_decay = k % 2 ? 0.0f : 0.1f;
+      h.step = 3;
+      ranges.push_back({state[0].as<float>() + at, state[1].as<float>() + at, state[2].as<float>() + at,
+                        state[3].as<float>() + at, static_cast<uint16_t*>(param.data()) + at, sizes[k], h});
+      at += sizes[k];
+    }
+    *sum = 0.0;
+    if (together) {
+      *sum = b.adamw_update_ranges(ranges, DType::bf16);
+    } else {
+      for (const Backend::AdamWRange& r : ranges)
+        *sum += b.adamw_update(r.master, r.m, r.v, r.grad, r.param, DType::bf16, r.n, r.hyper);
+    }
+    std::vector<std::vector<float>> out(3, std::vector<float>(n));
+    for (int t = 0; t < 3; ++t) b.copy_to_host(out[t].data(), state[t].data(), n * sizeof(float));
+    std::vector<uint16_t> p(n);
+    b.copy_to_host(p.data(), param.data(), n * 2);
+    out.emplace_back(p.begin(), p.end());
+    return out;
+  };
+  double one_call = 0, each = 0;
+  const auto together = run(true, &one_call), apart = run(false, &each);
+  EXPECT_EQ(std::bit_cast<uint64_t>(one_call), std::bit_cast<uint64_t>(each));
+  EXPECT_GT(one_call, 0.0);
+  for (int t = 0; t < 4; ++t)
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(std::bit_cast<uint32_t>(together[t][i]), std::bit_cast<uint32_t>(apart[t][i])) << t << " " << i;
+}
+
 INSTANTIATE_TEST_SUITE_P(Devices, AdamWSplits, ::testing::ValuesIn(available_devices()),
                          [](const ::testing::TestParamInfo<DeviceKind>& info) {
                            return std::string(device_kind_name(info.param));

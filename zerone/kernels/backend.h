@@ -233,6 +233,24 @@ class Backend {
   // Returns the sum of squares of the unscaled gradients. `param` may be null.
   virtual double adamw_update(float* master, float* m, float* v, const float* grad, void* param, DType param_dtype,
                               size_t n, const AdamWHyper& hyper) = 0;
+  // AdamW over several ranges in order (a unit's weight-decay and no-decay runs), each with its
+  // own hyperparameters: the updates adamw_update makes range by range, and their sums added in
+  // range order, so the same bits. A device that must wait for itself to return a sum waits once
+  // for all the ranges instead of once per range (Note [Updates that measure the norm]).
+  struct AdamWRange {
+    float* master;
+    float* m;
+    float* v;
+    const float* grad;
+    void* param;  // may be null
+    size_t n;
+    AdamWHyper hyper;
+  };
+  virtual double adamw_update_ranges(const std::vector<AdamWRange>& ranges, DType param_dtype) {
+    double sumsq = 0.0;
+    for (const AdamWRange& r : ranges) sumsq += adamw_update(r.master, r.m, r.v, r.grad, r.param, param_dtype, r.n, r.hyper);
+    return sumsq;
+  }
   // `momentum` may be null (no momentum), `param` too.
   virtual double sgd_update(float* master, float* momentum, const float* grad, void* param, DType param_dtype, size_t n,
                             const SGDHyper& hyper) = 0;

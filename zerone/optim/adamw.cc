@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "zerone/core/error.h"
 #include "zerone/core/profiler.h"
@@ -44,25 +45,37 @@ double AdamW::update_slice(MemPlace run_place, const ShardRef& s, DType param_dt
   ZERONE_ASSERT(begin <= end && end <= s.numel);
   kernels::Backend& backend = kernels::backend_for(run_place);
   void* param_out = param_dtype == DType::f32 ? nullptr : s.param;
-  double sumsq = 0.0;
+  std::vector<kernels::Backend::AdamWRange> ranges;  // the decay runs, in order
   for_each_decay_run(s, begin, end, options.weight_decay, [&](size_t b, size_t e, float wd) {
     h.weight_decay = wd;
-    RunOperands ops{master + (b - begin), s.grad + b,
-                    param_out ? static_cast<char*>(param_out) + b * dtype_size(param_dtype) : nullptr};
-    sumsq += run_with_operands_in(run_place, param_dtype, e - b, ops, [&](const RunOperands& o) {
-      return backend.adamw_update(o.master, m + (b - begin), v + (b - begin), o.grad, o.param, param_dtype, e - b, h);
-    });
+    ranges.push_back({master + (b - begin), m + (b - begin), v + (b - begin), s.grad + b,
+                      param_out ? static_cast<char*>(param_out) + b * dtype_size(param_dtype) : nullptr, e - b, h});
   });
+  // Operands where the update runs (the rule is the same for every run of the slice): one call for
+  // all the runs, so that a GPU waits for its norm once per slice (Note [Updates that measure the norm]).
+  if (!ranges.empty() && operands_in(run_place, {ranges[0].master, ranges[0].grad, ranges[0].param}))
+    return backend.adamw_update_ranges(ranges, param_dtype);
+  double sumsq = 0.0;
+  for (const kernels::Backend::AdamWRange& r : ranges) {
+    sumsq += run_with_operands_in(run_place, param_dtype, r.n, {r.master, r.grad, r.param}, [&](const RunOperands& o) {
+      return backend.adamw_update(o.master, r.m, r.v, o.grad, o.param, param_dtype, r.n, r.hyper);
+    });
+  }
   return sumsq;
+}
+
+bool operands_in(MemPlace run_place, const RunOperands& operands) {
+  kernels::Backend& device = kernels::device_backend();
+  auto elsewhere = [&](const void* p) { return p != nullptr && device.place_of(p) != run_place; };
+  return device.host_addressable() ||
+         (!elsewhere(operands.master) && !elsewhere(operands.grad) && !elsewhere(operands.param));
 }
 
 double run_with_operands_in(MemPlace run_place, DType param_dtype, size_t n, const RunOperands& operands,
                             const std::function<double(const RunOperands& local)>& run) {
+  if (operands_in(run_place, operands)) return run(operands);
   kernels::Backend& device = kernels::device_backend();
   auto elsewhere = [&](const void* p) { return p != nullptr && device.place_of(p) != run_place; };
-  if (device.host_addressable() ||
-      (!elsewhere(operands.master) && !elsewhere(operands.grad) && !elsewhere(operands.param)))
-    return run(operands);
   RunOperands local = operands;
   Buffer master, grad, param;  // scratch in run_place for the operands that live elsewhere
   if (elsewhere(operands.master)) {

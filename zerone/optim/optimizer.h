@@ -157,6 +157,9 @@ struct RunOperands {
 };
 double run_with_operands_in(MemPlace run_place, DType param_dtype, size_t n, const RunOperands& operands,
                             const std::function<double(const RunOperands& local)>& run);
+// Whether every operand is where an update running in run_place reads it (or the device is host
+// memory): run_with_operands_in then runs `run` on them as they are.
+bool operands_in(MemPlace run_place, const RunOperands& operands);
 // master (n f32, in master_place) = param (n of param_dtype, wherever it lives) widened to f32.
 void load_master(float* master, MemPlace master_place, const void* param, DType param_dtype, size_t n);
 

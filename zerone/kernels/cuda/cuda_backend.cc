@@ -365,13 +365,39 @@ class CudaBackend final : public kernels::Backend {
                       const AdamWHyper& hyper) override {
     // Note [Updates that measure the norm]: the same sum as sum_squares(grad, n).
     return in_order(n, [&](double* dev, double* host) {
-      cuda::adamw_update(master, m, v, grad, param, param_dtype, n, hyper, dev, host, compute());
+      cuda::adamw_update(master, m, v, grad, param, param_dtype, n, hyper, dev, compute());
+      cuda::partials_to_host(dev, host, cuda::norm_blocks(n), compute());
     });
+  }
+  double adamw_update_ranges(const std::vector<AdamWRange>& ranges, DType param_dtype) override {
+    // Every range's partials side by side, one copy and one wait for all; each range's partials
+    // then added as in_order adds them, the ranges in order.
+    size_t blocks = 0;
+    for (const AdamWRange& r : ranges) blocks += cuda::norm_blocks(r.n);
+    if (blocks == 0) return 0.0;
+    double* dev = static_cast<double*>(scratch(kPartials, blocks * sizeof(double)));
+    size_t at = 0;
+    for (const AdamWRange& r : ranges) {
+      cuda::adamw_update(r.master, r.m, r.v, r.grad, r.param, param_dtype, r.n, r.hyper, dev + at, compute());
+      at += cuda::norm_blocks(r.n);
+    }
+    std::vector<double> host(blocks);
+    cuda::partials_to_host(dev, host.data(), blocks, compute());
+    double sumsq = 0.0;
+    at = 0;
+    for (const AdamWRange& r : ranges) {
+      double range_sum = 0.0;
+      for (size_t b = 0; b < cuda::norm_blocks(r.n); ++b) range_sum += host[at + b];
+      at += cuda::norm_blocks(r.n);
+      sumsq += range_sum;
+    }
+    return sumsq;
   }
   double sgd_update(float* master, float* momentum, const float* grad, void* param, DType param_dtype, size_t n,
                     const SGDHyper& hyper) override {
     return in_order(n, [&](double* dev, double* host) {
-      cuda::sgd_update(master, momentum, grad, param, param_dtype, n, hyper, dev, host, compute());
+      cuda::sgd_update(master, momentum, grad, param, param_dtype, n, hyper, dev, compute());
+      cuda::partials_to_host(dev, host, cuda::norm_blocks(n), compute());
     });
   }
 

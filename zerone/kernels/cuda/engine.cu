@@ -41,13 +41,6 @@ __global__ void chunk_sum_kernel(const float* x, size_t n, float* copy_to, doubl
   });
 }
 
-// The partials of a chunked kernel (norm_blocks(n) of them) to the host, which reads them next.
-void partials_to_host(size_t n, const double* device_partials, double* host_partials, cudaStream_t stream) {
-  ZERONE_CUDA_CHECK(cudaMemcpyAsync(host_partials, device_partials, norm_blocks(n) * sizeof(double),
-                                    cudaMemcpyDeviceToHost, stream));
-  ZERONE_CUDA_CHECK(cudaStreamSynchronize(stream));
-}
-
 template <bool kSquares>
 void chunk_sums(const float* x, size_t n, float* copy_to, double* device_partials, double* host_partials,
                 cudaStream_t stream) {
@@ -55,7 +48,7 @@ void chunk_sums(const float* x, size_t n, float* copy_to, double* device_partial
   if (blocks == 0) return;
   chunk_sum_kernel<kSquares><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(x, n, copy_to, device_partials);
   ZERONE_CUDA_LAUNCHED();
-  partials_to_host(n, device_partials, host_partials, stream);
+  partials_to_host(device_partials, host_partials, blocks, stream);
 }
 
 __global__ void convert_kernel(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n) {
@@ -184,6 +177,12 @@ void accumulate(float* dst, const float* src, size_t n, cudaStream_t stream) {
 
 size_t norm_blocks(size_t n) { return (n + kernels::cpu::kNormBlock - 1) / kernels::cpu::kNormBlock; }
 
+void partials_to_host(const double* device_partials, double* host_partials, size_t count, cudaStream_t stream) {
+  if (count == 0) return;
+  ZERONE_CUDA_CHECK(cudaMemcpyAsync(host_partials, device_partials, count * sizeof(double), cudaMemcpyDeviceToHost, stream));
+  ZERONE_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
 void sum_squares_partials(const float* x, size_t n, float* copy_to, double* device_partials, double* host_partials,
                           cudaStream_t stream) {
   chunk_sums<true>(x, n, copy_to, device_partials, host_partials, stream);
@@ -240,7 +239,7 @@ void dequantize_blockwise(const void* in, size_t n, int bits, size_t block, void
 }
 
 void adamw_update(float* master, float* m, float* v, const float* grad, void* param, DType param_dtype, size_t n,
-                  const kernels::AdamWHyper& h, double* device_partials, double* host_partials, cudaStream_t stream) {
+                  const kernels::AdamWHyper& h, double* device_partials, cudaStream_t stream) {
   ZERONE_ASSERT(h.step >= 1, "AdamW step must be 1-based, got ", h.step);
   if (n == 0) return;
   // The scalars exactly as kernels/cpu/adamw.cc forms them.
@@ -250,17 +249,15 @@ void adamw_update(float* master, float* m, float* v, const float* grad, void* pa
       master, m, v, grad, param, param_dtype, n, h.beta1, h.beta2, 1.0f - h.lr * h.weight_decay,
       static_cast<float>(h.lr / bc1), static_cast<float>(1.0 / std::sqrt(bc2)), h.eps, h.grad_scale, device_partials);
   ZERONE_CUDA_LAUNCHED();
-  partials_to_host(n, device_partials, host_partials, stream);
 }
 
 void sgd_update(float* master, float* momentum, const float* grad, void* param, DType param_dtype, size_t n,
-                const kernels::SGDHyper& h, double* device_partials, double* host_partials, cudaStream_t stream) {
+                const kernels::SGDHyper& h, double* device_partials, cudaStream_t stream) {
   if (n == 0) return;
   sgd_kernel<<<static_cast<unsigned>(norm_blocks(n)), kThreads, 0, stream>>>(
       master, momentum, grad, param, param_dtype, n, h.lr, h.momentum, 1.0f - h.dampening, h.weight_decay,
       h.grad_scale, h.nesterov, h.first, device_partials);
   ZERONE_CUDA_LAUNCHED();
-  partials_to_host(n, device_partials, host_partials, stream);
 }
 
 }  // namespace zerone::cuda

@@ -49,14 +49,15 @@ void dequantize_blockwise(const void* in, size_t n, int bits, size_t block, void
 
 // ---------------------------------------------------------------- optimizers
 // The updates of kernels/cpu/adamw.h and sgd.h. Each also leaves the gradients' norm partials in
-// host_partials, the bits sum_squares_partials(grad, n, ...) gives (Note [Updates that measure the
-// norm]; device_partials is scratch of norm_blocks(n) doubles), and so synchronizes the stream.
-// `param` (param_dtype) and `momentum` may be null.
+// device_partials (norm_blocks(n) doubles): the values sum_squares_partials(grad, n, ...) gives
+// (Note [Updates that measure the norm]). `param` (param_dtype) and `momentum` may be null.
 void adamw_update(float* master, float* m, float* v, const float* grad, void* param, DType param_dtype, size_t n,
-                  const kernels::AdamWHyper& hyper, double* device_partials, double* host_partials,
-                  cudaStream_t stream);
+                  const kernels::AdamWHyper& hyper, double* device_partials, cudaStream_t stream);
 void sgd_update(float* master, float* momentum, const float* grad, void* param, DType param_dtype, size_t n,
-                const kernels::SGDHyper& hyper, double* device_partials, double* host_partials, cudaStream_t stream);
+                const kernels::SGDHyper& hyper, double* device_partials, cudaStream_t stream);
+// host_partials (count) = device_partials (count), once the stream's work before is done: the
+// host waits for the stream.
+void partials_to_host(const double* device_partials, double* host_partials, size_t count, cudaStream_t stream);
 
 // ---------------------------------------------------------------- transformers (kernels/cpu/ops.h)
 void embedding_forward(float* out, const int32_t* tokens, const void* wte, const void* wpe, DType param_dtype, int B,

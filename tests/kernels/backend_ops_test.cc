@@ -1732,6 +1732,51 @@ TEST_P(AdamWSplits, RangesUpdateAndSumAsOneCallEach) {
     for (size_t i = 0; i < n; ++i) ASSERT_EQ(std::bit_cast<uint32_t>(together[t][i]), std::bit_cast<uint32_t>(apart[t][i])) << t << " " << i;
 }
 
+// Note [AdamW lanes]: every device computes the host kernel's function of each element, so an
+// update on the GPU and one offloaded to the host (--offload-optimizer cpu) give the same bits:
+// master, moments and the bf16 copy, over three steps with weight decay and a gradient scale
+// (the norm's sum is the device's own order and is compared within its rounding).
+TEST_P(AdamWSplits, MatchTheHostBitForBit) {
+  Backend& b = backend(GetParam());
+  Backend& host = host_backend();
+  const size_t n = 40000 + 77;
+  const std::vector<float> master = randn(n, 921), moments = randn(n, 923, 0.01);
+  std::vector<std::vector<float>> grads;
+  for (int s = 0; s < 3; ++s) grads.push_back(randn(n, 930 + s));
+  auto run = [&](Backend& on, std::vector<double>* sums) {
+    std::vector<Buffer> state;
+    for (const std::vector<float>* init :
+         std::initializer_list<const std::vector<float>*>{&master, &moments, &moments, &grads[0]}) {
+      state.emplace_back(n * sizeof(float), MemCategory::scratch, MemPlace::device, 256, on.device_arena());
+      on.copy_to_device(state.back().data(), init->data(), n * sizeof(float));
+    }
+    on.fill_zero(state[2].data(), n * sizeof(float));
+    Buffer param(n * 2, MemCategory::scratch, MemPlace::device, 256, on.device_arena());
+    AdamWHyper h;
+    h.lr = 3e-3f;
+    h.weight_decay = 0.1f;
+    h.grad_scale = 0.25f;
+    for (int step = 1; step <= 3; ++step) {
+      h.step = step;
+      on.copy_to_device(state[3].data(), grads[step - 1].data(), n * sizeof(float));
+      sums->push_back(on.adamw_update(state[0].as<float>(), state[1].as<float>(), state[2].as<float>(),
+                                      state[3].as<float>(), param.data(), DType::bf16, n, h));
+    }
+    std::vector<std::vector<float>> out(3, std::vector<float>(n));
+    for (int t = 0; t < 3; ++t) on.copy_to_host(out[t].data(), state[t].data(), n * sizeof(float));
+    std::vector<uint16_t> p(n);
+    on.copy_to_host(p.data(), param.data(), n * 2);
+    out.emplace_back(p.begin(), p.end());
+    return out;
+  };
+  std::vector<double> device_sums, host_sums;
+  const auto on_device = run(b, &device_sums), on_host = run(host, &host_sums);
+  for (int t = 0; t < 4; ++t)
+    for (size_t i = 0; i < n; ++i)
+      ASSERT_EQ(std::bit_cast<uint32_t>(on_device[t][i]), std::bit_cast<uint32_t>(on_host[t][i])) << t << " " << i;
+  for (size_t s = 0; s < host_sums.size(); ++s) EXPECT_NEAR(device_sums[s], host_sums[s], 1e-12 * host_sums[s]) << s;
+}
+
 INSTANTIATE_TEST_SUITE_P(Devices, AdamWSplits, ::testing::ValuesIn(available_devices()),
                          [](const ::testing::TestParamInfo<DeviceKind>& info) {
                            return std::string(device_kind_name(info.param));

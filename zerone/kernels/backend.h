@@ -167,6 +167,11 @@ class Backend {
   // staged collectives) is a DMA the copy engines run without a bounce through pageable memory.
   // The ledger counts these Buffers as host bytes, as any other.
   virtual MemoryArena* host_arena() { return nullptr; }
+  // Returns to the device what this backend keeps for reuse (the memory its pool caches after
+  // frees, the kernels' scratch slots), so that the device's free memory counts it again: for a
+  // caller that used the device before a run's fit check reads that (zerone plan measuring the
+  // GPU's speeds under --auto-fit). Waits for the device; no Buffer of the caller's is touched.
+  virtual void release_cached_memory() {}
   // What identifies this backend's physical device across processes (the GPU's UUID, hex), or ""
   // for a device every process has its own of (cpu, sim). Two ranks with the same non-empty
   // identity share one GPU (comm/comm_choice.h).

@@ -3,6 +3,7 @@
 // Thread-safety: plain values.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <tuple>
 
@@ -20,6 +21,26 @@ struct AdamWHyper {
   int step = 1;             // 1-based step number, for bias correction
   float grad_scale = 1.0f;  // multiplies every gradient before use
 };
+
+// The constants of one AdamW update, formed on the host the same way for every backend (Note
+// [AdamW lanes], kernels/cpu/adamw.cc): the bias corrections in double, the decay factor
+// 1 - lr x weight_decay as one fused operation (so that no compiler's contraction choice changes it).
+struct AdamWScalars {
+  float beta1, beta2, one_minus_beta1, one_minus_beta2, decay, step_size, inv_sqrt_bc2, eps, grad_scale;
+};
+inline AdamWScalars adamw_scalars(const AdamWHyper& h) {
+  const double bc1 = 1.0 - std::pow(static_cast<double>(h.beta1), h.step);
+  const double bc2 = 1.0 - std::pow(static_cast<double>(h.beta2), h.step);
+  return {h.beta1,
+          h.beta2,
+          1.0f - h.beta1,
+          1.0f - h.beta2,
+          std::fma(-h.lr, h.weight_decay, 1.0f),
+          static_cast<float>(h.lr / bc1),
+          static_cast<float>(1.0 / std::sqrt(bc2)),
+          h.eps,
+          h.grad_scale};
+}
 
 // SGD hyper-parameters of one update (kernels/cpu/sgd.h is the executable spec; torch.optim.SGD).
 struct SGDHyper {

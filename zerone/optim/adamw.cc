@@ -64,31 +64,38 @@ double AdamW::update_slice(MemPlace run_place, const ShardRef& s, DType param_dt
   return sumsq;
 }
 
+namespace {
+
+// Whether the operand at p (null: none) lives outside run_place.
+bool elsewhere(MemPlace run_place, const void* p) {
+  return p != nullptr && kernels::device_backend().place_of(p) != run_place;
+}
+
+}  // namespace
+
 bool operands_in(MemPlace run_place, const RunOperands& operands) {
-  kernels::Backend& device = kernels::device_backend();
-  auto elsewhere = [&](const void* p) { return p != nullptr && device.place_of(p) != run_place; };
-  return device.host_addressable() ||
-         (!elsewhere(operands.master) && !elsewhere(operands.grad) && !elsewhere(operands.param));
+  return kernels::device_backend().host_addressable() ||
+         (!elsewhere(run_place, operands.master) && !elsewhere(run_place, operands.grad) &&
+          !elsewhere(run_place, operands.param));
 }
 
 double run_with_operands_in(MemPlace run_place, DType param_dtype, size_t n, const RunOperands& operands,
                             const std::function<double(const RunOperands& local)>& run) {
   if (operands_in(run_place, operands)) return run(operands);
   kernels::Backend& device = kernels::device_backend();
-  auto elsewhere = [&](const void* p) { return p != nullptr && device.place_of(p) != run_place; };
   RunOperands local = operands;
   Buffer master, grad, param;  // scratch in run_place for the operands that live elsewhere
-  if (elsewhere(operands.master)) {
+  if (elsewhere(run_place, operands.master)) {
     master = Buffer(n * sizeof(float), MemCategory::scratch, run_place);
     device.copy_any(master.data(), operands.master, n * sizeof(float));
     local.master = master.as<float>();
   }
-  if (elsewhere(operands.grad)) {
+  if (elsewhere(run_place, operands.grad)) {
     grad = Buffer(n * sizeof(float), MemCategory::scratch, run_place);
     device.copy_any(grad.data(), operands.grad, n * sizeof(float));
     local.grad = grad.as<float>();
   }
-  if (elsewhere(operands.param)) {
+  if (elsewhere(run_place, operands.param)) {
     param = Buffer(n * dtype_size(param_dtype), MemCategory::scratch, run_place);
     local.param = param.data();
   }

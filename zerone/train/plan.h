@@ -32,7 +32,7 @@ struct PlanMachineOptions {
   double disk_gbps = 0;          // 0: measured under --nvme-path (a 64 MiB write and read)
   double link_gbps = 0;          // per rank; 0: the memory bandwidth within a host, 1.25 GB/s across hosts
   // Note [Device speeds]: a GPU's own memory and its link to the host, GB/s; 0: measured on the GPU
-  // (as gemm_tflops is then the GPU's). Ignored where the device is host memory.
+  // (as gemm_tflops is then the GPU's). Refused where the device is host memory.
   double device_memory_gbps = 0;
   double host_device_gbps = 0;
 };

@@ -34,8 +34,9 @@ double measure_gemm_peak_tflop_per_s(DType dtype);
 // second), and the slower direction of a `copy_bytes` copy between the backend's host memory
 // (pinned on a GPU) and the device. The best of a few timed runs after a warm-up, each closed by
 // synchronizing the streams the work ran on. Allocates about 3 gemm_n^2 x 4 + 3 x copy_bytes of
-// device and host memory for the duration (device Buffers from device.device_arena()); throws
-// Error where the device cannot allocate them.
+// device and host memory for the duration (device Buffers from device.device_arena()) and returns
+// what the backend then caches to the device (Backend::release_cached_memory); throws Error where
+// the device cannot allocate them.
 struct DeviceSpeeds {
   double gemm_flop_per_s = 0;
   double memory_bytes_per_s = 0;

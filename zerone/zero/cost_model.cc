@@ -40,12 +40,13 @@ namespace zerone::zero {
 //             the collectives and the kernels share the same cores and memory.
 //   transfer  a separate device only (Note [Device speeds]): with --offload-param cpu the shard of
 //             every parameter gather comes over from the host (padded / world x dtype bytes per
-//             gather, as often as the NVMe parameter reads above) and the updated shard goes back
-//             once per step, at host_device_bytes_per_s; prefetched under compute on the same
+//             gather, as often as the NVMe parameter reads above) and the part of the shard the
+//             device updated goes back once per step, at host_device_bytes_per_s; prefetched under compute on the same
 //             rule as the NVMe parameter reads. With the device separate, the memory term and the
 //             optimizer's on-device share take device_memory_bytes_per_s, the offloaded share of
 //             the optimizer the host's memory_bytes_per_s.
-// The terms then add: compute, memory, optimizer (or the overlapped swap), un-hidden I/O, comm.
+// The terms then add: compute, memory, optimizer (or the overlapped swap), un-hidden I/O, comm,
+// un-hidden host-device copies.
 // The engine's early step (the optimizer during the rest of backward) is not counted as overlap
 // for the same reason as communication. What it leaves out: kernel launch and Python-free
 // overheads per unit (small), the cost of --delayed-update's thread, ZeRO++ quantization.
@@ -69,10 +70,14 @@ StepCost step_cost(const StepWorkload& w, const ZeroConfig& c, const StageEstima
   const double copy_bw = m.host_device_bytes_per_s > 0 ? m.host_device_bytes_per_s : m.memory_bytes_per_s;
   out.compute_s = w.flops_per_token * tokens * recompute / (m.gemm_flop_per_s * kGemmEfficiency);
   // CPU checkpointing's copies out and back cross the host link of a separate device.
-  const double activation_traffic = kActivationTrafficFactor * static_cast<double>(w.activation_bytes) * recompute;
   const double checkpoint_copies = w.cpu_checkpointing ? 2.0 * static_cast<double>(w.host_activation_bytes) : 0.0;
-  out.memory_s = separate_device ? (activation_traffic / device_bw + checkpoint_copies / copy_bw) * micro_steps
-                                 : (activation_traffic + checkpoint_copies) * micro_steps / m.memory_bytes_per_s;
+  if (separate_device) {
+    out.memory_s = (kActivationTrafficFactor * static_cast<double>(w.activation_bytes) * recompute / device_bw +
+                    checkpoint_copies / copy_bw) * micro_steps;
+  } else {
+    out.memory_s = (kActivationTrafficFactor * static_cast<double>(w.activation_bytes) * recompute + checkpoint_copies) *
+                   micro_steps / m.memory_bytes_per_s;
+  }
 
   // Elements the optimizer updates on this rank, the padded total, the largest unit.
   double stepped = 0, padded = 0, largest = 0, units = 0;
@@ -87,12 +92,15 @@ StepCost step_cost(const StepWorkload& w, const ZeroConfig& c, const StageEstima
   const double master = w.dtype == DType::f32 ? 0.0 : 1.0;
   const double bytes_per_element = 4.0 + 2.0 * 4.0 * (master + w.optim_tensors) + ds;
   // A separate device steps its share in its own memory, the host the offloaded share in host
-  // memory; offloading adds the copies of the gradient shard over and the parameters back.
+  // memory; offloading adds the copies of the gradient shard over and the parameters back (which
+  // stay on the host where the parameters are offloaded there too: the transfer term below counts
+  // their way to the device).
   const double offloaded = c.offload_optimizer != OffloadDevice::none ? stepped * c.offload_optimizer_ratio : 0.0;
+  const bool params_on_host = separate_device && c.offload_param == OffloadDevice::cpu;
   double step_s = separate_device ? (stepped - offloaded) * bytes_per_element / device_bw +
                                         offloaded * bytes_per_element / m.memory_bytes_per_s
                                   : stepped * bytes_per_element / m.memory_bytes_per_s;
-  if (offloaded > 0) step_s += offloaded * (4.0 + ds) / copy_bw;
+  if (offloaded > 0) step_s += offloaded * (4.0 + (params_on_host ? 0.0 : ds)) / copy_bw;
 
   // Swap traffic (bytes per step on this rank) from the estimate's NVMe places.
   const double disk_bw = m.disk_bytes_per_s > 0 ? m.disk_bytes_per_s / std::max(1, w.ranks_per_host) : 0.0;
@@ -149,10 +157,11 @@ StepCost step_cost(const StepWorkload& w, const ZeroConfig& c, const StageEstima
   // Note [Device speeds]: parameter shards held by the host cross to a separate device at every
   // gather (prefetched as the NVMe reads are) and back once per step.
   // (Parameters are offloaded to the host or to NVMe, never both: at most one of them is hidden.)
+  // The write-back is the shard the device updated: what the host's optimizer updates is there.
   double hidden_copy_s = 0;
-  if (separate_device && c.offload_param == OffloadDevice::cpu) {
-    const double shard_bytes = padded / w.world * ds;
-    const double copies_s = ((w.activation_checkpointing ? 3.0 : 2.0) * micro_steps + 1.0) * shard_bytes / copy_bw;
+  if (params_on_host) {
+    const double gathers = (w.activation_checkpointing ? 3.0 : 2.0) * micro_steps;
+    const double copies_s = (gathers * padded / w.world + (stepped - offloaded)) * ds / copy_bw;
     if (static_cast<double>(c.prefetch_numel) >= largest) hidden_copy_s = copies_s;
     else out.transfer_s = copies_s;
   }

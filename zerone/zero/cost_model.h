@@ -27,7 +27,7 @@ struct MachineSpeed {
   double device_memory_bytes_per_s = 0;  // a separate device's own memory, per rank; 0: host memory
   double disk_bytes_per_s = 0;       // swap reads and writes under --nvme-path, per host (shared by its ranks)
   double link_bytes_per_s = 0;       // collective bytes per rank per second (ring algorithms)
-  double host_device_bytes_per_s = 0;  // device <-> host copies (a CPU build: memory_bytes_per_s)
+  double host_device_bytes_per_s = 0;  // device <-> host copies (the device host memory: memory_bytes_per_s)
   double link_latency_s = 50e-6;     // per collective call
   double io_latency_s = 200e-6;      // per swap transfer (one sub-group tensor or one unit's shard)
 };

@@ -80,6 +80,15 @@ class CudaArena final : public MemoryArena {
     return reinterpret_cast<void*>(aligned);
   }
 
+  // The pool's cached memory back to the device, once the frees queued so far have run.
+  void trim() {
+    ZERONE_CUDA_CHECK(cudaSetDevice(device_));
+    ZERONE_CUDA_CHECK(cudaDeviceSynchronize());
+    cudaMemPool_t pool;
+    ZERONE_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device_));
+    ZERONE_CUDA_CHECK(cudaMemPoolTrimTo(pool, 0));
+  }
+
   void deallocate(void* data, size_t, size_t alignment) noexcept override {
     if (data == nullptr || g_exiting.load()) return;  // Note [CUDA at exit]
     if (alignment > kPoolAlignment) {
@@ -287,6 +296,10 @@ class CudaBackend final : public kernels::Backend {
     return kernels::DeviceMemory{m.total_bytes, m.free_bytes};
   }
   MemoryArena* host_arena() override { return &pinned_; }
+  void release_cached_memory() override {
+    for (Buffer& b : scratch_) b.reset();
+    arena_->trim();
+  }
   std::string device_identity() const override { return uuid_; }
   int native_device() const override { return device_; }
   void* native_stream(Stream stream) const override { return stream_of(stream); }

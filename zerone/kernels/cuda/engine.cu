@@ -131,15 +131,13 @@ __global__ void dequantize_kernel(const float* scales, const uint8_t* codes, siz
 // kernel's, every operation rounded on its own as written (no contraction but the fmaf spelled
 // out), so that the update is the same function of its inputs on both devices.
 __global__ void adamw_kernel(float* master, float* m, float* v, const float* grad, void* param, DType param_dtype,
-                             size_t n, float b1, float b2, float decay, float step_size, float inv_sqrt_bc2, float eps,
-                             float gs, double* partials) {
-  const float one_b1 = 1.0f - b1, one_b2 = 1.0f - b2;
+                             size_t n, kernels::AdamWScalars c, double* partials) {
   chunk_sum<true>(grad, n, partials, [&](size_t i, float raw) {
-    const float g = __fmul_rn(raw, gs);
-    const float mi = fmaf(one_b1, g, __fmul_rn(b1, m[i]));
-    const float vi = fmaf(__fmul_rn(one_b2, g), g, __fmul_rn(b2, v[i]));
-    const float q = __fdiv_rn(__fmul_rn(step_size, mi), fmaf(__fsqrt_rn(vi), inv_sqrt_bc2, eps));
-    const float p = fmaf(master[i], decay, -q);
+    const float g = __fmul_rn(raw, c.grad_scale);
+    const float mi = fmaf(c.one_minus_beta1, g, __fmul_rn(c.beta1, m[i]));
+    const float vi = fmaf(__fmul_rn(c.one_minus_beta2, g), g, __fmul_rn(c.beta2, v[i]));
+    const float q = __fdiv_rn(__fmul_rn(c.step_size, mi), fmaf(__fsqrt_rn(vi), c.inv_sqrt_bc2, c.eps));
+    const float p = fmaf(master[i], c.decay, -q);
     m[i] = mi;
     v[i] = vi;
     master[i] = p;
@@ -242,12 +240,8 @@ void adamw_update(float* master, float* m, float* v, const float* grad, void* pa
                   const kernels::AdamWHyper& h, double* device_partials, cudaStream_t stream) {
   ZERONE_ASSERT(h.step >= 1, "AdamW step must be 1-based, got ", h.step);
   if (n == 0) return;
-  // The scalars exactly as kernels/cpu/adamw.cc forms them.
-  const double bc1 = 1.0 - std::pow(static_cast<double>(h.beta1), h.step);
-  const double bc2 = 1.0 - std::pow(static_cast<double>(h.beta2), h.step);
   adamw_kernel<<<static_cast<unsigned>(norm_blocks(n)), kThreads, 0, stream>>>(
-      master, m, v, grad, param, param_dtype, n, h.beta1, h.beta2, 1.0f - h.lr * h.weight_decay,
-      static_cast<float>(h.lr / bc1), static_cast<float>(1.0 / std::sqrt(bc2)), h.eps, h.grad_scale, device_partials);
+      master, m, v, grad, param, param_dtype, n, kernels::adamw_scalars(h), device_partials);  // as the cpu forms them
   ZERONE_CUDA_LAUNCHED();
 }
 

@@ -1633,6 +1633,62 @@ TEST(SimBackend, DeferredCopiesRunWhenObservedInOrder) {
   (void)e4;
 }
 
+// AdamW's operands on one backend's device: master, moments m and v and the gradients (n f32 each,
+// v the squares of `moments` / 100 so that it is positive) and a bf16 parameter copy.
+struct AdamWOperands {
+  AdamWOperands(Backend& on, const std::vector<float>& master, const std::vector<float>& moments,
+                const std::vector<float>& grad)
+      : backend(on), n(master.size()) {
+    std::vector<float> variances(n);
+    for (size_t i = 0; i < n; ++i) variances[i] = moments[i] * moments[i] * 1e-2f;
+    for (const std::vector<float>* init :
+         std::initializer_list<const std::vector<float>*>{&master, &moments, &variances, &grad}) {
+      state.emplace_back(n * sizeof(float), MemCategory::scratch, MemPlace::device, 256, on.device_arena());
+      on.copy_to_device(state.back().data(), init->data(), n * sizeof(float));
+    }
+    param = Buffer(n * 2, MemCategory::scratch, MemPlace::device, 256, on.device_arena());
+  }
+  // adamw_update over [lo, hi).
+  double update(size_t lo, size_t hi, const AdamWHyper& h) {
+    return backend.adamw_update(f(0) + lo, f(1) + lo, f(2) + lo, f(3) + lo, bf16() + lo, DType::bf16, hi - lo, h);
+  }
+  Backend::AdamWRange range(size_t lo, size_t hi, const AdamWHyper& h) {
+    return {f(0) + lo, f(1) + lo, f(2) + lo, f(3) + lo, bf16() + lo, hi - lo, h};
+  }
+  void set_grad(const std::vector<float>& grad) { backend.copy_to_device(f(3), grad.data(), n * sizeof(float)); }
+  // master, m, v and the parameter copy's bits, on the host.
+  std::vector<std::vector<uint32_t>> bits() {
+    std::vector<std::vector<uint32_t>> out(4, std::vector<uint32_t>(n));
+    for (int t = 0; t < 3; ++t) backend.copy_to_host(out[t].data(), f(t), n * sizeof(float));
+    std::vector<uint16_t> p(n);
+    backend.copy_to_host(p.data(), param.data(), n * 2);
+    std::copy(p.begin(), p.end(), out[3].begin());
+    return out;
+  }
+  float* f(int t) { return state[t].as<float>(); }
+  uint16_t* bf16() { return static_cast<uint16_t*>(param.data()); }
+
+  Backend& backend;
+  const size_t n;
+  std::vector<Buffer> state;
+  Buffer param;
+};
+
+void expect_same_bits(const std::vector<std::vector<uint32_t>>& a, const std::vector<std::vector<uint32_t>>& b) {
+  const char* names[] = {"master", "m", "v", "param"};
+  for (int t = 0; t < 4; ++t)
+    for (size_t i = 0; i < a[t].size(); ++i) ASSERT_EQ(a[t][i], b[t][i]) << names[t] << "[" << i << "]";
+}
+
+AdamWHyper adamw_case_hyper(int step) {
+  AdamWHyper h;
+  h.lr = 1e-2f;
+  h.weight_decay = 0.1f;
+  h.grad_scale = 0.5f;
+  h.step = step;
+  return h;
+}
+
 // Note [AdamW lanes]: an element's update does not depend on where the range it is updated in
 // starts or ends (vector body or scalar tail, thread split), so that a parameter sharded anywhere
 // (ZeRO stages, world sizes, the early per-unit step) gets the same bits. Whole against three
@@ -1640,96 +1696,41 @@ TEST(SimBackend, DeferredCopiesRunWhenObservedInOrder) {
 class AdamWSplits : public ::testing::TestWithParam<DeviceKind> {};
 
 TEST_P(AdamWSplits, UpdateEveryElementAsTheWholeRangeWould) {
-  Backend& b = backend(GetParam());
   const size_t n = 1000;
   const size_t cuts[] = {0, 37, 530, n};
-  const std::vector<float> master = randn(n, 901), grad = randn(n, 902);
-  std::vector<float> moments = randn(n, 903, 0.01);
-  std::vector<float> variances(n);
-  for (size_t i = 0; i < n; ++i) variances[i] = std::abs(moments[i]) * 1e-2f;
-  auto run = [&](bool split) {
-    std::vector<Buffer> state;
-    for (const std::vector<float>* init : std::initializer_list<const std::vector<float>*>{&master, &moments, &variances, &grad}) {
-      state.emplace_back(n * sizeof(float), MemCategory::scratch, MemPlace::device, 256, b.device_arena());
-      b.copy_to_device(state.back().data(), init->data(), n * sizeof(float));
-    }
-    Buffer param(n * 2, MemCategory::scratch, MemPlace::device, 256, b.device_arena());
-    AdamWHyper h;
-    h.lr = 1e-2f;
-    h.weight_decay = 0.1f;
-    h.grad_scale = 0.5f;
-    for (int step = 1; step <= 2; ++step) {
-      h.step = step;
-      for (size_t k = 0; k + 1 < std::size(cuts); ++k) {
-        const size_t lo = split ? cuts[k] : 0, hi = split ? cuts[k + 1] : n;
-        b.adamw_update(state[0].as<float>() + lo, state[1].as<float>() + lo, state[2].as<float>() + lo,
-                       state[3].as<float>() + lo, static_cast<uint16_t*>(param.data()) + lo, DType::bf16, hi - lo, h);
-        if (!split) break;
-      }
-    }
-    std::vector<std::vector<float>> out(4, std::vector<float>(n));
-    for (int t = 0; t < 3; ++t) b.copy_to_host(out[t].data(), state[t].data(), n * sizeof(float));
-    std::vector<uint16_t> p(n);
-    b.copy_to_host(p.data(), param.data(), n * 2);
-    std::copy(p.begin(), p.end(), out[3].begin());
-    return out;
-  };
-  const auto whole = run(false), pieces = run(true);
-  const char* names[] = {"master", "m", "v", "param"};
-  for (int t = 0; t < 4; ++t)
-    for (size_t i = 0; i < n; ++i)
-      ASSERT_EQ(std::bit_cast<uint32_t>(whole[t][i]), std::bit_cast<uint32_t>(pieces[t][i])) << names[t] << "[" << i << "]";
+  const std::vector<float> master = randn(n, 901), grad = randn(n, 902), moments = randn(n, 903, 0.01);
+  AdamWOperands whole(backend(GetParam()), master, moments, grad), pieces(backend(GetParam()), master, moments, grad);
+  for (int step = 1; step <= 2; ++step) {
+    whole.update(0, n, adamw_case_hyper(step));
+    for (size_t k = 0; k + 1 < std::size(cuts); ++k) pieces.update(cuts[k], cuts[k + 1], adamw_case_hyper(step));
+  }
+  expect_same_bits(whole.bits(), pieces.bits());
 }
 
 // Backend::adamw_update_ranges: the updates and the sum of adamw_update range by range, to the
 // bit (on a GPU one wait for all the ranges: Note [Updates that measure the norm]). Ranges of
 // 0, 1, 300 and 40000 elements (three norm chunks) with hyperparameters of their own.
 TEST_P(AdamWSplits, RangesUpdateAndSumAsOneCallEach) {
-  Backend& b = backend(GetParam());
   const size_t sizes[] = {300, 0, 40000, 1};
   size_t n = 0;
   for (size_t k : sizes) n += k;
   const std::vector<float> master = randn(n, 911), grad = randn(n, 912), moments = randn(n, 913, 0.01);
-  auto run = [&](bool together, double* sum) {
-    std::vector<Buffer> state;
-    for (const std::vector<float>* init :
-         std::initializer_list<const std::vector<float>*>{&master, &moments, &moments, &grad}) {
-      state.emplace_back(n * sizeof(float), MemCategory::scratch, MemPlace::device, 256, b.device_arena());
-      b.copy_to_device(state.back().data(), init->data(), n * sizeof(float));
-    }
-    b.fill_zero(state[2].data(), n * sizeof(float));  // v
-    Buffer param(n * 2, MemCategory::scratch, MemPlace::device, 256, b.device_arena());
-    std::vector<Backend::AdamWRange> ranges;
-    size_t at = 0;
-    for (size_t k = 0; k < std::size(sizes); ++k) {
-      AdamWHyper h;
-      h.lr = 1e-2f * static_cast<float>(k + 1);
-      h.weight_decay = k % 2 ? 0.0f : 0.1f;
-      h.step = 3;
-      ranges.push_back({state[0].as<float>() + at, state[1].as<float>() + at, state[2].as<float>() + at,
-                        state[3].as<float>() + at, static_cast<uint16_t*>(param.data()) + at, sizes[k], h});
-      at += sizes[k];
-    }
-    *sum = 0.0;
-    if (together) {
-      *sum = b.adamw_update_ranges(ranges, DType::bf16);
-    } else {
-      for (const Backend::AdamWRange& r : ranges)
-        *sum += b.adamw_update(r.master, r.m, r.v, r.grad, r.param, DType::bf16, r.n, r.hyper);
-    }
-    std::vector<std::vector<float>> out(3, std::vector<float>(n));
-    for (int t = 0; t < 3; ++t) b.copy_to_host(out[t].data(), state[t].data(), n * sizeof(float));
-    std::vector<uint16_t> p(n);
-    b.copy_to_host(p.data(), param.data(), n * 2);
-    out.emplace_back(p.begin(), p.end());
-    return out;
-  };
-  double one_call = 0, each = 0;
-  const auto together = run(true, &one_call), apart = run(false, &each);
+  AdamWOperands together(backend(GetParam()), master, moments, grad), apart(backend(GetParam()), master, moments, grad);
+  std::vector<Backend::AdamWRange> ranges;
+  double each = 0.0;
+  size_t at = 0;
+  for (size_t k = 0; k < std::size(sizes); ++k) {
+    AdamWHyper h = adamw_case_hyper(3);
+    h.lr *= static_cast<float>(k + 1);
+    h.weight_decay = k % 2 ? 0.0f : 0.1f;
+    ranges.push_back(together.range(at, at + sizes[k], h));
+    each += apart.update(at, at + sizes[k], h);
+    at += sizes[k];
+  }
+  const double one_call = backend(GetParam()).adamw_update_ranges(ranges, DType::bf16);
   EXPECT_EQ(std::bit_cast<uint64_t>(one_call), std::bit_cast<uint64_t>(each));
   EXPECT_GT(one_call, 0.0);
-  for (int t = 0; t < 4; ++t)
-    for (size_t i = 0; i < n; ++i) ASSERT_EQ(std::bit_cast<uint32_t>(together[t][i]), std::bit_cast<uint32_t>(apart[t][i])) << t << " " << i;
+  expect_same_bits(together.bits(), apart.bits());
 }
 
 // Note [AdamW lanes]: every device computes the host kernel's function of each element, so an
@@ -1737,44 +1738,19 @@ TEST_P(AdamWSplits, RangesUpdateAndSumAsOneCallEach) {
 // master, moments and the bf16 copy, over three steps with weight decay and a gradient scale
 // (the norm's sum is the device's own order and is compared within its rounding).
 TEST_P(AdamWSplits, MatchTheHostBitForBit) {
-  Backend& b = backend(GetParam());
-  Backend& host = host_backend();
   const size_t n = 40000 + 77;
   const std::vector<float> master = randn(n, 921), moments = randn(n, 923, 0.01);
   std::vector<std::vector<float>> grads;
   for (int s = 0; s < 3; ++s) grads.push_back(randn(n, 930 + s));
-  auto run = [&](Backend& on, std::vector<double>* sums) {
-    std::vector<Buffer> state;
-    for (const std::vector<float>* init :
-         std::initializer_list<const std::vector<float>*>{&master, &moments, &moments, &grads[0]}) {
-      state.emplace_back(n * sizeof(float), MemCategory::scratch, MemPlace::device, 256, on.device_arena());
-      on.copy_to_device(state.back().data(), init->data(), n * sizeof(float));
-    }
-    on.fill_zero(state[2].data(), n * sizeof(float));
-    Buffer param(n * 2, MemCategory::scratch, MemPlace::device, 256, on.device_arena());
-    AdamWHyper h;
-    h.lr = 3e-3f;
-    h.weight_decay = 0.1f;
-    h.grad_scale = 0.25f;
-    for (int step = 1; step <= 3; ++step) {
-      h.step = step;
-      on.copy_to_device(state[3].data(), grads[step - 1].data(), n * sizeof(float));
-      sums->push_back(on.adamw_update(state[0].as<float>(), state[1].as<float>(), state[2].as<float>(),
-                                      state[3].as<float>(), param.data(), DType::bf16, n, h));
-    }
-    std::vector<std::vector<float>> out(3, std::vector<float>(n));
-    for (int t = 0; t < 3; ++t) on.copy_to_host(out[t].data(), state[t].data(), n * sizeof(float));
-    std::vector<uint16_t> p(n);
-    on.copy_to_host(p.data(), param.data(), n * 2);
-    out.emplace_back(p.begin(), p.end());
-    return out;
-  };
-  std::vector<double> device_sums, host_sums;
-  const auto on_device = run(b, &device_sums), on_host = run(host, &host_sums);
-  for (int t = 0; t < 4; ++t)
-    for (size_t i = 0; i < n; ++i)
-      ASSERT_EQ(std::bit_cast<uint32_t>(on_device[t][i]), std::bit_cast<uint32_t>(on_host[t][i])) << t << " " << i;
-  for (size_t s = 0; s < host_sums.size(); ++s) EXPECT_NEAR(device_sums[s], host_sums[s], 1e-12 * host_sums[s]) << s;
+  AdamWOperands on_device(backend(GetParam()), master, moments, grads[0]), on_host(host_backend(), master, moments, grads[0]);
+  for (int step = 1; step <= 3; ++step) {
+    on_device.set_grad(grads[step - 1]);
+    on_host.set_grad(grads[step - 1]);
+    const double device_sum = on_device.update(0, n, adamw_case_hyper(step));
+    const double host_sum = on_host.update(0, n, adamw_case_hyper(step));
+    EXPECT_NEAR(device_sum, host_sum, 1e-12 * host_sum) << step;
+  }
+  expect_same_bits(on_device.bits(), on_host.bits());
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, AdamWSplits, ::testing::ValuesIn(available_devices()),

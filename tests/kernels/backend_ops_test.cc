@@ -32,6 +32,7 @@
 #include "zerone/core/memory.h"
 #include "zerone/core/rng.h"
 #include "zerone/kernels/backend.h"
+#include "zerone/kernels/cpu/adamw.h"
 #ifdef ZERONE_HAVE_CUDA
 #include "zerone/kernels/cuda/cuda_backend.h"
 #endif
@@ -1751,6 +1752,24 @@ TEST_P(AdamWSplits, MatchTheHostBitForBit) {
     EXPECT_NEAR(device_sum, host_sum, 1e-12 * host_sum) << step;
   }
   expect_same_bits(on_device.bits(), on_host.bits());
+}
+
+// Note [AdamW lanes]: the loop for CPUs without AVX-512 computes the AVX-512 pass's function, so
+// that a host without it (an AMD Zen 3 offloading for a GPU) updates to the same bits. Both passes
+// on this CPU (skipped where it has no AVX-512: then only the loop runs anyway).
+TEST(AdamWPasses, ThePortableLoopGivesTheAvx512PassesBits) {
+  if (!__builtin_cpu_supports("avx512f")) GTEST_SKIP() << "no AVX-512 here: one pass only";
+  const size_t n = 40000 + 77;
+  const std::vector<float> master = randn(n, 941), moments = randn(n, 943, 0.01), grad = randn(n, 944);
+  AdamWOperands fast(host_backend(), master, moments, grad), portable(host_backend(), master, moments, grad);
+  for (int step = 1; step <= 3; ++step) {
+    const double fast_sum = fast.update(0, n, adamw_case_hyper(step));
+    cpu::set_adamw_pass(cpu::AdamWPass::portable);
+    const double portable_sum = portable.update(0, n, adamw_case_hyper(step));
+    cpu::set_adamw_pass(cpu::AdamWPass::automatic);
+    EXPECT_NEAR(fast_sum, portable_sum, 1e-12 * fast_sum);
+  }
+  expect_same_bits(fast.bits(), portable.bits());
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, AdamWSplits, ::testing::ValuesIn(available_devices()),

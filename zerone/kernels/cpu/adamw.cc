@@ -122,11 +122,18 @@ __attribute__((target("avx512f,fma"))) double update_blocks_avx512(float* __rest
 }
 #pragma GCC diagnostic pop
 
-bool cpu_has_avx512() {
-  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
-  return has;
-}
 #endif
+
+AdamWPass g_pass = AdamWPass::automatic;
+
+bool use_avx512() {
+#if defined(__x86_64__)
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
+  return has && g_pass == AdamWPass::automatic;
+#else
+  return false;
+#endif
+}
 
 template <DType D, bool kWriteParam>
 double update(float* __restrict master, float* __restrict m, float* __restrict v, const float* __restrict grad,
@@ -135,7 +142,7 @@ double update(float* __restrict master, float* __restrict m, float* __restrict v
   const AdamWScalars c = adamw_scalars(h);
   double sumsq = 0.0;
 #if defined(__x86_64__)
-  if (cpu_has_avx512()) {
+  if (use_avx512()) {
     // The blocks in contiguous equal parts per thread (schedule(static)'s), the rest one by one.
     const size_t blocks = n / kBlock;
 #pragma omp parallel reduction(+ : sumsq)
@@ -161,6 +168,8 @@ double update(float* __restrict master, float* __restrict m, float* __restrict v
 }
 
 }  // namespace
+
+void set_adamw_pass(AdamWPass pass) { g_pass = pass; }
 
 double adamw_update(float* master, float* m, float* v, const float* grad, void* param, DType param_dtype, size_t n,
                     const AdamWHyper& hyper) {

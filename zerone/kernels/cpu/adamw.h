@@ -30,4 +30,10 @@ namespace zerone::kernels::cpu {
 double adamw_update(float* master, float* m, float* v, const float* grad, void* param, DType param_dtype, size_t n,
                     const AdamWHyper& hyper);
 
+// Which pass adamw_update runs (Note [AdamW lanes], adamw.cc): the AVX-512 one where the CPU has
+// it (automatic, the default) or the loop for CPUs without it (portable). For tests, which compare
+// the two on a CPU that has both; call it while no update runs.
+enum class AdamWPass { automatic, portable };
+void set_adamw_pass(AdamWPass pass);
+
 }  // namespace zerone::kernels::cpu

@@ -348,6 +348,26 @@ TEST(CostModel, ASeparateDeviceTakesItsOwnSpeeds) {
                   1e-9 * hidden.total_s);
     }
   }
+  // Parameters on NVMe: with a host link slower than the disk, the link bounds their reads.
+  {
+    train::TrainConfig cfg;
+    cfg.zero_stage = 3;
+    cfg.offload_param = "nvme";
+    ZeroConfig z = train::zero_config(cfg, DType::bf16, numels, 1);
+    z.prefetch_numel = 1;  // exposed reads
+    StageEstimate e;
+    e.model_state.placed.at(MemPlace::nvme, MemCategory::param) = int64_t{1} << 30;
+    MachineSpeed slow_link = gpu;
+    slow_link.disk_bytes_per_s = 8 * slow_link.host_device_bytes_per_s;
+    MachineSpeed fast_link = slow_link;
+    fast_link.host_device_bytes_per_s = 4 * slow_link.disk_bytes_per_s;
+    EXPECT_GT(step_cost(w, z, e, slow_link).total_s, step_cost(w, z, e, fast_link).total_s);
+    EXPECT_EQ(step_cost(w, z, e, host).total_s, step_cost(w, z, e, [&] {
+                MachineSpeed h = host;
+                h.host_device_bytes_per_s /= 100;  // unified: the link plays no part
+                return h;
+              }()).total_s);
+  }
   StepCost copies_bound;
   copies_bound.compute_s = 1;
   copies_bound.transfer_s = 2;

@@ -41,8 +41,10 @@ namespace zerone::zero {
 //   transfer  a separate device only (Note [Device speeds]): with --offload-param cpu the shard of
 //             every parameter gather comes over from the host (padded / world x dtype bytes per
 //             gather, as often as the NVMe parameter reads above) and the part of the shard the
-//             device updated goes back once per step, at host_device_bytes_per_s; prefetched under compute on the same
-//             rule as the NVMe parameter reads. With the device separate, the memory term and the
+//             device updated goes back once per step, at host_device_bytes_per_s; prefetched under
+//             compute on the same rule as the NVMe parameter reads. With --offload-param nvme the
+//             shards cross the link too, pipelined with the disk: the slower of the two bounds
+//             their reads. With the device separate, the memory term and the
 //             optimizer's on-device share take device_memory_bytes_per_s, the offloaded share of
 //             the optimizer the host's memory_bytes_per_s.
 // The terms then add: compute, memory, optimizer (or the overlapped swap), un-hidden I/O, comm,
@@ -129,7 +131,10 @@ StepCost step_cost(const StepWorkload& w, const ZeroConfig& c, const StageEstima
       opt_s = step_s + opt_io_s;
     }
     exposed_io_s = grad_io / disk_bw + (grad_io > 0 ? 2.0 * micro_steps * units * m.io_latency_s : 0.0);
-    const double param_s = param_io / disk_bw + (param_io > 0 ? (param_reads + 1.0) * units * m.io_latency_s : 0.0);
+    double param_s = param_io / disk_bw + (param_io > 0 ? (param_reads + 1.0) * units * m.io_latency_s : 0.0);
+    // On a separate device the shards read also cross the host link, pipelined with the disk
+    // (Note [Device speeds]): the slower of the two bounds them.
+    if (separate_device && param_io > 0) param_s = std::max(param_s, param_io / copy_bw);
     if (param_io > 0 && static_cast<double>(c.prefetch_numel) >= largest) hidden_param_s = param_s;
     else exposed_io_s += param_s;
     out.nvme_s = exposed_io_s + (opt_s - step_s);

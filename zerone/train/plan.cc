@@ -131,7 +131,7 @@ namespace {
 std::string plan_device_speeds(const TrainConfig& cfg, DType dtype, const PlanMachineOptions& o, zero::MachineSpeed& s) {
   const kernels::DeviceKind kind = kernels::device_or_default(cfg.device);
   const bool measure = o.gemm_tflops <= 0 || o.device_memory_gbps <= 0 || o.host_device_gbps <= 0;
-  train::DeviceSpeeds measured;
+  DeviceSpeeds measured;
   if (measure) {
     const std::vector<kernels::DeviceKind> here = kernels::available_devices();
     ZERONE_CHECK(std::find(here.begin(), here.end(), kind) != here.end(), "--device ", kernels::device_kind_name(kind),
@@ -209,8 +209,7 @@ PlanMachine plan_machine(const TrainConfig& cfg, int world, DType dtype, const P
     s.host_device_bytes_per_s = s.memory_bytes_per_s;
   } else {
     // Note [Device speeds]: the GPU's own figures, one GPU per rank.
-    const std::string device_sources = plan_device_speeds(cfg, dtype, o, s);
-    m.sources.push_back(device_sources);
+    m.sources.push_back(plan_device_speeds(cfg, dtype, o, s));
   }
   if (b.nvme_bytes >= 0) s.disk_bytes_per_s = o.disk_gbps > 0 ? o.disk_gbps * 1e9 : measure_disk_bytes_per_s(cfg.nvme_path);
   s.link_bytes_per_s = o.link_gbps > 0 ? o.link_gbps * 1e9 : world <= b.ranks_per_host ? s.memory_bytes_per_s / 2 : 1.25e9;

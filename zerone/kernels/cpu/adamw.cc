@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
+#include <utility>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -44,12 +45,15 @@ inline ParamT<D> rounded(float p) {
   else return f32_to_f16(p);
 }
 
-// Elements [lo, hi) one at a time; returns their gradients' sum of squares.
+// Elements [lo, hi) through update_element, vectorized by the compiler where the build's target
+// has FMA (one library call per fused operation where it has not: slow, the same bits); returns
+// their gradients' sum of squares.
 template <DType D, bool kWriteParam>
 inline double update_elements(float* __restrict master, float* __restrict m, float* __restrict v,
                               const float* __restrict grad, ParamT<D>* __restrict param, size_t lo, size_t hi,
                               const AdamWScalars& c) {
   double sumsq = 0.0;
+#pragma omp simd reduction(+ : sumsq)
   for (size_t i = lo; i < hi; ++i) {
     const float raw = grad[i];
     sumsq += static_cast<double>(raw) * raw;
@@ -135,35 +139,41 @@ bool use_avx512() {
 #endif
 }
 
+// The calling OpenMP thread's part of `count` items: contiguous and equal (schedule(static)'s).
+std::pair<size_t, size_t> thread_share(size_t count) {
+  const size_t threads = static_cast<size_t>(omp_get_num_threads()), t = static_cast<size_t>(omp_get_thread_num());
+  const size_t per = count / threads, extra = count % threads;
+  const size_t lo = t * per + std::min(t, extra);
+  return {lo, lo + per + (t < extra ? 1 : 0)};
+}
+
 template <DType D, bool kWriteParam>
 double update(float* __restrict master, float* __restrict m, float* __restrict v, const float* __restrict grad,
               void* __restrict param_out, size_t n, const AdamWHyper& h) {
   ParamT<D>* __restrict param = static_cast<ParamT<D>*>(param_out);
   const AdamWScalars c = adamw_scalars(h);
-  double sumsq = 0.0;
+  // With AVX-512 the threads share the whole blocks and the rest follows one element at a time;
+  // without it they share the elements.
 #if defined(__x86_64__)
-  if (use_avx512()) {
-    // The blocks in contiguous equal parts per thread (schedule(static)'s), the rest one by one.
-    const size_t blocks = n / kBlock;
+  const size_t blocks = use_avx512() ? n / kBlock : 0;
+#else
+  const size_t blocks = 0;
+#endif
+  double sumsq = 0.0;
 #pragma omp parallel reduction(+ : sumsq)
-    {
-      const size_t threads = static_cast<size_t>(omp_get_num_threads()), t = static_cast<size_t>(omp_get_thread_num());
-      const size_t per = blocks / threads, extra = blocks % threads;
-      const size_t b0 = t * per + std::min(t, extra), b1 = b0 + per + (t < extra ? 1 : 0);
+  {
+#if defined(__x86_64__)
+    if (blocks > 0) {
+      const auto [b0, b1] = thread_share(blocks);
       sumsq += update_blocks_avx512<D, kWriteParam>(master, m, v, grad, param, b0, b1, c);
     }
-    return sumsq + update_elements<D, kWriteParam>(master, m, v, grad, param, blocks * kBlock, n, c);
-  }
 #endif
-  // Without AVX-512: the same element function, vectorized by the compiler where the build's
-  // target has FMA (one library call per fused operation where it has not: slow, same bits).
-#pragma omp parallel for simd schedule(static) reduction(+ : sumsq)
-  for (size_t i = 0; i < n; ++i) {
-    const float raw = grad[i];
-    sumsq += static_cast<double>(raw) * raw;
-    const float p = update_element(master[i], m[i], v[i], raw, c);
-    if constexpr (kWriteParam) param[i] = rounded<D>(p);
+    if (blocks == 0) {
+      const auto [lo, hi] = thread_share(n);
+      sumsq += update_elements<D, kWriteParam>(master, m, v, grad, param, lo, hi, c);
+    }
   }
+  if (blocks > 0) sumsq += update_elements<D, kWriteParam>(master, m, v, grad, param, blocks * kBlock, n, c);
   return sumsq;
 }
 

@@ -377,10 +377,7 @@ class CudaBackend final : public kernels::Backend {
   double adamw_update(float* master, float* m, float* v, const float* grad, void* param, DType param_dtype, size_t n,
                       const AdamWHyper& hyper) override {
     // Note [Updates that measure the norm]: the same sum as sum_squares(grad, n).
-    return in_order(n, [&](double* dev, double* host) {
-      cuda::adamw_update(master, m, v, grad, param, param_dtype, n, hyper, dev, compute());
-      cuda::partials_to_host(dev, host, cuda::norm_blocks(n), compute());
-    });
+    return adamw_update_ranges({{master, m, v, grad, param, n, hyper}}, param_dtype);
   }
   double adamw_update_ranges(const std::vector<AdamWRange>& ranges, DType param_dtype) override {
     // Every range's partials side by side, one copy and one wait for all; each range's partials

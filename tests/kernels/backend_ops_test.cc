@@ -213,6 +213,30 @@ Want close(std::string what, Vec values, double tol = 1e-4) { return {std::move(
 Want near_each(std::string what, Vec values, double tol) { return {std::move(what), std::move(values), tol, Tol::per_element}; }
 Want exact(std::string what, Vec values) { return {std::move(what), std::move(values), 0.0, Tol::exact}; }
 
+// Note [GEMM operands in the compute dtype] (kernels/backend.h): the 16-bit operand `rounded`
+// holds, bit for bit, the f32 operand `full` rounded to nearest even (core/dtype.h's rounding).
+void expect_rounded_copy(const Result& r, const std::string& full, const std::string& rounded) {
+  const Operand& f = r.operands.at(full);
+  const Operand& h = r.operands.at(rounded);
+  ASSERT_EQ(f.elem, Elem::f32);
+  ASSERT_TRUE(h.elem == Elem::bf16 || h.elem == Elem::f16) << rounded;
+  ASSERT_EQ(f.bytes.size(), 2 * h.bytes.size());
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < h.bytes.size() / 2; ++i) {
+    float x;
+    uint16_t got;
+    std::memcpy(&x, f.bytes.data() + 4 * i, 4);
+    std::memcpy(&got, h.bytes.data() + 2 * i, 2);
+    const uint16_t want = h.elem == Elem::bf16 ? f32_to_bf16(x) : f32_to_f16(x);
+    if (got != want && bad++ == 0) first = i;
+  }
+  EXPECT_EQ(bad, 0u) << rounded << " is not " << full << " rounded: " << bad << " elements differ, first at " << first;
+}
+// A 16-bit copy of an operand's initial values as the output of a rounded op would hold them.
+Operand rounded(std::string name, const std::vector<float>& v, DType dtype) { return param(std::move(name), v, dtype); }
+// An operand of n 16-bit elements of `dtype` filled with the bits of 9.0 (an output to be written).
+Operand fill16(std::string name, size_t n, DType dtype) { return param(std::move(name), std::vector<float>(n, 9.0f), dtype); }
+
 // Runs the case's operations on `b` over the device operands; returns host values (losses, sums).
 using RunFn = std::function<std::vector<double>(Backend& b, const Dev& d)>;
 
@@ -631,12 +655,20 @@ void embedding_case(int B, int T, int C, int V, DType dt, bool with_wpe, uint64_
 
 void layernorm_case(int N, int C, DType dt, uint64_t seed) {
   auto inp = randn(N * C, seed, 2.0), w = randn(C, seed + 1), bias = randn(C, seed + 2), dout = randn(N * C, seed + 3);
-  add({named("layernorm_N", N) + named("_C", C) + "_" + dtype_tag(dt),
-       {f32("inp", inp), param("weight", w, dt), param("bias", bias, dt), fill("out", N * C, 9), fill("mean", N, 9),
-        fill("rstd", N, 9), f32("dout", dout), fill("dinp", N * C, 1.0f), fill("dweight", C, 0.5f),
-        fill("dbias", C, 0.25f)},
+  // With 16-bit parameters forward also writes its output rounded to them ("out16": Note [GEMM
+  // operands in the compute dtype]), which must be "out" rounded.
+  const bool rounds = dt != DType::f32;
+  std::vector<Operand> ops = {f32("inp", inp), param("weight", w, dt), param("bias", bias, dt), fill("out", N * C, 9),
+                              fill("mean", N, 9), fill("rstd", N, 9), f32("dout", dout), fill("dinp", N * C, 1.0f),
+                              fill("dweight", C, 0.5f), fill("dbias", C, 0.25f)};
+  if (rounds) ops.push_back(fill16("out16", N * C, dt));
+  add({named("layernorm_N", N) + named("_C", C) + "_" + dtype_tag(dt), ops,
        [=](Backend& b, const Dev& d) {
-         b.layernorm_forward(d.f("out"), d.f("mean"), d.f("rstd"), d.f("inp"), d.v("weight"), d.v("bias"), dt, N, C);
+         b.layernorm_forward(d.f("out"), DType::f32, d.f("mean"), d.f("rstd"), d.f("inp"), d.v("weight"), d.v("bias"),
+                             dt, N, C);
+         if (rounds)
+           b.layernorm_forward(d.v("out16"), dt, d.f("mean"), d.f("rstd"), d.f("inp"), d.v("weight"), d.v("bias"), dt,
+                               N, C);
          b.layernorm_backward(d.f("dinp"), d.f("dweight"), d.f("dbias"), d.f("dout"), d.f("inp"), d.v("weight"), dt,
                               d.f("mean"), d.f("rstd"), N, C);
          return std::vector<double>{};
@@ -651,17 +683,23 @@ void layernorm_case(int N, int C, DType dt, uint64_t seed) {
              close("dinp", plus(numeric_grad(X, [&](const Vec& x) { return ref::layernorm(x, W, Bv, N, C); }, D), 1.0)),
              close("dweight", plus(numeric_grad(W, [&](const Vec& ww) { return ref::layernorm(X, ww, Bv, N, C); }, D), 0.5)),
              close("dbias", plus(numeric_grad(Bv, [&](const Vec& bb) { return ref::layernorm(X, W, bb, N, C); }, D), 0.25))};
+       },
+       [=](const Result& r) {
+         if (rounds) expect_rounded_copy(r, "out", "out16");
        }});
 }
 
 void rmsnorm_case(int N, int C, DType dt, uint64_t seed) {
   const float eps = 1e-6f;
   auto inp = randn(N * C, seed, 2.0), w = randn(C, seed + 1), dout = randn(N * C, seed + 2);
-  add({named("rmsnorm_N", N) + named("_C", C) + "_" + dtype_tag(dt),
-       {f32("inp", inp), param("weight", w, dt), fill("out", N * C, 9), fill("rstd", N, 9), f32("dout", dout),
-        fill("dinp", N * C, 1.0f), fill("dweight", C, 0.5f)},
+  const bool rounds = dt != DType::f32;  // as layernorm_case
+  std::vector<Operand> ops = {f32("inp", inp), param("weight", w, dt), fill("out", N * C, 9), fill("rstd", N, 9),
+                              f32("dout", dout), fill("dinp", N * C, 1.0f), fill("dweight", C, 0.5f)};
+  if (rounds) ops.push_back(fill16("out16", N * C, dt));
+  add({named("rmsnorm_N", N) + named("_C", C) + "_" + dtype_tag(dt), ops,
        [=](Backend& b, const Dev& d) {
-         b.rmsnorm_forward(d.f("out"), d.f("rstd"), d.f("inp"), d.v("weight"), dt, N, C, eps);
+         b.rmsnorm_forward(d.f("out"), DType::f32, d.f("rstd"), d.f("inp"), d.v("weight"), dt, N, C, eps);
+         if (rounds) b.rmsnorm_forward(d.v("out16"), dt, d.f("rstd"), d.f("inp"), d.v("weight"), dt, N, C, eps);
          b.rmsnorm_backward(d.f("dinp"), d.f("dweight"), d.f("dout"), d.f("inp"), d.v("weight"), dt, d.f("rstd"), N, C);
          return std::vector<double>{};
        },
@@ -671,6 +709,9 @@ void rmsnorm_case(int N, int C, DType dt, uint64_t seed) {
              close("out", ref::rmsnorm(X, W, N, C, eps)), close("rstd", ref::rmsnorm_rstd(X, N, C, eps)),
              close("dinp", plus(numeric_grad(X, [&](const Vec& x) { return ref::rmsnorm(x, W, N, C, eps); }, D), 1.0)),
              close("dweight", plus(numeric_grad(W, [&](const Vec& ww) { return ref::rmsnorm(X, ww, N, C, eps); }, D), 0.5))};
+       },
+       [=](const Result& r) {
+         if (rounds) expect_rounded_copy(r, "out", "out16");
        }});
 }
 
@@ -686,9 +727,10 @@ void linear_case(int N, int C, int OC, DType dt, bool with_bias, bool accumulate
        {f32("inp", inp), param("weight", w, dt), param("bias", bias, dt), fill("out", N * OC, 9), f32("dout", dout),
         fill("dinp", N * C, 3.0f), fill("dweight", OC * C, dw0), fill("dbias", OC, db0)},
        [=](Backend& b, const Dev& d) {
-         b.linear_forward(d.f("out"), d.f("inp"), d.v("weight"), with_bias ? d.v("bias") : nullptr, dt, N, C, OC);
+         b.linear_forward(d.f("out"), d.f("inp"), DType::f32, d.v("weight"), with_bias ? d.v("bias") : nullptr, dt, N, C,
+                          OC);
          b.linear_backward(with_dinp ? d.f("dinp") : nullptr, d.f("dweight"), with_bias ? d.f("dbias") : nullptr,
-                           d.f("dout"), d.f("inp"), d.v("weight"), dt, N, C, OC, accumulate);
+                           d.f("dout"), DType::f32, d.f("inp"), DType::f32, d.v("weight"), dt, N, C, OC, accumulate);
          return std::vector<double>{};
        },
        [=] {
@@ -709,6 +751,46 @@ void linear_case(int N, int C, int OC, DType dt, bool with_bias, bool accumulate
        }});
 }
 
+// Note [GEMM operands in the compute dtype]: linear on operands already rounded to the weights'
+// 16-bit dtype gives the bits it gives on the f32 operands (which it rounds itself). The bias
+// gradient needs dout in f32, so with a bias only inp comes rounded.
+void linear_rounded_operands_case(int N, int C, int OC, DType dt, bool with_bias, uint64_t seed) {
+  auto inp = randn(N * C, seed), w = randn(OC * C, seed + 1), bias = randn(OC, seed + 2), dout = randn(N * OC, seed + 3);
+  std::vector<Operand> ops = {f32("inp", inp), rounded("inp16", inp, dt), param("weight", w, dt),
+                              param("bias", bias, dt), f32("dout", dout), rounded("dout16", dout, dt)};
+  for (const char* tag : {"", "_r"}) {
+    ops.push_back(fill(std::string("out") + tag, N * OC, 9));
+    ops.push_back(fill(std::string("dinp") + tag, N * C, 3.0f));
+    ops.push_back(fill(std::string("dweight") + tag, OC * C, 0.5f));
+    ops.push_back(fill(std::string("dbias") + tag, OC, 0.25f));
+  }
+  add({named("linear_rounded_operands_N", N) + named("_C", C) + named("_OC", OC) + "_" + dtype_tag(dt) +
+           (with_bias ? "_bias" : "_nobias"),
+       ops,
+       [=](Backend& b, const Dev& d) {
+         const void* bias_p = with_bias ? d.v("bias") : nullptr;
+         b.linear_forward(d.f("out"), d.f("inp"), DType::f32, d.v("weight"), bias_p, dt, N, C, OC);
+         b.linear_backward(d.f("dinp"), d.f("dweight"), with_bias ? d.f("dbias") : nullptr, d.f("dout"), DType::f32,
+                           d.f("inp"), DType::f32, d.v("weight"), dt, N, C, OC);
+         b.linear_forward(d.f("out_r"), d.v("inp16"), dt, d.v("weight"), bias_p, dt, N, C, OC);
+         b.linear_backward(d.f("dinp_r"), d.f("dweight_r"), with_bias ? d.f("dbias_r") : nullptr,
+                           with_bias ? d.v("dout") : d.v("dout16"), with_bias ? DType::f32 : dt, d.v("inp16"), dt,
+                           d.v("weight"), dt, N, C, OC);
+         return std::vector<double>{};
+       },
+       [=] {
+         const Vec X = seen(inp, dt), W = seen(w, dt), Bv = with_bias ? seen(bias, dt) : Vec{};
+         return std::vector<Want>{close("out", ref::linear(X, W, Bv, N, C, OC))};
+       },
+       [](const Result& r) {
+         for (const char* name : {"out", "dinp", "dweight", "dbias"}) {
+           SCOPED_TRACE(name);
+           EXPECT_EQ(r.operands.at(name).bytes, r.operands.at(std::string(name) + "_r").bytes)
+               << "linear on rounded operands differs from linear on f32 ones";
+         }
+       }});
+}
+
 // Note [oneDNN 2.6 AMX column tails]: small-row bf16 GEMMs with 49..63 output columns came out
 // wrong on AMX CPUs with two threads. Every column count 1..80 must match the reference.
 void linear_bf16_columns_case() {
@@ -726,7 +808,7 @@ void linear_bf16_columns_case() {
          const int threads = omp_get_max_threads();
          omp_set_num_threads(2);
          for (int OC = 1; OC <= maxOC; ++OC)
-           b.linear_forward(d.f(named("out", OC)), d.f("inp"), d.v(named("w", OC)), nullptr,
+           b.linear_forward(d.f(named("out", OC)), d.f("inp"), DType::f32, d.v(named("w", OC)), nullptr,
                             DType::bf16, N, C, OC);
          omp_set_num_threads(threads);
          return std::vector<double>{};
@@ -834,28 +916,46 @@ void rope_case(int B, int T, int heads, int stride_heads, int hs, bool scaled, u
        }});
 }
 
-void swiglu_case(int N, int F, uint64_t seed) {
+// `rounded_dt` (bf16 or f16; f32: none): forward and backward also write their outputs rounded to
+// it (Note [GEMM operands in the compute dtype]), which must be the f32 outputs rounded.
+void swiglu_case(int N, int F, uint64_t seed, DType rounded_dt = DType::f32) {
   auto inp = randn(N * 2 * F, seed, 2.0), dout = randn(N * F, seed + 1);
-  add({named("swiglu_N", N) + named("_F", F),
-       {f32("inp", inp), fill("out", N * F, 9), f32("dout", dout), fill("dinp", N * 2 * F, 3.0f)},
+  const bool rounds = rounded_dt != DType::f32;
+  std::vector<Operand> ops = {f32("inp", inp), fill("out", N * F, 9), f32("dout", dout), fill("dinp", N * 2 * F, 3.0f)};
+  if (rounds) ops.push_back(fill16("out16", N * F, rounded_dt)), ops.push_back(fill16("dinp16", N * 2 * F, rounded_dt));
+  add({named("swiglu_N", N) + named("_F", F) + (rounds ? std::string("_") + dtype_tag(rounded_dt) : ""), ops,
        [=](Backend& b, const Dev& d) {
-         b.swiglu_forward(d.f("out"), d.f("inp"), N, F);
-         b.swiglu_backward(d.f("dinp"), d.f("dout"), d.f("inp"), N, F);
+         b.swiglu_forward(d.f("out"), DType::f32, d.f("inp"), N, F);
+         b.swiglu_backward(d.f("dinp"), DType::f32, d.f("dout"), d.f("inp"), N, F);
+         if (rounds) {
+           b.swiglu_forward(d.v("out16"), rounded_dt, d.f("inp"), N, F);
+           b.swiglu_backward(d.v("dinp16"), rounded_dt, d.f("dout"), d.f("inp"), N, F);
+         }
          return std::vector<double>{};
        },
        [=] {
          const Vec X = to_double(inp);
          auto f = [&](const Vec& x) { return ref::swiglu(x, N, F); };
          return std::vector<Want>{close("out", f(X)), close("dinp", numeric_grad(X, f, to_double(dout)))};
+       },
+       [=](const Result& r) {
+         if (!rounds) return;
+         expect_rounded_copy(r, "out", "out16");
+         expect_rounded_copy(r, "dinp", "dinp16");
        }});
 }
 
-void gelu_case(size_t n, uint64_t seed) {
+// `rounded_dt` as swiglu_case's.
+void gelu_case(size_t n, uint64_t seed, DType rounded_dt = DType::f32) {
   auto inp = randn(n, seed, 2.0), dout = randn(n, seed + 1);
-  add({named("gelu_n", n),
-       {f32("inp", inp), fill("out", n, 9), f32("dout", dout), fill("dinp", n, 3.0f), f32("dinout", dout)},
+  const bool rounds = rounded_dt != DType::f32;
+  std::vector<Operand> ops = {f32("inp", inp), fill("out", n, 9), f32("dout", dout), fill("dinp", n, 3.0f),
+                              f32("dinout", dout)};
+  if (rounds) ops.push_back(fill16("out16", n, rounded_dt));
+  add({named("gelu_n", n) + (rounds ? std::string("_") + dtype_tag(rounded_dt) : ""), ops,
        [=](Backend& b, const Dev& d) {
-         b.gelu_forward(d.f("out"), d.f("inp"), n);
+         b.gelu_forward(d.f("out"), DType::f32, d.f("inp"), n);
+         if (rounds) b.gelu_forward(d.v("out16"), rounded_dt, d.f("inp"), n);
          b.gelu_backward(d.f("dinp"), d.f("inp"), d.f("dout"), n);
          b.gelu_backward(d.f("dinout"), d.f("inp"), d.f("dinout"), n);  // dinp may alias dout
          return std::vector<double>{};
@@ -864,6 +964,9 @@ void gelu_case(size_t n, uint64_t seed) {
          const Vec X = to_double(inp);
          const Vec g = numeric_grad(X, ref::gelu, to_double(dout));
          return std::vector<Want>{close("out", ref::gelu(X)), close("dinp", g), close("dinout", g)};
+       },
+       [=](const Result& r) {
+         if (rounds) expect_rounded_copy(r, "out", "out16");
        }});
 }
 
@@ -884,7 +987,8 @@ void residual_case(size_t n, uint64_t seed) {
 
 // Cross-entropy over the first V of Vp columns; the padded columns hold large logits that must
 // not count, and their gradient is exactly 0.
-void crossentropy_case(int N, int V, int Vp, float dloss, uint64_t seed) {
+// `rounded_dt` as swiglu_case's (dlogits16: a separate buffer; f32 may be written in place).
+void crossentropy_case(int N, int V, int Vp, float dloss, uint64_t seed, DType rounded_dt = DType::f32) {
   auto logits = randn(N * Vp, seed, 3.0);
   for (int n = 0; n < N; ++n)
     for (int v = V; v < Vp; ++v) logits[n * Vp + v] = 100.0f;
@@ -892,12 +996,19 @@ void crossentropy_case(int N, int V, int Vp, float dloss, uint64_t seed) {
   Rng rng(seed + 1);
   for (auto& t : targets) t = static_cast<int32_t>(rng.below(V));
   targets[0] = V - 1;  // the last real column
-  add({named("crossentropy_N", N) + named("_V", V) + named("_Vp", Vp),
-       {f32("logits", logits), i32("targets", targets), fill("losses", N, 9), fill("lse", N, 9),
-        fill("dlogits", N * Vp, 9)},
+  const bool rounds = rounded_dt != DType::f32;
+  std::vector<Operand> ops = {f32("logits", logits), i32("targets", targets), fill("losses", N, 9), fill("lse", N, 9),
+                              fill("dlogits", N * Vp, 9)};
+  if (rounds) ops.push_back(fill16("dlogits16", N * Vp, rounded_dt));
+  add({named("crossentropy_N", N) + named("_V", V) + named("_Vp", Vp) +
+           (rounds ? std::string("_") + dtype_tag(rounded_dt) : ""),
+       ops,
        [=](Backend& b, const Dev& d) {
          b.crossentropy_forward(d.f("losses"), d.f("lse"), d.f("logits"), d.i("targets"), N, V, Vp);
-         b.crossentropy_backward(d.f("dlogits"), d.f("logits"), d.f("lse"), d.i("targets"), dloss, N, V, Vp);
+         b.crossentropy_backward(d.f("dlogits"), DType::f32, d.f("logits"), d.f("lse"), d.i("targets"), dloss, N, V, Vp);
+         if (rounds)
+           b.crossentropy_backward(d.v("dlogits16"), rounded_dt, d.f("logits"), d.f("lse"), d.i("targets"), dloss, N, V,
+                                   Vp);
          return std::vector<double>{};
        },
        [=] {
@@ -910,6 +1021,7 @@ void crossentropy_case(int N, int V, int Vp, float dloss, uint64_t seed) {
          const Vec g = r.values("dlogits");
          for (int n = 0; n < N; ++n)
            for (int v = V; v < Vp; ++v) EXPECT_EQ(g[n * Vp + v], 0.0) << "padded column " << v << " of row " << n;
+         if (rounds) expect_rounded_copy(r, "dlogits", "dlogits16");
        }});
 }
 
@@ -921,6 +1033,7 @@ void transformer_cases() {
   layernorm_case(5, 12, DType::f32, 7);
   layernorm_case(3, 7, DType::bf16, 20);
   layernorm_case(1, 13, DType::f16, 21);
+  layernorm_case(4, 768, DType::bf16, 22);  // GPT-2's width: the vector loops
   rmsnorm_case(5, 12, DType::f32, 60);
   rmsnorm_case(5, 12, DType::bf16, 61);
   rmsnorm_case(1, 9, DType::f16, 62);
@@ -932,6 +1045,11 @@ void transformer_cases() {
   linear_case(6, 5, 7, DType::f16, true, true, true, 25);
   linear_case(3, 11, 4, DType::f16, false, false, true, 26);
   linear_bf16_columns_case();
+  linear_rounded_operands_case(8, 16, 12, DType::bf16, false, 90);
+  linear_rounded_operands_case(5, 7, 9, DType::bf16, true, 91);
+  linear_rounded_operands_case(6, 5, 7, DType::f16, false, 92);
+  linear_rounded_operands_case(3, 11, 4, DType::f16, true, 93);
+  linear_rounded_operands_case(64, 768, 96, DType::bf16, false, 94);  // GPT-2's width, AMX tiles
   attention_case(2, 5, 2, 0, 4, 11);
   attention_case(1, 1, 2, 0, 3, 27);  // T = 1, odd head size
   attention_case(3, 7, 3, 0, 3, 28);
@@ -961,14 +1079,20 @@ void transformer_cases() {
   swiglu_case(4, 6, 80);
   swiglu_case(1, 1, 81);
   swiglu_case(3, 7, 82);
+  swiglu_case(3, 7, 83, DType::bf16);
+  swiglu_case(2, 37, 84, DType::f16);
   gelu_case(40, 13);
   gelu_case(1, 14);
   gelu_case(333, 15);
+  gelu_case(9001, 16, DType::bf16);  // past one block of the cpu kernel, a partial last one
+  gelu_case(333, 17, DType::f16);
   residual_case(37, 31);
   residual_case(20001, 32);
   crossentropy_case(4, 6, 8, 0.3f, 18);
   crossentropy_case(1, 5, 8, 1.0f, 19);
   crossentropy_case(3, 11, 16, 0.125f, 33);
+  crossentropy_case(3, 11, 16, 0.125f, 34, DType::bf16);
+  crossentropy_case(2, 50, 64, 1.0f, 35, DType::f16);
 }
 
 // --- the image classifiers
@@ -1486,8 +1610,8 @@ TEST_F(SimSeamDeathTest, OperandRangeRunningOffItsAllocationAborts) {
   // A shape that names more than the buffer holds: linear's weight (OC, C) = (5, 8) in 40 floats is
   // fine, OC = 6 runs 32 bytes past it; the output (N, OC) and input (N, C) stay inside theirs.
   Buffer out = dev(64), inp = dev(64);
-  sim().linear_forward(out.as<float>(), inp.as<float>(), pa, nullptr, DType::f32, 8, 8, 5);
-  EXPECT_DEATH(sim().linear_forward(out.as<float>(), inp.as<float>(), pa, nullptr, DType::f32, 8, 8, 6),
+  sim().linear_forward(out.as<float>(), inp.as<float>(), DType::f32, pa, nullptr, DType::f32, 8, 8, 5);
+  EXPECT_DEATH(sim().linear_forward(out.as<float>(), inp.as<float>(), DType::f32, pa, nullptr, DType::f32, 8, 8, 6),
                "runs 32 bytes past its device allocation");
   // The embedding's token table (V, C): V = 5 rows of C = 8 fit, V = 6 runs off (the tokens never
   // reach row 5: the range, not the access, is what is checked).

@@ -267,16 +267,27 @@ class Backend {
                                  int B, int T, int C, int V) = 0;
   virtual void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
                                   int C, int V) = 0;
-  virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const void* weight,
-                                 const void* bias, DType param_dtype, int N, int C) = 0;
+  // Note [GEMM operands in the compute dtype]: a linear's activation operand (`inp`, and in
+  // backward `dout`) is f32 or already in the weights' dtype (`inp_dtype` == param_dtype). With
+  // 16-bit weights the GEMM rounds an f32 operand to their dtype first (to nearest even, core/
+  // dtype.h), so an op whose output only GEMMs read may write it rounded instead: the norms, gelu
+  // and swiglu forward, swiglu and cross-entropy backward take an `out_dtype` (any dtype; they
+  // compute in f32 and round as they store). The GEMM then sees the same bits, and the output is
+  // written, kept and read at half the bytes, with no conversion pass before each GEMM. The models
+  // store the activations only GEMMs read in their compute dtype (nn/gpt2.cc, nn/llama.cc); a
+  // linear with a bias needs `dout` in f32 (the bias gradient sums it unrounded).
+  virtual void layernorm_forward(void* out, DType out_dtype, float* mean, float* rstd, const float* inp,
+                                 const void* weight, const void* bias, DType param_dtype, int N, int C) = 0;
   virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                                   const void* weight, DType param_dtype, const float* mean, const float* rstd, int N,
                                   int C) = 0;
-  virtual void linear_forward(float* out, const float* inp, const void* weight, const void* bias, DType param_dtype,
-                              int N, int C, int OC) = 0;
-  virtual void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                               const void* weight, DType param_dtype, int N, int C, int OC,
-                               bool accumulate_param_grads = true) = 0;
+  // `inp` (N, C) and `dout` (N, OC) in f32 or in param_dtype (Note [GEMM operands in the compute
+  // dtype]); dbias requires dout in f32.
+  virtual void linear_forward(float* out, const void* inp, DType inp_dtype, const void* weight, const void* bias,
+                              DType param_dtype, int N, int C, int OC) = 0;
+  virtual void linear_backward(float* dinp, float* dweight, float* dbias, const void* dout, DType dout_dtype,
+                               const void* inp, DType inp_dtype, const void* weight, DType param_dtype, int N, int C,
+                               int OC, bool accumulate_param_grads = true) = 0;
   // Note [Attention's saved state]: `att` holds attention_saved_numel(attention_saved(), B, NH, T)
   // floats.
   AttentionSaved attention_saved() const { return kernels::attention_saved(kind(), device_options()); }
@@ -295,21 +306,22 @@ class Backend {
                                      DType operands) = 0;
   virtual void gqa_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                                       const float* att, int B, int T, int NH, int NKV, int hs, DType operands) = 0;
-  virtual void rmsnorm_forward(float* out, float* rstd, const float* inp, const void* weight, DType param_dtype, int N,
-                               int C, float eps) = 0;
+  virtual void rmsnorm_forward(void* out, DType out_dtype, float* rstd, const float* inp, const void* weight,
+                               DType param_dtype, int N, int C, float eps) = 0;
   virtual void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const void* weight,
                                 DType param_dtype, const float* rstd, int N, int C) = 0;
   virtual void rope_forward(float* x, const float* inv_freq, int B, int T, int stride, int heads, int hs) = 0;
   virtual void rope_backward(float* dx, const float* inv_freq, int B, int T, int stride, int heads, int hs) = 0;
-  virtual void swiglu_forward(float* out, const float* inp, int N, int F) = 0;
-  virtual void swiglu_backward(float* dinp, const float* dout, const float* inp, int N, int F) = 0;
-  virtual void gelu_forward(float* out, const float* inp, size_t n) = 0;
+  virtual void swiglu_forward(void* out, DType out_dtype, const float* inp, int N, int F) = 0;
+  virtual void swiglu_backward(void* dinp, DType dinp_dtype, const float* dout, const float* inp, int N, int F) = 0;
+  virtual void gelu_forward(void* out, DType out_dtype, const float* inp, size_t n) = 0;
   virtual void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) = 0;
   virtual void residual_forward(float* out, const float* a, const float* b, size_t n) = 0;
   virtual void crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets, int N,
                                     int V, int Vp) = 0;
-  virtual void crossentropy_backward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
-                                     float dloss, int N, int V, int Vp) = 0;
+  // dlogits may be logits itself (in place) when dlogits_dtype is f32.
+  virtual void crossentropy_backward(void* dlogits, DType dlogits_dtype, const float* logits, const float* lse,
+                                     const int32_t* targets, float dloss, int N, int V, int Vp) = 0;
 
   // --- the image classifiers (kernels/cpu/classifier.h, conv.h) ---
   virtual void relu_forward(float* out, const float* inp, size_t n) = 0;

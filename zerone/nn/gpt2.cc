@@ -135,27 +135,36 @@ void GPT2::init_unit(int u, uint64_t seed) {
 
 namespace {
 
-// Element counts of every activation buffer, in the order of GPT2::Activations' members. The last
-// two are int32 token ids; the rest are f32.
+// Every activation buffer, in the order of GPT2::Activations' members: its element count and
+// element size. The token ids are int32; ln1, ln2, fch_gelu, lnf and dlogits, which only GEMMs read,
+// are in the compute dtype (Note [GEMM operands in the compute dtype], kernels/backend.h: f32 runs
+// write dlogits into logits, so it has no elements then); the rest are f32.
 // With activation checkpointing (Note [Activation checkpointing] in model.h) the block internals
 // are kept for one block (S = 1 slot, recomputed in backward) and only the block outputs
 // (residual3) for all L; with CPU checkpointing two device slots of them, and the last entry, the
 // host copies (Note [CPU checkpointing] in model.h).
-std::array<size_t, 28> activation_numels(const GPT2Config& c, int B, int T, bool checkpointing, bool on_host,
-                                         kernels::AttentionSaved att_saved) {
+struct ActivationBuffer {
+  size_t numel, elem_bytes;
+};
+std::array<ActivationBuffer, 29> activation_buffers(const GPT2Config& c, DType dtype, int B, int T, bool checkpointing,
+                                                    bool on_host, kernels::AttentionSaved att_saved) {
   const size_t L = c.num_layers, C = c.channels, NH = c.num_heads, Vp = c.padded_vocab_size;
   const size_t S = checkpointing ? 1 : L;
   const size_t BT = static_cast<size_t>(B) * T;
-  return {BT * C,         S * BT * C, S * BT,     S * BT,     S * BT * 3 * C, S * BT * C,
-          S * kernels::attention_saved_numel(att_saved, B, NH, T), S * BT * C, S * BT * C, S * BT,     S * BT,         S * BT * 4 * C,
-          S * BT * 4 * C, UnitModel::output_slots_numel(on_host, L, BT * C), BT * C, BT, BT, BT * Vp,
-          BT,             BT,         BT * C,     BT * C,     BT * C,         BT * 3 * C,
-          BT * 4 * C,     BT,         BT,         UnitModel::saved_inputs_numel(on_host, L, BT * C)};
+  const size_t f = 4, g = dtype_size(dtype);  // f32 (and int32); a GEMM operand
+  return {{{BT * C, f},          {S * BT * C, g},      {S * BT, f},         {S * BT, f},
+           {S * BT * 3 * C, f},  {S * BT * C, f},      {S * kernels::attention_saved_numel(att_saved, B, NH, T), f},
+           {S * BT * C, f},      {S * BT * C, g},      {S * BT, f},         {S * BT, f},
+           {S * BT * 4 * C, f},  {S * BT * 4 * C, g},  {UnitModel::output_slots_numel(on_host, L, BT * C), f},
+           {BT * C, g},          {BT, f},              {BT, f},             {BT * Vp, f},
+           {BT, f},              {BT, f},              {BT * C, f},         {BT * C, f},
+           {BT * C, f},          {BT * 3 * C, f},      {BT * 4 * C, f},     {dtype == DType::f32 ? 0 : BT * Vp, g},
+           {BT, f},              {BT, f},              {UnitModel::saved_inputs_numel(on_host, L, BT * C), f}}};
 }
 
 }  // namespace
 
-size_t GPT2::activation_bytes(const GPT2Config& config, int B, int T, bool checkpointing, bool on_host,
+size_t GPT2::activation_bytes(const GPT2Config& config, DType dtype, int B, int T, bool checkpointing, bool on_host,
                               kernels::AttentionSaved att_saved) {
   // In long double first: L * B * NH * T * T overflows 64 bits for absurd shapes, and a wrapped
   // total would pass the start-up memory check.
@@ -166,7 +175,8 @@ size_t GPT2::activation_bytes(const GPT2Config& config, int B, int T, bool check
   ZERONE_CHECK(approx < 0x1p62L, "activations of ", config.to_string(), " at micro-batch ", B, " x seq ", T,
                " would need about ", static_cast<double>(approx), " bytes: beyond any machine");
   size_t total = 0;
-  for (size_t n : activation_numels(config, B, T, checkpointing, on_host, att_saved)) total += n * 4;  // f32 and int32 alike
+  for (const ActivationBuffer& b : activation_buffers(config, dtype, B, T, checkpointing, on_host, att_saved))
+    total += b.numel * b.elem_bytes;
   return total;
 }
 
@@ -187,14 +197,15 @@ void GPT2::ensure_activations(int B, int T) {
   a.T = T;
   a.checkpointing = checkpointing_;
   a.on_host = saved_inputs_on_host();
-  auto sizes = activation_numels(config_, B, T, checkpointing_, a.on_host, allocated_attention_saved());
+  auto sizes = activation_buffers(config_, dtype_, B, T, checkpointing_, a.on_host, allocated_attention_saved());
   Buffer* buffers[] = {&a.encoded, &a.ln1,      &a.ln1_mean, &a.ln1_rstd, &a.qkv,    &a.atty,   &a.att,
                        &a.residual2, &a.ln2,    &a.ln2_mean, &a.ln2_rstd, &a.fch,    &a.fch_gelu, &a.residual3,
                        &a.lnf,     &a.lnf_mean, &a.lnf_rstd, &a.logits,   &a.losses, &a.lse,    &a.tmp_c,
-                       &a.dresidual, &a.dbuf_c, &a.dqkv,     &a.dfch,     &a.inputs, &a.targets, &a.saved};
+                       &a.dresidual, &a.dbuf_c, &a.dqkv,     &a.dfch,     &a.dlogits, &a.inputs, &a.targets, &a.saved};
   static_assert(sizeof(buffers) / sizeof(buffers[0]) == std::tuple_size_v<decltype(sizes)>);
   for (size_t i = 0; i < sizes.size(); ++i)  // the last: the host copies of the saved block inputs
-    *buffers[i] = Buffer(sizes[i] * 4, MemCategory::activation, i + 1 == sizes.size() ? MemPlace::host : MemPlace::device);
+    *buffers[i] = Buffer(sizes[i].numel * sizes[i].elem_bytes, MemCategory::activation,
+                         i + 1 == sizes.size() ? MemPlace::host : MemPlace::device);
 }
 
 float GPT2::forward(const int32_t* inputs, const int32_t* targets, int B, int T) {
@@ -224,9 +235,9 @@ float GPT2::forward(const int32_t* inputs, const int32_t* targets, int B, int T)
   const int uf = L + 1;
   hooks_->before_forward(uf);  // the head also reads wte (unit 0): the engine keeps it available
   const float* last = L == 0 ? a.encoded.as<float>() : block_output(a.residual3, L - 1, BTC);
-  backend_.layernorm_forward(a.lnf.as<float>(), a.lnf_mean.as<float>(), a.lnf_rstd.as<float>(), last, p(uf, kLnfw),
-                       p(uf, kLnfb), dtype_, N, C);
-  backend_.linear_forward(a.logits.as<float>(), a.lnf.as<float>(), p(0, kWte), nullptr, dtype_, N, C, Vp);  // (B,T,Vp)
+  backend_.layernorm_forward(a.lnf.data(), dtype_, a.lnf_mean.as<float>(), a.lnf_rstd.as<float>(), last,
+                             p(uf, kLnfw), p(uf, kLnfb), dtype_, N, C);
+  backend_.linear_forward(a.logits.as<float>(), a.lnf.data(), dtype_, p(0, kWte), nullptr, dtype_, N, C, Vp);  // (B,T,Vp)
   hooks_->after_forward(uf);
   if (!have_targets_) return 0.0f;
   backend_.crossentropy_forward(a.losses.as<float>(), a.lse.as<float>(), a.logits.as<float>(), a.targets.as<int32_t>(),
@@ -240,18 +251,19 @@ GPT2::BlockActs GPT2::block_acts(int l) {
   const size_t s = checkpointing_ ? 0 : l;  // the slot of the block internals
   BlockActs b;
   b.residual = l == 0 ? a.encoded.as<float>() : block_output(a.residual3, l - 1, BTC);  // (B,T,C)
-  b.ln1 = a.ln1.as<float>() + s * BTC;                                                       // (B,T,C)
+  const size_t g = dtype_size(dtype_);  // the GEMM operands' element size
+  b.ln1 = a.ln1.as<char>() + s * BTC * g;                                                    // (B,T,C)
   b.ln1_mean = a.ln1_mean.as<float>() + s * N;                                               // (B,T)
   b.ln1_rstd = a.ln1_rstd.as<float>() + s * N;
   b.qkv = a.qkv.as<float>() + s * BTC * 3;                                                   // (B,T,3C)
   b.atty = a.atty.as<float>() + s * BTC;                                                     // (B,T,C)
   b.att = a.att.as<float>() + s * kernels::attention_saved_numel(attention_saved_, a.B, config_.num_heads, a.T);  // Note [Attention's saved state]
   b.residual2 = a.residual2.as<float>() + s * BTC;
-  b.ln2 = a.ln2.as<float>() + s * BTC;
+  b.ln2 = a.ln2.as<char>() + s * BTC * g;
   b.ln2_mean = a.ln2_mean.as<float>() + s * N;
   b.ln2_rstd = a.ln2_rstd.as<float>() + s * N;
   b.fch = a.fch.as<float>() + s * BTC * 4;                                                   // (B,T,4C)
-  b.fch_gelu = a.fch_gelu.as<float>() + s * BTC * 4;
+  b.fch_gelu = a.fch_gelu.as<char>() + s * BTC * 4 * g;
   b.residual3 = block_output(a.residual3, l, BTC);  // always kept (Note [CPU checkpointing]: a slot)
   return b;
 }
@@ -261,15 +273,16 @@ void GPT2::block_forward(int l) {
   const size_t BTC = static_cast<size_t>(N) * C;
   BlockActs b = block_acts(l);
   float* tmp = acts_.tmp_c.as<float>();
-  backend_.layernorm_forward(b.ln1, b.ln1_mean, b.ln1_rstd, b.residual, p(u, kLn1w), p(u, kLn1b), dtype_, N, C);
-  backend_.linear_forward(b.qkv, b.ln1, p(u, kQkvw), p(u, kQkvb), dtype_, N, C, 3 * C);
+  // ln1, ln2 and fch_gelu in the compute dtype (Note [GEMM operands in the compute dtype]).
+  backend_.layernorm_forward(b.ln1, dtype_, b.ln1_mean, b.ln1_rstd, b.residual, p(u, kLn1w), p(u, kLn1b), dtype_, N, C);
+  backend_.linear_forward(b.qkv, b.ln1, dtype_, p(u, kQkvw), p(u, kQkvb), dtype_, N, C, 3 * C);
   backend_.attention_forward(b.atty, b.att, b.qkv, B, T, C, NH, dtype_);
-  backend_.linear_forward(tmp, b.atty, p(u, kAttprojw), p(u, kAttprojb), dtype_, N, C, C);
+  backend_.linear_forward(tmp, b.atty, DType::f32, p(u, kAttprojw), p(u, kAttprojb), dtype_, N, C, C);
   backend_.residual_forward(b.residual2, b.residual, tmp, BTC);
-  backend_.layernorm_forward(b.ln2, b.ln2_mean, b.ln2_rstd, b.residual2, p(u, kLn2w), p(u, kLn2b), dtype_, N, C);
-  backend_.linear_forward(b.fch, b.ln2, p(u, kFcw), p(u, kFcb), dtype_, N, C, 4 * C);
-  backend_.gelu_forward(b.fch_gelu, b.fch, BTC * 4);
-  backend_.linear_forward(tmp, b.fch_gelu, p(u, kFcprojw), p(u, kFcprojb), dtype_, N, 4 * C, C);
+  backend_.layernorm_forward(b.ln2, dtype_, b.ln2_mean, b.ln2_rstd, b.residual2, p(u, kLn2w), p(u, kLn2b), dtype_, N, C);
+  backend_.linear_forward(b.fch, b.ln2, dtype_, p(u, kFcw), p(u, kFcb), dtype_, N, C, 4 * C);
+  backend_.gelu_forward(b.fch_gelu, dtype_, b.fch, BTC * 4);
+  backend_.linear_forward(tmp, b.fch_gelu, dtype_, p(u, kFcprojw), p(u, kFcprojb), dtype_, N, 4 * C, C);
   backend_.residual_forward(b.residual3, b.residual2, tmp, BTC);
 }
 
@@ -286,13 +299,15 @@ void GPT2::backward(float grad_scale) {
 
   const int uf = L + 1;
   hooks_->before_backward(uf);
-  float* dlogits = a.logits.as<float>();  // in place: (B,T,Vp)
-  backend_.crossentropy_backward(dlogits, a.logits.as<float>(), a.lse.as<float>(), targets, grad_scale / N, N, V, Vp);
+  // (B,T,Vp) in the compute dtype (Note [GEMM operands in the compute dtype]); f32 in place.
+  void* dlogits = dtype_ == DType::f32 ? a.logits.data() : a.dlogits.data();
+  backend_.crossentropy_backward(dlogits, dtype_, a.logits.as<float>(), a.lse.as<float>(), targets, grad_scale / N, N,
+                                 V, Vp);
   accumulate_grads(uf, {});
   // The tied head writes wte's gradient first; the embedding's backward adds to it below.
   const bool accumulate_wte = accumulate_grads(0, {kWte});
-  backend_.linear_backward(dbuf, g(0, kWte), nullptr, dlogits, a.lnf.as<float>(), p(0, kWte), dtype_, N, C, Vp,
-                     accumulate_wte);
+  backend_.linear_backward(dbuf, g(0, kWte), nullptr, dlogits, dtype_, a.lnf.data(), dtype_, p(0, kWte), dtype_, N, C,
+                           Vp, accumulate_wte);
   const float* last = L == 0 ? a.encoded.as<float>() : block_output(a.residual3, L - 1, BTC);
   backend_.fill_zero(dresidual, BTC * sizeof(float));
   backend_.layernorm_backward(dresidual, g(uf, kLnfw), g(uf, kLnfb), dbuf, last, p(uf, kLnfw), dtype_,
@@ -310,25 +325,27 @@ void GPT2::backward(float grad_scale) {
     }
     const BlockActs b = block_acts(l);
     const float* residual = b.residual;
-    const float *ln1 = b.ln1, *ln1_mean = b.ln1_mean, *ln1_rstd = b.ln1_rstd, *qkv = b.qkv, *atty = b.atty, *att = b.att;
-    const float *residual2 = b.residual2, *ln2 = b.ln2, *ln2_mean = b.ln2_mean, *ln2_rstd = b.ln2_rstd, *fch = b.fch;
-    const float* fch_gelu = b.fch_gelu;
+    const void *ln1 = b.ln1, *ln2 = b.ln2, *fch_gelu = b.fch_gelu;  // in the compute dtype
+    const float *ln1_mean = b.ln1_mean, *ln1_rstd = b.ln1_rstd, *qkv = b.qkv, *atty = b.atty, *att = b.att;
+    const float *residual2 = b.residual2, *ln2_mean = b.ln2_mean, *ln2_rstd = b.ln2_rstd, *fch = b.fch;
     float* dfch = a.dfch.as<float>();  // (B,T,4C)
     float* dqkv = a.dqkv.as<float>();  // (B,T,3C)
     const bool acc = accumulate_grads(u, {kQkvw, kQkvb, kAttprojw, kAttprojb, kFcw, kFcb, kFcprojw, kFcprojb});
 
     // residual3 = residual2 + fcproj: dresidual flows to both unchanged.
-    backend_.linear_backward(dfch, g(u, kFcprojw), g(u, kFcprojb), dresidual, fch_gelu, p(u, kFcprojw), dtype_, N, 4 * C, C,
-                       acc);
+    backend_.linear_backward(dfch, g(u, kFcprojw), g(u, kFcprojb), dresidual, DType::f32, fch_gelu, dtype_,
+                             p(u, kFcprojw), dtype_, N, 4 * C, C, acc);
     backend_.gelu_backward(dfch, fch, dfch, BTC * 4);
-    backend_.linear_backward(dbuf, g(u, kFcw), g(u, kFcb), dfch, ln2, p(u, kFcw), dtype_, N, C, 4 * C, acc);
+    backend_.linear_backward(dbuf, g(u, kFcw), g(u, kFcb), dfch, DType::f32, ln2, dtype_, p(u, kFcw), dtype_, N, C,
+                             4 * C, acc);
     backend_.layernorm_backward(dresidual, g(u, kLn2w), g(u, kLn2b), dbuf, residual2, p(u, kLn2w), dtype_, ln2_mean,
                           ln2_rstd, N, C);
     // residual2 = residual + attproj
-    backend_.linear_backward(dbuf, g(u, kAttprojw), g(u, kAttprojb), dresidual, atty, p(u, kAttprojw), dtype_, N, C, C,
-                       acc);
+    backend_.linear_backward(dbuf, g(u, kAttprojw), g(u, kAttprojb), dresidual, DType::f32, atty, DType::f32,
+                             p(u, kAttprojw), dtype_, N, C, C, acc);
     backend_.attention_backward(dqkv, dbuf, qkv, atty, att, B, T, C, NH, dtype_);
-    backend_.linear_backward(dbuf, g(u, kQkvw), g(u, kQkvb), dqkv, ln1, p(u, kQkvw), dtype_, N, C, 3 * C, acc);
+    backend_.linear_backward(dbuf, g(u, kQkvw), g(u, kQkvb), dqkv, DType::f32, ln1, dtype_, p(u, kQkvw), dtype_, N, C,
+                             3 * C, acc);
     backend_.layernorm_backward(dresidual, g(u, kLn1w), g(u, kLn1b), dbuf, residual, p(u, kLn1w), dtype_, ln1_mean,
                           ln1_rstd, N, C);
     hooks_->after_backward(u);

@@ -96,12 +96,13 @@ class GPT2 : public UnitModel {
 
   // Bytes of activations (and backward temporaries) that forward/backward at (B, T) allocate;
   // the same table sizes the buffers, so `zerone estimate` and the ledger agree.
-  // `att_saved`: what the device backend keeps of attention (Note [Attention's saved state]).
-  static size_t activation_bytes(const GPT2Config& config, int B, int T, bool checkpointing = false,
+  // `att_saved`: what the device backend keeps of attention (Note [Attention's saved state]);
+  // `dtype`: the compute dtype (Note [GEMM operands in the compute dtype], kernels/backend.h).
+  static size_t activation_bytes(const GPT2Config& config, DType dtype, int B, int T, bool checkpointing = false,
                                  bool saved_inputs_on_host = false,
                                  kernels::AttentionSaved att_saved = kernels::AttentionSaved::probabilities);
   size_t activation_bytes(int B, int T) const override {
-    return activation_bytes(config_, B, T, checkpointing_, saved_inputs_on_host(), attention_saved());
+    return activation_bytes(config_, dtype_, B, T, checkpointing_, saved_inputs_on_host(), attention_saved());
   }
   size_t host_activation_bytes(int B, int T) const override {
     return saved_inputs_numel(saved_inputs_on_host(), config_.num_layers, static_cast<size_t>(B) * T * config_.channels) * 4;
@@ -116,15 +117,17 @@ class GPT2 : public UnitModel {
     Buffer encoded, ln1, ln1_mean, ln1_rstd, qkv, atty, att, residual2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu,
         residual3, lnf, lnf_mean, lnf_rstd, logits, losses, lse, tmp_c;
     Buffer dresidual, dbuf_c, dqkv, dfch;  // backward temporaries
+    Buffer dlogits;  // in the compute dtype when it is 16-bit; f32 runs write it into logits
     Buffer inputs, targets;                // copies of the last forward's token ids
     Buffer saved;  // host copies of the saved block inputs (Note [CPU checkpointing])
   };
   void ensure_activations(int B, int T);
   // One block's activations: its input, internals (slot l, or slot 0 with checkpointing) and output.
+  // ln1, ln2 and fch_gelu, which only GEMMs read, are in the compute dtype (dtype_).
   struct BlockActs {
     const float* residual;
-    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *residual2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu,
-        *residual3;
+    void *ln1, *ln2, *fch_gelu;
+    float *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *residual2, *ln2_mean, *ln2_rstd, *fch, *residual3;
   };
   BlockActs block_acts(int l);
   // Block l's forward (parameters of unit 1 + l in place) from its saved input.

@@ -155,27 +155,39 @@ void Llama::init_unit(int u, uint64_t seed) {
 
 namespace {
 
-// Element counts of every activation buffer, in the order of Llama::Activations' members (inputs
-// and targets are int32 token ids, the rest f32; inv_freq is the device copy of the rotary table).
+// Every activation buffer, in the order of Llama::Activations' members: its element count and
+// element size (inputs and targets are int32 token ids; h1, h2, act, hf, dgate_up and dlogits,
+// which only GEMMs read, are in the compute dtype: Note [GEMM operands in the compute dtype],
+// kernels/backend.h, and f32 runs write dlogits into logits; the rest f32; inv_freq is the device
+// copy of the rotary table).
 // With activation checkpointing (Note [Activation checkpointing] in model.h) one slot (S = 1) of block
 // internals, recomputed in backward; the block outputs (residual3) for all L, or two device slots
 // of them and, as the last entry, their host copies (Note [CPU checkpointing] in model.h).
-std::array<size_t, 28> llama_activation_numels(const LlamaConfig& c, int B, int T, bool checkpointing, bool on_host,
-                                               kernels::AttentionSaved att_saved) {
+struct ActivationBuffer {
+  size_t numel, elem_bytes;
+};
+std::array<ActivationBuffer, 29> llama_activation_buffers(const LlamaConfig& c, DType dtype, int B, int T,
+                                                          bool checkpointing, bool on_host,
+                                                          kernels::AttentionSaved att_saved) {
   const size_t L = c.num_layers, C = c.channels, NH = c.num_heads, V = c.vocab_size, F = c.ffn;
   const size_t S = checkpointing ? 1 : L;
   const size_t A = NH * c.head_dim, R = static_cast<size_t>(c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
   const size_t BT = static_cast<size_t>(B) * T;
-  return {BT * C,     S * BT * C, S * BT,         S * BT * R, S * BT * A, S * kernels::attention_saved_numel(att_saved, B, NH, T), S * BT * C,
-          S * BT * C, S * BT,     S * BT * 2 * F, S * BT * F, UnitModel::output_slots_numel(on_host, L, BT * C), BT * C, BT,
-          BT * V,     BT,         BT,             BT * C,     BT * C,     BT * C,             BT * A,
-          BT * R,     BT * 2 * F, BT * F,         BT,         BT,         static_cast<size_t>(c.head_dim) / 2,
-          UnitModel::saved_inputs_numel(on_host, L, BT * C)};
+  const size_t f = 4, g = dtype_size(dtype);  // f32 (and int32); a GEMM operand
+  return {{{BT * C, f},         {S * BT * C, g},  {S * BT, f},         {S * BT * R, f},
+           {S * BT * A, f},     {S * kernels::attention_saved_numel(att_saved, B, NH, T), f},
+           {S * BT * C, f},     {S * BT * C, g},  {S * BT, f},         {S * BT * 2 * F, f},
+           {S * BT * F, g},     {UnitModel::output_slots_numel(on_host, L, BT * C), f},
+           {BT * C, g},         {BT, f},          {BT * V, f},         {BT, f},
+           {BT, f},             {BT * C, f},      {BT * C, f},         {BT * C, f},
+           {BT * A, f},         {BT * R, f},      {BT * 2 * F, g},     {BT * F, f},
+           {dtype == DType::f32 ? 0 : BT * V, g}, {BT, f},             {BT, f},
+           {static_cast<size_t>(c.head_dim) / 2, f}, {UnitModel::saved_inputs_numel(on_host, L, BT * C), f}}};
 }
 
 }  // namespace
 
-size_t Llama::activation_bytes(const LlamaConfig& config, int B, int T, bool checkpointing, bool on_host,
+size_t Llama::activation_bytes(const LlamaConfig& config, DType dtype, int B, int T, bool checkpointing, bool on_host,
                                kernels::AttentionSaved att_saved) {
   // Overflow guard as GPT2::activation_bytes: the per-layer attention matrix dominates for long T.
   const long double L = config.num_layers, NH = config.num_heads, BT = static_cast<long double>(B) * T;
@@ -185,7 +197,8 @@ size_t Llama::activation_bytes(const LlamaConfig& config, int B, int T, bool che
   ZERONE_CHECK(approx < 0x1p62L, "activations of ", config.to_string(), " at micro-batch ", B, " x seq ", T,
                " would need about ", static_cast<double>(approx), " bytes: beyond any machine");
   size_t total = 0;
-  for (size_t n : llama_activation_numels(config, B, T, checkpointing, on_host, att_saved)) total += n * 4;
+  for (const ActivationBuffer& b : llama_activation_buffers(config, dtype, B, T, checkpointing, on_host, att_saved))
+    total += b.numel * b.elem_bytes;
   return total;
 }
 
@@ -204,14 +217,15 @@ void Llama::ensure_activations(int B, int T) {
   a.T = T;
   a.checkpointing = checkpointing_;
   a.on_host = saved_inputs_on_host();
-  auto sizes = llama_activation_numels(config_, B, T, checkpointing_, a.on_host, allocated_attention_saved());
+  auto sizes = llama_activation_buffers(config_, dtype_, B, T, checkpointing_, a.on_host, allocated_attention_saved());
   Buffer* buffers[] = {&a.encoded, &a.h1,       &a.rstd1,  &a.qkv,    &a.atty,      &a.att,   &a.residual2,
                        &a.h2,      &a.rstd2,    &a.gate_up, &a.act,   &a.residual3, &a.hf,    &a.rstdf,
                        &a.logits,  &a.losses,   &a.lse,    &a.tmp_c,  &a.dresidual, &a.dbuf_c, &a.datty,
-                       &a.dqkv,    &a.dgate_up, &a.dact,   &a.inputs, &a.targets, &a.inv_freq, &a.saved};
+                       &a.dqkv,    &a.dgate_up, &a.dact,   &a.dlogits, &a.inputs, &a.targets, &a.inv_freq, &a.saved};
   static_assert(sizeof(buffers) / sizeof(buffers[0]) == std::tuple_size_v<decltype(sizes)>);
   for (size_t i = 0; i < sizes.size(); ++i)  // the last: the host copies of the saved block inputs
-    *buffers[i] = Buffer(sizes[i] * 4, MemCategory::activation, i + 1 == sizes.size() ? MemPlace::host : MemPlace::device);
+    *buffers[i] = Buffer(sizes[i].numel * sizes[i].elem_bytes, MemCategory::activation,
+                         i + 1 == sizes.size() ? MemPlace::host : MemPlace::device);
   backend_.copy_to_device(a.inv_freq.data(), inv_freq_.data(), inv_freq_.size() * sizeof(float));
 }
 
@@ -242,8 +256,8 @@ float Llama::forward(const int32_t* inputs, const int32_t* targets, int B, int T
   const int uf = L + 1;
   hooks_->before_forward(uf);
   const float* last = L == 0 ? a.encoded.as<float>() : block_output(a.residual3, L - 1, BTC);
-  backend_.rmsnorm_forward(a.hf.as<float>(), a.rstdf.as<float>(), last, p(uf, kNorm), dtype_, N, C, eps);
-  backend_.linear_forward(a.logits.as<float>(), a.hf.as<float>(), head(), nullptr, dtype_, N, C, V);  // (B,T,V)
+  backend_.rmsnorm_forward(a.hf.data(), dtype_, a.rstdf.as<float>(), last, p(uf, kNorm), dtype_, N, C, eps);
+  backend_.linear_forward(a.logits.as<float>(), a.hf.data(), dtype_, head(), nullptr, dtype_, N, C, V);  // (B,T,V)
   hooks_->after_forward(uf);
   if (!have_targets_) return 0.0f;
   backend_.crossentropy_forward(a.losses.as<float>(), a.lse.as<float>(), a.logits.as<float>(), a.targets.as<int32_t>(), N, V,
@@ -259,16 +273,17 @@ Llama::BlockActs Llama::block_acts(int l) {
   const size_t s = checkpointing_ ? 0 : l;  // the slot of the block internals
   BlockActs b;
   b.residual = l == 0 ? a.encoded.as<float>() : block_output(a.residual3, l - 1, BTC);  // (B,T,C)
-  b.h1 = a.h1.as<float>() + s * BTC;                                                        // (B,T,C)
+  const size_t g = dtype_size(dtype_);  // the GEMM operands' element size
+  b.h1 = a.h1.as<char>() + s * BTC * g;                                                     // (B,T,C)
   b.rstd1 = a.rstd1.as<float>() + s * N;                                                    // (B,T)
   b.qkv = a.qkv.as<float>() + s * N * R;                                                    // (B,T,R), q and k rotated
   b.atty = a.atty.as<float>() + s * N * A;                                                  // (B,T,NH*hs)
   b.att = a.att.as<float>() + s * kernels::attention_saved_numel(attention_saved_, a.B, config_.num_heads, a.T);  // Note [Attention's saved state]
   b.residual2 = a.residual2.as<float>() + s * BTC;
-  b.h2 = a.h2.as<float>() + s * BTC;
+  b.h2 = a.h2.as<char>() + s * BTC * g;
   b.rstd2 = a.rstd2.as<float>() + s * N;
   b.gate_up = a.gate_up.as<float>() + s * N * 2 * F;                                        // (B,T,2F)
-  b.act = a.act.as<float>() + s * N * F;                                                    // (B,T,F)
+  b.act = a.act.as<char>() + s * N * F * g;                                                 // (B,T,F)
   b.residual3 = block_output(a.residual3, l, BTC);  // always kept (Note [CPU checkpointing]: a slot)
   return b;
 }
@@ -281,16 +296,17 @@ void Llama::block_forward(int l) {
   const size_t BTC = static_cast<size_t>(N) * C;
   BlockActs b = block_acts(l);
   float* tmp = acts_.tmp_c.as<float>();
-  backend_.rmsnorm_forward(b.h1, b.rstd1, b.residual, p(u, kAttnNorm), dtype_, N, C, eps);
-  backend_.linear_forward(b.qkv, b.h1, p(u, kWqkv), nullptr, dtype_, N, C, R);
+  // h1, h2 and act in the compute dtype (Note [GEMM operands in the compute dtype]).
+  backend_.rmsnorm_forward(b.h1, dtype_, b.rstd1, b.residual, p(u, kAttnNorm), dtype_, N, C, eps);
+  backend_.linear_forward(b.qkv, b.h1, dtype_, p(u, kWqkv), nullptr, dtype_, N, C, R);
   backend_.rope_forward(b.qkv, acts_.inv_freq.as<float>(), B, T, R, NH + NKV, hs);
   backend_.gqa_attention_forward(b.atty, b.att, b.qkv, B, T, NH, NKV, hs, dtype_);
-  backend_.linear_forward(tmp, b.atty, p(u, kWo), nullptr, dtype_, N, A, C);
+  backend_.linear_forward(tmp, b.atty, DType::f32, p(u, kWo), nullptr, dtype_, N, A, C);
   backend_.residual_forward(b.residual2, b.residual, tmp, BTC);
-  backend_.rmsnorm_forward(b.h2, b.rstd2, b.residual2, p(u, kMlpNorm), dtype_, N, C, eps);
-  backend_.linear_forward(b.gate_up, b.h2, p(u, kWGateUp), nullptr, dtype_, N, C, 2 * F);
-  backend_.swiglu_forward(b.act, b.gate_up, N, F);
-  backend_.linear_forward(tmp, b.act, p(u, kWDown), nullptr, dtype_, N, F, C);
+  backend_.rmsnorm_forward(b.h2, dtype_, b.rstd2, b.residual2, p(u, kMlpNorm), dtype_, N, C, eps);
+  backend_.linear_forward(b.gate_up, b.h2, dtype_, p(u, kWGateUp), nullptr, dtype_, N, C, 2 * F);
+  backend_.swiglu_forward(b.act, dtype_, b.gate_up, N, F);
+  backend_.linear_forward(tmp, b.act, dtype_, p(u, kWDown), nullptr, dtype_, N, F, C);
   backend_.residual_forward(b.residual3, b.residual2, tmp, BTC);
 }
 
@@ -307,9 +323,10 @@ void Llama::backward(float grad_scale) {
 
   const int uf = L + 1;
   hooks_->before_backward(uf);
-  float* dlogits = a.logits.as<float>();  // in place: (B,T,V)
-  backend_.crossentropy_backward(dlogits, a.logits.as<float>(), a.lse.as<float>(), a.targets.as<int32_t>(), grad_scale / N,
-                           N, V, V);
+  // (B,T,V) in the compute dtype (Note [GEMM operands in the compute dtype]); f32 in place.
+  void* dlogits = dtype_ == DType::f32 ? a.logits.data() : a.dlogits.data();
+  backend_.crossentropy_backward(dlogits, dtype_, a.logits.as<float>(), a.lse.as<float>(), a.targets.as<int32_t>(),
+                                 grad_scale / N, N, V, V);
   bool accumulate_head;
   float* dhead;
   if (tied) {
@@ -320,7 +337,8 @@ void Llama::backward(float grad_scale) {
     accumulate_head = accumulate_grads(uf, {kLmHead});
     dhead = g(uf, kLmHead);
   }
-  backend_.linear_backward(dbuf, dhead, nullptr, dlogits, a.hf.as<float>(), head(), dtype_, N, C, V, accumulate_head);
+  backend_.linear_backward(dbuf, dhead, nullptr, dlogits, dtype_, a.hf.data(), dtype_, head(), dtype_, N, C, V,
+                           accumulate_head);
   const float* last = L == 0 ? a.encoded.as<float>() : block_output(a.residual3, L - 1, BTC);
   backend_.fill_zero(dresidual, BTC * sizeof(float));
   backend_.rmsnorm_backward(dresidual, g(uf, kNorm), dbuf, last, p(uf, kNorm), dtype_, a.rstdf.as<float>(), N, C);
@@ -335,24 +353,29 @@ void Llama::backward(float grad_scale) {
       block_forward(l);
     }
     const BlockActs b = block_acts(l);
-    const float *residual = b.residual, *h1 = b.h1, *rstd1 = b.rstd1, *qkv = b.qkv, *atty = b.atty, *att = b.att;
-    const float *residual2 = b.residual2, *h2 = b.h2, *rstd2 = b.rstd2, *gate_up = b.gate_up, *act = b.act;
+    const void *h1 = b.h1, *h2 = b.h2, *act = b.act;  // in the compute dtype
+    const float *residual = b.residual, *rstd1 = b.rstd1, *qkv = b.qkv, *atty = b.atty, *att = b.att;
+    const float *residual2 = b.residual2, *rstd2 = b.rstd2, *gate_up = b.gate_up;
     float* dact = a.dact.as<float>();         // (B,T,F)
-    float* dgate_up = a.dgate_up.as<float>(); // (B,T,2F)
+    void* dgate_up = a.dgate_up.data();       // (B,T,2F) in the compute dtype
     float* datty = a.datty.as<float>();       // (B,T,NH*hs)
     float* dqkv = a.dqkv.as<float>();         // (B,T,R)
     const bool acc = accumulate_grads(u, {kWqkv, kWo, kWGateUp, kWDown});
 
     // residual3 = residual2 + down(swiglu(gate_up(norm(residual2))))
-    backend_.linear_backward(dact, g(u, kWDown), nullptr, dresidual, act, p(u, kWDown), dtype_, N, F, C, acc);
-    backend_.swiglu_backward(dgate_up, dact, gate_up, N, F);
-    backend_.linear_backward(dbuf, g(u, kWGateUp), nullptr, dgate_up, h2, p(u, kWGateUp), dtype_, N, C, 2 * F, acc);
+    backend_.linear_backward(dact, g(u, kWDown), nullptr, dresidual, DType::f32, act, dtype_, p(u, kWDown), dtype_, N,
+                             F, C, acc);
+    backend_.swiglu_backward(dgate_up, dtype_, dact, gate_up, N, F);
+    backend_.linear_backward(dbuf, g(u, kWGateUp), nullptr, dgate_up, dtype_, h2, dtype_, p(u, kWGateUp), dtype_, N,
+                             C, 2 * F, acc);
     backend_.rmsnorm_backward(dresidual, g(u, kMlpNorm), dbuf, residual2, p(u, kMlpNorm), dtype_, rstd2, N, C);
     // residual2 = residual + wo(attention(rope(wqkv(norm(residual)))))
-    backend_.linear_backward(datty, g(u, kWo), nullptr, dresidual, atty, p(u, kWo), dtype_, N, A, C, acc);
+    backend_.linear_backward(datty, g(u, kWo), nullptr, dresidual, DType::f32, atty, DType::f32, p(u, kWo), dtype_, N,
+                             A, C, acc);
     backend_.gqa_attention_backward(dqkv, datty, qkv, atty, att, B, T, NH, NKV, hs, dtype_);
     backend_.rope_backward(dqkv, a.inv_freq.as<float>(), B, T, R, NH + NKV, hs);
-    backend_.linear_backward(dbuf, g(u, kWqkv), nullptr, dqkv, h1, p(u, kWqkv), dtype_, N, C, R, acc);
+    backend_.linear_backward(dbuf, g(u, kWqkv), nullptr, dqkv, DType::f32, h1, dtype_, p(u, kWqkv), dtype_, N, C, R,
+                             acc);
     backend_.rmsnorm_backward(dresidual, g(u, kAttnNorm), dbuf, residual, p(u, kAttnNorm), dtype_, rstd1, N, C);
     hooks_->after_backward(u);
   }

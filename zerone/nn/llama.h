@@ -81,11 +81,11 @@ class Llama : public UnitModel {
     return u == num_units() - 1 && config_.tie_word_embeddings ? std::vector<int>{u, 0} : std::vector<int>{u};
   }
   // `att_saved`: what the device backend keeps of attention (Note [Attention's saved state]).
-  static size_t activation_bytes(const LlamaConfig& config, int B, int T, bool checkpointing = false,
+  static size_t activation_bytes(const LlamaConfig& config, DType dtype, int B, int T, bool checkpointing = false,
                                  bool saved_inputs_on_host = false,
                                  kernels::AttentionSaved att_saved = kernels::AttentionSaved::probabilities);
   size_t activation_bytes(int B, int T) const override {
-    return activation_bytes(config_, B, T, checkpointing_, saved_inputs_on_host(), attention_saved());
+    return activation_bytes(config_, dtype_, B, T, checkpointing_, saved_inputs_on_host(), attention_saved());
   }
   size_t host_activation_bytes(int B, int T) const override {
     return saved_inputs_numel(saved_inputs_on_host(), config_.num_layers, static_cast<size_t>(B) * T * config_.channels) * 4;
@@ -99,15 +99,18 @@ class Llama : public UnitModel {
     Buffer encoded, h1, rstd1, qkv, atty, att, residual2, h2, rstd2, gate_up, act, residual3, hf, rstdf, logits,
         losses, lse, tmp_c;
     Buffer dresidual, dbuf_c, datty, dqkv, dgate_up, dact;  // backward temporaries
+    Buffer dlogits;  // in the compute dtype when it is 16-bit; f32 runs write it into logits
     Buffer inputs, targets;
     Buffer inv_freq;  // (hs/2) the rotary frequencies, on the device
     Buffer saved;  // host copies of the saved block inputs (Note [CPU checkpointing])
   };
   void ensure_activations(int B, int T);
   // One block's activations: its input, internals (slot l, or slot 0 with checkpointing) and output.
+  // h1, h2 and act, which only GEMMs read, are in the compute dtype (dtype_).
   struct BlockActs {
     const float* residual;
-    float *h1, *rstd1, *qkv, *atty, *att, *residual2, *h2, *rstd2, *gate_up, *act, *residual3;
+    void *h1, *h2, *act;
+    float *rstd1, *qkv, *atty, *att, *residual2, *rstd2, *gate_up, *residual3;
   };
   BlockActs block_acts(int l);
   void block_forward(int l);

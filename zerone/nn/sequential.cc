@@ -424,7 +424,8 @@ float Sequential::forward(const Batch& batch) {
       case Kind::conv2d:
         hooks_->before_forward(l.unit);
         if (l.spec.kind == Kind::linear)
-          backend_.linear_forward(y, x, p(l.unit, 0), p(l.unit, 1), dtype_, B, static_cast<int>(l.in_numel), l.spec.out);
+          backend_.linear_forward(y, x, DType::f32, p(l.unit, 0), p(l.unit, 1), dtype_, B, static_cast<int>(l.in_numel),
+                                  l.spec.out);
         else if (dtype_ == DType::f32)
           backend_.conv2d_forward(y, x, conv_weight(l), static_cast<const float*>(p(l.unit, 1)), conv_shape(l, B));
         else {
@@ -477,8 +478,8 @@ void Sequential::backward(float grad_scale) {
         hooks_->before_backward(l.unit);
         const bool accumulate = accumulate_grads(l.unit, {0, 1});
         if (l.spec.kind == Kind::linear) {
-          backend_.linear_backward(first ? nullptr : spare, g(l.unit, 0), g(l.unit, 1), dout, x, p(l.unit, 0), dtype_, B,
-                             static_cast<int>(l.in_numel), l.spec.out, accumulate);
+          backend_.linear_backward(first ? nullptr : spare, g(l.unit, 0), g(l.unit, 1), dout, DType::f32, x, DType::f32,
+                                   p(l.unit, 0), dtype_, B, static_cast<int>(l.in_numel), l.spec.out, accumulate);
         } else {
           backend_.conv2d_backward(first ? nullptr : spare, g(l.unit, 0), g(l.unit, 1), dout, x, conv_weight(l),
                              conv_shape(l, B), accumulate);

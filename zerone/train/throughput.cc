@@ -95,8 +95,10 @@ DeviceSpeeds measure_device_speeds(kernels::Backend& device, DType dtype, int ge
     }
     device.convert(weight.data(), param_dtype, inp.data(), DType::f32, elems);
     const double s = best_seconds(kernels::Stream::compute, [&] {
-      device.linear_forward(out_buf.as<float>(), inp.as<float>(), weight.data(), nullptr, param_dtype, gemm_n, gemm_n,
-                            gemm_n);
+      // The weights serve as the activation operand too: already in the GEMM's dtype, as the
+      // models' operands are (Note [GEMM operands in the compute dtype]), so only the GEMM is timed.
+      device.linear_forward(out_buf.as<float>(), weight.data(), param_dtype, weight.data(), nullptr, param_dtype, gemm_n,
+                            gemm_n, gemm_n);
     });
     out.gemm_flop_per_s = 2.0 * static_cast<double>(n) * n * n / s;
   }

@@ -101,9 +101,9 @@ void CpuBackend::embedding_backward(float* dwte, float* dwpe, const float* dout,
   cpu::embedding_backward(dev(dwte, sz(V) * C), dev(dwpe, sz(T) * C), dev(dout, BT * C), dev(tokens, BT), B, T, C);
 }
 
-void CpuBackend::layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const void* weight, const void* bias, DType param_dtype, int N, int C) {
+void CpuBackend::layernorm_forward(void* out, DType out_dtype, float* mean, float* rstd, const float* inp, const void* weight, const void* bias, DType param_dtype, int N, int C) {
   const size_t NC = sz(N) * C;
-  cpu::layernorm_forward(dev(out, NC), dev(mean, N), dev(rstd, N), dev(inp, NC), dev_param(weight, C, param_dtype),
+  cpu::layernorm_forward(dev_param(out, NC, out_dtype), out_dtype, dev(mean, N), dev(rstd, N), dev(inp, NC), dev_param(weight, C, param_dtype),
                          dev_param(bias, C, param_dtype), param_dtype, N, C);
 }
 
@@ -113,14 +113,15 @@ void CpuBackend::layernorm_backward(float* dinp, float* dweight, float* dbias, c
                           dev_param(weight, C, param_dtype), param_dtype, dev(mean, N), dev(rstd, N), N, C);
 }
 
-void CpuBackend::linear_forward(float* out, const float* inp, const void* weight, const void* bias, DType param_dtype, int N, int C, int OC) {
-  cpu::linear_forward(dev(out, sz(N) * OC), dev(inp, sz(N) * C), dev_param(weight, sz(OC) * C, param_dtype),
+void CpuBackend::linear_forward(float* out, const void* inp, DType inp_dtype, const void* weight, const void* bias, DType param_dtype, int N, int C, int OC) {
+  cpu::linear_forward(dev(out, sz(N) * OC), dev_param(inp, sz(N) * C, inp_dtype), inp_dtype, dev_param(weight, sz(OC) * C, param_dtype),
                       dev_param(bias, OC, param_dtype), param_dtype, N, C, OC);
 }
 
-void CpuBackend::linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const void* weight, DType param_dtype, int N, int C, int OC, bool accumulate_param_grads) {
-  cpu::linear_backward(dev(dinp, sz(N) * C), dev(dweight, sz(OC) * C), dev(dbias, OC), dev(dout, sz(N) * OC),
-                       dev(inp, sz(N) * C), dev_param(weight, sz(OC) * C, param_dtype), param_dtype, N, C, OC,
+void CpuBackend::linear_backward(float* dinp, float* dweight, float* dbias, const void* dout, DType dout_dtype, const void* inp, DType inp_dtype, const void* weight, DType param_dtype, int N, int C, int OC, bool accumulate_param_grads) {
+  cpu::linear_backward(dev(dinp, sz(N) * C), dev(dweight, sz(OC) * C), dev(dbias, OC),
+                       dev_param(dout, sz(N) * OC, dout_dtype), dout_dtype, dev_param(inp, sz(N) * C, inp_dtype),
+                       inp_dtype, dev_param(weight, sz(OC) * C, param_dtype), param_dtype, N, C, OC,
                        accumulate_param_grads);
 }
 
@@ -149,9 +150,9 @@ void CpuBackend::gqa_attention_backward(float* dqkv, const float* dout, const fl
                               NKV, hs);
 }
 
-void CpuBackend::rmsnorm_forward(float* out, float* rstd, const float* inp, const void* weight, DType param_dtype, int N, int C, float eps) {
+void CpuBackend::rmsnorm_forward(void* out, DType out_dtype, float* rstd, const float* inp, const void* weight, DType param_dtype, int N, int C, float eps) {
   const size_t NC = sz(N) * C;
-  cpu::rmsnorm_forward(dev(out, NC), dev(rstd, N), dev(inp, NC), dev_param(weight, C, param_dtype), param_dtype, N, C,
+  cpu::rmsnorm_forward(dev_param(out, NC, out_dtype), out_dtype, dev(rstd, N), dev(inp, NC), dev_param(weight, C, param_dtype), param_dtype, N, C,
                        eps);
 }
 
@@ -169,16 +170,16 @@ void CpuBackend::rope_backward(float* dx, const float* inv_freq, int B, int T, i
   cpu::rope_backward(dev(dx, sz(B) * T * stride), dev(inv_freq, sz(hs) / 2), B, T, stride, heads, hs);
 }
 
-void CpuBackend::swiglu_forward(float* out, const float* inp, int N, int F) {
-  cpu::swiglu_forward(dev(out, sz(N) * F), dev(inp, sz(N) * 2 * F), N, F);
+void CpuBackend::swiglu_forward(void* out, DType out_dtype, const float* inp, int N, int F) {
+  cpu::swiglu_forward(dev_param(out, sz(N) * F, out_dtype), out_dtype, dev(inp, sz(N) * 2 * F), N, F);
 }
 
-void CpuBackend::swiglu_backward(float* dinp, const float* dout, const float* inp, int N, int F) {
-  cpu::swiglu_backward(dev(dinp, sz(N) * 2 * F), dev(dout, sz(N) * F), dev(inp, sz(N) * 2 * F), N, F);
+void CpuBackend::swiglu_backward(void* dinp, DType dinp_dtype, const float* dout, const float* inp, int N, int F) {
+  cpu::swiglu_backward(dev_param(dinp, sz(N) * 2 * F, dinp_dtype), dinp_dtype, dev(dout, sz(N) * F), dev(inp, sz(N) * 2 * F), N, F);
 }
 
-void CpuBackend::gelu_forward(float* out, const float* inp, size_t n) {
-  cpu::gelu_forward(dev(out, n), dev(inp, n), n);
+void CpuBackend::gelu_forward(void* out, DType out_dtype, const float* inp, size_t n) {
+  cpu::gelu_forward(dev_param(out, n, out_dtype), out_dtype, dev(inp, n), n);
 }
 
 void CpuBackend::gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
@@ -193,8 +194,8 @@ void CpuBackend::crossentropy_forward(float* losses, float* lse, const float* lo
   cpu::crossentropy_forward(dev(losses, N), dev(lse, N), dev(logits, sz(N) * Vp), dev(targets, N), N, V, Vp);
 }
 
-void CpuBackend::crossentropy_backward(float* dlogits, const float* logits, const float* lse, const int32_t* targets, float dloss, int N, int V, int Vp) {
-  cpu::crossentropy_backward(dev(dlogits, sz(N) * Vp), dev(logits, sz(N) * Vp), dev(lse, N), dev(targets, N), dloss, N,
+void CpuBackend::crossentropy_backward(void* dlogits, DType dlogits_dtype, const float* logits, const float* lse, const int32_t* targets, float dloss, int N, int V, int Vp) {
+  cpu::crossentropy_backward(dev_param(dlogits, sz(N) * Vp, dlogits_dtype), dlogits_dtype, dev(logits, sz(N) * Vp), dev(lse, N), dev(targets, N), dloss, N,
                              V, Vp);
 }
 

@@ -43,15 +43,15 @@ class CpuBackend : public Backend {
                          int T, int C, int V) override;
   void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
                           int C, int V) override;
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const void* weight, const void* bias,
-                         DType param_dtype, int N, int C) override;
+  void layernorm_forward(void* out, DType out_dtype, float* mean, float* rstd, const float* inp, const void* weight,
+                         const void* bias, DType param_dtype, int N, int C) override;
   void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                           const void* weight, DType param_dtype, const float* mean, const float* rstd, int N,
                           int C) override;
-  void linear_forward(float* out, const float* inp, const void* weight, const void* bias, DType param_dtype, int N,
-                      int C, int OC) override;
-  void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                       const void* weight, DType param_dtype, int N, int C, int OC,
+  void linear_forward(float* out, const void* inp, DType inp_dtype, const void* weight, const void* bias,
+                      DType param_dtype, int N, int C, int OC) override;
+  void linear_backward(float* dinp, float* dweight, float* dbias, const void* dout, DType dout_dtype, const void* inp,
+                       DType inp_dtype, const void* weight, DType param_dtype, int N, int C, int OC,
                        bool accumulate_param_grads) override;
   // In f32 whatever `operands` says (backend.h).
   void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH,
@@ -62,21 +62,21 @@ class CpuBackend : public Backend {
                              DType operands) override;
   void gqa_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* att,
                               int B, int T, int NH, int NKV, int hs, DType operands) override;
-  void rmsnorm_forward(float* out, float* rstd, const float* inp, const void* weight, DType param_dtype, int N, int C,
-                       float eps) override;
+  void rmsnorm_forward(void* out, DType out_dtype, float* rstd, const float* inp, const void* weight,
+                       DType param_dtype, int N, int C, float eps) override;
   void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const void* weight,
                         DType param_dtype, const float* rstd, int N, int C) override;
   void rope_forward(float* x, const float* inv_freq, int B, int T, int stride, int heads, int hs) override;
   void rope_backward(float* dx, const float* inv_freq, int B, int T, int stride, int heads, int hs) override;
-  void swiglu_forward(float* out, const float* inp, int N, int F) override;
-  void swiglu_backward(float* dinp, const float* dout, const float* inp, int N, int F) override;
-  void gelu_forward(float* out, const float* inp, size_t n) override;
+  void swiglu_forward(void* out, DType out_dtype, const float* inp, int N, int F) override;
+  void swiglu_backward(void* dinp, DType dinp_dtype, const float* dout, const float* inp, int N, int F) override;
+  void gelu_forward(void* out, DType out_dtype, const float* inp, size_t n) override;
   void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) override;
   void residual_forward(float* out, const float* a, const float* b, size_t n) override;
   void crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets, int N, int V,
                             int Vp) override;
-  void crossentropy_backward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
-                             float dloss, int N, int V, int Vp) override;
+  void crossentropy_backward(void* dlogits, DType dlogits_dtype, const float* logits, const float* lse,
+                             const int32_t* targets, float dloss, int N, int V, int Vp) override;
 
   void relu_forward(float* out, const float* inp, size_t n) override;
   void relu_backward(float* dinp, const float* dout, const float* out, size_t n) override;

@@ -50,7 +50,7 @@ void with_param_type(DType dtype, Body&& body) {
 // sums). Each slot keeps one buffer that only grows, so after the first step nothing is allocated.
 // The buffers are host memory (default_arena()) counted as device scratch: these kernels run on
 // host memory whichever device they serve (the sim backend runs them on its host view).
-enum ScratchSlot { kScratchA, kScratchB, kScratchBias, kScratchPartials, kScratchWeight, kScratchKT, kScratchKVGradT, kScratchSlots };
+enum ScratchSlot { kScratchA, kScratchB, kScratchBias, kScratchPartials, kScratchWeight, kScratchKT, kScratchKVGradT, kScratchRows, kScratchSlots };
 
 void* scratch(ScratchSlot slot, size_t bytes) {
   static Buffer buffers[kScratchSlots];
@@ -58,6 +58,47 @@ void* scratch(ScratchSlot slot, size_t bytes) {
   if (buf.bytes() < bytes) buf = Buffer(bytes, MemCategory::scratch, MemPlace::device, 64, default_arena());
   return buf.data();
 }
+
+// Where an op writes its output rows (Note [GEMM operands in the compute dtype], kernels/
+// backend.h): with an f32 out_dtype straight into `out`; otherwise each row is computed in f32 in
+// the calling thread's slot of kScratchRows and then rounded into `out` by store(), with the
+// conversions of core/dtype.h that activation_operand uses, so a GEMM reading the stored row sees
+// the bits it would have made from the f32 one. Built outside the parallel region (it takes the
+// scratch); row() and store() are called inside it, each thread for its own rows.
+class RowOut {
+ public:
+  RowOut(void* out, DType dtype, size_t row_numel) : out_(out), dtype_(dtype), row_numel_(row_numel) {
+    if (dtype != DType::f32)
+      rows_ = static_cast<float*>(scratch(kScratchRows, sizeof(float) * row_numel * omp_get_max_threads()));
+  }
+  // Where the row whose first element is element `at` of out is computed (row_numel floats).
+  float* row(size_t at) const {
+    return dtype_ == DType::f32 ? static_cast<float*>(out_) + at : rows_ + omp_get_thread_num() * row_numel_;
+  }
+  // Stores the n values computed at `row` (from row(at)) as elements at.. of out.
+  void store(size_t at, const float* row, size_t n) const {
+    switch (dtype_) {
+      case DType::f32: return;  // computed in place
+      case DType::bf16: {
+        bf16_t* o = static_cast<bf16_t*>(out_) + at;
+#pragma omp simd
+        for (size_t i = 0; i < n; ++i) o[i] = f32_to_bf16(row[i]);
+        return;
+      }
+      case DType::f16: {
+        f16_t* o = static_cast<f16_t*>(out_) + at;
+        for (size_t i = 0; i < n; ++i) o[i] = f32_to_f16(row[i]);
+        return;
+      }
+    }
+  }
+
+ private:
+  void* out_;
+  DType dtype_;
+  size_t row_numel_;
+  float* rows_ = nullptr;
+};
 
 // Note [fp16 on the CPU]: oneDNN 2.6 has no f16 matmul on CPUs without AVX512-FP16, so fp16 runs
 // its GEMMs in f32 on operands rounded to f16: the weights are f16 already (widened exactly), the
@@ -73,19 +114,28 @@ struct Operand {
 // The GEMM dtype for parameters stored as `param_dtype`.
 DType gemm_dtype(DType param_dtype) { return param_dtype == DType::f16 ? DType::f32 : param_dtype; }
 
-// `src` (n f32 activations or gradients) as a matmul operand for `param_dtype`.
-Operand activation_operand(const float* src, size_t n, DType param_dtype, ScratchSlot slot) {
+// `src` (n activations or gradients, f32 or already rounded to `param_dtype`: Note [GEMM operands
+// in the compute dtype]) as a matmul operand for `param_dtype`.
+Operand activation_operand(const void* src, DType src_dtype, size_t n, DType param_dtype, ScratchSlot slot) {
+  ZERONE_ASSERT(src_dtype == DType::f32 || src_dtype == param_dtype, "a ", dtype_name(src_dtype),
+                " GEMM operand for ", dtype_name(param_dtype), " weights");
   switch (param_dtype) {
     case DType::f32: return {src, DType::f32};
     case DType::bf16: {
+      if (src_dtype == DType::bf16) return {src, DType::bf16};
       void* dst = scratch(slot, n * 2);
-      convert_f32_to_bf16(src, static_cast<bf16_t*>(dst), n);
+      convert_f32_to_bf16(static_cast<const float*>(src), static_cast<bf16_t*>(dst), n);
       return {dst, DType::bf16};
     }
     case DType::f16: {
       float* dst = static_cast<float*>(scratch(slot, n * 4));
+      if (src_dtype == DType::f16) {
+        convert_f16_to_f32(static_cast<const f16_t*>(src), dst, n);
+        return {dst, DType::f32};
+      }
+      const float* x = static_cast<const float*>(src);
 #pragma omp parallel for simd schedule(static) if (n > 65536)
-      for (size_t i = 0; i < n; ++i) dst[i] = f16_to_f32(f32_to_f16(src[i]));
+      for (size_t i = 0; i < n; ++i) dst[i] = f16_to_f32(f32_to_f16(x[i]));
       return {dst, DType::f32};
     }
   }
@@ -160,10 +210,11 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
 
 // ---------------------------------------------------------------- layernorm
 
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const void* weight,
+void layernorm_forward(void* out, DType out_dtype, float* mean, float* rstd, const float* inp, const void* weight,
                        const void* bias, DType param_dtype, int N, int C) {
   ProfileScope profile(ProfileCategory::elementwise);
   const float eps = 1e-5f;
+  const RowOut rows(out, out_dtype, C);
   with_param_type(param_dtype, [&](auto tag) {
     using PT = decltype(tag);
     using P = typename PT::type;
@@ -180,9 +231,10 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
 #pragma omp simd reduction(+ : var)
       for (int i = 0; i < C; ++i) var += (x[i] - m) * (x[i] - m);
       float s = 1.0f / std::sqrt(var / C + eps);
-      float* o = out + static_cast<size_t>(n) * C;
+      float* o = rows.row(static_cast<size_t>(n) * C);
 #pragma omp simd
       for (int i = 0; i < C; ++i) o[i] = (x[i] - m) * s * PT::load(w, i) + PT::load(bs, i);
+      rows.store(static_cast<size_t>(n) * C, o, C);
       mean[n] = m;
       rstd[n] = s;
     }
@@ -246,8 +298,8 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 
 // ---------------------------------------------------------------- linear
 
-void linear_forward(float* out, const float* inp, const void* weight, const void* bias, DType param_dtype, int N,
-                    int C, int OC) {
+void linear_forward(float* out, const void* inp, DType inp_dtype, const void* weight, const void* bias,
+                    DType param_dtype, int N, int C, int OC) {
   ProfileScope profile(ProfileCategory::elementwise);
   const float* bias_f32 = nullptr;
   if (bias != nullptr) {
@@ -259,22 +311,24 @@ void linear_forward(float* out, const float* inp, const void* weight, const void
       bias_f32 = tmp;
     }
   }
-  Operand x = activation_operand(inp, static_cast<size_t>(N) * C, param_dtype, kScratchA);
+  Operand x = activation_operand(inp, inp_dtype, static_cast<size_t>(N) * C, param_dtype, kScratchA);
   Operand w = weight_operand(weight, static_cast<size_t>(OC) * C, param_dtype);
   // weight is stored (OC, C): op(B) = weight^T (C, OC)
   matmul(x.data, false, w.data, true, out, N, OC, C, gemm_dtype(param_dtype), /*accumulate=*/false, bias_f32);
 }
 
-void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const void* weight, DType param_dtype, int N, int C, int OC, bool accumulate_param_grads) {
+void linear_backward(float* dinp, float* dweight, float* dbias, const void* dout, DType dout_dtype, const void* inp,
+                     DType inp_dtype, const void* weight, DType param_dtype, int N, int C, int OC,
+                     bool accumulate_param_grads) {
   ProfileScope profile(ProfileCategory::elementwise);
+  ZERONE_ASSERT(dbias == nullptr || dout_dtype == DType::f32, "the bias gradient sums dout in f32");
   const DType gemm = gemm_dtype(param_dtype);
-  Operand dy = activation_operand(dout, static_cast<size_t>(N) * OC, param_dtype, kScratchA);
+  Operand dy = activation_operand(dout, dout_dtype, static_cast<size_t>(N) * OC, param_dtype, kScratchA);
   if (dinp != nullptr) {
     Operand w = weight_operand(weight, static_cast<size_t>(OC) * C, param_dtype);
     matmul(dy.data, false, w.data, false, dinp, N, C, OC, gemm, /*accumulate=*/false);  // (N,OC)@(OC,C)
   }
-  Operand x = activation_operand(inp, static_cast<size_t>(N) * C, param_dtype, kScratchB);
+  Operand x = activation_operand(inp, inp_dtype, static_cast<size_t>(N) * C, param_dtype, kScratchB);
   matmul(dy.data, true, x.data, false, dweight, OC, C, N, gemm, accumulate_param_grads);  // (OC,N)@(N,C)
   if (dbias != nullptr) {
     if (!accumulate_param_grads) std::memset(dbias, 0, static_cast<size_t>(OC) * sizeof(float));
@@ -284,7 +338,7 @@ void linear_backward(float* dinp, float* dweight, float* dbias, const float* dou
       int per = (OC + nthreads - 1) / nthreads;
       int o0 = std::min(OC, tid * per), o1 = std::min(OC, o0 + per);
       for (int n = 0; n < N; ++n) {
-        const float* dy = dout + static_cast<size_t>(n) * OC;
+        const float* dy = static_cast<const float*>(dout) + static_cast<size_t>(n) * OC;
 #pragma omp simd
         for (int o = o0; o < o1; ++o) dbias[o] += dy[o];
       }
@@ -446,9 +500,10 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
 
 // ---------------------------------------------------------------- rmsnorm
 
-void rmsnorm_forward(float* out, float* rstd, const float* inp, const void* weight, DType param_dtype, int N, int C,
-                     float eps) {
+void rmsnorm_forward(void* out, DType out_dtype, float* rstd, const float* inp, const void* weight,
+                     DType param_dtype, int N, int C, float eps) {
   ProfileScope profile(ProfileCategory::elementwise);
+  const RowOut rows(out, out_dtype, C);
   with_param_type(param_dtype, [&](auto tag) {
     using PT = decltype(tag);
     using P = typename PT::type;
@@ -460,9 +515,10 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const void* weig
 #pragma omp simd reduction(+ : sumsq)
       for (int i = 0; i < C; ++i) sumsq += x[i] * x[i];
       float s = 1.0f / std::sqrt(sumsq / C + eps);
-      float* o = out + static_cast<size_t>(n) * C;
+      float* o = rows.row(static_cast<size_t>(n) * C);
 #pragma omp simd
       for (int i = 0; i < C; ++i) o[i] = x[i] * s * PT::load(w, i);
+      rows.store(static_cast<size_t>(n) * C, o, C);
       rstd[n] = s;
     }
   });
@@ -560,29 +616,32 @@ void rope_backward(float* dx, const float* inv_freq, int B, int T, int stride, i
 
 // ---------------------------------------------------------------- swiglu
 
-void swiglu_forward(float* out, const float* inp, int N, int F) {
+void swiglu_forward(void* out, DType out_dtype, const float* inp, int N, int F) {
   ProfileScope profile(ProfileCategory::elementwise);
+  const RowOut rows(out, out_dtype, F);
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
     const float* gate = inp + static_cast<size_t>(n) * 2 * F;
     const float* up = gate + F;
-    float* o = out + static_cast<size_t>(n) * F;
+    float* o = rows.row(static_cast<size_t>(n) * F);
 #pragma omp simd
     for (int i = 0; i < F; ++i) {
       float g = gate[i];
       o[i] = g / (1.0f + std::exp(-g)) * up[i];
     }
+    rows.store(static_cast<size_t>(n) * F, o, F);
   }
 }
 
-void swiglu_backward(float* dinp, const float* dout, const float* inp, int N, int F) {
+void swiglu_backward(void* dinp, DType dinp_dtype, const float* dout, const float* inp, int N, int F) {
   ProfileScope profile(ProfileCategory::elementwise);
+  const RowOut rows(dinp, dinp_dtype, 2 * static_cast<size_t>(F));
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
     const float* gate = inp + static_cast<size_t>(n) * 2 * F;
     const float* up = gate + F;
     const float* dy = dout + static_cast<size_t>(n) * F;
-    float* dgate = dinp + static_cast<size_t>(n) * 2 * F;
+    float* dgate = rows.row(static_cast<size_t>(n) * 2 * F);
     float* dup = dgate + F;
 #pragma omp simd
     for (int i = 0; i < F; ++i) {
@@ -592,6 +651,7 @@ void swiglu_backward(float* dinp, const float* dout, const float* inp, int N, in
       dgate[i] = dy[i] * up[i] * sig * (1.0f + g * (1.0f - sig));
       dup[i] = dy[i] * silu;
     }
+    rows.store(static_cast<size_t>(n) * 2 * F, dgate, 2 * static_cast<size_t>(F));
   }
 }
 
@@ -599,13 +659,26 @@ void swiglu_backward(float* dinp, const float* dout, const float* inp, int N, in
 
 static constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
 
-void gelu_forward(float* out, const float* inp, size_t n) {
+// In blocks of kGeluBlock elements, whatever out_dtype: each element is computed in the same
+// vector lane either way (Note [GEMM operands in the compute dtype]: the rounded output is the f32
+// one rounded).
+constexpr size_t kGeluBlock = 4096;
+
+void gelu_forward(void* out, DType out_dtype, const float* inp, size_t n) {
   ProfileScope profile(ProfileCategory::elementwise);
-#pragma omp parallel for simd schedule(static)
-  for (size_t i = 0; i < n; ++i) {
-    float x = inp[i];
-    float cube = 0.044715f * x * x * x;
-    out[i] = 0.5f * x * (1.0f + std::tanh(kGeluScale * (x + cube)));
+  const RowOut rows(out, out_dtype, kGeluBlock);
+  const size_t blocks = (n + kGeluBlock - 1) / kGeluBlock;
+#pragma omp parallel for schedule(static)
+  for (size_t blk = 0; blk < blocks; ++blk) {
+    const size_t at = blk * kGeluBlock, len = std::min(kGeluBlock, n - at);
+    const float* x = inp + at;
+    float* o = rows.row(at);
+#pragma omp simd
+    for (size_t i = 0; i < len; ++i) {
+      float cube = 0.044715f * x[i] * x[i] * x[i];
+      o[i] = 0.5f * x[i] * (1.0f + std::tanh(kGeluScale * (x[i] + cube)));
+    }
+    rows.store(at, o, len);
   }
 }
 
@@ -648,18 +721,20 @@ void crossentropy_forward(float* losses, float* lse, const float* logits, const 
   }
 }
 
-void crossentropy_backward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
-                           float dloss, int N, int V, int Vp) {
+void crossentropy_backward(void* dlogits, DType dlogits_dtype, const float* logits, const float* lse,
+                           const int32_t* targets, float dloss, int N, int V, int Vp) {
   ProfileScope profile(ProfileCategory::elementwise);
+  const RowOut rows(dlogits, dlogits_dtype, Vp);
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
     const float* row = logits + static_cast<size_t>(n) * Vp;
-    float* drow = dlogits + static_cast<size_t>(n) * Vp;
+    float* drow = rows.row(static_cast<size_t>(n) * Vp);
     float l = lse[n];
 #pragma omp simd
     for (int v = 0; v < V; ++v) drow[v] = std::exp(row[v] - l) * dloss;
     for (int v = V; v < Vp; ++v) drow[v] = 0.0f;
     drow[targets[n]] -= dloss;
+    rows.store(static_cast<size_t>(n) * Vp, drow, Vp);
   }
 }
 

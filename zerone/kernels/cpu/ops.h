@@ -7,6 +7,9 @@
 //    f32, bf16 or f16) and widened to f32 inside the kernel; matmuls run in bf16 for bf16 (inputs
 //    rounded from the f32 activations, f32 accumulation, like PyTorch autocast), in f32 for f32,
 //    and in f32 on f16-rounded operands for f16 (Note [fp16 on the CPU] in ops.cc).
+//  - Outputs that only matmuls read may be stored rounded (`out_dtype`), and linear's activation
+//    operands may come rounded (`inp_dtype`, `dout_dtype` == param_dtype): Note [GEMM operands in
+//    the compute dtype] in kernels/backend.h. Such an op computes in f32 and rounds as it stores.
 //  - Parameter gradients always accumulate (+=), so gradient accumulation over micro-steps is free.
 //  - Input gradients overwrite (=) except where a kernel says it accumulates (layernorm_backward,
 //    which adds into the residual stream's gradient).
@@ -31,21 +34,23 @@ void embedding_forward(float* out, const int32_t* tokens, const void* wte, const
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C);
 
 // out (N,C) = (inp - mean) * rstd * weight + bias; mean, rstd (N) saved for backward. eps = 1e-5.
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const void* weight,
+void layernorm_forward(void* out, DType out_dtype, float* mean, float* rstd, const float* inp, const void* weight,
                        const void* bias, DType param_dtype, int N, int C);
 // dinp (N,C) += ..., dweight (C) += ..., dbias (C) += ...
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const void* weight, DType param_dtype, const float* mean, const float* rstd, int N,
                         int C);
 
-// out (N,OC) = inp (N,C) @ weight^T (OC,C) + bias (OC); bias may be null.
-void linear_forward(float* out, const float* inp, const void* weight, const void* bias, DType param_dtype, int N,
-                    int C, int OC);
+// out (N,OC) = inp (N,C) @ weight^T (OC,C) + bias (OC); bias may be null. inp in f32 or param_dtype.
+void linear_forward(float* out, const void* inp, DType inp_dtype, const void* weight, const void* bias,
+                    DType param_dtype, int N, int C, int OC);
 // dinp (N,C) = dout @ weight (overwrite; skipped when dinp is null); dweight (OC,C) += dout^T @ inp;
-// dbias (OC) += column sums of dout (skipped when null). With accumulate_param_grads false,
-// dweight and dbias are overwritten (= instead of +=; Note [Fresh gradients] in nn/flat_param.h).
-void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const void* weight, DType param_dtype, int N, int C, int OC, bool accumulate_param_grads = true);
+// dbias (OC) += column sums of dout (skipped when null; needs dout in f32). With
+// accumulate_param_grads false, dweight and dbias are overwritten (= instead of +=; Note [Fresh
+// gradients] in nn/flat_param.h). dout and inp in f32 or param_dtype.
+void linear_backward(float* dinp, float* dweight, float* dbias, const void* dout, DType dout_dtype, const void* inp,
+                     DType inp_dtype, const void* weight, DType param_dtype, int N, int C, int OC,
+                     bool accumulate_param_grads = true);
 
 // Causal multi-head self-attention. qkv (B,T,3C) holds q, k, v per token; out (B,T,C);
 // att (B,NH,T,T) saves the softmax probabilities (row t uses columns 0..t) for backward.
@@ -65,8 +70,8 @@ void gqa_attention_backward(float* dqkv, const float* dout, const float* qkv, co
 
 // RMSNorm (LLaMA): out (N,C) = inp * rstd * weight with rstd (N) = 1/sqrt(mean(inp^2) + eps),
 // saved for backward. No bias, no mean subtraction.
-void rmsnorm_forward(float* out, float* rstd, const float* inp, const void* weight, DType param_dtype, int N, int C,
-                     float eps);
+void rmsnorm_forward(void* out, DType out_dtype, float* rstd, const float* inp, const void* weight,
+                     DType param_dtype, int N, int C, float eps);
 // dinp (N,C) += ... (accumulates, like layernorm_backward), dweight (C) += ...
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const void* weight,
                       DType param_dtype, const float* rstd, int N, int C);
@@ -82,12 +87,12 @@ void rope_backward(float* dx, const float* inv_freq, int B, int T, int stride, i
 
 // SwiGLU (LLaMA MLP): inp (N,2F) holds per row the gate projection (F) then the up projection (F);
 // out (N,F) = silu(gate) * up, silu(g) = g * sigmoid(g).
-void swiglu_forward(float* out, const float* inp, int N, int F);
+void swiglu_forward(void* out, DType out_dtype, const float* inp, int N, int F);
 // dinp (N,2F) = gradient wrt inp (overwrite).
-void swiglu_backward(float* dinp, const float* dout, const float* inp, int N, int F);
+void swiglu_backward(void* dinp, DType dinp_dtype, const float* dout, const float* inp, int N, int F);
 
 // GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
-void gelu_forward(float* out, const float* inp, size_t n);
+void gelu_forward(void* out, DType out_dtype, const float* inp, size_t n);
 // dinp = dout * gelu'(inp) (overwrite; dinp may alias dout).
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);
 
@@ -98,8 +103,9 @@ void residual_forward(float* out, const float* a, const float* b, size_t n);
 // losses (N) = logsumexp(logits[:V]) - logits[target]; lse (N) saves logsumexp for backward.
 void crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets, int N, int V,
                           int Vp);
-// dlogits (N,Vp) = (softmax - onehot(target)) * dloss, 0 in padded columns. May alias logits.
-void crossentropy_backward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
-                           float dloss, int N, int V, int Vp);
+// dlogits (N,Vp) = (softmax - onehot(target)) * dloss, 0 in padded columns. May alias logits when
+// dlogits_dtype is f32.
+void crossentropy_backward(void* dlogits, DType dlogits_dtype, const float* logits, const float* lse,
+                           const int32_t* targets, float dloss, int N, int V, int Vp);
 
 }  // namespace zerone::kernels::cpu

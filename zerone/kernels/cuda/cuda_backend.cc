@@ -419,9 +419,9 @@ class CudaBackend final : public kernels::Backend {
                           int V) override {
     cuda::embedding_backward(dwte, dwpe, dout, tokens, B, T, C, compute());
   }
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const void* weight, const void* bias,
-                         DType param_dtype, int N, int C) override {
-    cuda::layernorm_forward(out, mean, rstd, inp, weight, bias, param_dtype, N, C, compute());
+  void layernorm_forward(void* out, DType out_dtype, float* mean, float* rstd, const float* inp, const void* weight,
+                         const void* bias, DType param_dtype, int N, int C) override {
+    cuda::layernorm_forward(out, out_dtype, mean, rstd, inp, weight, bias, param_dtype, N, C, compute());
   }
   void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                           const void* weight, DType param_dtype, const float* mean, const float* rstd, int N,
@@ -433,11 +433,13 @@ class CudaBackend final : public kernels::Backend {
   // the activation (and gradient) operands are rounded to the weights' dtype and the GEMM
   // multiplies those in f32 (products of two 16-bit values are exact in f32) with f32 accumulation
   // and an f32 result; f32 weights give an f32 GEMM (no TF32). Row-major (N, C) is column-major
-  // (C, N), so each product below is the transposed one in cuBLASLt's column-major terms.
-  void linear_forward(float* out, const float* inp, const void* weight, const void* bias, DType param_dtype, int N,
-                      int C, int OC) override {
+  // (C, N), so each product below is the transposed one in cuBLASLt's column-major terms. An
+  // operand already in the weights' dtype goes to the GEMM as it is (Note [GEMM operands in the
+  // compute dtype], kernels/backend.h).
+  void linear_forward(float* out, const void* inp, DType inp_dtype, const void* weight, const void* bias,
+                      DType param_dtype, int N, int C, int OC) override {
     if (N == 0 || OC == 0) return;
-    const void* x = operand(inp, sz(N) * C, param_dtype, kActA);
+    const void* x = operand(inp, inp_dtype, sz(N) * C, param_dtype, kActA);
     // Note [Bias in the GEMM's epilogue]: the bias widened to f32 (exactly) and added by cuBLASLt
     // as it writes out, in f32 as add_bias would: one pass over out fewer.
     float* bias_f32 = nullptr;
@@ -449,9 +451,10 @@ class CudaBackend final : public kernels::Backend {
     const bool bias_added = gemm(true, false, OC, N, C, weight, param_dtype, C, x, C, out, OC, 0.0f, bias_f32);
     if (bias && !bias_added) add_bias(out, bias, param_dtype, N, OC, compute());
   }
-  void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                       const void* weight, DType param_dtype, int N, int C, int OC,
+  void linear_backward(float* dinp, float* dweight, float* dbias, const void* dout, DType dout_dtype, const void* inp,
+                       DType inp_dtype, const void* weight, DType param_dtype, int N, int C, int OC,
                        bool accumulate_param_grads) override {
+    ZERONE_ASSERT(dbias == nullptr || dout_dtype == DType::f32, "the bias gradient sums dout in f32");
     if (N == 0) {
       if (!accumulate_param_grads) {
         fill_zero(dweight, sz(OC) * C * sizeof(float));
@@ -459,13 +462,13 @@ class CudaBackend final : public kernels::Backend {
       }
       return;
     }
-    const void* dy = operand(dout, sz(N) * OC, param_dtype, kActA);
+    const void* dy = operand(dout, dout_dtype, sz(N) * OC, param_dtype, kActA);
     // dinp^T (C, N) = W (C, OC) dy^T (OC, N)
     if (dinp) gemm(false, false, C, N, OC, weight, param_dtype, C, dy, OC, dinp, C, 0.0f);
-    const void* x = operand(inp, sz(N) * C, param_dtype, kActB);
+    const void* x = operand(inp, inp_dtype, sz(N) * C, param_dtype, kActB);
     // dW^T (C, OC) (+)= x^T (C, N) dy (N, OC)
     gemm(false, true, C, OC, N, x, param_dtype, C, dy, OC, dweight, C, accumulate_param_grads ? 1.0f : 0.0f);
-    if (dbias) bias_backward(dbias, dout, N, OC, accumulate_param_grads, compute());
+    if (dbias) bias_backward(dbias, static_cast<const float*>(dout), N, OC, accumulate_param_grads, compute());
   }
 
   void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH,
@@ -498,9 +501,9 @@ class CudaBackend final : public kernels::Backend {
     float* datt = static_cast<float*>(scratch(kScores, sizeof(float) * sz(B) * NH * T * T));  // (B, NH, T, T)
     cuda::gqa_attention_backward(dqkv, dout, qkv, att, datt, B, T, NH, NKV, hs, compute());
   }
-  void rmsnorm_forward(float* out, float* rstd, const float* inp, const void* weight, DType param_dtype, int N, int C,
-                       float eps) override {
-    cuda::rmsnorm_forward(out, rstd, inp, weight, param_dtype, N, C, eps, compute());
+  void rmsnorm_forward(void* out, DType out_dtype, float* rstd, const float* inp, const void* weight,
+                       DType param_dtype, int N, int C, float eps) override {
+    cuda::rmsnorm_forward(out, out_dtype, rstd, inp, weight, param_dtype, N, C, eps, compute());
   }
   void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const void* weight,
                         DType param_dtype, const float* rstd, int N, int C) override {
@@ -513,13 +516,15 @@ class CudaBackend final : public kernels::Backend {
     // The rotation is orthogonal: its transpose (the gradient map) is the rotation by -angle.
     rope_rotate(dx, inv_freq, B, T, stride, heads, hs, -1.0f, compute());
   }
-  void swiglu_forward(float* out, const float* inp, int N, int F) override {
-    cuda::swiglu_forward(out, inp, N, F, compute());
+  void swiglu_forward(void* out, DType out_dtype, const float* inp, int N, int F) override {
+    cuda::swiglu_forward(out, out_dtype, inp, N, F, compute());
   }
-  void swiglu_backward(float* dinp, const float* dout, const float* inp, int N, int F) override {
-    cuda::swiglu_backward(dinp, dout, inp, N, F, compute());
+  void swiglu_backward(void* dinp, DType dinp_dtype, const float* dout, const float* inp, int N, int F) override {
+    cuda::swiglu_backward(dinp, dinp_dtype, dout, inp, N, F, compute());
   }
-  void gelu_forward(float* out, const float* inp, size_t n) override { cuda::gelu_forward(out, inp, n, compute()); }
+  void gelu_forward(void* out, DType out_dtype, const float* inp, size_t n) override {
+    cuda::gelu_forward(out, out_dtype, inp, n, compute());
+  }
   void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) override {
     cuda::gelu_backward(dinp, inp, dout, n, compute());
   }
@@ -530,9 +535,9 @@ class CudaBackend final : public kernels::Backend {
                             int Vp) override {
     cuda::crossentropy_forward(losses, lse, logits, targets, N, V, Vp, compute());
   }
-  void crossentropy_backward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
-                             float dloss, int N, int V, int Vp) override {
-    cuda::crossentropy_backward(dlogits, logits, lse, targets, dloss, N, V, Vp, compute());
+  void crossentropy_backward(void* dlogits, DType dlogits_dtype, const float* logits, const float* lse,
+                             const int32_t* targets, float dloss, int N, int V, int Vp) override {
+    cuda::crossentropy_backward(dlogits, dlogits_dtype, logits, lse, targets, dloss, N, V, Vp, compute());
   }
 
   void relu_forward(float* out, const float* inp, size_t n) override { cuda::relu_forward(out, inp, n, compute()); }
@@ -656,9 +661,12 @@ class CudaBackend final : public kernels::Backend {
     return total;
   }
 
-  // `src` (n f32) as a GEMM operand for weights of `dtype` (Note [CUDA linear]).
-  const void* operand(const float* src, size_t n, DType dtype, Slot slot) {
-    if (dtype == DType::f32) return src;
+  // `src` (n values of src_dtype: f32, or already `dtype`) as a GEMM operand for weights of `dtype`
+  // (Note [CUDA linear]).
+  const void* operand(const void* src, DType src_dtype, size_t n, DType dtype, Slot slot) {
+    ZERONE_ASSERT(src_dtype == DType::f32 || src_dtype == dtype, "a ", dtype_name(src_dtype), " GEMM operand for ",
+                  dtype_name(dtype), " weights");
+    if (src_dtype == dtype) return src;
     void* dst = scratch(slot, n * 2);
     cuda::convert(dst, dtype, src, DType::f32, n, compute());
     return dst;

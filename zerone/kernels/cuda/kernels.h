@@ -64,13 +64,15 @@ void embedding_forward(float* out, const int32_t* tokens, const void* wte, const
                        int T, int C, cudaStream_t stream);
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C,
                         cudaStream_t stream);
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const void* weight, const void* bias,
-                       DType param_dtype, int N, int C, cudaStream_t stream);
+// The outputs with an out_dtype are stored rounded to it (Note [GEMM operands in the compute
+// dtype], kernels/backend.h): computed in f32, rounded as core/dtype.h rounds.
+void layernorm_forward(void* out, DType out_dtype, float* mean, float* rstd, const float* inp, const void* weight,
+                       const void* bias, DType param_dtype, int N, int C, cudaStream_t stream);
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const void* weight, DType param_dtype, const float* mean, const float* rstd, int N, int C,
                         cudaStream_t stream);
-void rmsnorm_forward(float* out, float* rstd, const float* inp, const void* weight, DType param_dtype, int N, int C,
-                     float eps, cudaStream_t stream);
+void rmsnorm_forward(void* out, DType out_dtype, float* rstd, const float* inp, const void* weight, DType param_dtype,
+                     int N, int C, float eps, cudaStream_t stream);
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const void* weight,
                       DType param_dtype, const float* rstd, int N, int C, cudaStream_t stream);
 // out (N, OC) += bias (OC, param_dtype) on every row.
@@ -101,15 +103,16 @@ void flash_attention_backward(float* dqkv, float* dsum, const float* dout, const
                               cudaStream_t stream);
 void rope_rotate(float* x, const float* inv_freq, int B, int T, int stride, int heads, int hs, float sign,
                  cudaStream_t stream);
-void swiglu_forward(float* out, const float* inp, int N, int F, cudaStream_t stream);
-void swiglu_backward(float* dinp, const float* dout, const float* inp, int N, int F, cudaStream_t stream);
-void gelu_forward(float* out, const float* inp, size_t n, cudaStream_t stream);
+void swiglu_forward(void* out, DType out_dtype, const float* inp, int N, int F, cudaStream_t stream);
+void swiglu_backward(void* dinp, DType dinp_dtype, const float* dout, const float* inp, int N, int F,
+                     cudaStream_t stream);
+void gelu_forward(void* out, DType out_dtype, const float* inp, size_t n, cudaStream_t stream);
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, cudaStream_t stream);
 void residual_forward(float* out, const float* a, const float* b, size_t n, cudaStream_t stream);
 void crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets, int N, int V, int Vp,
                           cudaStream_t stream);
-void crossentropy_backward(float* dlogits, const float* logits, const float* lse, const int32_t* targets, float dloss,
-                           int N, int V, int Vp, cudaStream_t stream);
+void crossentropy_backward(void* dlogits, DType dlogits_dtype, const float* logits, const float* lse,
+                           const int32_t* targets, float dloss, int N, int V, int Vp, cudaStream_t stream);
 
 // ---------------------------------------------------------------- image classifiers
 void relu_forward(float* out, const float* inp, size_t n, cudaStream_t stream);

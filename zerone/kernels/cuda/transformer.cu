@@ -87,8 +87,8 @@ __global__ void embedding_backward_wpe_kernel(float* dwpe, const float* dout, in
 
 // ---------------------------------------------------------------- norms (one block per row)
 
-__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp, const void* weight,
-                                         const void* bias, DType dtype, int C) {
+__global__ void layernorm_forward_kernel(void* out, DType out_dtype, float* mean, float* rstd, const float* inp,
+                                         const void* weight, const void* bias, DType dtype, int C) {
   __shared__ float shared[kThreads];
   const size_t n = blockIdx.x;
   const float* x = inp + n * C;
@@ -98,9 +98,8 @@ __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, c
   float v = 0.0f;
   for (int i = threadIdx.x; i < C; i += blockDim.x) v += (x[i] - m) * (x[i] - m);
   const float r = 1.0f / sqrtf(block_sum(v, shared) / C + 1e-5f);
-  float* o = out + n * C;
   for (int i = threadIdx.x; i < C; i += blockDim.x)
-    o[i] = (x[i] - m) * r * load_param(weight, dtype, i) + load_param(bias, dtype, i);
+    store_param(out, out_dtype, n * C + i, (x[i] - m) * r * load_param(weight, dtype, i) + load_param(bias, dtype, i));
   if (threadIdx.x == 0) mean[n] = m, rstd[n] = r;
 }
 
@@ -172,16 +171,15 @@ __global__ void layernorm_backward_params(float* dweight, float* dbias, const fl
   }
 }
 
-__global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* inp, const void* weight, DType dtype,
-                                       int C, float eps) {
+__global__ void rmsnorm_forward_kernel(void* out, DType out_dtype, float* rstd, const float* inp, const void* weight,
+                                       DType dtype, int C, float eps) {
   __shared__ float shared[kThreads];
   const size_t n = blockIdx.x;
   const float* x = inp + n * C;
   float s = 0.0f;
   for (int i = threadIdx.x; i < C; i += blockDim.x) s += x[i] * x[i];
   const float r = 1.0f / sqrtf(block_sum(s, shared) / C + eps);
-  float* o = out + n * C;
-  for (int i = threadIdx.x; i < C; i += blockDim.x) o[i] = x[i] * r * load_param(weight, dtype, i);
+  for (int i = threadIdx.x; i < C; i += blockDim.x) store_param(out, out_dtype, n * C + i, x[i] * r * load_param(weight, dtype, i));
   if (threadIdx.x == 0) rstd[n] = r;
 }
 
@@ -367,32 +365,33 @@ __global__ void rope_kernel(float* x, const float* inv_freq, int B, int T, int s
   }
 }
 
-__global__ void swiglu_forward_kernel(float* out, const float* inp, int N, int F) {
+__global__ void swiglu_forward_kernel(void* out, DType out_dtype, const float* inp, int N, int F) {
   const size_t total = static_cast<size_t>(N) * F;
   ZERONE_GRID_STRIDE(e, total) {
     const size_t n = e / F, i = e % F;
     const float g = inp[n * 2 * F + i], up = inp[n * 2 * F + F + i];
-    out[e] = g / (1.0f + expf(-g)) * up;
+    store_param(out, out_dtype, e, g / (1.0f + expf(-g)) * up);
   }
 }
 
-__global__ void swiglu_backward_kernel(float* dinp, const float* dout, const float* inp, int N, int F) {
+__global__ void swiglu_backward_kernel(void* dinp, DType dinp_dtype, const float* dout, const float* inp, int N,
+                                       int F) {
   const size_t total = static_cast<size_t>(N) * F;
   ZERONE_GRID_STRIDE(e, total) {
     const size_t n = e / F, i = e % F;
     const float g = inp[n * 2 * F + i], up = inp[n * 2 * F + F + i], dy = dout[e];
     const float sig = 1.0f / (1.0f + expf(-g));
-    dinp[n * 2 * F + i] = dy * up * sig * (1.0f + g * (1.0f - sig));
-    dinp[n * 2 * F + F + i] = dy * g * sig;
+    store_param(dinp, dinp_dtype, n * 2 * F + i, dy * up * sig * (1.0f + g * (1.0f - sig)));
+    store_param(dinp, dinp_dtype, n * 2 * F + F + i, dy * g * sig);
   }
 }
 
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
 
-__global__ void gelu_forward_kernel(float* out, const float* inp, size_t n) {
+__global__ void gelu_forward_kernel(void* out, DType out_dtype, const float* inp, size_t n) {
   ZERONE_GRID_STRIDE(i, n) {
     const float x = inp[i];
-    out[i] = 0.5f * x * (1.0f + tanhf(kGeluScale * (x + 0.044715f * x * x * x)));
+    store_param(out, out_dtype, i, 0.5f * x * (1.0f + tanhf(kGeluScale * (x + 0.044715f * x * x * x))));
   }
 }
 
@@ -436,15 +435,16 @@ __global__ void crossentropy_forward_kernel(float* losses, float* lse, const flo
   if (threadIdx.x == 0) lse[n] = l, losses[n] = l - row[targets[n]];
 }
 
-__global__ void crossentropy_backward_kernel(float* dlogits, const float* logits, const float* lse,
-                                             const int32_t* targets, float dloss, int N, int V, int Vp) {
+__global__ void crossentropy_backward_kernel(void* dlogits, DType dlogits_dtype, const float* logits,
+                                             const float* lse, const int32_t* targets, float dloss, int N, int V,
+                                             int Vp) {
   const size_t total = static_cast<size_t>(N) * Vp;
   ZERONE_GRID_STRIDE(e, total) {
     const size_t n = e / Vp;
     const int v = static_cast<int>(e % Vp);
     float g = v < V ? expf(logits[e] - lse[n]) * dloss : 0.0f;
     if (v == targets[n]) g -= dloss;
-    dlogits[e] = g;
+    store_param(dlogits, dlogits_dtype, e, g);
   }
 }
 
@@ -469,10 +469,11 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
   }
 }
 
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const void* weight, const void* bias,
+void layernorm_forward(void* out, DType out_dtype, float* mean, float* rstd, const float* inp, const void* weight,
+                       const void* bias,
                        DType param_dtype, int N, int C, cudaStream_t stream) {
   if (N == 0) return;
-  layernorm_forward_kernel<<<N, kThreads, 0, stream>>>(out, mean, rstd, inp, weight, bias, param_dtype, C);
+  layernorm_forward_kernel<<<N, kThreads, 0, stream>>>(out, out_dtype, mean, rstd, inp, weight, bias, param_dtype, C);
   ZERONE_CUDA_LAUNCHED();
 }
 
@@ -486,10 +487,11 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
   ZERONE_CUDA_LAUNCHED();
 }
 
-void rmsnorm_forward(float* out, float* rstd, const float* inp, const void* weight, DType param_dtype, int N, int C,
+void rmsnorm_forward(void* out, DType out_dtype, float* rstd, const float* inp, const void* weight, DType param_dtype,
+                     int N, int C,
                      float eps, cudaStream_t stream) {
   if (N == 0) return;
-  rmsnorm_forward_kernel<<<N, kThreads, 0, stream>>>(out, rstd, inp, weight, param_dtype, C, eps);
+  rmsnorm_forward_kernel<<<N, kThreads, 0, stream>>>(out, out_dtype, rstd, inp, weight, param_dtype, C, eps);
   ZERONE_CUDA_LAUNCHED();
 }
 
@@ -550,18 +552,20 @@ void rope_rotate(float* x, const float* inv_freq, int B, int T, int stride, int 
   ZERONE_CUDA_LAUNCHED();
 }
 
-void swiglu_forward(float* out, const float* inp, int N, int F, cudaStream_t stream) {
-  swiglu_forward_kernel<<<grid_for(static_cast<size_t>(N) * F), kThreads, 0, stream>>>(out, inp, N, F);
+void swiglu_forward(void* out, DType out_dtype, const float* inp, int N, int F, cudaStream_t stream) {
+  swiglu_forward_kernel<<<grid_for(static_cast<size_t>(N) * F), kThreads, 0, stream>>>(out, out_dtype, inp, N, F);
   ZERONE_CUDA_LAUNCHED();
 }
 
-void swiglu_backward(float* dinp, const float* dout, const float* inp, int N, int F, cudaStream_t stream) {
-  swiglu_backward_kernel<<<grid_for(static_cast<size_t>(N) * F), kThreads, 0, stream>>>(dinp, dout, inp, N, F);
+void swiglu_backward(void* dinp, DType dinp_dtype, const float* dout, const float* inp, int N, int F,
+                     cudaStream_t stream) {
+  swiglu_backward_kernel<<<grid_for(static_cast<size_t>(N) * F), kThreads, 0, stream>>>(dinp, dinp_dtype, dout, inp,
+                                                                                        N, F);
   ZERONE_CUDA_LAUNCHED();
 }
 
-void gelu_forward(float* out, const float* inp, size_t n, cudaStream_t stream) {
-  gelu_forward_kernel<<<grid_for(n), kThreads, 0, stream>>>(out, inp, n);
+void gelu_forward(void* out, DType out_dtype, const float* inp, size_t n, cudaStream_t stream) {
+  gelu_forward_kernel<<<grid_for(n), kThreads, 0, stream>>>(out, out_dtype, inp, n);
   ZERONE_CUDA_LAUNCHED();
 }
 
@@ -582,10 +586,10 @@ void crossentropy_forward(float* losses, float* lse, const float* logits, const 
   ZERONE_CUDA_LAUNCHED();
 }
 
-void crossentropy_backward(float* dlogits, const float* logits, const float* lse, const int32_t* targets, float dloss,
-                           int N, int V, int Vp, cudaStream_t stream) {
+void crossentropy_backward(void* dlogits, DType dlogits_dtype, const float* logits, const float* lse,
+                           const int32_t* targets, float dloss, int N, int V, int Vp, cudaStream_t stream) {
   crossentropy_backward_kernel<<<grid_for(static_cast<size_t>(N) * Vp), kThreads, 0, stream>>>(
-      dlogits, logits, lse, targets, dloss, N, V, Vp);
+      dlogits, dlogits_dtype, logits, lse, targets, dloss, N, V, Vp);
   ZERONE_CUDA_LAUNCHED();
 }
 

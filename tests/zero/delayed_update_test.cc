@@ -5,7 +5,8 @@
 // stage, with clipping, gradient accumulation, weight decay and a learning rate that changes every
 // step; a delay of 0 or 2 steps, an update applied to the wrong parameters, or the last update
 // missing from the final model all change the bits. The cross-world part (ranks 1-3) is
-// tests/zero/delayed_invariance.sh.
+// tests/zero/delayed_invariance.sh. The same harness checks the asynchronous addition of host
+// gradient sums (HostSums, at the end).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -249,6 +250,41 @@ TEST(DelayedUpdateDevices, InstallsFromTheHostAsynchronouslyWithTheCpuDevicesBit
     // 4 steps install 3 updates during steps 2-4 and the last at the end, 4 units each: copies
     // the plain engine (the same other paths) does not make.
     EXPECT_EQ(deferred, deferred_plain + 4u * 4u) << "stage " << stage;
+  }
+}
+
+// Note [Host sums added on the device] (zero/grad_reducer.cc): with the optimizer offloaded at
+// stages 2-3, later micro-steps add their reduced shards to the host accumulators on the device,
+// through two asynchronous copies that the simulated device defers (NaN until waited for): the
+// trajectory is the cpu device's bit for bit, and each later micro-step of each unit made its two
+// copies (the asynchronous path was taken).
+TEST(HostSums, AreAddedOnTheDeviceAsynchronouslyWithTheCpuDevicesBits) {
+  auto& sim = dynamic_cast<kernels::sim::SimBackend&>(kernels::backend(kernels::DeviceKind::sim));
+  for (int stage = 2; stage <= 3; ++stage) {
+    Case c = bf16_clipped_accumulated(3);
+    c.offload = OffloadDevice::cpu;
+    c.stage = stage;
+    c.accum = 3;
+    Trajectory on_cpu, on_sim;
+    {
+      testing::DeviceScope device(kernels::DeviceKind::cpu);
+      on_cpu = run(c, false);
+    }
+    uint64_t deferred = 0, deferred_one_micro_step = 0;
+    {
+      testing::DeviceScope device(kernels::DeviceKind::sim);
+      uint64_t before = sim.copies_deferred();
+      on_sim = run(c, false);
+      deferred = sim.copies_deferred() - before;
+      Case single = c;
+      single.accum = 1;
+      before = sim.copies_deferred();
+      run(single, false);
+      deferred_one_micro_step = sim.copies_deferred() - before;
+    }
+    expect_same(on_sim, on_cpu, str_cat("offload cpu, stage ", stage, ", 3 micro-steps"));
+    // 3 steps x 4 units x 2 later micro-steps, two copies each.
+    EXPECT_EQ(deferred, deferred_one_micro_step + 3u * 4u * 2u * 2u) << "stage " << stage;
   }
 }
 

@@ -212,8 +212,10 @@ Buffer BufferPool::acquire(size_t bytes, MemCategory category, bool zeroed) {
 void BufferPool::release(Buffer&& buffer, std::initializer_list<Event> last_uses) {
   if (buffer.empty()) return;
   Idle idle{std::move(buffer), {}};
+  // Not asked whether they are complete: asking may run work (Note [Deferred copies], kernels/sim/
+  // sim_backend.h) that its owner has not waited for yet; acquire() asks when it needs the buffer.
   for (const Event& e : last_uses)
-    if (!e.ready()) idle.pending.push_back(e);
+    if (e.impl() != nullptr) idle.pending.push_back(e);
   if (idle_bytes_ + idle.buffer.bytes() > capacity_bytes_) {
     idle.wait_settled();
     idle.buffer.reset();

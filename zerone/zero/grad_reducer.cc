@@ -71,12 +71,13 @@ GradReducer::GradReducer(nn::Model& model, const ZeroConfig& config, std::vector
 }
 
 GradReducer::~GradReducer() {
-  // Never leave the kernel or the communication thread writing into freed buffers.
+  // Never leave the kernel, the communication thread or a copy writing into freed buffers.
   if (io_) io_->drain();
   if (nvme_grad_bytes_ > 0) MemoryLedger::global().sub(MemPlace::nvme, MemCategory::grad, nvme_grad_bytes_);
   for (UnitGrads& st : units_) {
     try {
       for (comm::Work& w : st.reduce_work) w.wait();
+      st.accumulated.wait();
     } catch (...) {
     }
   }
@@ -157,7 +158,7 @@ void GradReducer::retire() {
     const bool done = std::all_of(units_[oldest].reduce_work.begin(), units_[oldest].reduce_work.end(),
                                   [](const comm::Work& w) { return w.ready(); });
     if (!done && (reducing_.size() == 1 || reducing_numel_ <= config_.reduce_bucket_numel)) break;
-    finish(oldest);
+    complete(oldest);  // the host does not wait for the addition (Note [Host sums added on the device])
   }
 }
 
@@ -166,6 +167,49 @@ void GradReducer::finish_all() {
 }
 
 void GradReducer::finish(int u) {
+  complete(u);
+  units_[u].accumulated.wait();
+}
+
+// Note [Host sums added on the device]: with the optimizer offloaded (stages 2-3), a unit's
+// gradient shard accumulator is host memory. The first micro-step's reduced shard lands in it
+// directly (a device-to-host copy); every later micro-step's lands in a device buffer and has to
+// be added to the sum. Adding on the host would make the host wait for the device's queue to
+// drain, copy, and add while the device idles with nothing queued. Instead (DeepSpeed's
+// "accumulate in CPU via GPU" does the same) the sum goes to the device and back, all queued:
+//   host-to-device: the accumulator into the unit's full-gradient buffer, free once reduced
+//                   (reduce_src: P >= S floats);
+//   compute:        reduce_out += that copy (after the copy's event);
+//   device-to-host: reduce_out into the accumulator; its event is `accumulated`.
+// f32 addition commutes, so reduce_out + sum is bit for bit the host's sum + reduce_out. Both
+// device buffers go back to the pool with the copies' events as their last uses (Note [Pooled
+// reuse after last use]), so the working set is what it was; whoever reads the accumulator reads
+// it through finish(), which waits for `accumulated`, and so does the next addition into it (it
+// begins with finish() of the previous micro-step, in before_backward). Where the host can read
+// the device's memory (the cpu device) the sum is added in place as before. The simulated device
+// defers the copies until their events are observed (Note [Deferred copies]): a missed wait reads
+// NaN there (tests/zero/delayed_update_test.cc: HostSums).
+bool GradReducer::adds_on_device(const UnitGrads& st) const {
+  return !device_.host_addressable() && device_.place_of(st.accumulator.data()) == MemPlace::host &&
+         device_.place_of(st.reduce_out.data()) == MemPlace::device &&
+         device_.place_of(st.reduce_src.data()) == MemPlace::device;
+}
+
+void GradReducer::add_on_device(UnitGrads& st) {
+  const size_t bytes = st.shard.shard_numel * sizeof(float);
+  ZERONE_ASSERT(st.reduce_src.bytes() >= bytes, "a full-gradient buffer smaller than its shard");
+  st.accumulated.wait();  // the previous addition's copy back (complete: finish() waited)
+  float* sum = st.reduce_src.as<float>();
+  const Event sum_in = device_.copy_async(sum, MemPlace::device, st.accumulator.data(), MemPlace::host, bytes);
+  device_.wait(kernels::Stream::compute, sum_in);
+  device_.accumulate(st.reduce_out.as<float>(), sum, st.shard.shard_numel);
+  st.accumulated = device_.copy_async(st.accumulator.data(), MemPlace::host, st.reduce_out.data(), MemPlace::device, bytes);
+  const Event compute = device_.record(kernels::Stream::compute), comm = device_.record(kernels::Stream::comm);
+  pool_.release(std::move(st.reduce_out), {compute, comm, st.accumulated});
+  pool_.release(std::move(st.reduce_src), {compute, comm, sum_in});
+}
+
+void GradReducer::complete(int u) {
   UnitGrads& st = units_[u];
   if (st.reduce_work.empty()) return;
   {
@@ -210,7 +254,10 @@ void GradReducer::finish(int u) {
   }
   // Accumulate this micro-step's reduced shard (unless it landed in the accumulator directly)
   // and give the full gradients back to the pool.
-  if (!st.reduce_out.empty()) accumulate(st.accumulator.as<float>());
+  if (!st.reduce_out.empty()) {
+    if (adds_on_device(st)) return add_on_device(st);
+    accumulate(st.accumulator.as<float>());
+  }
   release_to_pool(pool_, std::move(st.reduce_src), device_);
 }
 

@@ -68,7 +68,8 @@ class GradReducer {
   // Starts reducing unit u's gradients (stages 2-3 every micro-step, 0-1 at the last) and
   // retires finished reductions.
   void after_backward(int u);
-  // Waits for unit u's reduction (if any) and accumulates it.
+  // Waits for unit u's reduction (if any) and accumulates it: when it returns, the accumulator
+  // holds the sum (Note [Host sums added on the device]: the addition it waits for).
   void finish(int u);
   void finish_all();
 
@@ -93,6 +94,9 @@ class GradReducer {
     bool accumulator_zero = true;  // stages 2-3: the accumulator holds nothing yet this step
     bool host_accumulator = false;
     std::vector<comm::Work> reduce_work;
+    // Note [Host sums added on the device]: the copy that writes the sum back into the host
+    // accumulator (complete when none is in flight).
+    kernels::Event accumulated;
     // Note [Gradient swap]: the accumulator's slot in grads.swp, the staging buffer holding it
     // (-1: none), its write in flight (0: none), and the sum of squares of the step's final sum.
     uint64_t swap_offset = 0;
@@ -103,6 +107,11 @@ class GradReducer {
   };
   void launch(int u);
   void retire();
+  // finish() but for the wait on `accumulated`: what retire() does during the backward.
+  void complete(int u);
+  // Note [Host sums added on the device].
+  bool adds_on_device(const UnitGrads& st) const;
+  void add_on_device(UnitGrads& st);
   float* acquire_staging(int u);
   void finish_write(int u);
 

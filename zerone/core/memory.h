@@ -159,8 +159,9 @@ class Buffer {
 // are all complete; when every candidate is still in use it waits (the host, Event::wait) for the
 // oldest. Events without a backend handle (complete by construction) are not kept, so on the
 // inline backends (cpu, sim), whose recorded events are such, the pool behaves as without events;
-// the others are first asked at acquire(), never at release (asking a simulated copy's event runs
-// the copy, which would hide a missing wait of the buffer's owner: Note [Deferred copies]).
+// the others are first asked at acquire(), not at release (asking a simulated copy's event runs
+// the copy, which would hide a missing wait of the buffer's owner: Note [Deferred copies]), except
+// when the release frees the buffer (beyond the capacity), which must wait for them.
 //
 // Thread-safety: none; one owner (the training thread).
 class BufferPool {
@@ -191,7 +192,7 @@ class BufferPool {
   size_t alignment_;
   struct Idle {
     Buffer buffer;
-    std::vector<Event> pending;  // last uses not complete at release (empty on inline backends)
+    std::vector<Event> pending;  // last uses with a backend handle, until acquire() finds them complete
     // True when every last use completed (drops the ones that did).
     bool settled();
     void wait_settled();

@@ -275,7 +275,11 @@ class Backend {
   // compute in f32 and round as they store). The GEMM then sees the same bits, and the output is
   // written, kept and read at half the bytes, with no conversion pass before each GEMM. The models
   // store the activations only GEMMs read in their compute dtype (nn/gpt2.cc, nn/llama.cc); a
-  // linear with a bias needs `dout` in f32 (the bias gradient sums it unrounded).
+  // linear with a bias needs `dout` in f32 (the bias gradient sums it unrounded). Caveats: the
+  // cpu's fp16 GEMMs still widen the operand to f32 scratch (Note [fp16 on the CPU]); on cuda an
+  // operand whose base is not 16-byte aligned (a layer's slot when B*T*C is not a multiple of 8)
+  // may get another cuBLASLt algorithm than the aligned scratch got: the same products, summed
+  // in another order.
   virtual void layernorm_forward(void* out, DType out_dtype, float* mean, float* rstd, const float* inp,
                                  const void* weight, const void* bias, DType param_dtype, int N, int C) = 0;
   virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,

@@ -143,9 +143,6 @@ namespace {
 // are kept for one block (S = 1 slot, recomputed in backward) and only the block outputs
 // (residual3) for all L; with CPU checkpointing two device slots of them, and the last entry, the
 // host copies (Note [CPU checkpointing] in model.h).
-struct ActivationBuffer {
-  size_t numel, elem_bytes;
-};
 std::array<ActivationBuffer, 29> activation_buffers(const GPT2Config& c, DType dtype, int B, int T, bool checkpointing,
                                                     bool on_host, kernels::AttentionSaved att_saved) {
   const size_t L = c.num_layers, C = c.channels, NH = c.num_heads, Vp = c.padded_vocab_size;

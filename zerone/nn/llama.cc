@@ -163,9 +163,6 @@ namespace {
 // With activation checkpointing (Note [Activation checkpointing] in model.h) one slot (S = 1) of block
 // internals, recomputed in backward; the block outputs (residual3) for all L, or two device slots
 // of them and, as the last entry, their host copies (Note [CPU checkpointing] in model.h).
-struct ActivationBuffer {
-  size_t numel, elem_bytes;
-};
 std::array<ActivationBuffer, 29> llama_activation_buffers(const LlamaConfig& c, DType dtype, int B, int T,
                                                           bool checkpointing, bool on_host,
                                                           kernels::AttentionSaved att_saved) {

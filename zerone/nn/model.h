@@ -173,6 +173,12 @@ class Model {
 
 // The plumbing every transformer here shares: the units, the compute dtype, the hooks, the
 // checkpointing switch, and the fresh-gradient rule. GPT-2 and LLaMA derive from it.
+// One activation buffer of a model's table (nn/gpt2.cc, nn/llama.cc): its element count and
+// element size (Note [GEMM operands in the compute dtype], kernels/backend.h: some are 16-bit).
+struct ActivationBuffer {
+  size_t numel, elem_bytes;
+};
+
 class UnitModel : public Model {
  public:
   DType compute_dtype() const override { return dtype_; }

@@ -81,8 +81,9 @@ DeviceSpeeds measure_device_speeds(kernels::Backend& device, DType dtype, int ge
   };
   DeviceSpeeds out;
   {
-    // (n, n) activations times an (n, n) weight in the run's parameter precision. The operands
-    // hold varied values (a GPU's power draw, and so its clock, depends on them).
+    // An (n, n) activation operand times an (n, n) weight in the run's parameter precision. The
+    // operands hold varied values (a GPU's power draw, and so its clock, depends on them); `inp`
+    // is where they are made.
     const size_t n = static_cast<size_t>(gemm_n), elems = n * n;
     const DType param_dtype = dtype;
     Buffer inp(elems * sizeof(float), MemCategory::scratch, MemPlace::device, 256, device_memory);
@@ -95,8 +96,10 @@ DeviceSpeeds measure_device_speeds(kernels::Backend& device, DType dtype, int ge
     }
     device.convert(weight.data(), param_dtype, inp.data(), DType::f32, elems);
     const double s = best_seconds(kernels::Stream::compute, [&] {
-      // The weights serve as the activation operand too: already in the GEMM's dtype, as the
-      // models' operands are (Note [GEMM operands in the compute dtype]), so only the GEMM is timed.
+      // The weights serve as the activation operand too: already in the GEMM's dtype, as most of
+      // the models' operands are (Note [GEMM operands in the compute dtype]); the convert of the
+      // rest is not in the figure (nor, on the cpu with fp16, is it only the GEMM: the operands are
+      // widened to f32 first, Note [fp16 on the CPU]).
       device.linear_forward(out_buf.as<float>(), weight.data(), param_dtype, weight.data(), nullptr, param_dtype, gemm_n,
                             gemm_n, gemm_n);
     });

@@ -103,7 +103,7 @@ void GradReducer::before_backward(int u) {
   for (int x : model_.units_touched(u)) {
     nn::FlatParam& unit = model_.units()[x];
     if (unit.has_grads()) continue;
-    finish(x);  // the previous micro-step's reduction of this unit, if still in flight
+    complete(x);  // the previous micro-step's reduction of this unit, if still in flight
     // Unzeroed: the backward overwrites or zeroes every element (Note [Fresh gradients]).
     unit.set_grads(pool_.acquire(unit.grad_bytes(), MemCategory::grad, /*zeroed=*/false), /*fresh=*/true);
   }
@@ -184,8 +184,9 @@ void GradReducer::finish(int u) {
 // f32 addition commutes, so reduce_out + sum is bit for bit the host's sum + reduce_out. Both
 // device buffers go back to the pool with the copies' events as their last uses (Note [Pooled
 // reuse after last use]), so the working set is what it was; whoever reads the accumulator reads
-// it through finish(), which waits for `accumulated`, and so does the next addition into it (it
-// begins with finish() of the previous micro-step, in before_backward). Where the host can read
+// it through finish(), which waits for `accumulated`. The next micro-step's addition into it
+// (started by before_backward or retire, which do not wait) has its host-to-device copy wait on
+// the device for `accumulated`, so the host never waits for an addition. Where the host can read
 // the device's memory (the cpu device) the sum is added in place as before. The simulated device
 // defers the copies until their events are observed (Note [Deferred copies]): a missed wait reads
 // NaN there (tests/zero/delayed_update_test.cc: HostSums).
@@ -198,7 +199,7 @@ bool GradReducer::adds_on_device(const UnitGrads& st) const {
 void GradReducer::add_on_device(UnitGrads& st) {
   const size_t bytes = st.shard.shard_numel * sizeof(float);
   ZERONE_ASSERT(st.reduce_src.bytes() >= bytes, "a full-gradient buffer smaller than its shard");
-  st.accumulated.wait();  // the previous addition's copy back (complete: finish() waited)
+  device_.wait(kernels::Stream::host_to_device, st.accumulated);  // the previous micro-step's sum is back
   float* sum = st.reduce_src.as<float>();
   const Event sum_in = device_.copy_async(sum, MemPlace::device, st.accumulator.data(), MemPlace::host, bytes);
   device_.wait(kernels::Stream::compute, sum_in);

@@ -63,7 +63,8 @@ class GradReducer {
   void set_last_micro_step(bool last) { last_micro_step_ = last; }
   bool last_micro_step() const { return last_micro_step_; }
 
-  // Stages 2-3: fresh full gradients for the units the backward of u touches.
+  // Stages 2-3: fresh full gradients for the units the backward of u touches (the previous
+  // micro-step's reductions of them completed first, the host not waiting for their additions).
   void before_backward(int u);
   // Starts reducing unit u's gradients (stages 2-3 every micro-step, 0-1 at the last) and
   // retires finished reductions.

@@ -104,6 +104,8 @@ class RowOut {
 // its GEMMs in f32 on operands rounded to f16: the weights are f16 already (widened exactly), the
 // activation and gradient operands are rounded to f16 and back. The rounding, the range and so
 // the overflow behaviour that loss scaling exists for are those of fp16; only the speed is not.
+// Operands already stored in f16 (Note [GEMM operands in the compute dtype]) are widened to f32
+// scratch likewise, exactly: on the cpu they save the rounding pass, not the scratch.
 
 // A matmul operand: its data and the dtype the GEMM reads it in.
 struct Operand {
@@ -724,6 +726,7 @@ void crossentropy_forward(float* losses, float* lse, const float* logits, const 
 void crossentropy_backward(void* dlogits, DType dlogits_dtype, const float* logits, const float* lse,
                            const int32_t* targets, float dloss, int N, int V, int Vp) {
   ProfileScope profile(ProfileCategory::elementwise);
+  ZERONE_ASSERT(dlogits != logits || dlogits_dtype == DType::f32, "16-bit dlogits written over the f32 logits");
   const RowOut rows(dlogits, dlogits_dtype, Vp);
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {

@@ -470,8 +470,7 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
 }
 
 void layernorm_forward(void* out, DType out_dtype, float* mean, float* rstd, const float* inp, const void* weight,
-                       const void* bias,
-                       DType param_dtype, int N, int C, cudaStream_t stream) {
+                       const void* bias, DType param_dtype, int N, int C, cudaStream_t stream) {
   if (N == 0) return;
   layernorm_forward_kernel<<<N, kThreads, 0, stream>>>(out, out_dtype, mean, rstd, inp, weight, bias, param_dtype, C);
   ZERONE_CUDA_LAUNCHED();
@@ -488,8 +487,7 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 }
 
 void rmsnorm_forward(void* out, DType out_dtype, float* rstd, const float* inp, const void* weight, DType param_dtype,
-                     int N, int C,
-                     float eps, cudaStream_t stream) {
+                     int N, int C, float eps, cudaStream_t stream) {
   if (N == 0) return;
   rmsnorm_forward_kernel<<<N, kThreads, 0, stream>>>(out, out_dtype, rstd, inp, weight, param_dtype, C, eps);
   ZERONE_CUDA_LAUNCHED();
@@ -588,6 +586,7 @@ void crossentropy_forward(float* losses, float* lse, const float* logits, const 
 
 void crossentropy_backward(void* dlogits, DType dlogits_dtype, const float* logits, const float* lse,
                            const int32_t* targets, float dloss, int N, int V, int Vp, cudaStream_t stream) {
+  ZERONE_ASSERT(dlogits != logits || dlogits_dtype == DType::f32, "16-bit dlogits written over the f32 logits");
   crossentropy_backward_kernel<<<grid_for(static_cast<size_t>(N) * Vp), kThreads, 0, stream>>>(
       dlogits, dlogits_dtype, logits, lse, targets, dloss, N, V, Vp);
   ZERONE_CUDA_LAUNCHED();

@@ -348,6 +348,25 @@ TEST(CostModel, ASeparateDeviceTakesItsOwnSpeeds) {
                   1e-9 * hidden.total_s);
     }
   }
+  // Gradient accumulation with the optimizer offloaded (stages 2-3): on a separate device each
+  // later micro-step's shard is added to the host's sum on the device, the sum crossing the link
+  // there and back (Note [Host sums added on the device]); where the device is host memory, the
+  // optimizer term does not depend on the micro-steps.
+  {
+    train::TrainConfig cfg;
+    cfg.zero_stage = 2;
+    cfg.offload_optimizer = "cpu";
+    const ZeroConfig z = train::zero_config(cfg, DType::bf16, numels, 1);
+    double stepped = 0;
+    for (size_t n : numels) stepped += static_cast<double>(unit_shard(n, 1, 0, z).shard_numel);
+    StepWorkload accumulated = w;
+    accumulated.grad_accum = 4;
+    const double extra_s = step_cost(accumulated, z, StageEstimate{}, gpu).optimizer_s -
+                           step_cost(w, z, StageEstimate{}, gpu).optimizer_s;
+    EXPECT_NEAR(extra_s, stepped * 8 * 3 / gpu.host_device_bytes_per_s, 1e-9 * extra_s);
+    EXPECT_EQ(step_cost(accumulated, z, StageEstimate{}, host).optimizer_s,
+              step_cost(w, z, StageEstimate{}, host).optimizer_s);
+  }
   // Parameters on NVMe: with a host link slower than the disk, the link bounds their reads.
   {
     train::TrainConfig cfg;

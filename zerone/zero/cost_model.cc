@@ -19,7 +19,10 @@ namespace zerone::zero {
 //             master (bf16/fp16) and K state tensors read and written back, the parameter
 //             written; AdamW in bf16: 4 + 2x4 + 2x2x4 + 2 = 30 bytes. Offloading the optimizer to
 //             the host adds the copies of the gradient shard there and the parameters back over
-//             host_device_bytes_per_s (on a CPU build a memory copy).
+//             host_device_bytes_per_s (on a CPU build a memory copy); at stages 2-3 on a separate
+//             device each later micro-step's shard is added to the host's sum on the device, the
+//             sum going there and back (Note [Host sums added on the device]): 4 bytes per element
+//             for the first micro-step, 8 more for each later one (added, not overlapped).
 //   nvme      bytes read and written under --nvme-path over disk bandwidth / ranks per host:
 //             optimizer state (master + K tensors) read and written once per step; swapped
 //             gradient accumulators (Note [Gradient swap]) read and written once per micro-step;
@@ -102,7 +105,10 @@ StepCost step_cost(const StepWorkload& w, const ZeroConfig& c, const StageEstima
   double step_s = separate_device ? (stepped - offloaded) * bytes_per_element / device_bw +
                                         offloaded * bytes_per_element / m.memory_bytes_per_s
                                   : stepped * bytes_per_element / m.memory_bytes_per_s;
-  if (offloaded > 0) step_s += offloaded * (4.0 + (params_on_host ? 0.0 : ds)) / copy_bw;
+  // At stages 2-3 on a separate device every later micro-step also takes the host's sum to the
+  // device and back (Note [Host sums added on the device]): 8 bytes more each.
+  const double grad_crossings = c.stage >= 2 && separate_device ? 2.0 * micro_steps - 1.0 : 1.0;
+  if (offloaded > 0) step_s += offloaded * (4.0 * grad_crossings + (params_on_host ? 0.0 : ds)) / copy_bw;
 
   // Swap traffic (bytes per step on this rank) from the estimate's NVMe places.
   const double disk_bw = m.disk_bytes_per_s > 0 ? m.disk_bytes_per_s / std::max(1, w.ranks_per_host) : 0.0;

@@ -566,6 +566,30 @@ if len(ms) > 2:
 PY
   cp "$d/z.jsonl" "$out/w5_${model}_zerone.jsonl" 2>/dev/null || true
   rm -rf "$d"
+  # Issue 18 §4 asks for the largest micro-batch that fits: the largest `zerone estimate` says fits
+  # (stage 0, this GPU's free memory), then trained for a few steps (a failure there is a finding:
+  # the estimate said it fits).
+  if [ "$model" = gpt2 ] && [ $((deadline - $(now))) -gt 120 ]; then
+    local largest
+    largest="$(w5_largest_micro_batch "$zmodel" "$T")"
+    echo "W5 $model: the largest micro-batch \`zerone estimate\` fits on this GPU: ${largest:-none}"
+    if [ -n "$largest" ] && [ "$largest" -gt "$mb" ]; then
+      d="$(mktemp -d)"
+      "$pack/bin/zerone" train --model "$zmodel" --seq "$T" --micro-batch "$largest" --steps 5 --precision bf16 \
+        --device cuda --metrics "$d/z.jsonl" > "$d/z.log" 2>&1 || { tail -5 "$d/z.log"; echo "zerone $model B=$largest: FAILED"; }
+      [ ! -s "$d/z.jsonl" ] || python3 - "$d/z.jsonl" "$largest" "$flops" "$T" "$model" <<'PY'
+import json, sys
+ms = [x["ms"] for x in map(json.loads, open(sys.argv[1])) if "ms" in x]
+mb, flops, T, model = int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+if len(ms) > 2:
+    s = sum(ms[2:]) / len(ms[2:]) / 1000
+    tok = mb * T / s
+    print(f"W5 {model} zerone bf16 B={mb} (largest) T={T}: {s:.4f} s/step, {tok:.0f} tokens/s, MFU {tok * flops / 989e12:.1%}")
+PY
+      grep -E 'peak' "$d/z.log" | head -3
+      rm -rf "$d"
+    fi
+  fi
   local mode
   for mode in ${ZERONE_W5_PEERS-eager compile}; do
     [ $((deadline - $(now))) -gt 90 ] || { echo "torch $model $mode: skipped (time)"; continue; }
@@ -575,6 +599,22 @@ PY
         python3 -c "s=float('$s'); tok=$mb*$T/s; print(f'W5 $model torch $mode bf16 B=$mb T=$T: {s:.4f} s/step, {tok:.0f} tokens/s, MFU {tok*$flops/989e12:.1%}')" 2>/dev/null || true
       done
   done
+}
+
+# The largest micro-batch (8, 16, 24, 32, 48, ... 256) whose stage-0 estimate fits this device
+# (ZERONE_W5_DEVICE, default cuda: the GPU's free memory; elsewhere give ZERONE_W5_DEVICE_MEM GiB),
+# on stdout; nothing when none does.
+w5_largest_micro_batch() {
+  local zmodel="$1" T="$2" b fits largest="" cap=()
+  [ -z "${ZERONE_W5_DEVICE_MEM:-}" ] || cap=(--device-mem "$ZERONE_W5_DEVICE_MEM")
+  for b in 8 16 24 32 48 64 96 128 192 256; do
+    fits="$("$pack/bin/zerone" estimate --world 1 --model "$zmodel" --seq "$T" --micro-batch "$b" --precision bf16 \
+      --zero-stage 0 --device "${ZERONE_W5_DEVICE:-cuda}" "${cap[@]}" --json 2>/dev/null |
+      python3 -c 'import json, sys; print(json.load(sys.stdin)["stages"][0]["fits"])' 2>/dev/null)"
+    [ "$fits" = True ] || break
+    largest="$b"
+  done
+  echo "$largest"
 }
 
 # Issue 19 §4 (`gpu_run.sh offload`, a call of its own): ZeRO-Offload on the GPU. Llama-3.2-1B

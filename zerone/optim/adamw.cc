@@ -1,7 +1,10 @@
 #include "zerone/optim/adamw.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <deque>
+#include <mutex>
 #include <vector>
 
 #include "zerone/core/error.h"
@@ -44,24 +47,22 @@ double AdamW::update_slice(MemPlace run_place, const ShardRef& s, DType param_dt
                            kernels::AdamWHyper h, size_t begin, size_t end, float* master, float* m, float* v) {
   ZERONE_ASSERT(begin <= end && end <= s.numel);
   kernels::Backend& backend = kernels::backend_for(run_place);
-  void* param_out = param_dtype == DType::f32 ? nullptr : s.param;
-  std::vector<kernels::Backend::AdamWRange> ranges;  // the decay runs, in order
-  for_each_decay_run(s, begin, end, options.weight_decay, [&](size_t b, size_t e, float wd) {
-    h.weight_decay = wd;
-    ranges.push_back({master + (b - begin), m + (b - begin), v + (b - begin), s.grad + b,
-                      param_out ? static_cast<char*>(param_out) + b * dtype_size(param_dtype) : nullptr, e - b, h});
-  });
-  // Operands where the update runs (the rule is the same for every run of the slice): one call for
-  // all the runs, so that a GPU waits for its norm once per slice (Note [Updates that measure the norm]).
-  if (!ranges.empty() && operands_in(run_place, {ranges[0].master, ranges[0].grad, ranges[0].param}))
-    return backend.adamw_update_ranges(ranges, param_dtype);
-  double sumsq = 0.0;
-  for (const kernels::Backend::AdamWRange& r : ranges) {
-    sumsq += run_with_operands_in(run_place, param_dtype, r.n, {r.master, r.grad, r.param}, [&](const RunOperands& o) {
-      return backend.adamw_update(o.master, r.m, r.v, o.grad, o.param, param_dtype, r.n, r.hyper);
-    });
-  }
-  return sumsq;
+  const size_t ds = dtype_size(param_dtype);
+  void* param_out = param_dtype == DType::f32 ? nullptr : static_cast<char*>(s.param) + begin * ds;
+  // The slice's operands where the update runs, staged once for all its decay runs (Note
+  // [Operands in another place]), and one call for the runs, so that a GPU waits for its norm once
+  // per slice (Note [Updates that measure the norm]).
+  return run_with_operands_in(run_place, param_dtype, end - begin, {master, s.grad + begin, param_out},
+                              [&](const RunOperands& o) {
+                                std::vector<kernels::Backend::AdamWRange> ranges;  // the decay runs, in order
+                                for_each_decay_run(s, begin, end, options.weight_decay, [&](size_t b, size_t e, float wd) {
+                                  h.weight_decay = wd;
+                                  const size_t at = b - begin;
+                                  ranges.push_back({o.master + at, m + at, v + at, o.grad + at,
+                                                    o.param ? static_cast<char*>(o.param) + at * ds : nullptr, e - b, h});
+                                });
+                                return ranges.empty() ? 0.0 : backend.adamw_update_ranges(ranges, param_dtype);
+                              });
 }
 
 namespace {
@@ -72,6 +73,44 @@ bool elsewhere(MemPlace run_place, const void* p) {
 }
 
 }  // namespace
+
+// Note [Installing staged operands]: an update that ran on the host (the optimizer offloaded)
+// staged the device's parameters (and an f32 master that is the parameters) in host scratch; they
+// go back with copy_async, and the device's compute stream waits for the copy (every kernel
+// submitted later reads the new values), not the host: a synchronous copy would make the host
+// wait for the device's queue to drain at every slice. The scratch is kept until its copy
+// completed: freed by a later install that finds it done, at the latest by wait_installs(), which
+// every optimizer's end_step() calls. Writes back to the host stay synchronous (the host reads
+// them next).
+namespace {
+
+struct PendingInstall {
+  Buffer staging;
+  Event copied;
+};
+std::mutex g_installs_mutex;
+std::deque<PendingInstall> g_installs;  // in submission order
+std::atomic<uint64_t> g_installs_launched{0};
+
+void install_on_device(void* dst, Buffer&& staging) {
+  kernels::Backend& device = kernels::device_backend();
+  const Event copied = device.copy_async(dst, MemPlace::device, staging.data(), staging.place(), staging.bytes());
+  device.wait(kernels::Stream::compute, copied);
+  g_installs_launched.fetch_add(1, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(g_installs_mutex);
+  while (!g_installs.empty() && g_installs.front().copied.ready()) g_installs.pop_front();
+  g_installs.push_back({std::move(staging), copied});
+}
+
+}  // namespace
+
+uint64_t installs_launched() { return g_installs_launched.load(std::memory_order_relaxed); }
+
+void wait_installs() {
+  std::lock_guard<std::mutex> lock(g_installs_mutex);
+  for (const PendingInstall& p : g_installs) p.copied.wait();
+  g_installs.clear();
+}
 
 bool operands_in(MemPlace run_place, const RunOperands& operands) {
   return kernels::device_backend().host_addressable() ||
@@ -100,8 +139,16 @@ double run_with_operands_in(MemPlace run_place, DType param_dtype, size_t n, con
     local.param = param.data();
   }
   const double sumsq = run(local);
-  if (!master.empty()) device.copy_any(operands.master, master.data(), master.bytes());
-  if (!param.empty()) device.copy_any(operands.param, param.data(), param.bytes());
+  // Back where they live: to the device without the host waiting (Note [Installing staged operands]).
+  auto write_back = [&](void* dst, Buffer& staged) {
+    if (staged.empty()) return;
+    if (device.place_of(dst) == MemPlace::device && staged.place() == MemPlace::host)
+      install_on_device(dst, std::move(staged));
+    else
+      device.copy_any(dst, staged.data(), staged.bytes());
+  };
+  write_back(operands.master, master);
+  write_back(operands.param, param);
   return sumsq;
 }
 

@@ -31,6 +31,12 @@ struct ShardRef {
   std::vector<std::pair<size_t, size_t>> decay_ranges;
 };
 
+// Waits for every update's parameters staged on the host to be back on the device, and frees
+// their staging (Note [Installing staged operands], optim/adamw.cc). Any thread.
+void wait_installs();
+// Installs launched since the process started (a test's evidence that the path is taken).
+uint64_t installs_launched();
+
 // Stepping over the shards the engine hands out.
 class ShardStepping {
  public:
@@ -62,7 +68,8 @@ class ShardStepping {
   virtual bool supports_shard_steps() const { return false; }
   virtual void begin_step(float lr, float grad_scale) {}
   virtual double update_shard(size_t i, size_t next_shard = kNoShard) { return 0.0; }
-  virtual void end_step() {}
+  // The default waits for the step's parameter installs (Note [Installing staged operands]).
+  virtual void end_step() { wait_installs(); }
 };
 
 // The state as checkpoints see it.
@@ -149,7 +156,9 @@ void for_each_decay_run(const ShardRef& shard, size_t begin, size_t end, float w
 // gradients the device produced. Where the device's memory is host memory (the cpu device) that
 // changes nothing. Elsewhere each operand in another place is staged: copied into a scratch buffer
 // of run_place before the run (gradients, a master that is the parameters themselves) and copied
-// back after it (parameters, master). The arithmetic is the same, so the bits are too.
+// back after it (parameters, master; to the device without the host waiting, Note [Installing
+// staged operands] in adamw.cc). An update_slice stages its whole slice once for all its decay
+// runs. The arithmetic is the same, so the bits are too.
 struct RunOperands {
   float* master = nullptr;       // n f32, read and written (may be the f32 parameters themselves)
   const float* grad = nullptr;   // n f32, read

@@ -37,18 +37,22 @@ double SGD::update_slice(MemPlace run_place, const ShardRef& s, DType param_dtyp
                          float* momentum) {
   ZERONE_ASSERT(begin <= end && end <= s.numel);
   kernels::Backend& backend = kernels::backend_for(run_place);
-  void* param_out = param_dtype == DType::f32 ? nullptr : s.param;
-  double sumsq = 0.0;
-  for_each_decay_run(s, begin, end, options.weight_decay, [&](size_t b, size_t e, float wd) {
-    void* p = param_out ? static_cast<char*>(param_out) + b * dtype_size(param_dtype) : nullptr;
-    const kernels::SGDHyper h{lr, options.momentum, options.dampening, options.nesterov, wd, grad_scale, first};
-    sumsq += run_with_operands_in(run_place, param_dtype, e - b, RunOperands{master + (b - begin), s.grad + b, p},
-                                  [&](const RunOperands& o) {
-                                    return backend.sgd_update(o.master, momentum ? momentum + (b - begin) : nullptr,
-                                                              o.grad, o.param, param_dtype, e - b, h);
-                                  });
-  });
-  return sumsq;
+  const size_t ds = dtype_size(param_dtype);
+  void* param_out = param_dtype == DType::f32 ? nullptr : static_cast<char*>(s.param) + begin * ds;
+  // The slice's operands staged once for all its decay runs (Note [Operands in another place]).
+  return run_with_operands_in(run_place, param_dtype, end - begin, {master, s.grad + begin, param_out},
+                              [&](const RunOperands& o) {
+                                double sumsq = 0.0;
+                                for_each_decay_run(s, begin, end, options.weight_decay, [&](size_t b, size_t e, float wd) {
+                                  const size_t at = b - begin;
+                                  const kernels::SGDHyper h{lr, options.momentum, options.dampening, options.nesterov,
+                                                            wd, grad_scale, first};
+                                  sumsq += backend.sgd_update(o.master + at, momentum ? momentum + at : nullptr,
+                                                              o.grad + at, o.param ? static_cast<char*>(o.param) + at * ds : nullptr,
+                                                              param_dtype, e - b, h);
+                                });
+                                return sumsq;
+                              });
 }
 
 void SGD::begin_step(float lr, float grad_scale) {

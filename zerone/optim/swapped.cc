@@ -202,6 +202,7 @@ void SwappedOptimizer::end_step() {
   for (io::SwapIo::Ticket& t : writes_) wait_io(t);
   for (size_t gi : written_) std::swap(groups_[gi].offset, groups_[gi].spare);  // Note [Spare slots]
   written_.clear();
+  wait_installs();  // Note [Installing staged operands]
 }
 
 void SwappedOptimizer::abort_step() {

@@ -555,15 +555,7 @@ print(6 * (Vp * C + L * 12 * C * C) + 6 * L * T * C)")"
   "$pack/bin/zerone" train --model "$zmodel" --seq "$T" --micro-batch "$mb" --steps "$steps" --precision bf16 \
     --device cuda --metrics "$d/z.jsonl" > "$d/z.log" 2>&1 || { tail -20 "$d/z.log"; echo "zerone $model: FAILED"; }
   tail -5 "$d/z.log"
-  [ ! -s "$d/z.jsonl" ] || python3 - "$d/z.jsonl" "$mb" "$flops" "$T" "$model" <<'PY'
-import json, sys
-ms = [x["ms"] for x in map(json.loads, open(sys.argv[1])) if "ms" in x]
-mb, flops, T, model = int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
-if len(ms) > 2:
-    s = sum(ms[2:]) / len(ms[2:]) / 1000
-    tok = mb * T / s
-    print(f"W5 {model} zerone bf16 B={mb} T={T}: {s:.4f} s/step, {tok:.0f} tokens/s, MFU {tok * flops / 989e12:.1%} (steps 3..{len(ms)})")
-PY
+  w5_line "$d/z.jsonl" "$mb" "$flops" "$T" "$model" ""
   cp "$d/z.jsonl" "$out/w5_${model}_zerone.jsonl" 2>/dev/null || true
   rm -rf "$d"
   # Issue 18 §4 asks for the largest micro-batch that fits: the largest `zerone estimate` says fits
@@ -577,15 +569,7 @@ PY
       d="$(mktemp -d)"
       "$pack/bin/zerone" train --model "$zmodel" --seq "$T" --micro-batch "$largest" --steps 5 --precision bf16 \
         --device cuda --metrics "$d/z.jsonl" > "$d/z.log" 2>&1 || { tail -5 "$d/z.log"; echo "zerone $model B=$largest: FAILED"; }
-      [ ! -s "$d/z.jsonl" ] || python3 - "$d/z.jsonl" "$largest" "$flops" "$T" "$model" <<'PY'
-import json, sys
-ms = [x["ms"] for x in map(json.loads, open(sys.argv[1])) if "ms" in x]
-mb, flops, T, model = int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
-if len(ms) > 2:
-    s = sum(ms[2:]) / len(ms[2:]) / 1000
-    tok = mb * T / s
-    print(f"W5 {model} zerone bf16 B={mb} (largest) T={T}: {s:.4f} s/step, {tok:.0f} tokens/s, MFU {tok * flops / 989e12:.1%}")
-PY
+      w5_line "$d/z.jsonl" "$largest" "$flops" "$T" "$model" " (largest)"
       grep -E 'peak' "$d/z.log" | head -3
       rm -rf "$d"
     fi
@@ -599,6 +583,21 @@ PY
         python3 -c "s=float('$s'); tok=$mb*$T/s; print(f'W5 $model torch $mode bf16 B=$mb T=$T: {s:.4f} s/step, {tok:.0f} tokens/s, MFU {tok*$flops/989e12:.1%}')" 2>/dev/null || true
       done
   done
+}
+
+# The W5 line of a zerone run: the mean of its steps after the first two from METRICS (JSON lines),
+# tokens/s and MFU at MB x T tokens a step and FLOPS per token. Nothing for a missing file.
+w5_line() {
+  [ -s "$1" ] || return 0
+  python3 - "$@" <<'PY'
+import json, sys
+ms = [x["ms"] for x in map(json.loads, open(sys.argv[1])) if "ms" in x]
+mb, flops, T, model, label = int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
+if len(ms) > 2:
+    s = sum(ms[2:]) / len(ms[2:]) / 1000
+    tok = mb * T / s
+    print(f"W5 {model} zerone bf16 B={mb}{label} T={T}: {s:.4f} s/step, {tok:.0f} tokens/s, MFU {tok * flops / 989e12:.1%} (steps 3..{len(ms)})")
+PY
 }
 
 # The largest micro-batch (8, 16, 24, 32, 48, ... 256) whose stage-0 estimate fits this device

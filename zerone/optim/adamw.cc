@@ -80,8 +80,10 @@ bool elsewhere(MemPlace run_place, const void* p) {
 // submitted later reads the new values), not the host: a synchronous copy would make the host
 // wait for the device's queue to drain at every slice. The scratch is kept until its copy
 // completed: freed by a later install that finds it done, at the latest by wait_installs(), which
-// every optimizer's end_step() calls. Writes back to the host stay synchronous (the host reads
-// them next).
+// every optimizer's end_step() and abort_step() call. Writes back to the host stay synchronous
+// (the host reads them next), and so does staging in: with f32 parameters the master is the
+// device's parameters and is copied over before each slice, and at stage 1 the gradient slice is,
+// so there the host still waits for the device once per slice.
 namespace {
 
 struct PendingInstall {
@@ -89,17 +91,21 @@ struct PendingInstall {
   Event copied;
 };
 std::mutex g_installs_mutex;
-std::deque<PendingInstall> g_installs;  // in submission order
+// In submission order. Never destroyed: an exit may leave entries, whose buffers must not be freed
+// after the arenas they came from (Note [CUDA at exit] in kernels/cuda/cuda_backend.cc).
+std::deque<PendingInstall>& g_installs = *new std::deque<PendingInstall>;
 std::atomic<uint64_t> g_installs_launched{0};
 
 void install_on_device(void* dst, Buffer&& staging) {
   kernels::Backend& device = kernels::device_backend();
-  const Event copied = device.copy_async(dst, MemPlace::device, staging.data(), staging.place(), staging.bytes());
-  device.wait(kernels::Stream::compute, copied);
-  g_installs_launched.fetch_add(1, std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(g_installs_mutex);
   while (!g_installs.empty() && g_installs.front().copied.ready()) g_installs.pop_front();
-  g_installs.push_back({std::move(staging), copied});
+  // Kept before the copy is queued, so that nothing can free the staging while the copy reads it.
+  PendingInstall& pending = g_installs.emplace_back(PendingInstall{std::move(staging), Event()});
+  pending.copied = device.copy_async(dst, MemPlace::device, pending.staging.data(), pending.staging.place(),
+                                     pending.staging.bytes());
+  device.wait(kernels::Stream::compute, pending.copied);
+  g_installs_launched.fetch_add(1, std::memory_order_relaxed);
 }
 
 }  // namespace

@@ -69,7 +69,10 @@ class AdamW final : public Optimizer {
   double update_shard(size_t i, size_t next_shard = kNoShard) override;
   std::vector<float*> undo_tensors(size_t i) override;
   MemPlace state_place() const override { return state_place_; }
-  void abort_step() override { --step_; }
+  void abort_step() override {
+    --step_;
+    wait_installs();  // Note [Installing staged operands]
+  }
 
   size_t num_shards() const override { return shards_.size(); }
   size_t numel(size_t i) const override { return shards_[i].numel; }

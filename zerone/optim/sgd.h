@@ -45,7 +45,10 @@ class SGD final : public Optimizer {
   // master) and the momentum buffer (unless momentum is 0).
   std::vector<float*> undo_tensors(size_t i) override { return state_tensors(i); }
   MemPlace state_place() const override { return state_place_; }
-  void abort_step() override { --step_; }
+  void abort_step() override {
+    --step_;
+    wait_installs();  // Note [Installing staged operands]
+  }
   size_t num_shards() const override { return shards_.size(); }
   size_t numel(size_t i) const override { return shards_[i].numel; }
   const float* grad(size_t i) const override { return shards_[i].grad; }

@@ -217,6 +217,7 @@ void SwappedOptimizer::abort_step() {
   record_valid_ = std::move(record_);  // the step taken again records the checkpoint's checksums
   record_.clear();
   extents_.clear();
+  wait_installs();  // Note [Installing staged operands]
 }
 
 // Swap layout of a sub-group: the optimizer's tensors, then master; state_names() order is

@@ -38,6 +38,8 @@
 #                               ZERONE_W5_PEERS (default "eager compile") names the PyTorch modes timed.
 #   scripts/gpu_run.sh profile  THERE: Nsight Compute's per-kernel GPU time of a 2-step W5 run.
 #   scripts/gpu_run.sh more     THERE, a second call: profile, sanitize and the torch.compile peer of W5.
+#   scripts/gpu_run.sh again    THERE, a second call after `run` found a failing step: device_cuda.sh,
+#                               W5 GPT-2 (largest micro-batch, eager peer), `offload`, then `profile`.
 #   scripts/gpu_run.sh offload  THERE, a call of its own (issue 19 §4): ZeRO-Offload on the GPU beside
 #                               FSDP2's CPUOffloadPolicy, then the Llama-2-7B shape (offload.log).
 #   scripts/gpu_run.sh sanitize THERE, a second call when the first passed: compute-sanitizer's memcheck
@@ -432,7 +434,8 @@ do_sanitize() {
 
 # profile: where one W5 step's GPU time goes, kernel by kernel: Nsight Compute's kernel durations
 # (gpu__time_duration, one pass per kernel, the clocks left alone) over a 2-step run, summed per
-# kernel name, beside the sum of all kernels and the step's own time in the same run. ncu runs the
+# kernel name (with the end-of-run validation's one forward batch: it cannot be turned off), beside
+# the sum of all kernels and the step's own time in the same run. ncu runs the
 # kernels one at a time: the sum says how busy the GPU could be, the step time what it is.
 do_profile() {
   local out="${OUT:-$root/gpu_out}" ncu mb="${ZERONE_W5_MB:-8}" d
@@ -444,7 +447,7 @@ do_profile() {
   timeout "${ZERONE_PROFILE_CAP_S:-150}" "$ncu" --clock-control none --target-processes all \
     --metrics gpu__time_duration.sum --csv --print-units base --print-kernel-base function \
     --log-file "$d/ncu.csv" "$pack/bin/zerone" train --model "${ZERONE_PROFILE_MODEL:-gpt2-124m}" --seq 1024 \
-    --micro-batch "$mb" --steps 2 --precision bf16 --device cuda --metrics "$d/z.jsonl" > "$d/z.log" 2>&1 ||
+    --micro-batch "$mb" --steps 2 --val-batches 1 --precision bf16 --device cuda --metrics "$d/z.jsonl" > "$d/z.log" 2>&1 ||
     echo "profile: ncu run ended with $?"
   tail -3 "$d/z.log"
   cp "$d/ncu.csv" "$out/ncu_w5.csv" 2>/dev/null || true
@@ -570,7 +573,7 @@ print(6 * (Vp * C + L * 12 * C * C) + 6 * L * T * C)")"
       "$pack/bin/zerone" train --model "$zmodel" --seq "$T" --micro-batch "$largest" --steps 5 --precision bf16 \
         --device cuda --metrics "$d/z.jsonl" > "$d/z.log" 2>&1 || { tail -5 "$d/z.log"; echo "zerone $model B=$largest: FAILED"; }
       w5_line "$d/z.jsonl" "$largest" "$flops" "$T" "$model" " (largest)"
-      grep -E 'peak' "$d/z.log" | head -3
+      grep -E 'peak' "$d/z.log" | head -3 || true   # none after a failed run (set -e: never end bench_w5)
       rm -rf "$d"
     fi
   fi
@@ -616,42 +619,59 @@ w5_largest_micro_batch() {
   echo "$largest"
 }
 
-# Issue 19 §4 (`gpu_run.sh offload`, a call of its own): ZeRO-Offload on the GPU. Llama-3.2-1B
-# (B=ZERONE_OFFLOAD_MB, default 4; T=2048; bf16; stage 2) with the optimizer on the GPU, in host
-# memory and on the disk (ZERONE_NVME_DIR, default /tmp/zerone-nvme): s/step and the ratio to
-# none; FSDP2 with CPUOffloadPolicy on the same model (pytorch_peer.py fsdp2_offload); then the
-# Llama-2-7B shape, B=1, T=2048, with the optimizer in host memory: s/step, MFU, peak host RSS
-# beside `zerone estimate`.
+# Issue 19 §4 (`gpu_run.sh offload`, a call of its own): ZeRO-Offload on the GPU. The parts run in
+# the order ZERONE_OFFLOAD_PARTS names (default "7b none cpu fsdp2 nvme": the headline first, the
+# slowest last, as call 7 of 2026-11-27 ran out of time before the 7B shape):
+#   7b     the Llama-2-7B shape, B=1, T=2048, bf16, stage 2, optimizer in host memory: `zerone
+#          estimate` and `zerone plan`, then 4 steps: s/step, MFU, peak host RSS beside the estimate;
+#   none, cpu, nvme   Llama-3.2-1B (B=ZERONE_OFFLOAD_MB, default 4; T=2048; bf16; stage 2) with the
+#          optimizer on the GPU, in host memory, on the disk (ZERONE_NVME_DIR, default
+#          /tmp/zerone-nvme): s/step (ratio to none: read it off the lines);
+#   fsdp2  FSDP2 with CPUOffloadPolicy on the same 1B model (pytorch_peer.py fsdp2_offload).
 bench_offload() {
-  local steps="${ZERONE_OFFLOAD_STEPS:-6}" mb="${ZERONE_OFFLOAD_MB:-4}" nvme="${ZERONE_NVME_DIR:-/tmp/zerone-nvme}" d mode
+  local steps="${ZERONE_OFFLOAD_STEPS:-6}" mb="${ZERONE_OFFLOAD_MB:-4}" nvme="${ZERONE_NVME_DIR:-/tmp/zerone-nvme}" d part
   d="$(mktemp -d)"
   mkdir -p "$nvme"
   local mean='import json, sys
 ms = [x["ms"] for x in map(json.loads, open(sys.argv[1])) if "ms" in x]
 print(f"{sum(ms[2:]) / max(len(ms) - 2, 1) / 1000:.4f}" if len(ms) > 2 else "nan")'
-  for mode in none cpu nvme; do
-    [ $((deadline - $(now))) -gt 60 ] || { echo "offload $mode: skipped (time)"; continue; }
-    local extra=()
-    case "$mode" in cpu) extra=(--offload-optimizer cpu) ;; nvme) extra=(--offload-optimizer nvme --nvme-path "$nvme") ;; esac
-    "$pack/bin/zerone" train --model llama-3.2-1b --seq 2048 --micro-batch "$mb" --steps "$steps" --precision bf16 \
-      --device cuda --zero-stage 2 "${extra[@]}" --metrics "$d/$mode.jsonl" > "$d/$mode.log" 2>&1 ||
-      { tail -5 "$d/$mode.log"; echo "offload $mode: FAILED"; continue; }
-    grep -E 'peak (memory|RSS)' "$d/$mode.log"
-    echo "offload $mode llama-3.2-1b B=$mb T=2048 stage 2: $(python3 -c "$mean" "$d/$mode.jsonl") s/step (steps 3..$steps)"
+  for part in ${ZERONE_OFFLOAD_PARTS:-7b none cpu fsdp2 nvme}; do
+    case "$part" in
+      7b) offload_7b "$d" ;;
+      fsdp2)
+        if [ $((deadline - $(now))) -gt 120 ]; then
+          echo "fsdp2 CPUOffloadPolicy llama-3.2-1b B=$mb T=2048: $(PYTHONUNBUFFERED=1 timeout $((deadline - $(now) - 30)) \
+            python3 "$root/bench/pytorch_peer.py" fsdp2_offload "$steps" "$mb" 2>&1 | tail -1) s/step"
+        else echo "fsdp2: skipped (time)"; fi ;;
+      none|cpu|nvme)
+        [ $((deadline - $(now))) -gt 60 ] || { echo "offload $part: skipped (time)"; continue; }
+        local extra=()
+        case "$part" in cpu) extra=(--offload-optimizer cpu) ;; nvme) extra=(--offload-optimizer nvme --nvme-path "$nvme") ;; esac
+        timeout $((deadline - $(now) - 10)) "$pack/bin/zerone" train --model llama-3.2-1b --seq 2048 --micro-batch "$mb" \
+          --steps "$steps" --precision bf16 --device cuda --zero-stage 2 "${extra[@]}" --metrics "$d/$part.jsonl" \
+          > "$d/$part.log" 2>&1 || { tail -5 "$d/$part.log"; echo "offload $part: FAILED"; continue; }
+        grep -E 'peak (memory|RSS)' "$d/$part.log" || true
+        echo "offload $part llama-3.2-1b B=$mb T=2048 stage 2: $(python3 -c "$mean" "$d/$part.jsonl") s/step (steps 3..$steps)" ;;
+      *) echo "offload: no part '$part' (7b none cpu fsdp2 nvme)" ;;
+    esac
   done
-  if [ $((deadline - $(now))) -gt 120 ]; then
-    echo "fsdp2 CPUOffloadPolicy llama-3.2-1b B=$mb T=2048: $(PYTHONUNBUFFERED=1 timeout $((deadline - $(now) - 60)) \
-      python3 "$root/bench/pytorch_peer.py" fsdp2_offload "$steps" "$mb" 2>&1 | tail -1) s/step"
-  fi
-  [ $((deadline - $(now))) -gt 120 ] || { echo "llama-2-7b: skipped (time)"; rm -rf "$d"; return 0; }
+  cp "$d"/*.jsonl "$out/" 2>/dev/null || true
+  rm -rf "$d"
+}
+
+# The Llama-2-7B shape with the optimizer in host memory (bench_offload's part 7b), in directory D.
+offload_7b() {
+  local d="$1"
+  [ $((deadline - $(now))) -gt 120 ] || { echo "llama-2-7b: skipped (time)"; return 0; }
   "$pack/bin/zerone" estimate --model llama-2-7b --seq 2048 --micro-batch 1 --precision bf16 --device cuda \
     --zero-stage 2 --offload-optimizer cpu --world 1 2>&1 | tail -4
   # The planner on the GPU's measured speeds (Note [Device speeds]): its prediction for the run below.
   timeout 60 "$pack/bin/zerone" plan --model llama-2-7b --seq 2048 --micro-batch 1 --precision bf16 --device cuda \
     --zero-stage 2 --offload-optimizer cpu 2>&1 | grep -E "^  device:|^  host memory|^chosen" || echo "plan: failed"
+  local t0; t0=$(now)
   timeout $((deadline - $(now) - 10)) "$pack/bin/zerone" train --model llama-2-7b --seq 2048 --micro-batch 1 --steps 4 \
     --precision bf16 --device cuda --zero-stage 2 --offload-optimizer cpu --metrics "$d/7b.jsonl" > "$d/7b.log" 2>&1 ||
-    echo "llama-2-7b: ended with $?"
+    echo "llama-2-7b: ended with $? after $(($(now) - t0)) s"
   tail -6 "$d/7b.log"
   [ ! -s "$d/7b.jsonl" ] || python3 - "$d/7b.jsonl" <<'PY'
 import json, sys
@@ -662,8 +682,6 @@ for r in rows:
     s = r["ms"] / 1000
     print(f"llama-2-7b step {r['step']}: loss {r['loss']:.4f}, {s:.3f} s/step, MFU {T / s * flops / 989e12:.1%}")
 PY
-  cp "$d"/*.jsonl "$out/" 2>/dev/null || true
-  rm -rf "$d"
 }
 
 do_offload() {
@@ -737,5 +755,6 @@ case "${1:-}" in
   _bench_attention) bench_attention ;;
   _bench_offload) bench_offload ;;
   offload) do_offload ;;
-  *) echo "usage: scripts/gpu_run.sh pack|check|selftest [bookworm|bullseye]|run|sanitize (docs/GPU.md)" >&2; exit 2 ;;
+  again) do_again ;;
+  *) echo "usage: scripts/gpu_run.sh pack|check|selftest [bookworm|bullseye]|run|more|again|offload|profile|sanitize (docs/GPU.md)" >&2; exit 2 ;;
 esac

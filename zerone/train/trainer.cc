@@ -5,6 +5,7 @@
 #include <unistd.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -463,8 +464,13 @@ TrainData open_training_data(TrainConfig& cfg, const nn::Model& model, bool defa
   } else if (default_run) {
     MarkovSource source(kDefaultSourceSeed);
     data.entropy = source.entropy_rate();
-    train_tokens = std::make_unique<io::InMemoryTokens>(source.generate(kDefaultTrainTokens, 1), "built-in corpus");
-    val_tokens = std::make_unique<io::InMemoryTokens>(source.generate(kDefaultValTokens, 2), "built-in held-out corpus");
+    // Each part holds at least one batch, however large --micro-batch x --seq (issue 18's largest
+    // micro-batch on a GPU: 128 x 1024 tokens is more than the held-out part's default).
+    const size_t batch_tokens = static_cast<size_t>(cfg.micro_batch) * cfg.seq + 1;
+    train_tokens = std::make_unique<io::InMemoryTokens>(
+        source.generate(std::max(kDefaultTrainTokens, batch_tokens), 1), "built-in corpus");
+    val_tokens = std::make_unique<io::InMemoryTokens>(source.generate(std::max(kDefaultValTokens, batch_tokens), 2),
+                                                      "built-in held-out corpus");
   } else {
     train_tokens = std::make_unique<io::TokenDataset>(cfg.data, "--data");
     if (!cfg.val_data.empty()) val_tokens = std::make_unique<io::TokenDataset>(cfg.val_data, "--val-data");
@@ -477,7 +483,7 @@ TrainData open_training_data(TrainConfig& cfg, const nn::Model& model, bool defa
                    "--micro-batch x --seq + 1 = ", need);
     };
     check_holds_a_batch(*train_tokens, default_run ? "the built-in corpus" : "--data");
-    if (val_tokens) check_holds_a_batch(*val_tokens, "--val-data");
+    if (val_tokens) check_holds_a_batch(*val_tokens, default_run ? "the built-in held-out corpus" : "--val-data");
     // The same paths can name different files on different ranks (another working directory or
     // host): compare what was opened too (Note [Same config]).
     if (!default_run) {

@@ -616,11 +616,13 @@ void optimizer_cases() {
   adamw_case(1003, DType::f32, true, 2, 0.1f, 1.0f);
   adamw_case(517, DType::f16, true, 3, 0.01f, 0.25f);
   adamw_case(1, DType::bf16, true, 1, 0.0f, 1.0f);
+  adamw_case(2 * 16384 + 1777, DType::bf16, true, 2, 0.1f, 1.0f);  // three chunks, the last partial (Note [Loads in flight])
   sgd_case(1001, DType::f32, false, 0.0f, 0.0f, false, 0.0f, 1.0f);  // plain SGD, no momentum buffer
   sgd_case(1001, DType::bf16, true, 0.9f, 0.0f, false, 0.01f, 1.0f);
   sgd_case(1001, DType::f16, true, 0.9f, 0.1f, false, 0.0f, 0.5f);
   sgd_case(333, DType::f32, true, 0.9f, 0.0f, true, 0.01f, 1.0f);
   sgd_case(1, DType::bf16, true, 0.5f, 0.0f, true, 0.0f, 2.0f);
+  sgd_case(16384 + 1333, DType::f32, true, 0.9f, 0.0f, false, 0.01f, 1.0f);  // two chunks (Note [Loads in flight])
 }
 
 // --- the transformers
@@ -1034,9 +1036,11 @@ void transformer_cases() {
   layernorm_case(3, 7, DType::bf16, 20);
   layernorm_case(1, 13, DType::f16, 21);
   layernorm_case(4, 768, DType::bf16, 22);  // GPT-2's width: the vector loops
+  layernorm_case(19, 768, DType::bf16, 23);  // Note [Norms a warp per row]: 3 blocks of 8 rows, the last partial
   rmsnorm_case(5, 12, DType::f32, 60);
   rmsnorm_case(5, 12, DType::bf16, 61);
   rmsnorm_case(1, 9, DType::f16, 62);
+  rmsnorm_case(19, 2048, DType::bf16, 63);  // LLaMA-1B's width, blocks of 8 rows (Note [Norms a warp per row])
   linear_case(6, 5, 7, DType::f32, true, true, true, 1);
   linear_case(1, 3, 1, DType::f32, false, false, true, 22);
   linear_case(7, 9, 5, DType::f32, true, false, false, 23);  // the first layer: no input gradient
@@ -1086,6 +1090,8 @@ void transformer_cases() {
   gelu_case(333, 15);
   gelu_case(9001, 16, DType::bf16);  // past one block of the cpu kernel, a partial last one
   gelu_case(333, 17, DType::f16);
+  gelu_case(9000, 18, DType::bf16);  // a multiple of 4: the GPU's four-at-a-time forms
+  gelu_case(1000, 19, DType::f16);
   residual_case(37, 31);
   residual_case(20001, 32);
   crossentropy_case(4, 6, 8, 0.3f, 18);
@@ -1093,6 +1099,8 @@ void transformer_cases() {
   crossentropy_case(3, 11, 16, 0.125f, 33);
   crossentropy_case(3, 11, 16, 0.125f, 34, DType::bf16);
   crossentropy_case(2, 50, 64, 1.0f, 35, DType::f16);
+  crossentropy_case(3, 5, 7, 0.5f, 36);  // Vp not a multiple of 4: the GPU's element-at-a-time backward
+  crossentropy_case(2, 9, 10, 0.25f, 37, DType::bf16);
 }
 
 // --- the image classifiers

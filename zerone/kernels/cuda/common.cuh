@@ -59,6 +59,37 @@ __device__ __forceinline__ void store_param(void* p, DType dtype, size_t i, floa
   }
 }
 
+// Four consecutive values x0..x3 stored as elements 4*i4 .. 4*i4+3 of an array of kDtype, with
+// store_param's roundings: one 16-byte store (f32) or one 8-byte store (bf16, f16). `p` must be
+// aligned for it (16 bytes for f32, 8 for the 16-bit dtypes).
+template <DType kDtype>
+__device__ __forceinline__ void store4(void* p, size_t i4, float x0, float x1, float x2, float x3) {
+  if constexpr (kDtype == DType::f32) {
+    static_cast<float4*>(p)[i4] = make_float4(x0, x1, x2, x3);
+  } else {
+    const auto bits = [](float x) -> uint32_t {
+      return kDtype == DType::bf16 ? f32_to_bf16_bits(x) : f32_to_f16_bits(x);
+    };
+    static_cast<uint2*>(p)[i4] = make_uint2(bits(x0) | bits(x1) << 16, bits(x2) | bits(x3) << 16);
+  }
+}
+
+// Whether n elements at src (f32) and dst (of dst_dtype) can go four at a time: store4's alignment
+// and float4 loads.
+inline bool vectorizable4(const void* src, const void* dst, DType dst_dtype, size_t n) {
+  const uintptr_t dst_align = dst_dtype == DType::f32 ? 16 : 8;
+  return n % 4 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % dst_align == 0;
+}
+
+// Sum of v over the warp's 32 lanes (all active), by an xor butterfly: at each level both lanes
+// of a pair add the same two values, and float addition commutes, so every lane ends with the
+// same bits, the same every run.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
 // Sum of v over the block (blockDim.x a power of two <= 1024), in a fixed tree order; every thread
 // gets the result. `shared` holds blockDim.x values.
 template <typename T>

@@ -17,28 +17,61 @@ __global__ void accumulate_kernel(float* dst, const float* src, size_t n) {
 
 // One block per kNormBlock chunk: partials[blockIdx.x] = the sum over the chunk of f(x) in double
 // (f the square, or x itself), thread t taking elements lo + t, lo + t + blockDim.x, ... and the
-// block adding its threads' sums in a fixed tree. `visit(k, x[k])` runs on every element on the
-// way: Note [Updates that measure the norm].
-template <bool kSquares, typename Visit>
-__device__ void chunk_sum(const float* x, size_t n, double* partials, Visit visit) {
+// block adding its threads' sums in a fixed tree. On the way, every element k is visited: `load(k)`
+// reads what the visit needs beside x[k] (a value of any type), `apply(k, x[k], loaded)` computes
+// and stores (Note [Updates that measure the norm]).
+//
+// Note [Loads in flight]: a thread walks kNormBlock / blockDim.x = 64 elements of its chunk. One at
+// a time, each element's loads waited for the memory before the next element's were issued: W5's
+// AdamW (four arrays read, three or four written) took 37 us a 16K-element-per-block launch on an
+// H200, a fifth of the memory's speed (docs/BENCHMARKS.md, call 7's profile). So the walk takes
+// kChunkUnroll elements at a time: every load of the group first, then every apply, in element
+// order. The loads of a group precede its stores in program order (no element is stored before
+// another of its group is loaded, and the elements are distinct), and the sum is taken in the
+// same order as one at a time: the same bits.
+constexpr int kChunkUnroll = 4;
+
+template <bool kSquares, typename Load, typename Apply>
+__device__ void chunk_sum(const float* x, size_t n, double* partials, Load load, Apply apply) {
   __shared__ double shared[kThreads];
   const size_t lo = blockIdx.x * kernels::cpu::kNormBlock;
   const size_t hi = lo + kernels::cpu::kNormBlock < n ? lo + kernels::cpu::kNormBlock : n;
+  const size_t stride = blockDim.x;
+  const auto term = [](float v) { return kSquares ? static_cast<double>(v) * v : static_cast<double>(v); };
   double s = 0.0;
-  for (size_t k = lo + threadIdx.x; k < hi; k += blockDim.x) {
+  size_t k = lo + threadIdx.x;
+  for (; k + (kChunkUnroll - 1) * stride < hi; k += kChunkUnroll * stride) {
+    float v[kChunkUnroll];
+    decltype(load(k)) loaded[kChunkUnroll];
+#pragma unroll
+    for (int j = 0; j < kChunkUnroll; ++j) {
+      v[j] = x[k + j * stride];
+      loaded[j] = load(k + j * stride);
+    }
+#pragma unroll
+    for (int j = 0; j < kChunkUnroll; ++j) {
+      apply(k + j * stride, v[j], loaded[j]);
+      s += term(v[j]);
+    }
+  }
+  for (; k < hi; k += stride) {  // the chunk's tail (fewer than kChunkUnroll elements for this thread)
     const float v = x[k];
-    visit(k, v);
-    s += kSquares ? static_cast<double>(v) * v : static_cast<double>(v);
+    apply(k, v, load(k));
+    s += term(v);
   }
   s = block_sum(s, shared);
   if (threadIdx.x == 0) partials[blockIdx.x] = s;
 }
 
+struct NothingLoaded {};
+
 template <bool kSquares>
 __global__ void chunk_sum_kernel(const float* x, size_t n, float* copy_to, double* partials) {
-  chunk_sum<kSquares>(x, n, partials, [copy_to](size_t k, float v) {
-    if (copy_to) copy_to[k] = v;
-  });
+  chunk_sum<kSquares>(
+      x, n, partials, [](size_t) { return NothingLoaded{}; },
+      [copy_to](size_t k, float v, NothingLoaded) {
+        if (copy_to) copy_to[k] = v;
+      });
 }
 
 template <bool kSquares>
@@ -55,16 +88,13 @@ __global__ void convert_kernel(void* dst, DType dst_dtype, const void* src, DTyp
   ZERONE_GRID_STRIDE(i, n) store_param(dst, dst_dtype, i, load_param(src, src_dtype, i));
 }
 
-// f32 -> bf16 or f16, four elements a thread-step: 16-byte loads, 8-byte stores (the roundings of
-// store_param, so the same bits as convert_kernel; n4 = n / 4, both pointers aligned for it).
+// f32 -> bf16 or f16, four elements a thread-step: 16-byte loads, 8-byte stores (store4: the
+// roundings of store_param, so the same bits as convert_kernel; n4 = n / 4, vectorizable4).
 template <DType kDst>
-__global__ void narrow4_kernel(uint2* dst, const float4* src, size_t n4) {
+__global__ void narrow4_kernel(void* dst, const float4* src, size_t n4) {
   ZERONE_GRID_STRIDE(i, n4) {
     const float4 v = src[i];
-    const auto bits = [](float x) -> uint32_t {
-      return kDst == DType::bf16 ? f32_to_bf16_bits(x) : f32_to_f16_bits(x);
-    };
-    dst[i] = make_uint2(bits(v.x) | bits(v.y) << 16, bits(v.z) | bits(v.w) << 16);
+    store4<kDst>(dst, i, v.x, v.y, v.z, v.w);
   }
 }
 
@@ -132,17 +162,22 @@ __global__ void dequantize_kernel(const float* scales, const uint8_t* codes, siz
 // out), so that the update is the same function of its inputs on both devices.
 __global__ void adamw_kernel(float* master, float* m, float* v, const float* grad, void* param, DType param_dtype,
                              size_t n, kernels::AdamWScalars c, double* partials) {
-  chunk_sum<true>(grad, n, partials, [&](size_t i, float raw) {
-    const float g = __fmul_rn(raw, c.grad_scale);
-    const float mi = fmaf(c.one_minus_beta1, g, __fmul_rn(c.beta1, m[i]));
-    const float vi = fmaf(__fmul_rn(c.one_minus_beta2, g), g, __fmul_rn(c.beta2, v[i]));
-    const float q = __fdiv_rn(__fmul_rn(c.step_size, mi), fmaf(__fsqrt_rn(vi), c.inv_sqrt_bc2, c.eps));
-    const float p = fmaf(master[i], c.decay, -q);
-    m[i] = mi;
-    v[i] = vi;
-    master[i] = p;
-    if (param) store_param(param, param_dtype, i, p);
-  });
+  struct State {
+    float m, v, master;
+  };
+  chunk_sum<true>(
+      grad, n, partials, [&](size_t i) { return State{m[i], v[i], master[i]}; },
+      [&](size_t i, float raw, const State& st) {
+        const float g = __fmul_rn(raw, c.grad_scale);
+        const float mi = fmaf(c.one_minus_beta1, g, __fmul_rn(c.beta1, st.m));
+        const float vi = fmaf(__fmul_rn(c.one_minus_beta2, g), g, __fmul_rn(c.beta2, st.v));
+        const float q = __fdiv_rn(__fmul_rn(c.step_size, mi), fmaf(__fsqrt_rn(vi), c.inv_sqrt_bc2, c.eps));
+        const float p = fmaf(st.master, c.decay, -q);
+        m[i] = mi;
+        v[i] = vi;
+        master[i] = p;
+        if (param) store_param(param, param_dtype, i, p);
+      });
 }
 
 // Note [SGD arithmetic] (kernels/cpu/sgd.h): each operation rounded on its own (__fmul_rn and
@@ -151,18 +186,24 @@ __global__ void adamw_kernel(float* master, float* m, float* v, const float* gra
 __global__ void sgd_kernel(float* master, float* momentum, const float* grad, void* param, DType param_dtype, size_t n,
                            float lr, float mu, float keep, float wd, float gs, bool nesterov, bool first,
                            double* partials) {
-  chunk_sum<true>(grad, n, partials, [&](size_t i, float raw) {
-    float d = __fmul_rn(raw, gs);
-    if (wd != 0.0f) d = __fadd_rn(d, __fmul_rn(wd, master[i]));
-    if (momentum) {
-      const float b = first ? d : __fadd_rn(__fmul_rn(momentum[i], mu), __fmul_rn(keep, d));
-      momentum[i] = b;
-      d = nesterov ? __fadd_rn(d, __fmul_rn(mu, b)) : b;
-    }
-    const float p = __fadd_rn(master[i], -__fmul_rn(lr, d));
-    master[i] = p;
-    if (param) store_param(param, param_dtype, i, p);
-  });
+  struct State {
+    float master, momentum;
+  };
+  chunk_sum<true>(
+      grad, n, partials,
+      [&](size_t i) { return State{master[i], momentum && !first ? momentum[i] : 0.0f}; },
+      [&](size_t i, float raw, const State& st) {
+        float d = __fmul_rn(raw, gs);
+        if (wd != 0.0f) d = __fadd_rn(d, __fmul_rn(wd, st.master));
+        if (momentum) {
+          const float b = first ? d : __fadd_rn(__fmul_rn(st.momentum, mu), __fmul_rn(keep, d));
+          momentum[i] = b;
+          d = nesterov ? __fadd_rn(d, __fmul_rn(mu, b)) : b;
+        }
+        const float p = __fadd_rn(st.master, -__fmul_rn(lr, d));
+        master[i] = p;
+        if (param) store_param(param, param_dtype, i, p);
+      });
 }
 
 }  // namespace
@@ -194,15 +235,12 @@ void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_
   if (n == 0) return;
   ZERONE_ASSERT(src_dtype == DType::f32 || dst_dtype == DType::f32, "convert: one side must be f32");
   const bool narrowing = src_dtype == DType::f32 && dst_dtype != DType::f32;
-  const bool vectorizable = n % 4 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 8 == 0;
-  if (narrowing && vectorizable) {  // activations rounded for a GEMM or attention: the common case
+  if (narrowing && vectorizable4(src, dst, dst_dtype, n)) {  // activations rounded for a GEMM or attention: the common case
     const size_t n4 = n / 4;
     if (dst_dtype == DType::bf16)
-      narrow4_kernel<DType::bf16><<<grid_for(n4), kThreads, 0, stream>>>(static_cast<uint2*>(dst),
-                                                                         static_cast<const float4*>(src), n4);
+      narrow4_kernel<DType::bf16><<<grid_for(n4), kThreads, 0, stream>>>(dst, static_cast<const float4*>(src), n4);
     else
-      narrow4_kernel<DType::f16><<<grid_for(n4), kThreads, 0, stream>>>(static_cast<uint2*>(dst),
-                                                                        static_cast<const float4*>(src), n4);
+      narrow4_kernel<DType::f16><<<grid_for(n4), kThreads, 0, stream>>>(dst, static_cast<const float4*>(src), n4);
   } else {
     convert_kernel<<<grid_for(n), kThreads, 0, stream>>>(dst, dst_dtype, src, src_dtype, n);
   }

@@ -85,22 +85,36 @@ __global__ void embedding_backward_wpe_kernel(float* dwpe, const float* dout, in
   }
 }
 
-// ---------------------------------------------------------------- norms (one block per row)
+// ---------------------------------------------------------------- norms
+
+// Note [Norms a warp per row]: the forward norms give each row one warp (kRowsPerBlock rows to a
+// block of kThreads), its lanes taking elements lane, lane + 32, ... and summing them with
+// warp_sum: no shared memory and no block-wide barrier. The first form, a block of 256 threads per
+// row with four block-wide reductions, kept one load per thread in flight and reached 1.0 TB/s on
+// an H200 at 8192 rows of 768 (36.5 us; docs/BENCHMARKS.md, call 7's profile). The sums are in
+// another order than the cpu's, within the op harness's tolerance (Note [CUDA against the cpu
+// backend]), and the same every run. The backward rows keep a block per row.
+constexpr int kRowsPerBlock = kThreads / 32;
+unsigned row_warp_blocks(int N) { return static_cast<unsigned>((N + kRowsPerBlock - 1) / kRowsPerBlock); }
 
 __global__ void layernorm_forward_kernel(void* out, DType out_dtype, float* mean, float* rstd, const float* inp,
-                                         const void* weight, const void* bias, DType dtype, int C) {
-  __shared__ float shared[kThreads];
-  const size_t n = blockIdx.x;
+                                         const void* weight, const void* bias, DType dtype, int N, int C) {
+  const size_t n = blockIdx.x * static_cast<size_t>(kRowsPerBlock) + threadIdx.x / 32;
+  if (n >= static_cast<size_t>(N)) return;  // the whole warp: warp_sum needs every lane
+  const int lane = static_cast<int>(threadIdx.x % 32);
   const float* x = inp + n * C;
   float s = 0.0f;
-  for (int i = threadIdx.x; i < C; i += blockDim.x) s += x[i];
-  const float m = block_sum(s, shared) / C;
+#pragma unroll 4
+  for (int i = lane; i < C; i += 32) s += x[i];
+  const float m = warp_sum(s) / C;
   float v = 0.0f;
-  for (int i = threadIdx.x; i < C; i += blockDim.x) v += (x[i] - m) * (x[i] - m);
-  const float r = 1.0f / sqrtf(block_sum(v, shared) / C + 1e-5f);
-  for (int i = threadIdx.x; i < C; i += blockDim.x)
+#pragma unroll 4
+  for (int i = lane; i < C; i += 32) v += (x[i] - m) * (x[i] - m);
+  const float r = 1.0f / sqrtf(warp_sum(v) / C + 1e-5f);
+#pragma unroll 4
+  for (int i = lane; i < C; i += 32)
     store_param(out, out_dtype, n * C + i, (x[i] - m) * r * load_param(weight, dtype, i) + load_param(bias, dtype, i));
-  if (threadIdx.x == 0) mean[n] = m, rstd[n] = r;
+  if (lane == 0) mean[n] = m, rstd[n] = r;
 }
 
 __global__ void layernorm_backward_rows(float* dinp, const float* dout, const float* inp, const void* weight,
@@ -171,16 +185,20 @@ __global__ void layernorm_backward_params(float* dweight, float* dbias, const fl
   }
 }
 
+// Note [Norms a warp per row].
 __global__ void rmsnorm_forward_kernel(void* out, DType out_dtype, float* rstd, const float* inp, const void* weight,
-                                       DType dtype, int C, float eps) {
-  __shared__ float shared[kThreads];
-  const size_t n = blockIdx.x;
+                                       DType dtype, int N, int C, float eps) {
+  const size_t n = blockIdx.x * static_cast<size_t>(kRowsPerBlock) + threadIdx.x / 32;
+  if (n >= static_cast<size_t>(N)) return;  // the whole warp
+  const int lane = static_cast<int>(threadIdx.x % 32);
   const float* x = inp + n * C;
   float s = 0.0f;
-  for (int i = threadIdx.x; i < C; i += blockDim.x) s += x[i] * x[i];
-  const float r = 1.0f / sqrtf(block_sum(s, shared) / C + eps);
-  for (int i = threadIdx.x; i < C; i += blockDim.x) store_param(out, out_dtype, n * C + i, x[i] * r * load_param(weight, dtype, i));
-  if (threadIdx.x == 0) rstd[n] = r;
+#pragma unroll 4
+  for (int i = lane; i < C; i += 32) s += x[i] * x[i];
+  const float r = 1.0f / sqrtf(warp_sum(s) / C + eps);
+#pragma unroll 4
+  for (int i = lane; i < C; i += 32) store_param(out, out_dtype, n * C + i, x[i] * r * load_param(weight, dtype, i));
+  if (lane == 0) rstd[n] = r;
 }
 
 __global__ void rmsnorm_backward_rows(float* dinp, const float* dout, const float* inp, const void* weight, DType dtype,
@@ -388,10 +406,21 @@ __global__ void swiglu_backward_kernel(void* dinp, DType dinp_dtype, const float
 
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
 
+__device__ __forceinline__ float gelu(float x) {
+  return 0.5f * x * (1.0f + tanhf(kGeluScale * (x + 0.044715f * x * x * x)));
+}
+
 __global__ void gelu_forward_kernel(void* out, DType out_dtype, const float* inp, size_t n) {
-  ZERONE_GRID_STRIDE(i, n) {
-    const float x = inp[i];
-    store_param(out, out_dtype, i, 0.5f * x * (1.0f + tanhf(kGeluScale * (x + 0.044715f * x * x * x))));
+  ZERONE_GRID_STRIDE(i, n) store_param(out, out_dtype, i, gelu(inp[i]));
+}
+
+// Four elements a thread-step (16-byte loads; store4), each the same function as above: GELU's
+// forward moved 1.8 TB/s one element at a time (docs/BENCHMARKS.md, call 7's profile).
+template <DType kOut>
+__global__ void gelu_forward4_kernel(void* out, const float4* inp, size_t n4) {
+  ZERONE_GRID_STRIDE(i, n4) {
+    const float4 x = inp[i];
+    store4<kOut>(out, i, gelu(x.x), gelu(x.y), gelu(x.z), gelu(x.w));
   }
 }
 
@@ -448,6 +477,25 @@ __global__ void crossentropy_backward_kernel(void* dlogits, DType dlogits_dtype,
   }
 }
 
+// The same, four elements of a row a thread-step (Vp % 4 == 0: the four share a row).
+template <DType kOut>
+__global__ void crossentropy_backward4_kernel(void* dlogits, const float4* logits, const float* lse,
+                                              const int32_t* targets, float dloss, int N, int V, int Vp) {
+  const size_t total4 = static_cast<size_t>(N) * Vp / 4;
+  ZERONE_GRID_STRIDE(e4, total4) {
+    const size_t n = e4 * 4 / Vp;
+    const int v0 = static_cast<int>(e4 * 4 % Vp), target = targets[n];
+    const float l = lse[n];
+    const float4 x = logits[e4];
+    const auto grad = [&](float logit, int v) {
+      float g = v < V ? expf(logit - l) * dloss : 0.0f;
+      if (v == target) g -= dloss;
+      return g;
+    };
+    store4<kOut>(dlogits, e4, grad(x.x, v0), grad(x.y, v0 + 1), grad(x.z, v0 + 2), grad(x.w, v0 + 3));
+  }
+}
+
 }  // namespace
 
 void embedding_forward(float* out, const int32_t* tokens, const void* wte, const void* wpe, DType param_dtype, int B,
@@ -472,7 +520,8 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
 void layernorm_forward(void* out, DType out_dtype, float* mean, float* rstd, const float* inp, const void* weight,
                        const void* bias, DType param_dtype, int N, int C, cudaStream_t stream) {
   if (N == 0) return;
-  layernorm_forward_kernel<<<N, kThreads, 0, stream>>>(out, out_dtype, mean, rstd, inp, weight, bias, param_dtype, C);
+  layernorm_forward_kernel<<<row_warp_blocks(N), kThreads, 0, stream>>>(out, out_dtype, mean, rstd, inp, weight, bias,
+                                                                         param_dtype, N, C);
   ZERONE_CUDA_LAUNCHED();
 }
 
@@ -489,7 +538,8 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 void rmsnorm_forward(void* out, DType out_dtype, float* rstd, const float* inp, const void* weight, DType param_dtype,
                      int N, int C, float eps, cudaStream_t stream) {
   if (N == 0) return;
-  rmsnorm_forward_kernel<<<N, kThreads, 0, stream>>>(out, out_dtype, rstd, inp, weight, param_dtype, C, eps);
+  rmsnorm_forward_kernel<<<row_warp_blocks(N), kThreads, 0, stream>>>(out, out_dtype, rstd, inp, weight, param_dtype, N,
+                                                                       C, eps);
   ZERONE_CUDA_LAUNCHED();
 }
 
@@ -563,7 +613,18 @@ void swiglu_backward(void* dinp, DType dinp_dtype, const float* dout, const floa
 }
 
 void gelu_forward(void* out, DType out_dtype, const float* inp, size_t n, cudaStream_t stream) {
-  gelu_forward_kernel<<<grid_for(n), kThreads, 0, stream>>>(out, out_dtype, inp, n);
+  if (n == 0) return;
+  if (vectorizable4(inp, out, out_dtype, n)) {
+    const size_t n4 = n / 4;
+    const auto* inp4 = reinterpret_cast<const float4*>(inp);
+    switch (out_dtype) {
+      case DType::f32: gelu_forward4_kernel<DType::f32><<<grid_for(n4), kThreads, 0, stream>>>(out, inp4, n4); break;
+      case DType::bf16: gelu_forward4_kernel<DType::bf16><<<grid_for(n4), kThreads, 0, stream>>>(out, inp4, n4); break;
+      case DType::f16: gelu_forward4_kernel<DType::f16><<<grid_for(n4), kThreads, 0, stream>>>(out, inp4, n4); break;
+    }
+  } else {
+    gelu_forward_kernel<<<grid_for(n), kThreads, 0, stream>>>(out, out_dtype, inp, n);
+  }
   ZERONE_CUDA_LAUNCHED();
 }
 
@@ -587,8 +648,29 @@ void crossentropy_forward(float* losses, float* lse, const float* logits, const 
 void crossentropy_backward(void* dlogits, DType dlogits_dtype, const float* logits, const float* lse,
                            const int32_t* targets, float dloss, int N, int V, int Vp, cudaStream_t stream) {
   ZERONE_ASSERT(dlogits != logits || dlogits_dtype == DType::f32, "16-bit dlogits written over the f32 logits");
-  crossentropy_backward_kernel<<<grid_for(static_cast<size_t>(N) * Vp), kThreads, 0, stream>>>(
-      dlogits, dlogits_dtype, logits, lse, targets, dloss, N, V, Vp);
+  const size_t total = static_cast<size_t>(N) * Vp;
+  if (total == 0) return;
+  if (Vp % 4 == 0 && vectorizable4(logits, dlogits, dlogits_dtype, total)) {  // in place too: each read before its write
+    const size_t total4 = total / 4;
+    const auto* logits4 = reinterpret_cast<const float4*>(logits);
+    switch (dlogits_dtype) {
+      case DType::f32:
+        crossentropy_backward4_kernel<DType::f32><<<grid_for(total4), kThreads, 0, stream>>>(dlogits, logits4, lse, targets,
+                                                                                            dloss, N, V, Vp);
+        break;
+      case DType::bf16:
+        crossentropy_backward4_kernel<DType::bf16><<<grid_for(total4), kThreads, 0, stream>>>(dlogits, logits4, lse,
+                                                                                             targets, dloss, N, V, Vp);
+        break;
+      case DType::f16:
+        crossentropy_backward4_kernel<DType::f16><<<grid_for(total4), kThreads, 0, stream>>>(dlogits, logits4, lse,
+                                                                                            targets, dloss, N, V, Vp);
+        break;
+    }
+  } else {
+    crossentropy_backward_kernel<<<grid_for(total), kThreads, 0, stream>>>(dlogits, dlogits_dtype, logits, lse, targets,
+                                                                          dloss, N, V, Vp);
+  }
   ZERONE_CUDA_LAUNCHED();
 }
 

@@ -443,25 +443,55 @@ __global__ void residual_kernel(float* out, const float* a, const float* b, size
 // One pass over the row (the online softmax: each thread keeps its running maximum and its sum of
 // exp(x - maximum), rescaled when the maximum grows), then the threads' pairs are combined in a
 // fixed tree: half the reads of a max pass followed by a sum pass.
+__device__ __forceinline__ void online_softmax_add(float x, float& m, float& s) {
+  if (x > m) {
+    s = s * expf(m - x) + 1.0f;
+    m = x;
+  } else {
+    s += expf(x - m);
+  }
+}
+
+// The row's combination of the threads' (m, s) pairs: lse and the loss of row n.
+__device__ __forceinline__ void crossentropy_finish(float m, float s, const float* row, const int32_t* targets,
+                                                    size_t n, float* losses, float* lse, float* shared) {
+  const float mx = block_max(m, shared);
+  s *= expf(m - mx);
+  const float l = mx + logf(block_sum(s, shared));
+  if (threadIdx.x == 0) lse[n] = l, losses[n] = l - row[targets[n]];
+}
+
 __global__ void crossentropy_forward_kernel(float* losses, float* lse, const float* logits, const int32_t* targets,
                                             int V, int Vp) {
   __shared__ float shared[kThreads];
   const size_t n = blockIdx.x;
   const float* row = logits + n * Vp;
   float m = -1e30f, s = 0.0f;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) {
-    const float x = row[v];
-    if (x > m) {
-      s = s * expf(m - x) + 1.0f;
-      m = x;
-    } else {
-      s += expf(x - m);
-    }
+  for (int v = threadIdx.x; v < V; v += blockDim.x) online_softmax_add(row[v], m, s);
+  crossentropy_finish(m, s, row, targets, n, losses, lse, shared);
+}
+
+// The same with 16-byte loads (rows of Vp % 4 == 0 floats, 16-byte aligned): thread t takes
+// elements 4t .. 4t+3, 4(t + blockDim.x) .., then the last V % 4 one at a time. The forward read
+// its 1.65 GB of W5 logits at 2.2 TB/s one float a thread-step (docs/BENCHMARKS.md, call 7).
+__global__ void crossentropy_forward4_kernel(float* losses, float* lse, const float* logits, const int32_t* targets,
+                                             int V, int Vp) {
+  __shared__ float shared[kThreads];
+  const size_t n = blockIdx.x;
+  const float* row = logits + n * Vp;
+  const float4* row4 = reinterpret_cast<const float4*>(row);
+  float m = -1e30f, s = 0.0f;
+  const int V4 = V / 4;
+#pragma unroll 2
+  for (int j = threadIdx.x; j < V4; j += blockDim.x) {
+    const float4 x = row4[j];
+    online_softmax_add(x.x, m, s);
+    online_softmax_add(x.y, m, s);
+    online_softmax_add(x.z, m, s);
+    online_softmax_add(x.w, m, s);
   }
-  const float mx = block_max(m, shared);
-  s *= expf(m - mx);
-  const float l = mx + logf(block_sum(s, shared));
-  if (threadIdx.x == 0) lse[n] = l, losses[n] = l - row[targets[n]];
+  for (int v = 4 * V4 + threadIdx.x; v < V; v += blockDim.x) online_softmax_add(row[v], m, s);
+  crossentropy_finish(m, s, row, targets, n, losses, lse, shared);
 }
 
 __global__ void crossentropy_backward_kernel(void* dlogits, DType dlogits_dtype, const float* logits,
@@ -641,7 +671,10 @@ void residual_forward(float* out, const float* a, const float* b, size_t n, cuda
 void crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets, int N, int V, int Vp,
                           cudaStream_t stream) {
   if (N == 0) return;
-  crossentropy_forward_kernel<<<N, kThreads, 0, stream>>>(losses, lse, logits, targets, V, Vp);
+  if (Vp % 4 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0)
+    crossentropy_forward4_kernel<<<N, kThreads, 0, stream>>>(losses, lse, logits, targets, V, Vp);
+  else
+    crossentropy_forward_kernel<<<N, kThreads, 0, stream>>>(losses, lse, logits, targets, V, Vp);
   ZERONE_CUDA_LAUNCHED();
 }
 

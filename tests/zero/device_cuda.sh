@@ -73,6 +73,13 @@ close gpt2_fp32_stage2_nccl 1e-5 "${gpt[@]}" --precision fp32 --zero-stage 2
 close gpt2_fp32_stage3_offload_nccl 1e-5 "${gpt[@]}" --precision fp32 --zero-stage 3 --offload-optimizer cpu --offload-param cpu
 cuda_only=()
 close gpt2_fp32_stage3_offload_mpi 1e-5 "${gpt[@]}" --precision fp32 --zero-stage 3 --offload-optimizer cpu --offload-param cpu
+# The offloaded optimizer's other paths on the GPU (docs/GPU.md "Asynchronous offload copies"):
+# bf16 parameters installed from f32 masters (Note [Installing staged operands]), the delayed
+# update's installs behind the gradients' copy, and the optimizer state on the disk.
+close gpt2_bf16_stage2_offload 2e-2 "${gpt[@]}" --precision bf16 --zero-stage 2 --offload-optimizer cpu
+close gpt2_fp32_stage2_delayed 1e-5 "${gpt[@]}" --precision fp32 --zero-stage 2 --offload-optimizer cpu --delayed-update
+mkdir -p "$d/nvme"
+close gpt2_fp32_stage1_nvme 1e-5 "${gpt[@]}" --precision fp32 --zero-stage 1 --offload-optimizer nvme --nvme-path "$d/nvme"
 
 # A checkpoint written on one device resumes on the other: the step-5 checkpoint of a 10-step f32
 # run, continued to step 10 on the other device, gives the straight cpu run's steps 6-10.

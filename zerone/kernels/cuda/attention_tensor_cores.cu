@@ -87,31 +87,52 @@ __device__ __forceinline__ LaneRoles lane_roles() {
   return {warp, lane / 4, lane % 4};
 }
 
-__device__ __forceinline__ uint32_t load_pair(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+// Note [Fragments by ldmatrix]: the fragments come out of shared memory by ldmatrix (sm_75 and
+// later), one instruction per fragment, where the first form read them 32 or 16 bits at a time
+// (4 loads for an A fragment, 2 for a B fragment, and for a B fragment whose tile rows are its k
+// rows, 4 16-bit loads and the shifts that paired them). ldmatrix.m8n8 gives lane 4g + t the two
+// 16-bit elements (g, 2t) and (g, 2t + 1) of each 8 x 8 matrix it loads, lane l naming the
+// address of row l % 8 of matrix l / 8 (lanes 0-7 the first, 8-15 the second, ...); with .trans
+// the elements (2t, g) and (2t + 1, g). That is exactly the mma.m16n8k16 fragment layout above when
+// the matrices are the fragment's 8 x 8 quarters in register order, so the same values reach the
+// mma as before: the same bits. Each matrix row is 16 contiguous bytes at a 16-byte boundary
+// (column offsets are multiples of 8 elements, rows HS + 8 elements apart, HS a multiple of 16),
+// and the padded rows put a matrix's 8 rows in 8 different 4-bank groups: no bank conflicts.
+// ldmatrix is warp-wide (.sync.aligned): every caller runs it in warp-uniform control flow (a
+// warp's liveness, never a lane's).
+__device__ __forceinline__ uint32_t shared_address(const uint16_t* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ int lane_id() { return static_cast<int>(threadIdx.x % 32); }
 
-// The lane's A fragment of rows row0..row0+15, columns col0..col0+15 of a row-major tile.
-__device__ __forceinline__ void load_a(uint32_t a[4], const uint16_t* tile, int ld, int row0, int col0, int g, int t) {
-  const uint16_t* p = tile + (row0 + g) * ld + col0 + 2 * t;
-  a[0] = load_pair(p);
-  a[1] = load_pair(p + 8 * ld);
-  a[2] = load_pair(p + 8);
-  a[3] = load_pair(p + 8 * ld + 8);
+// The lane's A fragment of rows row0..row0+15, columns col0..col0+15 of a row-major tile: the
+// quarters (rows 0-7, columns 0-7), (rows 8-15, columns 0-7), (rows 0-7, columns 8-15), (rows
+// 8-15, columns 8-15) are registers a0..a3; lane l names row l % 16 at column 8 (l / 16).
+__device__ __forceinline__ void load_a(uint32_t a[4], const uint16_t* tile, int ld, int row0, int col0) {
+  const int lane = lane_id();
+  const uint16_t* p = tile + (row0 + lane % 16) * ld + col0 + 8 * (lane / 16);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+               : "r"(shared_address(p)));
 }
 // The lane's B fragment with B[k][n] = tile[n0 + n][k0 + k] (the tile's rows are B's columns: K for
-// Q K^T, V for dO V^T, Q for K Q^T, dO for V dO^T).
-__device__ __forceinline__ void load_b_rows_are_n(uint32_t b[2], const uint16_t* tile, int ld, int n0, int k0, int g,
-                                                  int t) {
-  const uint16_t* p = tile + (n0 + g) * ld + k0 + 2 * t;
-  b[0] = load_pair(p);
-  b[1] = load_pair(p + 8);
+// Q K^T, V for dO V^T, Q for K Q^T, dO for V dO^T): b0 is tile rows n0..n0+7 at columns k0..k0+7,
+// b1 the same rows at columns k0+8..k0+15; lane l < 16 names row l % 8 at column 8 (l / 8).
+__device__ __forceinline__ void load_b_rows_are_n(uint32_t b[2], const uint16_t* tile, int ld, int n0, int k0) {
+  const int lane = lane_id();
+  const uint16_t* p = tile + (n0 + lane % 8) * ld + k0 + 8 * (lane / 8 % 2);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(b[0]), "=r"(b[1])
+               : "r"(shared_address(p)));
 }
 // The lane's B fragment with B[k][n] = tile[k0 + k][n0 + n] (the tile's rows are B's rows: V for
-// P V, K for dS K, dO for P^T dO, Q for dS^T Q).
-__device__ __forceinline__ void load_b_rows_are_k(uint32_t b[2], const uint16_t* tile, int ld, int k0, int n0, int g,
-                                                  int t) {
-  const uint16_t* p = tile + (k0 + 2 * t) * ld + n0 + g;
-  b[0] = static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[ld]) << 16;
-  b[1] = static_cast<uint32_t>(p[8 * ld]) | static_cast<uint32_t>(p[9 * ld]) << 16;
+// P V, K for dS K, dO for P^T dO, Q for dS^T Q), transposed on the way: b0 is tile rows k0..k0+7,
+// b1 rows k0+8..k0+15, at columns n0..n0+7; lane l < 16 names row l.
+__device__ __forceinline__ void load_b_rows_are_k(uint32_t b[2], const uint16_t* tile, int ld, int k0, int n0) {
+  const uint16_t* p = tile + (k0 + lane_id() % 16) * ld + n0;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(b[0]), "=r"(b[1])
+               : "r"(shared_address(p)));
 }
 
 // Rows first..first+kTileRows-1 of a (T, HS) head view of 16-bit operands (row t at src + at(t);
@@ -130,19 +151,18 @@ __device__ void load_tile(uint16_t* tile, const uint16_t* src, At at, int first,
 // acc (16 x 64: 8 C fragments) = A (16 rows at a_row0 of tile a) times the transpose of the 64
 // rows of tile b: sum over the HS columns of both.
 template <typename E, int HS>
-__device__ __forceinline__ void rows_times_rows(float acc[8][4], const uint16_t* a, int a_row0, const uint16_t* b,
-                                                int g, int t) {
+__device__ __forceinline__ void rows_times_rows(float acc[8][4], const uint16_t* a, int a_row0, const uint16_t* b) {
   constexpr int ld = TileLayout<HS>::ld;
 #pragma unroll
   for (int n = 0; n < 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
 #pragma unroll
   for (int k = 0; k < HS / 16; ++k) {
     uint32_t fa[4];
-    load_a(fa, a, ld, a_row0, 16 * k, g, t);
+    load_a(fa, a, ld, a_row0, 16 * k);
 #pragma unroll
     for (int n = 0; n < 8; ++n) {
       uint32_t fb[2];
-      load_b_rows_are_n(fb, b, ld, 8 * n, 16 * k, g, t);
+      load_b_rows_are_n(fb, b, ld, 8 * n, 16 * k);
       Operand<E>::mma(acc[n], fa, fb);
     }
   }
@@ -151,8 +171,7 @@ __device__ __forceinline__ void rows_times_rows(float acc[8][4], const uint16_t*
 // out (16 x HS: HS/8 C fragments) += P (16 x 64, the C fragments p, rounded to E) times the 64 x HS
 // tile b.
 template <typename E, int HS>
-__device__ __forceinline__ void accumulate_times_tile(float out[HS / 8][4], const float p[8][4], const uint16_t* b,
-                                                      int g, int t) {
+__device__ __forceinline__ void accumulate_times_tile(float out[HS / 8][4], const float p[8][4], const uint16_t* b) {
   constexpr int ld = TileLayout<HS>::ld;
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
@@ -162,7 +181,7 @@ __device__ __forceinline__ void accumulate_times_tile(float out[HS / 8][4], cons
 #pragma unroll
     for (int n = 0; n < HS / 8; ++n) {
       uint32_t fb[2];
-      load_b_rows_are_k(fb, b, ld, 16 * k, 8 * n, g, t);
+      load_b_rows_are_k(fb, b, ld, 16 * k, 8 * n);
       Operand<E>::mma(out[n], fa, fb);
     }
   }
@@ -203,7 +222,7 @@ __global__ void __launch_bounds__(kThreadsTc)
     __syncthreads();
     if (!warp_live) continue;
     float p[8][4];
-    rows_times_rows<E, HS>(p, q_s, 16 * warp, k_s, g, t);  // scores (16 x 64)
+    rows_times_rows<E, HS>(p, q_s, 16 * warp, k_s);  // scores (16 x 64)
     float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int n = 0; n < 8; ++n)
@@ -230,7 +249,7 @@ __global__ void __launch_bounds__(kThreadsTc)
         p[n][e] = p[n][e] == -INFINITY ? 0.0f : expf(p[n][e] - m[e / 2]);
         l[e / 2] += p[n][e];  // this lane's share of the row sum (summed over the group at the end)
       }
-    accumulate_times_tile<E, HS>(o, p, v_s, g, t);
+    accumulate_times_tile<E, HS>(o, p, v_s);
   }
   if (!warp_live) return;
 #pragma unroll
@@ -296,8 +315,8 @@ __global__ void __launch_bounds__(kThreadsTc)
     __syncthreads();
     if (!warp_live) continue;
     float p[8][4], dp[8][4];
-    rows_times_rows<E, HS>(p, q_s, 16 * warp, k_s, g, t);    // scores
-    rows_times_rows<E, HS>(dp, do_s, 16 * warp, v_s, g, t);  // dP = dO V^T
+    rows_times_rows<E, HS>(p, q_s, 16 * warp, k_s);    // scores
+    rows_times_rows<E, HS>(dp, do_s, 16 * warp, v_s);  // dP = dO V^T
 #pragma unroll
     for (int n = 0; n < 8; ++n)
 #pragma unroll
@@ -306,7 +325,7 @@ __global__ void __launch_bounds__(kThreadsTc)
         const float prob = flash::sees(rows[e / 2], key, T) ? expf(scale * p[n][e] - row_lse[e / 2]) : 0.0f;
         p[n][e] = prob * (dp[n][e] - D[e / 2]);  // dS
       }
-    accumulate_times_tile<E, HS>(dq, p, k_s, g, t);
+    accumulate_times_tile<E, HS>(dq, p, k_s);
   }
   if (!warp_live) return;
 #pragma unroll
@@ -358,8 +377,8 @@ __global__ void __launch_bounds__(kThreadsTc)
       __syncthreads();
       if (!warp_live) continue;
       float p[8][4], ds[8][4];
-      rows_times_rows<E, HS>(p, k_s, 16 * warp, q_s, g, t);    // S^T (keys x queries)
-      rows_times_rows<E, HS>(ds, v_s, 16 * warp, do_s, g, t);  // dP^T = V dO^T
+      rows_times_rows<E, HS>(p, k_s, 16 * warp, q_s);    // S^T (keys x queries)
+      rows_times_rows<E, HS>(ds, v_s, 16 * warp, do_s);  // dP^T = V dO^T
 #pragma unroll
       for (int n = 0; n < 8; ++n)
 #pragma unroll
@@ -369,8 +388,8 @@ __global__ void __launch_bounds__(kThreadsTc)
           p[n][e] = prob;
           ds[n][e] = prob * (ds[n][e] - d_s[column]);
         }
-      accumulate_times_tile<E, HS>(dv, p, do_s, g, t);
-      accumulate_times_tile<E, HS>(dk, ds, q_s, g, t);
+      accumulate_times_tile<E, HS>(dv, p, do_s);
+      accumulate_times_tile<E, HS>(dk, ds, q_s);
     }
   }
   if (!warp_live) return;

@@ -68,15 +68,16 @@ ZERONE_TC_OPERAND(__half, __half2, __floats2half2_rn, "f16")
 #undef ZERONE_TC_OPERAND
 
 // A tile of kTileRows rows of hs 16-bit elements in shared memory, rows `ld` elements apart; the
-// kernels' dynamic shared memory is tiles side by side (forward: Q, K, V; dQ: Q, dO, K, V; dK/dV:
-// K, V, Q, dO, then two rows of floats), and tile(smem, i) is the i-th.
+// kernels' dynamic shared memory is tiles side by side, the swept operands twice (Note [Tiles
+// loaded ahead]; forward: Q, K, K, V, V; dQ: Q, dO, K, K, V, V; dK/dV: K, V, Q, Q, dO, dO, then
+// two pairs of float rows), and tile(smem, i) is the i-th.
 template <int HS>
 struct TileLayout {
   static constexpr int ld = HS + 8;
   static constexpr int elems = kTileRows * ld;
   static __device__ __forceinline__ uint16_t* tile(uint16_t* smem, int i) { return smem + i * elems; }
 };
-constexpr int kForwardTiles = 3, kBackwardTiles = 4;
+constexpr int kForwardTiles = 5, kBackwardTiles = 6;
 
 // This thread's warp and its roles in mma's fragments (lane = 4 g + t).
 struct LaneRoles {
@@ -197,6 +198,53 @@ __device__ __forceinline__ float group_max(float v) {
   return fmaxf(v, __shfl_xor_sync(kAllLanes, v, 2));
 }
 
+// Note [Tiles loaded ahead]: each kernel sweeps tiles of one side (forward and dQ the key tiles,
+// dK/dV the query tiles of each head of the group) and loads the next one while its warps compute
+// on this one: cp.async (sm_80) copies 16 bytes from global to shared memory without passing
+// through registers, into the other of two buffers per swept operand. A step of a sweep is
+//   barrier            (every warp is done with the step before, whose buffers the next tile fills)
+//   issue the next tile's copies; wait for this tile's (cp.async.wait_group 1; 0 at the last step)
+//   barrier            (every thread's copies of this tile are visible)
+//   compute on this tile.
+// Rows at or past T are zero-filled by the copy itself (a source size of 0 reads nothing). The
+// first form loaded each tile between two barriers, every warp waiting on global memory at every
+// step. The values in the tiles are the same: the same bits.
+__device__ __forceinline__ void copy16_async(uint16_t* dst, const uint16_t* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void copies_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits until at most kPending of this thread's committed groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void copies_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+// load_tile's rows by cp.async, not yet committed (the caller commits the step's group).
+template <int HS, typename At>
+__device__ void load_tile_async(uint16_t* tile, const uint16_t* src, At at, int first, int T) {
+  constexpr int kOctets = HS / 8, ld = TileLayout<HS>::ld;
+  for (int i = threadIdx.x; i < kTileRows * kOctets; i += kThreadsTc) {
+    const int r = i / kOctets, c = i % kOctets * 8, row = first + r;
+    const bool valid = row < T;
+    copy16_async(tile + r * ld + c, valid ? src + at(row) + c : src, valid);
+  }
+}
+
+// Step `step` of a sweep of `steps` (Note [Tiles loaded ahead]): after the first barrier, `issue`
+// the next step's copies (and commit them), then wait for this step's.
+template <typename Issue>
+__device__ __forceinline__ void sweep_step_begin(int step, int steps, Issue issue) {
+  __syncthreads();
+  if (step + 1 < steps) {
+    issue(step + 1);
+    copies_wait<1>();
+  } else {
+    copies_wait<0>();
+  }
+  __syncthreads();
+}
+
 // ---------------------------------------------------------------- forward
 
 // One block per (b, h, 64-query tile), the longest rows first.
@@ -205,22 +253,28 @@ __global__ void __launch_bounds__(kThreadsTc)
     tc_flash_forward_kernel(float* out, float* lse, const uint16_t* qkv, FlashShape s, float scale) {
   using L = TileLayout<HS>;
   extern __shared__ __align__(16) uint16_t smem[];
-  uint16_t *q_s = L::tile(smem, 0), *k_s = L::tile(smem, 1), *v_s = L::tile(smem, 2);  // queries, keys, values
+  uint16_t* q_s = L::tile(smem, 0);  // queries; keys and values two buffers each (Note [Tiles loaded ahead])
   const int T = s.T, b = blockIdx.x / s.NH, h = blockIdx.x % s.NH, kv = h / s.G();
   const int query_tile = gridDim.y - 1 - blockIdx.y, q0 = query_tile * kTileRows;
   const auto [warp, g, t] = lane_roles();
   const int rows[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8};
   const bool warp_live = q0 + 16 * warp < T;
+  const auto keys_of = [&](int key_tile) { return L::tile(smem, 1 + (key_tile & 1)); };
+  const auto values_of = [&](int key_tile) { return L::tile(smem, 3 + (key_tile & 1)); };
+  const auto issue = [&](int key_tile) {
+    load_tile_async<HS>(keys_of(key_tile), qkv, [=](int r) { return s.k(b, r, kv); }, key_tile * kTileRows, T);
+    load_tile_async<HS>(values_of(key_tile), qkv, [=](int r) { return s.v(b, r, kv); }, key_tile * kTileRows, T);
+    copies_commit();
+  };
 
   load_tile<HS>(q_s, qkv, [=](int r) { return s.q(b, r, h); }, q0, T);
+  issue(0);
   float o[HS / 8][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   for (int key_tile = 0; key_tile <= query_tile; ++key_tile) {
     const int k0 = key_tile * kTileRows;
-    __syncthreads();  // the previous tile's reads are done
-    load_tile<HS>(k_s, qkv, [=](int r) { return s.k(b, r, kv); }, k0, T);
-    load_tile<HS>(v_s, qkv, [=](int r) { return s.v(b, r, kv); }, k0, T);
-    __syncthreads();
+    sweep_step_begin(key_tile, query_tile + 1, issue);
     if (!warp_live) continue;
+    const uint16_t *k_s = keys_of(key_tile), *v_s = values_of(key_tile);
     float p[8][4];
     rows_times_rows<E, HS>(p, q_s, 16 * warp, k_s);  // scores (16 x 64)
     float tile_max[2] = {-INFINITY, -INFINITY};
@@ -292,12 +346,19 @@ __global__ void __launch_bounds__(kThreadsTc)
                        FlashShape s, float scale) {
   using L = TileLayout<HS>;
   extern __shared__ __align__(16) uint16_t smem[];
-  uint16_t *q_s = L::tile(smem, 0), *do_s = L::tile(smem, 1), *k_s = L::tile(smem, 2), *v_s = L::tile(smem, 3);
+  uint16_t *q_s = L::tile(smem, 0), *do_s = L::tile(smem, 1);  // keys and values: two buffers each
   const int T = s.T, b = blockIdx.x / s.NH, h = blockIdx.x % s.NH, kv = h / s.G();
   const int query_tile = gridDim.y - 1 - blockIdx.y, q0 = query_tile * kTileRows;
   const auto [warp, g, t] = lane_roles();
   const int rows[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8};
   const bool warp_live = q0 + 16 * warp < T;
+  const auto keys_of = [&](int key_tile) { return L::tile(smem, 2 + (key_tile & 1)); };
+  const auto values_of = [&](int key_tile) { return L::tile(smem, 4 + (key_tile & 1)); };
+  const auto issue = [&](int key_tile) {
+    load_tile_async<HS>(keys_of(key_tile), qkv, [=](int r) { return s.k(b, r, kv); }, key_tile * kTileRows, T);
+    load_tile_async<HS>(values_of(key_tile), qkv, [=](int r) { return s.v(b, r, kv); }, key_tile * kTileRows, T);
+    copies_commit();
+  };
 
   load_tile<HS>(q_s, qkv, [=](int r) { return s.q(b, r, h); }, q0, T);
   load_tile<HS>(do_s, dout, [=](int r) { return s.o(b, r, h); }, q0, T);
@@ -307,13 +368,12 @@ __global__ void __launch_bounds__(kThreadsTc)
     row_lse[r] = rows[r] < T ? lse[s.stat(b, h, rows[r])] : 0.0f;
     D[r] = rows[r] < T ? dsum[s.stat(b, h, rows[r])] : 0.0f;
   }
+  issue(0);
   for (int key_tile = 0; key_tile <= query_tile; ++key_tile) {
     const int k0 = key_tile * kTileRows;
-    __syncthreads();
-    load_tile<HS>(k_s, qkv, [=](int r) { return s.k(b, r, kv); }, k0, T);
-    load_tile<HS>(v_s, qkv, [=](int r) { return s.v(b, r, kv); }, k0, T);
-    __syncthreads();
+    sweep_step_begin(key_tile, query_tile + 1, issue);
     if (!warp_live) continue;
+    const uint16_t *k_s = keys_of(key_tile), *v_s = values_of(key_tile);
     float p[8][4], dp[8][4];
     rows_times_rows<E, HS>(p, q_s, 16 * warp, k_s);    // scores
     rows_times_rows<E, HS>(dp, do_s, 16 * warp, v_s);  // dP = dO V^T
@@ -349,48 +409,61 @@ __global__ void __launch_bounds__(kThreadsTc)
                         FlashShape s, float scale) {
   using L = TileLayout<HS>;
   extern __shared__ __align__(16) uint16_t smem[];
-  uint16_t *k_s = L::tile(smem, 0), *v_s = L::tile(smem, 1), *q_s = L::tile(smem, 2), *do_s = L::tile(smem, 3);
-  float* lse_s = reinterpret_cast<float*>(L::tile(smem, kBackwardTiles));  // (64) the query tile's lse
-  float* d_s = lse_s + kTileRows;                                          // (64) and D
+  uint16_t *k_s = L::tile(smem, 0), *v_s = L::tile(smem, 1);  // queries and dO: two buffers each
   const int T = s.T, b = blockIdx.x / s.NKV, kv = blockIdx.x % s.NKV, G = s.G();
   const int key_tile = blockIdx.y, k0 = key_tile * kTileRows;
   const auto [warp, g, t] = lane_roles();
   const int keys[2] = {k0 + 16 * warp + g, k0 + 16 * warp + g + 8};
   const bool warp_live = k0 + 16 * warp < T;
   const int query_tiles = flash::tiles_of(T, kTileRows);
+  // The sweep's steps: for each query head of the group in order, the query tiles that see these
+  // keys, step = group * tiles_per_head + (query_tile - key_tile).
+  const int tiles_per_head = query_tiles - key_tile, steps = G * tiles_per_head;
+  const auto head_of = [&](int step) { return kv * G + step / tiles_per_head; };
+  const auto first_query_of = [&](int step) { return (key_tile + step % tiles_per_head) * kTileRows; };
+  const auto queries_of = [&](int step) { return L::tile(smem, 2 + (step & 1)); };
+  const auto dout_of = [&](int step) { return L::tile(smem, 4 + (step & 1)); };
+  // (64) the query tile's lse, then (64) its D, per buffer.
+  const auto lse_of = [&](int step) {
+    return reinterpret_cast<float*>(L::tile(smem, kBackwardTiles)) + (step & 1) * 2 * kTileRows;
+  };
+  const auto issue = [&](int step) {
+    const int h = head_of(step), q0 = first_query_of(step);
+    load_tile_async<HS>(queries_of(step), qkv, [=](int r) { return s.q(b, r, h); }, q0, T);
+    load_tile_async<HS>(dout_of(step), dout, [=](int r) { return s.o(b, r, h); }, q0, T);
+    copies_commit();
+    if (threadIdx.x < kTileRows) {  // plain stores: visible after the step's second barrier
+      const int query = q0 + threadIdx.x;
+      float* rows = lse_of(step);
+      rows[threadIdx.x] = query < T ? lse[s.stat(b, h, query)] : 0.0f;
+      rows[kTileRows + threadIdx.x] = query < T ? dsum[s.stat(b, h, query)] : 0.0f;
+    }
+  };
 
   load_tile<HS>(k_s, qkv, [=](int r) { return s.k(b, r, kv); }, k0, T);
   load_tile<HS>(v_s, qkv, [=](int r) { return s.v(b, r, kv); }, k0, T);
+  issue(0);
   float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
-  for (int group = 0; group < G; ++group) {
-    const int h = kv * G + group;
-    for (int query_tile = key_tile; query_tile < query_tiles; ++query_tile) {
-      const int q0 = query_tile * kTileRows;
-      __syncthreads();
-      load_tile<HS>(q_s, qkv, [=](int r) { return s.q(b, r, h); }, q0, T);
-      load_tile<HS>(do_s, dout, [=](int r) { return s.o(b, r, h); }, q0, T);
-      if (threadIdx.x < kTileRows) {
-        const int query = q0 + threadIdx.x;
-        lse_s[threadIdx.x] = query < T ? lse[s.stat(b, h, query)] : 0.0f;
-        d_s[threadIdx.x] = query < T ? dsum[s.stat(b, h, query)] : 0.0f;
+  for (int step = 0; step < steps; ++step) {
+    const int q0 = first_query_of(step);
+    sweep_step_begin(step, steps, issue);
+    if (!warp_live) continue;
+    const uint16_t *q_s = queries_of(step), *do_s = dout_of(step);
+    const float *lse_s = lse_of(step), *d_s = lse_s + kTileRows;
+    float p[8][4], ds[8][4];
+    rows_times_rows<E, HS>(p, k_s, 16 * warp, q_s);    // S^T (keys x queries)
+    rows_times_rows<E, HS>(ds, v_s, 16 * warp, do_s);  // dP^T = V dO^T
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int column = 8 * n + 2 * t + (e & 1), query = q0 + column;
+        const float prob = flash::sees(query, keys[e / 2], T) ? expf(scale * p[n][e] - lse_s[column]) : 0.0f;
+        p[n][e] = prob;
+        ds[n][e] = prob * (ds[n][e] - d_s[column]);
       }
-      __syncthreads();
-      if (!warp_live) continue;
-      float p[8][4], ds[8][4];
-      rows_times_rows<E, HS>(p, k_s, 16 * warp, q_s);    // S^T (keys x queries)
-      rows_times_rows<E, HS>(ds, v_s, 16 * warp, do_s);  // dP^T = V dO^T
-#pragma unroll
-      for (int n = 0; n < 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int column = 8 * n + 2 * t + (e & 1), query = q0 + column;
-          const float prob = flash::sees(query, keys[e / 2], T) ? expf(scale * p[n][e] - lse_s[column]) : 0.0f;
-          p[n][e] = prob;
-          ds[n][e] = prob * (ds[n][e] - d_s[column]);
-        }
-      accumulate_times_tile<E, HS>(dv, p, do_s);
-      accumulate_times_tile<E, HS>(dk, ds, q_s);
-    }
+    accumulate_times_tile<E, HS>(dv, p, do_s);
+    accumulate_times_tile<E, HS>(dk, ds, q_s);
   }
   if (!warp_live) return;
 #pragma unroll
@@ -427,7 +500,7 @@ void backward_with(float* dqkv, float* dsum, const uint16_t* dout, const uint16_
   tc_flash_dq_kernel<E, HS><<<dim3(static_cast<unsigned>(s.B * s.NH), tiles), kThreadsTc, dq_bytes, stream>>>(
       dqkv, dsum, dout, qkv, lse, s, scale);
   ZERONE_CUDA_LAUNCHED();
-  const size_t dkv_bytes = request_smem(tc_flash_dkv_kernel<E, HS>, tiles_bytes + 2 * sizeof(float) * kTileRows);
+  const size_t dkv_bytes = request_smem(tc_flash_dkv_kernel<E, HS>, tiles_bytes + 2 * 2 * sizeof(float) * kTileRows);
   tc_flash_dkv_kernel<E, HS><<<dim3(static_cast<unsigned>(s.B * s.NKV), tiles), kThreadsTc, dkv_bytes, stream>>>(
       dqkv, dout, qkv, lse, dsum, s, scale);
   ZERONE_CUDA_LAUNCHED();

@@ -990,7 +990,9 @@ void residual_case(size_t n, uint64_t seed) {
 // Cross-entropy over the first V of Vp columns; the padded columns hold large logits that must
 // not count, and their gradient is exactly 0.
 // `rounded_dt` as swiglu_case's (dlogits16: a separate buffer; f32 may be written in place).
-void crossentropy_case(int N, int V, int Vp, float dloss, uint64_t seed, DType rounded_dt = DType::f32) {
+// `in_place`: the gradient written over the logits (an f32 GPT-2 run's form), then read from there.
+void crossentropy_case(int N, int V, int Vp, float dloss, uint64_t seed, DType rounded_dt = DType::f32,
+                       bool in_place = false) {
   auto logits = randn(N * Vp, seed, 3.0);
   for (int n = 0; n < N; ++n)
     for (int v = V; v < Vp; ++v) logits[n * Vp + v] = 100.0f;
@@ -999,15 +1001,17 @@ void crossentropy_case(int N, int V, int Vp, float dloss, uint64_t seed, DType r
   for (auto& t : targets) t = static_cast<int32_t>(rng.below(V));
   targets[0] = V - 1;  // the last real column
   const bool rounds = rounded_dt != DType::f32;
+  ZERONE_ASSERT(!(rounds && in_place), "a 16-bit gradient is never written over the logits");
   std::vector<Operand> ops = {f32("logits", logits), i32("targets", targets), fill("losses", N, 9), fill("lse", N, 9),
-                              fill("dlogits", N * Vp, 9)};
+                              in_place ? f32("dlogits", logits) : fill("dlogits", N * Vp, 9)};
   if (rounds) ops.push_back(fill16("dlogits16", N * Vp, rounded_dt));
   add({named("crossentropy_N", N) + named("_V", V) + named("_Vp", Vp) +
-           (rounds ? std::string("_") + dtype_tag(rounded_dt) : ""),
+           (rounds ? std::string("_") + dtype_tag(rounded_dt) : "") + (in_place ? "_in_place" : ""),
        ops,
        [=](Backend& b, const Dev& d) {
-         b.crossentropy_forward(d.f("losses"), d.f("lse"), d.f("logits"), d.i("targets"), N, V, Vp);
-         b.crossentropy_backward(d.f("dlogits"), DType::f32, d.f("logits"), d.f("lse"), d.i("targets"), dloss, N, V, Vp);
+         float* logits_at = in_place ? d.f("dlogits") : d.f("logits");  // in place: dlogits holds the logits
+         b.crossentropy_forward(d.f("losses"), d.f("lse"), logits_at, d.i("targets"), N, V, Vp);
+         b.crossentropy_backward(d.f("dlogits"), DType::f32, logits_at, d.f("lse"), d.i("targets"), dloss, N, V, Vp);
          if (rounds)
            b.crossentropy_backward(d.v("dlogits16"), rounded_dt, d.f("logits"), d.f("lse"), d.i("targets"), dloss, N, V,
                                    Vp);
@@ -1101,6 +1105,11 @@ void transformer_cases() {
   crossentropy_case(2, 50, 64, 1.0f, 35, DType::f16);
   crossentropy_case(3, 5, 7, 0.5f, 36);  // Vp not a multiple of 4: the GPU's element-at-a-time backward
   crossentropy_case(2, 9, 10, 0.25f, 37, DType::bf16);
+  // Rows longer than a block's float4 step (the GPU's loops go round), V one past a multiple of 4,
+  // and in place as an f32 GPT-2 run writes it.
+  crossentropy_case(3, 2051, 2064, 0.5f, 38, DType::bf16);
+  crossentropy_case(3, 2051, 2064, 0.5f, 39, DType::f32, true);
+  crossentropy_case(2, 6, 8, 1.0f, 40, DType::f32, true);
 }
 
 // --- the image classifiers

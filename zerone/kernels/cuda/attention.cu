@@ -39,11 +39,6 @@ __device__ __forceinline__ float warp_max(float v) {
   for (int offset = kLanes / 2; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, offset));
   return v;
 }
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int offset = kLanes / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(kFullMask, v, offset);
-  return v;
-}
 
 __device__ __forceinline__ float dot_smem(const float* a, const float* b, int hs) {
   float s = 0.0f;

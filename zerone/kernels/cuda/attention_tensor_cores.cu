@@ -78,6 +78,11 @@ struct TileLayout {
   static __device__ __forceinline__ uint16_t* tile(uint16_t* smem, int i) { return smem + i * elems; }
 };
 constexpr int kForwardTiles = 5, kBackwardTiles = 6;
+// Each kernel's dynamic shared memory at head size hs (the dK/dV kernel's is the largest).
+constexpr size_t tile_bytes(int hs) { return sizeof(uint16_t) * kTileRows * (hs + 8); }  // TileLayout's
+constexpr size_t forward_smem_bytes(int hs) { return kForwardTiles * tile_bytes(hs); }
+constexpr size_t dq_smem_bytes(int hs) { return kBackwardTiles * tile_bytes(hs); }
+constexpr size_t dkv_smem_bytes(int hs) { return kBackwardTiles * tile_bytes(hs) + 2 * 2 * sizeof(float) * kTileRows; }
 
 // This thread's warp and its roles in mma's fragments (lane = 4 g + t).
 struct LaneRoles {
@@ -101,7 +106,7 @@ __device__ __forceinline__ LaneRoles lane_roles() {
 // and the padded rows put a matrix's 8 rows in 8 different 4-bank groups: no bank conflicts.
 // ldmatrix is warp-wide (.sync.aligned): every caller runs it in warp-uniform control flow (a
 // warp's liveness, never a lane's).
-__device__ __forceinline__ uint32_t shared_address(const uint16_t* p) {
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 __device__ __forceinline__ int lane_id() { return static_cast<int>(threadIdx.x % 32); }
@@ -206,12 +211,21 @@ __device__ __forceinline__ float group_max(float v) {
 //   issue the next tile's copies; wait for this tile's (cp.async.wait_group 1; 0 at the last step)
 //   barrier            (every thread's copies of this tile are visible)
 //   compute on this tile.
-// Rows at or past T are zero-filled by the copy itself (a source size of 0 reads nothing). The
-// first form loaded each tile between two barriers, every warp waiting on global memory at every
-// step. The values in the tiles are the same: the same bits.
+// Rows at or past T are zero-filled by the copy itself (a source size of 0 reads nothing); dK/dV's
+// rows of lse and D for the query tile go in the same group, 4 bytes a copy. The next step's first
+// copies are issued before the plain loads of the operands the sweep keeps (Q and dO, or K and V).
+// The first form loaded each tile between two barriers, every warp waiting on global memory at
+// every step. The values in the tiles are the same: the same bits. The price is shared memory:
+// two buffers per swept operand (dK/dV at hs 128: 105 KB a block; tensor_core_flash_takes leaves
+// a GPU that offers less to the f32 form).
 __device__ __forceinline__ void copy16_async(uint16_t* dst, const uint16_t* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(dst)), "l"(src),
-               "r"(valid ? 16 : 0));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(dst)),
+               "l"(__cvta_generic_to_global(src)), "r"(valid ? 16 : 0));
+}
+// One float the same way (the dK/dV sweep's lse and D rows; .ca: 4-byte copies go through L1).
+__device__ __forceinline__ void copy4_async(float* dst, const float* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(shared_address(dst)),
+               "l"(__cvta_generic_to_global(src)), "r"(valid ? 4 : 0));
 }
 __device__ __forceinline__ void copies_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 // Waits until at most kPending of this thread's committed groups are still in flight.
@@ -267,8 +281,8 @@ __global__ void __launch_bounds__(kThreadsTc)
     copies_commit();
   };
 
+  issue(0);  // first: its copies run while the queries load
   load_tile<HS>(q_s, qkv, [=](int r) { return s.q(b, r, h); }, q0, T);
-  issue(0);
   float o[HS / 8][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   for (int key_tile = 0; key_tile <= query_tile; ++key_tile) {
     const int k0 = key_tile * kTileRows;
@@ -360,6 +374,7 @@ __global__ void __launch_bounds__(kThreadsTc)
     copies_commit();
   };
 
+  issue(0);  // first: its copies run while the queries and dO load
   load_tile<HS>(q_s, qkv, [=](int r) { return s.q(b, r, h); }, q0, T);
   load_tile<HS>(do_s, dout, [=](int r) { return s.o(b, r, h); }, q0, T);
   float row_lse[2], D[2], dq[HS / 8][4] = {};
@@ -368,7 +383,6 @@ __global__ void __launch_bounds__(kThreadsTc)
     row_lse[r] = rows[r] < T ? lse[s.stat(b, h, rows[r])] : 0.0f;
     D[r] = rows[r] < T ? dsum[s.stat(b, h, rows[r])] : 0.0f;
   }
-  issue(0);
   for (int key_tile = 0; key_tile <= query_tile; ++key_tile) {
     const int k0 = key_tile * kTileRows;
     sweep_step_begin(key_tile, query_tile + 1, issue);
@@ -431,18 +445,20 @@ __global__ void __launch_bounds__(kThreadsTc)
     const int h = head_of(step), q0 = first_query_of(step);
     load_tile_async<HS>(queries_of(step), qkv, [=](int r) { return s.q(b, r, h); }, q0, T);
     load_tile_async<HS>(dout_of(step), dout, [=](int r) { return s.o(b, r, h); }, q0, T);
-    copies_commit();
-    if (threadIdx.x < kTileRows) {  // plain stores: visible after the step's second barrier
+    if (threadIdx.x < kTileRows) {  // in the same group: zero past T, as the rows
       const int query = q0 + threadIdx.x;
+      const bool valid = query < T;
+      const size_t at = valid ? s.stat(b, h, query) : 0;
       float* rows = lse_of(step);
-      rows[threadIdx.x] = query < T ? lse[s.stat(b, h, query)] : 0.0f;
-      rows[kTileRows + threadIdx.x] = query < T ? dsum[s.stat(b, h, query)] : 0.0f;
+      copy4_async(rows + threadIdx.x, lse + at, valid);
+      copy4_async(rows + kTileRows + threadIdx.x, dsum + at, valid);
     }
+    copies_commit();
   };
 
+  issue(0);  // first: its copies run while the keys and values load
   load_tile<HS>(k_s, qkv, [=](int r) { return s.k(b, r, kv); }, k0, T);
   load_tile<HS>(v_s, qkv, [=](int r) { return s.v(b, r, kv); }, k0, T);
-  issue(0);
   float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
   for (int step = 0; step < steps; ++step) {
     const int q0 = first_query_of(step);
@@ -483,8 +499,7 @@ __global__ void __launch_bounds__(kThreadsTc)
 
 template <typename E, int HS>
 void forward_with(float* out, float* lse, const uint16_t* qkv, const FlashShape& s, float scale, cudaStream_t stream) {
-  const size_t bytes = request_smem(tc_flash_forward_kernel<E, HS>,
-                                    kForwardTiles * sizeof(uint16_t) * TileLayout<HS>::elems);
+  const size_t bytes = request_smem(tc_flash_forward_kernel<E, HS>, forward_smem_bytes(HS));
   const dim3 grid(static_cast<unsigned>(s.B * s.NH), static_cast<unsigned>(flash::tiles_of(s.T, kTileRows)));
   tc_flash_forward_kernel<E, HS><<<grid, kThreadsTc, bytes, stream>>>(out, lse, qkv, s, scale);
   ZERONE_CUDA_LAUNCHED();
@@ -495,12 +510,11 @@ void backward_with(float* dqkv, float* dsum, const uint16_t* dout, const uint16_
                    const FlashShape& s, float scale, cudaStream_t stream) {
   const unsigned tiles = static_cast<unsigned>(flash::tiles_of(s.T, kTileRows));
   // dsum (D) is already formed (tensor_core_flash_backward).
-  const size_t tiles_bytes = kBackwardTiles * sizeof(uint16_t) * TileLayout<HS>::elems;
-  const size_t dq_bytes = request_smem(tc_flash_dq_kernel<E, HS>, tiles_bytes);
+  const size_t dq_bytes = request_smem(tc_flash_dq_kernel<E, HS>, dq_smem_bytes(HS));
   tc_flash_dq_kernel<E, HS><<<dim3(static_cast<unsigned>(s.B * s.NH), tiles), kThreadsTc, dq_bytes, stream>>>(
       dqkv, dsum, dout, qkv, lse, s, scale);
   ZERONE_CUDA_LAUNCHED();
-  const size_t dkv_bytes = request_smem(tc_flash_dkv_kernel<E, HS>, tiles_bytes + 2 * 2 * sizeof(float) * kTileRows);
+  const size_t dkv_bytes = request_smem(tc_flash_dkv_kernel<E, HS>, dkv_smem_bytes(HS));
   tc_flash_dkv_kernel<E, HS><<<dim3(static_cast<unsigned>(s.B * s.NKV), tiles), kThreadsTc, dkv_bytes, stream>>>(
       dqkv, dout, qkv, lse, dsum, s, scale);
   ZERONE_CUDA_LAUNCHED();
@@ -535,7 +549,14 @@ size_t out_numel(const FlashShape& s) { return static_cast<size_t>(s.B) * s.T * 
 
 bool tensor_core_flash_takes(DType operands, int hs, const void* output) {
   const bool built_for = hs == 16 || hs == 32 || hs == 64 || hs == 96 || hs == 128;
-  return operands != DType::f32 && built_for && aligned8(output);  // float2 stores
+  if (operands == DType::f32 || !built_for || !aligned8(output)) return false;  // aligned8: float2 stores
+  // Shared memory: the double-buffered sweeps (Note [Tiles loaded ahead]) need up to 105 KB a
+  // block at hs 128, over the 99 KB an sm_86/sm_89 GPU lets a block opt into: there the f32 form
+  // runs. The same answer for every call of a run (it depends on hs and the device only).
+  int device = 0, limit = 0;
+  ZERONE_CUDA_CHECK(cudaGetDevice(&device));
+  ZERONE_CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  return dkv_smem_bytes(hs) <= static_cast<size_t>(limit);
 }
 
 size_t tensor_core_flash_scratch_elems(const FlashShape& s, bool backward) {

@@ -259,6 +259,28 @@ __device__ __forceinline__ void sweep_step_begin(int step, int steps, Issue issu
   __syncthreads();
 }
 
+// The key and value tiles of a sweep over key tiles (forward and dQ): two buffers each, tiles
+// first, first + 1 (keys) and first + 2, first + 3 (values) of the block's shared memory.
+template <int HS>
+struct KeyValueSweep {
+  uint16_t* smem;
+  int first;
+  const uint16_t* qkv;
+  FlashShape s;
+  int b, kv;
+  __device__ uint16_t* keys(int key_tile) const { return TileLayout<HS>::tile(smem, first + (key_tile & 1)); }
+  __device__ uint16_t* values(int key_tile) const { return TileLayout<HS>::tile(smem, first + 2 + (key_tile & 1)); }
+  // Issues and commits the copies of key tile `key_tile` (Note [Tiles loaded ahead]).
+  __device__ void issue(int key_tile) const {
+    const FlashShape shape = s;
+    const int batch = b, head = kv;
+    load_tile_async<HS>(keys(key_tile), qkv, [=](int r) { return shape.k(batch, r, head); }, key_tile * kTileRows, s.T);
+    load_tile_async<HS>(values(key_tile), qkv, [=](int r) { return shape.v(batch, r, head); }, key_tile * kTileRows,
+                        s.T);
+    copies_commit();
+  }
+};
+
 // ---------------------------------------------------------------- forward
 
 // One block per (b, h, 64-query tile), the longest rows first.
@@ -273,13 +295,8 @@ __global__ void __launch_bounds__(kThreadsTc)
   const auto [warp, g, t] = lane_roles();
   const int rows[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8};
   const bool warp_live = q0 + 16 * warp < T;
-  const auto keys_of = [&](int key_tile) { return L::tile(smem, 1 + (key_tile & 1)); };
-  const auto values_of = [&](int key_tile) { return L::tile(smem, 3 + (key_tile & 1)); };
-  const auto issue = [&](int key_tile) {
-    load_tile_async<HS>(keys_of(key_tile), qkv, [=](int r) { return s.k(b, r, kv); }, key_tile * kTileRows, T);
-    load_tile_async<HS>(values_of(key_tile), qkv, [=](int r) { return s.v(b, r, kv); }, key_tile * kTileRows, T);
-    copies_commit();
-  };
+  const KeyValueSweep<HS> sweep{smem, 1, qkv, s, b, kv};
+  const auto issue = [&](int key_tile) { sweep.issue(key_tile); };
 
   issue(0);  // first: its copies run while the queries load
   load_tile<HS>(q_s, qkv, [=](int r) { return s.q(b, r, h); }, q0, T);
@@ -288,7 +305,7 @@ __global__ void __launch_bounds__(kThreadsTc)
     const int k0 = key_tile * kTileRows;
     sweep_step_begin(key_tile, query_tile + 1, issue);
     if (!warp_live) continue;
-    const uint16_t *k_s = keys_of(key_tile), *v_s = values_of(key_tile);
+    const uint16_t *k_s = sweep.keys(key_tile), *v_s = sweep.values(key_tile);
     float p[8][4];
     rows_times_rows<E, HS>(p, q_s, 16 * warp, k_s);  // scores (16 x 64)
     float tile_max[2] = {-INFINITY, -INFINITY};
@@ -366,13 +383,8 @@ __global__ void __launch_bounds__(kThreadsTc)
   const auto [warp, g, t] = lane_roles();
   const int rows[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8};
   const bool warp_live = q0 + 16 * warp < T;
-  const auto keys_of = [&](int key_tile) { return L::tile(smem, 2 + (key_tile & 1)); };
-  const auto values_of = [&](int key_tile) { return L::tile(smem, 4 + (key_tile & 1)); };
-  const auto issue = [&](int key_tile) {
-    load_tile_async<HS>(keys_of(key_tile), qkv, [=](int r) { return s.k(b, r, kv); }, key_tile * kTileRows, T);
-    load_tile_async<HS>(values_of(key_tile), qkv, [=](int r) { return s.v(b, r, kv); }, key_tile * kTileRows, T);
-    copies_commit();
-  };
+  const KeyValueSweep<HS> sweep{smem, 2, qkv, s, b, kv};
+  const auto issue = [&](int key_tile) { sweep.issue(key_tile); };
 
   issue(0);  // first: its copies run while the queries and dO load
   load_tile<HS>(q_s, qkv, [=](int r) { return s.q(b, r, h); }, q0, T);
@@ -387,7 +399,7 @@ __global__ void __launch_bounds__(kThreadsTc)
     const int k0 = key_tile * kTileRows;
     sweep_step_begin(key_tile, query_tile + 1, issue);
     if (!warp_live) continue;
-    const uint16_t *k_s = keys_of(key_tile), *v_s = values_of(key_tile);
+    const uint16_t *k_s = sweep.keys(key_tile), *v_s = sweep.values(key_tile);
     float p[8][4], dp[8][4];
     rows_times_rows<E, HS>(p, q_s, 16 * warp, k_s);    // scores
     rows_times_rows<E, HS>(dp, do_s, 16 * warp, v_s);  // dP = dO V^T

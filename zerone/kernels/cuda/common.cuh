@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 
 #include "zerone/core/dtype.h"
 #include "zerone/kernels/cuda/check.h"
@@ -79,6 +80,14 @@ __device__ __forceinline__ void store4(void* p, size_t i4, float x0, float x1, f
 inline bool vectorizable4(const void* src, const void* dst, DType dst_dtype, size_t n) {
   const uintptr_t dst_align = dst_dtype == DType::f32 ? 16 : 8;
   return n % 4 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % dst_align == 0;
+}
+
+// Whether n elements of f32 arrays can go four at a time: n % 4 == 0 and each array 16-byte aligned.
+inline bool f32_vectorizable4(size_t n, std::initializer_list<const float*> arrays) {
+  if (n % 4 != 0) return false;
+  for (const float* p : arrays)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  return true;
 }
 
 // Sum of v over the warp's 32 lanes (all active), by an xor butterfly: at each level both lanes

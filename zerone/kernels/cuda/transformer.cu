@@ -117,22 +117,26 @@ __global__ void layernorm_forward_kernel(void* out, DType out_dtype, float* mean
   if (lane == 0) mean[n] = m, rstd[n] = r;
 }
 
+// Note [Norms a warp per row]: the backward rows too (one pass of sums, one of updates).
 __global__ void layernorm_backward_rows(float* dinp, const float* dout, const float* inp, const void* weight,
-                                        DType dtype, const float* mean, const float* rstd, int C) {
-  __shared__ float shared[kThreads];
-  const size_t n = blockIdx.x;
+                                        DType dtype, const float* mean, const float* rstd, int N, int C) {
+  const size_t n = blockIdx.x * static_cast<size_t>(kRowsPerBlock) + threadIdx.x / 32;
+  if (n >= static_cast<size_t>(N)) return;  // the whole warp
+  const int lane = static_cast<int>(threadIdx.x % 32);
   const float* x = inp + n * C;
   const float* dy = dout + n * C;
   const float m = mean[n], r = rstd[n];
   float a = 0.0f, b = 0.0f;
-  for (int i = threadIdx.x; i < C; i += blockDim.x) {
+#pragma unroll 4
+  for (int i = lane; i < C; i += 32) {
     const float norm = (x[i] - m) * r, dnorm = load_param(weight, dtype, i) * dy[i];
     a += dnorm;
     b += dnorm * norm;
   }
-  const float dnorm_mean = block_sum(a, shared) / C, dnorm_norm_mean = block_sum(b, shared) / C;
+  const float dnorm_mean = warp_sum(a) / C, dnorm_norm_mean = warp_sum(b) / C;
   float* dx = dinp + n * C;
-  for (int i = threadIdx.x; i < C; i += blockDim.x) {
+#pragma unroll 4
+  for (int i = lane; i < C; i += 32) {
     const float norm = (x[i] - m) * r, dnorm = load_param(weight, dtype, i) * dy[i];
     dx[i] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * r;
   }
@@ -201,18 +205,22 @@ __global__ void rmsnorm_forward_kernel(void* out, DType out_dtype, float* rstd, 
   if (lane == 0) rstd[n] = r;
 }
 
+// Note [Norms a warp per row].
 __global__ void rmsnorm_backward_rows(float* dinp, const float* dout, const float* inp, const void* weight, DType dtype,
-                                      const float* rstd, int C) {
-  __shared__ float shared[kThreads];
-  const size_t n = blockIdx.x;
+                                      const float* rstd, int N, int C) {
+  const size_t n = blockIdx.x * static_cast<size_t>(kRowsPerBlock) + threadIdx.x / 32;
+  if (n >= static_cast<size_t>(N)) return;  // the whole warp
+  const int lane = static_cast<int>(threadIdx.x % 32);
   const float* x = inp + n * C;
   const float* dy = dout + n * C;
   const float r = rstd[n];
   float d = 0.0f;
-  for (int i = threadIdx.x; i < C; i += blockDim.x) d += load_param(weight, dtype, i) * dy[i] * x[i] * r;
-  const float dot = block_sum(d, shared) / C;
+#pragma unroll 4
+  for (int i = lane; i < C; i += 32) d += load_param(weight, dtype, i) * dy[i] * x[i] * r;
+  const float dot = warp_sum(d) / C;
   float* dx = dinp + n * C;
-  for (int i = threadIdx.x; i < C; i += blockDim.x)
+#pragma unroll 4
+  for (int i = lane; i < C; i += 32)
     dx[i] += r * (load_param(weight, dtype, i) * dy[i] - x[i] * r * dot);
 }
 
@@ -424,19 +432,36 @@ __global__ void gelu_forward4_kernel(void* out, const float4* inp, size_t n4) {
   }
 }
 
+// GELU's derivative at x.
+__device__ __forceinline__ float gelu_slope(float x) {
+  const float th = tanhf(kGeluScale * (x + 0.044715f * x * x * x));
+  const float sech2 = 1.0f - th * th;
+  return 0.5f * (1.0f + th) + x * 0.5f * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
 __global__ void gelu_backward_kernel(float* dinp, const float* inp, const float* dout, size_t n) {
-  ZERONE_GRID_STRIDE(i, n) {
-    const float x = inp[i];
-    const float th = tanhf(kGeluScale * (x + 0.044715f * x * x * x));
-    const float sech2 = 1.0f - th * th;
-    const float local = 0.5f * (1.0f + th) + x * 0.5f * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
-    dinp[i] = local * dout[i];
+  ZERONE_GRID_STRIDE(i, n) dinp[i] = gelu_slope(inp[i]) * dout[i];
+}
+
+// Four elements a thread-step, each as above (16-byte loads and stores; n4 = n / 4).
+__global__ void gelu_backward4_kernel(float4* dinp, const float4* inp, const float4* dout, size_t n4) {
+  ZERONE_GRID_STRIDE(i, n4) {
+    const float4 x = inp[i], dy = dout[i];
+    dinp[i] = make_float4(gelu_slope(x.x) * dy.x, gelu_slope(x.y) * dy.y, gelu_slope(x.z) * dy.z, gelu_slope(x.w) * dy.w);
   }
 }
 
 __global__ void residual_kernel(float* out, const float* a, const float* b, size_t n) {
   ZERONE_GRID_STRIDE(i, n) out[i] = a[i] + b[i];
 }
+
+__global__ void residual4_kernel(float4* out, const float4* a, const float4* b, size_t n4) {
+  ZERONE_GRID_STRIDE(i, n4) {
+    const float4 x = a[i], y = b[i];
+    out[i] = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
+  }
+}
+
 
 // ---------------------------------------------------------------- cross-entropy (one block per row)
 
@@ -559,7 +584,8 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
                         const void* weight, DType param_dtype, const float* mean, const float* rstd, int N, int C,
                         cudaStream_t stream) {
   if (N == 0) return;
-  layernorm_backward_rows<<<N, kThreads, 0, stream>>>(dinp, dout, inp, weight, param_dtype, mean, rstd, C);
+  layernorm_backward_rows<<<row_warp_blocks(N), kThreads, 0, stream>>>(dinp, dout, inp, weight, param_dtype, mean, rstd,
+                                                                        N, C);
   ZERONE_CUDA_LAUNCHED();
   layernorm_backward_params<<<column_sum_blocks(C), kColumnBlock, 0, stream>>>(dweight, dbias, dout, inp, mean, rstd, N, C);
   ZERONE_CUDA_LAUNCHED();
@@ -576,7 +602,7 @@ void rmsnorm_forward(void* out, DType out_dtype, float* rstd, const float* inp, 
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const void* weight,
                       DType param_dtype, const float* rstd, int N, int C, cudaStream_t stream) {
   if (N == 0) return;
-  rmsnorm_backward_rows<<<N, kThreads, 0, stream>>>(dinp, dout, inp, weight, param_dtype, rstd, C);
+  rmsnorm_backward_rows<<<row_warp_blocks(N), kThreads, 0, stream>>>(dinp, dout, inp, weight, param_dtype, rstd, N, C);
   ZERONE_CUDA_LAUNCHED();
   rmsnorm_backward_params<<<column_sum_blocks(C), kColumnBlock, 0, stream>>>(dweight, dout, inp, rstd, N, C);
   ZERONE_CUDA_LAUNCHED();
@@ -659,12 +685,24 @@ void gelu_forward(void* out, DType out_dtype, const float* inp, size_t n, cudaSt
 }
 
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, cudaStream_t stream) {
-  gelu_backward_kernel<<<grid_for(n), kThreads, 0, stream>>>(dinp, inp, dout, n);
+  if (n == 0) return;
+  if (f32_vectorizable4(n, {dinp, inp, dout}))
+    gelu_backward4_kernel<<<grid_for(n / 4), kThreads, 0, stream>>>(reinterpret_cast<float4*>(dinp),
+                                                                   reinterpret_cast<const float4*>(inp),
+                                                                   reinterpret_cast<const float4*>(dout), n / 4);
+  else
+    gelu_backward_kernel<<<grid_for(n), kThreads, 0, stream>>>(dinp, inp, dout, n);
   ZERONE_CUDA_LAUNCHED();
 }
 
 void residual_forward(float* out, const float* a, const float* b, size_t n, cudaStream_t stream) {
-  residual_kernel<<<grid_for(n), kThreads, 0, stream>>>(out, a, b, n);
+  if (n == 0) return;
+  if (f32_vectorizable4(n, {out, a, b}))
+    residual4_kernel<<<grid_for(n / 4), kThreads, 0, stream>>>(reinterpret_cast<float4*>(out),
+                                                              reinterpret_cast<const float4*>(a),
+                                                              reinterpret_cast<const float4*>(b), n / 4);
+  else
+    residual_kernel<<<grid_for(n), kThreads, 0, stream>>>(out, a, b, n);
   ZERONE_CUDA_LAUNCHED();
 }
 

@@ -439,28 +439,37 @@ __device__ __forceinline__ float gelu_slope(float x) {
   return 0.5f * (1.0f + th) + x * 0.5f * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
 }
 
-__global__ void gelu_backward_kernel(float* dinp, const float* inp, const float* dout, size_t n) {
-  ZERONE_GRID_STRIDE(i, n) dinp[i] = gelu_slope(inp[i]) * dout[i];
+// Elementwise out[i] = Op()(a[i], b[i]) over f32 arrays (out may be a or b), one element a
+// thread-step, or four (16-byte loads and stores; n4 = n / 4) where f32_vectorizable4 allows.
+template <typename Op>
+__global__ void binary_kernel(float* out, const float* a, const float* b, size_t n) {
+  ZERONE_GRID_STRIDE(i, n) out[i] = Op()(a[i], b[i]);
 }
-
-// Four elements a thread-step, each as above (16-byte loads and stores; n4 = n / 4).
-__global__ void gelu_backward4_kernel(float4* dinp, const float4* inp, const float4* dout, size_t n4) {
-  ZERONE_GRID_STRIDE(i, n4) {
-    const float4 x = inp[i], dy = dout[i];
-    dinp[i] = make_float4(gelu_slope(x.x) * dy.x, gelu_slope(x.y) * dy.y, gelu_slope(x.z) * dy.z, gelu_slope(x.w) * dy.w);
-  }
-}
-
-__global__ void residual_kernel(float* out, const float* a, const float* b, size_t n) {
-  ZERONE_GRID_STRIDE(i, n) out[i] = a[i] + b[i];
-}
-
-__global__ void residual4_kernel(float4* out, const float4* a, const float4* b, size_t n4) {
+template <typename Op>
+__global__ void binary4_kernel(float4* out, const float4* a, const float4* b, size_t n4) {
   ZERONE_GRID_STRIDE(i, n4) {
     const float4 x = a[i], y = b[i];
-    out[i] = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
+    const Op op;
+    out[i] = make_float4(op(x.x, y.x), op(x.y, y.y), op(x.z, y.z), op(x.w, y.w));
   }
 }
+template <typename Op>
+void launch_binary(float* out, const float* a, const float* b, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  if (f32_vectorizable4(n, {out, a, b}))
+    binary4_kernel<Op><<<grid_for(n / 4), kThreads, 0, stream>>>(
+        reinterpret_cast<float4*>(out), reinterpret_cast<const float4*>(a), reinterpret_cast<const float4*>(b), n / 4);
+  else
+    binary_kernel<Op><<<grid_for(n), kThreads, 0, stream>>>(out, a, b, n);
+  ZERONE_CUDA_LAUNCHED();
+}
+
+struct GeluBackward {  // (x, dy) -> dx
+  __device__ float operator()(float x, float dy) const { return gelu_slope(x) * dy; }
+};
+struct Add {
+  __device__ float operator()(float x, float y) const { return x + y; }
+};
 
 
 // ---------------------------------------------------------------- cross-entropy (one block per row)
@@ -685,25 +694,11 @@ void gelu_forward(void* out, DType out_dtype, const float* inp, size_t n, cudaSt
 }
 
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, cudaStream_t stream) {
-  if (n == 0) return;
-  if (f32_vectorizable4(n, {dinp, inp, dout}))
-    gelu_backward4_kernel<<<grid_for(n / 4), kThreads, 0, stream>>>(reinterpret_cast<float4*>(dinp),
-                                                                   reinterpret_cast<const float4*>(inp),
-                                                                   reinterpret_cast<const float4*>(dout), n / 4);
-  else
-    gelu_backward_kernel<<<grid_for(n), kThreads, 0, stream>>>(dinp, inp, dout, n);
-  ZERONE_CUDA_LAUNCHED();
+  launch_binary<GeluBackward>(dinp, inp, dout, n, stream);
 }
 
 void residual_forward(float* out, const float* a, const float* b, size_t n, cudaStream_t stream) {
-  if (n == 0) return;
-  if (f32_vectorizable4(n, {out, a, b}))
-    residual4_kernel<<<grid_for(n / 4), kThreads, 0, stream>>>(reinterpret_cast<float4*>(out),
-                                                              reinterpret_cast<const float4*>(a),
-                                                              reinterpret_cast<const float4*>(b), n / 4);
-  else
-    residual_kernel<<<grid_for(n), kThreads, 0, stream>>>(out, a, b, n);
-  ZERONE_CUDA_LAUNCHED();
+  launch_binary<Add>(out, a, b, n, stream);
 }
 
 void crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets, int N, int V, int Vp,

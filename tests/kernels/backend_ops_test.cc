@@ -1041,6 +1041,7 @@ void transformer_cases() {
   layernorm_case(1, 13, DType::f16, 21);
   layernorm_case(4, 768, DType::bf16, 22);  // GPT-2's width: the vector loops
   layernorm_case(19, 768, DType::bf16, 23);  // Note [Norms a warp per row]: 3 blocks of 8 rows, the last partial
+  layernorm_case(9, 100, DType::f32, 24);    // lanes making 3 or 4 passes of a row
   rmsnorm_case(5, 12, DType::f32, 60);
   rmsnorm_case(5, 12, DType::bf16, 61);
   rmsnorm_case(1, 9, DType::f16, 62);

@@ -87,13 +87,14 @@ __global__ void embedding_backward_wpe_kernel(float* dwpe, const float* dout, in
 
 // ---------------------------------------------------------------- norms
 
-// Note [Norms a warp per row]: the forward norms give each row one warp (kRowsPerBlock rows to a
+// Note [Norms a warp per row]: the norms give each row one warp (kRowsPerBlock rows to a
 // block of kThreads), its lanes taking elements lane, lane + 32, ... and summing them with
 // warp_sum: no shared memory and no block-wide barrier. The first form, a block of 256 threads per
 // row with four block-wide reductions, kept one load per thread in flight and reached 1.0 TB/s on
 // an H200 at 8192 rows of 768 (36.5 us; docs/BENCHMARKS.md, call 7's profile). The sums are in
 // another order than the cpu's, within the op harness's tolerance (Note [CUDA against the cpu
-// backend]), and the same every run. The backward rows keep a block per row.
+// backend]), and the same every run. The backward rows likewise (dinp += ..., each lane its own
+// elements).
 constexpr int kRowsPerBlock = kThreads / 32;
 unsigned row_warp_blocks(int N) { return static_cast<unsigned>((N + kRowsPerBlock - 1) / kRowsPerBlock); }
 
@@ -449,7 +450,7 @@ template <typename Op>
 __global__ void binary4_kernel(float4* out, const float4* a, const float4* b, size_t n4) {
   ZERONE_GRID_STRIDE(i, n4) {
     const float4 x = a[i], y = b[i];
-    const Op op;
+    const Op op{};
     out[i] = make_float4(op(x.x, y.x), op(x.y, y.y), op(x.z, y.z), op(x.w, y.w));
   }
 }

@@ -36,14 +36,23 @@ std::string fixed_text(double value, int digits) {
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// A streaming copy of 64 MiB, best of a few: bytes read + written per second.
-double measure_memory_bytes_per_s() {
-  const size_t n = size_t{64} << 20;
+// Note [Host memory speed with every core]: a streaming copy of 128 MiB split over `threads`
+// threads (each its own slice, as the CPU optimizer's kernels split a shard), best of a few:
+// bytes read + written per second. The first form copied on one thread: 12.2 GB/s on the GPU
+// machine's 16 cores, where the offloaded AdamW of Llama-3.2-1B then took 0.95 s a step, not the
+// 3.2 s the planner predicted from that figure (docs/BENCHMARKS.md, "ZeRO-Offload on the GPU").
+double measure_memory_bytes_per_s(int threads) {
+  const size_t n = size_t{128} << 20;
   std::vector<char> a(n, 1), b(n, 0);
+  const size_t slice = (n + threads - 1) / threads;
   double best = 1e30;
   for (int rep = 0; rep < 4; ++rep) {
     const auto t0 = Clock::now();
-    std::memcpy(b.data(), a.data(), n);
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int t = 0; t < threads; ++t) {
+      const size_t lo = std::min(n, t * slice), hi = std::min(n, lo + slice);
+      std::memcpy(b.data() + lo, a.data() + lo, hi - lo);
+    }
     best = std::min(best, seconds_since(t0));
     a[rep] = b[n - 1 - rep];  // keep the copies observable
   }
@@ -200,10 +209,12 @@ PlanMachine plan_machine(const TrainConfig& cfg, int world, DType dtype, const P
   ZERONE_CHECK(!b.unified || (o.device_memory_gbps == 0 && o.host_device_gbps == 0),
                "--device-bandwidth and --host-device-bandwidth describe a GPU of its own: give them with --device cuda");
   zero::MachineSpeed& s = m.speed;
-  // Measured here with every core (GEMM) or one (the copy); the ranks of a host share its cores
-  // (Note [Threads per rank] in trainer.cc), so a rank gets its share.
-  const double ranks = b.ranks_per_host, cores = std::max(1, cpu_info().logical_cores);
-  s.memory_bytes_per_s = o.memory_gbps > 0 ? o.memory_gbps * 1e9 : measure_memory_bytes_per_s() / std::max(1.0, ranks / cores);
+  // Measured here with every core (GEMM, and the copy: Note [Host memory speed with every core]);
+  // the ranks of a host share its cores (Note [Threads per rank] in trainer.cc) and its memory, so
+  // a rank gets its share of each.
+  const double ranks = b.ranks_per_host;
+  const int cores = std::max(1, cpu_info().logical_cores);
+  s.memory_bytes_per_s = o.memory_gbps > 0 ? o.memory_gbps * 1e9 : measure_memory_bytes_per_s(cores) / ranks;
   if (b.unified) {
     s.gemm_flop_per_s = o.gemm_tflops > 0 ? o.gemm_tflops * 1e12 : measure_gemm_peak_tflop_per_s(dtype) * 1e12 / ranks;
     s.host_device_bytes_per_s = s.memory_bytes_per_s;

@@ -365,8 +365,7 @@ __global__ void tc_flash_row_dot_kernel(float* dsum, const float* dout, const fl
   const float* y = out + s.o(b, t, h);
   float d = 0.0f;
   for (int i = lane; i < s.hs; i += 32) d += dy[i] * y[i];
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) d += __shfl_xor_sync(kAllLanes, d, offset);
+  d = warp_sum(d);
   if (lane == 0) dsum[s.stat(b, h, t)] = d;
 }
 

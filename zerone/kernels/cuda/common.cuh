@@ -1,5 +1,6 @@
 // Device helpers shared by the CUDA backend's .cu files: grid sizing, parameter loads by dtype,
-// and the roundings of core/dtype.h written for the device.
+// the roundings of core/dtype.h written for the device, four-wide stores, the f32 elementwise
+// launcher (launch_binary) and the warp and block sums.
 // Thread-safety: pure functions.
 #pragma once
 
@@ -89,6 +90,35 @@ inline bool f32_vectorizable4(size_t n, std::initializer_list<const float*> arra
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
   return true;
 }
+
+// Elementwise out[i] = Op()(a[i], b[i]) over f32 arrays (out may be a or b), one element a
+// thread-step, or four (16-byte loads and stores; n4 = n / 4) where f32_vectorizable4 allows.
+template <typename Op>
+__global__ void binary_kernel(float* out, const float* a, const float* b, size_t n) {
+  ZERONE_GRID_STRIDE(i, n) out[i] = Op()(a[i], b[i]);
+}
+template <typename Op>
+__global__ void binary4_kernel(float4* out, const float4* a, const float4* b, size_t n4) {
+  ZERONE_GRID_STRIDE(i, n4) {
+    const float4 x = a[i], y = b[i];
+    const Op op{};
+    out[i] = make_float4(op(x.x, y.x), op(x.y, y.y), op(x.z, y.z), op(x.w, y.w));
+  }
+}
+template <typename Op>
+void launch_binary(float* out, const float* a, const float* b, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  if (f32_vectorizable4(n, {out, a, b}))
+    binary4_kernel<Op><<<grid_for(n / 4), kThreads, 0, stream>>>(
+        reinterpret_cast<float4*>(out), reinterpret_cast<const float4*>(a), reinterpret_cast<const float4*>(b), n / 4);
+  else
+    binary_kernel<Op><<<grid_for(n), kThreads, 0, stream>>>(out, a, b, n);
+  ZERONE_CUDA_LAUNCHED();
+}
+
+struct Add {
+  __device__ float operator()(float x, float y) const { return x + y; }
+};
 
 // Sum of v over the warp's 32 lanes (all active), by an xor butterfly: at each level both lanes
 // of a pair add the same two values, and float addition commutes, so every lane ends with the

@@ -11,10 +11,6 @@
 namespace zerone::cuda {
 namespace {
 
-__global__ void accumulate_kernel(float* dst, const float* src, size_t n) {
-  ZERONE_GRID_STRIDE(i, n) dst[i] += src[i];
-}
-
 // One block per kNormBlock chunk: partials[blockIdx.x] = the sum over the chunk of f(x) in double
 // (f the square, or x itself), thread t taking elements lo + t, lo + t + blockDim.x, ... and the
 // block adding its threads' sums in a fixed tree. On the way, every element k is visited: `load(k)`
@@ -209,9 +205,7 @@ __global__ void sgd_kernel(float* master, float* momentum, const float* grad, vo
 }  // namespace
 
 void accumulate(float* dst, const float* src, size_t n, cudaStream_t stream) {
-  if (n == 0) return;
-  accumulate_kernel<<<grid_for(n), kThreads, 0, stream>>>(dst, src, n);
-  ZERONE_CUDA_LAUNCHED();
+  launch_binary<Add>(dst, dst, src, n, stream);  // dst[i] + src[i], as dst[i] += src[i]
 }
 
 size_t norm_blocks(size_t n) { return (n + kernels::cpu::kNormBlock - 1) / kernels::cpu::kNormBlock; }

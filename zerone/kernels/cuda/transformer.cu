@@ -97,12 +97,19 @@ __global__ void embedding_backward_wpe_kernel(float* dwpe, const float* dout, in
 // elements).
 constexpr int kRowsPerBlock = kThreads / 32;
 unsigned row_warp_blocks(int N) { return static_cast<unsigned>((N + kRowsPerBlock - 1) / kRowsPerBlock); }
+// This warp's row and this thread's lane in it (a kernel launched with row_warp_blocks).
+struct WarpRow {
+  size_t n;
+  int lane;
+};
+__device__ __forceinline__ WarpRow warp_row() {
+  return {blockIdx.x * static_cast<size_t>(kRowsPerBlock) + threadIdx.x / 32, static_cast<int>(threadIdx.x % 32)};
+}
 
 __global__ void layernorm_forward_kernel(void* out, DType out_dtype, float* mean, float* rstd, const float* inp,
                                          const void* weight, const void* bias, DType dtype, int N, int C) {
-  const size_t n = blockIdx.x * static_cast<size_t>(kRowsPerBlock) + threadIdx.x / 32;
+  const auto [n, lane] = warp_row();
   if (n >= static_cast<size_t>(N)) return;  // the whole warp: warp_sum needs every lane
-  const int lane = static_cast<int>(threadIdx.x % 32);
   const float* x = inp + n * C;
   float s = 0.0f;
 #pragma unroll 4
@@ -121,9 +128,8 @@ __global__ void layernorm_forward_kernel(void* out, DType out_dtype, float* mean
 // Note [Norms a warp per row]: the backward rows too (one pass of sums, one of updates).
 __global__ void layernorm_backward_rows(float* dinp, const float* dout, const float* inp, const void* weight,
                                         DType dtype, const float* mean, const float* rstd, int N, int C) {
-  const size_t n = blockIdx.x * static_cast<size_t>(kRowsPerBlock) + threadIdx.x / 32;
-  if (n >= static_cast<size_t>(N)) return;  // the whole warp
-  const int lane = static_cast<int>(threadIdx.x % 32);
+  const auto [n, lane] = warp_row();
+  if (n >= static_cast<size_t>(N)) return;  // the whole warp: warp_sum needs every lane
   const float* x = inp + n * C;
   const float* dy = dout + n * C;
   const float m = mean[n], r = rstd[n];
@@ -193,9 +199,8 @@ __global__ void layernorm_backward_params(float* dweight, float* dbias, const fl
 // Note [Norms a warp per row].
 __global__ void rmsnorm_forward_kernel(void* out, DType out_dtype, float* rstd, const float* inp, const void* weight,
                                        DType dtype, int N, int C, float eps) {
-  const size_t n = blockIdx.x * static_cast<size_t>(kRowsPerBlock) + threadIdx.x / 32;
-  if (n >= static_cast<size_t>(N)) return;  // the whole warp
-  const int lane = static_cast<int>(threadIdx.x % 32);
+  const auto [n, lane] = warp_row();
+  if (n >= static_cast<size_t>(N)) return;  // the whole warp: warp_sum needs every lane
   const float* x = inp + n * C;
   float s = 0.0f;
 #pragma unroll 4
@@ -209,9 +214,8 @@ __global__ void rmsnorm_forward_kernel(void* out, DType out_dtype, float* rstd, 
 // Note [Norms a warp per row].
 __global__ void rmsnorm_backward_rows(float* dinp, const float* dout, const float* inp, const void* weight, DType dtype,
                                       const float* rstd, int N, int C) {
-  const size_t n = blockIdx.x * static_cast<size_t>(kRowsPerBlock) + threadIdx.x / 32;
-  if (n >= static_cast<size_t>(N)) return;  // the whole warp
-  const int lane = static_cast<int>(threadIdx.x % 32);
+  const auto [n, lane] = warp_row();
+  if (n >= static_cast<size_t>(N)) return;  // the whole warp: warp_sum needs every lane
   const float* x = inp + n * C;
   const float* dy = dout + n * C;
   const float r = rstd[n];
@@ -440,36 +444,8 @@ __device__ __forceinline__ float gelu_slope(float x) {
   return 0.5f * (1.0f + th) + x * 0.5f * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
 }
 
-// Elementwise out[i] = Op()(a[i], b[i]) over f32 arrays (out may be a or b), one element a
-// thread-step, or four (16-byte loads and stores; n4 = n / 4) where f32_vectorizable4 allows.
-template <typename Op>
-__global__ void binary_kernel(float* out, const float* a, const float* b, size_t n) {
-  ZERONE_GRID_STRIDE(i, n) out[i] = Op()(a[i], b[i]);
-}
-template <typename Op>
-__global__ void binary4_kernel(float4* out, const float4* a, const float4* b, size_t n4) {
-  ZERONE_GRID_STRIDE(i, n4) {
-    const float4 x = a[i], y = b[i];
-    const Op op{};
-    out[i] = make_float4(op(x.x, y.x), op(x.y, y.y), op(x.z, y.z), op(x.w, y.w));
-  }
-}
-template <typename Op>
-void launch_binary(float* out, const float* a, const float* b, size_t n, cudaStream_t stream) {
-  if (n == 0) return;
-  if (f32_vectorizable4(n, {out, a, b}))
-    binary4_kernel<Op><<<grid_for(n / 4), kThreads, 0, stream>>>(
-        reinterpret_cast<float4*>(out), reinterpret_cast<const float4*>(a), reinterpret_cast<const float4*>(b), n / 4);
-  else
-    binary_kernel<Op><<<grid_for(n), kThreads, 0, stream>>>(out, a, b, n);
-  ZERONE_CUDA_LAUNCHED();
-}
-
 struct GeluBackward {  // (x, dy) -> dx
   __device__ float operator()(float x, float dy) const { return gelu_slope(x) * dy; }
-};
-struct Add {
-  __device__ float operator()(float x, float y) const { return x + y; }
 };
 
 

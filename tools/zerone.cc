@@ -431,7 +431,6 @@ int main(int argc, char** argv) {
   plan_cmd->add_option("--config", plan_config, "a JSON config of zerone train: its settings (given ones are kept)");
   plan_cmd->add_option("--world", plan_world, "data-parallel ranks [default: 1]");
   plan_cmd->add_option("--ranks-per-host", plan_machine.ranks_per_host, "ranks on one host, sharing its memory and disk [default: --world]");
-  plan_cmd->add_option("--grad-accum", plan_cfg.grad_accum, "micro-steps per optimizer step [default: 1]");
   plan_cmd->add_option("--train-batch-size", plan_cfg.train_batch_size,
                        "sequences per optimizer step over all ranks; without --micro-batch the planner chooses the micro-batch");
   plan_cmd->add_option("--nvme-path", plan_cfg.nvme_path, "swap directory: NVMe offload is considered (its free space is the budget)");

@@ -82,13 +82,15 @@ for fault in read:eio:2 write:enospc:5 read:short:9; do
 done
 # Gradient shards on NVMe (stage 2, Note [Gradient swap]): write-backs and, with two micro-steps,
 # the accumulation's read-backs fail naming grads.swp (a plan of its own: ZERONE_GRAD_SWAP_FAULT).
+# At one micro-step the shards are transient (Note [Transient gradients]) unless told otherwise.
 for fault in write:eio:2 read:eio:1 read:short:3 write:enospc:9; do
   op=${fault%%:*}
   ZERONE_GRAD_SWAP_FAULT=$fault expect "grads_${fault//:/_}" "$op of swap file '$d/swap/zerone-swap-[0-9]+-rank[01]/grads.swp'" \
     "${MPI[@]}" -n 2 "$Z" "${base[@]}" "${run[@]}" "${nvme[@]}" --grad-accum 2
 done
 expect "grads_rank1_write_eio_2" "write of swap file '$d/swap/zerone-swap-[0-9]+-rank1/grads.swp'" \
-  "${MPI[@]}" -n 1 "$Z" "${base[@]}" "${run[@]}" "${nvme[@]}" : -n 1 env ZERONE_GRAD_SWAP_FAULT=write:eio:2 "$Z" "${base[@]}" "${run[@]}" "${nvme[@]}"
+  "${MPI[@]}" -n 1 "$Z" "${base[@]}" "${run[@]}" "${nvme[@]}" --transient-gradients false : \
+  -n 1 env ZERONE_GRAD_SWAP_FAULT=write:eio:2 "$Z" "${base[@]}" "${run[@]}" "${nvme[@]}" --transient-gradients false
 # A fault plan that hits nothing changes nothing (the wrapper passes transfers through).
 ZERONE_SWAP_FAULT=read:eio:100000 timeout 90 "$Z" "${base[@]}" "${run[@]}" "${nvme[@]}" --metrics "$d/wrapped.jsonl" > "$d/wrapped.out" 2>&1 || { echo "FAIL wrapped"; fail=1; }
 timeout 90 "$Z" "${base[@]}" "${run[@]}" --metrics "$d/plain.jsonl" > "$d/plain.out" 2>&1 || { echo "FAIL plain"; fail=1; }

@@ -123,6 +123,36 @@ TEST(Partition, GradientShardsGoToNvmeWithTheWholeOptimizer) {
   }
 }
 
+TEST(Partition, TransientGradientsAreTwoBuffersOfTheLargestShard) {
+  // Note [Transient gradients]: shards of 128000, 256000 and 192 elements at world 2.
+  std::vector<size_t> units = {256 * 1000, 256 * 2000, 300, 256 * 2000};
+  ZeroConfig config;
+  config.stage = 2;
+  config.transient_gradients = true;
+  for (OffloadDevice opt : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme}) {
+    config.offload_optimizer = opt;
+    ASSERT_TRUE(gradients_transient(units, 2, config));
+    EXPECT_FALSE(gradients_swapped(units, 2, 0, config));  // it saves the swap's I/O too
+    ModelStateBytes b = model_state_bytes(units, 2, 0, DType::bf16, config, 2);
+    const MemPlace place = opt == OffloadDevice::none ? MemPlace::device : MemPlace::host;
+    EXPECT_EQ(b.placed.get(place, MemCategory::grad), 2 * 256000 * 4);
+    EXPECT_EQ(b.grad, 2 * 256000 * 4);
+    EXPECT_EQ(b.placed.get(MemPlace::nvme, MemCategory::grad), 0);
+  }
+  // Not below stage 2, with a partial offload, the delayed update, without the early step or a
+  // speculating one, nor where two of the largest outweigh all the shards.
+  config.offload_optimizer = OffloadDevice::cpu;
+  for (auto change : {+[](ZeroConfig& c) { c.stage = 1; }, +[](ZeroConfig& c) { c.offload_optimizer_ratio = 0.5; },
+                      +[](ZeroConfig& c) { c.delayed_update = true; }, +[](ZeroConfig& c) { c.early_step = false; },
+                      +[](ZeroConfig& c) { c.speculative_step = true; }, +[](ZeroConfig& c) { c.transient_gradients = false; }}) {
+    ZeroConfig other = config;
+    change(other);
+    EXPECT_FALSE(gradients_transient(units, 2, other));
+  }
+  EXPECT_FALSE(gradients_transient({256 * 4000, 256 * 1000, 256 * 1000}, 2, config));
+  EXPECT_TRUE(gradients_transient({256 * 2000, 256 * 1000, 256 * 1000, 256}, 2, config));
+}
+
 TEST(Partition, WorkingSetBoundFollowsTheBucketsAndTheLargestUnits) {
   // Units of 4096, 8192 and 1024 elements at world 2 (already multiples of 128: P = numel).
   std::vector<size_t> units = {4096, 8192, 1024};

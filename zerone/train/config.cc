@@ -826,6 +826,18 @@ void check_memory_settings(const TrainConfig& c) {
                "give --offload-optimizer cpu or nvme");
 }
 
+std::string transient_gradients_blocker(const TrainConfig& c, bool fp16) {
+  if (c.zero_stage < 2) return "--zero-stage below 2 (the full gradients are the optimizer's input)";
+  if (c.grad_accum > 1) return "--grad-accum above 1 (the micro-steps sum into the gradient shards)";
+  if (!c.early_step) return "--early-step false (every update waits for the whole backward)";
+  if (c.delayed_update) return "--delayed-update (the update reads a copy, one step later)";
+  if (c.grad_clip > 0.0f) return "--grad-clip (the clip factor needs every gradient before any update)";
+  if (fp16) return "fp16 loss scaling (the overflow check needs every gradient before any update)";
+  if (c.offload_optimizer != "none" && c.offload_optimizer_ratio < 1.0)
+    return str_cat(setting_name(c, "--offload-optimizer-ratio"), " below 1 (gradient shards in two places)");
+  return "";
+}
+
 void check_settings_take_effect(TrainConfig& c, bool fp16, bool has_validation_data) {
   const LrScheduleKind kind = parse_lr_schedule(c.lr_schedule);
   // Schedule parameters of a schedule this run does not use: the user expects an effect.
@@ -879,6 +891,12 @@ void check_settings_take_effect(TrainConfig& c, bool fp16, bool has_validation_d
     if (!why.empty())
       c.notices.push_back(str_cat(setting_name(c, "--early-step"), ": no effect with ", why,
                                   "; the optimizer steps at the end, with the same results"));
+  }
+  // Note [Transient gradients] (zero/partition.h).
+  if (c.is_given("--transient-gradients") && c.transient_gradients) {
+    if (std::string why = transient_gradients_blocker(c, fp16); !why.empty())
+      c.notices.push_back(str_cat(setting_name(c, "--transient-gradients"), ": no effect with ", why,
+                                  "; every gradient shard is kept until the optimizer step, with the same results"));
   }
   if (!fp16) {
     std::string names = list_given({"--loss-scale", "--initial-scale-power", "--loss-scale-window", "--hysteresis",

@@ -89,6 +89,9 @@ struct TrainConfig {
   bool delayed_update = false;
   // Update each unit as soon as its gradients are final (Note [Early optimizer step] in zero/step_scheduler.cc).
   bool early_step = true;
+  // Free each gradient shard at its update where the step allows it (Note [Transient gradients]
+  // in zero/partition.h; transient_gradients_blocker says where it does not).
+  bool transient_gradients = true;
   // Note [Collective timeout] (comm/communicator.h): seconds a rank waits in one collective before
   // the job ends naming the ranks that did not arrive (torch.distributed's timeout, 600 s).
   double comm_timeout_s = 600.0;
@@ -197,6 +200,11 @@ std::vector<std::pair<std::string, std::string>> consistency_settings(const Trai
 // notices appended to cfg.notices for the harmless ones (fp16 loss scaling without fp16, stage-3
 // knobs below stage 3). `fp16`: the run computes in fp16; `has_validation_data`: it validates.
 void check_settings_take_effect(TrainConfig& cfg, bool fp16, bool has_validation_data);
+
+// Note [Transient gradients] (zero/partition.h): why this run keeps every gradient shard until the
+// optimizer has run ("" when it can free each at its update: ZeRO stage 2-3, one micro-step a step,
+// --early-step, no --grad-clip, not fp16 (`fp16`), no --delayed-update, no partial optimizer offload).
+std::string transient_gradients_blocker(const TrainConfig& cfg, bool fp16);
 
 // How the user named a setting in messages: "--lr", or "key 'optimizer.params.lr'" when the config
 // file set it.

@@ -257,7 +257,10 @@ zero::PlanRequest plan_request(const TrainConfig& cfg, nn::Model& shape, DType d
     r.grad_accum = batch.grad_accum;
   }
   r.flops_per_token = model_flops_per_token(shape, r.seq).value_or(0.0);
-  r.base = zero_config(cfg, dtype, shape.unit_numels(), world);
+  // Note [Transient gradients]: each candidate keeps them only at one micro-step (planner.cc).
+  TrainConfig one_micro_step = cfg;
+  one_micro_step.grad_accum = 1;
+  r.base = zero_config(one_micro_step, dtype, shape.unit_numels(), world);
   r.collectives = planned_collective_route(cfg, world);
   auto given = [&](const char* flag) { return cfg.is_given(flag); };
   if (given("--zero-stage")) r.stage = cfg.zero_stage;

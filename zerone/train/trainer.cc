@@ -929,6 +929,10 @@ zero::ZeroConfig zero_config(const TrainConfig& cfg, DType dtype, const std::vec
   zcfg.offload_optimizer_ratio = cfg.offload_optimizer_ratio;
   zcfg.delayed_update = cfg.delayed_update;
   zcfg.early_step = cfg.early_step;
+  // Note [Transient gradients]: the run's promise, one micro-step a step with no clipping or loss
+  // scaling; zero::gradients_transient adds the engine's own conditions (stage, early step, no
+  // delayed update, no partial offload). transient_gradients_blocker names all of them.
+  zcfg.transient_gradients = cfg.transient_gradients && cfg.grad_accum == 1 && cfg.grad_clip <= 0.0f && dtype != DType::f16;
   zcfg.hpz_partition_size = cfg.hpz_partition_size;
   zcfg.quantized_weights = cfg.quantized_weights;
   zcfg.quantized_gradients_bits = cfg.quantized_gradients;

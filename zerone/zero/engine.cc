@@ -85,9 +85,11 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
     zeropp_ = std::make_unique<ZeroPlusPlus>(device_comm_, device_, pool_, config_, model.compute_dtype(), shards);
   params_ = std::make_unique<ParamStore>(model, config_, shards, device_, device_comm_, pool_, swap_dir_.get(), nvme,
                                          speculates(config_), zeropp_.get());
+  const GradStore grad_store = gradients_transient(model.unit_numels(), world_, config_) ? GradStore::transient
+                               : gradients_swapped(model.unit_numels(), world_, rank_, config_) ? GradStore::swapped
+                                                                                                  : GradStore::accumulators;
   grads_ = std::make_unique<GradReducer>(model, config_, shards, host_accumulators, device_, device_comm_, pool_,
-                                         gradients_swapped(model.unit_numels(), world_, rank_, config_),
-                                         swap_dir_.get(), nvme, zeropp_.get());
+                                         grad_store, swap_dir_.get(), nvme, zeropp_.get());
 
   // 3. Materialize, one unit at a time.
   auto delayed = config_.delayed_update ? std::make_unique<DelayedUpdate>() : nullptr;

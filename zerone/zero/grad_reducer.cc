@@ -35,13 +35,34 @@ namespace zerone::zero {
 
 GradReducer::GradReducer(nn::Model& model, const ZeroConfig& config, std::vector<UnitShard> shards,
                          const std::vector<char>& host_accumulators, kernels::Backend& device,
-                         comm::DeviceCommunicator& comm, BufferPool& pool, bool swapped, io::SwapDirectory* swap_dir,
+                         comm::DeviceCommunicator& comm, BufferPool& pool, GradStore store, io::SwapDirectory* swap_dir,
                          const optim::NvmeConfig& nvme, ZeroPlusPlus* zeropp)
-    : model_(model), config_(config), device_(device), comm_(comm), pool_(pool), zeropp_(zeropp), swapped_(swapped) {
+    : model_(model),
+      config_(config),
+      device_(device),
+      comm_(comm),
+      pool_(pool),
+      zeropp_(zeropp),
+      swapped_(store == GradStore::swapped),
+      transient_(store == GradStore::transient) {
   units_.resize(shards.size());
   for (size_t u = 0; u < shards.size(); ++u) {
     units_[u].shard = shards[u];
     units_[u].host_accumulator = host_accumulators[u] != 0;
+  }
+  if (transient_) {
+    // Note [Transient gradients]: two buffers of the largest shard where the accumulators would be.
+    ZERONE_ASSERT(config_.stage >= 2 && config_.transient_gradients, "transient gradients the config does not ask for");
+    size_t largest = 0;
+    for (const UnitGrads& st : units_) {
+      ZERONE_ASSERT(st.host_accumulator == units_[0].host_accumulator, "transient gradients in two places");
+      largest = std::max(largest, st.shard.shard_numel);
+    }
+    const MemPlace place = !units_.empty() && units_[0].host_accumulator ? MemPlace::host : MemPlace::device;
+    for (int b = 0; b < kTransientGradBuffers; ++b)
+      staging_.emplace_back(largest * sizeof(float), MemCategory::grad, place);
+    staging_user_.assign(staging_.size(), -1);
+    return;
   }
   if (!swapped_) return;
   // One 4 KiB-aligned slot per unit in grads.swp, offload_buffer_count staging buffers.
@@ -88,7 +109,7 @@ const float* GradReducer::adopt(int u) {
   UnitGrads& st = units_[u];
   if (config_.stage <= 1) unit.allocate_grads();
   else unit.release_grads();
-  if (swapped_) return nullptr;  // staged before each update (stage_for_update)
+  if (swapped_ || transient_) return nullptr;  // handed over before each update (stage_for_update)
   if (config_.stage >= 2) {
     st.accumulator = Buffer(st.shard.shard_numel * sizeof(float), MemCategory::grad,
                             st.host_accumulator ? MemPlace::host : MemPlace::device);
@@ -132,11 +153,15 @@ void GradReducer::launch(int u) {
   ZERONE_ASSERT(st.reduce_work.empty(), "unit ", u, " reduced twice in one micro-step");
   st.reduce_src = unit.take_grads();
   float* out;
+  // Note [Transient gradients]: every micro-step is the step's only one.
+  ZERONE_ASSERT(!transient_ || (st.accumulator_zero && last_micro_step_), "unit ", u,
+                " reduced twice in one step with transient gradients");
   if (st.accumulator_zero) {
     // First micro-step of the step: the accumulator is zero, so the shard can land in it directly
-    // (Note [Gradient swap]: in a staging buffer, written to the slot once reduced).
+    // (Note [Gradient swap]: in a staging buffer, written to the slot once reduced; Note
+    // [Transient gradients]: in a buffer held until the unit's update).
     if (swapped_) finish_write(u);  // a skipped step's write may still hold a buffer
-    out = swapped_ ? acquire_staging(u) : st.accumulator.as<float>();
+    out = swapped_ || transient_ ? acquire_staging(u) : st.accumulator.as<float>();
     st.accumulator_zero = false;
   } else {
     st.reduce_out = pool_.acquire(S * sizeof(float), MemCategory::comm, /*zeroed=*/false);
@@ -271,6 +296,9 @@ float* GradReducer::acquire_staging(int u) {
       units_[u].staging = static_cast<int>(b);
       return staging_[b].as<float>();
     }
+    // Note [Transient gradients]: only an update frees a buffer, and the schedule never needs a third.
+    ZERONE_ASSERT(!transient_, "unit ", u, " found both transient gradient buffers held (units ", staging_user_[0],
+                  " and ", staging_user_[1], ")");
     if (!writes_.empty()) {
       finish_write(writes_.front());
       continue;
@@ -293,8 +321,13 @@ void GradReducer::finish_write(int u) {
 }
 
 void GradReducer::stage_for_update(int u) {
-  if (!swapped_) return;
   UnitGrads& st = units_[u];
+  if (transient_) {  // Note [Transient gradients]: where the reduction landed
+    ZERONE_ASSERT(st.staging >= 0 && st.reduce_work.empty(), "unit ", u, " updated before its gradients were reduced");
+    optimizer_->set_grad(static_cast<size_t>(u), staging_[st.staging].as<float>());
+    return;
+  }
+  if (!swapped_) return;
   float* g;
   if (st.staging >= 0) {
     g = staging_[st.staging].as<float>();  // still holds what is being written
@@ -307,6 +340,12 @@ void GradReducer::stage_for_update(int u) {
 }
 
 void GradReducer::unstage(int u) {
+  if (transient_) {
+    UnitGrads& st = units_[u];
+    if (st.staging >= 0) staging_user_[std::exchange(st.staging, -1)] = -1;
+    optimizer_->set_grad(static_cast<size_t>(u), nullptr);
+    return;
+  }
   if (!swapped_) return;
   finish_write(u);
   optimizer_->set_grad(static_cast<size_t>(u), nullptr);
@@ -316,6 +355,10 @@ double GradReducer::sumsq(int u) const {
   // Note [Gradient swap]: the slot's sum was measured as the last micro-step finished.
   if (swapped_) return units_[u].swapped_sumsq;
   const float* grad = optimizer_->grad(static_cast<size_t>(u));
+  if (transient_) {  // Note [Transient gradients]: the buffer, before the update hands it back
+    ZERONE_ASSERT(units_[u].staging >= 0, "the sum of squares of unit ", u, "'s transient gradients after its update");
+    grad = staging_[units_[u].staging].as<float>();
+  }
   return backend_of(device_, grad).sum_squares(grad, optimizer_->numel(static_cast<size_t>(u)));
 }
 

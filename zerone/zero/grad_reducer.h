@@ -8,7 +8,9 @@
 //   stages 2-3 after every micro-step's backward of a unit its full gradients (a pooled buffer)
 //            are reduce-scattered into the rank's f32 shard accumulator and go back to the pool once
 //            reduced, at the latest when more than reduce_bucket_size elements are in flight. With
-//            the whole optimizer on NVMe the accumulators live in grads.swp (Note [Gradient swap]).
+//            the whole optimizer on NVMe the accumulators live in grads.swp (Note [Gradient swap]);
+//            with one micro-step a step and final early updates there are none, only two buffers
+//            a shard passes through on its way to its update (Note [Transient gradients]).
 //
 // The reducer also measures each unit's gradient sum of squares the way every step path measures
 // it (Note [Deterministic gradient norm]).
@@ -17,6 +19,7 @@
 // of a collective or of swap I/O are rethrown as Error where they are waited for.
 #pragma once
 
+#include <cstdint>
 #include <deque>
 #include <memory>
 #include <string>
@@ -34,25 +37,36 @@
 
 namespace zerone::zero {
 
+// Where stages 2-3 keep the rank's f32 gradient shards (partition.h: gradients_swapped,
+// gradients_transient).
+enum class GradStore : uint8_t {
+  accumulators,  // one accumulator per unit, on the host or the device
+  swapped,       // grads.swp, staged through host buffers (Note [Gradient swap])
+  transient,     // none: kTransientGradBuffers buffers held from reduction to update (Note [Transient gradients])
+};
+
 class GradReducer {
  public:
   // Lays out the accumulators of the units `shards` (stages 2-3: on the host for the units in
   // `host_accumulators`, the units whose optimizer shard is offloaded; else on the device) and,
-  // with `swapped` (gradients_swapped() in partition.h), grads.swp in `swap_dir` (which must
-  // outlive the reducer) with offload_buffer_count staging buffers. `pool`: the engine's working-set pool.
+  // with GradStore::swapped, grads.swp in `swap_dir` (which must outlive the reducer) with
+  // offload_buffer_count staging buffers; with GradStore::transient only kTransientGradBuffers
+  // buffers of the largest shard, in the accumulators' place. `pool`: the engine's working-set pool.
   // `zeropp` (null: off; must outlive the reducer) reduce-scatters as ZeRO++'s qgZ when it quantizes.
   // Throws Error for a full disk, an I/O failure or staging that cannot be locked in memory.
   GradReducer(nn::Model& model, const ZeroConfig& config, std::vector<UnitShard> shards,
               const std::vector<char>& host_accumulators, kernels::Backend& device, comm::DeviceCommunicator& comm,
-              BufferPool& pool, bool swapped, io::SwapDirectory* swap_dir, const optim::NvmeConfig& nvme,
+              BufferPool& pool, GradStore store, io::SwapDirectory* swap_dir, const optim::NvmeConfig& nvme,
               ZeroPlusPlus* zeropp);
   ~GradReducer();
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;
 
   bool swapped() const { return swapped_; }
+  bool transient() const { return transient_; }
   // Where the optimizer reads unit u's reduced gradients (its shard, or at stage 0 the whole
-  // unit); null when swapped (staged before each update, stage_for_update). Allocates stage 2-3
+  // unit); null when swapped or transient (handed to the optimizer before each update,
+  // stage_for_update). Allocates stage 2-3
   // accumulators and stage 0-1 full gradients. Call once per unit, in order, at construction.
   const float* adopt(int u);
   // Where the optimizer of `optimizer` reads gradients; stage_for_update and unstage point it.
@@ -75,11 +89,13 @@ class GradReducer {
   void finish_all();
 
   // Note [Gradient swap]: stages unit u's accumulated gradients for its update and points the
-  // optimizer at them; unstage() frees the staging once the update is done. No-ops otherwise.
+  // optimizer at them; unstage() frees the staging once the update is done. Note [Transient
+  // gradients]: points the optimizer at the buffer u's reduction landed in; unstage() frees it.
+  // No-ops otherwise.
   void stage_for_update(int u);
   void unstage(int u);
   // This rank's sum of squares of unit u's reduced gradients (Note [Deterministic gradient norm];
-  // swapped: as measured when the last micro-step finished).
+  // swapped: as measured when the last micro-step finished; transient: before u's update only).
   double sumsq(int u) const;
   // After an update or a skipped step: the next micro-step starts a new sum. Stages 0-1's full
   // buffers are overwritten by the next backward, stages 2-3's accumulators by the next step's
@@ -127,11 +143,12 @@ class GradReducer {
   bool last_micro_step_ = true;
   std::deque<int> reducing_;   // stages 2-3: units whose reduce-scatter is in flight, oldest first
   size_t reducing_numel_ = 0;  // their padded elements
-  // Note [Gradient swap].
+  // Note [Gradient swap]; Note [Transient gradients] uses staging_ and staging_user_ too (no file).
   bool swapped_ = false;
+  bool transient_ = false;
   std::string swap_path_;
   io::FileDescriptor swap_fd_;
-  std::vector<Buffer> staging_;           // host.swap
+  std::vector<Buffer> staging_;           // host.swap (transient: grad, where the accumulators would be)
   std::vector<int> staging_user_;         // the unit holding each (-1: free)
   std::deque<int> writes_;                // units whose slot is being written, oldest first
   int64_t nvme_grad_bytes_ = 0;

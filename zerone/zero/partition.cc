@@ -68,8 +68,23 @@ std::vector<size_t> offloaded_optimizer_numels(const std::vector<size_t>& unit_n
   return offloaded_prefix(shards, config.sub_group_numel, config.offload_optimizer_ratio);
 }
 
+bool gradients_transient(const std::vector<size_t>& unit_numels, int world, const ZeroConfig& config) {
+  const bool partial = config.offload_optimizer != OffloadDevice::none && config.offload_optimizer_ratio < 1.0;
+  if (!config.transient_gradients || config.stage < 2 || !config.early_step || config.delayed_update ||
+      config.speculative_step || partial)
+    return false;
+  size_t largest = 0, total = 0;  // shard elements (every rank's shard of a unit is as long)
+  for (size_t numel : unit_numels) {
+    const size_t shard = unit_shard(numel, world, 0, config).shard_numel;
+    largest = std::max(largest, shard);
+    total += shard;
+  }
+  return static_cast<size_t>(kTransientGradBuffers) * largest < total;
+}
+
 bool gradients_swapped(const std::vector<size_t>& unit_numels, int world, int rank, const ZeroConfig& config) {
   if (config.stage < 2 || config.offload_optimizer != OffloadDevice::nvme || config.delayed_update) return false;
+  if (gradients_transient(unit_numels, world, config)) return false;  // Note [Transient gradients]
   return offloaded_optimizer_numels(unit_numels, world, rank, config) == optimizer_shard_numels(unit_numels, world, rank, config);
 }
 
@@ -107,8 +122,9 @@ ModelStateBytes model_state_bytes(const std::vector<size_t>& unit_numels, int wo
   const bool nvme = config.offload_optimizer == OffloadDevice::nvme;
   const std::vector<size_t> offloaded = offloaded_optimizer_numels(unit_numels, world, rank, config);
   const bool grads_swapped = gradients_swapped(unit_numels, world, rank, config);
+  const bool grads_transient = gradients_transient(unit_numels, world, config);
   const bool speculation = speculates(config);
-  size_t largest_sub_group = 0, largest_grad_slot = 0;
+  size_t largest_sub_group = 0, largest_grad_slot = 0, largest_grad_shard = 0;
   auto add = [&](MemPlace place, MemCategory category, int64_t bytes, int64_t& total) {
     b.placed.at(place, category) += bytes;
     total += bytes;
@@ -136,6 +152,8 @@ ModelStateBytes model_state_bytes(const std::vector<size_t>& unit_numels, int wo
       const size_t slot = swap_tensor_bytes(static_cast<size_t>(S));
       add(MemPlace::nvme, MemCategory::grad, static_cast<int64_t>(slot), b.grad);
       largest_grad_slot = std::max(largest_grad_slot, slot);
+    } else if (grads_transient) {  // Note [Transient gradients]: buffers added below
+      largest_grad_shard = std::max(largest_grad_shard, static_cast<size_t>(S));
     } else {
       add(grad_place, MemCategory::grad, (config.stage <= 1 ? P : S) * 4, b.grad);
     }
@@ -163,6 +181,10 @@ ModelStateBytes model_state_bytes(const std::vector<size_t>& unit_numels, int wo
         if (spare) add(MemPlace::nvme, MemCategory::scratch, ((has_master ? 1 : 0) + K) * aligned, b.speculation);
       }
     }
+  }
+  if (grads_transient) {
+    const MemPlace place = config.offload_optimizer == OffloadDevice::none ? MemPlace::device : MemPlace::host;
+    add(place, MemCategory::grad, kTransientGradBuffers * static_cast<int64_t>(largest_grad_shard) * 4, b.grad);
   }
   if (nvme && largest_sub_group > 0) {
     b.swap = static_cast<int64_t>(config.offload_buffer_count) * ((has_master ? 1 : 0) + K) *

@@ -23,7 +23,10 @@
 //   grad   stages 0-1 full: device; stages 2-3 shard accumulators: host when the optimizer is
 //          offloaded (its step reads them there, as DeepSpeed's CPU gradient partitions), else device;
 //          under a partial offload, host for the units with offloaded sub-groups, device for the rest;
-//          nvme (each rounded up to 4 KiB in "grads.swp") when Note [Gradient swap] applies
+//          nvme (each rounded up to 4 KiB in "grads.swp") when Note [Gradient swap] applies;
+//          with transient gradients (Note [Transient gradients]) no accumulator per unit but
+//          kTransientGradBuffers buffers of the largest shard, on the host with the optimizer
+//          offloaded, else on the device
 //   delayed update (--delayed-update, Note [Delayed parameter update] in zero/step_scheduler.cc): one more f32
 //          gradient copy (grad) and one parameter copy in the compute dtype (param) of each
 //          optimizer shard, at least one element each, where the optimizer of that shard runs:
@@ -79,6 +82,10 @@ struct ZeroConfig {
   double offload_optimizer_ratio = 1.0;              // offload_optimizer.ratio (Note [Partial optimizer offload])
   bool delayed_update = false;                       // --delayed-update (Note [Delayed parameter update])
   bool early_step = true;                            // --early-step (Note [Early optimizer step])
+  // The trainer's promise that every step is one micro-step whose early updates need no
+  // validation (no accumulation, clipping or loss scaling): stages 2-3 then hold each gradient
+  // shard only from its reduction to its update (Note [Transient gradients], gradients_transient).
+  bool transient_gradients = false;
   // The early step may speculate (with clipping or fp16 loss scaling): every unit but the first
   // keeps an undo copy of its in-memory state and a spare swap slot (Note [Speculative early step]).
   bool speculative_step = false;
@@ -105,6 +112,29 @@ bool speculates(const ZeroConfig& config);
 // 4 KiB-aligned slot per unit, nvme.grad) instead of memory, staged through offload_buffer_count host
 // buffers of the largest slot (host.swap). zero/grad_reducer.cc has the protocol.
 bool gradients_swapped(const std::vector<size_t>& unit_numels, int world, int rank, const ZeroConfig& config);
+
+// Note [Transient gradients]: DeepSpeed and FSDP keep every f32 gradient shard of the step until
+// the optimizer has run, 4 bytes per parameter of the rank's shard (ZeRO-Offload's 16 host bytes
+// per parameter are these 4, the f32 master and the two moments). When each step is a single micro-step and
+// the early step's updates are final (no clipping, no loss scaling: Note [Early optimizer step] in
+// zero/step_scheduler.cc), unit u's gradient shard is read by exactly one update, made right after
+// the backward of the unit below it. So at stages 2-3, with transient_gradients (the trainer sets
+// it: one micro-step, --early-step, no --grad-clip, not fp16, no --delayed-update) and no partial
+// optimizer offload, the reducer keeps no accumulator per unit: unit u's reduce-scatter lands in
+// one of kTransientGradBuffers buffers of the largest shard, which its update hands back. Units
+// are reduced top down and u+1 is updated after u's backward, so two are held at most: u's while
+// it is reduced, u+1's until its update (a tied head's gradient for the embedding, unit 0, waits
+// in the embedding's full gradients, which the reduction takes only after the embedding's own
+// backward). Where the optimizer is offloaded the buffers are host memory and the shard lands
+// there as before; else they are device memory. The same values reach the same update, so the
+// trajectory is bit for bit that of held gradients (tests/zero/transient_gradients.sh), and the
+// whole grad column of the table above becomes 2 x the largest shard: for Llama-2-13B's shape at
+// world 1, 48.5 GiB down to 2.4 GiB. It takes precedence over Note [Gradient swap], whose file
+// I/O it also saves.
+// Only where the buffers are fewer bytes than the shards they replace: a model of a few uneven
+// units (a small classifier whose first layer holds most parameters) keeps its accumulators.
+inline constexpr int kTransientGradBuffers = 2;
+bool gradients_transient(const std::vector<size_t>& unit_numels, int world, const ZeroConfig& config);
 
 // Note [Partial optimizer offload]: DeepSpeed's offload_optimizer.ratio (stage3.py,
 // _create_fp32_partitions) offloads the first int(ratio * n) of the rank's n optimizer sub-groups

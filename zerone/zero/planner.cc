@@ -245,6 +245,7 @@ Plan make_plan(const PlanRequest& r) {
                       ch.zero.prefetch_numel = prefetch;
                       ch.zero.sub_group_numel = group;
                       ch.zero.offload_buffer_count = bc;
+                      ch.zero.transient_gradients = r.base.transient_gradients && accum == 1;  // Note [Transient gradients]
                       ch.activation_checkpointing = ckpt;
                       ch.cpu_checkpointing = cpu_ckpt;
                       ch.micro_batch = mb;

@@ -69,7 +69,8 @@ struct PlanRequest {
   int micro_batch = 1, grad_accum = 1;  // per rank; with micro_batch_free their product is fixed
   bool micro_batch_free = false;
   double flops_per_token = 0;           // Note [Model FLOPs]; 0: 6 x parameters
-  ZeroConfig base;                      // what the planner does not choose (early step, ZeRO++, ...)
+  ZeroConfig base;                      // what the planner does not choose (early step, ZeRO++, ...);
+                                        // its transient_gradients as at one micro-step a step
   // How the run's collectives move (Note [Staged collective bytes] in partition.h): what they
   // stage through host memory counts in every candidate's estimate.
   CollectiveRoute collectives = CollectiveRoute::direct;

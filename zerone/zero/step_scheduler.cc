@@ -219,6 +219,9 @@ void StepScheduler::plan_step(float lr, float grad_clip, double loss_scale, bool
   const bool predicted = speculate_next_ || config_.speculate_always;
   early_.speculative = can && !exact && speculation_ready_ && predicted;
   early_.active = can && (exact || early_.speculative);
+  // Note [Transient gradients]: the trainer asks for them only where every step is this one.
+  ZERONE_ASSERT(!grads_.transient() || (early_.active && !early_.speculative),
+                "transient gradients for a step that is not an exact early step");
   if (can && !exact && speculation_ready_ && !predicted) ++early_stats_.held_back;
   early_.lr = lr;
   early_.grad_clip = grad_clip;

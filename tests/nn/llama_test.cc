@@ -138,6 +138,7 @@ TEST(LlamaSpec, PresetsHaveThePublicParameterCounts) {
   EXPECT_EQ(parse_llama_spec("tinyllama-1.1b").num_parameters(), 1100048384u);
   EXPECT_EQ(parse_llama_spec("llama-2-7b").num_parameters(), 6738415616u);
   EXPECT_EQ(parse_llama_spec("llama-3-8b").num_parameters(), 8030261248u);
+  EXPECT_EQ(parse_llama_spec("llama-2-13b").num_parameters(), 13015864320u);  // Hugging Face's count
   LlamaConfig c = parse_llama_spec("llama:layers=2,dim=64,heads=4,kv_heads=2,ffn=128,vocab=300,ctx=64,tied=0");
   EXPECT_EQ(c.head_dim, 16);
   EXPECT_EQ(parse_llama_spec(c.to_string()), c);

@@ -72,6 +72,7 @@ same_cases=(
   "fp32_w2_s3_nvme|2|3|--precision fp32 --zero-stage 3 ${nvme[*]} --offload-param nvme"
   "bf16_w3_s1_cpu|3|2|--precision bf16 --zero-stage 1 --offload-optimizer cpu"
   "bf16_w2_s2_partial|2|3|--precision bf16 --zero-stage 2 ${nvme[*]} --offload-optimizer-ratio 0.5"
+  "bf16_w2_s3_nvme_host|2|3|--precision bf16 --zero-stage 3 ${nvme[*]} --offload-optimizer-nvme-ratio 0.5 --offload-optimizer-ratio 0.7"
 )
 for c in "${same_cases[@]}"; do
   IFS='|' read -r name world accum args <<< "$c"
@@ -113,6 +114,7 @@ reshard_cases=(
   "ref_w2_s2_nvme|w2nvme_to_w1s1|1|12|--zero-stage 1"
   "ref_w1_s0|w1s0_to_w2s3nvme|2|6|--zero-stage 3 ${nvme[*]} --offload-param nvme"
   "ref_w2_s2_nvme|w2nvme_to_w3s2partial|3|4|--zero-stage 2 --offload-optimizer cpu --offload-optimizer-ratio 0.5 --sub-group-size 700"
+  "ref_w2_s2_nvme|w2nvme_to_w1s2split|1|12|--zero-stage 2 ${nvme[*]} --offload-optimizer-nvme-ratio 0.4"
 )
 for c in "${reshard_cases[@]}"; do
   IFS='|' read -r ref name world accum args <<< "$c"

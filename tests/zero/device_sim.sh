@@ -75,6 +75,7 @@ same off_cpu_w1_s1_fp32 1 "${gpt[@]}" --precision fp32 --zero-stage 1 --offload-
 same off_cpu_w2_s2 2 "${gpt[@]}" --precision bf16 --zero-stage 2 --offload-optimizer cpu
 same off_cpu_w2_s3 2 "${gpt[@]}" --precision bf16 --zero-stage 3 --offload-optimizer cpu --offload-param cpu
 same off_ratio_w2_s2 2 "${gpt[@]}" --precision bf16 --zero-stage 2 --offload-optimizer nvme --offload-optimizer-ratio 0.5 "${off[@]}"
+same off_split_w2_s2 2 "${gpt[@]}" --precision bf16 --zero-stage 2 --offload-optimizer nvme --offload-optimizer-nvme-ratio 0.5 "${off[@]}"
 same off_nvme_w1_s1 1 "${gpt[@]}" --precision fp32 --zero-stage 1 --offload-optimizer nvme "${off[@]}"
 same off_nvme_w2_s3 2 "${gpt[@]}" --precision bf16 --zero-stage 3 --offload-optimizer nvme --offload-param nvme "${off[@]}"
 same off_delayed_w2_s1 2 "${gpt[@]}" --precision bf16 --zero-stage 1 --offload-optimizer cpu --delayed-update

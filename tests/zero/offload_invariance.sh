@@ -7,7 +7,8 @@
 # NVMe runs use small sub-groups (several per shard, not dividing them) and 2 staging buffers, so
 # the read-ahead / write-behind pipeline wraps around many times per step; one run per precision
 # turns pipelining off. bf16 runs exercise the swapped master copy. Partial offload (a ratio below
-# 1) splits the optimizer between the device and the host or NVMe: the same bytes again.
+# 1) splits the optimizer between the device and the host or NVMe, an NVMe ratio below 1 between
+# NVMe and host memory (and both nest): the same bytes again.
 set -euo pipefail
 Z="$(readlink -f "$1")"
 d=$(mktemp -d); trap 'rm -rf "$d"' EXIT
@@ -83,6 +84,26 @@ print(f"{'ok  ' if got == want else 'FAIL'} {sys.argv[1].split('/')[-1]}: optimi
 sys.exit(got != want)
 PY
 done
+# State split between NVMe and host memory (Note [Optimizer state on NVMe and in host memory]): the
+# first sub-groups swapped, the rest stepped in host memory; nested in a partial offload, the last
+# ones on the device too. The same bytes, and state in each place the split names.
+split=("fp32 1 2 0.5 1" "fp32 3 3 0.3 1" "bf16 2 2 0.5 1" "bf16 2 1 0.8 1" "fp32 2 2 0.5 0.6" "bf16 2 3 0.4 0.7")
+for c in "${split[@]}"; do
+  read -r precision world stage nvme_ratio ratio <<< "$c"
+  name="${precision}_w${world}_s${stage}_nvme${nvme_ratio}_ratio${ratio}"
+  param=(); [ $stage = 3 ] && param=(--offload-param cpu)
+  run "$name" $world --precision $precision --zero-stage $stage "${nvme[@]}" --offload-optimizer-nvme-ratio $nvme_ratio \
+    --offload-optimizer-ratio $ratio "${param[@]}"
+  same "${precision}_w${world}_s${stage}_none" "$name"
+  python3 - "$d/$name.jsonl" $ratio <<'PY' || fail=1
+import json, sys
+mem = json.loads(open(sys.argv[1]).readlines()[-1])["mem"]
+want = (float(sys.argv[2]) < 1, True, True)
+got = tuple(mem.get(p + ".optim", 0) > 0 for p in ("device", "host", "nvme"))
+print(f"{'ok  ' if got == want else 'FAIL'} {sys.argv[1].split('/')[-1]}: optimizer state on device/host/nvme {got}")
+sys.exit(got != want)
+PY
+done
 # Without clipping the engine steps each unit during the backward (Note [Early optimizer step]): a
 # split shard's two parts step there too; and --delayed-update steps both parts on its thread.
 noclip=(); skip=0
@@ -98,9 +119,14 @@ same early_w2_s3_end early_w2_s3_nvme_ratio0.5
 run early_w3_s2_cpu_ratio0.5 3 --zero-stage 2 --offload-optimizer cpu --offload-optimizer-ratio 0.5 --sub-group-size 700
 run early_w3_s2_end 3 --zero-stage 2 --early-step false
 same early_w3_s2_end early_w3_s2_cpu_ratio0.5
+run early_w2_s2_nvme0.5 2 --zero-stage 2 "${nvme[@]}" --offload-optimizer-nvme-ratio 0.5
+run early_w2_s2_end 2 --zero-stage 2 --early-step false
+same early_w2_s2_end early_w2_s2_nvme0.5
 run dpu_w2_s2 2 --zero-stage 2 --delayed-update
 run dpu_w2_s2_nvme_ratio0.5 2 --zero-stage 2 --delayed-update "${nvme[@]}" --offload-optimizer-ratio 0.5
 same dpu_w2_s2 dpu_w2_s2_nvme_ratio0.5
+run dpu_w2_s2_nvme0.5 2 --zero-stage 2 --delayed-update "${nvme[@]}" --offload-optimizer-nvme-ratio 0.5
+same dpu_w2_s2 dpu_w2_s2_nvme0.5
 # Every swap directory is gone once the runs ended.
 if [ -n "$(ls -A "$d/swap")" ]; then echo "FAIL swap directories left behind: $(ls "$d/swap")"; fail=1; else echo "ok   no swap directory left behind"; fi
 exit $fail

@@ -135,6 +135,41 @@ TEST(Planner, SeparateDeviceBudget) {
   EXPECT_GE(plan.best->choice.zero.stage, 1);
 }
 
+TEST(Planner, SplitsTheOptimizerBetweenHostMemoryAndNvme) {
+  // Note [Optimizer state on NVMe and in host memory]: Llama-2-13B's shape on an 80 GB GPU, 120 GiB
+  // of host memory and 58 GiB of disk. Its 145.5 GiB of master and moments fit neither alone; with
+  // transient gradients (one micro-step, Note [Transient gradients]) the plan swaps a share and
+  // keeps the rest in host memory, within every budget. Holding every gradient shard it still
+  // splits the state (the gradients then fill the device at stage 1, with checkpointing).
+  std::unique_ptr<nn::Model> model = nn::make_model("llama-2-13b", DType::bf16, 64, false);
+  MemoryBudget budget;
+  budget.unified = false;
+  budget.device_bytes = 78 * kGiB;
+  budget.host_bytes = 120 * kGiB;
+  budget.nvme_bytes = 58 * kGiB;
+  PlanRequest r = request_for(*model, 1, budget);
+  r.seq = 2048;
+  r.micro_batch = 1;
+  r.grad_accum = 1;
+  r.base.transient_gradients = true;
+  const Plan plan = make_plan(r);
+  ASSERT_TRUE(plan.best.has_value());
+  const PlanChoice& c = plan.best->choice;
+  EXPECT_EQ(c.zero.offload_optimizer, OffloadDevice::nvme);
+  EXPECT_LT(c.zero.offload_optimizer_nvme_ratio, 1.0);
+  const StageEstimate e = estimate_of(*model, r, c);
+  EXPECT_LE(e.device(), 78 * kGiB);
+  EXPECT_LE(e.host(), 120 * kGiB);
+  EXPECT_LE(e.nvme(), 58 * kGiB);
+  EXPECT_GT(e.model_state.placed.get(MemPlace::host, MemCategory::optim), 0);
+  EXPECT_GT(e.model_state.placed.get(MemPlace::nvme, MemCategory::optim), 0);
+  r.base.transient_gradients = false;
+  const Plan held = make_plan(r);
+  ASSERT_TRUE(held.best.has_value());
+  EXPECT_LT(held.best->choice.zero.offload_optimizer_nvme_ratio, 1.0);
+  EXPECT_LE(estimate_of(*model, r, held.best->choice).device(), 78 * kGiB);
+}
+
 TEST(Planner, FixedChoicesAreKept) {
   std::unique_ptr<nn::Model> model = nn::make_model("gpt2-124m", DType::bf16, 64, false);
   MemoryBudget budget;

@@ -34,7 +34,7 @@ std::string LlamaConfig::to_string() const {
 
 bool is_llama_spec(const std::string& spec) {
   return spec.rfind("llama:", 0) == 0 || spec == "tinyllama-1.1b" || spec == "llama-3.2-1b" || spec == "llama-2-7b" ||
-         spec == "llama-3-8b";
+         spec == "llama-2-13b" || spec == "llama-3-8b";
 }
 
 LlamaConfig parse_llama_spec(const std::string& spec) {
@@ -56,10 +56,11 @@ LlamaConfig parse_llama_spec(const std::string& spec) {
   if (spec == "llama-3.2-1b") return c;
   if (spec == "tinyllama-1.1b") { preset(22, 2048, 32, 4, 5632, 32000, 2048, 10000.0f, false); return c; }
   if (spec == "llama-2-7b") { preset(32, 4096, 32, 32, 11008, 32000, 4096, 10000.0f, false); return c; }
+  if (spec == "llama-2-13b") { preset(40, 5120, 40, 40, 13824, 32000, 4096, 10000.0f, false); return c; }
   if (spec == "llama-3-8b") { preset(32, 4096, 32, 8, 14336, 128256, 8192, 500000.0f, false); return c; }
   const std::string prefix = "llama:";
   ZERONE_CHECK(spec.rfind(prefix, 0) == 0, "--model '", spec, "': expected a LLaMA preset (tinyllama-1.1b, llama-3.2-1b, ",
-               "llama-2-7b, llama-3-8b) or llama:layers=..,dim=..,heads=..,kv_heads=..,ffn=..,vocab=..,ctx=..");
+               "llama-2-7b, llama-2-13b, llama-3-8b) or llama:layers=..,dim=..,heads=..,kv_heads=..,ffn=..,vocab=..,ctx=..");
   // A spec names its rotary scaling explicitly (rope_factor ...): none unless given.
   c.rope_scaling = kernels::RopeScaling{};
   bool head_dim_given = false;

@@ -46,7 +46,7 @@ struct LlamaConfig {
   bool operator==(const LlamaConfig& o) const;
 };
 
-// A preset ("tinyllama-1.1b", "llama-3.2-1b", "llama-2-7b", "llama-3-8b") or
+// A preset ("tinyllama-1.1b", "llama-3.2-1b", "llama-2-7b", "llama-2-13b", "llama-3-8b") or
 // "llama:layers=2,dim=64,heads=4,kv_heads=2,ffn=128,vocab=300,ctx=64" with optional
 // head_dim, theta, eps, tied=0|1, and llama3 scaling rope_factor, rope_low, rope_high, rope_orig.
 // Omitted keys take Llama-3.2-1B's values, except the rotary scaling: none unless rope_factor is

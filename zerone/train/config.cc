@@ -824,6 +824,11 @@ void check_memory_settings(const TrainConfig& c) {
   ZERONE_CHECK(c.offload_optimizer_ratio == 1.0 || c.offload_optimizer != "none", setting_name(c, "--offload-optimizer-ratio"),
                " ", c.offload_optimizer_ratio, " offloads a part of the optimizer, but --offload-optimizer is none: "
                "give --offload-optimizer cpu or nvme");
+  // Note [Optimizer state on NVMe and in host memory]: a share of what is not swapped does nothing.
+  ZERONE_CHECK(c.offload_optimizer_nvme_ratio == 1.0 || c.offload_optimizer == "nvme",
+               setting_name(c, "--offload-optimizer-nvme-ratio"), " ", c.offload_optimizer_nvme_ratio,
+               " splits the optimizer state between NVMe and host memory, but --offload-optimizer is ",
+               c.offload_optimizer, ": give --offload-optimizer nvme");
 }
 
 std::string transient_gradients_blocker(const TrainConfig& c, bool fp16) {
@@ -887,6 +892,10 @@ void check_settings_take_effect(TrainConfig& c, bool fp16, bool has_validation_d
                           ? str_cat(setting_name(c, "--offload-optimizer-ratio"), " below 1 and ",
                                     c.grad_clip > 0.0f ? "--grad-clip" : "fp16 loss scaling",
                                     " (a partial optimizer offload does not speculate, Note [Partial optimizer offload])")
+                      : (c.grad_clip > 0.0f || fp16) && c.offload_optimizer == "nvme" && c.offload_optimizer_nvme_ratio < 1.0
+                          ? str_cat(setting_name(c, "--offload-optimizer-nvme-ratio"), " below 1 and ",
+                                    c.grad_clip > 0.0f ? "--grad-clip" : "fp16 loss scaling",
+                                    " (state split between NVMe and host memory does not speculate)")
                                                 : "";
     if (!why.empty())
       c.notices.push_back(str_cat(setting_name(c, "--early-step"), ": no effect with ", why,

@@ -111,6 +111,8 @@ struct TrainConfig {
   int64_t sub_group_size = 0;  // optimizer elements per swap sub-group; 0: "auto" (Note [Auto sizes])
   int offload_buffer_count = kZeroDefaults.offload_buffer_count;  // offload_optimizer.buffer_count: staging buffers
   double offload_optimizer_ratio = kZeroDefaults.offload_optimizer_ratio;  // offloaded share of the sub-groups
+  // With nvme: the swapped share of the offloaded sub-groups, the rest in host memory.
+  double offload_optimizer_nvme_ratio = kZeroDefaults.offload_optimizer_nvme_ratio;
   bool pipeline_read = true, pipeline_write = true;  // overlap swap I/O with the optimizer step
   bool pin_memory = false;              // mlock the staging buffers
   int64_t aio_block_size = static_cast<int64_t>(kAioDefaults.block_bytes);  // aio.block_size (bytes)

@@ -95,6 +95,7 @@ std::string hb(int64_t bytes) { return human_bytes(static_cast<double>(bytes)); 
 
 // The settings flags a plan decides, in the table's order.
 const char* const kPlannedFlags[] = {"--zero-stage", "--offload-optimizer", "--offload-param", "--offload-optimizer-ratio",
+                                     "--offload-optimizer-nvme-ratio",
                                      "--activation-checkpointing", "--cpu-checkpointing", "--reduce-bucket-size",
                                      "--stage3-prefetch-bucket-size", "--sub-group-size", "--offload-buffer-count",
                                      "--micro-batch", "--grad-accum"};
@@ -267,6 +268,7 @@ zero::PlanRequest plan_request(const TrainConfig& cfg, nn::Model& shape, DType d
   if (given("--offload-optimizer")) r.offload_optimizer = zero::parse_offload_device(cfg.offload_optimizer, "--offload-optimizer");
   if (given("--offload-param")) r.offload_param = zero::parse_offload_device(cfg.offload_param, "--offload-param");
   if (given("--offload-optimizer-ratio")) r.offload_optimizer_ratio = cfg.offload_optimizer_ratio;
+  if (given("--offload-optimizer-nvme-ratio")) r.offload_optimizer_nvme_ratio = cfg.offload_optimizer_nvme_ratio;
   if (given("--activation-checkpointing")) r.activation_checkpointing = cfg.activation_checkpointing;
   if (given("--cpu-checkpointing")) r.cpu_checkpointing = cfg.cpu_checkpointing;
   if (given("--reduce-bucket-size")) r.reduce_bucket_numel = r.base.reduce_bucket_numel;
@@ -289,6 +291,10 @@ void apply_plan(const zero::PlanChoice& c, TrainConfig& cfg) {
   if (c.zero.offload_optimizer != zero::OffloadDevice::none) {
     cfg.offload_optimizer_ratio = c.zero.offload_optimizer_ratio;
     set("--offload-optimizer-ratio");
+  }
+  if (c.zero.offload_optimizer == zero::OffloadDevice::nvme) {
+    cfg.offload_optimizer_nvme_ratio = c.zero.offload_optimizer_nvme_ratio;
+    set("--offload-optimizer-nvme-ratio");
   }
   cfg.activation_checkpointing = c.activation_checkpointing;
   set("--activation-checkpointing");
@@ -637,6 +643,7 @@ std::string fit_advice(const TrainConfig& cfg, const nn::Model& model, DType dty
     r.offload_optimizer.reset();
     r.offload_param.reset();
     r.offload_optimizer_ratio.reset();
+    r.offload_optimizer_nvme_ratio.reset();
     r.activation_checkpointing.reset();
     r.cpu_checkpointing.reset();
     r.reduce_bucket_numel.reset();

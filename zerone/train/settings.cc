@@ -34,7 +34,7 @@ std::vector<Setting> build_table() {
   std::vector<Setting> t = {
       // model
       {.flag = "--model", .key = "model", .group = G::model, .type = T::text, .field = &C::model,
-       .help = "preset (gpt2-124m ... gpt2-1.5b, tinyllama-1.1b, llama-3.2-1b, llama-2-7b, llama-3-8b, mnist-mlp, "
+       .help = "preset (gpt2-124m ... gpt2-1.5b, tinyllama-1.1b, llama-3.2-1b, llama-2-7b, llama-2-13b, llama-3-8b, mnist-mlp, "
                "mnist-cnn, cifar-cnn) or spec (gpt2:layers=..,dim=..,heads=..,vocab=..,ctx=.., llama:...,kv_heads=..,ffn=.., "
                "seq:in=CxHxW,...)",
        .default_text = "the default run's model, or --init's", .commands = kTrain | kEstimate},
@@ -235,6 +235,11 @@ std::vector<Setting> build_table() {
        .field = &C::offload_optimizer_ratio, .lo = 0, .hi = 1,
        .help = "share of the optimizer's sub-groups offloaded, the first ones", .commands = kTrain | kEstimate,
        .changes_results = false},
+      {.flag = "--offload-optimizer-nvme-ratio", .key = "offload_optimizer_nvme_ratio", .group = G::offload,
+       .type = T::number, .field = &C::offload_optimizer_nvme_ratio, .lo = 0, .hi = 1, .lo_open = true,
+       .help = "with --offload-optimizer nvme: share of the offloaded sub-groups swapped, the first ones; the rest "
+               "stay in host memory",
+       .commands = kTrain | kEstimate, .changes_results = false},
       {.flag = "--pipeline-read", .key = "pipeline_read", .aliases = {"zero_optimization.offload_optimizer.pipeline_read"},
        .group = G::offload, .type = T::boolean, .field = &C::pipeline_read,
        .help = "read the next sub-group while one steps", .changes_results = false},

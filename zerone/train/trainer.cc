@@ -927,6 +927,7 @@ zero::ZeroConfig zero_config(const TrainConfig& cfg, DType dtype, const std::vec
                                                                              cfg.offload_buffer_count);
   zcfg.offload_buffer_count = cfg.offload_buffer_count;
   zcfg.offload_optimizer_ratio = cfg.offload_optimizer_ratio;
+  zcfg.offload_optimizer_nvme_ratio = cfg.offload_optimizer_nvme_ratio;
   zcfg.delayed_update = cfg.delayed_update;
   zcfg.early_step = cfg.early_step;
   // Note [Transient gradients]: the run's promise, one micro-step a step with no clipping or loss

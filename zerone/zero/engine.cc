@@ -30,6 +30,8 @@ void ZeroEngine::check(const ZeroConfig& config, int world) {
   check_zeropp(config, world);  // ZeRO++
   ZERONE_CHECK(config.offload_optimizer_ratio >= 0.0 && config.offload_optimizer_ratio <= 1.0,
                "offload_optimizer.ratio ", config.offload_optimizer_ratio, " is out of range: expected [0, 1]");
+  ZERONE_CHECK(config.offload_optimizer_nvme_ratio > 0.0 && config.offload_optimizer_nvme_ratio <= 1.0,
+               "--offload-optimizer-nvme-ratio ", config.offload_optimizer_nvme_ratio, " is out of range: expected (0, 1]");
 }
 
 const ZeroConfig& ZeroEngine::checked(const ZeroConfig& config, int world) {
@@ -58,6 +60,8 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
   optim::StatePlacement placement;
   placement.offload_place = offload_place(config_.offload_optimizer);
   placement.offloaded_numels = offloaded_optimizer_numels(model.unit_numels(), world_, rank_, config_);
+  if (config_.offload_optimizer == OffloadDevice::nvme)  // Note [Optimizer state on NVMe and in host memory]
+    placement.nvme_numels = nvme_optimizer_numels(model.unit_numels(), world_, rank_, config_);
   placement.sub_group_numel = config_.sub_group_numel;
   placement.offload_buffer_count = config_.offload_buffer_count;
   placement.nvme = nvme;

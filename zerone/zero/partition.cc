@@ -35,8 +35,11 @@ MemPlace offload_place(OffloadDevice device) {
 
 bool speculates(const ZeroConfig& c) {
   const bool nvme = c.offload_optimizer == OffloadDevice::nvme || (c.stage == 3 && c.offload_param == OffloadDevice::nvme);
-  // Note [Partial optimizer offload]: not combined with a partial offload (ratio below 1).
-  const bool partial = c.offload_optimizer != OffloadDevice::none && c.offload_optimizer_ratio < 1.0;
+  // Note [Partial optimizer offload], Note [Optimizer state on NVMe and in host memory]: not with
+  // a split optimizer.
+  const bool partial = c.offload_optimizer != OffloadDevice::none &&
+                       (c.offload_optimizer_ratio < 1.0 ||
+                        (c.offload_optimizer == OffloadDevice::nvme && c.offload_optimizer_nvme_ratio < 1.0));
   return c.speculative_step && c.early_step && !c.delayed_update && !partial && (nvme || c.speculate_in_memory);
 }
 
@@ -68,6 +71,16 @@ std::vector<size_t> offloaded_optimizer_numels(const std::vector<size_t>& unit_n
   return offloaded_prefix(shards, config.sub_group_numel, config.offload_optimizer_ratio);
 }
 
+std::vector<size_t> nvme_optimizer_numels(const std::vector<size_t>& unit_numels, int world, int rank,
+                                          const ZeroConfig& config) {
+  std::vector<size_t> offloaded = offloaded_optimizer_numels(unit_numels, world, rank, config);
+  if (config.offload_optimizer != OffloadDevice::nvme) return std::vector<size_t>(offloaded.size(), 0);
+  if (config.offload_optimizer_nvme_ratio >= 1.0) return offloaded;
+  // The offloaded part of each shard is whole sub-groups (or the whole shard), so its sub-groups
+  // are the shard's first ones: counting them again counts the same sub-groups.
+  return offloaded_prefix(offloaded, config.sub_group_numel, config.offload_optimizer_nvme_ratio);
+}
+
 bool gradients_transient(const std::vector<size_t>& unit_numels, int world, const ZeroConfig& config) {
   const bool partial = config.offload_optimizer != OffloadDevice::none && config.offload_optimizer_ratio < 1.0;
   if (!config.transient_gradients || config.stage < 2 || !config.early_step || config.delayed_update ||
@@ -85,7 +98,7 @@ bool gradients_transient(const std::vector<size_t>& unit_numels, int world, cons
 bool gradients_swapped(const std::vector<size_t>& unit_numels, int world, int rank, const ZeroConfig& config) {
   if (config.stage < 2 || config.offload_optimizer != OffloadDevice::nvme || config.delayed_update) return false;
   if (gradients_transient(unit_numels, world, config)) return false;  // Note [Transient gradients]
-  return offloaded_optimizer_numels(unit_numels, world, rank, config) == optimizer_shard_numels(unit_numels, world, rank, config);
+  return nvme_optimizer_numels(unit_numels, world, rank, config) == optimizer_shard_numels(unit_numels, world, rank, config);
 }
 
 
@@ -121,6 +134,7 @@ ModelStateBytes model_state_bytes(const std::vector<size_t>& unit_numels, int wo
   const MemPlace opt_place = offload_place(config.offload_optimizer);
   const bool nvme = config.offload_optimizer == OffloadDevice::nvme;
   const std::vector<size_t> offloaded = offloaded_optimizer_numels(unit_numels, world, rank, config);
+  const std::vector<size_t> swapped = nvme_optimizer_numels(unit_numels, world, rank, config);
   const bool grads_swapped = gradients_swapped(unit_numels, world, rank, config);
   const bool grads_transient = gradients_transient(unit_numels, world, config);
   const bool speculation = speculates(config);
@@ -166,14 +180,20 @@ ModelStateBytes model_state_bytes(const std::vector<size_t>& unit_numels, int wo
     }
     if (has_master) add(MemPlace::device, MemCategory::master, resident * 4, b.master);
     add(MemPlace::device, MemCategory::optim, K * resident * 4, b.optim);
+    // Note [Optimizer state on NVMe and in host memory]: with nvme, the offloaded part's first
+    // `on_nvme` elements are swapped and the rest are on the host.
+    const int64_t on_nvme = nvme ? static_cast<int64_t>(swapped[u]) : 0;
+    const MemPlace in_memory_place = nvme ? MemPlace::host : opt_place;
+    if (off > on_nvme) {
+      if (has_master) add(in_memory_place, MemCategory::master, (off - on_nvme) * 4, b.master);
+      add(in_memory_place, MemCategory::optim, K * (off - on_nvme) * 4, b.optim);
+    }
     if (!nvme) {
-      if (has_master) add(opt_place, MemCategory::master, off * 4, b.master);
-      add(opt_place, MemCategory::optim, K * off * 4, b.optim);
       // Speculation's undo copy of the in-memory state (master unless f32, K tensors); never
-      // under a partial offload (speculates()), so the whole shard is on opt_place.
+      // under a split optimizer (speculates()), so the whole shard is on opt_place.
       if (spare) add(opt_place, MemCategory::scratch, ((has_master ? 1 : 0) + K) * opt_numel * 4, b.speculation);
     } else {
-      for (auto [begin, end] : sub_groups(static_cast<size_t>(off), config.sub_group_numel)) {
+      for (auto [begin, end] : sub_groups(static_cast<size_t>(on_nvme), config.sub_group_numel)) {
         const int64_t aligned = static_cast<int64_t>(swap_tensor_bytes(end - begin));
         if (has_master) add(MemPlace::nvme, MemCategory::master, aligned, b.master);
         add(MemPlace::nvme, MemCategory::optim, K * aligned, b.optim);

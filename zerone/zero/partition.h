@@ -32,7 +32,9 @@
 //          optimizer shard, at least one element each, where the optimizer of that shard runs:
 //          host when any of its sub-groups is offloaded, else device
 //   master, optim: --offload-optimizer (none: device, cpu: host, nvme: nvme swap files); with a
-//          ratio below 1 only a leading part of the sub-groups (Note [Partial optimizer offload])
+//          ratio below 1 only a leading part of the sub-groups (Note [Partial optimizer offload]);
+//          with nvme and an nvme ratio below 1 only a leading part of the offloaded sub-groups on
+//          nvme, the rest on the host (Note [Optimizer state on NVMe and in host memory])
 //   swap   with --offload-optimizer nvme: offload_buffer_count host staging buffers, each holding one
 //          sub-group's master (bf16/fp16 only) and K state tensors, every tensor rounded up to the 4 KiB
 //          O_DIRECT block; the swap file holds every sub-group in the same aligned layout, so the
@@ -80,6 +82,9 @@ struct ZeroConfig {
   size_t sub_group_numel = 1'000'000'000;            // sub_group_size: optimizer elements per swap unit
   int offload_buffer_count = 4;                      // offload_optimizer.buffer_count (staging buffers)
   double offload_optimizer_ratio = 1.0;              // offload_optimizer.ratio (Note [Partial optimizer offload])
+  // With offload_optimizer nvme: the share of the offloaded sub-groups swapped, the first ones; the
+  // rest stay in host memory (Note [Optimizer state on NVMe and in host memory]).
+  double offload_optimizer_nvme_ratio = 1.0;
   bool delayed_update = false;                       // --delayed-update (Note [Delayed parameter update])
   bool early_step = true;                            // --early-step (Note [Early optimizer step])
   // The trainer's promise that every step is one micro-step whose early updates need no
@@ -155,6 +160,24 @@ bool gradients_transient(const std::vector<size_t>& unit_numels, int world, cons
 // across its two optimizers is left undone until it is measured to be worth it.
 // Per optimizer shard (elements `shard_numels[i]`), how many leading elements are offloaded.
 std::vector<size_t> offloaded_prefix(const std::vector<size_t>& shard_numels, size_t sub_group_numel, double ratio);
+// Note [Optimizer state on NVMe and in host memory]: ZeRO-Infinity puts the whole optimizer state
+// on NVMe or none of it; a model whose state fits neither the host memory nor the disk alone (the
+// Llama-2-13B shape's 145 GiB of master and moments on a machine of 128 GiB and a 64 GiB disk) needs
+// both. With --offload-optimizer nvme and offload_optimizer_nvme_ratio r below 1, the first
+// int(r * m) of the rank's m offloaded sub-groups (in unit order, as offloaded_prefix counts) are
+// swapped through optimizer.swp and the staging buffers, and the rest stay in host memory, stepped
+// by the host optimizer there, as --offload-optimizer cpu steps them: one optimizer over two parts
+// (optim::SplitOptimizer), the same update per element, so the trajectory is that of r = 1 and of
+// cpu offload bit for bit (tests/zero/offload_invariance.sh). The swapped sub-groups are the first
+// units' (the embedding and the lower blocks): the early step reaches them last, after the host
+// ones. The f32 gradient shards stay in host memory (grads.swp needs the whole optimizer on NVMe),
+// or are transient (Note [Transient gradients]). Like a partial offload it does not speculate;
+// with one (offload_optimizer_ratio below 1 too) the two splits nest: the swapped sub-groups, then
+// those in host memory, then those on the device. Per optimizer shard, how many leading elements
+// are swapped: all of offloaded_optimizer_numels with ratio 1, else a prefix of them.
+std::vector<size_t> nvme_optimizer_numels(const std::vector<size_t>& unit_numels, int world, int rank,
+                                          const ZeroConfig& config);
+
 // The optimizer shard of each unit: the rank's shard (stages 1-3) or the whole unit (stage 0).
 std::vector<size_t> optimizer_shard_numels(const std::vector<size_t>& unit_numels, int world, int rank,
                                            const ZeroConfig& config);

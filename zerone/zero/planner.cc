@@ -81,6 +81,8 @@ std::string family_label(const PlanChoice& c) {
   if (c.zero.offload_optimizer != OffloadDevice::none) {
     s += str_cat(", optimizer ", offload_device_name(c.zero.offload_optimizer));
     if (c.zero.offload_optimizer_ratio < 1.0) s += str_cat(" (ratio ", c.zero.offload_optimizer_ratio, ")");
+    if (c.zero.offload_optimizer == OffloadDevice::nvme && c.zero.offload_optimizer_nvme_ratio < 1.0)
+      s += str_cat(" (", c.zero.offload_optimizer_nvme_ratio, " swapped, the rest in host memory)");
   }
   if (c.zero.offload_param != OffloadDevice::none) s += str_cat(", param ", offload_device_name(c.zero.offload_param));
   if (c.cpu_checkpointing) s += ", CPU checkpointing";
@@ -231,31 +233,39 @@ Plan make_plan(const PlanRequest& r) {
                     for (size_t g : groups) swaps.emplace_back(g, bc);
                   }
                 }
-                for (size_t bucket : rb)
-                  for (size_t prefetch : pf)
-                    for (auto [group, bc] : swaps) {
-                      PlanCandidate cand;
-                      PlanChoice& ch = cand.choice;
-                      ch.zero = r.base;
-                      ch.zero.stage = stage;
-                      ch.zero.offload_optimizer = opt;
-                      ch.zero.offload_param = par;
-                      ch.zero.offload_optimizer_ratio = ratio;
-                      ch.zero.reduce_bucket_numel = bucket;
-                      ch.zero.prefetch_numel = prefetch;
-                      ch.zero.sub_group_numel = group;
-                      ch.zero.offload_buffer_count = bc;
-                      ch.zero.transient_gradients = r.base.transient_gradients && accum == 1;  // Note [Transient gradients]
-                      ch.activation_checkpointing = ckpt;
-                      ch.cpu_checkpointing = cpu_ckpt;
-                      ch.micro_batch = mb;
-                      ch.grad_accum = accum;
-                      cand.estimate = estimate(model, r.world, r.dtype, mb, r.seq, ch.zero, r.optimizer, stage, r.collectives)[0];
-                      cand.need = place_need(cand.estimate, r.budget);
-                      cand.overflow = overflows(cand.need, r.budget);
-                      cand.cost = step_cost(work, ch.zero, cand.estimate, r.speed);
-                      consider(std::move(cand));
-                    }
+                // Note [Optimizer state on NVMe and in host memory]: the swapped share, with NVMe
+                // (not also under a partial offload: one split at a time is enough to fit).
+                std::vector<double> nvme_ratios = {1.0};
+                if (opt == OffloadDevice::nvme && ratio == 1.0) nvme_ratios = {1.0, 0.75, 0.5, 0.25};
+                if (opt == OffloadDevice::nvme && r.offload_optimizer_nvme_ratio) nvme_ratios = {*r.offload_optimizer_nvme_ratio};
+                for (double nvme_ratio : nvme_ratios) {
+                  for (size_t bucket : rb)
+                    for (size_t prefetch : pf)
+                      for (auto [group, bc] : swaps) {
+                        PlanCandidate cand;
+                        PlanChoice& ch = cand.choice;
+                        ch.zero = r.base;
+                        ch.zero.stage = stage;
+                        ch.zero.offload_optimizer = opt;
+                        ch.zero.offload_param = par;
+                        ch.zero.offload_optimizer_ratio = ratio;
+                        ch.zero.offload_optimizer_nvme_ratio = nvme_ratio;
+                        ch.zero.reduce_bucket_numel = bucket;
+                        ch.zero.prefetch_numel = prefetch;
+                        ch.zero.sub_group_numel = group;
+                        ch.zero.offload_buffer_count = bc;
+                        ch.zero.transient_gradients = r.base.transient_gradients && accum == 1;  // Note [Transient gradients]
+                        ch.activation_checkpointing = ckpt;
+                        ch.cpu_checkpointing = cpu_ckpt;
+                        ch.micro_batch = mb;
+                        ch.grad_accum = accum;
+                        cand.estimate = estimate(model, r.world, r.dtype, mb, r.seq, ch.zero, r.optimizer, stage, r.collectives)[0];
+                        cand.need = place_need(cand.estimate, r.budget);
+                        cand.overflow = overflows(cand.need, r.budget);
+                        cand.cost = step_cost(work, ch.zero, cand.estimate, r.speed);
+                        consider(std::move(cand));
+                      }
+                }
               }
             }
           }

@@ -78,6 +78,7 @@ struct PlanRequest {
   std::optional<int> stage;
   std::optional<OffloadDevice> offload_optimizer, offload_param;
   std::optional<double> offload_optimizer_ratio;
+  std::optional<double> offload_optimizer_nvme_ratio;  // Note [Optimizer state on NVMe and in host memory]
   std::optional<bool> activation_checkpointing, cpu_checkpointing;
   std::optional<size_t> reduce_bucket_numel, prefetch_numel, sub_group_numel;
   std::optional<int> buffer_count;

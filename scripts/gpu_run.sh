@@ -627,7 +627,11 @@ w5_largest_micro_batch() {
 #   none, cpu, nvme   Llama-3.2-1B (B=ZERONE_OFFLOAD_MB, default 4; T=2048; bf16; stage 2) with the
 #          optimizer on the GPU, in host memory, on the disk (ZERONE_NVME_DIR, default
 #          /tmp/zerone-nvme): s/step (ratio to none: read it off the lines);
-#   fsdp2  FSDP2 with CPUOffloadPolicy on the same 1B model (pytorch_peer.py fsdp2_offload).
+#   fsdp2  FSDP2 with CPUOffloadPolicy on the same 1B model (pytorch_peer.py fsdp2_offload);
+#   13b    the Llama-2-13B shape (not in the default list: some 5 minutes): `zerone plan` on this
+#          machine (its host memory, its disk under ZERONE_NVME_DIR, the GPU's speeds), then 3 steps
+#          of the plan it chooses (the optimizer state split between host memory and the disk, Note
+#          [Optimizer state on NVMe and in host memory]): s/step, where the time went, peaks.
 bench_offload() {
   local steps="${ZERONE_OFFLOAD_STEPS:-6}" mb="${ZERONE_OFFLOAD_MB:-4}" nvme="${ZERONE_NVME_DIR:-/tmp/zerone-nvme}" d part
   d="$(mktemp -d)"
@@ -638,6 +642,7 @@ print(f"{sum(ms[2:]) / max(len(ms) - 2, 1) / 1000:.4f}" if len(ms) > 2 else "nan
   for part in ${ZERONE_OFFLOAD_PARTS:-7b none cpu fsdp2 nvme}; do
     case "$part" in
       7b) offload_7b "$d" ;;
+      13b) offload_13b "$d" "$nvme" ;;
       fsdp2)
         if [ $((deadline - $(now))) -gt 120 ]; then
           echo "fsdp2 CPUOffloadPolicy llama-3.2-1b B=$mb T=2048: $(PYTHONUNBUFFERED=1 timeout $((deadline - $(now) - 30)) \
@@ -652,7 +657,7 @@ print(f"{sum(ms[2:]) / max(len(ms) - 2, 1) / 1000:.4f}" if len(ms) > 2 else "nan
           > "$d/$part.log" 2>&1 || { tail -5 "$d/$part.log"; echo "offload $part: FAILED"; continue; }
         grep -E 'peak (memory|RSS)' "$d/$part.log" || true
         echo "offload $part llama-3.2-1b B=$mb T=2048 stage 2: $(python3 -c "$mean" "$d/$part.jsonl") s/step (steps 3..$steps)" ;;
-      *) echo "offload: no part '$part' (7b none cpu fsdp2 nvme)" ;;
+      *) echo "offload: no part '$part' (7b 13b none cpu fsdp2 nvme)" ;;
     esac
   done
   cp "$d"/*.jsonl "$out/" 2>/dev/null || true
@@ -676,6 +681,23 @@ offload_7b() {
   offload_7b_run "$d/7b" 1 1 4
   [ $((deadline - $(now))) -gt 150 ] || { echo "llama-2-7b with accumulation: skipped (time)"; return 0; }
   offload_7b_run "$d/7b_accum" "${ZERONE_7B_MB:-2}" "${ZERONE_7B_ACCUM:-32}" 3
+}
+
+# The Llama-2-13B shape on this machine (bench_offload's part 13b), in directory D, swapping under
+# NVME: the planner's choice for one micro-step of B=1, T=2048 (its state fits neither the host
+# memory nor the disk alone), then 3 steps of it with --profile, the planner's prediction beside.
+offload_13b() {
+  local d="$1" nvme="$2" t0 rc=0
+  [ $((deadline - $(now))) -gt 240 ] || { echo "llama-2-13b: skipped (time)"; return 0; }
+  df -h "$nvme" | tail -1
+  timeout 120 "$pack/bin/zerone" plan --model llama-2-13b --seq 2048 --micro-batch 1 --precision bf16 --device cuda \
+    --nvme-path "$nvme" --out "$d/13b_plan.json" > "$d/13b_plan.log" 2>&1 || { tail -5 "$d/13b_plan.log"; echo "llama-2-13b plan: FAILED"; return 0; }
+  grep -E "^  (memory|device|host|NVMe)|^chosen|^  settings|^  needs" "$d/13b_plan.log" || true
+  t0=$(now)
+  timeout $((deadline - $(now) - 10)) "$pack/bin/zerone" train --config "$d/13b_plan.json" --model llama-2-13b --seq 2048 \
+    --precision bf16 --device cuda --nvme-path "$nvme" --steps 3 --profile --metrics "$d/13b.jsonl" > "$d/13b.log" 2>&1 || rc=$?
+  echo "llama-2-13b (the plan's settings): ended with $rc after $(($(now) - t0)) s"
+  grep -E '^step |time of steps|peak|optimizer|swap' "$d/13b.log" | tail -24 || true
 }
 
 # offload_7b_run PREFIX MB ACCUM STEPS [FLAGS...]: one Llama-2-7B run (stage 2, optimizer in host

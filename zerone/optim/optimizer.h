@@ -1,6 +1,6 @@
 // The optimizer interface of zerone (DESIGN §1, optim/): what the ZeRO engine and the trainer need
 // of an optimizer over flat f32 shards, whatever the optimizer (AdamW, SGD) and wherever its state
-// lives (the device, the host, NVMe: optim/swapped.h, optim/partial_offload.h).
+// lives (the device, the host, NVMe: optim/swapped.h, optim/split_optimizer.h).
 //
 // The interface is three capabilities, each a small class, that every optimizer has:
 //   ShardStepping    update shard by shard (the engine's early and speculative steps) or whole
@@ -137,7 +137,7 @@ class StepUndo {
 };
 
 // An optimizer: every capability (AdamW and SGD in memory, adamw.h and sgd.h; swapped to NVMe,
-// swapped.h; partially offloaded, partial_offload.h).
+// swapped.h; split between two places, split_optimizer.h).
 class Optimizer : public ShardStepping, public StateCheckpoint, public StepUndo {
  public:
   size_t undo_numel(size_t i) const final { return numel(i); }

@@ -62,7 +62,7 @@ class ZeroEngine : public nn::UnitHooks {
   // moments and the stage 2-3 gradient shards on the host; nvme swaps master and moments through
   // `nvme` (optim::SwappedOptimizer); with config.offload_optimizer_ratio below 1 only the first sub-groups
   // go there and the rest stays on the device (Note [Partial optimizer offload] in partition.h,
-  // PartialOffloadOptimizer). config.offload_param cpu keeps stage 3's parameter shards on the host.
+  // optim::SplitOptimizer). config.offload_param cpu keeps stage 3's parameter shards on the host.
   // `optimizer` names the optimizer whose state the engine shards (AdamW or SGD, optim/optimizers.h).
   // Throws Error for offload a stage cannot do (optimizer offload at stage 0, parameter offload
   // below stage 3). config.offload_param nvme keeps them in the swap file "params.swp" (Note

@@ -148,15 +148,15 @@ bool gradients_transient(const std::vector<size_t>& unit_numels, int world, cons
 // order, each cut by sub_group_numel), so the offloaded part of each shard is a leading run of
 // whole sub-groups: all of the shards before the boundary, a prefix of the boundary shard, none
 // after. The offloaded part runs on the offloaded optimizer (host AdamW/SGD, or the NVMe swap),
-// the rest on an in-memory one with its state on the device (PartialOffloadOptimizer,
-// optim/partial_offload.h); a unit's f32 gradient shard (stages 2-3) is on the host when any of its
+// the rest on an in-memory one with its state on the device (optim::SplitOptimizer,
+// optim/split_optimizer.h); a unit's f32 gradient shard (stages 2-3) is on the host when any of its
 // sub-groups is offloaded, else on the device. The update of every element is the same function
 // whichever optimizer runs it, so the trajectory is the one of ratio 1 and of no offload, bit for bit.
 // ratio * n is computed in double and truncated, as Python's int() does.
 // Not combined with the speculative early step (Note [Speculative early step] in zero/step_scheduler.cc):
 // with a ratio below 1 speculates() is false, so with --grad-clip or fp16 the early updates are
 // not made and the optimizer steps at the end (the config gives a notice when --early-step is
-// given). PartialOffloadOptimizer keeps no undo copies and no spare slots; taking back a step
+// given). SplitOptimizer keeps no undo copies and no spare slots; taking back a step
 // across its two optimizers is left undone until it is measured to be worth it.
 // Per optimizer shard (elements `shard_numels[i]`), how many leading elements are offloaded.
 std::vector<size_t> offloaded_prefix(const std::vector<size_t>& shard_numels, size_t sub_group_numel, double ratio);

@@ -653,9 +653,10 @@ print(f"{sum(ms[2:]) / max(len(ms) - 2, 1) / 1000:.4f}" if len(ms) > 2 else "nan
         local extra=()
         case "$part" in cpu) extra=(--offload-optimizer cpu) ;; nvme) extra=(--offload-optimizer nvme --nvme-path "$nvme") ;; esac
         timeout $((deadline - $(now) - 10)) "$pack/bin/zerone" train --model llama-3.2-1b --seq 2048 --micro-batch "$mb" \
-          --steps "$steps" --precision bf16 --device cuda --zero-stage 2 "${extra[@]}" --metrics "$d/$part.jsonl" \
+          --steps "$steps" --precision bf16 --device cuda --zero-stage 2 "${extra[@]}" --profile --metrics "$d/$part.jsonl" \
           > "$d/$part.log" 2>&1 || { tail -5 "$d/$part.log"; echo "offload $part: FAILED"; continue; }
-        grep -E 'peak (memory|RSS)' "$d/$part.log" || true
+        # Where the step's time went (--profile): what of the transfers and the CPU optimizer is exposed.
+        grep -E 'peak (memory|RSS)|time per step|time of steps' "$d/$part.log" || true
         echo "offload $part llama-3.2-1b B=$mb T=2048 stage 2: $(python3 -c "$mean" "$d/$part.jsonl") s/step (steps 3..$steps)" ;;
       *) echo "offload: no part '$part' (7b 13b none cpu fsdp2 nvme)" ;;
     esac

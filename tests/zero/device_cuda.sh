@@ -80,6 +80,17 @@ close gpt2_bf16_stage2_offload 2e-2 "${gpt[@]}" --precision bf16 --zero-stage 2 
 close gpt2_fp32_stage2_delayed 1e-5 "${gpt[@]}" --precision fp32 --zero-stage 2 --offload-optimizer cpu --delayed-update
 mkdir -p "$d/nvme"
 close gpt2_fp32_stage1_nvme 1e-5 "${gpt[@]}" --precision fp32 --zero-stage 1 --offload-optimizer nvme --nvme-path "$d/nvme"
+# One micro-step without clipping: transient gradients (Note [Transient gradients]) in device
+# memory, in pinned host memory through NCCL, and with the optimizer state split between the
+# disk and host memory (Note [Optimizer state on NVMe and in host memory]).
+gpt1=(train --model gpt2:layers=2,dim=64,heads=4,vocab=257,ctx=32 --micro-batch 4 --seq 32 --steps 10 --lr 1e-3
+      --weight-decay 0.1 --no-shuffle --threads 2)
+close gpt2_fp32_stage2_transient 1e-5 "${gpt1[@]}" --precision fp32 --zero-stage 2
+cuda_only=(--comm nccl)
+close gpt2_bf16_stage2_transient_offload_nccl 2e-2 "${gpt1[@]}" --precision bf16 --zero-stage 2 --offload-optimizer cpu
+cuda_only=()
+close gpt2_fp32_stage2_nvme_split 1e-5 "${gpt1[@]}" --precision fp32 --zero-stage 2 --offload-optimizer nvme \
+  --nvme-path "$d/nvme" --offload-optimizer-nvme-ratio 0.5
 
 # A checkpoint written on one device resumes on the other: the step-5 checkpoint of a 10-step f32
 # run, continued to step 10 on the other device, gives the straight cpu run's steps 6-10.

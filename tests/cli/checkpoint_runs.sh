@@ -25,13 +25,14 @@ wait_lines() {
 dead_pid() { sh -c 'echo $$'; }  # a process that has ended by the time its pid is used
 
 # 1. SIGTERM while a save copies the NVMe-resident optimizer state: the handler unlinks the swap
-# files, the copy must still read them through the run's descriptors, and the save completes.
+# files, the copy must still read them through the run's descriptors, and the save completes. The
+# run then stops after the step in progress (step 3), whose checkpoint is the latest.
 for async in "" --checkpoint-async; do
   rm -rf ck1
   ZERONE_CHECKPOINT_CRASH_AT=copy:TERM ZERONE_CHECKPOINT_CRASH_STEP=2 "$Z" "${train[@]}" "${nvme[@]}" $async --steps 50 \
     --checkpoint-dir ck1 --checkpoint-every 2 > s1.log 2>&1
   rc=$?
-  if [ $rc = 143 ] && [ "$(cat ck1/latest 2>/dev/null)" = step-00000002 ] && ! ls -a ck1 | grep -q '^\.tmp-' &&
+  if [ $rc = 143 ] && [ -d ck1/step-00000002 ] && [ "$(cat ck1/latest 2>/dev/null)" = step-00000003 ] && ! ls -a ck1 | grep -q '^\.tmp-' &&
      ! grep -q "cannot open" s1.log; then
     ok "SIGTERM during the swap copy of a save ${async:-(sync)}: the save completed, latest $(cat ck1/latest)"
   else

@@ -684,25 +684,11 @@ struct StepLoop : StepLoopInputs {
         checkpointer->publish_pending();
         report_saved();
       }
-      if (reduced[1] > 0.0 || reduced[2] > 0.0 || reduced[3] > 0.0) {
-        // Every rank sees the same sums, so all agree on the signal to report and exit with
-        // (SIGTERM over SIGHUP over SIGINT).
-        result.interrupted_by = reduced[3] > 0.0 ? SIGTERM : reduced[2] > 0.0 ? SIGHUP : SIGINT;
-        // Note [Resume]: the state after step-1 is complete (this step's gradients are not state), so
-        // a stop signal costs at most the step in progress.
-        if (checkpointer) {
-          checkpointer->publish_pending();
-          if (checkpointer->last_published_step() < step - 1 && step - 1 >= start_step) {
-            save_checkpoint(step - 1);
-            checkpointer->publish_pending();
-          }
-        }
-        if (lead)
-          progress.message(str_cat("zerone: stopped by ", signal_name(result.interrupted_by),
-                                   signal_here == 0 ? " (on another rank)" : "", " during step ", step, " of ", cfg.steps,
-                                   ": ", kept_after(step - 1)));
-        return false;
-      }
+      // Note [Resume]: a stop signal seen after the backward finishes the step in progress and stops
+      // after it, its checkpoint holding it. Stopping before the update would leave a half-updated
+      // state: the early step (Note [Early optimizer step]) has updated most units by now. Every
+      // rank sees the same sums, so all agree on the signal (SIGTERM over SIGHUP over SIGINT).
+      const int stop_signal = reduced[3] > 0.0 ? SIGTERM : reduced[2] > 0.0 ? SIGHUP : reduced[1] > 0.0 ? SIGINT : 0;
       float loss = static_cast<float>(reduced[0] / (static_cast<double>(cfg.grad_accum) * world));
       ZERONE_CHECK(std::isfinite(loss), "training diverged at step ", step, ": loss ", loss, " (try a lower --lr or --grad-clip)");
       zero::StepResult stepped = engine.step(lr, cfg.grad_clip, loss_scale, scaled);
@@ -743,7 +729,8 @@ struct StepLoop : StepLoopInputs {
       // --val-batches limits it.
       const bool epoch_end = classifier && step % steps_per_epoch == 0;
       int64_t val_samples = 0, val_samples_here = 0;
-      bool validate_now = val_source && ((cfg.val_every > 0 && step % cfg.val_every == 0) || step == cfg.steps || epoch_end);
+      bool validate_now = val_source && stop_signal == 0 &&
+                          ((cfg.val_every > 0 && step % cfg.val_every == 0) || step == cfg.steps || epoch_end);
       if (validate_now) {
         // Validation is outside the step's wall time, so --profile does not count it either.
         Profiler::set_enabled(false);
@@ -811,6 +798,20 @@ struct StepLoop : StepLoopInputs {
       if (record.val_loss) result.final_val_loss = record.val_loss;
       if (record.val_accuracy) result.final_val_accuracy = record.val_accuracy;
       if (checkpoint_after) save_checkpoint(step);
+      if (stop_signal != 0) {
+        result.interrupted_by = stop_signal;
+        if (checkpointer) {
+          checkpointer->publish_pending();
+          if (checkpointer->last_published_step() < step) {
+            save_checkpoint(step);
+            checkpointer->publish_pending();
+          }
+        }
+        if (lead)
+          progress.message(str_cat("zerone: stopped by ", signal_name(stop_signal), signal_here == 0 ? " (on another rank)" : "",
+                                   " during step ", step, " of ", cfg.steps, ": ", kept_after(step)));
+        return false;
+      }
     }
     return true;
   }

@@ -122,11 +122,11 @@ StepCost step_cost(const StepWorkload& w, const ZeroConfig& c, const StageEstima
   double opt_s = step_s, hidden_param_s = 0, exposed_io_s = 0;
   if (opt_io + grad_io + param_io > 0) {
     ZERONE_ASSERT(disk_bw > 0);
+    // The swapped sub-groups (Note [Optimizer state on NVMe and in host memory]: with an NVMe
+    // ratio below 1 only the first ones).
     double sub_groups = 0;
-    for (size_t n : w.unit_numels) {
-      const double shard = static_cast<double>(c.stage == 0 ? n : unit_shard(n, w.world, 0, c).shard_numel);
-      sub_groups += std::ceil(shard * c.offload_optimizer_ratio / static_cast<double>(c.sub_group_numel));
-    }
+    for (size_t n : nvme_optimizer_numels(w.unit_numels, w.world, 0, c))
+      sub_groups += std::ceil(static_cast<double>(n) / static_cast<double>(c.sub_group_numel));
     const double opt_transfers = opt_io > 0 ? 2.0 * (master + w.optim_tensors) * sub_groups : 0.0;
     const double opt_io_s = opt_io / disk_bw + opt_transfers * m.io_latency_s;
     if (opt_io > 0 && c.offload_buffer_count >= 2) {

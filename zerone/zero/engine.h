@@ -93,7 +93,9 @@ class ZeroEngine : public nn::UnitHooks {
   // that each unit's update can start as soon as its gradients are final, while the backward of
   // the units below it runs. step() must then be called with the same arguments. Without it (or
   // with --delayed-update or config.early_step off) step() updates every unit at the end, as
-  // before; the numbers are the same either way. With clipping or loss scaling the early updates
+  // before; the numbers are the same either way. With config.transient_gradients (Note [Transient
+  // gradients] in partition.h) it is required before every step's backward, with no clipping and
+  // no loss scaling: an internal invariant, the process aborts otherwise. With clipping or loss scaling the early updates
   // are a speculation (Note [Speculative early step]) where speculates(config) (partition.h:
   // config.speculative_step with state on NVMe), and step() validates them, or takes them back
   // and steps at the end; otherwise step() updates every unit at the end.

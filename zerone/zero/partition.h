@@ -123,9 +123,10 @@ bool gradients_swapped(const std::vector<size_t>& unit_numels, int world, int ra
 // per parameter are these 4, the f32 master and the two moments). When each step is a single micro-step and
 // the early step's updates are final (no clipping, no loss scaling: Note [Early optimizer step] in
 // zero/step_scheduler.cc), unit u's gradient shard is read by exactly one update, made right after
-// the backward of the unit below it. So at stages 2-3, with transient_gradients (the trainer sets
-// it: one micro-step, --early-step, no --grad-clip, not fp16, no --delayed-update) and no partial
-// optimizer offload, the reducer keeps no accumulator per unit: unit u's reduce-scatter lands in
+// the backward of the unit below it. So at stages 2-3, with transient_gradients (the trainer's
+// promise: one micro-step, no --grad-clip, not fp16), --early-step, no --delayed-update and no
+// partial optimizer offload (gradients_transient checks these), the reducer keeps no accumulator
+// per unit: unit u's reduce-scatter lands in
 // one of kTransientGradBuffers buffers of the largest shard, which its update hands back. Units
 // are reduced top down and u+1 is updated after u's backward, so two are held at most: u's while
 // it is reduced, u+1's until its update (a tied head's gradient for the embedding, unit 0, waits

@@ -212,6 +212,8 @@ Plan make_plan(const PlanRequest& r) {
           if (stage == 0 && r.offload_optimizer && *r.offload_optimizer != OffloadDevice::none) continue;
           if (stage != 3 && r.offload_param && *r.offload_param != OffloadDevice::none) continue;
           for (OffloadDevice opt : opts.empty() ? std::vector<OffloadDevice>{OffloadDevice::none} : opts) {
+            // A given NVMe ratio below 1 splits NVMe offload: only that (train refuses it elsewhere).
+            if (r.offload_optimizer_nvme_ratio && *r.offload_optimizer_nvme_ratio < 1.0 && opt != OffloadDevice::nvme) continue;
             std::vector<double> ratios = {1.0};
             if (opt != OffloadDevice::none) ratios = {1.0, 0.75, 0.5, 0.25};
             if (r.offload_optimizer_ratio) ratios = {*r.offload_optimizer_ratio};

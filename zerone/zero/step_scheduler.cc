@@ -233,6 +233,8 @@ void StepScheduler::plan_step(float lr, float grad_clip, double loss_scale, bool
 }
 
 void StepScheduler::after_backward(int u) {
+  // Note [Transient gradients]: only the early updates hand the buffers back.
+  ZERONE_ASSERT(!grads_.transient() || early_.active, "a backward with transient gradients but no plan_step()");
   if (!early_.active || !grads_.last_micro_step()) return;
   // Update the units that were final before u's backward; u waits (its reduction is in flight).
   std::vector<int> ready;

@@ -1,8 +1,10 @@
 #include "zerone/core/memory.h"
 
 #include <malloc.h>
+#include <omp.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -79,7 +81,7 @@ class AlignedAllocArena final : public MemoryArena {
   void* allocate(size_t bytes, size_t alignment) override {
     size_t rounded = (bytes + alignment - 1) / alignment * alignment;
     void* data = std::aligned_alloc(alignment, rounded);
-    if (data != nullptr) std::memset(data, 0, rounded);
+    if (data != nullptr) zero_fill(data, rounded);
     return data;
   }
   void deallocate(void* data, size_t, size_t) noexcept override { std::free(data); }
@@ -91,9 +93,22 @@ int64_t g_device_limit_bytes = 0;
 
 }  // namespace
 
-void MemoryArena::zero(void* data, size_t bytes) {
-  if (bytes > 0) std::memset(data, 0, bytes);
+void zero_fill(void* data, size_t bytes) {
+  constexpr size_t kChunkBytes = size_t{4} << 20, kParallelBytes = size_t{64} << 20;
+  if (bytes < kParallelBytes || omp_in_parallel()) {
+    if (bytes > 0) std::memset(data, 0, bytes);
+    return;
+  }
+  const int64_t chunks = static_cast<int64_t>((bytes + kChunkBytes - 1) / kChunkBytes);
+  char* base = static_cast<char*>(data);
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const size_t begin = static_cast<size_t>(c) * kChunkBytes;
+    std::memset(base + begin, 0, std::min(kChunkBytes, bytes - begin));
+  }
 }
+
+void MemoryArena::zero(void* data, size_t bytes) { zero_fill(data, bytes); }
 
 MemoryArena& default_arena() { return g_default_arena; }
 
@@ -101,6 +116,13 @@ MemoryArena& arena(MemPlace place) {
   ZERONE_ASSERT(place == MemPlace::device || place == MemPlace::host, "no memory arena for place ",
                 mem_place_name(place));
   return *g_arenas[static_cast<size_t>(place)];
+}
+
+MemoryArena& arena_for(MemPlace place, MemCategory category) {
+  // Note [Host state in pageable memory].
+  if (place == MemPlace::host && (category == MemCategory::master || category == MemCategory::optim))
+    return g_default_arena;
+  return arena(place);
 }
 
 void set_arena(MemPlace place, MemoryArena* arena) {
@@ -124,7 +146,7 @@ std::string human_bytes(double bytes) {
 }
 
 Buffer::Buffer(size_t bytes, MemCategory category, MemPlace place, size_t alignment)
-    : Buffer(bytes, category, place, alignment, arena(place)) {}
+    : Buffer(bytes, category, place, alignment, arena_for(place, category)) {}
 
 Buffer::Buffer(size_t bytes, MemCategory category, MemPlace place, size_t alignment, MemoryArena& from)
     : bytes_(bytes), category_(category), place_(place), alignment_(alignment), arena_(&from) {

@@ -88,6 +88,17 @@ MemoryArena& default_arena();
 // The arena of `place` (device or host). set_arena installs another (null: the default); the arena
 // must outlive every Buffer allocated from it.
 MemoryArena& arena(MemPlace place);
+// Note [Host state in pageable memory]: the arena a Buffer of `category` in `place` comes from:
+// arena(place), except that the optimizer's master copy and moments on the host (categories master
+// and optim) always come from default_arena(). Only host code reads and writes them (copies to and
+// from the device go through scratch and staging buffers), so pinning them would buy nothing, and
+// a host arena that pins (the CUDA backend's, Note [Pinned host memory]) would lock most of the
+// machine's memory and spend minutes at start-up pinning it: 80 GiB of Llama-2-7B's offloaded state.
+MemoryArena& arena_for(MemPlace place, MemCategory category);
+// Zero-fills `bytes` at `data` (host memory), on every OpenMP thread when large: a new
+// allocation's pages are first touched here, and the kernel clears each page as it is touched, so
+// one thread zeroing tens of GiB is what would bound a large model's start-up.
+void zero_fill(void* data, size_t bytes);
 void set_arena(MemPlace place, MemoryArena* arena);
 
 // The device cap (bytes; 0: none). Buffer refuses a device allocation that would take the device
@@ -102,7 +113,7 @@ int64_t peak_rss_bytes();
 // Bytes for people: "512 B", "12.3 MiB" (powers of 1024, one decimal above bytes).
 std::string human_bytes(double bytes);
 
-// An owning allocation from the arena of `place` (device or host), `alignment`-byte aligned (a power
+// An owning allocation from the arena of `place` (device or host; arena_for), `alignment`-byte aligned (a power
 // of two, at least 64; 4096 for O_DIRECT I/O), recorded in the global ledger. Zero-initialized.
 // Allocation failure, or a device allocation beyond the device cap, throws Error naming the size
 // and category (an out-of-memory is a user-facing condition: the model or batch is too large).

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 
 #include "zerone/core/host_device.h"
@@ -40,7 +41,15 @@ class Rng {
   uint64_t below(uint64_t n) { return static_cast<uint64_t>(uniform() * static_cast<double>(n)) % n; }
   // Standard normal (Box-Muller, one value per call).
   double normal() {
-    double u1 = uniform(), u2 = uniform();
+    const double u1 = uniform(), u2 = uniform();
+    return box_muller(u1, u2);
+  }
+  // What the index-th normal() of a fresh Rng with this key returns (when it is asked for nothing
+  // else): the uniforms of counters 2 index and 2 index + 1, computed directly.
+  static double normal_at(uint64_t key, uint64_t index) {
+    return box_muller(to_uniform(at(key, 2 * index)), to_uniform(at(key, 2 * index + 1)));
+  }
+  static double box_muller(double u1, double u2) {
     if (u1 < 1e-300) u1 = 1e-300;
     return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
   }
@@ -53,5 +62,12 @@ class Rng {
 inline double uniform_at(uint64_t seed, uint64_t stream, uint64_t index) {
   return Rng::to_uniform(Rng::at(Rng::key(seed, stream), index));
 }
+
+// Note [Parallel initialization] (rng.cc): out[i] = float(Rng(seed, stream)'s i-th normal() * scale),
+// on every OpenMP thread, the bits of the sequential loop.
+void fill_normal(float* out, size_t n, uint64_t seed, uint64_t stream, double scale);
+// out[i] = float((2 uniform_i - 1) * bound), the i-th uniform() of Rng(seed, stream): PyTorch's
+// default Linear/Conv2d initialization, likewise on every thread.
+void fill_symmetric_uniform(float* out, size_t n, uint64_t seed, uint64_t stream, double bound);
 
 }  // namespace zerone

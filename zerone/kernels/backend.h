@@ -165,7 +165,8 @@ class Backend {
   // the device (use_device), or null for the process default (aligned_alloc). The CUDA backend
   // serves page-locked memory, so that every copy between the host and the GPU (offloaded state,
   // staged collectives) is a DMA the copy engines run without a bounce through pageable memory.
-  // The ledger counts these Buffers as host bytes, as any other.
+  // The optimizer's host master and moments are not from it (Note [Host state in pageable memory],
+  // core/memory.h). The ledger counts these Buffers as host bytes, as any other.
   virtual MemoryArena* host_arena() { return nullptr; }
   // Returns to the device what this backend keeps for reuse (the memory its pool caches after
   // frees, the kernels' scratch slots), so that the device's free memory counts it again: for a

@@ -125,8 +125,7 @@ void GPT2::init_unit(int u, uint64_t seed) {
         double stddev = (spec.name == "attprojw" || spec.name == "fcprojw") ? std_proj : std_base;
         size_t rows = spec.shape[0], cols = spec.shape[1];
         if (spec.name == "wte") rows = config_.vocab_size;  // padded rows stay 0
-        Rng rng(seed, u * 64 + t);
-        for (size_t i = 0; i < rows * cols; ++i) values[i] = static_cast<float>(rng.normal() * stddev);
+        fill_normal(values.data(), rows * cols, seed, u * 64 + t, stddev);  // Note [Parallel initialization]
       }
       convert_from_f32(values.data(), unit.param(t), dtype_, values.size());
     }

@@ -147,8 +147,7 @@ void Llama::init_unit(int u, uint64_t seed) {
     const TensorSpec& spec = unit.tensors()[t];
     values.assign(spec.numel(), 1.0f);  // norm weights
     if (spec.shape.size() == 2) {
-      Rng rng(seed, u * 64 + t);
-      for (float& v : values) v = static_cast<float>(rng.normal() * 0.02);
+      fill_normal(values.data(), values.size(), seed, u * 64 + t, 0.02);  // Note [Parallel initialization]
     }
     convert_from_f32(values.data(), unit.param(t), dtype_, values.size());
   }

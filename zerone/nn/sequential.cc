@@ -272,8 +272,7 @@ void Sequential::init_unit(int u, uint64_t seed) {
   std::vector<float> values;
   for (size_t t = 0; t < unit.tensors().size(); ++t) {
     values.resize(unit.tensors()[t].numel());
-    Rng rng(seed, static_cast<uint64_t>(u) * 64 + t);
-    for (float& v : values) v = static_cast<float>((2.0 * rng.uniform() - 1.0) * bound);
+    fill_symmetric_uniform(values.data(), values.size(), seed, static_cast<uint64_t>(u) * 64 + t, bound);
     convert_from_f32(values.data(), unit.param(t), dtype_, values.size());
   }
 }

@@ -119,7 +119,8 @@ class CudaArena final : public MemoryArena {
 
 // Note [Pinned host memory] (kernels/backend.h): MemPlace::host Buffers under the CUDA backend are
 // page-locked (cudaHostAlloc, portable to every device of the process), zero-filled as the default
-// arena's. Pinning costs a system call and cudaFreeHost synchronizes the device, so freed blocks of
+// arena's; not the optimizer's master and moments, which only host code touches (Note [Host state
+// in pageable memory], core/memory.h). Pinning costs a system call and cudaFreeHost synchronizes the device, so freed blocks of
 // at most kCachedBlockBytes are kept for reuse by exact size, up to kCachedTotalBytes in all (the
 // staging buffers of collectives come and go every step; big one-time buffers are returned, so
 // that RSS follows the ledger, Note [Returning memory] in core/memory.cc). Where the driver cannot
@@ -146,7 +147,7 @@ class PinnedHostArena final : public MemoryArena {
         pageable_.insert(raw);
       }
     }
-    std::memset(raw, 0, raw_bytes);
+    zero_fill(raw, raw_bytes);  // on every thread when large (core/memory.h)
     std::lock_guard<std::mutex> lock(mutex_);
     sizes_[raw] = raw_bytes;
     if (extra == 0) return raw;

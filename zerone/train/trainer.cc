@@ -800,11 +800,20 @@ struct StepLoop : StepLoopInputs {
       if (checkpoint_after) save_checkpoint(step);
       if (stop_signal != 0) {
         result.interrupted_by = stop_signal;
+        // At the last step the run has ended: it finishes as any run does (--save written; report()
+        // says when the signal came) and exits with the signal's status.
+        if (step == cfg.steps) break;
         if (checkpointer) {
+          // A background save (checkpoint_after's, or this one's) is waited for and reported.
+          const bool was_pending = checkpointer->pending();
           checkpointer->publish_pending();
+          if (was_pending) report_saved();
           if (checkpointer->last_published_step() < step) {
             save_checkpoint(step);
-            checkpointer->publish_pending();
+            if (checkpointer->pending()) {
+              checkpointer->publish_pending();
+              report_saved();
+            }
           }
         }
         if (lead)

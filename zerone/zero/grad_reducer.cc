@@ -43,14 +43,13 @@ GradReducer::GradReducer(nn::Model& model, const ZeroConfig& config, std::vector
       comm_(comm),
       pool_(pool),
       zeropp_(zeropp),
-      swapped_(store == GradStore::swapped),
-      transient_(store == GradStore::transient) {
+      store_(store) {
   units_.resize(shards.size());
   for (size_t u = 0; u < shards.size(); ++u) {
     units_[u].shard = shards[u];
     units_[u].host_accumulator = host_accumulators[u] != 0;
   }
-  if (transient_) {
+  if (transient()) {
     // Note [Transient gradients]: two buffers of the largest shard where the accumulators would be.
     ZERONE_ASSERT(config_.stage >= 2 && config_.transient_gradients, "transient gradients the config does not ask for");
     size_t largest = 0;
@@ -64,7 +63,7 @@ GradReducer::GradReducer(nn::Model& model, const ZeroConfig& config, std::vector
     staging_user_.assign(staging_.size(), -1);
     return;
   }
-  if (!swapped_) return;
+  if (!swapped()) return;
   // One 4 KiB-aligned slot per unit in grads.swp, offload_buffer_count staging buffers.
   ZERONE_ASSERT(swap_dir != nullptr && config_.stage >= 2, "swapped gradients without a swap directory or below stage 2");
   uint64_t offset = 0;
@@ -109,7 +108,7 @@ const float* GradReducer::adopt(int u) {
   UnitGrads& st = units_[u];
   if (config_.stage <= 1) unit.allocate_grads();
   else unit.release_grads();
-  if (swapped_ || transient_) return nullptr;  // handed over before each update (stage_for_update)
+  if (swapped() || transient()) return nullptr;  // handed over before each update (stage_for_update)
   if (config_.stage >= 2) {
     st.accumulator = Buffer(st.shard.shard_numel * sizeof(float), MemCategory::grad,
                             st.host_accumulator ? MemPlace::host : MemPlace::device);
@@ -154,14 +153,14 @@ void GradReducer::launch(int u) {
   st.reduce_src = unit.take_grads();
   float* out;
   // Note [Transient gradients]: every micro-step is the step's only one.
-  ZERONE_ASSERT(!transient_ || (st.accumulator_zero && last_micro_step_), "unit ", u,
+  ZERONE_ASSERT(!transient() || (st.accumulator_zero && last_micro_step_), "unit ", u,
                 " reduced twice in one step with transient gradients");
   if (st.accumulator_zero) {
     // First micro-step of the step: the accumulator is zero, so the shard can land in it directly
     // (Note [Gradient swap]: in a staging buffer, written to the slot once reduced; Note
     // [Transient gradients]: in a buffer held until the unit's update).
-    if (swapped_) finish_write(u);  // a skipped step's write may still hold a buffer
-    out = swapped_ || transient_ ? acquire_staging(u) : st.accumulator.as<float>();
+    if (swapped()) finish_write(u);  // a skipped step's write may still hold a buffer
+    out = swapped() || transient() ? acquire_staging(u) : st.accumulator.as<float>();
     st.accumulator_zero = false;
   } else {
     st.reduce_out = pool_.acquire(S * sizeof(float), MemCategory::comm, /*zeroed=*/false);
@@ -254,7 +253,7 @@ void GradReducer::complete(int u) {
     accumulate_into(device_, acc, st.reduce_out.as<float>(), S);
     release_to_pool(pool_, std::move(st.reduce_out), device_);
   };
-  if (swapped_) {
+  if (swapped()) {
     // Note [Gradient swap]: the first micro-step's shard landed in a staging buffer; a later one
     // landed in the pool and is added to the slot read back. Either way the sum goes to the slot.
     float* acc;
@@ -297,7 +296,7 @@ float* GradReducer::acquire_staging(int u) {
       return staging_[b].as<float>();
     }
     // Note [Transient gradients]: only an update frees a buffer, and the schedule never needs a third.
-    ZERONE_ASSERT(!transient_, "unit ", u, " found both transient gradient buffers held (units ", staging_user_[0],
+    ZERONE_ASSERT(!transient(), "unit ", u, " found both transient gradient buffers held (units ", staging_user_[0],
                   " and ", staging_user_[1], ")");
     if (!writes_.empty()) {
       finish_write(writes_.front());
@@ -322,12 +321,12 @@ void GradReducer::finish_write(int u) {
 
 void GradReducer::stage_for_update(int u) {
   UnitGrads& st = units_[u];
-  if (transient_) {  // Note [Transient gradients]: where the reduction landed
+  if (transient()) {  // Note [Transient gradients]: where the reduction landed
     ZERONE_ASSERT(st.staging >= 0 && st.reduce_work.empty(), "unit ", u, " updated before its gradients were reduced");
     optimizer_->set_grad(static_cast<size_t>(u), staging_[st.staging].as<float>());
     return;
   }
-  if (!swapped_) return;
+  if (!swapped()) return;
   float* g;
   if (st.staging >= 0) {
     g = staging_[st.staging].as<float>();  // still holds what is being written
@@ -340,22 +339,22 @@ void GradReducer::stage_for_update(int u) {
 }
 
 void GradReducer::unstage(int u) {
-  if (transient_) {
+  if (transient()) {
     UnitGrads& st = units_[u];
     if (st.staging >= 0) staging_user_[std::exchange(st.staging, -1)] = -1;
     optimizer_->set_grad(static_cast<size_t>(u), nullptr);
     return;
   }
-  if (!swapped_) return;
+  if (!swapped()) return;
   finish_write(u);
   optimizer_->set_grad(static_cast<size_t>(u), nullptr);
 }
 
 double GradReducer::sumsq(int u) const {
   // Note [Gradient swap]: the slot's sum was measured as the last micro-step finished.
-  if (swapped_) return units_[u].swapped_sumsq;
+  if (swapped()) return units_[u].swapped_sumsq;
   const float* grad = optimizer_->grad(static_cast<size_t>(u));
-  if (transient_) {  // Note [Transient gradients]: the buffer, before the update hands it back
+  if (transient()) {  // Note [Transient gradients]: the buffer, before the update hands it back
     ZERONE_ASSERT(units_[u].staging >= 0, "the sum of squares of unit ", u, "'s transient gradients after its update");
     grad = staging_[units_[u].staging].as<float>();
   }

@@ -62,8 +62,8 @@ class GradReducer {
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;
 
-  bool swapped() const { return swapped_; }
-  bool transient() const { return transient_; }
+  bool swapped() const { return store_ == GradStore::swapped; }
+  bool transient() const { return store_ == GradStore::transient; }
   // Where the optimizer reads unit u's reduced gradients (its shard, or at stage 0 the whole
   // unit); null when swapped or transient (handed to the optimizer before each update,
   // stage_for_update). Allocates stage 2-3
@@ -144,8 +144,7 @@ class GradReducer {
   std::deque<int> reducing_;   // stages 2-3: units whose reduce-scatter is in flight, oldest first
   size_t reducing_numel_ = 0;  // their padded elements
   // Note [Gradient swap]; Note [Transient gradients] uses staging_ and staging_user_ too (no file).
-  bool swapped_ = false;
-  bool transient_ = false;
+  const GradStore store_;
   std::string swap_path_;
   io::FileDescriptor swap_fd_;
   std::vector<Buffer> staging_;           // host.swap (transient: grad, where the accumulators would be)

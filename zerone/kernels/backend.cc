@@ -2,6 +2,8 @@
 
 #include "zerone/kernels/cpu/quantize.h"
 
+#include <algorithm>
+#include <cctype>
 #include <memory>
 #include <mutex>
 
@@ -28,6 +30,43 @@ AttentionSaved attention_saved(DeviceKind kind, const DeviceOptions& options) {
 }
 
 const char* cuda_attention_name(CudaAttention kind) { return kind == CudaAttention::flash ? "flash" : "plain"; }
+
+std::optional<GpuPeak> known_gpu_peak(const std::string& gpu_name, DType dtype) {
+  if (dtype != DType::bf16 && dtype != DType::f16) return std::nullopt;
+  // The first entry whose every word is in the name wins: the more specific parts come first.
+  struct Entry {
+    std::vector<const char*> words;
+    GpuPeak peak;
+  };
+  static const Entry kTable[] = {
+      {{"H100", "PCIe"}, {"NVIDIA H100 PCIe", 756.0}},
+      {{"H100", "NVL"}, {"NVIDIA H100 NVL", 835.0}},
+      {{"H100"}, {"NVIDIA H100 SXM", 989.4}},
+      {{"H200", "NVL"}, {"NVIDIA H200 NVL", 835.0}},
+      {{"GH200"}, {"NVIDIA GH200", 989.4}},
+      {{"H200"}, {"NVIDIA H200 SXM", 989.4}},
+      {{"B200"}, {"NVIDIA B200", 2250.0}},
+      {{"A100"}, {"NVIDIA A100", 312.0}},
+      {{"L40S"}, {"NVIDIA L40S", 362.05}},
+      {{"L4"}, {"NVIDIA L4", 121.0}},
+      {{"A10"}, {"NVIDIA A10", 125.0}},
+  };
+  // Words are matched whole (delimited by anything but a letter or digit), so that "L4" is not
+  // found in "L40S" nor "A10" in "A100".
+  auto has_word = [&](const char* word) {
+    const std::string w(word);
+    for (size_t at = gpu_name.find(w); at != std::string::npos; at = gpu_name.find(w, at + 1)) {
+      const bool start = at == 0 || !std::isalnum(static_cast<unsigned char>(gpu_name[at - 1]));
+      const size_t end = at + w.size();
+      const bool stop = end == gpu_name.size() || !std::isalnum(static_cast<unsigned char>(gpu_name[end]));
+      if (start && stop) return true;
+    }
+    return false;
+  };
+  for (const Entry& e : kTable)
+    if (std::all_of(e.words.begin(), e.words.end(), has_word)) return e.peak;
+  return std::nullopt;
+}
 
 CudaAttention parse_cuda_attention(const std::string& name) {
   if (name == "flash") return CudaAttention::flash;

@@ -87,6 +87,19 @@ const char* cuda_attention_name(CudaAttention kind);
 // "flash" or "plain"; throws Error naming --cuda-attention and the choices otherwise.
 CudaAttention parse_cuda_attention(const std::string& name);
 
+// Note [Known GPU peaks]: MFU needs the device's peak. A GPU's cannot be measured in the step's
+// time, but the vendor's dense 16-bit tensor figure is a fact of the product: the GPUs a GPU
+// session or a user most likely has, matched by the name the driver reports (cudaDeviceProp::name:
+// "NVIDIA H100 80GB HBM3" is the SXM part, "NVIDIA H100 PCIe", "NVIDIA H100 NVL"; "NVIDIA H200",
+// "NVIDIA H200 NVL"; "NVIDIA A100-SXM4-80GB"...). Dense (no structured sparsity) bf16 and fp16
+// with f32 accumulation, TFLOP/s, from NVIDIA's data sheets. The product, and its peak; nullopt
+// for another GPU or dtype (f32 GEMMs have no single peak: the TF32 path is the backend's choice).
+struct GpuPeak {
+  const char* product;
+  double dense_16bit_tflops;
+};
+std::optional<GpuPeak> known_gpu_peak(const std::string& gpu_name, DType dtype);
+
 // Choices fixed when a device backend is made (use_device); backends that have no such choice
 // ignore them.
 struct DeviceOptions {
@@ -173,6 +186,9 @@ class Backend {
   // caller that used the device before a run's fit check reads that (zerone plan measuring the
   // GPU's speeds under --auto-fit). Waits for the device; no Buffer of the caller's is touched.
   virtual void release_cached_memory() {}
+  // Note [Known GPU peaks]: the vendor's dense GEMM peak of this device in `dtype`, where known
+  // (cuda: the GPU's, by its name); nullopt for a host device, whose peak is measured instead.
+  virtual std::optional<GpuPeak> peak(DType dtype) const { return std::nullopt; }
   // What identifies this backend's physical device across processes (the GPU's UUID, hex), or ""
   // for a device every process has its own of (cpu, sim). Two ranks with the same non-empty
   // identity share one GPU (comm/comm_choice.h).

@@ -310,7 +310,7 @@ std::vector<Setting> build_table() {
        .default_text = "none", .changes_results = false},
       {.flag = "--peak-tflops", .key = "peak_tflops", .group = G::output, .type = T::number, .field = &C::peak_tflops,
        .lo = 0, .hi = 1e9, .help = "TFLOP/s per rank that MFU is measured against",
-       .default_text = "0: the host's GEMM peak measured at start-up; on cuda none (no MFU)", .changes_results = false},
+       .default_text = "0: the host's GEMM peak measured at start-up; on cuda a known GPU's dense 16-bit peak, else none", .changes_results = false},
       {.flag = "--profile", .key = "profile", .group = G::output, .type = T::toggle, .field = &C::profile,
        .help = "print where step time goes (GEMM, attention, elementwise, optimizer, comm)",
        .ranks_must_agree = false, .changes_results = false},

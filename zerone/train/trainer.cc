@@ -527,13 +527,18 @@ void print_run_header(Progress& progress, const TrainConfig& cfg, const nn::Mode
 // Note [Model FLOPs] (throughput.h): the TFLOP/s per rank MFU is measured against and where it
 // comes from: --peak-tflops, else the host's GEMM peak measured now (rank 0 of a model with a
 // FLOP count) where the model runs on the host's cores (cpu, sim). On cuda the host's GEMMs say
-// nothing of the GPU's, and no GPU peak is measured: MFU is reported only with --peak-tflops
-// (989 for an H100 or H200 SXM's dense bf16).
+// nothing of the GPU's: the vendor's dense peak of a known GPU (Note [Known GPU peaks],
+// kernels/backend.h), else none and MFU is reported only with --peak-tflops.
 std::pair<std::optional<double>, std::string> peak_tflop_per_s(const TrainConfig& cfg, DType dtype, bool lead,
                                                                const std::optional<double>& flops_per_token,
-                                                               kernels::DeviceKind device) {
+                                                               const kernels::Backend& device) {
   if (cfg.peak_tflops > 0) return {cfg.peak_tflops, "--peak-tflops"};
-  if (lead && flops_per_token && device != kernels::DeviceKind::cuda)
+  if (device.kind() == kernels::DeviceKind::cuda) {
+    if (const std::optional<kernels::GpuPeak> peak = device.peak(dtype))
+      return {peak->dense_16bit_tflops, str_cat(peak->product, "'s dense ", dtype_name(dtype), " peak")};
+    return {std::nullopt, ""};
+  }
+  if (lead && flops_per_token)
     return {measure_gemm_peak_tflop_per_s(dtype), str_cat("measured ", dtype == DType::bf16 ? "bf16" : "f32", " GEMM peak")};
   return {std::nullopt, ""};
 }
@@ -1200,7 +1205,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm, const io::Fa
   MetricsWriter metrics(lead ? cfg.metrics : "");
   if (resume_from) metrics.continue_after(start_step - 1);
   const std::optional<double> flops_per_token = model_flops_per_token(model, T);  // Note [Model FLOPs]
-  const auto [peak_tflops, peak_source] = peak_tflop_per_s(cfg, dtype, lead, flops_per_token, model.backend().kind());
+  const auto [peak_tflops, peak_source] = peak_tflop_per_s(cfg, dtype, lead, flops_per_token, model.backend());
   RunSummary summary;
   summary.classifier = classifier;
   summary.world = world;

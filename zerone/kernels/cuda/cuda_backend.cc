@@ -274,6 +274,7 @@ class CudaBackend final : public kernels::Backend {
       uuid_ += kHex[static_cast<unsigned char>(byte) >> 4];
       uuid_ += kHex[static_cast<unsigned char>(byte) & 15];
     }
+    name_ = prop.name;
     description_ = str_cat("cuda:", device_, " ", prop.name, " (sm_", prop.major, prop.minor, ", ",
                            prop.multiProcessorCount, " SMs, ", version_string(), ", cuBLASLt ", lib_.get_version(),
                            ", ", kernels::cuda_attention_name(attention_), " attention)");
@@ -287,6 +288,7 @@ class CudaBackend final : public kernels::Backend {
 
   DeviceKind kind() const override { return DeviceKind::cuda; }
   std::string description() const override { return description_; }
+  std::optional<kernels::GpuPeak> peak(DType dtype) const override { return kernels::known_gpu_peak(name_, dtype); }
   bool host_addressable() const override { return false; }
   MemoryArena& device_arena() override { return *arena_; }
   // Note [Attention's saved state] (kernels/backend.h): flash keeps the rows' logsumexp in att.
@@ -799,6 +801,7 @@ class CudaBackend final : public kernels::Backend {
   cublasLtHandle_t lt_ = nullptr;
   std::map<GemmKey, GemmPlan> gemm_plans_;  // Note [GEMM plans]; the training thread's, like scratch_
   std::string description_;
+  std::string name_;  // the driver's name of the GPU (Note [Known GPU peaks])
   Buffer scratch_[kSlots];
 };
 

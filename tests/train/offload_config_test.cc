@@ -54,6 +54,14 @@ TEST(OffloadConfig, WhatCannotBeDoneIsRefusedByName) {
   write_text(dir.file("ratio_none.json"), R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "none", "ratio": 0.5}}})");
   expect_error([&] { TrainConfig c; apply_json_config(dir.file("ratio_none.json"), c); validate(c); },
                "key 'zero_optimization.offload_optimizer.ratio' 0.5 offloads a part of the optimizer, but --offload-optimizer is none");
+  // Note [Optimizer state on NVMe and in host memory]: a share of what is not swapped, or of nothing.
+  write_text(dir.file("nvme_ratio.json"), R"({"zero_stage": 2, "offload_optimizer": "cpu", "offload_optimizer_nvme_ratio": 0.5})");
+  expect_error([&] { TrainConfig c; apply_json_config(dir.file("nvme_ratio.json"), c); validate(c); },
+               "key 'offload_optimizer_nvme_ratio' 0.5 splits the optimizer state between NVMe and host memory, but "
+               "--offload-optimizer is cpu: give --offload-optimizer nvme");
+  write_text(dir.file("nvme_ratio_0.json"), R"({"offload_optimizer": "nvme", "offload_optimizer_nvme_ratio": 0})");
+  expect_error([&] { TrainConfig c; apply_json_config(dir.file("nvme_ratio_0.json"), c); },
+               "offload_optimizer_nvme_ratio' is 0, expected a number in (0, 1]");
   write_text(dir.file("unknown.json"), R"({"aio": {"blok_size": 4096}})");
   expect_error([&] { TrainConfig c; apply_json_config(dir.file("unknown.json"), c); }, "key 'aio.blok_size' is unknown");
   write_text(dir.file("type.json"), R"({"zero_optimization": {"offload_optimizer": {"buffer_count": "four"}}})");

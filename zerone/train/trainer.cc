@@ -755,19 +755,7 @@ struct StepLoop : StepLoopInputs {
           result.final_train_loss = loss;
           if (lead) progress.step(record);
           metrics.write(record);
-          if (checkpointer) {
-            checkpointer->publish_pending();
-            if (checkpointer->last_published_step() < step) {
-              save_checkpoint(step);
-              if (cfg.checkpoint_async) {
-                checkpointer->publish_pending();
-                report_saved();
-              }
-            }
-          }
-          if (lead)
-            progress.message(str_cat("zerone: stopped by ", signal_name(result.interrupted_by), " during the validation after step ",
-                                     step, " of ", cfg.steps, ": ", kept_after(step)));
+          stop_after(step, str_cat(" during the validation after step ", step, " of ", cfg.steps));
           return false;
         }
         const Evaluation& e = *evaluated;
@@ -808,22 +796,7 @@ struct StepLoop : StepLoopInputs {
         // At the last step the run has ended: it finishes as any run does (--save written; report()
         // says when the signal came) and exits with the signal's status.
         if (step == cfg.steps) break;
-        if (checkpointer) {
-          // A background save (checkpoint_after's, or this one's) is waited for and reported.
-          const bool was_pending = checkpointer->pending();
-          checkpointer->publish_pending();
-          if (was_pending) report_saved();
-          if (checkpointer->last_published_step() < step) {
-            save_checkpoint(step);
-            if (checkpointer->pending()) {
-              checkpointer->publish_pending();
-              report_saved();
-            }
-          }
-        }
-        if (lead)
-          progress.message(str_cat("zerone: stopped by ", signal_name(stop_signal), signal_here == 0 ? " (on another rank)" : "",
-                                   " during step ", step, " of ", cfg.steps, ": ", kept_after(step)));
+        stop_after(step, str_cat(signal_here == 0 ? " (on another rank)" : "", " during step ", step, " of ", cfg.steps));
         return false;
       }
     }
@@ -832,11 +805,27 @@ struct StepLoop : StepLoopInputs {
 
   // After the last step: publishes a pending save, ends the progress display and fills the
   // summary's time split.
-  void finish() {
+  // A background save in flight, if any, is waited for, published and reported.
+  void publish_saved() {
     if (checkpointer && checkpointer->pending()) {
       checkpointer->publish_pending();
       report_saved();
     }
+  }
+  // A stop signal (result.interrupted_by) after step `done` completed: its checkpoint is written
+  // unless it was already, and the run says what was kept (`when`: where the signal found it).
+  void stop_after(int done, const std::string& when) {
+    publish_saved();
+    if (checkpointer && checkpointer->last_published_step() < done) {
+      save_checkpoint(done);
+      publish_saved();
+    }
+    if (lead)
+      progress.message(str_cat("zerone: stopped by ", signal_name(result.interrupted_by), when, ": ", kept_after(done)));
+  }
+
+  void finish() {
+    publish_saved();
     progress.finish();
     if (cfg.profile && cfg.steps > start_step && lead) {
       progress.message(str_cat("time per step ", 1000.0 * profiled_wall_s / (cfg.steps - start_step), " ms: ",

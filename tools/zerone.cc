@@ -137,9 +137,9 @@ int cmd_estimate(train::TrainConfig a, int world, bool json, bool stage_given, c
   const zero::ZeroConfig base = train::zero_config(a, dtype, model.unit_numels(), world);
   const optim::OptimizerOptions optimizer = train::optimizer_options(a);
   const kernels::DeviceKind device = kernels::device_or_default(a.device);
+  const zero::CollectiveRoute route = train::planned_collective_route(a, world);
   auto rows = zero::estimate(model, world, dtype, a.micro_batch, seq, base, optimizer,
-                             stage_given ? std::optional<int>(a.zero_stage) : std::nullopt,
-                             train::planned_collective_route(a, world));
+                             stage_given ? std::optional<int>(a.zero_stage) : std::nullopt, route);
   ZERONE_CHECK(machine.ranks_per_host >= 1 && machine.ranks_per_host <= world, "--ranks-per-host ",
                machine.ranks_per_host, " is out of range: expected 1..--world (", world, ")");
   ZERONE_CHECK(machine.host_mem_gib >= 0, "--host-mem ", machine.host_mem_gib, " must be at least 0");
@@ -149,6 +149,13 @@ int cmd_estimate(train::TrainConfig a, int world, bool json, bool stage_given, c
   // Note [Device budget] (train/plan.h): --device-mem-limit, and on cuda the GPU's usable memory.
   const train::DeviceBudget device_cap = train::device_budget(device, a.device_mem_limit, kernels::device_memory(device));
   budget.device_bytes = device_cap.bytes;
+  // Note [Gradient sums on the device]: a row whose sums would not fit the device has them on
+  // the host, as the run of that stage would (train::fit_grad_sums).
+  for (zero::StageEstimate& r : rows) {
+    const zero::ZeroConfig fitted = train::fit_grad_sums(a, model, dtype, world, seq, r.stage, base, device_cap.bytes, route);
+    if (fitted.grad_sums_on_device != base.grad_sums_on_device)
+      r = zero::estimate(model, world, dtype, a.micro_batch, seq, fitted, optimizer, r.stage, route)[0];
+  }
   budget.host_bytes = machine.host_mem_gib > 0 ? static_cast<int64_t>(machine.host_mem_gib * 1024.0 * 1024.0 * 1024.0)
                                                : physical_memory_bytes();
   if (!a.nvme_path.empty())

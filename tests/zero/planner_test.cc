@@ -170,6 +170,62 @@ TEST(Planner, SplitsTheOptimizerBetweenHostMemoryAndNvme) {
   EXPECT_LE(estimate_of(*model, r, held.best->choice).device(), 78 * kGiB);
 }
 
+TEST(Planner, KeepsGradientSumsOnTheDeviceWhereTheyFit) {
+  // Note [Gradient sums on the device]: Llama-2-7B's shape on an 80 GB GPU with its optimizer in
+  // host memory and 8 micro-steps a step. Host sums cross the link twice a later micro-step (the
+  // cost model's 8 bytes a parameter each), device sums once a step: the plan keeps them on the
+  // device, where they fit. On a device too small for them beside the rest, host sums; and a given
+  // place is kept.
+  std::unique_ptr<nn::Model> model = nn::make_model("llama-2-7b", DType::bf16, 64, false);
+  MemoryBudget budget;
+  budget.unified = false;
+  budget.device_bytes = 78 * kGiB;
+  budget.host_bytes = 120 * kGiB;
+  PlanRequest r = request_for(*model, 1, budget);
+  r.seq = 2048;
+  r.micro_batch = 1;
+  r.grad_accum = 8;
+  r.stage = 2;
+  r.offload_optimizer = OffloadDevice::cpu;
+  r.offload_optimizer_ratio = 1.0;
+  r.activation_checkpointing = true;
+  r.speed.device_memory_bytes_per_s = 3e12;
+  r.speed.host_device_bytes_per_s = 50e9;
+  const Plan plan = make_plan(r);
+  ASSERT_TRUE(plan.best.has_value());
+  EXPECT_TRUE(plan.best->choice.zero.grad_sums_on_device);
+  const StageEstimate e = estimate_of(*model, r, plan.best->choice);
+  EXPECT_GT(e.model_state.placed.get(MemPlace::device, MemCategory::grad), 24 * kGiB);
+  EXPECT_LE(e.device(), 78 * kGiB);
+  PlanChoice host_sums = plan.best->choice;
+  host_sums.zero.grad_sums_on_device = false;
+  StepWorkload w;
+  w.unit_numels = model->unit_numels();
+  w.flops_per_token = 6.0 * static_cast<double>(model->num_parameters());
+  w.seq = r.seq;
+  w.micro_batch = 1;
+  w.grad_accum = 8;
+  w.dtype = DType::bf16;
+  const StepCost device_cost = step_cost(w, plan.best->choice.zero, e, r.speed);
+  const StepCost host_cost = step_cost(w, host_sums.zero, estimate_of(*model, r, host_sums), r.speed);
+  // 7 later micro-steps x 8 bytes a parameter more over the link.
+  EXPECT_NEAR(host_cost.optimizer_s - device_cost.optimizer_s,
+              7.0 * 8.0 * static_cast<double>(model->num_parameters()) / r.speed.host_device_bytes_per_s,
+              0.01 * host_cost.optimizer_s);
+
+  r.budget.device_bytes = e.device() - 8 * kGiB;
+  const Plan small = make_plan(r);
+  ASSERT_TRUE(small.best.has_value());
+  EXPECT_FALSE(small.best->choice.zero.grad_sums_on_device);
+  EXPECT_LE(estimate_of(*model, r, small.best->choice).device(), r.budget.device_bytes);
+
+  r.budget.device_bytes = 78 * kGiB;
+  r.grad_sums_on_device = false;
+  const Plan given = make_plan(r);
+  ASSERT_TRUE(given.best.has_value());
+  EXPECT_FALSE(given.best->choice.zero.grad_sums_on_device);
+}
+
 TEST(Planner, FixedChoicesAreKept) {
   std::unique_ptr<nn::Model> model = nn::make_model("gpt2-124m", DType::bf16, 64, false);
   MemoryBudget budget;

@@ -92,6 +92,9 @@ struct TrainConfig {
   // Free each gradient shard at its update where the step allows it (Note [Transient gradients]
   // in zero/partition.h; transient_gradients_blocker says where it does not).
   bool transient_gradients = true;
+  // Where stages 2-3 keep the micro-steps' gradient sums with the optimizer offloaded: "device",
+  // "host", or "auto" (Note [Gradient sums on the device] in zero/partition.h; fit_grad_sums).
+  std::string grad_accumulators = "auto";
   // Note [Collective timeout] (comm/communicator.h): seconds a rank waits in one collective before
   // the job ends naming the ranks that did not arrive (torch.distributed's timeout, 600 s).
   double comm_timeout_s = 600.0;
@@ -207,6 +210,8 @@ void check_settings_take_effect(TrainConfig& cfg, bool fp16, bool has_validation
 // optimizer has run ("" when it can free each at its update: ZeRO stage 2-3, one micro-step a step,
 // --early-step, no --grad-clip, not fp16 (`fp16`), no --delayed-update, no partial optimizer offload).
 std::string transient_gradients_blocker(const TrainConfig& cfg, bool fp16);
+// Why --grad-accumulators device|host changes nothing for `cfg` ("" where it applies).
+std::string grad_accumulators_blocker(const TrainConfig& cfg);
 
 // How the user named a setting in messages: "--lr", or "key 'optimizer.params.lr'" when the config
 // file set it.

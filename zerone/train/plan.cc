@@ -95,7 +95,7 @@ std::string hb(int64_t bytes) { return human_bytes(static_cast<double>(bytes)); 
 
 // The settings flags a plan decides, in the table's order.
 const char* const kPlannedFlags[] = {"--zero-stage", "--offload-optimizer", "--offload-param", "--offload-optimizer-ratio",
-                                     "--offload-optimizer-nvme-ratio",
+                                     "--offload-optimizer-nvme-ratio", "--grad-accumulators",
                                      "--activation-checkpointing", "--cpu-checkpointing", "--reduce-bucket-size",
                                      "--stage3-prefetch-bucket-size", "--sub-group-size", "--offload-buffer-count",
                                      "--micro-batch", "--grad-accum"};
@@ -121,6 +121,19 @@ DeviceBudget device_budget(kernels::DeviceKind device, double device_mem_limit_g
                      memory->measured ? "" : str_cat(" once the CUDA context's ", hb(kernels::kCudaContextReserveBytes), " reserve is taken"),
                      ", less ", hb(kernels::kCudaGemmWorkspaceBytes), " for cuBLASLt's workspace)");
   return b;
+}
+
+zero::ZeroConfig fit_grad_sums(const TrainConfig& cfg, const nn::Model& model, DType dtype, int world, int seq,
+                               int stage, zero::ZeroConfig zcfg, int64_t device_cap_bytes, zero::CollectiveRoute route) {
+  zero::ZeroConfig at_stage = zcfg;
+  at_stage.stage = stage;
+  if (cfg.grad_accumulators != "auto" || device_cap_bytes <= 0 ||
+      !zero::gradients_on_device(model.unit_numels(), world, at_stage))
+    return zcfg;
+  const zero::StageEstimate row =
+      zero::estimate(model, world, dtype, cfg.micro_batch, seq, zcfg, optimizer_options(cfg), stage, route)[0];
+  if (row.device() > device_cap_bytes) zcfg.grad_sums_on_device = false;
+  return zcfg;
 }
 
 void count_for_run_device(nn::Model& shape, const TrainConfig& cfg) {
@@ -269,6 +282,7 @@ zero::PlanRequest plan_request(const TrainConfig& cfg, nn::Model& shape, DType d
   if (given("--offload-param")) r.offload_param = zero::parse_offload_device(cfg.offload_param, "--offload-param");
   if (given("--offload-optimizer-ratio")) r.offload_optimizer_ratio = cfg.offload_optimizer_ratio;
   if (given("--offload-optimizer-nvme-ratio")) r.offload_optimizer_nvme_ratio = cfg.offload_optimizer_nvme_ratio;
+  if (cfg.grad_accumulators != "auto") r.grad_sums_on_device = cfg.grad_accumulators == "device";
   if (given("--activation-checkpointing")) r.activation_checkpointing = cfg.activation_checkpointing;
   if (given("--cpu-checkpointing")) r.cpu_checkpointing = cfg.cpu_checkpointing;
   if (given("--reduce-bucket-size")) r.reduce_bucket_numel = r.base.reduce_bucket_numel;
@@ -295,6 +309,10 @@ void apply_plan(const zero::PlanChoice& c, TrainConfig& cfg) {
   if (c.zero.offload_optimizer == zero::OffloadDevice::nvme) {
     cfg.offload_optimizer_nvme_ratio = c.zero.offload_optimizer_nvme_ratio;
     set("--offload-optimizer-nvme-ratio");
+  }
+  if (c.grad_accum > 1 && c.zero.stage >= 2 && c.zero.offload_optimizer != zero::OffloadDevice::none) {
+    cfg.grad_accumulators = c.zero.grad_sums_on_device ? "device" : "host";  // Note [Gradient sums on the device]
+    set("--grad-accumulators");
   }
   cfg.activation_checkpointing = c.activation_checkpointing;
   set("--activation-checkpointing");
@@ -644,6 +662,7 @@ std::string fit_advice(const TrainConfig& cfg, const nn::Model& model, DType dty
     r.offload_param.reset();
     r.offload_optimizer_ratio.reset();
     r.offload_optimizer_nvme_ratio.reset();
+    r.grad_sums_on_device.reset();
     r.activation_checkpointing.reset();
     r.cpu_checkpointing.reset();
     r.reduce_bucket_numel.reset();

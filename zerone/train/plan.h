@@ -63,6 +63,13 @@ struct DeviceBudget {
 DeviceBudget device_budget(kernels::DeviceKind device, double device_mem_limit_gib,
                            const std::optional<kernels::DeviceMemory>& memory);
 
+// Note [Gradient sums on the device] (zero/partition.h): with --grad-accumulators auto, `zcfg`
+// (zero_config of `cfg`) keeps the sums on the device only where the estimate of the run at
+// `stage` (micro-batch of cfg, `seq`) still fits `device_cap_bytes` (0: no cap) with them; else
+// they go back to host memory, which is what they cost before. Returns zcfg, so changed or not.
+zero::ZeroConfig fit_grad_sums(const TrainConfig& cfg, const nn::Model& model, DType dtype, int world, int seq,
+                               int stage, zero::ZeroConfig zcfg, int64_t device_cap_bytes, zero::CollectiveRoute route);
+
 // A model without storage made to estimate or plan the run of `cfg` counts the activations of the
 // run's device (--device, --cuda-attention; Note [Attention's saved state] in kernels/backend.h),
 // which need not be the device installed here.

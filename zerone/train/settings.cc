@@ -235,6 +235,12 @@ std::vector<Setting> build_table() {
        .field = &C::offload_optimizer_ratio, .lo = 0, .hi = 1,
        .help = "share of the optimizer's sub-groups offloaded, the first ones", .commands = kTrain | kEstimate,
        .changes_results = false},
+      {.flag = "--grad-accumulators", .key = "grad_accumulators", .group = G::offload, .type = T::choice,
+       .field = &C::grad_accumulators, .choices = {"auto", "device", "host"},
+       .help = "stages 2-3, optimizer offloaded: where the micro-steps' f32 gradient sums are kept (device: 4 bytes a "
+               "parameter of the shard there, the sum copied to the host once a step, not twice a micro-step)",
+       .default_text = "auto: device on a GPU with micro-steps to add, where it fits",
+       .commands = kTrain | kEstimate, .changes_results = false},
       {.flag = "--offload-optimizer-nvme-ratio", .key = "offload_optimizer_nvme_ratio", .group = G::offload,
        .type = T::number, .field = &C::offload_optimizer_nvme_ratio, .lo = 0, .hi = 1, .lo_open = true,
        .help = "with --offload-optimizer nvme: share of the offloaded sub-groups swapped, the first ones; the rest "

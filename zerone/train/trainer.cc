@@ -515,6 +515,7 @@ void print_run_header(Progress& progress, const TrainConfig& cfg, const nn::Mode
                            classifier ? "" : str_cat(" x seq ", T), " x accum ",
                            cfg.grad_accum, " x world ", world, ", ZeRO stage ", cfg.zero_stage,
                            zcfg.offload_optimizer != zero::OffloadDevice::none ? str_cat(", optimizer on ", cfg.offload_optimizer) : "",
+                           zero::gradients_on_device(model.unit_numels(), world, zcfg) ? " (gradient sums on the device)" : "",
                            zcfg.offload_param != zero::OffloadDevice::none ? str_cat(", params on ", cfg.offload_param) : "",
                            ", ", optim::optimizer_name(optimizer), ", ", cfg.steps, " steps",
                            classifier ? str_cat(" (", steps_per_epoch, " per epoch)") : "", ", ", omp_get_max_threads(), " threads/rank",
@@ -938,6 +939,12 @@ zero::ZeroConfig zero_config(const TrainConfig& cfg, DType dtype, const std::vec
   // scaling; zero::gradients_transient adds the engine's own conditions (stage, early step, no
   // delayed update, no partial offload). transient_gradients_blocker names all of them.
   zcfg.transient_gradients = cfg.transient_gradients && cfg.grad_accum == 1 && cfg.grad_clip <= 0.0f && dtype != DType::f16;
+  // Note [Gradient sums on the device]: "auto" asks for them where a device the host cannot address
+  // (a GPU, or the simulated one) adds micro-steps; fit_grad_sums takes them back where they would
+  // not fit. On the cpu device both places are the same memory: host, as before.
+  zcfg.grad_sums_on_device = cfg.grad_accumulators == "device" ||
+                             (cfg.grad_accumulators == "auto" && cfg.grad_accum > 1 &&
+                              kernels::device_or_default(cfg.device) != kernels::DeviceKind::cpu);
   zcfg.hpz_partition_size = cfg.hpz_partition_size;
   zcfg.quantized_weights = cfg.quantized_weights;
   zcfg.quantized_gradients_bits = cfg.quantized_gradients;
@@ -1122,7 +1129,7 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm, const io::Fa
     if (!checkpoint_lock) lock_checkpoint_dir();
   }
 
-  const zero::ZeroConfig zcfg = zero_config(cfg, dtype, model.unit_numels(), world, env);
+  zero::ZeroConfig zcfg = zero_config(cfg, dtype, model.unit_numels(), world, env);
   zero::check_zeropp(zcfg, world);
   const optim::NvmeConfig nvme = nvme_config(cfg, rank, env);
   // Note [Choosing NCCL] (comm/comm_choice.h): the library of the collectives over device memory,
@@ -1136,6 +1143,9 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm, const io::Fa
     return comm::choose_comm_library(cfg.comm, device.kind(), comm::nccl_compiled_in(), world, gpus);
   }();
   const zero::CollectiveRoute route = zero::collective_route(model.backend().kind(), world, comm_choice.library);
+  zcfg = fit_grad_sums(cfg, model, dtype, world, cfg.seq, cfg.zero_stage, zcfg,
+                       device_budget(model.backend().kind(), cfg.device_mem_limit, model.backend().device_memory()).bytes,
+                       route);
   check_memory_fits(model, dtype, cfg, zcfg, world, model.backend().kind(), model.backend().device_memory(), route);
   DeviceLimitGuard device_limit(static_cast<int64_t>(cfg.device_mem_limit * 1024.0 * 1024.0 * 1024.0));
 

@@ -22,7 +22,8 @@ namespace zerone::zero {
 //             host_device_bytes_per_s (on a CPU build a memory copy); at stages 2-3 on a separate
 //             device each later micro-step's shard is added to the host's sum on the device, the
 //             sum going there and back (Note [Host sums added on the device]): 4 bytes per element
-//             for the first micro-step, 8 more for each later one (added, not overlapped).
+//             for the first micro-step, 8 more for each later one (added, not overlapped); with
+//             the sums on the device (Note [Gradient sums on the device]) 4 bytes once a step.
 //   nvme      bytes read and written under --nvme-path over disk bandwidth / ranks per host:
 //             optimizer state (master + K tensors) read and written once per step; swapped
 //             gradient accumulators (Note [Gradient swap]) read and written once per micro-step;
@@ -107,7 +108,9 @@ StepCost step_cost(const StepWorkload& w, const ZeroConfig& c, const StageEstima
                                   : stepped * bytes_per_element / m.memory_bytes_per_s;
   // At stages 2-3 on a separate device every later micro-step also takes the host's sum to the
   // device and back (Note [Host sums added on the device]): 8 bytes more each.
-  const double grad_crossings = c.stage >= 2 && separate_device ? 2.0 * micro_steps - 1.0 : 1.0;
+  // Note [Gradient sums on the device]: there only the final sum crosses.
+  const bool host_sums = c.stage >= 2 && separate_device && !gradients_on_device(w.unit_numels, w.world, c);
+  const double grad_crossings = host_sums ? 2.0 * micro_steps - 1.0 : 1.0;
   if (offloaded > 0) step_s += offloaded * (4.0 * grad_crossings + (params_on_host ? 0.0 : ds)) / copy_bw;
 
   // Swap traffic (bytes per step on this rank) from the estimate's NVMe places.

@@ -90,6 +90,7 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
   params_ = std::make_unique<ParamStore>(model, config_, shards, device_, device_comm_, pool_, swap_dir_.get(), nvme,
                                          speculates(config_), zeropp_.get());
   const GradStore grad_store = gradients_transient(model.unit_numels(), world_, config_) ? GradStore::transient
+                               : gradients_on_device(model.unit_numels(), world_, config_) ? GradStore::device_sums
                                : gradients_swapped(model.unit_numels(), world_, rank_, config_) ? GradStore::swapped
                                                                                                   : GradStore::accumulators;
   grads_ = std::make_unique<GradReducer>(model, config_, shards, host_accumulators, device_, device_comm_, pool_,

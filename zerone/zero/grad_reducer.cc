@@ -63,6 +63,19 @@ GradReducer::GradReducer(nn::Model& model, const ZeroConfig& config, std::vector
     staging_user_.assign(staging_.size(), -1);
     return;
   }
+  if (device_sums()) {
+    // Note [Gradient sums on the device]: every sum on the device, host buffers to stage them in.
+    ZERONE_ASSERT(config_.stage >= 2 && config_.grad_sums_on_device, "device sums the config does not ask for");
+    size_t largest = 0;
+    for (UnitGrads& st : units_) {
+      st.host_accumulator = false;
+      largest = std::max(largest, st.shard.shard_numel);
+    }
+    for (int b = 0; b < kDeviceSumStagingBuffers; ++b)
+      staging_.emplace_back(largest * sizeof(float), MemCategory::grad, MemPlace::host);
+    staging_user_.assign(staging_.size(), -1);
+    return;
+  }
   if (!swapped()) return;
   // One 4 KiB-aligned slot per unit in grads.swp, offload_buffer_count staging buffers.
   ZERONE_ASSERT(swap_dir != nullptr && config_.stage >= 2, "swapped gradients without a swap directory or below stage 2");
@@ -98,6 +111,7 @@ GradReducer::~GradReducer() {
     try {
       for (comm::Work& w : st.reduce_work) w.wait();
       st.accumulated.wait();
+      st.staged.wait();
     } catch (...) {
     }
   }
@@ -112,7 +126,7 @@ const float* GradReducer::adopt(int u) {
   if (config_.stage >= 2) {
     st.accumulator = Buffer(st.shard.shard_numel * sizeof(float), MemCategory::grad,
                             st.host_accumulator ? MemPlace::host : MemPlace::device);
-    return st.accumulator.as<float>();
+    return device_sums() ? nullptr : st.accumulator.as<float>();
   }
   if (config_.stage == 1) return unit.grad() + comm_.in_place_shard_offset(st.shard.shard_numel);  // reduced in place
   return unit.grad();
@@ -151,6 +165,7 @@ void GradReducer::launch(int u) {
   }
   ZERONE_ASSERT(st.reduce_work.empty(), "unit ", u, " reduced twice in one micro-step");
   st.reduce_src = unit.take_grads();
+  st.final_reduction = last_micro_step_;
   float* out;
   // Note [Transient gradients]: every micro-step is the step's only one.
   ZERONE_ASSERT(!transient() || (st.accumulator_zero && last_micro_step_), "unit ", u,
@@ -285,6 +300,36 @@ void GradReducer::complete(int u) {
     accumulate(st.accumulator.as<float>());
   }
   release_to_pool(pool_, std::move(st.reduce_src), device_);
+  // Note [Gradient sums on the device]: the step's sum is complete; it starts for the host while
+  // the backward goes on, where a buffer is free.
+  if (device_sums() && st.final_reduction) start_staging_copy(u, /*evict=*/false);
+}
+
+bool GradReducer::start_staging_copy(int u, bool evict) {
+  UnitGrads& st = units_[u];
+  ZERONE_ASSERT(st.staging < 0, "unit ", u, "'s sum staged twice");
+  auto free_buffer = std::find(staging_user_.begin(), staging_user_.end(), -1);
+  if (free_buffer == staging_user_.end()) {
+    if (!evict) return false;
+    // Units whose copies started early but are not being updated now: one gives its buffer up and
+    // is copied again at its own update (an update order the early copies did not foresee).
+    free_buffer = std::find_if(staging_user_.begin(), staging_user_.end(), [u](int holder) { return holder != u; });
+    ZERONE_ASSERT(free_buffer != staging_user_.end(), "no staging buffer for unit ", u, "'s sum");
+    release_staging(*free_buffer);
+  }
+  const size_t b = static_cast<size_t>(free_buffer - staging_user_.begin());
+  staging_user_[b] = u;
+  st.staging = static_cast<int>(b);
+  st.staged = device_.copy_async(staging_[b].data(), MemPlace::host, st.accumulator.data(), MemPlace::device,
+                                 st.shard.shard_numel * sizeof(float));
+  return true;
+}
+
+void GradReducer::release_staging(int u) {
+  UnitGrads& st = units_[u];
+  if (st.staging < 0) return;
+  st.staged.wait();  // the buffer's next copy must not meet this one (Note [Deferred copies])
+  staging_user_[std::exchange(st.staging, -1)] = -1;
 }
 
 float* GradReducer::acquire_staging(int u) {
@@ -321,6 +366,16 @@ void GradReducer::finish_write(int u) {
 
 void GradReducer::stage_for_update(int u) {
   UnitGrads& st = units_[u];
+  if (device_sums()) {  // Note [Gradient sums on the device]
+    ZERONE_ASSERT(st.reduce_work.empty(), "unit ", u, " updated before its gradients were reduced");
+    if (st.staging < 0) start_staging_copy(u, /*evict=*/true);
+    {
+      ProfileScope profile(ProfileCategory::optimizer);
+      st.staged.wait();
+    }
+    optimizer_->set_grad(static_cast<size_t>(u), staging_[st.staging].as<float>());
+    return;
+  }
   if (transient()) {  // Note [Transient gradients]: where the reduction landed
     ZERONE_ASSERT(st.staging >= 0 && st.reduce_work.empty(), "unit ", u, " updated before its gradients were reduced");
     optimizer_->set_grad(static_cast<size_t>(u), staging_[st.staging].as<float>());
@@ -339,6 +394,11 @@ void GradReducer::stage_for_update(int u) {
 }
 
 void GradReducer::unstage(int u) {
+  if (device_sums()) {
+    release_staging(u);
+    optimizer_->set_grad(static_cast<size_t>(u), nullptr);
+    return;
+  }
   if (transient()) {
     UnitGrads& st = units_[u];
     if (st.staging >= 0) staging_user_[std::exchange(st.staging, -1)] = -1;
@@ -354,6 +414,8 @@ double GradReducer::sumsq(int u) const {
   // Note [Gradient swap]: the slot's sum was measured as the last micro-step finished.
   if (swapped()) return units_[u].swapped_sumsq;
   const float* grad = optimizer_->grad(static_cast<size_t>(u));
+  // Note [Gradient sums on the device]: measured there, as a run without offload measures it.
+  if (device_sums()) grad = units_[u].accumulator.as<float>();
   if (transient()) {  // Note [Transient gradients]: the buffer, before the update hands it back
     ZERONE_ASSERT(units_[u].staging >= 0, "the sum of squares of unit ", u, "'s transient gradients after its update");
     grad = staging_[units_[u].staging].as<float>();
@@ -362,7 +424,10 @@ double GradReducer::sumsq(int u) const {
 }
 
 void GradReducer::start_new_sum() {
-  for (UnitGrads& st : units_) st.accumulator_zero = true;
+  for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
+    units_[u].accumulator_zero = true;
+    if (device_sums()) release_staging(u);  // a copy started for a step that was skipped
+  }
 }
 
 }  // namespace zerone::zero

@@ -10,7 +10,9 @@
 //            reduced, at the latest when more than reduce_bucket_size elements are in flight. With
 //            the whole optimizer on NVMe the accumulators live in grads.swp (Note [Gradient swap]);
 //            with one micro-step a step and final early updates there are none, only two buffers
-//            a shard passes through on its way to its update (Note [Transient gradients]).
+//            a shard passes through on its way to its update (Note [Transient gradients]); with
+//            the optimizer offloaded they are device memory only where the run asks for it (Note
+//            [Gradient sums on the device]), each staged to the host for its update.
 //
 // The reducer also measures each unit's gradient sum of squares the way every step path measures
 // it (Note [Deterministic gradient norm]).
@@ -43,6 +45,7 @@ enum class GradStore : uint8_t {
   accumulators,  // one accumulator per unit, on the host or the device
   swapped,       // grads.swp, staged through host buffers (Note [Gradient swap])
   transient,     // none: kTransientGradBuffers buffers held from reduction to update (Note [Transient gradients])
+  device_sums,   // on the device, each staged to a host buffer for its offloaded update (Note [Gradient sums on the device])
 };
 
 class GradReducer {
@@ -51,7 +54,9 @@ class GradReducer {
   // `host_accumulators`, the units whose optimizer shard is offloaded; else on the device) and,
   // with GradStore::swapped, grads.swp in `swap_dir` (which must outlive the reducer) with
   // offload_buffer_count staging buffers; with GradStore::transient only kTransientGradBuffers
-  // buffers of the largest shard, in the accumulators' place. `pool`: the engine's working-set pool.
+  // buffers of the largest shard, in the accumulators' place; with GradStore::device_sums every
+  // accumulator on the device and kDeviceSumStagingBuffers host buffers of the largest shard.
+  // `pool`: the engine's working-set pool.
   // `zeropp` (null: off; must outlive the reducer) reduce-scatters as ZeRO++'s qgZ when it quantizes.
   // Throws Error for a full disk, an I/O failure or staging that cannot be locked in memory.
   GradReducer(nn::Model& model, const ZeroConfig& config, std::vector<UnitShard> shards,
@@ -64,8 +69,9 @@ class GradReducer {
 
   bool swapped() const { return store_ == GradStore::swapped; }
   bool transient() const { return store_ == GradStore::transient; }
+  bool device_sums() const { return store_ == GradStore::device_sums; }
   // Where the optimizer reads unit u's reduced gradients (its shard, or at stage 0 the whole
-  // unit); null when swapped or transient (handed to the optimizer before each update,
+  // unit); null when swapped, transient or device_sums (handed to the optimizer before each update,
   // stage_for_update). Allocates stage 2-3
   // accumulators and stage 0-1 full gradients. Call once per unit, in order, at construction.
   const float* adopt(int u);
@@ -91,6 +97,8 @@ class GradReducer {
   // Note [Gradient swap]: stages unit u's accumulated gradients for its update and points the
   // optimizer at them; unstage() frees the staging once the update is done. Note [Transient
   // gradients]: points the optimizer at the buffer u's reduction landed in; unstage() frees it.
+  // Note [Gradient sums on the device]: copies u's sum to a host buffer (unless its copy started
+  // when the sum was complete), waits for it and points the optimizer there; unstage() frees it.
   // No-ops otherwise.
   void stage_for_update(int u);
   void unstage(int u);
@@ -109,6 +117,7 @@ class GradReducer {
     Buffer reduce_src;    // stages 2-3: the unit's full gradients while they are reduce-scattered
     Buffer reduce_out;    // stages 2-3: the landing shard when the accumulator already holds a sum
     bool accumulator_zero = true;  // stages 2-3: the accumulator holds nothing yet this step
+    bool final_reduction = false;  // stages 2-3: the reduction launched last was the step's last micro-step's
     bool host_accumulator = false;
     std::vector<comm::Work> reduce_work;
     // Note [Host sums added on the device]: the copy that writes the sum back into the host
@@ -120,6 +129,8 @@ class GradReducer {
     size_t swap_bytes = 0;
     int staging = -1;
     io::SwapIo::Ticket write = 0;
+    // Note [Gradient sums on the device]: the copy of the sum into staging_[staging].
+    kernels::Event staged;
     double swapped_sumsq = 0.0;
   };
   void launch(int u);
@@ -131,6 +142,10 @@ class GradReducer {
   void add_on_device(UnitGrads& st);
   float* acquire_staging(int u);
   void finish_write(int u);
+  // Note [Gradient sums on the device]: starts copying u's sum into a free staging buffer (or,
+  // with `evict`, one taken from a unit not being updated); false when none could be had.
+  bool start_staging_copy(int u, bool evict);
+  void release_staging(int u);
 
   nn::Model& model_;
   const ZeroConfig config_;
@@ -143,7 +158,8 @@ class GradReducer {
   bool last_micro_step_ = true;
   std::deque<int> reducing_;   // stages 2-3: units whose reduce-scatter is in flight, oldest first
   size_t reducing_numel_ = 0;  // their padded elements
-  // Note [Gradient swap]; Note [Transient gradients] uses staging_ and staging_user_ too (no file).
+  // Note [Gradient swap]; Note [Transient gradients] and Note [Gradient sums on the device] use
+  // staging_ and staging_user_ too (no file).
   const GradStore store_;
   std::string swap_path_;
   io::FileDescriptor swap_fd_;

@@ -95,9 +95,17 @@ bool gradients_transient(const std::vector<size_t>& unit_numels, int world, cons
   return static_cast<size_t>(kTransientGradBuffers) * largest < total;
 }
 
+bool gradients_on_device(const std::vector<size_t>& unit_numels, int world, const ZeroConfig& config) {
+  if (!config.grad_sums_on_device || config.stage < 2 || config.offload_optimizer == OffloadDevice::none ||
+      config.offload_optimizer_ratio < 1.0 || config.delayed_update)
+    return false;
+  return !gradients_transient(unit_numels, world, config);
+}
+
 bool gradients_swapped(const std::vector<size_t>& unit_numels, int world, int rank, const ZeroConfig& config) {
   if (config.stage < 2 || config.offload_optimizer != OffloadDevice::nvme || config.delayed_update) return false;
   if (gradients_transient(unit_numels, world, config)) return false;  // Note [Transient gradients]
+  if (gradients_on_device(unit_numels, world, config)) return false;  // Note [Gradient sums on the device]
   return nvme_optimizer_numels(unit_numels, world, rank, config) == optimizer_shard_numels(unit_numels, world, rank, config);
 }
 
@@ -137,6 +145,7 @@ ModelStateBytes model_state_bytes(const std::vector<size_t>& unit_numels, int wo
   const std::vector<size_t> swapped = nvme_optimizer_numels(unit_numels, world, rank, config);
   const bool grads_swapped = gradients_swapped(unit_numels, world, rank, config);
   const bool grads_transient = gradients_transient(unit_numels, world, config);
+  const bool grads_on_device = gradients_on_device(unit_numels, world, config);
   const bool speculation = speculates(config);
   size_t largest_sub_group = 0, largest_grad_slot = 0, largest_grad_shard = 0;
   auto add = [&](MemPlace place, MemCategory category, int64_t bytes, int64_t& total) {
@@ -161,7 +170,9 @@ ModelStateBytes model_state_bytes(const std::vector<size_t>& unit_numels, int wo
           swapped ? param : opt_numel * ds, b.speculation);
     }
     // Note [Partial optimizer offload]: a gradient shard follows the unit's offloaded sub-groups.
-    const MemPlace grad_place = config.stage <= 1 || off == 0 ? MemPlace::device : MemPlace::host;
+    // Note [Gradient sums on the device]: there whatever the optimizer's place.
+    const MemPlace grad_place = config.stage <= 1 || off == 0 || grads_on_device ? MemPlace::device : MemPlace::host;
+    if (grads_on_device) largest_grad_shard = std::max(largest_grad_shard, static_cast<size_t>(S));
     if (grads_swapped) {  // Note [Gradient swap]
       const size_t slot = swap_tensor_bytes(static_cast<size_t>(S));
       add(MemPlace::nvme, MemCategory::grad, static_cast<int64_t>(slot), b.grad);
@@ -206,6 +217,8 @@ ModelStateBytes model_state_bytes(const std::vector<size_t>& unit_numels, int wo
     const MemPlace place = config.offload_optimizer == OffloadDevice::none ? MemPlace::device : MemPlace::host;
     add(place, MemCategory::grad, kTransientGradBuffers * static_cast<int64_t>(largest_grad_shard) * 4, b.grad);
   }
+  if (grads_on_device)  // Note [Gradient sums on the device]: the host buffers the sums are staged in
+    add(MemPlace::host, MemCategory::grad, kDeviceSumStagingBuffers * static_cast<int64_t>(largest_grad_shard) * 4, b.grad);
   if (nvme && largest_sub_group > 0) {
     b.swap = static_cast<int64_t>(config.offload_buffer_count) * ((has_master ? 1 : 0) + K) *
              static_cast<int64_t>(swap_tensor_bytes(largest_sub_group));
@@ -268,7 +281,8 @@ int64_t staged_collective_bytes(const std::vector<size_t>& unit_numels, int worl
   const WorkingSetBytes w = working_set_bytes(unit_numels, world, dtype, config);
   int64_t in_flight = 0;
   if (route == CollectiveRoute::native) {
-    const bool host_grads = config.stage >= 2 && config.offload_optimizer != OffloadDevice::none;
+    const bool host_grads = config.stage >= 2 && config.offload_optimizer != OffloadDevice::none &&
+                            !gradients_on_device(unit_numels, world, config);
     const bool host_params = config.stage == 3 && config.offload_param != OffloadDevice::none;
     in_flight = (host_grads ? w.grad : 0) + (host_params ? w.param : 0);
   } else {

@@ -91,6 +91,10 @@ struct ZeroConfig {
   // validation (no accumulation, clipping or loss scaling): stages 2-3 then hold each gradient
   // shard only from its reduction to its update (Note [Transient gradients], gradients_transient).
   bool transient_gradients = false;
+  // Stages 2-3 with the whole optimizer offloaded: keep the f32 gradient shard sums on the device
+  // and stage each to the host for its update (Note [Gradient sums on the device],
+  // gradients_on_device); false: the sums are host memory.
+  bool grad_sums_on_device = false;
   // The early step may speculate (with clipping or fp16 loss scaling): every unit but the first
   // keeps an undo copy of its in-memory state and a spare swap slot (Note [Speculative early step]).
   bool speculative_step = false;
@@ -141,6 +145,29 @@ bool gradients_swapped(const std::vector<size_t>& unit_numels, int world, int ra
 // units (a small classifier whose first layer holds most parameters) keeps its accumulators.
 inline constexpr int kTransientGradBuffers = 2;
 bool gradients_transient(const std::vector<size_t>& unit_numels, int world, const ZeroConfig& config);
+
+// Note [Gradient sums on the device]: with the optimizer offloaded, stages 2-3 keep each unit's f32
+// gradient shard sum in host memory, where the optimizer reads it. With one micro-step a step the
+// reduced shard lands there directly. With several, every later micro-step's shard has to be added
+// to the sum, which goes to the device and back to be added there (Note [Host sums added on the
+// device] in grad_reducer.cc): 8 bytes a parameter of the shard over the host link per micro-step.
+// At Llama-2-7B's shape that is 54 GB a micro-step, a second of PCIe against some 0.4 s of GPU
+// compute at 2 x 2048 tokens, so gradient accumulation, which is how ZeRO-Offload amortizes its
+// CPU optimizer, would be bound by the link. With grad_sums_on_device the sums are device memory
+// instead (the accumulators of a run without offload, 4 bytes a parameter of the shard on the
+// device), every micro-step adds there, and only the final sum crosses, once a step: before unit
+// u's update it is copied into one of kDeviceSumStagingBuffers pinned host buffers of the largest
+// shard, started as soon as the last micro-step's reduction of u is added where a buffer is free
+// (so that it overlaps the rest of the backward), else at the update. The optimizer reads the
+// same f32 sum, added in the same order, so the trajectory is that of host sums bit for bit
+// (tests/zero/grad_sums_on_device.sh); the norm is measured on the device, as without offload.
+// Where: stages 2-3, --offload-optimizer cpu or nvme with the whole optimizer offloaded (ratio 1),
+// no --delayed-update (whose copies are host memory), not transient (one micro-step: nothing to
+// add). It takes precedence over Note [Gradient swap]. The trainer asks for it with
+// --grad-accumulators device, or auto where a separate device accumulates micro-steps and the run
+// still fits the device (train::fit_grad_sums).
+inline constexpr int kDeviceSumStagingBuffers = 2;
+bool gradients_on_device(const std::vector<size_t>& unit_numels, int world, const ZeroConfig& config);
 
 // Note [Partial optimizer offload]: DeepSpeed's offload_optimizer.ratio (stage3.py,
 // _create_fp32_partitions) offloads the first int(ratio * n) of the rank's n optimizer sub-groups
@@ -276,8 +303,8 @@ enum class CollectiveRoute : uint8_t { direct, staged, native };
 //             gradients: W.param + W.grad.
 // Route native: only the collectives with a host operand. Stages 0-1 reduce device gradients in
 // place and gather the updated parameters from the device: nothing. The reduce-scatters of stages
-// 2-3 land in host accumulators (or gradient swap buffers) when the optimizer is offloaded: W.grad
-// then. Stage 3's gathers read host shards when the parameters are offloaded: W.param then.
+// 2-3 land in host accumulators (or gradient swap buffers) when the optimizer is offloaded and
+// the sums are not on the device (Note [Gradient sums on the device]): W.grad then. Stage 3's gathers read host shards when the parameters are offloaded: W.param then.
 // Either route adds kStagedScalarBytes for the scalar all-reduces over host memory (loss, gradient
 // norm, overflow flag) that may overlap them; route direct and world 1 stage nothing. ZeRO++'s
 // collectives (zeropp.h) are not counted here.

@@ -261,11 +261,21 @@ Plan make_plan(const PlanRequest& r) {
                         ch.cpu_checkpointing = cpu_ckpt;
                         ch.micro_batch = mb;
                         ch.grad_accum = accum;
-                        cand.estimate = estimate(model, r.world, r.dtype, mb, r.seq, ch.zero, r.optimizer, stage, r.collectives)[0];
-                        cand.need = place_need(cand.estimate, r.budget);
-                        cand.overflow = overflows(cand.need, r.budget);
-                        cand.cost = step_cost(work, ch.zero, cand.estimate, r.speed);
-                        consider(std::move(cand));
+                        // Note [Gradient sums on the device]: where the run leaves it open and a
+                        // separate device adds micro-steps, both places.
+                        ch.zero.grad_sums_on_device = true;
+                        const bool sums_open = !r.grad_sums_on_device && accum > 1 && !r.budget.unified &&
+                                               gradients_on_device(numels, r.world, ch.zero);
+                        for (bool on_device : sums_open ? std::vector<bool>{true, false}
+                                                        : std::vector<bool>{r.grad_sums_on_device.value_or(false)}) {
+                          PlanCandidate c = cand;
+                          c.choice.zero.grad_sums_on_device = on_device;
+                          c.estimate = estimate(model, r.world, r.dtype, mb, r.seq, c.choice.zero, r.optimizer, stage, r.collectives)[0];
+                          c.need = place_need(c.estimate, r.budget);
+                          c.overflow = overflows(c.need, r.budget);
+                          c.cost = step_cost(work, c.choice.zero, c.estimate, r.speed);
+                          consider(std::move(c));
+                        }
                       }
                 }
               }

@@ -79,6 +79,7 @@ struct PlanRequest {
   std::optional<OffloadDevice> offload_optimizer, offload_param;
   std::optional<double> offload_optimizer_ratio;
   std::optional<double> offload_optimizer_nvme_ratio;  // Note [Optimizer state on NVMe and in host memory]
+  std::optional<bool> grad_sums_on_device;             // Note [Gradient sums on the device]
   std::optional<bool> activation_checkpointing, cpu_checkpointing;
   std::optional<size_t> reduce_bucket_numel, prefetch_numel, sub_group_numel;
   std::optional<int> buffer_count;

@@ -672,8 +672,10 @@ print(f"{sum(ms[2:]) / max(len(ms) - 2, 1) / 1000:.4f}" if len(ms) > 2 else "nan
 # ~5 s, which the early step hides only behind the last micro-step's backward). The micro-steps'
 # gradient sums stay on the GPU (Note [Gradient sums on the device]: 70.5 GiB of device memory at
 # B=2 by the estimate; with them in host memory each micro-step would take 54 GB over PCIe).
-# Not with --delayed-update: its second gradient and parameter copies need 138 GiB of host memory
-# at this shape (`zerone estimate`), over the machine's 126.
+# Then, while 150 s are left, ZeRO-Offload's delayed parameter update (DPU), which runs the CPU
+# optimizer beside the next step's micro-steps: its own gradient and parameter copies need 113 GiB
+# of host memory with the sums on the device (138 GiB with them on the host, over the machine's
+# 126), at B=2 x ZERONE_7B_DPU_ACCUM (default 32) micro-steps.
 offload_7b() {
   local d="$1"
   [ $((deadline - $(now))) -gt 120 ] || { echo "llama-2-7b: skipped (time)"; return 0; }
@@ -685,6 +687,8 @@ offload_7b() {
   offload_7b_run "$d/7b" 1 1 4
   [ $((deadline - $(now))) -gt 150 ] || { echo "llama-2-7b with accumulation: skipped (time)"; return 0; }
   offload_7b_run "$d/7b_accum" "${ZERONE_7B_MB:-2}" "${ZERONE_7B_ACCUM:-64}" 3
+  [ $((deadline - $(now))) -gt 150 ] || { echo "llama-2-7b with the delayed update: skipped (time)"; return 0; }
+  offload_7b_run "$d/7b_dpu" "${ZERONE_7B_MB:-2}" "${ZERONE_7B_DPU_ACCUM:-32}" 3 --delayed-update
 }
 
 # The Llama-2-13B shape on this machine (bench_offload's part 13b), in directory D, swapping under

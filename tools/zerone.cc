@@ -149,18 +149,18 @@ int cmd_estimate(train::TrainConfig a, int world, bool json, bool stage_given, c
   // Note [Device budget] (train/plan.h): --device-mem-limit, and on cuda the GPU's usable memory.
   const train::DeviceBudget device_cap = train::device_budget(device, a.device_mem_limit, kernels::device_memory(device));
   budget.device_bytes = device_cap.bytes;
-  // Note [Gradient sums on the device]: a row whose sums would not fit the device has them on
-  // the host, as the run of that stage would (train::fit_grad_sums).
-  for (zero::StageEstimate& r : rows) {
-    const zero::ZeroConfig fitted = train::fit_grad_sums(a, model, dtype, world, seq, r.stage, base, device_cap.bytes, route);
-    if (fitted.grad_sums_on_device != base.grad_sums_on_device)
-      r = zero::estimate(model, world, dtype, a.micro_batch, seq, fitted, optimizer, r.stage, route)[0];
-  }
   budget.host_bytes = machine.host_mem_gib > 0 ? static_cast<int64_t>(machine.host_mem_gib * 1024.0 * 1024.0 * 1024.0)
                                                : physical_memory_bytes();
   if (!a.nvme_path.empty())
     budget.nvme_bytes = machine.disk_free_gib >= 0 ? static_cast<int64_t>(machine.disk_free_gib * 1024.0 * 1024.0 * 1024.0)
                                                    : static_cast<int64_t>(io::check_swap_path(a.nvme_path, "--nvme-path"));
+  // Note [Gradient sums on the device]: a row whose sums would not fit on the device has them on
+  // the host, as the run of that stage would (train::fit_grad_sums).
+  for (zero::StageEstimate& r : rows) {
+    const zero::ZeroConfig fitted = train::fit_grad_sums(a, model, dtype, world, seq, r.stage, base, budget, route);
+    if (fitted.grad_sums_on_device != base.grad_sums_on_device)
+      r = zero::estimate(model, world, dtype, a.micro_batch, seq, fitted, optimizer, r.stage, route)[0];
+  }
   auto fits = [&](const zero::StageEstimate& r) { return zero::overflows(zero::place_need(r, budget), budget).empty(); };
   // The advice for a given stage that does not fit, or when no stage fits for the run's own stage
   // (Note [Advice that leads somewhere]).

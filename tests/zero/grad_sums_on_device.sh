@@ -8,7 +8,8 @@
 #     world 1-3, the optimizer in host memory, on NVMe (whole, split with host memory, with the
 #     parameters on NVMe too), with --grad-clip (the norm measured on the device; on NVMe the
 #     speculative early step taken back and redone), fp16 loss scaling, the update at the end
-#     (--early-step false: every sum staged at its update), SGD on an image classifier; on the
+#     (--early-step false: every sum staged at its update), --delayed-update (the sums copied into
+#     its own host gradients from the device), SGD on an image classifier; on the
 #     simulated device (whose deferred copies read NaN where a copy is not waited for) and on cpu.
 #  2. The bytes: the run's peak gradient bytes per place are the estimate's (the sums on the
 #     device, two staging buffers of the largest shard on the host, no grads.swp).
@@ -86,6 +87,9 @@ pair sim_w2_s2_nvme_clip 2 "${gpt2[@]}" "${sim[@]}" --zero-stage 2 "${nvme[@]}" 
 pair sim_w1_s2_fp16 1 "${gpt2[@]}" "${sim[@]}" --zero-stage 2 --precision fp16 --offload-optimizer cpu
 pair sim_w2_s2_at_end 2 "${gpt2[@]}" "${sim[@]}" --zero-stage 2 --offload-optimizer cpu --early-step false
 pair sim_w2_s3_images 2 "${images[@]}" "${sim[@]}" --zero-stage 3 --offload-optimizer cpu
+# --delayed-update copies the sums into the optimizer's own host gradients, now from the device.
+pair sim_w2_s2_delayed 2 "${gpt2[@]}" "${sim[@]}" --zero-stage 2 --offload-optimizer cpu --delayed-update
+pair sim_w2_s3_delayed_nvme 2 "${llama[@]}" "${sim[@]}" --zero-stage 3 "${nvme[@]}" --delayed-update --grad-clip 0.05
 # One micro-step a step where transient gradients cannot be (clipping): the sum is the reduction.
 run_one=(--grad-accum 1 --grad-clip 0.05)
 pair sim_w1_s2_one_step 1 "${gpt2[@]}" "${sim[@]}" --zero-stage 2 --offload-optimizer cpu "${run_one[@]}"
@@ -131,12 +135,14 @@ if grep -q -- "--grad-accumulators device" "$d/plan.log" && run planned 1 --conf
 else echo "FAIL plan: --grad-accumulators device not kept"; tail -20 "$d/plan.log"; fail=1; fi
 
 # 4. Where it cannot apply: a notice, the same results.
-for why in "--offload-optimizer none:--offload-optimizer none" "--delayed-update --offload-optimizer cpu:--delayed-update"; do
-  flags="${why%%:*}" reason="${why#*:}"; name="notice_$(echo "$flags" | tr -dc 'a-z')"
+for why in "--zero-stage 2 --offload-optimizer none:--offload-optimizer none" \
+           "--zero-stage 1 --offload-optimizer cpu:--zero-stage below 2" \
+           "--zero-stage 2 --offload-optimizer cpu --offload-optimizer-ratio 0.5:--offload-optimizer-ratio below 1"; do
+  flags="${why%%:*}" reason="${why#*:}"; name="notice_$(echo "$flags" | tr -dc 'a-z0-9')"
   # shellcheck disable=SC2086
-  run "$name" 1 "${gpt2[@]}" "${sim[@]}" --zero-stage 2 $flags --grad-accumulators device || continue
+  run "$name" 1 "${gpt2[@]}" "${sim[@]}" $flags --grad-accumulators device || continue
   # shellcheck disable=SC2086
-  run "${name}_plain" 1 "${gpt2[@]}" "${sim[@]}" --zero-stage 2 $flags || continue
+  run "${name}_plain" 1 "${gpt2[@]}" "${sim[@]}" $flags || continue
   if grep -q -- "--grad-accumulators device: no effect with $reason" "$d/$name.log" && diff -r "$d/$name" "$d/${name}_plain" >/dev/null &&
      ! on_device "$name"; then
     echo "ok   $name: notice, same results"

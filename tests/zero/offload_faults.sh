@@ -82,11 +82,13 @@ for fault in read:eio:2 write:enospc:5 read:short:9; do
 done
 # Gradient shards on NVMe (stage 2, Note [Gradient swap]): write-backs and, with two micro-steps,
 # the accumulation's read-backs fail naming grads.swp (a plan of its own: ZERONE_GRAD_SWAP_FAULT).
-# At one micro-step the shards are transient (Note [Transient gradients]) unless told otherwise.
+# At one micro-step the shards are transient (Note [Transient gradients]) unless told otherwise;
+# at two on the simulated device the sums would be on the device (Note [Gradient sums on the
+# device]) unless told otherwise.
 for fault in write:eio:2 read:eio:1 read:short:3 write:enospc:9; do
   op=${fault%%:*}
   ZERONE_GRAD_SWAP_FAULT=$fault expect "grads_${fault//:/_}" "$op of swap file '$d/swap/zerone-swap-[0-9]+-rank[01]/grads.swp'" \
-    "${MPI[@]}" -n 2 "$Z" "${base[@]}" "${run[@]}" "${nvme[@]}" --grad-accum 2
+    "${MPI[@]}" -n 2 "$Z" "${base[@]}" "${run[@]}" "${nvme[@]}" --grad-accum 2 --grad-accumulators host
 done
 expect "grads_rank1_write_eio_2" "write of swap file '$d/swap/zerone-swap-[0-9]+-rank1/grads.swp'" \
   "${MPI[@]}" -n 1 "$Z" "${base[@]}" "${run[@]}" "${nvme[@]}" --transient-gradients false : \

@@ -843,12 +843,14 @@ std::string transient_gradients_blocker(const TrainConfig& c, bool fp16) {
   return "";
 }
 
-std::string grad_accumulators_blocker(const TrainConfig& c) {
+std::string grad_accumulators_blocker(const TrainConfig& c, bool fp16) {
   if (c.zero_stage < 2) return "--zero-stage below 2 (the full gradients are the optimizer's input, on the device)";
   if (c.offload_optimizer == "none") return "--offload-optimizer none (the sums are on the device with the optimizer)";
   if (c.offload_optimizer_ratio < 1.0)
     return str_cat(setting_name(c, "--offload-optimizer-ratio"), " below 1 (each sum follows its unit's optimizer)");
-  if (c.delayed_update) return "--delayed-update (the update reads its own host copy of the sums)";
+  if (c.transient_gradients && transient_gradients_blocker(c, fp16).empty())
+    return "transient gradients (one micro-step a step: each shard goes from its reduction to its update, Note "
+           "[Transient gradients])";
   return "";
 }
 
@@ -918,7 +920,7 @@ void check_settings_take_effect(TrainConfig& c, bool fp16, bool has_validation_d
   }
   // Note [Gradient sums on the device] (zero/partition.h).
   if (c.is_given("--grad-accumulators") && c.grad_accumulators != "auto") {
-    if (std::string why = grad_accumulators_blocker(c); !why.empty())
+    if (std::string why = grad_accumulators_blocker(c, fp16); !why.empty())
       c.notices.push_back(str_cat(setting_name(c, "--grad-accumulators"), " ", c.grad_accumulators, ": no effect with ",
                                   why, "; the results are the same"));
   }

@@ -210,8 +210,9 @@ void check_settings_take_effect(TrainConfig& cfg, bool fp16, bool has_validation
 // optimizer has run ("" when it can free each at its update: ZeRO stage 2-3, one micro-step a step,
 // --early-step, no --grad-clip, not fp16 (`fp16`), no --delayed-update, no partial optimizer offload).
 std::string transient_gradients_blocker(const TrainConfig& cfg, bool fp16);
-// Why --grad-accumulators device|host changes nothing for `cfg` ("" where it applies).
-std::string grad_accumulators_blocker(const TrainConfig& cfg);
+// Note [Gradient sums on the device] (zero/partition.h): why --grad-accumulators device|host changes
+// nothing for `cfg` ("" where it applies); `fp16` as for transient_gradients_blocker.
+std::string grad_accumulators_blocker(const TrainConfig& cfg, bool fp16);
 
 // How the user named a setting in messages: "--lr", or "key 'optimizer.params.lr'" when the config
 // file set it.

@@ -124,15 +124,17 @@ DeviceBudget device_budget(kernels::DeviceKind device, double device_mem_limit_g
 }
 
 zero::ZeroConfig fit_grad_sums(const TrainConfig& cfg, const nn::Model& model, DType dtype, int world, int seq,
-                               int stage, zero::ZeroConfig zcfg, int64_t device_cap_bytes, zero::CollectiveRoute route) {
+                               int stage, zero::ZeroConfig zcfg, const zero::MemoryBudget& budget,
+                               zero::CollectiveRoute route) {
   zero::ZeroConfig at_stage = zcfg;
   at_stage.stage = stage;
-  if (cfg.grad_accumulators != "auto" || device_cap_bytes <= 0 ||
-      !zero::gradients_on_device(model.unit_numels(), world, at_stage))
-    return zcfg;
+  if (cfg.grad_accumulators != "auto" || !zero::gradients_on_device(model.unit_numels(), world, at_stage)) return zcfg;
   const zero::StageEstimate row =
       zero::estimate(model, world, dtype, cfg.micro_batch, seq, zcfg, optimizer_options(cfg), stage, route)[0];
-  if (row.device() > device_cap_bytes) zcfg.grad_sums_on_device = false;
+  zero::MemoryBudget spared = budget;
+  if (spared.device_bytes > 0)
+    spared.device_bytes = static_cast<int64_t>(static_cast<double>(spared.device_bytes) * (1.0 - kAutoDeviceHeadroom));
+  if (!zero::overflows(zero::place_need(row, spared), spared).empty()) zcfg.grad_sums_on_device = false;
   return zcfg;
 }
 
@@ -310,8 +312,10 @@ void apply_plan(const zero::PlanChoice& c, TrainConfig& cfg) {
     cfg.offload_optimizer_nvme_ratio = c.zero.offload_optimizer_nvme_ratio;
     set("--offload-optimizer-nvme-ratio");
   }
-  if (c.grad_accum > 1 && c.zero.stage >= 2 && c.zero.offload_optimizer != zero::OffloadDevice::none) {
-    cfg.grad_accumulators = c.zero.grad_sums_on_device ? "device" : "host";  // Note [Gradient sums on the device]
+  // Note [Gradient sums on the device]: only where the place matters (grad_accumulators_blocker).
+  if (c.grad_accum > 1 && c.zero.stage >= 2 && c.zero.offload_optimizer != zero::OffloadDevice::none &&
+      c.zero.offload_optimizer_ratio >= 1.0) {
+    cfg.grad_accumulators = c.zero.grad_sums_on_device ? "device" : "host";
     set("--grad-accumulators");
   }
   cfg.activation_checkpointing = c.activation_checkpointing;
@@ -632,12 +636,13 @@ std::string fit_advice(const TrainConfig& cfg, const nn::Model& model, DType dty
   std::string works;
   for (const Fix& f : fixes) {
     try {
-      const zero::ZeroConfig z = zero_config(f.cfg, dtype, numels, world);
       shape.set_activation_checkpointing(f.cfg.activation_checkpointing);
       shape.set_cpu_checkpointing(f.cfg.cpu_checkpointing);
-      const zero::StageEstimate e =
-          zero::estimate(shape, world, dtype, f.cfg.micro_batch, cfg.seq, z, optimizer, f.cfg.zero_stage,
-                         planned_collective_route(f.cfg, world))[0];
+      const zero::CollectiveRoute route = planned_collective_route(f.cfg, world);
+      // As the run with the fix would place its gradient sums.
+      const zero::ZeroConfig z =
+          fit_grad_sums(f.cfg, shape, dtype, world, cfg.seq, f.cfg.zero_stage, zero_config(f.cfg, dtype, numels, world), check, route);
+      const zero::StageEstimate e = zero::estimate(shape, world, dtype, f.cfg.micro_batch, cfg.seq, z, optimizer, f.cfg.zero_stage, route)[0];
       const zero::PlaceNeed n = zero::place_need(e, check);
       if (!zero::overflows(n, check).empty()) continue;
       works += str_cat(works.empty() ? "" : "; ", f.flags, " (", need_text(n, check), ")");

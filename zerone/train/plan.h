@@ -65,10 +65,14 @@ DeviceBudget device_budget(kernels::DeviceKind device, double device_mem_limit_g
 
 // Note [Gradient sums on the device] (zero/partition.h): with --grad-accumulators auto, `zcfg`
 // (zero_config of `cfg`) keeps the sums on the device only where the estimate of the run at
-// `stage` (micro-batch of cfg, `seq`) still fits `device_cap_bytes` (0: no cap) with them; else
-// they go back to host memory, which is what they cost before. Returns zcfg, so changed or not.
+// `stage` (micro-batch of cfg, `seq`) with them fits `budget` in every place (Note [Fit]), the
+// device with kAutoDeviceHeadroom of its bytes to spare; else they are host memory, as before.
+// Returns zcfg, so changed or not. Ranks decide alike only where their budgets are alike: the
+// trainer agrees over its ranks after this.
+inline constexpr double kAutoDeviceHeadroom = 0.05;
 zero::ZeroConfig fit_grad_sums(const TrainConfig& cfg, const nn::Model& model, DType dtype, int world, int seq,
-                               int stage, zero::ZeroConfig zcfg, int64_t device_cap_bytes, zero::CollectiveRoute route);
+                               int stage, zero::ZeroConfig zcfg, const zero::MemoryBudget& budget,
+                               zero::CollectiveRoute route);
 
 // A model without storage made to estimate or plan the run of `cfg` counts the activations of the
 // run's device (--device, --cuda-attention; Note [Attention's saved state] in kernels/backend.h),

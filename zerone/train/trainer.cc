@@ -263,6 +263,24 @@ void check_tokens_in_vocabulary(const io::TokenSource& tokens, int vocab_size, c
                " is out of range for the model's vocabulary of ", vocab_size, " (ids 0..", vocab_size - 1, ")");
 }
 
+// What the start-up checks hold a run's estimate against (Note [Fit] in zero/planner.h): the
+// device cap (Note [Device budget]), the host's available memory, the free disk under --nvme-path.
+zero::MemoryBudget start_up_budget(const TrainConfig& cfg, kernels::DeviceKind device,
+                                   const std::optional<kernels::DeviceMemory>& device_memory) {
+  zero::MemoryBudget budget;
+  budget.unified = unified_memory(device);
+  budget.device_bytes = device_budget(device, cfg.device_mem_limit, device_memory).bytes;
+  budget.ranks_per_host = local_ranks();
+  budget.host_bytes = std::max<long long>(available_memory_bytes(), 0);
+  if (!cfg.nvme_path.empty()) {
+    try {
+      budget.nvme_bytes = static_cast<int64_t>(io::check_swap_path(cfg.nvme_path, "--nvme-path"));
+    } catch (const Error&) {
+      // Refused by check_memory_fits with the path's own message when the run swaps there.
+    }
+  }
+  return budget;
+}
 
 }  // namespace
 
@@ -291,18 +309,7 @@ void check_memory_fits(const nn::Model& model, DType dtype, const TrainConfig& c
   // fit (Note [Advice that leads somewhere] in train/plan.cc).
   const int local = local_ranks();
   const DeviceBudget device_cap = device_budget(device, cfg.device_mem_limit, device_memory);
-  zero::MemoryBudget budget;
-  budget.unified = unified_memory(device);
-  budget.device_bytes = device_cap.bytes;
-  budget.ranks_per_host = local;
-  budget.host_bytes = std::max<long long>(available_memory_bytes(), 0);
-  if (!cfg.nvme_path.empty()) {
-    try {
-      budget.nvme_bytes = static_cast<int64_t>(io::check_swap_path(cfg.nvme_path, "--nvme-path"));
-    } catch (const Error&) {
-      // Refused below with the path's own message when the run swaps there.
-    }
-  }
+  zero::MemoryBudget budget = start_up_budget(cfg, device, device_memory);
   if (device_cap.bytes > 0 && mine.device() > device_cap.bytes)
     throw Error(str_cat("the run needs ", hb(mine.device()), " of ", kernels::device_kind_name(device),
                         " device memory per rank, over ", device_cap.source, " (", breakdown, "). ",
@@ -1144,8 +1151,11 @@ TrainResult run_training(TrainConfig cfg, comm::Communicator& comm, const io::Fa
   }();
   const zero::CollectiveRoute route = zero::collective_route(model.backend().kind(), world, comm_choice.library);
   zcfg = fit_grad_sums(cfg, model, dtype, world, cfg.seq, cfg.zero_stage, zcfg,
-                       device_budget(model.backend().kind(), cfg.device_mem_limit, model.backend().device_memory()).bytes,
-                       route);
+                       start_up_budget(cfg, model.backend().kind(), model.backend().device_memory()), route);
+  // Every rank must keep its sums where the others do (a collective's operands would be in
+  // different places): on the device only where all ranks fit them.
+  if (world > 1 && cfg.grad_accumulators == "auto")
+    zcfg.grad_sums_on_device = comm.all_reduce_sum(zcfg.grad_sums_on_device ? 1.0 : 0.0) == static_cast<double>(world);
   check_memory_fits(model, dtype, cfg, zcfg, world, model.backend().kind(), model.backend().device_memory(), route);
   DeviceLimitGuard device_limit(static_cast<int64_t>(cfg.device_mem_limit * 1024.0 * 1024.0 * 1024.0));
 

@@ -85,12 +85,16 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
     shards[u] = unit_shard(model.units()[u].numel(), world_, rank_, config_);
     host_accumulators[u] = placement.offloaded_numels[u] > 0 ? 1 : 0;
   }
+  // Note [Gradient sums on the device]: staged for each update, or with --delayed-update copied into
+  // the optimizer's own gradients (Note [Delayed parameter update]) from where they were summed.
+  const bool sums_on_device = gradients_on_device(model.unit_numels(), world_, config_);
+  if (sums_on_device) std::fill(host_accumulators.begin(), host_accumulators.end(), 0);
   if (zeropp_enabled(config_))  // ZeRO++: collective (splits the host groups)
     zeropp_ = std::make_unique<ZeroPlusPlus>(device_comm_, device_, pool_, config_, model.compute_dtype(), shards);
   params_ = std::make_unique<ParamStore>(model, config_, shards, device_, device_comm_, pool_, swap_dir_.get(), nvme,
                                          speculates(config_), zeropp_.get());
   const GradStore grad_store = gradients_transient(model.unit_numels(), world_, config_) ? GradStore::transient
-                               : gradients_on_device(model.unit_numels(), world_, config_) ? GradStore::device_sums
+                               : sums_on_device && !config_.delayed_update ? GradStore::device_sums
                                : gradients_swapped(model.unit_numels(), world_, rank_, config_) ? GradStore::swapped
                                                                                                   : GradStore::accumulators;
   grads_ = std::make_unique<GradReducer>(model, config_, shards, host_accumulators, device_, device_comm_, pool_,

@@ -305,15 +305,18 @@ void GradReducer::complete(int u) {
   if (device_sums() && st.final_reduction) start_staging_copy(u, /*evict=*/false);
 }
 
-bool GradReducer::start_staging_copy(int u, bool evict) {
+bool GradReducer::start_staging_copy(int u, bool evict, int keep) {
   UnitGrads& st = units_[u];
   ZERONE_ASSERT(st.staging < 0, "unit ", u, "'s sum staged twice");
   auto free_buffer = std::find(staging_user_.begin(), staging_user_.end(), -1);
   if (free_buffer == staging_user_.end()) {
     if (!evict) return false;
-    // Units whose copies started early but are not being updated now: one gives its buffer up and
-    // is copied again at its own update (an update order the early copies did not foresee).
-    free_buffer = std::find_if(staging_user_.begin(), staging_user_.end(), [u](int holder) { return holder != u; });
+    // A unit whose copy started early but which is not being updated gives its buffer up and is
+    // copied again at its own update (an update order the early copies did not foresee: the
+    // update at the end goes bottom up, the backward top down). The optimizer reads one unit's
+    // sum at a time, `keep`'s, so the other buffer is never the one it reads.
+    free_buffer = std::find_if(staging_user_.begin(), staging_user_.end(),
+                               [u, keep](int holder) { return holder != u && holder != keep; });
     ZERONE_ASSERT(free_buffer != staging_user_.end(), "no staging buffer for unit ", u, "'s sum");
     release_staging(*free_buffer);
   }
@@ -364,11 +367,16 @@ void GradReducer::finish_write(int u) {
   if (st.staging >= 0) staging_user_[std::exchange(st.staging, -1)] = -1;
 }
 
-void GradReducer::stage_for_update(int u) {
+void GradReducer::stage_for_update(int u, int next) {
   UnitGrads& st = units_[u];
   if (device_sums()) {  // Note [Gradient sums on the device]
     ZERONE_ASSERT(st.reduce_work.empty(), "unit ", u, " updated before its gradients were reduced");
     if (st.staging < 0) start_staging_copy(u, /*evict=*/true);
+    // The next update's sum, where complete, crosses while this update runs.
+    if (next >= 0 && next != u) {
+      UnitGrads& nx = units_[next];
+      if (nx.staging < 0 && nx.final_reduction && nx.reduce_work.empty()) start_staging_copy(next, /*evict=*/true, u);
+    }
     {
       ProfileScope profile(ProfileCategory::optimizer);
       st.staged.wait();
@@ -426,6 +434,7 @@ double GradReducer::sumsq(int u) const {
 void GradReducer::start_new_sum() {
   for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
     units_[u].accumulator_zero = true;
+    units_[u].final_reduction = false;
     if (device_sums()) release_staging(u);  // a copy started for a step that was skipped
   }
 }

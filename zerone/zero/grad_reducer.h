@@ -98,9 +98,10 @@ class GradReducer {
   // optimizer at them; unstage() frees the staging once the update is done. Note [Transient
   // gradients]: points the optimizer at the buffer u's reduction landed in; unstage() frees it.
   // Note [Gradient sums on the device]: copies u's sum to a host buffer (unless its copy started
-  // when the sum was complete), waits for it and points the optimizer there; unstage() frees it.
-  // No-ops otherwise.
-  void stage_for_update(int u);
+  // when the sum was complete), starts the copy of `next`'s (the unit updated after u, -1: none
+  // known) where its sum is complete, waits for u's and points the optimizer there; unstage()
+  // frees it. No-ops otherwise.
+  void stage_for_update(int u, int next = -1);
   void unstage(int u);
   // This rank's sum of squares of unit u's reduced gradients (Note [Deterministic gradient norm];
   // swapped: as measured when the last micro-step finished; transient: before u's update only).
@@ -142,9 +143,10 @@ class GradReducer {
   void add_on_device(UnitGrads& st);
   float* acquire_staging(int u);
   void finish_write(int u);
-  // Note [Gradient sums on the device]: starts copying u's sum into a free staging buffer (or,
-  // with `evict`, one taken from a unit not being updated); false when none could be had.
-  bool start_staging_copy(int u, bool evict);
+  // Note [Gradient sums on the device]: starts copying u's sum into a free staging buffer, or with
+  // `evict` into one taken from a unit whose copy started early (never u's or `keep`'s: the unit
+  // being updated); false when none could be had.
+  bool start_staging_copy(int u, bool evict, int keep = -1);
   void release_staging(int u);
 
   nn::Model& model_;

@@ -97,7 +97,7 @@ bool gradients_transient(const std::vector<size_t>& unit_numels, int world, cons
 
 bool gradients_on_device(const std::vector<size_t>& unit_numels, int world, const ZeroConfig& config) {
   if (!config.grad_sums_on_device || config.stage < 2 || config.offload_optimizer == OffloadDevice::none ||
-      config.offload_optimizer_ratio < 1.0 || config.delayed_update)
+      config.offload_optimizer_ratio < 1.0)
     return false;
   return !gradients_transient(unit_numels, world, config);
 }
@@ -217,7 +217,9 @@ ModelStateBytes model_state_bytes(const std::vector<size_t>& unit_numels, int wo
     const MemPlace place = config.offload_optimizer == OffloadDevice::none ? MemPlace::device : MemPlace::host;
     add(place, MemCategory::grad, kTransientGradBuffers * static_cast<int64_t>(largest_grad_shard) * 4, b.grad);
   }
-  if (grads_on_device)  // Note [Gradient sums on the device]: the host buffers the sums are staged in
+  // Note [Gradient sums on the device]: the host buffers the sums are staged in (the delayed
+  // update copies them into its own gradient copy instead).
+  if (grads_on_device && !config.delayed_update)
     add(MemPlace::host, MemCategory::grad, kDeviceSumStagingBuffers * static_cast<int64_t>(largest_grad_shard) * 4, b.grad);
   if (nvme && largest_sub_group > 0) {
     b.swap = static_cast<int64_t>(config.offload_buffer_count) * ((has_master ? 1 : 0) + K) *

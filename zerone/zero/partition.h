@@ -161,9 +161,10 @@ bool gradients_transient(const std::vector<size_t>& unit_numels, int world, cons
 // (so that it overlaps the rest of the backward), else at the update. The optimizer reads the
 // same f32 sum, added in the same order, so the trajectory is that of host sums bit for bit
 // (tests/zero/grad_sums_on_device.sh); the norm is measured on the device, as without offload.
+// With --delayed-update there are no staging buffers: the step copies every sum into the
+// optimizer's own host gradients anyway (Note [Delayed parameter update]), now from the device.
 // Where: stages 2-3, --offload-optimizer cpu or nvme with the whole optimizer offloaded (ratio 1),
-// no --delayed-update (whose copies are host memory), not transient (one micro-step: nothing to
-// add). It takes precedence over Note [Gradient swap]. The trainer asks for it with
+// not transient (one micro-step: nothing to add). It takes precedence over Note [Gradient swap]. The trainer asks for it with
 // --grad-accumulators device, or auto where a separate device accumulates micro-steps and the run
 // still fits the device (train::fit_grad_sums).
 inline constexpr int kDeviceSumStagingBuffers = 2;

@@ -110,7 +110,8 @@ double StepScheduler::update_at_end(float lr, float grad_scale) {
       lr, grad_scale, [this](size_t shard) { on_shard_updated(static_cast<int>(shard)); },
       [this](size_t shard) {
         params_.load_for_update(static_cast<int>(shard));
-        grads_.stage_for_update(static_cast<int>(shard));
+        // Shards are updated in order (ShardStepping::step).
+        grads_.stage_for_update(static_cast<int>(shard), shard + 1 < optimizer_.num_shards() ? static_cast<int>(shard) + 1 : -1);
       });
   finish_update();
   return sumsq;
@@ -261,7 +262,7 @@ void StepScheduler::early_update(int u, int next) {
     if (!st.param.empty()) device_.copy_any(st.param.data(), st.optimizer_param, st.optimizer_numel * dsize_);
     if (!st.optim.empty()) optimizer_.save_undo(static_cast<size_t>(u), st.optim.data());
   }
-  grads_.stage_for_update(u);
+  grads_.stage_for_update(u, next);
   early_.sumsq += optimizer_.update_shard(static_cast<size_t>(u),
                                           next >= 0 ? static_cast<size_t>(next) : optim::Optimizer::kNoShard);
   on_shard_updated(u);

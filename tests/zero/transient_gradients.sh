@@ -16,6 +16,8 @@
 set -euo pipefail
 Z="$(readlink -f "$1")"
 here="$(cd "$(dirname "$0")" && pwd)"
+# shellcheck source=tests/zero/metrics_lib.sh
+source "$here/metrics_lib.sh"
 d=$(mktemp -d); trap 'rm -rf "$d"' EXIT
 mkdir "$d/swap"
 MPI=(mpiexec --allow-run-as-root --oversubscribe --bind-to none)
@@ -39,20 +41,8 @@ run() {  # run NAME WORLD ARGS... (the final weights saved in DIR/NAME/, except 
   "${MPI[@]}" -n "$world" "$Z" "${common[@]}" "$@" --metrics "$d/$name.jsonl" "${save[@]}" \
     > "$d/$name.log" 2>&1 || { echo "FAIL $name:"; tail -n 20 "$d/$name.log"; fail=1; return 1; }
 }
-# The losses and gradient norms of every step (the image models, which cannot be saved, are
-# compared by these alone).
-losses() { python3 -c 'import json,sys; [print(json.loads(l)["loss"], json.loads(l)["grad_norm"]) for l in open(sys.argv[1])]' "$1"; }
-# peak NAME: the run's peak gradient bytes per place, "device.grad=N host.grad=N nvme.grad=N".
-peak() {
-  python3 - "$d/$1.jsonl" <<'PY'
-import json, sys
-peak = {}
-for line in open(sys.argv[1]):
-    for k, v in json.loads(line).get("mem", {}).items():
-        if k.endswith(".grad"): peak[k] = max(peak.get(k, 0), v)
-print(" ".join(f"{k}={peak.get(k, 0)}" for k in ("device.grad", "host.grad", "nvme.grad")))
-PY
-}
+# peak NAME: the run's peak gradient bytes per place (metrics_lib.sh).
+peak() { grad_peak "$d/$1.jsonl"; }
 # pair NAME WORLD ARGS...: transient (the default) against --transient-gradients false, bitwise;
 # the transient run holds fewer gradient bytes than the other, and no gradient swap file.
 pair() {

@@ -665,17 +665,19 @@ print(f"{sum(ms[2:]) / max(len(ms) - 2, 1) / 1000:.4f}" if len(ms) > 2 else "nan
   rm -rf "$d"
 }
 
-# The Llama-2-7B shape with the optimizer in host memory (bench_offload's part 7b), in directory D:
-# first as issue 19 §4 names it (B=1, T=2048, one micro-step a step), then, while 150 s are left,
-# as ZeRO-Offload reaches its MFU: many micro-steps to one optimizer step (B=ZERONE_7B_MB, default
-# 2, times ZERONE_7B_ACCUM, default 64: some 27 s of GPU compute at 40% MFU to the CPU optimizer's
-# ~5 s, which the early step hides only behind the last micro-step's backward). The micro-steps'
-# gradient sums stay on the GPU (Note [Gradient sums on the device]: 70.5 GiB of device memory at
-# B=2 by the estimate; with them in host memory each micro-step would take 54 GB over PCIe).
-# Then, while 150 s are left, ZeRO-Offload's delayed parameter update (DPU), which runs the CPU
-# optimizer beside the next step's micro-steps: its own gradient and parameter copies need 113 GiB
-# of host memory with the sums on the device (138 GiB with them on the host, over the machine's
-# 126), at B=2 x ZERONE_7B_DPU_ACCUM (default 32) micro-steps.
+# The Llama-2-7B shape with the optimizer in host memory (bench_offload's part 7b), in directory D,
+# three runs, the later two each while 150 s are left:
+#   1. as issue 19 §4 names it: B=1, T=2048, one micro-step a step, 4 steps;
+#   2. as ZeRO-Offload reaches its MFU, with its delayed parameter update (DPU: the CPU optimizer
+#      beside the next step's micro-steps): B=ZERONE_7B_MB (default 2) x ZERONE_7B_DPU_ACCUM
+#      (default 32) micro-steps, some 13 s of GPU compute to hide the CPU optimizer's ~5 s behind.
+#      Its own gradient and parameter copies need 113 GiB of host memory with the micro-steps'
+#      gradient sums on the GPU (Note [Gradient sums on the device]: 70.5 GiB of device memory at
+#      B=2 by the estimate), 138 GiB with them on the host, over the machine's 126;
+#   3. without DPU: B=2 x ZERONE_7B_ACCUM (default 64) micro-steps, some 27 s of GPU compute at
+#      40% MFU beside the ~5 s of CPU optimizer that the early step hides only behind the last
+#      micro-step's backward. With the sums in host memory each micro-step would take 54 GB over
+#      PCIe.
 offload_7b() {
   local d="$1"
   [ $((deadline - $(now))) -gt 120 ] || { echo "llama-2-7b: skipped (time)"; return 0; }
@@ -685,10 +687,10 @@ offload_7b() {
   timeout 60 "$pack/bin/zerone" plan --model llama-2-7b --seq 2048 --micro-batch 1 --precision bf16 --device cuda \
     --zero-stage 2 --offload-optimizer cpu 2>&1 | grep -E "^  device:|^  host memory|^chosen" || echo "plan: failed"
   offload_7b_run "$d/7b" 1 1 4
-  [ $((deadline - $(now))) -gt 150 ] || { echo "llama-2-7b with accumulation: skipped (time)"; return 0; }
-  offload_7b_run "$d/7b_accum" "${ZERONE_7B_MB:-2}" "${ZERONE_7B_ACCUM:-64}" 3
   [ $((deadline - $(now))) -gt 150 ] || { echo "llama-2-7b with the delayed update: skipped (time)"; return 0; }
   offload_7b_run "$d/7b_dpu" "${ZERONE_7B_MB:-2}" "${ZERONE_7B_DPU_ACCUM:-32}" 3 --delayed-update
+  [ $((deadline - $(now))) -gt 150 ] || { echo "llama-2-7b with accumulation, no delayed update: skipped (time)"; return 0; }
+  offload_7b_run "$d/7b_accum" "${ZERONE_7B_MB:-2}" "${ZERONE_7B_ACCUM:-64}" 3
 }
 
 # The Llama-2-13B shape on this machine (bench_offload's part 13b), in directory D, swapping under

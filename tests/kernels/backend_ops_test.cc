@@ -1080,6 +1080,8 @@ void transformer_cases() {
   attention_case(1, 100, 2, 0, 16, 41, DType::bf16);    // the smallest head size it takes
   attention_case(1, 65, 3, 3, 96, 42, DType::bf16);     // one past a tile
   attention_case(1, 20, 2, 0, 48, 43, DType::bf16);     // not built for: the f32 form
+  // Five tiles, the last partial: each of Note [Tiles loaded ahead]'s two buffers refilled twice.
+  attention_case(1, 300, 4, 2, 64, 45, DType::bf16);
   rope_case(2, 6, 3, 4, 8, false, 70);  // NH 2 query, NKV 1 key, 1 value head: the values stay
   rope_case(2, 6, 3, 4, 8, true, 71);
   rope_case(1, 1, 2, 2, 4, false, 72);  // T = 1: the identity

@@ -83,8 +83,12 @@ bool elsewhere(MemPlace run_place, const void* p) {
 // every optimizer's end_step() and abort_step() call. Writes back to the host stay synchronous
 // (the host reads them next), and so does staging in: with f32 parameters the master is the
 // device's parameters and is copied over before each slice, and at stage 1 the gradient slice is,
-// so there the host still waits for the device once per slice.
+// so there the host still waits for the device once per slice. At most kInstallsInFlight copies
+// are in flight: a further install waits for the oldest, so that the host scratch they hold is
+// bounded by that many slices (the largest unit's shard each) however far the copy stream lags.
 namespace {
+
+constexpr size_t kInstallsInFlight = 2;
 
 struct PendingInstall {
   Buffer staging;
@@ -99,7 +103,10 @@ std::atomic<uint64_t> g_installs_launched{0};
 void install_on_device(void* dst, Buffer&& staging) {
   kernels::Backend& device = kernels::device_backend();
   std::lock_guard<std::mutex> lock(g_installs_mutex);
-  while (!g_installs.empty() && g_installs.front().copied.ready()) g_installs.pop_front();
+  while (!g_installs.empty() && (g_installs.front().copied.ready() || g_installs.size() >= kInstallsInFlight)) {
+    g_installs.front().copied.wait();
+    g_installs.pop_front();
+  }
   // Kept before the copy is queued, so that nothing can free the staging while the copy reads it.
   PendingInstall& pending = g_installs.emplace_back(PendingInstall{std::move(staging), Event()});
   pending.copied = device.copy_async(dst, MemPlace::device, pending.staging.data(), pending.staging.place(),

@@ -260,7 +260,8 @@ TEST(DelayedUpdateDevices, InstallsFromTheHostAsynchronouslyWithTheCpuDevicesBit
 // Note [Installing staged operands] (optim/adamw.cc): with the optimizer offloaded (stages 1-3),
 // each unit's update goes back to the device by an asynchronous copy that the simulated device
 // defers: the trajectory is the cpu device's bit for bit, one install per unit and step (no
-// clipping: no speculative update taken back and redone), each a deferred copy.
+// clipping: no speculative update taken back and redone), each a deferred copy; their staging is
+// made in the first step and reused after.
 TEST(OffloadedUpdates, InstallAsynchronouslyWithTheCpuDevicesBits) {
   auto& sim = dynamic_cast<kernels::sim::SimBackend&>(kernels::backend(kernels::DeviceKind::sim));
   for (int stage = 1; stage <= 3; ++stage) {
@@ -284,6 +285,21 @@ TEST(OffloadedUpdates, InstallAsynchronouslyWithTheCpuDevicesBits) {
     expect_same(on_sim, on_cpu, str_cat("offload cpu, stage ", stage));
     EXPECT_EQ(installs, 4u * 4u) << "stage " << stage << ": 4 steps, 4 units";
     EXPECT_GE(deferred, installs) << "stage " << stage;
+    // The staging is kept from step to step: a run of 4 steps makes as many buffers as one of 1.
+    uint64_t made_in_one = 0, made_in_four = 0;
+    {
+      testing::DeviceScope device(kernels::DeviceKind::sim);
+      Case one = c;
+      one.steps = 1;
+      uint64_t before = optim::staging_allocations();
+      run(one, false);
+      made_in_one = optim::staging_allocations() - before;
+      before = optim::staging_allocations();
+      run(c, false);
+      made_in_four = optim::staging_allocations() - before;
+    }
+    EXPECT_GT(made_in_one, 0u) << "stage " << stage;
+    EXPECT_EQ(made_in_four, made_in_one) << "stage " << stage;
   }
 }
 

@@ -31,11 +31,17 @@ struct ShardRef {
   std::vector<std::pair<size_t, size_t>> decay_ranges;
 };
 
-// Waits for every update's parameters staged on the host to be back on the device, and frees
-// their staging (Note [Installing staged operands], optim/adamw.cc). Any thread.
+// Waits for every update's parameters staged on the host to be back on the device, and keeps
+// their staging for the next updates (Note [Installing staged operands], optim/adamw.cc; until
+// release_kept_staging()). Any thread.
 void wait_installs();
+// Frees the staging wait_installs() keeps (an engine's destruction: its memory leaves the ledger).
+void release_kept_staging();
 // Installs launched since the process started (a test's evidence that the path is taken).
 uint64_t installs_launched();
+// Staging buffers made for updates of operands in another place since the process started (the
+// rest reuse kept ones: a test's evidence that a step allocates none once warm).
+uint64_t staging_allocations();
 
 // Stepping over the shards the engine hands out.
 class ShardStepping {

@@ -134,6 +134,8 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
 ZeroEngine::~ZeroEngine() {
   // The parts stop their own threads, I/O and collectives (member order, engine.h).
   model_.set_hooks(nullptr);
+  optim::wait_installs();
+  optim::release_kept_staging();  // Note [Installing staged operands]: kept for this engine's steps
 }
 
 void ZeroEngine::materialize_unit(int u, const Materialize& materialize) {

@@ -248,9 +248,13 @@ void load_master(float* master, MemPlace master_place, const void* param, DType 
     kernels::backend_for(master_place).convert(master, DType::f32, param, param_dtype, n);
     return;
   }
-  Buffer local(n * dtype_size(param_dtype), MemCategory::scratch, master_place);
-  device.copy_any(local.data(), param, local.bytes());
+  // Through the kept staging (Note [Installing staged operands]): one pinned buffer for every
+  // shard, which the first step's updates then take.
+  const size_t bytes = n * dtype_size(param_dtype);
+  Buffer local = take_staging(bytes, master_place);
+  device.copy_any(local.data(), param, bytes);
   kernels::backend_for(master_place).convert(master, DType::f32, local.data(), param_dtype, n);
+  keep_staging(std::move(local));
 }
 
 void for_each_decay_run(const ShardRef& s, size_t begin, size_t end, float weight_decay,

@@ -156,10 +156,17 @@ int cmd_estimate(train::TrainConfig a, int world, bool json, bool stage_given, c
                                                    : static_cast<int64_t>(io::check_swap_path(a.nvme_path, "--nvme-path"));
   // Note [Gradient sums on the device]: a row whose sums would not fit on the device has them on
   // the host, as the run of that stage would (train::fit_grad_sums).
-  for (zero::StageEstimate& r : rows) {
-    const zero::ZeroConfig fitted = train::fit_grad_sums(a, model, dtype, world, seq, r.stage, base, budget, route);
+  std::vector<const char*> sums_place(rows.size(), nullptr);  // per row where it matters: "device" or "host"
+  for (size_t i = 0; i < rows.size(); ++i) {
+    zero::StageEstimate& r = rows[i];
+    zero::ZeroConfig fitted = train::fit_grad_sums(a, model, dtype, world, seq, r.stage, base, budget, route);
     if (fitted.grad_sums_on_device != base.grad_sums_on_device)
       r = zero::estimate(model, world, dtype, a.micro_batch, seq, fitted, optimizer, r.stage, route)[0];
+    fitted.stage = r.stage;
+    zero::ZeroConfig asked = fitted;
+    asked.grad_sums_on_device = true;
+    if (a.grad_accum > 1 && zero::gradients_on_device(model.unit_numels(), world, asked))
+      sums_place[i] = zero::gradients_on_device(model.unit_numels(), world, fitted) ? "device" : "host";
   }
   auto fits = [&](const zero::StageEstimate& r) { return zero::overflows(zero::place_need(r, budget), budget).empty(); };
   // The advice for a given stage that does not fit, or when no stage fits for the run's own stage
@@ -196,6 +203,8 @@ int cmd_estimate(train::TrainConfig a, int world, bool json, bool stage_given, c
       s["activation"] = r.activations + r.host_activations;
       s["activation_places"] = {{"device", r.activations}, {"host", r.host_activations}};
       s["staged_collectives"] = r.staged_collectives;  // host (Note [Staged collective bytes])
+      // Note [Gradient sums on the device]: where the micro-steps' sums are, where that is a choice.
+      if (const char* place = sums_place[static_cast<size_t>(&r - rows.data())]) s["grad_sums"] = place;
       s["total"] = r.total();
       // Where the bytes live (Note [Offload places]): device = model state there + working set +
       // activations; "places" has every (place, category) the ledger will show.
@@ -238,6 +247,11 @@ int cmd_estimate(train::TrainConfig a, int world, bool json, bool stage_given, c
                 h(r.device()).c_str(), h(r.host()).c_str(), h(r.nvme()).c_str(), h(r.total()).c_str(),
                 fits(r) ? "  yes" : "  no");
   }
+  std::string sums;
+  for (size_t i = 0; i < rows.size(); ++i)
+    if (sums_place[i]) sums += str_cat(sums.empty() ? "" : ", ", "stage ", rows[i].stage, " on the ", sums_place[i]);
+  if (!sums.empty())
+    std::printf("gradient sums of the micro-steps: %s (--grad-accumulators %s)\n", sums.c_str(), a.grad_accumulators.c_str());
   if (const std::string text = advice(); !text.empty()) std::printf("%s\n", text.c_str());
   return 0;
 }

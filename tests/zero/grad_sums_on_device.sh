@@ -111,6 +111,15 @@ host_need=$("$Z" estimate "${gpt2[@]:0:2}" --seq 16 --micro-batch 2 --grad-accum
             --reduce-bucket-size 3000 "${sim[@]}" --offload-optimizer cpu --grad-accumulators host --json |
             python3 -c 'import json,sys; print(json.load(sys.stdin)["stages"][0]["device"])')
 limit=$(python3 -c "print(($need + $host_need) / 2 / 2**30)")
+# zerone estimate says where: on the device, and on the host under the tight limit.
+sums_at() {
+  "$Z" estimate "${gpt2[@]:0:2}" --seq 16 --micro-batch 2 --grad-accum 3 --world 1 --zero-stage 2 \
+    --reduce-bucket-size 3000 "${sim[@]}" --offload-optimizer cpu "$@" --json |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["stages"][0].get("grad_sums"))'
+}
+if [ "$(sums_at)" = device ] && [ "$(sums_at --device-mem-limit "$limit")" = host ]; then
+  echo "ok   estimate: grad_sums device, host under --device-mem-limit $limit GiB"
+else echo "FAIL estimate: grad_sums $(sums_at), under the limit $(sums_at --device-mem-limit "$limit")"; fail=1; fi
 if [ "$need" -gt "$host_need" ] && run auto_tight 1 "${gpt2[@]}" "${sim[@]}" --zero-stage 2 --offload-optimizer cpu \
      --device-mem-limit "$limit" && ! on_device auto_tight && run auto_cpu 1 "${gpt2[@]}" --zero-stage 2 --offload-optimizer cpu &&
    ! on_device auto_cpu && diff <(losses "$d/auto_tight.jsonl") <(losses "$d/sim_w1_s2_cpu_host.jsonl") >/dev/null; then

@@ -22,7 +22,9 @@ void Model::write_params_from_host(int u, const std::function<void()>& write) {
     return;
   }
   Buffer on_device = unit.has_params() ? unit.take_params() : Buffer();
-  unit.set_params(Buffer(unit.param_bytes(), MemCategory::param, MemPlace::host));
+  // Pageable (Note [Host state in pageable memory]): the copy below waits anyway, and pinning a
+  // large unit (a Llama-2-7B layer's 404 MB) and freeing it again costs more than the copy.
+  unit.set_params(Buffer(unit.param_bytes(), MemCategory::param, MemPlace::host, 64, default_arena()));
   write();
   if (on_device.empty()) on_device = Buffer(unit.param_bytes(), MemCategory::param, MemPlace::device);
   Buffer on_host = unit.take_params();

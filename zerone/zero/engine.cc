@@ -235,7 +235,8 @@ ZeroEngine::HeldUnit::HeldUnit(ZeroEngine& engine, int u) : engine_(engine), uni
   gathered_ = engine.params_->sharded(u) && !unit.has_params();
   engine.params_->ensure(u);
   if (!engine.device_.host_addressable()) {
-    Buffer host(unit.param_bytes(), MemCategory::param, MemPlace::host);
+    // Pageable, as Model::write_params_from_host's: the copy waits anyway.
+    Buffer host(unit.param_bytes(), MemCategory::param, MemPlace::host, 64, default_arena());
     engine.device_.copy_to_host(host.data(), unit.data(), unit.param_bytes());
     on_device_ = unit.take_params();
     unit.set_params(std::move(host));

@@ -376,8 +376,10 @@ StepResult StepScheduler::step_early() {
 // every update. A checkpoint (save_state) installs the update in flight too: the step after a
 // checkpoint sees the newest parameters, like step 1, so a resumed run continues bit for bit as
 // the run that saved (which is then not the trajectory of a run without checkpoints); a validation between steps sees theta_{s-1} after step s, like the forward of s+1.
-// The optimizer thread uses half the OpenMP threads (DelayedUpdate::threads_; one on a machine this small; see
-// docs/BENCHMARKS.md for whether it pays on 2 cores). It does no collective and no parameter swap
+// The optimizer thread uses half the OpenMP threads where the model computes on the host's cores
+// too (cpu, sim: one on a machine this small; see docs/BENCHMARKS.md for whether it pays on 2
+// cores), and all but one beside a GPU, whose training thread only queues its work
+// (DelayedUpdate::threads_). It does no collective and no parameter swap
 // I/O (hence no --offload-param nvme); optimizer NVMe swap runs on it unchanged. Memory: one more
 // f32 gradient copy and one parameter copy (compute dtype) of the rank's optimizer shard, in the
 // ledger as grad and param where that shard's optimizer runs, and in zerone estimate --delayed-update
@@ -390,7 +392,8 @@ DelayedUpdate::~DelayedUpdate() {
 
 void DelayedUpdate::redirect(optim::ShardRef& ref, MemPlace place, MemPlace param_place, DType param_dtype,
                              kernels::Backend& device) {
-  if (grad_src_.empty()) threads_ = std::max(1, omp_get_max_threads() / 2);
+  if (grad_src_.empty())
+    threads_ = std::max(1, device.kind() == kernels::DeviceKind::cuda ? omp_get_max_threads() - 1 : omp_get_max_threads() / 2);
   const size_t dsize = dtype_size(param_dtype);
   grad_src_.push_back(ref.grad);
   grads_.emplace_back(std::max<size_t>(ref.numel, 1) * sizeof(float), MemCategory::grad, place);

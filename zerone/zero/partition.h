@@ -158,15 +158,20 @@ bool gradients_transient(const std::vector<size_t>& unit_numels, int world, cons
 // device), every micro-step adds there, and only the final sum crosses, once a step: before unit
 // u's update it is copied into one of kDeviceSumStagingBuffers pinned host buffers of the largest
 // shard, started as soon as the last micro-step's reduction of u is added where a buffer is free
-// (so that it overlaps the rest of the backward), else at the update. The optimizer reads the
+// (so that it overlaps the rest of the backward), else at the update, which then also starts the
+// copy of the next unit it updates (the update at the end goes bottom up, the backward top down,
+// so a copy started early may give its buffer up and be made again). The optimizer reads the
 // same f32 sum, added in the same order, so the trajectory is that of host sums bit for bit
 // (tests/zero/grad_sums_on_device.sh); the norm is measured on the device, as without offload.
 // With --delayed-update there are no staging buffers: the step copies every sum into the
 // optimizer's own host gradients anyway (Note [Delayed parameter update]), now from the device.
 // Where: stages 2-3, --offload-optimizer cpu or nvme with the whole optimizer offloaded (ratio 1),
-// not transient (one micro-step: nothing to add). It takes precedence over Note [Gradient swap]. The trainer asks for it with
-// --grad-accumulators device, or auto where a separate device accumulates micro-steps and the run
-// still fits the device (train::fit_grad_sums).
+// not transient (one micro-step: nothing to add). It takes precedence over Note [Gradient swap].
+// (Stage 1 keeps the whole model's f32 gradients on every rank's device, and so has always
+// summed there; at world 1 that is the same bytes.)
+// The trainer asks for it with --grad-accumulators device, or auto where a device the host cannot
+// address accumulates micro-steps and the run still fits every budget with 5% of the device to
+// spare (train::fit_grad_sums); its ranks then agree, all on the device or all on the host.
 inline constexpr int kDeviceSumStagingBuffers = 2;
 bool gradients_on_device(const std::vector<size_t>& unit_numels, int world, const ZeroConfig& config);
 

@@ -234,4 +234,7 @@ check "key 'aio.queue_depth' is 0, expected an integer in 1..4096" "$Z" train --
 check "--offload-buffer-count 100 is out of range: expected an integer in 1..64" "$Z" estimate --model gpt2-124m --world 2 --offload-buffer-count 100
 check "--aio-block-size 5000 is out of range: expected an integer in 4096..1073741824, a multiple of 4096" "$Z" train --aio-block-size 5000
 check "--comm-timeout 0 is out of range" "$Z" train --comm-timeout 0
+check "--grad-accumulators 'gpu': expected auto, device or host" "$Z" train --grad-accumulators gpu
+echo '{"grad_accumulators": "gpu"}' > "$d/r2.json"
+check "key 'grad_accumulators' is \"gpu\", expected \"auto\", \"device\" or \"host\"" "$Z" estimate --model gpt2-124m --world 1 --config "$d/r2.json"
 exit $fail

@@ -199,7 +199,8 @@ int cmd_estimate(train::TrainConfig a, int world, bool json, bool stage_given, c
       s["model_state"] = r.model_state.total();
       if (r.model_state.speculation != 0) s["speculation"] = r.model_state.speculation;  // Note [Speculative early step]
       s["working_set"] = {{"param", r.working_set.param}, {"grad", r.working_set.grad}, {"comm", r.working_set.comm},
-                          {"host", r.working_set.host}, {"total", r.working_set.total()}};
+                          {"host", r.working_set.host}, {"host_scratch", r.working_set.host_scratch},
+                          {"total", r.working_set.total()}};
       s["activation"] = r.activations + r.host_activations;
       s["activation_places"] = {{"device", r.activations}, {"host", r.host_activations}};
       s["staged_collectives"] = r.staged_collectives;  // host (Note [Staged collective bytes])

@@ -101,6 +101,14 @@ for args in "--offload-optimizer cpu" "--offload-optimizer nvme --nvme-path $d/s
   if [ "$got" = "$want" ] && on_device "$name" && [[ "$got" == *"nvme.grad=0"* ]]; then
     echo "ok   $name: auto put the sums on the device; gradient bytes $got as estimated"
   else echo "FAIL $name: gradient bytes $got, estimate $want (or the sums not on the device)"; fail=1; fi
+  # The offloaded update's kept staging (Note [Installing staged operands]) within the estimate's
+  # bound (Note [Working-set bound]: host_scratch).
+  # shellcheck disable=SC2086
+  bound=$("$Z" estimate "${gpt2[@]:0:2}" --seq 16 --micro-batch 2 --grad-accum 3 --world 2 --zero-stage 2 \
+          --reduce-bucket-size 3000 "${sim[@]}" $args --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["stages"][0]["working_set"]["host_scratch"])')
+  scratch=$(python3 -c 'import json,sys; print(max(json.loads(l).get("mem", {}).get("host.scratch", 0) for l in open(sys.argv[1])))' "$d/$name.jsonl")
+  if [ "$scratch" -gt 0 ] && [ "$scratch" -le "$bound" ]; then echo "ok   $name: host scratch $scratch <= bound $bound"
+  else echo "FAIL $name: host scratch $scratch, bound $bound"; fail=1; fi
 done
 
 # 3. auto: host sums where the device sums would not fit; host on the cpu device; the planner.

@@ -86,18 +86,15 @@ bool elsewhere(MemPlace run_place, const void* p) {
 // so there the host still waits for the device once per slice. At most kInstallsInFlight copies
 // are in flight: a further install waits for the oldest, so that the host scratch they hold is
 // bounded by that many slices (the largest unit's shard each) however far the copy stream lags.
-// The scratch is kept for the next slices rather than freed (kKeptStaging buffers, each as large
+// The scratch is kept for the next slices rather than freed (kKeptStagingBuffers, each as large
 // as the largest slice so far, taken by any slice that fits): on a GPU it is pinned memory, and
 // pinning a Llama-2-7B layer's 404 MB of bf16 parameters takes a system call and a zero fill while
 // freeing it synchronizes the device, once per unit and step otherwise (the pinned arena caches
 // blocks of at most 256 MiB, Note [Pinned host memory]). The ledger counts the kept buffers as
 // scratch in run_place, which is what they hold, until the engine releases them as it goes
-// (release_kept_staging).
+// (release_kept_staging). zerone estimate bounds them (Note [Working-set bound]: host_scratch).
 namespace {
 
-constexpr size_t kInstallsInFlight = 2;
-// In flight, plus the slice being updated: master or parameters, and a staged gradient (stage 1).
-constexpr size_t kKeptStaging = kInstallsInFlight + 2;
 
 struct PendingInstall {
   Buffer staging;
@@ -113,10 +110,10 @@ std::atomic<uint64_t> g_installs_launched{0};
 std::atomic<uint64_t> g_staging_allocations{0};
 
 // Under g_installs_mutex: a staging buffer no copy reads any more goes back to the kept ones (the
-// smallest kept one gives way when there are kKeptStaging already and it is smaller).
+// smallest kept one gives way when there are kKeptStagingBuffers already and it is smaller).
 void keep_locked(Buffer&& staging) {
   if (staging.empty()) return;
-  if (g_kept_staging.size() < kKeptStaging) {
+  if (g_kept_staging.size() < kKeptStagingBuffers) {
     g_kept_staging.push_back(std::move(staging));
     return;
   }

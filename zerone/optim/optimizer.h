@@ -35,6 +35,10 @@ struct ShardRef {
 // their staging for the next updates (Note [Installing staged operands], optim/adamw.cc; until
 // release_kept_staging()). Any thread.
 void wait_installs();
+// Note [Installing staged operands]: installs in flight at most, and the staging buffers kept (those
+// in flight, plus the slice being updated: master or parameters, and a staged gradient at stage 1).
+inline constexpr size_t kInstallsInFlight = 2;
+inline constexpr size_t kKeptStagingBuffers = kInstallsInFlight + 2;
 // Frees the staging wait_installs() keeps (an engine's destruction: its memory leaves the ledger).
 void release_kept_staging();
 // Installs launched since the process started (a test's evidence that the path is taken).

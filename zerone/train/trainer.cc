@@ -949,6 +949,7 @@ zero::ZeroConfig zero_config(const TrainConfig& cfg, DType dtype, const std::vec
   // Note [Gradient sums on the device]: "auto" asks for them where a device the host cannot address
   // (a GPU, or the simulated one) adds micro-steps; fit_grad_sums takes them back where they would
   // not fit. On the cpu device both places are the same memory: host, as before.
+  zcfg.device_is_host_memory = kernels::device_or_default(cfg.device) == kernels::DeviceKind::cpu;
   zcfg.grad_sums_on_device = cfg.grad_accumulators == "device" ||
                              (cfg.grad_accumulators == "auto" && cfg.grad_accum > 1 &&
                               kernels::device_or_default(cfg.device) != kernels::DeviceKind::cpu);

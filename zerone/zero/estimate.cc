@@ -43,6 +43,7 @@ PlacedBytes placed_bytes(const StageEstimate& e) {
   all.at(MemPlace::device, MemCategory::grad) += e.working_set.grad;
   all.at(MemPlace::device, MemCategory::comm) += e.working_set.comm;
   all.at(MemPlace::host, MemCategory::comm) += e.working_set.host;
+  all.at(MemPlace::host, MemCategory::scratch) += e.working_set.host_scratch;
   all.at(MemPlace::host, MemCategory::comm) += e.staged_collectives;
   return all;
 }

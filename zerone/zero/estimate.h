@@ -28,7 +28,7 @@ struct StageEstimate {
   int64_t staged_collectives = 0;
   int64_t device() const { return model_state.placed.place_total(MemPlace::device) + working_set.device() + activations; }
   int64_t host() const {
-    return model_state.placed.place_total(MemPlace::host) + working_set.host + host_activations + staged_collectives;
+    return model_state.placed.place_total(MemPlace::host) + working_set.on_host() + host_activations + staged_collectives;
   }
   int64_t nvme() const { return model_state.placed.place_total(MemPlace::nvme); }
   // Bytes in memory (device + host): on this CPU build both are RAM.

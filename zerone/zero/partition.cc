@@ -236,6 +236,12 @@ ModelStateBytes model_state_bytes(const std::vector<size_t>& unit_numels, int wo
 WorkingSetBytes working_set_bytes(const std::vector<size_t>& unit_numels, int world, DType dtype,
                                   const ZeroConfig& config) {
   WorkingSetBytes b;
+  if (config.stage >= 1 && config.offload_optimizer != OffloadDevice::none && !config.device_is_host_memory) {
+    size_t largest = 0;  // the largest offloaded part of a shard (every rank's is as long)
+    for (size_t n : offloaded_optimizer_numels(unit_numels, world, 0, config)) largest = std::max(largest, n);
+    const size_t element = dtype == DType::f32 || config.stage == 1 ? sizeof(float) : dtype_size(dtype);
+    b.host_scratch = static_cast<int64_t>(optim::kKeptStagingBuffers * largest * element);
+  }
   if (config.stage < 2) return b;
   // The two largest padded units, over all units and over those whose parameters are sharded.
   size_t top1 = 0, top2 = 0, sharded1 = 0, sharded2 = 0, sum_p = 0, sum_sharded_p = 0;

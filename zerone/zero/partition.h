@@ -95,6 +95,9 @@ struct ZeroConfig {
   // and stage each to the host for its update (Note [Gradient sums on the device],
   // gradients_on_device); false: the sums are host memory.
   bool grad_sums_on_device = false;
+  // The device's memory is the host's (the cpu device): an offloaded update stages nothing
+  // between the two (Note [Installing staged operands] in optim/adamw.cc; host_scratch below).
+  bool device_is_host_memory = true;
   // The early step may speculate (with clipping or fp16 loss scaling): every unit but the first
   // keeps an undo copy of its in-memory state and a spare swap slot (Note [Speculative early step]).
   bool speculative_step = false;
@@ -278,11 +281,18 @@ ModelStateBytes model_state_bytes(const std::vector<size_t>& unit_numels, int wo
 //          min(sum A, (P_1 + P_2 + F) / world * dtype + 4096 * units), or during the optimizer step
 //          the shard being updated and two being written back, 3 A_1 (A_u: the aligned shard bytes).
 //          Pooled like the rest; idle staging is in the ledger as host.comm.
+//   host_scratch (stages 1-3 with the optimizer offloaded, on a device whose memory is not the
+//          host's): the staging an offloaded update keeps for the operands that live on the device
+//          (Note [Installing staged operands] in optim/adamw.cc), kKeptStagingBuffers of the
+//          largest offloaded shard, in f32 for f32 parameters or at stage 1 (whose gradients are
+//          staged too), else in the compute dtype. In the ledger as host.scratch.
 struct WorkingSetBytes {
   int64_t param = 0, grad = 0, comm = 0;  // device
   int64_t host = 0;                       // host staging (see above)
-  int64_t total() const { return param + grad + comm + host; }
+  int64_t host_scratch = 0;               // an offloaded update's kept staging (see above)
+  int64_t total() const { return param + grad + comm + host + host_scratch; }
   int64_t device() const { return param + grad + comm; }
+  int64_t on_host() const { return host + host_scratch; }
 };
 WorkingSetBytes working_set_bytes(const std::vector<size_t>& unit_numels, int world, DType dtype,
                                   const ZeroConfig& config);

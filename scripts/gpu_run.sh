@@ -671,9 +671,9 @@ print(f"{sum(ms[2:]) / max(len(ms) - 2, 1) / 1000:.4f}" if len(ms) > 2 else "nan
 #   2. as ZeRO-Offload reaches its MFU, with its delayed parameter update (DPU: the CPU optimizer
 #      beside the next step's micro-steps): B=ZERONE_7B_MB (default 2) x ZERONE_7B_DPU_ACCUM
 #      (default 32) micro-steps, some 13 s of GPU compute to hide the CPU optimizer's ~5 s behind.
-#      Its own gradient and parameter copies need 113 GiB of host memory with the micro-steps'
+#      Its own gradient and parameter copies need 114.5 GiB of host memory with the micro-steps'
 #      gradient sums on the GPU (Note [Gradient sums on the device]: 70.5 GiB of device memory at
-#      B=2 by the estimate), 138 GiB with them on the host, over the machine's 126;
+#      B=2 by the estimate), 139.6 GiB with them on the host, over the machine's 126;
 #   3. without DPU: B=2 x ZERONE_7B_ACCUM (default 64) micro-steps, some 27 s of GPU compute at
 #      40% MFU beside the ~5 s of CPU optimizer that the early step hides only behind the last
 #      micro-step's backward. With the sums in host memory each micro-step would take 54 GB over

@@ -163,10 +163,7 @@ int cmd_estimate(train::TrainConfig a, int world, bool json, bool stage_given, c
     if (fitted.grad_sums_on_device != base.grad_sums_on_device)
       r = zero::estimate(model, world, dtype, a.micro_batch, seq, fitted, optimizer, r.stage, route)[0];
     fitted.stage = r.stage;
-    zero::ZeroConfig asked = fitted;
-    asked.grad_sums_on_device = true;
-    if (a.grad_accum > 1 && zero::gradients_on_device(model.unit_numels(), world, asked))
-      sums_place[i] = zero::gradients_on_device(model.unit_numels(), world, fitted) ? "device" : "host";
+    if (a.grad_accum > 1 && zero::gradient_sums_placeable(fitted)) sums_place[i] = fitted.grad_sums_on_device ? "device" : "host";
   }
   auto fits = [&](const zero::StageEstimate& r) { return zero::overflows(zero::place_need(r, budget), budget).empty(); };
   // The advice for a given stage that does not fit, or when no stage fits for the run's own stage

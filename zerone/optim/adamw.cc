@@ -95,7 +95,6 @@ bool elsewhere(MemPlace run_place, const void* p) {
 // (release_kept_staging). zerone estimate bounds them (Note [Working-set bound]: host_scratch).
 namespace {
 
-
 struct PendingInstall {
   Buffer staging;
   Event copied;

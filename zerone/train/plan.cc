@@ -313,8 +313,7 @@ void apply_plan(const zero::PlanChoice& c, TrainConfig& cfg) {
     set("--offload-optimizer-nvme-ratio");
   }
   // Note [Gradient sums on the device]: only where the place matters (grad_accumulators_blocker).
-  if (c.grad_accum > 1 && c.zero.stage >= 2 && c.zero.offload_optimizer != zero::OffloadDevice::none &&
-      c.zero.offload_optimizer_ratio >= 1.0) {
+  if (c.grad_accum > 1 && zero::gradient_sums_placeable(c.zero)) {
     cfg.grad_accumulators = c.zero.grad_sums_on_device ? "device" : "host";
     set("--grad-accumulators");
   }

@@ -951,8 +951,7 @@ zero::ZeroConfig zero_config(const TrainConfig& cfg, DType dtype, const std::vec
   // not fit. On the cpu device both places are the same memory: host, as before.
   zcfg.device_is_host_memory = kernels::device_or_default(cfg.device) == kernels::DeviceKind::cpu;
   zcfg.grad_sums_on_device = cfg.grad_accumulators == "device" ||
-                             (cfg.grad_accumulators == "auto" && cfg.grad_accum > 1 &&
-                              kernels::device_or_default(cfg.device) != kernels::DeviceKind::cpu);
+                             (cfg.grad_accumulators == "auto" && cfg.grad_accum > 1 && !zcfg.device_is_host_memory);
   zcfg.hpz_partition_size = cfg.hpz_partition_size;
   zcfg.quantized_weights = cfg.quantized_weights;
   zcfg.quantized_gradients_bits = cfg.quantized_gradients;

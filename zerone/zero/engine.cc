@@ -80,15 +80,14 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
     swap_dir_ = std::make_unique<io::SwapDirectory>(nvme.nvme_path, nvme.rank, "--nvme-path");
   placement.swap_dir = swap_dir_.get();
   std::vector<UnitShard> shards(num_units_);
-  std::vector<char> host_accumulators(num_units_);
-  for (int u = 0; u < num_units_; ++u) {
-    shards[u] = unit_shard(model.units()[u].numel(), world_, rank_, config_);
-    host_accumulators[u] = placement.offloaded_numels[u] > 0 ? 1 : 0;
-  }
   // Note [Gradient sums on the device]: staged for each update, or with --delayed-update copied into
   // the optimizer's own gradients (Note [Delayed parameter update]) from where they were summed.
   const bool sums_on_device = gradients_on_device(model.unit_numels(), world_, config_);
-  if (sums_on_device) std::fill(host_accumulators.begin(), host_accumulators.end(), 0);
+  std::vector<char> host_accumulators(num_units_);
+  for (int u = 0; u < num_units_; ++u) {
+    shards[u] = unit_shard(model.units()[u].numel(), world_, rank_, config_);
+    host_accumulators[u] = !sums_on_device && placement.offloaded_numels[u] > 0 ? 1 : 0;
+  }
   if (zeropp_enabled(config_))  // ZeRO++: collective (splits the host groups)
     zeropp_ = std::make_unique<ZeroPlusPlus>(device_comm_, device_, pool_, config_, model.compute_dtype(), shards);
   params_ = std::make_unique<ParamStore>(model, config_, shards, device_, device_comm_, pool_, swap_dir_.get(), nvme,

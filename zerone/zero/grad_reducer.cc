@@ -67,8 +67,8 @@ GradReducer::GradReducer(nn::Model& model, const ZeroConfig& config, std::vector
     // Note [Gradient sums on the device]: every sum on the device, host buffers to stage them in.
     ZERONE_ASSERT(config_.stage >= 2 && config_.grad_sums_on_device, "device sums the config does not ask for");
     size_t largest = 0;
-    for (UnitGrads& st : units_) {
-      st.host_accumulator = false;
+    for (const UnitGrads& st : units_) {
+      ZERONE_ASSERT(!st.host_accumulator, "device sums with a host accumulator");
       largest = std::max(largest, st.shard.shard_numel);
     }
     for (int b = 0; b < kDeviceSumStagingBuffers; ++b)

@@ -95,11 +95,12 @@ bool gradients_transient(const std::vector<size_t>& unit_numels, int world, cons
   return static_cast<size_t>(kTransientGradBuffers) * largest < total;
 }
 
+bool gradient_sums_placeable(const ZeroConfig& config) {
+  return config.stage >= 2 && config.offload_optimizer != OffloadDevice::none && config.offload_optimizer_ratio >= 1.0;
+}
+
 bool gradients_on_device(const std::vector<size_t>& unit_numels, int world, const ZeroConfig& config) {
-  if (!config.grad_sums_on_device || config.stage < 2 || config.offload_optimizer == OffloadDevice::none ||
-      config.offload_optimizer_ratio < 1.0)
-    return false;
-  return !gradients_transient(unit_numels, world, config);
+  return config.grad_sums_on_device && gradient_sums_placeable(config) && !gradients_transient(unit_numels, world, config);
 }
 
 bool gradients_swapped(const std::vector<size_t>& unit_numels, int world, int rank, const ZeroConfig& config) {

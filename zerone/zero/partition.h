@@ -176,6 +176,10 @@ bool gradients_transient(const std::vector<size_t>& unit_numels, int world, cons
 // address accumulates micro-steps and the run still fits every budget with 5% of the device to
 // spare (train::fit_grad_sums); its ranks then agree, all on the device or all on the host.
 inline constexpr int kDeviceSumStagingBuffers = 2;
+// Whether the sums' place is a choice under `config` (its stage and optimizer offload; what
+// grad_sums_on_device does not decide), given that the step has micro-steps to add: with one, the
+// shards may be transient instead, which gradients_on_device also checks.
+bool gradient_sums_placeable(const ZeroConfig& config);
 bool gradients_on_device(const std::vector<size_t>& unit_numels, int world, const ZeroConfig& config);
 
 // Note [Partial optimizer offload]: DeepSpeed's offload_optimizer.ratio (stage3.py,

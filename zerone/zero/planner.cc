@@ -263,9 +263,8 @@ Plan make_plan(const PlanRequest& r) {
                         ch.grad_accum = accum;
                         // Note [Gradient sums on the device]: where the run leaves it open and a
                         // separate device adds micro-steps, both places.
-                        ch.zero.grad_sums_on_device = true;
-                        const bool sums_open = !r.grad_sums_on_device && accum > 1 && !r.budget.unified &&
-                                               gradients_on_device(numels, r.world, ch.zero);
+                        const bool sums_open =
+                            !r.grad_sums_on_device && accum > 1 && !r.budget.unified && gradient_sums_placeable(ch.zero);
                         for (bool on_device : sums_open ? std::vector<bool>{true, false}
                                                         : std::vector<bool>{r.grad_sums_on_device.value_or(false)}) {
                           PlanCandidate c = cand;

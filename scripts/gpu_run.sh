@@ -42,6 +42,11 @@
 #                               W5 GPT-2 (largest micro-batch, eager peer), `offload`, then `profile`.
 #   scripts/gpu_run.sh offload  THERE, a call of its own (issue 19 §4): ZeRO-Offload on the GPU beside
 #                               FSDP2's CPUOffloadPolicy, then the Llama-2-7B shape (offload.log).
+#   scripts/gpu_run.sh focus    THERE, the one call of a session with 15 minutes of device time: the
+#                               op harness's cuda rows (kernels_test), the Llama-2-7B shape with the
+#                               optimizer offloaded (ZERONE_7B_RUNS, default "dpu accum plain"), then
+#                               W5 GPT-2 beside PyTorch eager (summary.txt, gtest_cuda.log, offload.log,
+#                               bench_w5.log, extra.tar.gz).
 #   scripts/gpu_run.sh sanitize THERE, a second call when the first passed: compute-sanitizer's memcheck
 #                               and racecheck over the op harness's cuda rows (issue 18 §3).
 #
@@ -564,7 +569,7 @@ print(6 * (Vp * C + L * 12 * C * C) + 6 * L * T * C)")"
   # Issue 18 §4 asks for the largest micro-batch that fits: the largest `zerone estimate` says fits
   # (stage 0, this GPU's free memory), then trained for a few steps (a failure there is a finding:
   # the estimate said it fits).
-  if [ "$model" = gpt2 ] && [ $((deadline - $(now))) -gt 120 ]; then
+  if [ "$model" = gpt2 ] && [ "${ZERONE_W5_LARGEST:-1}" = 1 ] && [ $((deadline - $(now))) -gt 120 ]; then
     local largest
     largest="$(w5_largest_micro_batch "$zmodel" "$T")"
     echo "W5 $model: the largest micro-batch \`zerone estimate\` fits on this GPU: ${largest:-none}"
@@ -666,7 +671,8 @@ print(f"{sum(ms[2:]) / max(len(ms) - 2, 1) / 1000:.4f}" if len(ms) > 2 else "nan
 }
 
 # The Llama-2-7B shape with the optimizer in host memory (bench_offload's part 7b), in directory D,
-# three runs, the later two each while 150 s are left:
+# three runs (ZERONE_7B_RUNS names which, in its order: default "plain dpu accum"), each while 150 s
+# are left:
 #   1. as issue 19 §4 names it: B=1, T=2048, one micro-step a step, 4 steps;
 #   2. as ZeRO-Offload reaches its MFU, with its delayed parameter update (DPU: the CPU optimizer
 #      beside the next step's micro-steps): B=ZERONE_7B_MB (default 2) x ZERONE_7B_DPU_ACCUM
@@ -686,11 +692,16 @@ offload_7b() {
   # The planner on the GPU's measured speeds (Note [Device speeds]): its prediction for the run below.
   timeout 60 "$pack/bin/zerone" plan --model llama-2-7b --seq 2048 --micro-batch 1 --precision bf16 --device cuda \
     --zero-stage 2 --offload-optimizer cpu 2>&1 | grep -E "^  device:|^  host memory|^chosen" || echo "plan: failed"
-  offload_7b_run "$d/7b" 1 1 4
-  [ $((deadline - $(now))) -gt 150 ] || { echo "llama-2-7b with the delayed update: skipped (time)"; return 0; }
-  offload_7b_run "$d/7b_dpu" "${ZERONE_7B_MB:-2}" "${ZERONE_7B_DPU_ACCUM:-32}" 3 --delayed-update
-  [ $((deadline - $(now))) -gt 150 ] || { echo "llama-2-7b with accumulation, no delayed update: skipped (time)"; return 0; }
-  offload_7b_run "$d/7b_accum" "${ZERONE_7B_MB:-2}" "${ZERONE_7B_ACCUM:-64}" 3
+  local run
+  for run in ${ZERONE_7B_RUNS:-plain dpu accum}; do
+    [ $((deadline - $(now))) -gt 150 ] || { echo "llama-2-7b $run: skipped (time)"; continue; }
+    case "$run" in
+      plain) offload_7b_run "$d/7b" 1 1 4 ;;
+      dpu) offload_7b_run "$d/7b_dpu" "${ZERONE_7B_MB:-2}" "${ZERONE_7B_DPU_ACCUM:-32}" 3 --delayed-update ;;
+      accum) offload_7b_run "$d/7b_accum" "${ZERONE_7B_MB:-2}" "${ZERONE_7B_ACCUM:-64}" 3 ;;
+      *) echo "llama-2-7b: no run '$run' (plain dpu accum)" ;;
+    esac
+  done
 }
 
 # The Llama-2-13B shape on this machine (bench_offload's part 13b), in directory D, swapping under
@@ -730,6 +741,30 @@ for r in rows:
     s = r["ms"] / 1000
     print(f"llama-2-7b B={sys.argv[2]} x {sys.argv[3]} step {r['step']}: loss {r['loss']:.4f}, {s:.3f} s/step, MFU {tokens / s * flops / 989e12:.1%}")
 PY
+}
+
+# focus: the one call of a session with little device time (15 minutes): the op harness's cuda
+# rows (kernels_test), then issue 19 §4's headline, the Llama-2-7B shape with the optimizer in host
+# memory (the delayed update, then accumulation, then one micro-step a step: ZERONE_7B_RUNS), then
+# W5 GPT-2 beside PyTorch eager with what is left (at least 100 s kept for it).
+do_focus() {
+  begin_call 540 || return 1
+  local tmp; tmp="$(mktemp -d)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/info.txt" 2>&1
+  step info 20 info.txt "$pack/bin/zerone" info
+  step gtest:kernels_test 120 gtest_cuda.log gtest_cuda kernels_test "$tmp/kernels_test.xml"
+  export ZERONE_OFFLOAD_PARTS=7b ZERONE_7B_RUNS="${ZERONE_7B_RUNS:-dpu accum plain}"
+  # The offload step's own guards read ZERONE_DEADLINE: it ends where W5's 100 s begin.
+  local call_deadline=$deadline
+  export ZERONE_DEADLINE=$((deadline - 100))
+  step offload $((deadline - $(now) - 100)) offload.log bench_offload
+  export ZERONE_DEADLINE=$call_deadline
+  export ZERONE_W5_PEERS=eager ZERONE_W5_LARGEST=0
+  step w5 $((deadline - $(now))) bench_w5.log bench_w5 gpt2
+  cp "$out"/*.jsonl "$tmp/" 2>/dev/null; rm -f "$out"/*.jsonl
+  tar -C "$tmp" -czf "$out/extra.tar.gz" . 2>/dev/null
+  rm -rf "$tmp"
+  cat "$out/summary.txt"
 }
 
 do_offload() {
@@ -803,6 +838,7 @@ case "${1:-}" in
   _bench_attention) bench_attention ;;
   _bench_offload) bench_offload ;;
   offload) do_offload ;;
+  focus) do_focus ;;
   again) do_again ;;
-  *) echo "usage: scripts/gpu_run.sh pack|check|selftest [bookworm|bullseye]|run|more|again|offload|profile|sanitize (docs/GPU.md)" >&2; exit 2 ;;
+  *) echo "usage: scripts/gpu_run.sh pack|check|selftest [bookworm|bullseye]|run|focus|more|again|offload|profile|sanitize (docs/GPU.md)" >&2; exit 2 ;;
 esac

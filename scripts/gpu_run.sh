@@ -696,9 +696,9 @@ offload_7b() {
   for run in ${ZERONE_7B_RUNS:-plain dpu accum}; do
     [ $((deadline - $(now))) -gt 150 ] || { echo "llama-2-7b $run: skipped (time)"; continue; }
     case "$run" in
-      plain) offload_7b_run "$d/7b" 1 1 4 ;;
-      dpu) offload_7b_run "$d/7b_dpu" "${ZERONE_7B_MB:-2}" "${ZERONE_7B_DPU_ACCUM:-32}" 3 --delayed-update ;;
-      accum) offload_7b_run "$d/7b_accum" "${ZERONE_7B_MB:-2}" "${ZERONE_7B_ACCUM:-64}" 3 ;;
+      plain) offload_7b_run "$d/7b" 1 1 "${ZERONE_7B_STEPS:-4}" ;;
+      dpu) offload_7b_run "$d/7b_dpu" "${ZERONE_7B_MB:-2}" "${ZERONE_7B_DPU_ACCUM:-32}" "${ZERONE_7B_STEPS:-3}" --delayed-update ;;
+      accum) offload_7b_run "$d/7b_accum" "${ZERONE_7B_MB:-2}" "${ZERONE_7B_ACCUM:-64}" "${ZERONE_7B_STEPS:-3}" ;;
       *) echo "llama-2-7b: no run '$run' (plain dpu accum)" ;;
     esac
   done
@@ -709,14 +709,15 @@ offload_7b() {
 # memory nor the disk alone), then 3 steps of it with --profile, the planner's prediction beside.
 offload_13b() {
   local d="$1" nvme="$2" t0 rc=0
-  [ $((deadline - $(now))) -gt 240 ] || { echo "llama-2-13b: skipped (time)"; return 0; }
+  [ $((deadline - $(now))) -gt "${ZERONE_13B_MIN_S:-240}" ] || { echo "llama-2-13b: skipped (time)"; return 0; }
   df -h "$nvme" | tail -1
   timeout 120 "$pack/bin/zerone" plan --model llama-2-13b --seq 2048 --micro-batch 1 --precision bf16 --device cuda \
     --nvme-path "$nvme" --out "$d/13b_plan.json" > "$d/13b_plan.log" 2>&1 || { tail -5 "$d/13b_plan.log"; echo "llama-2-13b plan: FAILED"; return 0; }
   grep -E "^  (memory|device|host|NVMe)|^chosen|^  settings|^  needs" "$d/13b_plan.log" || true
   t0=$(now)
   timeout $((deadline - $(now) - 10)) "$pack/bin/zerone" train --config "$d/13b_plan.json" --model llama-2-13b --seq 2048 \
-    --precision bf16 --device cuda --nvme-path "$nvme" --steps 3 --profile --metrics "$d/13b.jsonl" > "$d/13b.log" 2>&1 || rc=$?
+    --precision bf16 --device cuda --nvme-path "$nvme" --steps "${ZERONE_13B_STEPS:-3}" --profile ${ZERONE_OFFLOAD_FLAGS:-} \
+    --metrics "$d/13b.jsonl" > "$d/13b.log" 2>&1 || rc=$?
   echo "llama-2-13b (the plan's settings): ended with $rc after $(($(now) - t0)) s"
   grep -E '^step |time of steps|peak|optimizer|swap' "$d/13b.log" | tail -24 || true
 }
@@ -728,6 +729,7 @@ offload_7b_run() {
   t0=$(now)
   timeout $((deadline - $(now) - 10)) "$pack/bin/zerone" train --model llama-2-7b --seq 2048 --micro-batch "$mb" \
     --grad-accum "$accum" --steps "$steps" --precision bf16 --device cuda --zero-stage 2 --offload-optimizer cpu "$@" \
+    ${ZERONE_OFFLOAD_FLAGS:-} \
     --metrics "$prefix.jsonl" > "$prefix.log" 2>&1 || rc=$?
   echo "llama-2-7b B=$mb x accum $accum $*: ended with $rc after $(($(now) - t0)) s"
   grep -vE '^step ' "$prefix.log" | tail -8 || true
@@ -746,18 +748,21 @@ PY
 # focus: the one call of a session with little device time (15 minutes): the op harness's cuda
 # rows (kernels_test), then issue 19 §4's headline, the Llama-2-7B shape with the optimizer in host
 # memory (the delayed update, then accumulation, then one micro-step a step: ZERONE_7B_RUNS), then
-# W5 GPT-2 beside PyTorch eager with what is left (at least 100 s kept for it).
+# W5 GPT-2 beside PyTorch eager with what is left (ZERONE_W5_KEEP_S, default 100 s, kept for it).
+# ZERONE_OFFLOAD_PARTS (default 7b) may add 13b; ZERONE_OFFLOAD_FLAGS go to every 7B and 13B run
+# (--lr, say), ZERONE_7B_STEPS and ZERONE_13B_STEPS set their steps, ZERONE_13B_MIN_S the time the
+# 13B shape needs left to start (default 240 s).
 do_focus() {
   begin_call 540 || return 1
   local tmp; tmp="$(mktemp -d)"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/info.txt" 2>&1
   step info 20 info.txt "$pack/bin/zerone" info
   step gtest:kernels_test 120 gtest_cuda.log gtest_cuda kernels_test "$tmp/kernels_test.xml"
-  export ZERONE_OFFLOAD_PARTS=7b ZERONE_7B_RUNS="${ZERONE_7B_RUNS:-dpu accum plain}"
+  export ZERONE_OFFLOAD_PARTS="${ZERONE_OFFLOAD_PARTS:-7b}" ZERONE_7B_RUNS="${ZERONE_7B_RUNS:-dpu accum plain}"
   # The offload step's own guards read ZERONE_DEADLINE: it ends where W5's 100 s begin.
   local call_deadline=$deadline
-  export ZERONE_DEADLINE=$((deadline - 100))
-  step offload $((deadline - $(now) - 100)) offload.log bench_offload
+  export ZERONE_DEADLINE=$((deadline - ${ZERONE_W5_KEEP_S:-100}))
+  step offload $((deadline - $(now) - ${ZERONE_W5_KEEP_S:-100})) offload.log bench_offload
   export ZERONE_DEADLINE=$call_deadline
   export ZERONE_W5_PEERS=eager ZERONE_W5_LARGEST=0
   step w5 $((deadline - $(now))) bench_w5.log bench_w5 gpt2

@@ -712,11 +712,14 @@ offload_13b() {
   [ $((deadline - $(now))) -gt "${ZERONE_13B_MIN_S:-240}" ] || { echo "llama-2-13b: skipped (time)"; return 0; }
   df -h "$nvme" | tail -1
   timeout 120 "$pack/bin/zerone" plan --model llama-2-13b --seq 2048 --micro-batch 1 --precision bf16 --device cuda \
-    --nvme-path "$nvme" --out "$d/13b_plan.json" > "$d/13b_plan.log" 2>&1 || { tail -5 "$d/13b_plan.log"; echo "llama-2-13b plan: FAILED"; return 0; }
+    --nvme-path "$nvme" ${ZERONE_13B_PLAN_FLAGS:-} --out "$d/13b_plan.json" > "$d/13b_plan.log" 2>&1 || { tail -5 "$d/13b_plan.log"; echo "llama-2-13b plan: FAILED"; return 0; }
   grep -E "^  (memory|device|host|NVMe)|^chosen|^  settings|^  needs" "$d/13b_plan.log" || true
   t0=$(now)
+  # The plan's file names the swap directory where it chose NVMe (nvme_path); --nvme-path here would be
+  # refused where it did not (an H200 plans the 13B shape without NVMe: the GPU holds half its
+  # optimizer). ZERONE_13B_PLAN_FLAGS="--device-mem 78" plans as for an H100's memory.
   timeout $((deadline - $(now) - 10)) "$pack/bin/zerone" train --config "$d/13b_plan.json" --model llama-2-13b --seq 2048 \
-    --precision bf16 --device cuda --nvme-path "$nvme" --steps "${ZERONE_13B_STEPS:-3}" --profile ${ZERONE_OFFLOAD_FLAGS:-} \
+    --precision bf16 --device cuda --steps "${ZERONE_13B_STEPS:-3}" --profile ${ZERONE_OFFLOAD_FLAGS:-} \
     --metrics "$d/13b.jsonl" > "$d/13b.log" 2>&1 || rc=$?
   echo "llama-2-13b (the plan's settings): ended with $rc after $(($(now) - t0)) s"
   grep -E '^step |time of steps|peak|optimizer|swap' "$d/13b.log" | tail -24 || true

@@ -40,7 +40,7 @@ sys.exit(0 if ok else 1)
 PY
 # The summary names the time, the throughput and MFU, losses, memory beside the estimate and the outputs.
 for want in "^summary: 30 steps in .* s of .* s .*tokens/s on average, .* TFLOP/s \(MFU .*% of .* TFLOP/s, measured" \
-            "^  loss: final training .*, best validation .* \(step 30\)" "^  time of steps 2..30: compute .*%, communication \(exposed\) .*%, optimizer .*%, I/O" \
+            "^  loss: final training .*, best validation .* \(step 30\)" "^  time of steps 2..30: compute .*%, communication \(exposed\) .*%, optimizer .*%, transfers \(exposed\) .*%, I/O .*, other .*%" \
             "^  peak memory, device: .* \(zerone estimate .*\): param" "^  wrote: metrics '.*base.jsonl' \(30 lines\)"; do
   grep -Eq -- "$want" "$d/base.out" || { echo "FAIL the summary lacks /$want/"; fail=1; }
 done

@@ -92,6 +92,22 @@ cuda_only=()
 close gpt2_fp32_stage2_nvme_split 1e-5 "${gpt1[@]}" --precision fp32 --zero-stage 2 --offload-optimizer nvme \
   --nvme-path "$d/nvme" --offload-optimizer-nvme-ratio 0.5
 
+# Note [Exposed time]: a GPU's kernels run asynchronously, so the summary counts the rest of the
+# step as the device's compute (no "other"), and the offloaded optimizer's copies are transfers.
+if "$Z" "${gpt[@]}" --precision bf16 --zero-stage 2 --offload-optimizer cpu --device cuda --profile > "$d/exposed.log" 2>&1; then
+  line="$(grep -E '^  time of steps 2\.\.10: ' "$d/exposed.log" || true)"
+  profile="$(grep -E '^time per step ' "$d/exposed.log" || true)"
+  if grep -Eq '^  time of steps 2\.\.10: device compute and launches [0-9.]+% \(the rest' <<<"$line" &&
+     ! grep -q 'other' <<<"$line$profile" && grep -Eq ', transfer [0-9.]+%' <<<"$profile" &&
+     grep -Eq ', device compute and launches [0-9.]+%' <<<"$profile"; then
+    echo "ok exposed time on cuda: $line"
+  else
+    echo "FAIL exposed time on cuda: '$line' / '$profile'"; failed+=("exposed_time")
+  fi
+else
+  echo "FAIL exposed time run on cuda"; tail -20 "$d/exposed.log"; failed+=("exposed_time")
+fi
+
 # A checkpoint written on one device resumes on the other: the step-5 checkpoint of a 10-step f32
 # run, continued to step 10 on the other device, gives the straight cpu run's steps 6-10.
 for pair in "cuda cpu" "cpu cuda"; do

@@ -1,40 +1,93 @@
 // A per-category wall-clock profiler: where a training step's time goes (GEMM, attention,
-// elementwise kernels, optimizer, communication, data). Off by default; when off, a scope costs one
-// branch. Scopes nest and time is exclusive: an inner scope's time is not counted in the outer one.
+// elementwise kernels, optimizer, communication, data, swap, host-device transfers). Off by
+// default; when off, a scope costs one branch. Scopes nest and time is exclusive: an inner scope's
+// time is not counted in the outer one.
 //
-// Thread-safety: scopes are opened from the thread that drives training (kernels parallelize
-// internally); totals are plain counters read after the work. Not for concurrent drivers: a helper
-// thread that runs instrumented code beside the training thread (the --delayed-update optimizer)
-// calls set_thread_excluded(true) first, and its scopes then cost one branch and record nothing.
+// Note [Exposed time]
+// Where the device is the host (cpu, sim), scopes are timed by the host's clock, and the compute
+// categories time the kernels, which run on the calling thread. A GPU's kernels return before
+// they ran, and the host's clock cannot say how much of a scope the GPU spent waiting: the CPU
+// optimizer of an offloaded step runs while the GPU still works through the backward queued
+// before it. So where the backend has a DeviceTimeline, each scope is timed on the device's
+// compute stream instead: a point marked there as the scope opens is reached when the GPU has
+// done the work queued before it, one marked as it closes when the host got there too, and the
+// span between them is the time the GPU waited on the scope's work: its exposed time (nothing
+// where the GPU was busy throughout). Scopes then open only around host work and waits (the cuda
+// backend opens no compute scope), and what is left of the steps' wall time is the device's
+// compute and the launches ("device compute and launches" in the summary and --profile). A copy
+// between host and device memory waits for the kernels queued before it; the cuda backend waits
+// for those first, unscoped, then for the copy as a `transfer`.
+//
+// Thread-safety: only the thread that called set_enabled(true) records (the thread that drives
+// training; kernels parallelize internally); on any other thread (the --delayed-update optimizer,
+// a communicator's worker) a scope costs one branch and records nothing. Totals are plain counters
+// read by that thread after the work.
 #pragma once
 
 #include <array>
 #include <chrono>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 namespace zerone {
 
 // `swap`: waiting for NVMe swap I/O (the part the pipeline did not hide).
-enum class ProfileCategory { gemm, attention, elementwise, optimizer, comm, data, swap, kCount };
+// `transfer`: waiting for a copy between host and device memory (the part the overlap did not
+// hide): a synchronous copy, or the host waiting on an asynchronous copy's event.
+enum class ProfileCategory { gemm, attention, elementwise, optimizer, comm, data, swap, transfer, kCount };
+
+// Points on a device's compute stream (Note [Exposed time]). Used by the profiler's driver thread
+// only. A failure of the device aborts (as the backend's own calls do).
+class DeviceTimeline {
+ public:
+  virtual ~DeviceTimeline() = default;
+  // Marks the point after everything submitted to the compute stream so far; returns its number
+  // (0, 1, ... since the last clear()).
+  virtual uint32_t mark() = 0;
+  // Waits until the device reached point `later`, and returns the seconds from `earlier` to it.
+  virtual double seconds_between(uint32_t earlier, uint32_t later) = 0;
+  // Forgets every point: the numbers start again at 0.
+  virtual void clear() = 0;
+};
 
 class Profiler {
  public:
   static constexpr size_t kCount = static_cast<size_t>(ProfileCategory::kCount);
-  static void set_enabled(bool on) { enabled_ = on; }
-  // Scopes opened on the calling thread record nothing from now on (see Thread-safety).
-  static void set_thread_excluded(bool excluded) { excluded_ = excluded; }
+  // On: the calling thread's scopes record from now on (it is the driver: see Thread-safety).
+  static void set_enabled(bool on) {
+    enabled_ = on;
+    driver_ = on;
+  }
   static bool enabled() { return enabled_; }
+  // Times scopes on `timeline` from now on (null: the host's clock again); not owned, kept until
+  // replaced. Call with no scope open, from the driver thread.
+  static void set_device_timeline(DeviceTimeline* timeline);
+  // Resolves the spans timed on the device into the totals (waits for the device to reach them)
+  // when more than `max_pending` are waiting; call at a step's end, with no scope open.
+  static void settle(size_t max_pending = 0);
   static void reset();
-  static double seconds(ProfileCategory category) { return totals_[static_cast<size_t>(category)]; }
+  static double seconds(ProfileCategory category) {
+    settle();
+    return totals_[static_cast<size_t>(category)];
+  }
   static const char* name(ProfileCategory category);
-  // "gemm 61.2% (0.270 s/step), attention ..." over `steps` steps, plus the untracked remainder of `wall_s`.
-  static std::string report(double wall_s, int steps);
+  // "gemm 61.2% (0.270 s/step), attention ..." over `steps` steps, plus the untracked remainder of
+  // `wall_s` named `remainder` ("other"; a GPU's compute where its kernels run asynchronously).
+  static std::string report(double wall_s, int steps, const char* remainder = "other");
 
  private:
   friend class ProfileScope;
   static inline bool enabled_ = false;
-  static inline thread_local bool excluded_ = false;
+  static inline thread_local bool driver_ = false;
   static inline std::array<double, kCount> totals_{};
+  // Spans on the device timeline not yet resolved: (category, earlier point, later point).
+  struct Span {
+    ProfileCategory category;
+    uint32_t earlier, later;
+  };
+  static inline DeviceTimeline* timeline_ = nullptr;
+  static inline std::vector<Span> pending_;
 };
 
 class ProfileScope {
@@ -46,10 +99,14 @@ class ProfileScope {
 
  private:
   using Clock = std::chrono::steady_clock;
+  // Closes the open span of `scope` (the parent as a child opens, the scope as it closes) and
+  // starts the next one there.
+  static void close_span(ProfileScope& scope, Clock::time_point now, uint32_t point);
   bool active_;
   ProfileCategory category_;
   ProfileScope* parent_ = nullptr;
-  Clock::time_point start_;
+  Clock::time_point start_;  // where the open span began: on the host's clock, or
+  uint32_t start_point_ = 0;  // on the device timeline
   static inline thread_local ProfileScope* current_ = nullptr;
 };
 

@@ -47,6 +47,7 @@
 #include "zerone/core/dtype.h"
 #include "zerone/core/event.h"
 #include "zerone/core/memory.h"
+#include "zerone/core/profiler.h"
 #include "zerone/kernels/types.h"
 
 namespace zerone::kernels {
@@ -162,6 +163,11 @@ class Backend {
   // True when device memory is host memory (cpu): a communicator may then hand device buffers
   // to MPI directly instead of staging them through host buffers.
   virtual bool host_addressable() const = 0;
+  // Where kernels return before they ran (a GPU's): points on the compute stream that the
+  // profiler times its scopes by, and a run's summary then counts the rest of a step as the
+  // device's compute (Note [Exposed time], core/profiler.h). Null where kernels run on the calling
+  // thread. Owned by the backend; for the thread that drives training.
+  virtual DeviceTimeline* device_timeline() { return nullptr; }
   // Where Buffers of MemPlace::device come from while this backend is installed (use_device).
   virtual MemoryArena& device_arena() = 0;
   // Note [Places of pointers]: the place of the memory at p, as CUDA's unified addressing tells a

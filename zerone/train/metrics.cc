@@ -299,11 +299,15 @@ std::vector<std::string> RunSummary::lines() const {
   out.push_back(loss);
   if (profiled_steps > 0 && profiled_wall_s > 0) {
     auto pct = [&](double s) { return fixed_digits(100.0 * s / profiled_wall_s, 1) + "%"; };
-    const double other = std::max(0.0, profiled_wall_s - compute_s - comm_s - optimizer_s - io_s);
-    out.push_back(str_cat("  time of steps 2..", last_step_, ": compute ", pct(compute_s), ", communication (exposed) ",
-                          pct(comm_s), ", optimizer ", pct(optimizer_s), ", I/O (data, swap) ", pct(io_s), ", other ",
-                          pct(other), " (", fixed_digits(1000.0 * profiled_wall_s / profiled_steps, 1),
-                          " ms/step; --profile itemizes)"));
+    const double waits_s = comm_s + optimizer_s + transfer_s + io_s;
+    const double rest_s = std::max(0.0, profiled_wall_s - (compute_is_remainder ? 0.0 : compute_s) - waits_s);
+    const std::string compute = compute_is_remainder
+                                    ? str_cat("device compute and launches ", pct(rest_s), " (the rest: its kernels run asynchronously)")
+                                    : str_cat("compute ", pct(compute_s));
+    out.push_back(str_cat("  time of steps 2..", last_step_, ": ", compute, ", communication (exposed) ", pct(comm_s),
+                          ", optimizer ", pct(optimizer_s), ", transfers (exposed) ", pct(transfer_s),
+                          ", I/O (data, swap) ", pct(io_s), compute_is_remainder ? "" : str_cat(", other ", pct(rest_s)),
+                          " (", fixed_digits(1000.0 * profiled_wall_s / profiled_steps, 1), " ms/step; --profile itemizes)"));
   }
   for (const PlacePeak& p : memory) {
     std::string text = str_cat("  peak memory, ", p.place, ": ", human_bytes(static_cast<double>(p.peak_bytes)));

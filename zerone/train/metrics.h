@@ -104,9 +104,12 @@ class RunSummary {
   std::optional<double> peak_tflop_per_s;  // per rank
   std::string peak_source;               // "--peak-tflops" or "measured ..."
   int world = 1;
-  // Where the time of steps 2.. went (Profiler categories), over profiled_wall_s of steps.
-  double profiled_wall_s = 0.0, compute_s = 0.0, comm_s = 0.0, optimizer_s = 0.0, io_s = 0.0;
+  // Where the time of steps 2.. went (Profiler categories), over profiled_wall_s of steps. Where
+  // the device's kernels run asynchronously (a GPU's), compute_s is not measured and the summary
+  // counts the remainder as the device's compute (Note [Exposed time], core/profiler.h).
+  double profiled_wall_s = 0.0, compute_s = 0.0, comm_s = 0.0, optimizer_s = 0.0, transfer_s = 0.0, io_s = 0.0;
   int profiled_steps = 0;
+  bool compute_is_remainder = false;
   // Peak bytes per (place, category) on rank 0, and zerone estimate's figures per place.
   struct PlacePeak {
     std::string place;

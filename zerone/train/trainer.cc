@@ -63,6 +63,10 @@ constexpr int kDefaultWarmup = 20;
 constexpr size_t kDefaultTrainTokens = 2'000'000;
 constexpr size_t kDefaultValTokens = 100'000;
 constexpr uint64_t kDefaultSourceSeed = 42;
+// Note [Exposed time]: scopes timed on a GPU's timeline are resolved (a wait for the GPU to reach
+// them) at the end of the step in which this many became pending, so that their events are
+// reused; a wait once in some steps, not one a step.
+constexpr size_t kSpansBeforeSettling = 4096;
 
 struct Evaluation {
   float loss = 0.0f;
@@ -581,6 +585,14 @@ struct StepLoopInputs {
 };
 struct StepLoop : StepLoopInputs {
   explicit StepLoop(const StepLoopInputs& inputs) : StepLoopInputs(inputs) {}
+  // The profiler keeps no pointer to the backend's timeline past the loop, however it ended.
+  ~StepLoop() {
+    Profiler::reset();
+    Profiler::set_device_timeline(nullptr);
+    Profiler::set_enabled(false);
+  }
+  StepLoop(const StepLoop&) = delete;
+  StepLoop& operator=(const StepLoop&) = delete;
 
   // What the loop keeps and reports.
   TrainResult result;
@@ -648,6 +660,7 @@ struct StepLoop : StepLoopInputs {
   bool run() {
     // Always on: the summary says where the time went (a scope costs two clock reads).
     Profiler::set_enabled(true);
+    Profiler::set_device_timeline(model.backend().device_timeline());  // Note [Exposed time]
     if (cfg.profile && cfg.steps - start_step < 1 && lead)
       progress.warning("--profile reports steps 2 and later (the first creates the GEMM primitives): nothing to report in 1 step");
     throw_if_interrupted();
@@ -713,6 +726,7 @@ struct StepLoop : StepLoopInputs {
       schedule.advance(!stepped.overflow);
       double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       if (step > start_step) profiled_wall_s += ms / 1000.0;
+      Profiler::settle(kSpansBeforeSettling);
 
       StepRecord record;
       record.step = step;
@@ -837,9 +851,12 @@ struct StepLoop : StepLoopInputs {
     progress.finish();
     if (cfg.profile && cfg.steps > start_step && lead) {
       progress.message(str_cat("time per step ", 1000.0 * profiled_wall_s / (cfg.steps - start_step), " ms: ",
-                               Profiler::report(profiled_wall_s, cfg.steps - start_step)));
+                               Profiler::report(profiled_wall_s, cfg.steps - start_step,
+                                                model.backend().device_timeline() != nullptr ? "device compute and launches"
+                                                                                             : "other")));
     }
     Profiler::set_enabled(false);
+    Profiler::set_device_timeline(nullptr);
     if (lead && cfg.steps > start_step) {
       summary.profiled_steps = cfg.steps - start_step;
       summary.profiled_wall_s = profiled_wall_s;
@@ -847,6 +864,8 @@ struct StepLoop : StepLoopInputs {
                           Profiler::seconds(ProfileCategory::elementwise);
       summary.comm_s = Profiler::seconds(ProfileCategory::comm);
       summary.optimizer_s = Profiler::seconds(ProfileCategory::optimizer);
+      summary.transfer_s = Profiler::seconds(ProfileCategory::transfer);
+      summary.compute_is_remainder = model.backend().device_timeline() != nullptr;
       summary.io_s = Profiler::seconds(ProfileCategory::data) + Profiler::seconds(ProfileCategory::swap);
     }
   }

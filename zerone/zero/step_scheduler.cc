@@ -406,7 +406,6 @@ void DelayedUpdate::redirect(optim::ShardRef& ref, MemPlace place, MemPlace para
 void DelayedUpdate::start(optim::ShardStepping& optimizer, float lr, float grad_scale, std::vector<Event> installs) {
   install_pending_ = true;
   worker_ = std::thread([this, &optimizer, lr, grad_scale, installs = std::move(installs)] {
-    Profiler::set_thread_excluded(true);
     omp_set_num_threads(threads_);
     try {
       for (const Event& copy : installs) copy.wait();  // they still read what the step overwrites

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "zerone/core/error.h"
+#include "zerone/core/profiler.h"
 #include "zerone/kernels/cpu/quantize.h"
 #include "zerone/kernels/cuda/check.h"
 #include "zerone/kernels/cuda/cublaslt.h"
@@ -206,14 +207,21 @@ class PinnedHostArena final : public MemoryArena {
 
 // ---------------------------------------------------------------- events
 
+// A copy's event also holds the point of the compute stream the copy waited for (`inputs`,
+// recorded where the copy joined it): waiting on the event waits for that compute first, unscoped,
+// and then for the copy under ProfileCategory::transfer, so that a summary counts the copy's
+// exposed time as a transfer and the kernels before it as compute (Note [Exposed time]).
 class CudaEvent final : public Event::Impl {
  public:
-  explicit CudaEvent(cudaStream_t stream) {
+  // Records on `stream`; takes `inputs` (a copy's join point, or null) to destroy it.
+  explicit CudaEvent(cudaStream_t stream, cudaEvent_t inputs = nullptr) : inputs_(inputs) {
     ZERONE_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
     ZERONE_CUDA_CHECK(cudaEventRecord(event_, stream));
   }
   ~CudaEvent() override {
-    if (!g_exiting.load()) (void)cudaEventDestroy(event_);  // Note [CUDA at exit]
+    if (g_exiting.load()) return;  // Note [CUDA at exit]
+    (void)cudaEventDestroy(event_);
+    if (inputs_ != nullptr) (void)cudaEventDestroy(inputs_);
   }
   bool ready() const override {
     const cudaError_t e = cudaEventQuery(event_);
@@ -226,11 +234,20 @@ class CudaEvent final : public Event::Impl {
     ZERONE_CUDA_CHECK(e);
     return true;
   }
-  void wait() const override { ZERONE_CUDA_CHECK(cudaEventSynchronize(event_)); }
+  void wait() const override {
+    if (inputs_ == nullptr) {
+      ZERONE_CUDA_CHECK(cudaEventSynchronize(event_));
+      return;
+    }
+    ZERONE_CUDA_CHECK(cudaEventSynchronize(inputs_));
+    ProfileScope profile(ProfileCategory::transfer);
+    ZERONE_CUDA_CHECK(cudaEventSynchronize(event_));
+  }
   cudaEvent_t handle() const { return event_; }
 
  private:
   cudaEvent_t event_ = nullptr;
+  cudaEvent_t inputs_ = nullptr;  // a copy's: the compute it waited for
 };
 
 int local_rank() {
@@ -260,11 +277,52 @@ cudaDataType cuda_type(DType d) {
 
 // ---------------------------------------------------------------- the backend
 
+// Note [Exposed time] (core/profiler.h): points on the compute stream, timing events recorded
+// there and reused after each clear(). The driver thread's alone, like the profiler's scopes.
+class CudaTimeline final : public DeviceTimeline {
+ public:
+  explicit CudaTimeline(int device) : device_(device) {}
+  ~CudaTimeline() override {
+    if (g_exiting.load()) return;  // Note [CUDA at exit]
+    for (cudaEvent_t e : events_) (void)cudaEventDestroy(e);
+  }
+  CudaTimeline(const CudaTimeline&) = delete;
+  CudaTimeline& operator=(const CudaTimeline&) = delete;
+  void set_stream(cudaStream_t compute) { stream_ = compute; }
+
+  uint32_t mark() override {
+    ZERONE_CUDA_CHECK(cudaSetDevice(device_));
+    if (used_ == events_.size()) {
+      cudaEvent_t e;
+      ZERONE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDefault));  // timed
+      events_.push_back(e);
+    }
+    ZERONE_CUDA_CHECK(cudaEventRecord(events_[used_], stream_));
+    return static_cast<uint32_t>(used_++);
+  }
+  double seconds_between(uint32_t earlier, uint32_t later) override {
+    ZERONE_ASSERT(earlier < used_ && later < used_ && earlier <= later, "cuda timeline: no such points");
+    ZERONE_CUDA_CHECK(cudaEventSynchronize(events_[later]));
+    float ms = 0.0f;
+    ZERONE_CUDA_CHECK(cudaEventElapsedTime(&ms, events_[earlier], events_[later]));
+    return static_cast<double>(ms) / 1000.0;
+  }
+  void clear() override { used_ = 0; }
+
+ private:
+  const int device_;
+  cudaStream_t stream_ = nullptr;
+  std::vector<cudaEvent_t> events_;  // points 0..used_-1 recorded since clear()
+  size_t used_ = 0;
+};
+
 class CudaBackend final : public kernels::Backend {
  public:
-  CudaBackend(int device, kernels::CudaAttention attention) : device_(device), attention_(attention) {
+  CudaBackend(int device, kernels::CudaAttention attention)
+      : device_(device), attention_(attention), timeline_(device) {
     ZERONE_CUDA_CHECK(cudaSetDevice(device_));
     for (cudaStream_t& s : streams_) ZERONE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    timeline_.set_stream(compute());
     arena_ = std::make_unique<CudaArena>(device_, compute());
     ZERONE_CUBLAS_CHECK(lib_.create(&lt_));
     cudaDeviceProp prop;
@@ -290,6 +348,7 @@ class CudaBackend final : public kernels::Backend {
   std::string description() const override { return description_; }
   std::optional<kernels::GpuPeak> peak(DType dtype) const override { return kernels::known_gpu_peak(name_, dtype); }
   bool host_addressable() const override { return false; }
+  DeviceTimeline* device_timeline() override { return &timeline_; }
   MemoryArena& device_arena() override { return *arena_; }
   // Note [Attention's saved state] (kernels/backend.h): flash keeps the rows' logsumexp in att.
   kernels::DeviceOptions device_options() const override { return {.cuda_attention = attention_}; }
@@ -334,15 +393,24 @@ class CudaBackend final : public kernels::Backend {
     if (stream != Stream::compute) ZERONE_CUDA_CHECK(cudaStreamSynchronize(stream_of(stream)));
   }
 
-  // A copy with a host side returns when it is done, so later work of any stream sees it.
+  // A copy with a host side returns when it is done, so later work of any stream sees it. The
+  // host waits for the compute the copy joined first, then for the copy as a transfer (Note
+  // [Exposed time]): the same end, the wait told apart.
   void copy(void* dst, MemPlace dst_place, const void* src, MemPlace src_place, size_t bytes) override {
-    const cudaStream_t s = enqueue_copy(dst, dst_place, src, src_place, bytes);
-    if (s != nullptr && s != compute()) ZERONE_CUDA_CHECK(cudaStreamSynchronize(s));
+    cudaEvent_t inputs = nullptr;
+    const cudaStream_t s = enqueue_copy(dst, dst_place, src, src_place, bytes, &inputs);
+    if (inputs == nullptr) return;  // none, or on the compute stream: ordered like a kernel
+    const cudaError_t waited = cudaEventSynchronize(inputs);
+    (void)cudaEventDestroy(inputs);
+    ZERONE_CUDA_CHECK(waited);
+    ProfileScope profile(ProfileCategory::transfer);
+    ZERONE_CUDA_CHECK(cudaStreamSynchronize(s));
   }
   // Note [Asynchronous copies] (kernels/backend.h): the event recorded after the copy on its stream.
   Event copy_async(void* dst, MemPlace dst_place, const void* src, MemPlace src_place, size_t bytes) override {
-    const cudaStream_t s = enqueue_copy(dst, dst_place, src, src_place, bytes);
-    return s == nullptr ? Event() : Event(std::make_shared<const CudaEvent>(s));
+    cudaEvent_t inputs = nullptr;
+    const cudaStream_t s = enqueue_copy(dst, dst_place, src, src_place, bytes, &inputs);
+    return s == nullptr ? Event() : Event(std::make_shared<const CudaEvent>(s, inputs));
   }
   void fill_zero(void* dst, size_t bytes) override {
     if (bytes > 0) ZERONE_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, compute()));
@@ -622,7 +690,10 @@ class CudaBackend final : public kernels::Backend {
   // to copy, or host to host: memcpy). Device to device runs on compute; a copy with a host side
   // on its direction's copy stream after the compute work submitted so far (which may write its
   // source or still read its destination; Note [CUDA backend design]).
-  cudaStream_t enqueue_copy(void* dst, MemPlace dst_place, const void* src, MemPlace src_place, size_t bytes) {
+  // The stream the copy runs on (null: none ran, or a memcpy between host buffers); for a copy
+  // with a host side, *inputs gets the event of the compute it waits for (the caller destroys it).
+  cudaStream_t enqueue_copy(void* dst, MemPlace dst_place, const void* src, MemPlace src_place, size_t bytes,
+                            cudaEvent_t* inputs) {
     ZERONE_ASSERT(dst_place != MemPlace::nvme && src_place != MemPlace::nvme, "copy: NVMe is not memory");
     if (bytes == 0 || dst == src) return nullptr;
     if (dst_place == MemPlace::host && src_place == MemPlace::host) {
@@ -638,18 +709,21 @@ class CudaBackend final : public kernels::Backend {
       return compute();
     }
     const cudaStream_t s = stream_of(kind == cudaMemcpyHostToDevice ? Stream::host_to_device : Stream::device_to_host);
-    join(s, compute());
+    *inputs = join(s, compute(), /*keep=*/true);
     ZERONE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, s));
     return s;
   }
   cudaStream_t stream_of(Stream s) const { return streams_[static_cast<int>(s)]; }
-  // `later` waits for everything submitted to `earlier` so far.
-  void join(cudaStream_t later, cudaStream_t earlier) {
+  // `later` waits for everything submitted to `earlier` so far. With `keep`, returns the event of
+  // that point (the caller destroys it); else releases it (once the wait is done) and returns null.
+  cudaEvent_t join(cudaStream_t later, cudaStream_t earlier, bool keep = false) {
     cudaEvent_t e;
     ZERONE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     ZERONE_CUDA_CHECK(cudaEventRecord(e, earlier));
     ZERONE_CUDA_CHECK(cudaStreamWaitEvent(later, e, 0));
-    ZERONE_CUDA_CHECK(cudaEventDestroy(e));  // released once the wait is done
+    if (keep) return e;
+    ZERONE_CUDA_CHECK(cudaEventDestroy(e));
+    return nullptr;
   }
 
   // Note [Deterministic gradient norm]: per-chunk double partials summed on the host in chunk order.
@@ -794,6 +868,7 @@ class CudaBackend final : public kernels::Backend {
   const int device_;
   const kernels::CudaAttention attention_;
   cudaStream_t streams_[4] = {};  // compute, comm, host_to_device, device_to_host (kernels::Stream's order)
+  CudaTimeline timeline_;          // on streams_[0]
   std::string uuid_;               // device_identity()
   PinnedHostArena pinned_;
   std::unique_ptr<CudaArena> arena_;

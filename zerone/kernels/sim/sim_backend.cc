@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "zerone/core/error.h"
+#include "zerone/core/profiler.h"
 
 namespace zerone::kernels::sim {
 
@@ -198,6 +199,9 @@ void SimBackend::copy_now(void* dst, MemPlace dst_place, const void* src, MemPla
   const void* s = src_place == MemPlace::device ? arena_.translate(src, bytes, "copy source") : src;
   if (dst_place != MemPlace::device) ZERONE_ASSERT(!arena_.contains(dst), "sim: copy to host memory given a device address");
   if (src_place != MemPlace::device) ZERONE_ASSERT(!arena_.contains(src), "sim: copy from host memory given a device address");
+  // Between host and device memory, the host waits for the copy (it runs it).
+  std::optional<ProfileScope> profile;
+  if (dst_place != src_place) profile.emplace(ProfileCategory::transfer);
   CpuBackend::copy(d, MemPlace::host, s, MemPlace::host, bytes);
 }
 

@@ -1,0 +1,135 @@
+// Profiler: exclusive nested scopes, and only the thread that enabled it records (the
+// --delayed-update optimizer and a communicator's worker run instrumented code beside it).
+#include "zerone/core/profiler.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+#include <vector>
+
+namespace zerone {
+namespace {
+
+void busy_for(std::chrono::milliseconds how_long) {
+  const auto end = std::chrono::steady_clock::now() + how_long;
+  while (std::chrono::steady_clock::now() < end) {
+  }
+}
+
+class ProfilerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    Profiler::reset();
+    Profiler::set_enabled(true);
+  }
+  void TearDown() override {
+    Profiler::set_enabled(false);
+    Profiler::reset();
+  }
+};
+
+TEST_F(ProfilerTest, NestedScopesAreExclusive) {
+  const auto start = std::chrono::steady_clock::now();
+  {
+    ProfileScope outer(ProfileCategory::optimizer);
+    busy_for(std::chrono::milliseconds(20));
+    {
+      ProfileScope inner(ProfileCategory::transfer);
+      busy_for(std::chrono::milliseconds(30));
+    }
+  }
+  const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_GE(Profiler::seconds(ProfileCategory::transfer), 0.030);
+  EXPECT_GE(Profiler::seconds(ProfileCategory::optimizer), 0.020);
+  // The inner scope's time is not the outer one's too: together they are the wall time.
+  EXPECT_LE(Profiler::seconds(ProfileCategory::optimizer) + Profiler::seconds(ProfileCategory::transfer), wall_s);
+}
+
+TEST_F(ProfilerTest, OnlyTheEnablingThreadRecords) {
+  std::thread helper([] {
+    ProfileScope scope(ProfileCategory::transfer);
+    busy_for(std::chrono::milliseconds(20));
+  });
+  helper.join();
+  EXPECT_EQ(Profiler::seconds(ProfileCategory::transfer), 0.0);
+  {
+    ProfileScope scope(ProfileCategory::transfer);
+    busy_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_GT(Profiler::seconds(ProfileCategory::transfer), 0.0);
+}
+
+TEST_F(ProfilerTest, ReportNamesTheRemainder) {
+  {
+    ProfileScope scope(ProfileCategory::comm);
+    busy_for(std::chrono::milliseconds(5));
+  }
+  const double wall_s = 1.0;
+  EXPECT_NE(Profiler::report(wall_s, 1).find(", other "), std::string::npos);
+  const std::string gpu = Profiler::report(wall_s, 1, "device compute and launches");
+  EXPECT_NE(gpu.find(", device compute and launches "), std::string::npos) << gpu;
+  EXPECT_EQ(gpu.find("other"), std::string::npos) << gpu;
+  EXPECT_NE(gpu.find("comm "), std::string::npos) << gpu;
+}
+
+// A device whose clock the test sets: each point is marked at `now`.
+class FakeTimeline final : public DeviceTimeline {
+ public:
+  double now = 0.0;
+  int resolved = 0;
+  uint32_t mark() override {
+    points_.push_back(now);
+    return static_cast<uint32_t>(points_.size() - 1);
+  }
+  double seconds_between(uint32_t earlier, uint32_t later) override {
+    ++resolved;
+    return points_.at(later) - points_.at(earlier);
+  }
+  void clear() override { points_.clear(); }
+  size_t points() const { return points_.size(); }
+
+ private:
+  std::vector<double> points_;
+};
+
+// Note [Exposed time]: on a device timeline a scope is the span between the points marked as it
+// opens and closes, exclusive of its children's, resolved when settled.
+TEST_F(ProfilerTest, ScopesOnADeviceTimeline) {
+  FakeTimeline device;
+  Profiler::set_device_timeline(&device);
+  {
+    ProfileScope optimizer(ProfileCategory::optimizer);
+    device.now = 1.0;
+    {
+      ProfileScope copy(ProfileCategory::transfer);
+      busy_for(std::chrono::milliseconds(20));  // the host's clock is not what counts
+      device.now = 1.5;
+    }
+    device.now = 3.0;
+  }
+  EXPECT_EQ(device.points(), 4u);
+  Profiler::settle(3);  // three spans pending: not more than 3, kept
+  EXPECT_EQ(device.resolved, 0);
+  Profiler::settle(2);
+  EXPECT_EQ(device.resolved, 3);
+  EXPECT_EQ(device.points(), 0u);  // cleared: the points are reused
+  EXPECT_DOUBLE_EQ(Profiler::seconds(ProfileCategory::optimizer), 1.0 + 1.5);
+  EXPECT_DOUBLE_EQ(Profiler::seconds(ProfileCategory::transfer), 0.5);
+  {
+    ProfileScope data(ProfileCategory::data);
+    device.now = 3.25;
+  }
+  Profiler::set_device_timeline(nullptr);  // settles what is pending first
+  EXPECT_DOUBLE_EQ(Profiler::seconds(ProfileCategory::data), 0.25);
+  // The host's clock again.
+  {
+    ProfileScope data(ProfileCategory::data);
+    busy_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_GT(Profiler::seconds(ProfileCategory::data), 0.25);
+  EXPECT_EQ(device.points(), 0u);
+}
+
+}  // namespace
+}  // namespace zerone

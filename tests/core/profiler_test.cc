@@ -131,5 +131,34 @@ TEST_F(ProfilerTest, ScopesOnADeviceTimeline) {
   EXPECT_EQ(device.points(), 0u);
 }
 
+// The work beside the exposed time: a wait for a helper's work is exposed but not work; the
+// helper's work, reported by the driver, is; what the exposed time does not account for was hidden.
+TEST_F(ProfilerTest, HiddenShareOfWorkDoneBeside) {
+  FakeTimeline device;
+  Profiler::set_device_timeline(&device);
+  {
+    ProfileScope wait(ProfileCategory::optimizer, /*waits_for_work=*/true);
+    device.now = 0.5;  // the device waited 0.5 s for the helper
+  }
+  Profiler::add_work(ProfileCategory::optimizer, 2.0);  // the helper worked 2 s
+  EXPECT_DOUBLE_EQ(Profiler::seconds(ProfileCategory::optimizer), 0.5);
+  EXPECT_DOUBLE_EQ(Profiler::work_seconds(ProfileCategory::optimizer), 2.0);
+  EXPECT_DOUBLE_EQ(Profiler::hidden_share(ProfileCategory::optimizer), 0.75);
+  EXPECT_NE(Profiler::report(4.0, 1).find("optimizer 12.5% (500.0 ms/step; 75.0% of its 2000.0 ms/step of work hidden)"),
+            std::string::npos)
+      << Profiler::report(4.0, 1);
+  // A category whose exposed time is its work (or more: a GPU's own kernels) hid nothing.
+  {
+    ProfileScope copy(ProfileCategory::transfer);
+    device.now = 1.5;
+  }
+  EXPECT_EQ(Profiler::hidden_share(ProfileCategory::transfer), 0.0);
+  Profiler::set_device_timeline(nullptr);
+  // Work reported from a thread that is not the driver is not recorded.
+  std::thread helper([] { Profiler::add_work(ProfileCategory::optimizer, 5.0); });
+  helper.join();
+  EXPECT_DOUBLE_EQ(Profiler::work_seconds(ProfileCategory::optimizer), 2.0);
+}
+
 }  // namespace
 }  // namespace zerone

@@ -21,6 +21,12 @@ void Profiler::reset() {
   pending_.clear();
   if (timeline_ != nullptr) timeline_->clear();
   totals_.fill(0.0);
+  work_totals_.fill(0.0);
+}
+
+double Profiler::hidden_share(ProfileCategory category) {
+  const double exposed = seconds(category), work = work_seconds(category);
+  return work > exposed ? (work - exposed) / work : 0.0;
 }
 
 const char* Profiler::name(ProfileCategory category) {
@@ -38,9 +44,16 @@ std::string Profiler::report(double wall_s, int steps, const char* remainder) {
     double s = totals_[c];
     tracked += s;
     if (s == 0.0) continue;
-    std::snprintf(buf, sizeof buf, "%s%s %.1f%% (%.1f ms/step)", out.empty() ? "" : ", ",
+    std::snprintf(buf, sizeof buf, "%s%s %.1f%% (%.1f ms/step", out.empty() ? "" : ", ",
                   name(static_cast<ProfileCategory>(c)), 100.0 * s / wall_s, 1000.0 * s / steps);
     out += buf;
+    const double hidden = hidden_share(static_cast<ProfileCategory>(c));
+    if (hidden >= 0.0005) {
+      std::snprintf(buf, sizeof buf, "; %.1f%% of its %.1f ms/step of work hidden", 100.0 * hidden,
+                    1000.0 * work_totals_[c] / steps);
+      out += buf;
+    }
+    out += ")";
   }
   std::snprintf(buf, sizeof buf, ", %s %.1f%% (%.1f ms/step)", remainder, 100.0 * (wall_s - tracked) / wall_s,
                 1000.0 * (wall_s - tracked) / steps);
@@ -48,18 +61,22 @@ std::string Profiler::report(double wall_s, int steps, const char* remainder) {
 }
 
 void ProfileScope::close_span(ProfileScope& scope, Clock::time_point now, uint32_t point) {
+  const size_t c = static_cast<size_t>(scope.category_);
+  const double host_s = std::chrono::duration<double>(now - scope.start_).count();
+  if (!scope.waits_for_work_) Profiler::work_totals_[c] += host_s;
   if (Profiler::timeline_ != nullptr) {
     Profiler::pending_.push_back({scope.category_, scope.start_point_, point});
-    scope.start_point_ = point;
   } else {
-    Profiler::totals_[static_cast<size_t>(scope.category_)] += std::chrono::duration<double>(now - scope.start_).count();
-    scope.start_ = now;
+    Profiler::totals_[c] += host_s;
   }
+  scope.start_ = now;
+  scope.start_point_ = point;
 }
 
-ProfileScope::ProfileScope(ProfileCategory category) : active_(Profiler::enabled_ && Profiler::driver_), category_(category) {
+ProfileScope::ProfileScope(ProfileCategory category, bool waits_for_work)
+    : active_(Profiler::enabled_ && Profiler::driver_), waits_for_work_(waits_for_work), category_(category) {
   if (!active_) return;
-  const Clock::time_point now = Profiler::timeline_ == nullptr ? Clock::now() : Clock::time_point();
+  const Clock::time_point now = Clock::now();
   const uint32_t point = Profiler::timeline_ == nullptr ? 0 : Profiler::timeline_->mark();
   parent_ = current_;
   if (parent_ != nullptr) close_span(*parent_, now, point);
@@ -70,7 +87,7 @@ ProfileScope::ProfileScope(ProfileCategory category) : active_(Profiler::enabled
 
 ProfileScope::~ProfileScope() {
   if (!active_) return;
-  const Clock::time_point now = Profiler::timeline_ == nullptr ? Clock::now() : Clock::time_point();
+  const Clock::time_point now = Clock::now();
   const uint32_t point = Profiler::timeline_ == nullptr ? 0 : Profiler::timeline_->mark();
   close_span(*this, now, point);
   current_ = parent_;

@@ -17,6 +17,10 @@
 // compute and the launches ("device compute and launches" in the summary and --profile). A copy
 // between host and device memory waits for the kernels queued before it; the cuda backend waits
 // for those first, unscoped, then for the copy as a `transfer`.
+// Beside what was exposed, the profiler keeps the work: each scope's time by the host's clock,
+// and what a helper thread reports through its driver (the --delayed-update optimizer's step). The
+// share of a category's work that the exposed time does not account for is what the overlap hid
+// (the CPU optimizer's, in issue 19's measure of offload).
 //
 // Thread-safety: only the thread that called set_enabled(true) records (the thread that drives
 // training; kernels parallelize internally); on any other thread (the --delayed-update optimizer,
@@ -67,10 +71,21 @@ class Profiler {
   // when more than `max_pending` are waiting; call at a step's end, with no scope open.
   static void settle(size_t max_pending = 0);
   static void reset();
+  // The exposed seconds of `category` (Note [Exposed time]).
   static double seconds(ProfileCategory category) {
     settle();
     return totals_[static_cast<size_t>(category)];
   }
+  // The seconds of work in `category`: its scopes by the host's clock, and add_work's.
+  static double work_seconds(ProfileCategory category) { return work_totals_[static_cast<size_t>(category)]; }
+  // Adds work done beside the driver (by a helper thread whose scopes record nothing), from the
+  // driver thread; nothing when the profiler is off or the caller is not the driver.
+  static void add_work(ProfileCategory category, double seconds) {
+    if (enabled_ && driver_) work_totals_[static_cast<size_t>(category)] += seconds;
+  }
+  // The share of `category`'s work that its exposed time does not account for (0 where the work is
+  // not more than the exposed time, e.g. a GPU's own optimizer kernels).
+  static double hidden_share(ProfileCategory category);
   static const char* name(ProfileCategory category);
   // "gemm 61.2% (0.270 s/step), attention ..." over `steps` steps, plus the untracked remainder of
   // `wall_s` named `remainder` ("other"; a GPU's compute where its kernels run asynchronously).
@@ -81,6 +96,7 @@ class Profiler {
   static inline bool enabled_ = false;
   static inline thread_local bool driver_ = false;
   static inline std::array<double, kCount> totals_{};
+  static inline std::array<double, kCount> work_totals_{};
   // Spans on the device timeline not yet resolved: (category, earlier point, later point).
   struct Span {
     ProfileCategory category;
@@ -92,7 +108,9 @@ class Profiler {
 
 class ProfileScope {
  public:
-  explicit ProfileScope(ProfileCategory category);
+  // A scope of `category`. One that only waits for work done elsewhere and reported by add_work
+  // (the --delayed-update optimizer's) is `waits_for_work`: its time is exposed, not work.
+  explicit ProfileScope(ProfileCategory category, bool waits_for_work = false);
   ~ProfileScope();
   ProfileScope(const ProfileScope&) = delete;
   ProfileScope& operator=(const ProfileScope&) = delete;
@@ -103,6 +121,7 @@ class ProfileScope {
   // starts the next one there.
   static void close_span(ProfileScope& scope, Clock::time_point now, uint32_t point);
   bool active_;
+  bool waits_for_work_;
   ProfileCategory category_;
   ProfileScope* parent_ = nullptr;
   Clock::time_point start_;  // where the open span began: on the host's clock, or

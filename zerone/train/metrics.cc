@@ -305,7 +305,11 @@ std::vector<std::string> RunSummary::lines() const {
                                     ? str_cat("device compute and launches ", pct(rest_s), " (the rest: its kernels run asynchronously)")
                                     : str_cat("compute ", pct(compute_s));
     out.push_back(str_cat("  time of steps 2..", last_step_, ": ", compute, ", communication (exposed) ", pct(comm_s),
-                          ", optimizer ", pct(optimizer_s), ", transfers (exposed) ", pct(transfer_s),
+                          ", optimizer ", pct(optimizer_s),
+                          optimizer_hidden_share >= 0.0005
+                              ? str_cat(" (", fixed_digits(100.0 * optimizer_hidden_share, 1), "% of its work hidden)")
+                              : "",
+                          ", transfers (exposed) ", pct(transfer_s),
                           ", I/O (data, swap) ", pct(io_s), compute_is_remainder ? "" : str_cat(", other ", pct(rest_s)),
                           " (", fixed_digits(1000.0 * profiled_wall_s / profiled_steps, 1), " ms/step; --profile itemizes)"));
   }

@@ -110,6 +110,7 @@ class RunSummary {
   double profiled_wall_s = 0.0, compute_s = 0.0, comm_s = 0.0, optimizer_s = 0.0, transfer_s = 0.0, io_s = 0.0;
   int profiled_steps = 0;
   bool compute_is_remainder = false;
+  double optimizer_hidden_share = 0.0;  // of the optimizer's work, what overlap hid (Profiler::hidden_share)
   // Peak bytes per (place, category) on rank 0, and zerone estimate's figures per place.
   struct PlacePeak {
     std::string place;

@@ -865,6 +865,7 @@ struct StepLoop : StepLoopInputs {
       summary.comm_s = Profiler::seconds(ProfileCategory::comm);
       summary.optimizer_s = Profiler::seconds(ProfileCategory::optimizer);
       summary.transfer_s = Profiler::seconds(ProfileCategory::transfer);
+      summary.optimizer_hidden_share = Profiler::hidden_share(ProfileCategory::optimizer);
       summary.compute_is_remainder = model.backend().device_timeline() != nullptr;
       summary.io_s = Profiler::seconds(ProfileCategory::data) + Profiler::seconds(ProfileCategory::swap);
     }

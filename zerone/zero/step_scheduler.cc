@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <utility>
 
@@ -409,7 +410,9 @@ void DelayedUpdate::start(optim::ShardStepping& optimizer, float lr, float grad_
     omp_set_num_threads(threads_);
     try {
       for (const Event& copy : installs) copy.wait();  // they still read what the step overwrites
+      const auto t0 = std::chrono::steady_clock::now();
       optimizer.step(lr, grad_scale);
+      worker_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     } catch (...) {
       error_ = std::current_exception();
     }
@@ -419,9 +422,11 @@ void DelayedUpdate::start(optim::ShardStepping& optimizer, float lr, float grad_
 void DelayedUpdate::join() {
   if (!worker_.joinable()) return;
   {
-    ProfileScope profile(ProfileCategory::optimizer);  // the part of the update the step did not hide
+    // The part of the update the step did not hide; the update itself is the worker's work.
+    ProfileScope profile(ProfileCategory::optimizer, /*waits_for_work=*/true);
     worker_.join();
   }
+  Profiler::add_work(ProfileCategory::optimizer, std::exchange(worker_seconds_, 0.0));
   if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
 }
 

@@ -89,6 +89,7 @@ class DelayedUpdate {
   std::vector<Buffer> grads_, params_;
   std::thread worker_;
   std::exception_ptr error_;
+  double worker_seconds_ = 0.0;  // the last update's time on the worker (the profiler's work: join())
   bool install_pending_ = false;
   int threads_ = 1;
 };

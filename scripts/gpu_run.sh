@@ -752,7 +752,8 @@ PY
 # rows (kernels_test), then issue 19 §4's headline, the Llama-2-7B shape with the optimizer in host
 # memory (the delayed update, then accumulation, then one micro-step a step: ZERONE_7B_RUNS), then
 # W5 GPT-2 beside PyTorch eager with what is left (ZERONE_W5_KEEP_S, default 100 s, kept for it).
-# ZERONE_OFFLOAD_PARTS (default 7b) may add 13b; ZERONE_OFFLOAD_FLAGS go to every 7B and 13B run
+# ZERONE_FOCUS_SCRIPTS names tests/zero/ scripts to run after the op harness (zero_cuda.log);
+# ZERONE_OFFLOAD_PARTS (default 7b) may add 13b and the 1B parts (none cpu fsdp2 nvme); ZERONE_OFFLOAD_FLAGS go to every 7B and 13B run
 # (--lr, say), ZERONE_7B_STEPS and ZERONE_13B_STEPS set their steps, ZERONE_13B_MIN_S the time the
 # 13B shape needs left to start (default 240 s).
 do_focus() {
@@ -762,6 +763,11 @@ do_focus() {
   step info 20 info.txt "$pack/bin/zerone" info
   # ZERONE_FOCUS_HARNESS=0: a second focus call of the session, after the first passed them.
   [ "${ZERONE_FOCUS_HARNESS:-1}" = 0 ] || step gtest:kernels_test 120 gtest_cuda.log gtest_cuda kernels_test "$tmp/kernels_test.xml"
+  # ZERONE_FOCUS_SCRIPTS: test scripts of tests/zero/ to run after it ("device_cuda", say).
+  local script
+  for script in ${ZERONE_FOCUS_SCRIPTS:-}; do
+    step "zero/$script.sh" 150 zero_cuda.log bash "$root/tests/zero/$script.sh" "$pack/bin/zerone"
+  done
   export ZERONE_OFFLOAD_PARTS="${ZERONE_OFFLOAD_PARTS:-7b}" ZERONE_7B_RUNS="${ZERONE_7B_RUNS:-dpu accum plain}"
   # The offload step's own guards read ZERONE_DEADLINE: it ends where W5's 100 s begin.
   local call_deadline=$deadline

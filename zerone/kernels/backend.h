@@ -47,8 +47,11 @@
 #include "zerone/core/dtype.h"
 #include "zerone/core/event.h"
 #include "zerone/core/memory.h"
-#include "zerone/core/profiler.h"
 #include "zerone/kernels/types.h"
+
+namespace zerone {
+class DeviceTimeline;  // core/profiler.h
+}  // namespace zerone
 
 namespace zerone::kernels {
 

@@ -140,7 +140,7 @@ TEST_F(ProfilerTest, HiddenShareOfWorkDoneBeside) {
     ProfileScope wait(ProfileCategory::optimizer, /*waits_for_work=*/true);
     device.now = 0.5;  // the device waited 0.5 s for the helper
   }
-  Profiler::add_work(ProfileCategory::optimizer, 2.0);  // the helper worked 2 s
+  Profiler::add_work(ProfileCategory::optimizer, 2.0, Profiler::generation());  // the helper worked 2 s
   EXPECT_DOUBLE_EQ(Profiler::seconds(ProfileCategory::optimizer), 0.5);
   EXPECT_DOUBLE_EQ(Profiler::work_seconds(ProfileCategory::optimizer), 2.0);
   EXPECT_DOUBLE_EQ(Profiler::hidden_share(ProfileCategory::optimizer), 0.75);
@@ -155,9 +155,20 @@ TEST_F(ProfilerTest, HiddenShareOfWorkDoneBeside) {
   EXPECT_EQ(Profiler::hidden_share(ProfileCategory::transfer), 0.0);
   Profiler::set_device_timeline(nullptr);
   // Work reported from a thread that is not the driver is not recorded.
-  std::thread helper([] { Profiler::add_work(ProfileCategory::optimizer, 5.0); });
+  std::thread helper([] { Profiler::add_work(ProfileCategory::optimizer, 5.0, Profiler::generation()); });
   helper.join();
   EXPECT_DOUBLE_EQ(Profiler::work_seconds(ProfileCategory::optimizer), 2.0);
+  // Work begun before a reset (a delayed update started in the step before) is not added.
+  const uint64_t before = Profiler::generation();
+  Profiler::reset();
+  Profiler::add_work(ProfileCategory::optimizer, 3.0, before);
+  EXPECT_EQ(Profiler::work_seconds(ProfileCategory::optimizer), 0.0);
+  Profiler::add_work(ProfileCategory::optimizer, 3.0, Profiler::generation());
+  EXPECT_EQ(Profiler::work_seconds(ProfileCategory::optimizer), 3.0);
+  // All of it hidden: still listed, with its work.
+  EXPECT_NE(Profiler::report(6.0, 1).find("optimizer 0.0% (0.0 ms/step; 100.0% of its 3000.0 ms/step of work hidden)"),
+            std::string::npos)
+      << Profiler::report(6.0, 1);
 }
 
 }  // namespace

@@ -98,7 +98,7 @@ if "$Z" "${gpt[@]}" --precision bf16 --zero-stage 2 --offload-optimizer cpu --de
   line="$(grep -E '^  time of steps 2\.\.10: ' "$d/exposed.log" || true)"
   profile="$(grep -E '^time per step ' "$d/exposed.log" || true)"
   if grep -Eq '^  time of steps 2\.\.10: device compute and launches [0-9.]+% \(the rest' <<<"$line" &&
-     ! grep -q 'other' <<<"$line$profile" && grep -Eq ', transfer [0-9.]+%' <<<"$profile" &&
+     ! grep -q 'other' <<<"$line$profile" && grep -Eq '(: |, )transfer [0-9.]+%' <<<"$profile" &&
      grep -Eq ', device compute and launches [0-9.]+%' <<<"$profile"; then
     echo "ok exposed time on cuda: $line"
   else

@@ -22,6 +22,7 @@ void Profiler::reset() {
   if (timeline_ != nullptr) timeline_->clear();
   totals_.fill(0.0);
   work_totals_.fill(0.0);
+  ++generation_;
 }
 
 double Profiler::hidden_share(ProfileCategory category) {
@@ -43,7 +44,7 @@ std::string Profiler::report(double wall_s, int steps, const char* remainder) {
   for (size_t c = 0; c < kCount; ++c) {
     double s = totals_[c];
     tracked += s;
-    if (s == 0.0) continue;
+    if (s == 0.0 && work_totals_[c] == 0.0) continue;  // a hidden optimizer still shows its work
     std::snprintf(buf, sizeof buf, "%s%s %.1f%% (%.1f ms/step", out.empty() ? "" : ", ",
                   name(static_cast<ProfileCategory>(c)), 100.0 * s / wall_s, 1000.0 * s / steps);
     out += buf;
@@ -74,7 +75,8 @@ void ProfileScope::close_span(ProfileScope& scope, Clock::time_point now, uint32
 }
 
 ProfileScope::ProfileScope(ProfileCategory category, bool waits_for_work)
-    : active_(Profiler::enabled_ && Profiler::driver_), waits_for_work_(waits_for_work), category_(category) {
+    // driver_ first: another thread reads nothing the driver writes.
+    : active_(Profiler::driver_ && Profiler::enabled_), waits_for_work_(waits_for_work), category_(category) {
   if (!active_) return;
   const Clock::time_point now = Clock::now();
   const uint32_t point = Profiler::timeline_ == nullptr ? 0 : Profiler::timeline_->mark();

@@ -59,6 +59,7 @@ class Profiler {
  public:
   static constexpr size_t kCount = static_cast<size_t>(ProfileCategory::kCount);
   // On: the calling thread's scopes record from now on (it is the driver: see Thread-safety).
+  // Call on and off from the same thread.
   static void set_enabled(bool on) {
     enabled_ = on;
     driver_ = on;
@@ -80,9 +81,13 @@ class Profiler {
   static double work_seconds(ProfileCategory category) { return work_totals_[static_cast<size_t>(category)]; }
   // Adds work done beside the driver (by a helper thread whose scopes record nothing), from the
   // driver thread; nothing when the profiler is off or the caller is not the driver.
-  static void add_work(ProfileCategory category, double seconds) {
-    if (enabled_ && driver_) work_totals_[static_cast<size_t>(category)] += seconds;
+  // Work begun before the last reset() (`generation` then: a delayed update started in step 1 and
+  // joined in step 2) is not added.
+  static void add_work(ProfileCategory category, double seconds, uint64_t generation) {
+    if (driver_ && enabled_ && generation == generation_) work_totals_[static_cast<size_t>(category)] += seconds;
   }
+  // Counts reset()s: the generation work begun now belongs to.
+  static uint64_t generation() { return generation_; }
   // The share of `category`'s work that its exposed time does not account for (0 where the work is
   // not more than the exposed time, e.g. a GPU's own optimizer kernels).
   static double hidden_share(ProfileCategory category);
@@ -97,6 +102,7 @@ class Profiler {
   static inline thread_local bool driver_ = false;
   static inline std::array<double, kCount> totals_{};
   static inline std::array<double, kCount> work_totals_{};
+  static inline uint64_t generation_ = 0;
   // Spans on the device timeline not yet resolved: (category, earlier point, later point).
   struct Span {
     ProfileCategory category;

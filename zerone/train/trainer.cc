@@ -639,7 +639,12 @@ struct StepLoop : StepLoopInputs {
   void save_checkpoint(int done) {
     comm.set_phase(str_cat("checkpoint of step ", done));
     if (lead) progress.message(str_cat("saving checkpoint of step ", done, " in '", cfg.checkpoint_dir, "' ..."));
+    // Outside the steps' wall time, so the profiler does not count it either (its copies of the
+    // whole state would be transfers beyond the steps' time).
+    const bool profiling = Profiler::enabled();
+    Profiler::set_enabled(false);
     checkpointer->save(engine, state_after(done));
+    Profiler::set_enabled(profiling);
     if (!cfg.checkpoint_async) report_saved();
     else if (lead)
       progress.message(str_cat("staged checkpoint of step ", done, " (stall ", fixed(checkpointer->last_stall_s(), 3),
@@ -724,9 +729,9 @@ struct StepLoop : StepLoopInputs {
       if (scaled) scaler.update(stepped.overflow);
       if (stepped.overflow) ++skipped_steps;
       schedule.advance(!stepped.overflow);
+      Profiler::settle(kSpansBeforeSettling);  // its wait for the GPU is the step's
       double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       if (step > start_step) profiled_wall_s += ms / 1000.0;
-      Profiler::settle(kSpansBeforeSettling);
 
       StepRecord record;
       record.step = step;

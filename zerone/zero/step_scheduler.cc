@@ -406,6 +406,7 @@ void DelayedUpdate::redirect(optim::ShardRef& ref, MemPlace place, MemPlace para
 
 void DelayedUpdate::start(optim::ShardStepping& optimizer, float lr, float grad_scale, std::vector<Event> installs) {
   install_pending_ = true;
+  worker_generation_ = Profiler::generation();
   worker_ = std::thread([this, &optimizer, lr, grad_scale, installs = std::move(installs)] {
     omp_set_num_threads(threads_);
     try {
@@ -426,7 +427,7 @@ void DelayedUpdate::join() {
     ProfileScope profile(ProfileCategory::optimizer, /*waits_for_work=*/true);
     worker_.join();
   }
-  Profiler::add_work(ProfileCategory::optimizer, std::exchange(worker_seconds_, 0.0));
+  Profiler::add_work(ProfileCategory::optimizer, std::exchange(worker_seconds_, 0.0), worker_generation_);
   if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
 }
 

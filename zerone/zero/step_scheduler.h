@@ -89,7 +89,8 @@ class DelayedUpdate {
   std::vector<Buffer> grads_, params_;
   std::thread worker_;
   std::exception_ptr error_;
-  double worker_seconds_ = 0.0;  // the last update's time on the worker (the profiler's work: join())
+  double worker_seconds_ = 0.0;    // the last update's time on the worker (the profiler's work: join())
+  uint64_t worker_generation_ = 0;  // the profiler's generation when it started (Profiler::add_work)
   bool install_pending_ = false;
   int threads_ = 1;
 };

@@ -140,7 +140,8 @@ TEST_F(ProfilerTest, HiddenShareOfWorkDoneBeside) {
     ProfileScope wait(ProfileCategory::optimizer, /*waits_for_work=*/true);
     device.now = 0.5;  // the device waited 0.5 s for the helper
   }
-  Profiler::add_work(ProfileCategory::optimizer, 2.0, Profiler::generation());  // the helper worked 2 s
+  const auto now = std::chrono::steady_clock::now();
+  Profiler::add_work(ProfileCategory::optimizer, now, now + std::chrono::seconds(2));  // the helper worked 2 s
   EXPECT_DOUBLE_EQ(Profiler::seconds(ProfileCategory::optimizer), 0.5);
   EXPECT_DOUBLE_EQ(Profiler::work_seconds(ProfileCategory::optimizer), 2.0);
   EXPECT_DOUBLE_EQ(Profiler::hidden_share(ProfileCategory::optimizer), 0.75);
@@ -155,16 +156,22 @@ TEST_F(ProfilerTest, HiddenShareOfWorkDoneBeside) {
   EXPECT_EQ(Profiler::hidden_share(ProfileCategory::transfer), 0.0);
   Profiler::set_device_timeline(nullptr);
   // Work reported from a thread that is not the driver is not recorded.
-  std::thread helper([] { Profiler::add_work(ProfileCategory::optimizer, 5.0, Profiler::generation()); });
+  std::thread helper([now] { Profiler::add_work(ProfileCategory::optimizer, now, now + std::chrono::seconds(5)); });
   helper.join();
   EXPECT_DOUBLE_EQ(Profiler::work_seconds(ProfileCategory::optimizer), 2.0);
-  // Work begun before a reset (a delayed update started in the step before) is not added.
-  const uint64_t before = Profiler::generation();
+  // Of work begun before a reset (a delayed update started at the end of the step before), the
+  // part after it counts.
+  const auto before = std::chrono::steady_clock::now() - std::chrono::seconds(10);
   Profiler::reset();
-  Profiler::add_work(ProfileCategory::optimizer, 3.0, before);
+  const auto reset_at = std::chrono::steady_clock::now();
+  Profiler::add_work(ProfileCategory::optimizer, before, before + std::chrono::seconds(1));  // all before
   EXPECT_EQ(Profiler::work_seconds(ProfileCategory::optimizer), 0.0);
-  Profiler::add_work(ProfileCategory::optimizer, 3.0, Profiler::generation());
-  EXPECT_EQ(Profiler::work_seconds(ProfileCategory::optimizer), 3.0);
+  Profiler::add_work(ProfileCategory::optimizer, before, reset_at + std::chrono::seconds(3));
+  EXPECT_GE(Profiler::work_seconds(ProfileCategory::optimizer), 3.0);
+  EXPECT_LT(Profiler::work_seconds(ProfileCategory::optimizer), 3.5);
+  Profiler::reset();
+  Profiler::add_work(ProfileCategory::optimizer, reset_at + std::chrono::seconds(1), reset_at + std::chrono::seconds(4));
+  EXPECT_DOUBLE_EQ(Profiler::work_seconds(ProfileCategory::optimizer), 3.0);
   // All of it hidden: still listed, with its work.
   EXPECT_NE(Profiler::report(6.0, 1).find("optimizer 0.0% (0.0 ms/step; 100.0% of its 3000.0 ms/step of work hidden)"),
             std::string::npos)

@@ -22,7 +22,7 @@ void Profiler::reset() {
   if (timeline_ != nullptr) timeline_->clear();
   totals_.fill(0.0);
   work_totals_.fill(0.0);
-  ++generation_;
+  reset_at_ = std::chrono::steady_clock::now();
 }
 
 double Profiler::hidden_share(ProfileCategory category) {

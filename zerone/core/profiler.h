@@ -28,6 +28,7 @@
 // read by that thread after the work.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdint>
@@ -81,13 +82,14 @@ class Profiler {
   static double work_seconds(ProfileCategory category) { return work_totals_[static_cast<size_t>(category)]; }
   // Adds work done beside the driver (by a helper thread whose scopes record nothing), from the
   // driver thread; nothing when the profiler is off or the caller is not the driver.
-  // Work begun before the last reset() (`generation` then: a delayed update started in step 1 and
-  // joined in step 2) is not added.
-  static void add_work(ProfileCategory category, double seconds, uint64_t generation) {
-    if (driver_ && enabled_ && generation == generation_) work_totals_[static_cast<size_t>(category)] += seconds;
+  // The work ran from `begin` to `end` by the steady clock; only its part after the last reset()
+  // counts (a delayed update started at the end of step 1 runs inside step 2).
+  static void add_work(ProfileCategory category, std::chrono::steady_clock::time_point begin,
+                       std::chrono::steady_clock::time_point end) {
+    if (!(driver_ && enabled_)) return;
+    const double seconds = std::chrono::duration<double>(end - std::max(begin, reset_at_)).count();
+    if (seconds > 0) work_totals_[static_cast<size_t>(category)] += seconds;
   }
-  // Counts reset()s: the generation work begun now belongs to.
-  static uint64_t generation() { return generation_; }
   // The share of `category`'s work that its exposed time does not account for (0 where the work is
   // not more than the exposed time, e.g. a GPU's own optimizer kernels).
   static double hidden_share(ProfileCategory category);
@@ -102,7 +104,7 @@ class Profiler {
   static inline thread_local bool driver_ = false;
   static inline std::array<double, kCount> totals_{};
   static inline std::array<double, kCount> work_totals_{};
-  static inline uint64_t generation_ = 0;
+  static inline std::chrono::steady_clock::time_point reset_at_{};
   // Spans on the device timeline not yet resolved: (category, earlier point, later point).
   struct Span {
     ProfileCategory category;

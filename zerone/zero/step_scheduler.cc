@@ -406,14 +406,13 @@ void DelayedUpdate::redirect(optim::ShardRef& ref, MemPlace place, MemPlace para
 
 void DelayedUpdate::start(optim::ShardStepping& optimizer, float lr, float grad_scale, std::vector<Event> installs) {
   install_pending_ = true;
-  worker_generation_ = Profiler::generation();
   worker_ = std::thread([this, &optimizer, lr, grad_scale, installs = std::move(installs)] {
     omp_set_num_threads(threads_);
     try {
       for (const Event& copy : installs) copy.wait();  // they still read what the step overwrites
-      const auto t0 = std::chrono::steady_clock::now();
+      worker_began_ = std::chrono::steady_clock::now();
       optimizer.step(lr, grad_scale);
-      worker_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      worker_ended_ = std::chrono::steady_clock::now();
     } catch (...) {
       error_ = std::current_exception();
     }
@@ -427,7 +426,8 @@ void DelayedUpdate::join() {
     ProfileScope profile(ProfileCategory::optimizer, /*waits_for_work=*/true);
     worker_.join();
   }
-  Profiler::add_work(ProfileCategory::optimizer, std::exchange(worker_seconds_, 0.0), worker_generation_);
+  Profiler::add_work(ProfileCategory::optimizer, worker_began_, worker_ended_);
+  worker_began_ = worker_ended_ = {};  // a failed update adds nothing next time
   if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
 }
 

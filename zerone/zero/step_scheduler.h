@@ -19,6 +19,7 @@
 // rethrown by the next call that joins it.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <exception>
 #include <memory>
@@ -89,8 +90,9 @@ class DelayedUpdate {
   std::vector<Buffer> grads_, params_;
   std::thread worker_;
   std::exception_ptr error_;
-  double worker_seconds_ = 0.0;    // the last update's time on the worker (the profiler's work: join())
-  uint64_t worker_generation_ = 0;  // the profiler's generation when it started (Profiler::add_work)
+  // When the last update ran on the worker (the profiler's work: join()); written by the worker,
+  // read after it is joined.
+  std::chrono::steady_clock::time_point worker_began_{}, worker_ended_{};
   bool install_pending_ = false;
   int threads_ = 1;
 };

@@ -756,6 +756,14 @@ PY
 # ZERONE_OFFLOAD_PARTS (default 7b) may add 13b and the 1B parts (none cpu fsdp2 nvme); ZERONE_OFFLOAD_FLAGS go to every 7B and 13B run
 # (--lr, say), ZERONE_7B_STEPS and ZERONE_13B_STEPS set their steps, ZERONE_13B_MIN_S the time the
 # 13B shape needs left to start (default 240 s).
+# pack_extras DIR: the metrics $out holds and what DIR holds (gtest XML) into $out/extra.tar.gz
+# (the device tool brings back 8 files); DIR is removed.
+pack_extras() {
+  cp "$out"/*.jsonl "$1/" 2>/dev/null; rm -f "$out"/*.jsonl
+  tar -C "$1" -czf "$out/extra.tar.gz" . 2>/dev/null
+  rm -rf "$1"
+}
+
 do_focus() {
   begin_call 540 || return 1
   local tmp; tmp="$(mktemp -d)"
@@ -770,15 +778,13 @@ do_focus() {
   done
   export ZERONE_OFFLOAD_PARTS="${ZERONE_OFFLOAD_PARTS:-7b}" ZERONE_7B_RUNS="${ZERONE_7B_RUNS:-dpu accum plain}"
   # The offload step's own guards read ZERONE_DEADLINE: it ends where W5's 100 s begin.
-  local call_deadline=$deadline
-  export ZERONE_DEADLINE=$((deadline - ${ZERONE_W5_KEEP_S:-100}))
-  step offload $((deadline - $(now) - ${ZERONE_W5_KEEP_S:-100})) offload.log bench_offload
+  local call_deadline=$deadline keep_s="${ZERONE_W5_KEEP_S:-100}"
+  export ZERONE_DEADLINE=$((deadline - keep_s))
+  step offload $((deadline - $(now) - keep_s)) offload.log bench_offload
   export ZERONE_DEADLINE=$call_deadline
   export ZERONE_W5_PEERS=eager ZERONE_W5_LARGEST=0
   step w5 $((deadline - $(now))) bench_w5.log bench_w5 gpt2
-  cp "$out"/*.jsonl "$tmp/" 2>/dev/null; rm -f "$out"/*.jsonl
-  tar -C "$tmp" -czf "$out/extra.tar.gz" . 2>/dev/null
-  rm -rf "$tmp"
+  pack_extras "$tmp"
   cat "$out/summary.txt"
 }
 
@@ -832,9 +838,7 @@ do_run() {
   else
     echo "w5 rc=77 (no GPU: skipped)" | tee -a "$out/summary.txt"
   fi
-  cp "$out"/*.jsonl "$tmp/" 2>/dev/null; rm -f "$out"/*.jsonl
-  tar -C "$tmp" -czf "$out/extra.tar.gz" . 2>/dev/null
-  rm -rf "$tmp"
+  pack_extras "$tmp"
   echo "=== summary (reports in $out: $(ls "$out" | tr '\n' ' '))"
   cat "$out/summary.txt"
   ! grep -vE ' rc=(0|77) ' "$out/summary.txt" | grep -q ' rc='

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 
 #include "zerone/core/error.h"
 #include "zerone/core/profiler.h"

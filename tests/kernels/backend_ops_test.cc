@@ -215,7 +215,9 @@ Want exact(std::string what, Vec values) { return {std::move(what), std::move(va
 
 // Note [GEMM operands in the compute dtype] (kernels/backend.h): the 16-bit operand `rounded`
 // holds, bit for bit, the f32 operand `full` rounded to nearest even (core/dtype.h's rounding).
-void expect_rounded_copy(const Result& r, const std::string& full, const std::string& rounded) {
+// With max_ulps > 0 (a GEMM that rounds as it stores may sum in another order than the one that
+// wrote `full`), each element may be that many units in the last place of the 16-bit dtype away.
+void expect_rounded_copy(const Result& r, const std::string& full, const std::string& rounded, int max_ulps = 0) {
   const Operand& f = r.operands.at(full);
   const Operand& h = r.operands.at(rounded);
   ASSERT_EQ(f.elem, Elem::f32);
@@ -228,9 +230,13 @@ void expect_rounded_copy(const Result& r, const std::string& full, const std::st
     std::memcpy(&x, f.bytes.data() + 4 * i, 4);
     std::memcpy(&got, h.bytes.data() + 2 * i, 2);
     const uint16_t want = h.elem == Elem::bf16 ? f32_to_bf16(x) : f32_to_f16(x);
-    if (got != want && bad++ == 0) first = i;
+    // Same-signed finite 16-bit values are ordered as their bit patterns' magnitudes.
+    const int ulps = std::abs(static_cast<int>(got & 0x7fff) - static_cast<int>(want & 0x7fff));
+    const bool same_sign = (got & 0x8000) == (want & 0x8000) || ((got | want) & 0x7fff) == 0;
+    if ((got != want && (!same_sign || ulps > max_ulps)) && bad++ == 0) first = i;
   }
-  EXPECT_EQ(bad, 0u) << rounded << " is not " << full << " rounded: " << bad << " elements differ, first at " << first;
+  EXPECT_EQ(bad, 0u) << rounded << " is not " << full << " rounded (within " << max_ulps << " ulps): " << bad
+                     << " elements differ, first at " << first;
 }
 // A 16-bit copy of an operand's initial values as the output of a rounded op would hold them.
 Operand rounded(std::string name, const std::vector<float>& v, DType dtype) { return param(std::move(name), v, dtype); }
@@ -728,7 +734,7 @@ void linear_case(int N, int C, int OC, DType dt, bool with_bias, bool accumulate
        {f32("inp", inp), param("weight", w, dt), param("bias", bias, dt), fill("out", N * OC, 9), f32("dout", dout),
         fill("dinp", N * C, 3.0f), fill("dweight", OC * C, dw0), fill("dbias", OC, db0)},
        [=](Backend& b, const Dev& d) {
-         b.linear_forward(d.f("out"), d.f("inp"), DType::f32, d.v("weight"), with_bias ? d.v("bias") : nullptr, dt, N, C,
+         b.linear_forward(d.f("out"), DType::f32, d.f("inp"), DType::f32, d.v("weight"), with_bias ? d.v("bias") : nullptr, dt, N, C,
                           OC);
          b.linear_backward(with_dinp ? d.f("dinp") : nullptr, d.f("dweight"), with_bias ? d.f("dbias") : nullptr,
                            d.f("dout"), DType::f32, d.f("inp"), DType::f32, d.v("weight"), dt, N, C, OC, accumulate);
@@ -758,7 +764,8 @@ void linear_case(int N, int C, int OC, DType dt, bool with_bias, bool accumulate
 void linear_rounded_operands_case(int N, int C, int OC, DType dt, bool with_bias, uint64_t seed) {
   auto inp = randn(N * C, seed), w = randn(OC * C, seed + 1), bias = randn(OC, seed + 2), dout = randn(N * OC, seed + 3);
   std::vector<Operand> ops = {f32("inp", inp), rounded("inp16", inp, dt), param("weight", w, dt),
-                              param("bias", bias, dt), f32("dout", dout), rounded("dout16", dout, dt)};
+                              param("bias", bias, dt), f32("dout", dout), rounded("dout16", dout, dt),
+                              fill16("out16", N * OC, dt)};
   for (const char* tag : {"", "_r"}) {
     ops.push_back(fill(std::string("out") + tag, N * OC, 9));
     ops.push_back(fill(std::string("dinp") + tag, N * C, 3.0f));
@@ -770,10 +777,12 @@ void linear_rounded_operands_case(int N, int C, int OC, DType dt, bool with_bias
        ops,
        [=](Backend& b, const Dev& d) {
          const void* bias_p = with_bias ? d.v("bias") : nullptr;
-         b.linear_forward(d.f("out"), d.f("inp"), DType::f32, d.v("weight"), bias_p, dt, N, C, OC);
+         b.linear_forward(d.f("out"), DType::f32, d.f("inp"), DType::f32, d.v("weight"), bias_p, dt, N, C, OC);
          b.linear_backward(d.f("dinp"), d.f("dweight"), with_bias ? d.f("dbias") : nullptr, d.f("dout"), DType::f32,
                            d.f("inp"), DType::f32, d.v("weight"), dt, N, C, OC);
-         b.linear_forward(d.f("out_r"), d.v("inp16"), dt, d.v("weight"), bias_p, dt, N, C, OC);
+         b.linear_forward(d.f("out_r"), DType::f32, d.v("inp16"), dt, d.v("weight"), bias_p, dt, N, C, OC);
+         // Note [Logits in the compute dtype]: the output stored in the weights' dtype.
+         b.linear_forward(d.v("out16"), dt, d.v("inp16"), dt, d.v("weight"), bias_p, dt, N, C, OC);
          b.linear_backward(d.f("dinp_r"), d.f("dweight_r"), with_bias ? d.f("dbias_r") : nullptr,
                            with_bias ? d.v("dout") : d.v("dout16"), with_bias ? DType::f32 : dt, d.v("inp16"), dt,
                            d.v("weight"), dt, N, C, OC);
@@ -781,9 +790,11 @@ void linear_rounded_operands_case(int N, int C, int OC, DType dt, bool with_bias
        },
        [=] {
          const Vec X = seen(inp, dt), W = seen(w, dt), Bv = with_bias ? seen(bias, dt) : Vec{};
-         return std::vector<Want>{close("out", ref::linear(X, W, Bv, N, C, OC))};
+         const Vec want = ref::linear(X, W, Bv, N, C, OC);
+         return std::vector<Want>{close("out", want), close("out16", want, 4e-3)};
        },
        [](const Result& r) {
+         expect_rounded_copy(r, "out", "out16", /*max_ulps=*/1);
          for (const char* name : {"out", "dinp", "dweight", "dbias"}) {
            SCOPED_TRACE(name);
            EXPECT_EQ(r.operands.at(name).bytes, r.operands.at(std::string(name) + "_r").bytes)
@@ -809,7 +820,7 @@ void linear_bf16_columns_case() {
          const int threads = omp_get_max_threads();
          omp_set_num_threads(2);
          for (int OC = 1; OC <= maxOC; ++OC)
-           b.linear_forward(d.f(named("out", OC)), d.f("inp"), DType::f32, d.v(named("w", OC)), nullptr,
+           b.linear_forward(d.f(named("out", OC)), DType::f32, d.f("inp"), DType::f32, d.v(named("w", OC)), nullptr,
                             DType::bf16, N, C, OC);
          omp_set_num_threads(threads);
          return std::vector<double>{};
@@ -1009,11 +1020,12 @@ void crossentropy_case(int N, int V, int Vp, float dloss, uint64_t seed, DType r
        ops,
        [=](Backend& b, const Dev& d) {
          float* logits_at = in_place ? d.f("dlogits") : d.f("logits");  // in place: dlogits holds the logits
-         b.crossentropy_forward(d.f("losses"), d.f("lse"), logits_at, d.i("targets"), N, V, Vp);
-         b.crossentropy_backward(d.f("dlogits"), DType::f32, logits_at, d.f("lse"), d.i("targets"), dloss, N, V, Vp);
+         b.crossentropy_forward(d.f("losses"), d.f("lse"), logits_at, DType::f32, d.i("targets"), N, V, Vp);
+         b.crossentropy_backward(d.f("dlogits"), DType::f32, logits_at, DType::f32, d.f("lse"), d.i("targets"), dloss, N,
+                                 V, Vp);
          if (rounds)
-           b.crossentropy_backward(d.v("dlogits16"), rounded_dt, d.f("logits"), d.f("lse"), d.i("targets"), dloss, N, V,
-                                   Vp);
+           b.crossentropy_backward(d.v("dlogits16"), rounded_dt, d.f("logits"), DType::f32, d.f("lse"), d.i("targets"),
+                                   dloss, N, V, Vp);
          return std::vector<double>{};
        },
        [=] {
@@ -1027,6 +1039,37 @@ void crossentropy_case(int N, int V, int Vp, float dloss, uint64_t seed, DType r
          for (int n = 0; n < N; ++n)
            for (int v = V; v < Vp; ++v) EXPECT_EQ(g[n * Vp + v], 0.0) << "padded column " << v << " of row " << n;
          if (rounds) expect_rounded_copy(r, "dlogits", "dlogits16");
+       }});
+}
+
+// Note [Logits in the compute dtype]: logits stored in 16 bits (what a 16-bit model's head writes),
+// read widened by the forward, and the gradient written over them in the same dtype. The reference
+// takes the rounded logits; dlogits is held to the 16-bit rounding (relative 2^-9 for bf16).
+void crossentropy_16bit_logits_case(int N, int V, int Vp, float dloss, uint64_t seed, DType dt) {
+  auto logits = randn(N * Vp, seed, 3.0);
+  for (int n = 0; n < N; ++n)
+    for (int v = V; v < Vp; ++v) logits[n * Vp + v] = 100.0f;
+  std::vector<int32_t> targets(N);
+  Rng rng(seed + 1);
+  for (auto& t : targets) t = static_cast<int32_t>(rng.below(V));
+  targets[0] = V - 1;
+  add({named("crossentropy_logits16_N", N) + named("_V", V) + named("_Vp", Vp) + "_" + dtype_tag(dt),
+       {param("logits", logits, dt), i32("targets", targets), fill("losses", N, 9), fill("lse", N, 9)},
+       [=](Backend& b, const Dev& d) {
+         b.crossentropy_forward(d.f("losses"), d.f("lse"), d.v("logits"), dt, d.i("targets"), N, V, Vp);
+         b.crossentropy_backward(d.v("logits"), dt, d.v("logits"), dt, d.f("lse"), d.i("targets"), dloss, N, V, Vp);
+         return std::vector<double>{};
+       },
+       [=] {
+         const Vec L = seen(logits, dt);
+         auto f = [&](const Vec& l) { return ref::crossentropy(l, targets, N, V, Vp); };
+         return std::vector<Want>{close("losses", f(L), 1e-5), close("lse", ref::logsumexp(L, N, V, Vp), 1e-5),
+                                  close("logits", numeric_grad(L, f, constant(N, dloss)), 4e-3)};
+       },
+       [=](const Result& r) {
+         const Vec g = r.values("logits");
+         for (int n = 0; n < N; ++n)
+           for (int v = V; v < Vp; ++v) EXPECT_EQ(g[n * Vp + v], 0.0) << "padded column " << v << " of row " << n;
        }});
 }
 
@@ -1113,6 +1156,10 @@ void transformer_cases() {
   crossentropy_case(3, 2051, 2064, 0.5f, 38, DType::bf16);
   crossentropy_case(3, 2051, 2064, 0.5f, 39, DType::f32, true);
   crossentropy_case(2, 6, 8, 1.0f, 40, DType::f32, true);
+  crossentropy_16bit_logits_case(3, 11, 16, 0.125f, 41, DType::bf16);
+  crossentropy_16bit_logits_case(2, 50, 64, 1.0f, 42, DType::f16);
+  crossentropy_16bit_logits_case(3, 5, 7, 0.5f, 43, DType::bf16);  // Vp not a multiple of 4: element at a time
+  crossentropy_16bit_logits_case(3, 2051, 2064, 0.5f, 44, DType::bf16);
 }
 
 // --- the image classifiers
@@ -1630,8 +1677,9 @@ TEST_F(SimSeamDeathTest, OperandRangeRunningOffItsAllocationAborts) {
   // A shape that names more than the buffer holds: linear's weight (OC, C) = (5, 8) in 40 floats is
   // fine, OC = 6 runs 32 bytes past it; the output (N, OC) and input (N, C) stay inside theirs.
   Buffer out = dev(64), inp = dev(64);
-  sim().linear_forward(out.as<float>(), inp.as<float>(), DType::f32, pa, nullptr, DType::f32, 8, 8, 5);
-  EXPECT_DEATH(sim().linear_forward(out.as<float>(), inp.as<float>(), DType::f32, pa, nullptr, DType::f32, 8, 8, 6),
+  sim().linear_forward(out.as<float>(), DType::f32, inp.as<float>(), DType::f32, pa, nullptr, DType::f32, 8, 8, 5);
+  EXPECT_DEATH(sim().linear_forward(out.as<float>(), DType::f32, inp.as<float>(), DType::f32, pa, nullptr, DType::f32, 8,
+                                    8, 6),
                "runs 32 bytes past its device allocation");
   // The embedding's token table (V, C): V = 5 rows of C = 8 fit, V = 6 runs off (the tokens never
   // reach row 5: the range, not the access, is what is checked).

@@ -107,6 +107,9 @@ void set_params(nn::Model& m, const std::vector<float>& flat) {
 
 // n floats of the model's device memory at p, on the host.
 std::vector<float> to_host(nn::Model& m, const float* p, size_t n) { return testing::to_host(m.backend(), p, n); }
+std::vector<float> to_host(nn::Model& m, const void* logits, size_t n) {
+  return to_host(m, static_cast<const float*>(logits), n);  // a classifier's logits are f32
+}
 
 // The golden cases on every device (tests/test_util.h).
 class SequentialGolden : public ::testing::TestWithParam<kernels::DeviceKind> {

@@ -135,14 +135,15 @@ void GPT2::init_unit(int u, uint64_t seed) {
 namespace {
 
 // Every activation buffer, in the order of GPT2::Activations' members: its element count and
-// element size. The token ids are int32; ln1, ln2, fch_gelu, lnf and dlogits, which only GEMMs read,
-// are in the compute dtype (Note [GEMM operands in the compute dtype], kernels/backend.h: f32 runs
-// write dlogits into logits, so it has no elements then); the rest are f32.
+// element size. The token ids are int32; ln1, ln2, fch_gelu and lnf, which only GEMMs read, are in
+// the compute dtype (Note [GEMM operands in the compute dtype], kernels/backend.h), and so are the
+// logits, which backward overwrites with dlogits (Note [Logits in the compute dtype]); the rest
+// are f32.
 // With activation checkpointing (Note [Activation checkpointing] in model.h) the block internals
 // are kept for one block (S = 1 slot, recomputed in backward) and only the block outputs
 // (residual3) for all L; with CPU checkpointing two device slots of them, and the last entry, the
 // host copies (Note [CPU checkpointing] in model.h).
-std::array<ActivationBuffer, 29> activation_buffers(const GPT2Config& c, DType dtype, int B, int T, bool checkpointing,
+std::array<ActivationBuffer, 28> activation_buffers(const GPT2Config& c, DType dtype, int B, int T, bool checkpointing,
                                                     bool on_host, kernels::AttentionSaved att_saved) {
   const size_t L = c.num_layers, C = c.channels, NH = c.num_heads, Vp = c.padded_vocab_size;
   const size_t S = checkpointing ? 1 : L;
@@ -152,10 +153,10 @@ std::array<ActivationBuffer, 29> activation_buffers(const GPT2Config& c, DType d
            {S * BT * 3 * C, f},  {S * BT * C, f},      {S * kernels::attention_saved_numel(att_saved, B, NH, T), f},
            {S * BT * C, f},      {S * BT * C, g},      {S * BT, f},         {S * BT, f},
            {S * BT * 4 * C, f},  {S * BT * 4 * C, g},  {UnitModel::output_slots_numel(on_host, L, BT * C), f},
-           {BT * C, g},          {BT, f},              {BT, f},             {BT * Vp, f},
+           {BT * C, g},          {BT, f},              {BT, f},             {BT * Vp, g},
            {BT, f},              {BT, f},              {BT * C, f},         {BT * C, f},
-           {BT * C, f},          {BT * 3 * C, f},      {BT * 4 * C, f},     {dtype == DType::f32 ? 0 : BT * Vp, g},
-           {BT, f},              {BT, f},              {UnitModel::saved_inputs_numel(on_host, L, BT * C), f}}};
+           {BT * C, f},          {BT * 3 * C, f},      {BT * 4 * C, f},     {BT, f},
+           {BT, f},              {UnitModel::saved_inputs_numel(on_host, L, BT * C), f}}};
 }
 
 }  // namespace
@@ -197,7 +198,7 @@ void GPT2::ensure_activations(int B, int T) {
   Buffer* buffers[] = {&a.encoded, &a.ln1,      &a.ln1_mean, &a.ln1_rstd, &a.qkv,    &a.atty,   &a.att,
                        &a.residual2, &a.ln2,    &a.ln2_mean, &a.ln2_rstd, &a.fch,    &a.fch_gelu, &a.residual3,
                        &a.lnf,     &a.lnf_mean, &a.lnf_rstd, &a.logits,   &a.losses, &a.lse,    &a.tmp_c,
-                       &a.dresidual, &a.dbuf_c, &a.dqkv,     &a.dfch,     &a.dlogits, &a.inputs, &a.targets, &a.saved};
+                       &a.dresidual, &a.dbuf_c, &a.dqkv,     &a.dfch,     &a.inputs, &a.targets, &a.saved};
   static_assert(sizeof(buffers) / sizeof(buffers[0]) == std::tuple_size_v<decltype(sizes)>);
   for (size_t i = 0; i < sizes.size(); ++i)  // the last: the host copies of the saved block inputs
     *buffers[i] = Buffer(sizes[i].numel * sizes[i].elem_bytes, MemCategory::activation,
@@ -233,11 +234,11 @@ float GPT2::forward(const int32_t* inputs, const int32_t* targets, int B, int T)
   const float* last = L == 0 ? a.encoded.as<float>() : block_output(a.residual3, L - 1, BTC);
   backend_.layernorm_forward(a.lnf.data(), dtype_, a.lnf_mean.as<float>(), a.lnf_rstd.as<float>(), last,
                              p(uf, kLnfw), p(uf, kLnfb), dtype_, N, C);
-  backend_.linear_forward(a.logits.as<float>(), a.lnf.data(), dtype_, p(0, kWte), nullptr, dtype_, N, C, Vp);  // (B,T,Vp)
+  backend_.linear_forward(a.logits.data(), dtype_, a.lnf.data(), dtype_, p(0, kWte), nullptr, dtype_, N, C, Vp);  // (B,T,Vp)
   hooks_->after_forward(uf);
   if (!have_targets_) return 0.0f;
-  backend_.crossentropy_forward(a.losses.as<float>(), a.lse.as<float>(), a.logits.as<float>(), a.targets.as<int32_t>(),
-                                N, V, Vp);
+  backend_.crossentropy_forward(a.losses.as<float>(), a.lse.as<float>(), a.logits.data(), dtype_,
+                                a.targets.as<int32_t>(), N, V, Vp);
   return static_cast<float>(backend_.sum(a.losses.as<float>(), N) / N);
 }
 
@@ -271,14 +272,14 @@ void GPT2::block_forward(int l) {
   float* tmp = acts_.tmp_c.as<float>();
   // ln1, ln2 and fch_gelu in the compute dtype (Note [GEMM operands in the compute dtype]).
   backend_.layernorm_forward(b.ln1, dtype_, b.ln1_mean, b.ln1_rstd, b.residual, p(u, kLn1w), p(u, kLn1b), dtype_, N, C);
-  backend_.linear_forward(b.qkv, b.ln1, dtype_, p(u, kQkvw), p(u, kQkvb), dtype_, N, C, 3 * C);
+  backend_.linear_forward(b.qkv, DType::f32, b.ln1, dtype_, p(u, kQkvw), p(u, kQkvb), dtype_, N, C, 3 * C);
   backend_.attention_forward(b.atty, b.att, b.qkv, B, T, C, NH, dtype_);
-  backend_.linear_forward(tmp, b.atty, DType::f32, p(u, kAttprojw), p(u, kAttprojb), dtype_, N, C, C);
+  backend_.linear_forward(tmp, DType::f32, b.atty, DType::f32, p(u, kAttprojw), p(u, kAttprojb), dtype_, N, C, C);
   backend_.residual_forward(b.residual2, b.residual, tmp, BTC);
   backend_.layernorm_forward(b.ln2, dtype_, b.ln2_mean, b.ln2_rstd, b.residual2, p(u, kLn2w), p(u, kLn2b), dtype_, N, C);
-  backend_.linear_forward(b.fch, b.ln2, dtype_, p(u, kFcw), p(u, kFcb), dtype_, N, C, 4 * C);
+  backend_.linear_forward(b.fch, DType::f32, b.ln2, dtype_, p(u, kFcw), p(u, kFcb), dtype_, N, C, 4 * C);
   backend_.gelu_forward(b.fch_gelu, dtype_, b.fch, BTC * 4);
-  backend_.linear_forward(tmp, b.fch_gelu, dtype_, p(u, kFcprojw), p(u, kFcprojb), dtype_, N, 4 * C, C);
+  backend_.linear_forward(tmp, DType::f32, b.fch_gelu, dtype_, p(u, kFcprojw), p(u, kFcprojb), dtype_, N, 4 * C, C);
   backend_.residual_forward(b.residual3, b.residual2, tmp, BTC);
 }
 
@@ -295,9 +296,9 @@ void GPT2::backward(float grad_scale) {
 
   const int uf = L + 1;
   hooks_->before_backward(uf);
-  // (B,T,Vp) in the compute dtype (Note [GEMM operands in the compute dtype]); f32 in place.
-  void* dlogits = dtype_ == DType::f32 ? a.logits.data() : a.dlogits.data();
-  backend_.crossentropy_backward(dlogits, dtype_, a.logits.as<float>(), a.lse.as<float>(), targets, grad_scale / N, N,
+  // (B,T,Vp) over the logits, in the compute dtype (Note [Logits in the compute dtype]).
+  void* dlogits = a.logits.data();
+  backend_.crossentropy_backward(dlogits, dtype_, a.logits.data(), dtype_, a.lse.as<float>(), targets, grad_scale / N, N,
                                  V, Vp);
   accumulate_grads(uf, {});
   // The tied head writes wte's gradient first; the embedding's backward adds to it below.

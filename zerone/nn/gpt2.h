@@ -78,9 +78,11 @@ class GPT2 : public UnitModel {
   // returns the mean cross-entropy loss over B*T and keeps what backward needs; without targets
   // computes logits only and returns 0. B, T may change between calls (buffers are resized).
   float forward(const int32_t* inputs, const int32_t* targets, int B, int T) override;
-  // Logits (B,T,Vp) of the last forward (valid until backward, which overwrites them).
-  const float* logits() const override { return acts_.logits.as<float>(); }
+  // Logits (B,T,Vp) of the last forward (valid until backward, which overwrites them), in the
+  // compute dtype (Note [Logits in the compute dtype], kernels/backend.h).
+  const void* logits() const override { return acts_.logits.data(); }
   int logits_stride() const override { return config_.padded_vocab_size; }
+  DType logits_dtype() const override { return dtype_; }
   // Per-token losses (B,T) of the last forward with targets.
   const float* losses() const { return acts_.losses.as<float>(); }
 
@@ -116,8 +118,7 @@ class GPT2 : public UnitModel {
     bool checkpointing = false, on_host = false;
     Buffer encoded, ln1, ln1_mean, ln1_rstd, qkv, atty, att, residual2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu,
         residual3, lnf, lnf_mean, lnf_rstd, logits, losses, lse, tmp_c;
-    Buffer dresidual, dbuf_c, dqkv, dfch;  // backward temporaries
-    Buffer dlogits;  // in the compute dtype when it is 16-bit; f32 runs write it into logits
+    Buffer dresidual, dbuf_c, dqkv, dfch;  // backward temporaries (dlogits are written over logits)
     Buffer inputs, targets;                // copies of the last forward's token ids
     Buffer saved;  // host copies of the saved block inputs (Note [CPU checkpointing])
   };

@@ -156,14 +156,14 @@ void Llama::init_unit(int u, uint64_t seed) {
 namespace {
 
 // Every activation buffer, in the order of Llama::Activations' members: its element count and
-// element size (inputs and targets are int32 token ids; h1, h2, act, hf, dgate_up and dlogits,
-// which only GEMMs read, are in the compute dtype: Note [GEMM operands in the compute dtype],
-// kernels/backend.h, and f32 runs write dlogits into logits; the rest f32; inv_freq is the device
-// copy of the rotary table).
+// element size (inputs and targets are int32 token ids; h1, h2, act, hf and dgate_up, which only
+// GEMMs read, are in the compute dtype: Note [GEMM operands in the compute dtype], kernels/
+// backend.h; so are the logits, which backward overwrites with dlogits: Note [Logits in the
+// compute dtype]; the rest f32; inv_freq is the device copy of the rotary table).
 // With activation checkpointing (Note [Activation checkpointing] in model.h) one slot (S = 1) of block
 // internals, recomputed in backward; the block outputs (residual3) for all L, or two device slots
 // of them and, as the last entry, their host copies (Note [CPU checkpointing] in model.h).
-std::array<ActivationBuffer, 29> llama_activation_buffers(const LlamaConfig& c, DType dtype, int B, int T,
+std::array<ActivationBuffer, 28> llama_activation_buffers(const LlamaConfig& c, DType dtype, int B, int T,
                                                           bool checkpointing, bool on_host,
                                                           kernels::AttentionSaved att_saved) {
   const size_t L = c.num_layers, C = c.channels, NH = c.num_heads, V = c.vocab_size, F = c.ffn;
@@ -175,10 +175,10 @@ std::array<ActivationBuffer, 29> llama_activation_buffers(const LlamaConfig& c, 
            {S * BT * A, f},     {S * kernels::attention_saved_numel(att_saved, B, NH, T), f},
            {S * BT * C, f},     {S * BT * C, g},  {S * BT, f},         {S * BT * 2 * F, f},
            {S * BT * F, g},     {UnitModel::output_slots_numel(on_host, L, BT * C), f},
-           {BT * C, g},         {BT, f},          {BT * V, f},         {BT, f},
+           {BT * C, g},         {BT, f},          {BT * V, g},         {BT, f},
            {BT, f},             {BT * C, f},      {BT * C, f},         {BT * C, f},
            {BT * A, f},         {BT * R, f},      {BT * 2 * F, g},     {BT * F, f},
-           {dtype == DType::f32 ? 0 : BT * V, g}, {BT, f},             {BT, f},
+           {BT, f},             {BT, f},
            {static_cast<size_t>(c.head_dim) / 2, f}, {UnitModel::saved_inputs_numel(on_host, L, BT * C), f}}};
 }
 
@@ -218,7 +218,7 @@ void Llama::ensure_activations(int B, int T) {
   Buffer* buffers[] = {&a.encoded, &a.h1,       &a.rstd1,  &a.qkv,    &a.atty,      &a.att,   &a.residual2,
                        &a.h2,      &a.rstd2,    &a.gate_up, &a.act,   &a.residual3, &a.hf,    &a.rstdf,
                        &a.logits,  &a.losses,   &a.lse,    &a.tmp_c,  &a.dresidual, &a.dbuf_c, &a.datty,
-                       &a.dqkv,    &a.dgate_up, &a.dact,   &a.dlogits, &a.inputs, &a.targets, &a.inv_freq, &a.saved};
+                       &a.dqkv,    &a.dgate_up, &a.dact,   &a.inputs, &a.targets, &a.inv_freq, &a.saved};
   static_assert(sizeof(buffers) / sizeof(buffers[0]) == std::tuple_size_v<decltype(sizes)>);
   for (size_t i = 0; i < sizes.size(); ++i)  // the last: the host copies of the saved block inputs
     *buffers[i] = Buffer(sizes[i].numel * sizes[i].elem_bytes, MemCategory::activation,
@@ -254,11 +254,11 @@ float Llama::forward(const int32_t* inputs, const int32_t* targets, int B, int T
   hooks_->before_forward(uf);
   const float* last = L == 0 ? a.encoded.as<float>() : block_output(a.residual3, L - 1, BTC);
   backend_.rmsnorm_forward(a.hf.data(), dtype_, a.rstdf.as<float>(), last, p(uf, kNorm), dtype_, N, C, eps);
-  backend_.linear_forward(a.logits.as<float>(), a.hf.data(), dtype_, head(), nullptr, dtype_, N, C, V);  // (B,T,V)
+  backend_.linear_forward(a.logits.data(), dtype_, a.hf.data(), dtype_, head(), nullptr, dtype_, N, C, V);  // (B,T,V)
   hooks_->after_forward(uf);
   if (!have_targets_) return 0.0f;
-  backend_.crossentropy_forward(a.losses.as<float>(), a.lse.as<float>(), a.logits.as<float>(), a.targets.as<int32_t>(), N, V,
-                          V);
+  backend_.crossentropy_forward(a.losses.as<float>(), a.lse.as<float>(), a.logits.data(), dtype_, a.targets.as<int32_t>(),
+                                N, V, V);
   return static_cast<float>(backend_.sum(a.losses.as<float>(), N) / N);
 }
 
@@ -295,15 +295,15 @@ void Llama::block_forward(int l) {
   float* tmp = acts_.tmp_c.as<float>();
   // h1, h2 and act in the compute dtype (Note [GEMM operands in the compute dtype]).
   backend_.rmsnorm_forward(b.h1, dtype_, b.rstd1, b.residual, p(u, kAttnNorm), dtype_, N, C, eps);
-  backend_.linear_forward(b.qkv, b.h1, dtype_, p(u, kWqkv), nullptr, dtype_, N, C, R);
+  backend_.linear_forward(b.qkv, DType::f32, b.h1, dtype_, p(u, kWqkv), nullptr, dtype_, N, C, R);
   backend_.rope_forward(b.qkv, acts_.inv_freq.as<float>(), B, T, R, NH + NKV, hs);
   backend_.gqa_attention_forward(b.atty, b.att, b.qkv, B, T, NH, NKV, hs, dtype_);
-  backend_.linear_forward(tmp, b.atty, DType::f32, p(u, kWo), nullptr, dtype_, N, A, C);
+  backend_.linear_forward(tmp, DType::f32, b.atty, DType::f32, p(u, kWo), nullptr, dtype_, N, A, C);
   backend_.residual_forward(b.residual2, b.residual, tmp, BTC);
   backend_.rmsnorm_forward(b.h2, dtype_, b.rstd2, b.residual2, p(u, kMlpNorm), dtype_, N, C, eps);
-  backend_.linear_forward(b.gate_up, b.h2, dtype_, p(u, kWGateUp), nullptr, dtype_, N, C, 2 * F);
+  backend_.linear_forward(b.gate_up, DType::f32, b.h2, dtype_, p(u, kWGateUp), nullptr, dtype_, N, C, 2 * F);
   backend_.swiglu_forward(b.act, dtype_, b.gate_up, N, F);
-  backend_.linear_forward(tmp, b.act, dtype_, p(u, kWDown), nullptr, dtype_, N, F, C);
+  backend_.linear_forward(tmp, DType::f32, b.act, dtype_, p(u, kWDown), nullptr, dtype_, N, F, C);
   backend_.residual_forward(b.residual3, b.residual2, tmp, BTC);
 }
 
@@ -320,9 +320,9 @@ void Llama::backward(float grad_scale) {
 
   const int uf = L + 1;
   hooks_->before_backward(uf);
-  // (B,T,V) in the compute dtype (Note [GEMM operands in the compute dtype]); f32 in place.
-  void* dlogits = dtype_ == DType::f32 ? a.logits.data() : a.dlogits.data();
-  backend_.crossentropy_backward(dlogits, dtype_, a.logits.as<float>(), a.lse.as<float>(), a.targets.as<int32_t>(),
+  // (B,T,V) over the logits, in the compute dtype (Note [Logits in the compute dtype]).
+  void* dlogits = a.logits.data();
+  backend_.crossentropy_backward(dlogits, dtype_, a.logits.data(), dtype_, a.lse.as<float>(), a.targets.as<int32_t>(),
                                  grad_scale / N, N, V, V);
   bool accumulate_head;
   float* dhead;

@@ -74,8 +74,10 @@ class Llama : public UnitModel {
   // As GPT2::forward / backward (mean cross-entropy over B*T, gradients of grad_scale * loss).
   float forward(const int32_t* inputs, const int32_t* targets, int B, int T) override;
   void backward(float grad_scale) override;
-  const float* logits() const override { return acts_.logits.as<float>(); }  // (B,T,V)
+  // (B,T,V) in the compute dtype (Note [Logits in the compute dtype], kernels/backend.h).
+  const void* logits() const override { return acts_.logits.data(); }
   int logits_stride() const override { return config_.vocab_size; }
+  DType logits_dtype() const override { return dtype_; }
 
   std::vector<int> units_touched(int u) const override {
     return u == num_units() - 1 && config_.tie_word_embeddings ? std::vector<int>{u, 0} : std::vector<int>{u};
@@ -98,8 +100,7 @@ class Llama : public UnitModel {
     bool checkpointing = false, on_host = false;
     Buffer encoded, h1, rstd1, qkv, atty, att, residual2, h2, rstd2, gate_up, act, residual3, hf, rstdf, logits,
         losses, lse, tmp_c;
-    Buffer dresidual, dbuf_c, datty, dqkv, dgate_up, dact;  // backward temporaries
-    Buffer dlogits;  // in the compute dtype when it is 16-bit; f32 runs write it into logits
+    Buffer dresidual, dbuf_c, datty, dqkv, dgate_up, dact;  // backward temporaries (dlogits are written over logits)
     Buffer inputs, targets;
     Buffer inv_freq;  // (hs/2) the rotary frequencies, on the device
     Buffer saved;  // host copies of the saved block inputs (Note [CPU checkpointing])

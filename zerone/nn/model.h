@@ -119,10 +119,16 @@ class Model {
   void zero_grad() {
     for (FlatParam& unit : units()) unit.zero_grad();
   }
-  // Logits (B,T,logits_stride()) of the last forward, in device memory; the first vocab_size()
-  // columns are real.
-  virtual const float* logits() const = 0;
+  // Logits (B,T,logits_stride()) of the last forward, in device memory, elements of
+  // logits_dtype(); the first vocab_size() columns are real.
+  virtual const void* logits() const = 0;
   virtual int logits_stride() const = 0;
+  // f32, or the compute dtype of a 16-bit language model (Note [Logits in the compute dtype],
+  // kernels/backend.h).
+  virtual DType logits_dtype() const { return DType::f32; }
+  // Rows first_row .. first_row + rows - 1 of logits() (logits_stride() elements each) copied to
+  // the host and widened to f32 (exactly). Failure: what the backend's copy throws.
+  std::vector<float> logits_to_host(size_t first_row, size_t rows) const;
 
   // Note [Activation checkpointing]: with it on, forward keeps each block's input (the residual
   // stream between blocks) and one block's worth of internals; backward recomputes a block's

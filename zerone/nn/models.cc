@@ -32,6 +32,17 @@ void Model::write_params_from_host(int u, const std::function<void()>& write) {
   unit.set_params(std::move(on_device));
 }
 
+std::vector<float> Model::logits_to_host(size_t first_row, size_t rows) const {
+  const DType dtype = logits_dtype();
+  const size_t stride = static_cast<size_t>(logits_stride()), numel = rows * stride;
+  std::vector<uint8_t> stored(numel * dtype_size(dtype));
+  backend().copy_to_host(stored.data(), static_cast<const uint8_t*>(logits()) + first_row * stride * dtype_size(dtype),
+                         stored.size());
+  std::vector<float> wide(numel);
+  convert_to_f32(stored.data(), dtype, wide.data(), numel);
+  return wide;
+}
+
 float Model::forward(const Batch& batch) {
   ZERONE_ASSERT(input_kind() == InputKind::tokens && batch.tokens != nullptr, "model ", spec(),
                 " was handed a batch without tokens");

@@ -423,7 +423,7 @@ float Sequential::forward(const Batch& batch) {
       case Kind::conv2d:
         hooks_->before_forward(l.unit);
         if (l.spec.kind == Kind::linear)
-          backend_.linear_forward(y, x, DType::f32, p(l.unit, 0), p(l.unit, 1), dtype_, B, static_cast<int>(l.in_numel),
+          backend_.linear_forward(y, DType::f32, x, DType::f32, p(l.unit, 0), p(l.unit, 1), dtype_, B, static_cast<int>(l.in_numel),
                                   l.spec.out);
         else if (dtype_ == DType::f32)
           backend_.conv2d_forward(y, x, conv_weight(l), static_cast<const float*>(p(l.unit, 1)), conv_shape(l, B));
@@ -448,7 +448,7 @@ float Sequential::forward(const Batch& batch) {
                                           B, classes_);
 }
 
-const float* Sequential::logits() const { return out_ptr_.empty() ? nullptr : out_ptr_.back(); }
+const void* Sequential::logits() const { return out_ptr_.empty() ? nullptr : out_ptr_.back(); }
 
 void Sequential::backward(float grad_scale) {
   using Kind = LayerSpec::Kind;

@@ -87,7 +87,7 @@ class Sequential final : public UnitModel {
   // Token batches do not apply: aborts (the trainer checks input_kind() first).
   float forward(const int32_t* inputs, const int32_t* targets, int B, int T) override;
   void backward(float grad_scale) override;
-  const float* logits() const override;
+  const void* logits() const override;
   int logits_stride() const override { return classes_; }
   void set_activation_checkpointing(bool on) override;
   void set_cpu_checkpointing(bool on) override { Model::set_cpu_checkpointing(on); }  // refuses: no blocks

@@ -85,16 +85,14 @@ void sample(const SampleOptions& o, const std::function<void(const std::string&)
   for (int32_t t : tokens) emit(decode(t));
 
   Rng rng(o.seed, 0x5a3b1e);
-  std::vector<float> probs(vocab), logits_row(vocab);
+  std::vector<float> probs(vocab);
   for (int i = 0; i < o.num_tokens; ++i) {
     // The context is the last maxT tokens; recompute the forward over it (simple and exact).
     size_t ctx = std::min<size_t>(tokens.size(), max_seq);
     const int32_t* window = tokens.data() + tokens.size() - ctx;
     model->forward(window, nullptr, 1, static_cast<int>(ctx));
-    // The logits of the last position (vocab), from the device.
-    model->backend().copy_to_host(logits_row.data(),
-                                  model->logits() + (ctx - 1) * static_cast<size_t>(model->logits_stride()),
-                                  vocab * sizeof(float));
+    // The logits of the last position (its first vocab elements count), from the device.
+    const std::vector<float> logits_row = model->logits_to_host(ctx - 1, 1);
     const float* logits = logits_row.data();
     int32_t next = 0;
     if (o.temperature == 0.0f) {

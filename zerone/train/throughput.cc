@@ -100,8 +100,8 @@ DeviceSpeeds measure_device_speeds(kernels::Backend& device, DType dtype, int ge
       // the models' operands are (Note [GEMM operands in the compute dtype]); the convert of the
       // rest is not in the figure (nor, on the cpu with fp16, is it only the GEMM: the operands are
       // widened to f32 first, Note [fp16 on the CPU]).
-      device.linear_forward(out_buf.as<float>(), weight.data(), param_dtype, weight.data(), nullptr, param_dtype, gemm_n,
-                            gemm_n, gemm_n);
+      device.linear_forward(out_buf.data(), DType::f32, weight.data(), param_dtype, weight.data(), nullptr, param_dtype,
+                            gemm_n, gemm_n, gemm_n);
     });
     out.gemm_flop_per_s = 2.0 * static_cast<double>(n) * n * n / s;
   }

@@ -110,8 +110,7 @@ std::optional<Evaluation> evaluate(nn::Model& model, BatchSource& source, uint64
     sums[0] += static_cast<double>(loss) * batch.size;
     sums[1] += batch.size;
     const int K = model.logits_stride();
-    std::vector<float> logits_host(static_cast<size_t>(batch.size) * K);  // (B, K) from the device
-    model.backend().copy_to_host(logits_host.data(), model.logits(), logits_host.size() * sizeof(float));
+    const std::vector<float> logits_host = model.logits_to_host(0, batch.size);  // (B, K) from the device
     const float* logits = logits_host.data();
     for (int b = 0; b < batch.size; ++b) {
       const float* row = logits + static_cast<size_t>(b) * K;

@@ -113,8 +113,8 @@ void CpuBackend::layernorm_backward(float* dinp, float* dweight, float* dbias, c
                           dev_param(weight, C, param_dtype), param_dtype, dev(mean, N), dev(rstd, N), N, C);
 }
 
-void CpuBackend::linear_forward(float* out, const void* inp, DType inp_dtype, const void* weight, const void* bias, DType param_dtype, int N, int C, int OC) {
-  cpu::linear_forward(dev(out, sz(N) * OC), dev_param(inp, sz(N) * C, inp_dtype), inp_dtype, dev_param(weight, sz(OC) * C, param_dtype),
+void CpuBackend::linear_forward(void* out, DType out_dtype, const void* inp, DType inp_dtype, const void* weight, const void* bias, DType param_dtype, int N, int C, int OC) {
+  cpu::linear_forward(dev_param(out, sz(N) * OC, out_dtype), out_dtype, dev_param(inp, sz(N) * C, inp_dtype), inp_dtype, dev_param(weight, sz(OC) * C, param_dtype),
                       dev_param(bias, OC, param_dtype), param_dtype, N, C, OC);
 }
 
@@ -190,13 +190,13 @@ void CpuBackend::residual_forward(float* out, const float* a, const float* b, si
   cpu::residual_forward(dev(out, n), dev(a, n), dev(b, n), n);
 }
 
-void CpuBackend::crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets, int N, int V, int Vp) {
-  cpu::crossentropy_forward(dev(losses, N), dev(lse, N), dev(logits, sz(N) * Vp), dev(targets, N), N, V, Vp);
+void CpuBackend::crossentropy_forward(float* losses, float* lse, const void* logits, DType logits_dtype, const int32_t* targets, int N, int V, int Vp) {
+  cpu::crossentropy_forward(dev(losses, N), dev(lse, N), dev_param(logits, sz(N) * Vp, logits_dtype), logits_dtype, dev(targets, N), N, V, Vp);
 }
 
-void CpuBackend::crossentropy_backward(void* dlogits, DType dlogits_dtype, const float* logits, const float* lse, const int32_t* targets, float dloss, int N, int V, int Vp) {
-  cpu::crossentropy_backward(dev_param(dlogits, sz(N) * Vp, dlogits_dtype), dlogits_dtype, dev(logits, sz(N) * Vp), dev(lse, N), dev(targets, N), dloss, N,
-                             V, Vp);
+void CpuBackend::crossentropy_backward(void* dlogits, DType dlogits_dtype, const void* logits, DType logits_dtype, const float* lse, const int32_t* targets, float dloss, int N, int V, int Vp) {
+  cpu::crossentropy_backward(dev_param(dlogits, sz(N) * Vp, dlogits_dtype), dlogits_dtype, dev_param(logits, sz(N) * Vp, logits_dtype), logits_dtype,
+                             dev(lse, N), dev(targets, N), dloss, N, V, Vp);
 }
 
 void CpuBackend::relu_forward(float* out, const float* inp, size_t n) {

@@ -48,8 +48,8 @@ class CpuBackend : public Backend {
   void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                           const void* weight, DType param_dtype, const float* mean, const float* rstd, int N,
                           int C) override;
-  void linear_forward(float* out, const void* inp, DType inp_dtype, const void* weight, const void* bias,
-                      DType param_dtype, int N, int C, int OC) override;
+  void linear_forward(void* out, DType out_dtype, const void* inp, DType inp_dtype, const void* weight,
+                      const void* bias, DType param_dtype, int N, int C, int OC) override;
   void linear_backward(float* dinp, float* dweight, float* dbias, const void* dout, DType dout_dtype, const void* inp,
                        DType inp_dtype, const void* weight, DType param_dtype, int N, int C, int OC,
                        bool accumulate_param_grads) override;
@@ -73,10 +73,10 @@ class CpuBackend : public Backend {
   void gelu_forward(void* out, DType out_dtype, const float* inp, size_t n) override;
   void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) override;
   void residual_forward(float* out, const float* a, const float* b, size_t n) override;
-  void crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets, int N, int V,
-                            int Vp) override;
-  void crossentropy_backward(void* dlogits, DType dlogits_dtype, const float* logits, const float* lse,
-                             const int32_t* targets, float dloss, int N, int V, int Vp) override;
+  void crossentropy_forward(float* losses, float* lse, const void* logits, DType logits_dtype, const int32_t* targets,
+                            int N, int V, int Vp) override;
+  void crossentropy_backward(void* dlogits, DType dlogits_dtype, const void* logits, DType logits_dtype,
+                             const float* lse, const int32_t* targets, float dloss, int N, int V, int Vp) override;
 
   void relu_forward(float* out, const float* inp, size_t n) override;
   void relu_backward(float* dinp, const float* dout, const float* out, size_t n) override;

@@ -26,8 +26,9 @@ struct Shape {
   DType dtype;
   float alpha;
   bool accumulate, has_bias;
+  DType c_dtype = DType::f32;  // f32, or bf16 (matmul_bf16_out)
   auto tie() const {
-    return std::tie(batch0, batch1, m, n, k, a, b, c, dtype, alpha, accumulate, has_bias);
+    return std::tie(batch0, batch1, m, n, k, a, b, c, dtype, alpha, accumulate, has_bias, c_dtype);
   }
   bool operator<(const Shape& o) const { return tie() < o.tie(); }
 };
@@ -47,7 +48,7 @@ Entry& lookup(const Shape& s) {
   memory::data_type dt = to_dnnl(s.dtype);
   memory::desc a_md({s.batch0, s.batch1, s.m, s.k}, dt, {s.a.batch0, s.a.batch1, s.a.row, s.a.col});
   memory::desc b_md({s.batch0, s.batch1, s.k, s.n}, dt, {s.b.batch0, s.b.batch1, s.b.row, s.b.col});
-  memory::desc c_md({s.batch0, s.batch1, s.m, s.n}, memory::data_type::f32, {s.c.batch0, s.c.batch1, s.c.row, s.c.col});
+  memory::desc c_md({s.batch0, s.batch1, s.m, s.n}, to_dnnl(s.c_dtype), {s.c.batch0, s.c.batch1, s.c.row, s.c.col});
   memory::desc bias_md;
   if (s.has_bias) bias_md = memory::desc({1, 1, 1, s.n}, memory::data_type::f32, {s.n, s.n, s.n, 1});
   dnnl::primitive_attr attr;
@@ -62,7 +63,7 @@ Entry& lookup(const Shape& s) {
   return cache.emplace(s, Entry{dnnl::matmul(pd), a_md, b_md, c_md, bias_md}).first->second;
 }
 
-void execute(const Shape& s, const void* a, const void* b, float* c, const float* bias) {
+void execute(const Shape& s, const void* a, const void* b, void* c, const float* bias) {
   ZERONE_ASSERT(s.batch0 > 0 && s.batch1 > 0 && s.m > 0 && s.n > 0 && s.k > 0, "matmul dims ", s.m, "x", s.n, "x", s.k);
   Entry& e = lookup(s);
   Context& ctx = context();
@@ -100,12 +101,22 @@ const float* widen_bf16(const void* src, int64_t elements, int slot) {
   return buf.data();
 }
 
-void execute_checked(const Shape& s, const void* a, const void* b, float* c, const float* bias) {
+void execute_checked(const Shape& s, const void* a, const void* b, void* c, const float* bias) {
   if (!bf16_needs_f32_fallback(s.dtype, s.n)) return execute(s, a, b, c, bias);
   Shape f32 = s;
   f32.dtype = DType::f32;
-  execute(f32, widen_bf16(a, span_elements(s.batch0, s.batch1, s.m, s.k, s.a), 0),
-          widen_bf16(b, span_elements(s.batch0, s.batch1, s.k, s.n, s.b), 1), c, bias);
+  f32.c_dtype = DType::f32;
+  const float* wide_a = widen_bf16(a, span_elements(s.batch0, s.batch1, s.m, s.k, s.a), 0);
+  const float* wide_b = widen_bf16(b, span_elements(s.batch0, s.batch1, s.k, s.n, s.b), 1);
+  if (s.c_dtype == DType::f32) return execute(f32, wide_a, wide_b, c, bias);
+  // A bf16 C (plain 2-D, no accumulation): the f32 result, then rounded as oneDNN would store it.
+  ZERONE_ASSERT(s.batch0 == 1 && s.batch1 == 1 && !s.accumulate && s.c.row == s.n && s.c.col == 1,
+                "a bf16 matmul output is a plain matrix");
+  thread_local std::vector<float> wide_c;
+  const size_t numel = static_cast<size_t>(s.m) * s.n;
+  if (wide_c.size() < numel) wide_c.resize(numel);
+  execute(f32, wide_a, wide_b, wide_c.data(), bias);
+  convert_from_f32(wide_c.data(), c, DType::bf16, numel);
 }
 
 }  // namespace
@@ -118,6 +129,17 @@ void matmul(const void* a, bool trans_a, const void* b, bool trans_b, float* c, 
   Strides4 bs = trans_b ? Strides4{k * n, k * n, 1, k} : Strides4{k * n, k * n, n, 1};
   Strides4 cs{m * n, m * n, n, 1};
   execute_checked(Shape{1, 1, m, n, k, as, bs, cs, dtype, 1.0f, accumulate, bias != nullptr}, a, b, c, bias);
+}
+
+void matmul_bf16_out(const void* a, bool trans_a, const void* b, bool trans_b, void* c, int64_t m, int64_t n,
+                     int64_t k, const float* bias) {
+  ProfileScope profile(ProfileCategory::gemm);
+  Strides4 as = trans_a ? Strides4{m * k, m * k, 1, m} : Strides4{m * k, m * k, k, 1};
+  Strides4 bs = trans_b ? Strides4{k * n, k * n, 1, k} : Strides4{k * n, k * n, n, 1};
+  Strides4 cs{m * n, m * n, n, 1};
+  Shape s{1, 1, m, n, k, as, bs, cs, DType::bf16, 1.0f, false, bias != nullptr};
+  s.c_dtype = DType::bf16;
+  execute_checked(s, a, b, c, bias);
 }
 
 void batched_matmul(int64_t batch0, int64_t batch1, int64_t m, int64_t n, int64_t k, const void* a, Strides4 as,

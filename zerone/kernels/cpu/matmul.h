@@ -20,6 +20,11 @@ namespace zerone::kernels::cpu {
 
 void matmul(const void* a, bool trans_a, const void* b, bool trans_b, float* c, int64_t m, int64_t n,
             int64_t k, DType dtype, bool accumulate, const float* bias = nullptr);
+// The same without accumulation, C stored as bf16: A and B bf16, the f32 accumulators (plus the
+// f32 bias) rounded to nearest even as oneDNN writes them (Note [Logits in the compute dtype],
+// kernels/backend.h).
+void matmul_bf16_out(const void* a, bool trans_a, const void* b, bool trans_b, void* c, int64_t m, int64_t n,
+                     int64_t k, const float* bias = nullptr);
 
 // Batched matmul with explicit strides: for every (i, j) in [0, batch0) x [0, batch1),
 //   C[i,j] (M, N) = alpha * A[i,j] (M, K) @ B[i,j] (K, N) [+ C[i,j] if accumulate]

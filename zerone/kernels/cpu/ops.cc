@@ -50,7 +50,7 @@ void with_param_type(DType dtype, Body&& body) {
 // sums). Each slot keeps one buffer that only grows, so after the first step nothing is allocated.
 // The buffers are host memory (default_arena()) counted as device scratch: these kernels run on
 // host memory whichever device they serve (the sim backend runs them on its host view).
-enum ScratchSlot { kScratchA, kScratchB, kScratchBias, kScratchPartials, kScratchWeight, kScratchKT, kScratchKVGradT, kScratchRows, kScratchSlots };
+enum ScratchSlot { kScratchA, kScratchB, kScratchBias, kScratchPartials, kScratchWeight, kScratchKT, kScratchKVGradT, kScratchRows, kScratchOut, kScratchSlots };
 
 void* scratch(ScratchSlot slot, size_t bytes) {
   static Buffer buffers[kScratchSlots];
@@ -300,8 +300,10 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 
 // ---------------------------------------------------------------- linear
 
-void linear_forward(float* out, const void* inp, DType inp_dtype, const void* weight, const void* bias,
+void linear_forward(void* out, DType out_dtype, const void* inp, DType inp_dtype, const void* weight, const void* bias,
                     DType param_dtype, int N, int C, int OC) {
+  ZERONE_ASSERT(out_dtype == DType::f32 || out_dtype == param_dtype, "a ", dtype_name(out_dtype), " output for ",
+                dtype_name(param_dtype), " weights");
   ProfileScope profile(ProfileCategory::elementwise);
   const float* bias_f32 = nullptr;
   if (bias != nullptr) {
@@ -316,7 +318,17 @@ void linear_forward(float* out, const void* inp, DType inp_dtype, const void* we
   Operand x = activation_operand(inp, inp_dtype, static_cast<size_t>(N) * C, param_dtype, kScratchA);
   Operand w = weight_operand(weight, static_cast<size_t>(OC) * C, param_dtype);
   // weight is stored (OC, C): op(B) = weight^T (C, OC)
-  matmul(x.data, false, w.data, true, out, N, OC, C, gemm_dtype(param_dtype), /*accumulate=*/false, bias_f32);
+  const DType gemm = gemm_dtype(param_dtype);
+  if (out_dtype == DType::f32) {
+    matmul(x.data, false, w.data, true, static_cast<float*>(out), N, OC, C, gemm, /*accumulate=*/false, bias_f32);
+  } else if (gemm == DType::bf16) {
+    matmul_bf16_out(x.data, false, w.data, true, out, N, OC, C, bias_f32);
+  } else {  // f16 (Note [fp16 on the CPU]): the f32 GEMM, then rounded
+    const size_t numel = static_cast<size_t>(N) * OC;
+    float* wide = static_cast<float*>(scratch(kScratchOut, sizeof(float) * numel));
+    matmul(x.data, false, w.data, true, wide, N, OC, C, gemm, /*accumulate=*/false, bias_f32);
+    convert_from_f32(wide, out, out_dtype, numel);
+  }
 }
 
 void linear_backward(float* dinp, float* dweight, float* dbias, const void* dout, DType dout_dtype, const void* inp,
@@ -705,40 +717,51 @@ void residual_forward(float* out, const float* a, const float* b, size_t n) {
 
 // ---------------------------------------------------------------- cross-entropy
 
-void crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets, int N, int V,
-                          int Vp) {
+void crossentropy_forward(float* losses, float* lse, const void* logits, DType logits_dtype, const int32_t* targets,
+                          int N, int V, int Vp) {
   ProfileScope profile(ProfileCategory::elementwise);
+  with_param_type(logits_dtype, [&](auto tag) {
+    using PT = decltype(tag);
+    using P = typename PT::type;
+    const P* all = static_cast<const P*>(logits);
 #pragma omp parallel for schedule(static)
-  for (int n = 0; n < N; ++n) {
-    const float* row = logits + static_cast<size_t>(n) * Vp;  // (Vp), only [0, V) counts
-    float maxval = -1e30f;
+    for (int n = 0; n < N; ++n) {
+      const P* row = all + static_cast<size_t>(n) * Vp;  // (Vp), only [0, V) counts
+      float maxval = -1e30f;
 #pragma omp simd reduction(max : maxval)
-    for (int v = 0; v < V; ++v) maxval = std::max(maxval, row[v]);
-    float sum = 0.0f;
+      for (int v = 0; v < V; ++v) maxval = std::max(maxval, PT::load(row, v));
+      float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-    for (int v = 0; v < V; ++v) sum += std::exp(row[v] - maxval);
-    float l = maxval + std::log(sum);
-    lse[n] = l;
-    losses[n] = l - row[targets[n]];
-  }
+      for (int v = 0; v < V; ++v) sum += std::exp(PT::load(row, v) - maxval);
+      float l = maxval + std::log(sum);
+      lse[n] = l;
+      losses[n] = l - PT::load(row, targets[n]);
+    }
+  });
 }
 
-void crossentropy_backward(void* dlogits, DType dlogits_dtype, const float* logits, const float* lse,
+void crossentropy_backward(void* dlogits, DType dlogits_dtype, const void* logits, DType logits_dtype, const float* lse,
                            const int32_t* targets, float dloss, int N, int V, int Vp) {
   ProfileScope profile(ProfileCategory::elementwise);
-  ZERONE_ASSERT(dlogits != logits || dlogits_dtype == DType::f32, "16-bit dlogits written over the f32 logits");
+  ZERONE_ASSERT(dlogits != logits || dlogits_dtype == logits_dtype, "dlogits (", dtype_name(dlogits_dtype),
+                ") written over logits of another dtype (", dtype_name(logits_dtype), ")");
   const RowOut rows(dlogits, dlogits_dtype, Vp);
+  with_param_type(logits_dtype, [&](auto tag) {
+    using PT = decltype(tag);
+    using P = typename PT::type;
+    const P* all = static_cast<const P*>(logits);
 #pragma omp parallel for schedule(static)
-  for (int n = 0; n < N; ++n) {
-    const float* row = logits + static_cast<size_t>(n) * Vp;
-    float* drow = rows.row(static_cast<size_t>(n) * Vp);
-    float l = lse[n];
+    for (int n = 0; n < N; ++n) {
+      const P* row = all + static_cast<size_t>(n) * Vp;
+      float* drow = rows.row(static_cast<size_t>(n) * Vp);  // may be row itself (f32 in place)
+      float l = lse[n];
 #pragma omp simd
-    for (int v = 0; v < V; ++v) drow[v] = std::exp(row[v] - l) * dloss;
-    for (int v = V; v < Vp; ++v) drow[v] = 0.0f;
-    drow[targets[n]] -= dloss;
-    rows.store(static_cast<size_t>(n) * Vp, drow, Vp);
-  }
+      for (int v = 0; v < V; ++v) drow[v] = std::exp(PT::load(row, v) - l) * dloss;
+      for (int v = V; v < Vp; ++v) drow[v] = 0.0f;
+      drow[targets[n]] -= dloss;
+      rows.store(static_cast<size_t>(n) * Vp, drow, Vp);  // 16-bit: over the row, read in full above
+    }
+  });
 }
 
 }  // namespace zerone::kernels::cpu

@@ -41,8 +41,9 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
                         const void* weight, DType param_dtype, const float* mean, const float* rstd, int N,
                         int C);
 
-// out (N,OC) = inp (N,C) @ weight^T (OC,C) + bias (OC); bias may be null. inp in f32 or param_dtype.
-void linear_forward(float* out, const void* inp, DType inp_dtype, const void* weight, const void* bias,
+// out (N,OC) = inp (N,C) @ weight^T (OC,C) + bias (OC); bias may be null. inp in f32 or param_dtype;
+// out in f32 or param_dtype (rounded to nearest even as stored: Note [Logits in the compute dtype]).
+void linear_forward(void* out, DType out_dtype, const void* inp, DType inp_dtype, const void* weight, const void* bias,
                     DType param_dtype, int N, int C, int OC);
 // dinp (N,C) = dout @ weight (overwrite; skipped when dinp is null); dweight (OC,C) += dout^T @ inp;
 // dbias (OC) += column sums of dout (skipped when null; needs dout in f32). With
@@ -101,11 +102,12 @@ void residual_forward(float* out, const float* a, const float* b, size_t n);
 
 // Softmax cross-entropy over the first V of Vp columns (the padded columns are ignored).
 // losses (N) = logsumexp(logits[:V]) - logits[target]; lse (N) saves logsumexp for backward.
-void crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets, int N, int V,
-                          int Vp);
+// logits in logits_dtype (f32, bf16 or f16), widened exactly; everything computed in f32.
+void crossentropy_forward(float* losses, float* lse, const void* logits, DType logits_dtype, const int32_t* targets,
+                          int N, int V, int Vp);
 // dlogits (N,Vp) = (softmax - onehot(target)) * dloss, 0 in padded columns. May alias logits when
-// dlogits_dtype is f32.
-void crossentropy_backward(void* dlogits, DType dlogits_dtype, const float* logits, const float* lse,
+// the dtypes are the same (each row is read before it is written).
+void crossentropy_backward(void* dlogits, DType dlogits_dtype, const void* logits, DType logits_dtype, const float* lse,
                            const int32_t* targets, float dloss, int N, int V, int Vp);
 
 }  // namespace zerone::kernels::cpu

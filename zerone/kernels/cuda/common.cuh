@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <type_traits>
 
 #include "zerone/core/dtype.h"
 #include "zerone/kernels/cuda/check.h"
@@ -73,6 +74,36 @@ __device__ __forceinline__ void store4(void* p, size_t i4, float x0, float x1, f
       return kDtype == DType::bf16 ? f32_to_bf16_bits(x) : f32_to_f16_bits(x);
     };
     static_cast<uint2*>(p)[i4] = make_uint2(bits(x0) | bits(x1) << 16, bits(x2) | bits(x3) << 16);
+  }
+}
+
+// Elements 4*i4 .. 4*i4+3 of an array of kDtype, widened to f32 (load_param's widenings): one
+// 16-byte load (f32) or one 8-byte load (bf16, f16), aligned as store4's.
+template <DType kDtype>
+__device__ __forceinline__ float4 load4(const void* p, size_t i4) {
+  if constexpr (kDtype == DType::f32) {
+    return static_cast<const float4*>(p)[i4];
+  } else {
+    const uint2 v = static_cast<const uint2*>(p)[i4];
+    const auto wide = [](uint32_t bits) {
+      const auto half = static_cast<uint16_t>(bits);
+      return kDtype == DType::bf16 ? bf16_bits_to_f32(half) : f16_bits_to_f32(half);
+    };
+    return make_float4(wide(v.x), wide(v.x >> 16), wide(v.y), wide(v.y >> 16));
+  }
+}
+// Whether an array of `dtype` at p can be read or written four elements at a time (load4, store4).
+inline bool aligned4(const void* p, DType dtype) {
+  return reinterpret_cast<uintptr_t>(p) % (dtype == DType::f32 ? 16 : 8) == 0;
+}
+// Runs body(std::integral_constant<DType, d>{}) for the runtime dtype d: a kernel templated on a
+// dtype launched for the one in hand.
+template <typename Body>
+void with_dtype(DType dtype, Body&& body) {
+  switch (dtype) {
+    case DType::f32: body(std::integral_constant<DType, DType::f32>{}); return;
+    case DType::bf16: body(std::integral_constant<DType, DType::bf16>{}); return;
+    case DType::f16: body(std::integral_constant<DType, DType::f16>{}); return;
   }
 }
 

@@ -507,10 +507,25 @@ class CudaBackend final : public kernels::Backend {
   // (C, N), so each product below is the transposed one in cuBLASLt's column-major terms. An
   // operand already in the weights' dtype goes to the GEMM as it is (Note [GEMM operands in the
   // compute dtype], kernels/backend.h).
-  void linear_forward(float* out, const void* inp, DType inp_dtype, const void* weight, const void* bias,
-                      DType param_dtype, int N, int C, int OC) override {
+  void linear_forward(void* out, DType out_dtype, const void* inp, DType inp_dtype, const void* weight,
+                      const void* bias, DType param_dtype, int N, int C, int OC) override {
+    ZERONE_ASSERT(out_dtype == DType::f32 || out_dtype == param_dtype, "a ", dtype_name(out_dtype), " output for ",
+                  dtype_name(param_dtype), " weights");
     if (N == 0 || OC == 0) return;
     const void* x = operand(inp, inp_dtype, sz(N) * C, param_dtype, kActA);
+    if (out_dtype != DType::f32) {
+      // Note [Logits in the compute dtype]: cuBLASLt rounds its f32 accumulators into the 16-bit
+      // out as it stores them. With a bias (no model asks for one here) the f32 form runs into
+      // scratch and is rounded after it.
+      if (!bias) {
+        gemm(true, false, OC, N, C, weight, param_dtype, C, x, C, out, OC, 0.0f, nullptr, out_dtype);
+        return;
+      }
+      float* wide = static_cast<float*>(scratch(kWideD, sz(N) * OC * sizeof(float)));
+      linear_forward(wide, DType::f32, x, param_dtype, weight, bias, param_dtype, N, C, OC);
+      cuda::convert(out, out_dtype, wide, DType::f32, sz(N) * OC, compute());
+      return;
+    }
     // Note [Bias in the GEMM's epilogue]: the bias widened to f32 (exactly) and added by cuBLASLt
     // as it writes out, in f32 as add_bias would: one pass over out fewer.
     float* bias_f32 = nullptr;
@@ -520,7 +535,7 @@ class CudaBackend final : public kernels::Backend {
     }
     // out^T (OC, N) = W (C, OC)^T x^T (C, N) (+ bias on every column)
     const bool bias_added = gemm(true, false, OC, N, C, weight, param_dtype, C, x, C, out, OC, 0.0f, bias_f32);
-    if (bias && !bias_added) add_bias(out, bias, param_dtype, N, OC, compute());
+    if (bias && !bias_added) add_bias(static_cast<float*>(out), bias, param_dtype, N, OC, compute());
   }
   void linear_backward(float* dinp, float* dweight, float* dbias, const void* dout, DType dout_dtype, const void* inp,
                        DType inp_dtype, const void* weight, DType param_dtype, int N, int C, int OC,
@@ -602,13 +617,13 @@ class CudaBackend final : public kernels::Backend {
   void residual_forward(float* out, const float* a, const float* b, size_t n) override {
     cuda::residual_forward(out, a, b, n, compute());
   }
-  void crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets, int N, int V,
-                            int Vp) override {
-    cuda::crossentropy_forward(losses, lse, logits, targets, N, V, Vp, compute());
+  void crossentropy_forward(float* losses, float* lse, const void* logits, DType logits_dtype, const int32_t* targets,
+                            int N, int V, int Vp) override {
+    cuda::crossentropy_forward(losses, lse, logits, logits_dtype, targets, N, V, Vp, compute());
   }
-  void crossentropy_backward(void* dlogits, DType dlogits_dtype, const float* logits, const float* lse,
-                             const int32_t* targets, float dloss, int N, int V, int Vp) override {
-    cuda::crossentropy_backward(dlogits, dlogits_dtype, logits, lse, targets, dloss, N, V, Vp, compute());
+  void crossentropy_backward(void* dlogits, DType dlogits_dtype, const void* logits, DType logits_dtype,
+                             const float* lse, const int32_t* targets, float dloss, int N, int V, int Vp) override {
+    cuda::crossentropy_backward(dlogits, dlogits_dtype, logits, logits_dtype, lse, targets, dloss, N, V, Vp, compute());
   }
 
   void relu_forward(float* out, const float* inp, size_t n) override { cuda::relu_forward(out, inp, n, compute()); }
@@ -678,7 +693,7 @@ class CudaBackend final : public kernels::Backend {
   // Scratch slots: device buffers that only grow (the cpu kernels' Note [Scratch arena]); the
   // training thread alone uses them. A grown slot's old memory is freed in stream order.
   // kActA: a GEMM's activation operand rounded to 16 bits, or flash attention's rounded operands.
-  enum Slot { kActA, kActB, kScores, kPartials, kFlag, kHits, kGemmWorkspace, kWideA, kWideB, kBias, kSlots };
+  enum Slot { kActA, kActB, kScores, kPartials, kFlag, kHits, kGemmWorkspace, kWideA, kWideB, kWideD, kBias, kSlots };
   void* scratch(Slot slot, size_t bytes) {
     Buffer& b = scratch_[slot];
     if (b.bytes() < bytes) b = Buffer(bytes, MemCategory::scratch, MemPlace::device, 256, *arena_);
@@ -764,7 +779,10 @@ class CudaBackend final : public kernels::Backend {
     DType dtype;
     uint32_t align_a, align_b, align_d;
     bool bias;  // the epilogue adds an f32 bias of m elements to every column (Note [Bias in the GEMM's epilogue])
-    auto tie() const { return std::tie(trans_a, trans_b, m, n, k, lda, ldb, ldd, dtype, align_a, align_b, align_d, bias); }
+    DType d_dtype;  // D's: f32, or `dtype` (Note [Logits in the compute dtype])
+    auto tie() const {
+      return std::tie(trans_a, trans_b, m, n, k, lda, ldb, ldd, dtype, align_a, align_b, align_d, bias, d_dtype);
+    }
     bool operator<(const GemmKey& o) const { return tie() < o.tie(); }
   };
   struct GemmPlan {
@@ -790,7 +808,7 @@ class CudaBackend final : public kernels::Backend {
     }
     ZERONE_CUBLAS_CHECK(lib_.layout_create(&plan.la, t, key.trans_a ? key.k : key.m, key.trans_a ? key.m : key.k, key.lda));
     ZERONE_CUBLAS_CHECK(lib_.layout_create(&plan.lb, t, key.trans_b ? key.n : key.k, key.trans_b ? key.k : key.n, key.ldb));
-    ZERONE_CUBLAS_CHECK(lib_.layout_create(&plan.ld, CUDA_R_32F, key.m, key.n, key.ldd));
+    ZERONE_CUBLAS_CHECK(lib_.layout_create(&plan.ld, cuda_type(key.d_dtype), key.m, key.n, key.ldd));
     cublasLtMatmulPreference_t pref = nullptr;
     ZERONE_CUBLAS_CHECK(lib_.preference_create(&pref));
     ZERONE_CUBLAS_CHECK(lib_.preference_set_attribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -817,16 +835,25 @@ class CudaBackend final : public kernels::Backend {
     return gemm_plans_.emplace(key, plan).first->second;
   }
 
-  // D (m, n; column-major, ld ldd, f32) = op(A) op(B) + beta D, where A and B are in `dtype` with
-  // leading dimensions lda and ldb; op(X) = X^T when its flag is set. f32 compute and scale.
+  // D (m, n; column-major, ld ldd, in d_dtype) = op(A) op(B) + beta D, where A and B are in `dtype`
+  // with leading dimensions lda and ldb; op(X) = X^T when its flag is set. f32 compute and scale;
+  // a 16-bit D (d_dtype == dtype, beta 0, no bias) gets the f32 sums rounded to nearest even.
   // bias_f32 (m floats, 256-byte aligned, or null): added to every column of D by the epilogue
   // (Note [Bias in the GEMM's epilogue]); returns whether it was (false: no algorithm has that
   // epilogue for this GEMM, and the caller adds it).
   bool gemm(bool trans_a, bool trans_b, int m, int n, int k, const void* a, DType dtype, int lda, const void* b,
-            int ldb, float* d, int ldd, float beta, const float* bias_f32 = nullptr) {
+            int ldb, void* d, int ldd, float beta, const float* bias_f32 = nullptr, DType d_dtype = DType::f32) {
     constexpr size_t kWorkspaceBytes = kernels::kCudaGemmWorkspaceBytes;  // Note [Device memory the ledger cannot see]
+    ZERONE_ASSERT(d_dtype == DType::f32 || (d_dtype == dtype && beta == 0.0f && !bias_f32 && ldd == m),
+                  "a 16-bit GEMM output is a fresh, plain matrix of the operands' dtype");
     const GemmPlan& plan = plan_gemm(GemmKey{trans_a, trans_b, m, n, k, lda, ldb, ldd, dtype, alignment_of(a),
-                                             alignment_of(b), alignment_of(d), bias_f32 != nullptr});
+                                             alignment_of(b), alignment_of(d), bias_f32 != nullptr, d_dtype});
+    if (!plan.found && d_dtype != DType::f32) {  // the f32 form (below, if need be) into scratch, then rounded
+      float* wide = static_cast<float*>(scratch(kWideD, static_cast<size_t>(m) * n * sizeof(float)));
+      gemm(trans_a, trans_b, m, n, k, a, dtype, lda, b, ldb, wide, m, 0.0f);
+      cuda::convert(d, d_dtype, wide, DType::f32, static_cast<size_t>(m) * n, compute());
+      return false;
+    }
     if (!plan.found && bias_f32) {
       gemm(trans_a, trans_b, m, n, k, a, dtype, lda, b, ldb, d, ldd, beta);
       return false;

@@ -109,9 +109,9 @@ void swiglu_backward(void* dinp, DType dinp_dtype, const float* dout, const floa
 void gelu_forward(void* out, DType out_dtype, const float* inp, size_t n, cudaStream_t stream);
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, cudaStream_t stream);
 void residual_forward(float* out, const float* a, const float* b, size_t n, cudaStream_t stream);
-void crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets, int N, int V, int Vp,
-                          cudaStream_t stream);
-void crossentropy_backward(void* dlogits, DType dlogits_dtype, const float* logits, const float* lse,
+void crossentropy_forward(float* losses, float* lse, const void* logits, DType logits_dtype, const int32_t* targets,
+                          int N, int V, int Vp, cudaStream_t stream);
+void crossentropy_backward(void* dlogits, DType dlogits_dtype, const void* logits, DType logits_dtype, const float* lse,
                            const int32_t* targets, float dloss, int N, int V, int Vp, cudaStream_t stream);
 
 // ---------------------------------------------------------------- image classifiers

@@ -463,77 +463,80 @@ __device__ __forceinline__ void online_softmax_add(float x, float& m, float& s) 
   }
 }
 
-// The row's combination of the threads' (m, s) pairs: lse and the loss of row n.
-__device__ __forceinline__ void crossentropy_finish(float m, float s, const float* row, const int32_t* targets,
-                                                    size_t n, float* losses, float* lse, float* shared) {
+// The row's combination of the threads' (m, s) pairs: lse and the loss of row n, whose target's
+// logit is `target_logit`.
+__device__ __forceinline__ void crossentropy_finish(float m, float s, float target_logit, size_t n, float* losses,
+                                                    float* lse, float* shared) {
   const float mx = block_max(m, shared);
   s *= expf(m - mx);
   const float l = mx + logf(block_sum(s, shared));
-  if (threadIdx.x == 0) lse[n] = l, losses[n] = l - row[targets[n]];
+  if (threadIdx.x == 0) lse[n] = l, losses[n] = l - target_logit;
 }
 
-__global__ void crossentropy_forward_kernel(float* losses, float* lse, const float* logits, const int32_t* targets,
+// logits (N, Vp) of kIn (Note [Logits in the compute dtype], kernels/backend.h), widened to f32.
+template <DType kIn>
+__global__ void crossentropy_forward_kernel(float* losses, float* lse, const void* logits, const int32_t* targets,
                                             int V, int Vp) {
   __shared__ float shared[kThreads];
-  const size_t n = blockIdx.x;
-  const float* row = logits + n * Vp;
+  const size_t n = blockIdx.x, row = n * Vp;
   float m = -1e30f, s = 0.0f;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) online_softmax_add(row[v], m, s);
-  crossentropy_finish(m, s, row, targets, n, losses, lse, shared);
+  for (int v = threadIdx.x; v < V; v += blockDim.x) online_softmax_add(load_param(logits, kIn, row + v), m, s);
+  crossentropy_finish(m, s, load_param(logits, kIn, row + targets[n]), n, losses, lse, shared);
 }
 
-// The same with 16-byte loads (rows of Vp % 4 == 0 floats, 16-byte aligned): thread t takes
-// elements 4t .. 4t+3, 4(t + blockDim.x) .., then the last V % 4 one at a time. The forward read
-// its 1.65 GB of W5 logits at 2.2 TB/s one float a thread-step (docs/BENCHMARKS.md, call 7).
-__global__ void crossentropy_forward4_kernel(float* losses, float* lse, const float* logits, const int32_t* targets,
+// The same four elements a thread-step (rows of Vp % 4 == 0 elements, aligned for load4): thread t
+// takes elements 4t .. 4t+3, 4(t + blockDim.x) .., then the last V % 4 one at a time. The forward
+// read its 1.65 GB of W5 f32 logits at 2.2 TB/s one float a thread-step (docs/BENCHMARKS.md, call 7).
+template <DType kIn>
+__global__ void crossentropy_forward4_kernel(float* losses, float* lse, const void* logits, const int32_t* targets,
                                              int V, int Vp) {
   __shared__ float shared[kThreads];
-  const size_t n = blockIdx.x;
-  const float* row = logits + n * Vp;
-  const float4* row4 = reinterpret_cast<const float4*>(row);
+  const size_t n = blockIdx.x, row = n * Vp;
   float m = -1e30f, s = 0.0f;
   const int V4 = V / 4;
 #pragma unroll 2
   for (int j = threadIdx.x; j < V4; j += blockDim.x) {
-    const float4 x = row4[j];
+    const float4 x = load4<kIn>(logits, row / 4 + j);
     online_softmax_add(x.x, m, s);
     online_softmax_add(x.y, m, s);
     online_softmax_add(x.z, m, s);
     online_softmax_add(x.w, m, s);
   }
-  for (int v = 4 * V4 + threadIdx.x; v < V; v += blockDim.x) online_softmax_add(row[v], m, s);
-  crossentropy_finish(m, s, row, targets, n, losses, lse, shared);
+  for (int v = 4 * V4 + threadIdx.x; v < V; v += blockDim.x) online_softmax_add(load_param(logits, kIn, row + v), m, s);
+  crossentropy_finish(m, s, load_param(logits, kIn, row + targets[n]), n, losses, lse, shared);
 }
 
-__global__ void crossentropy_backward_kernel(void* dlogits, DType dlogits_dtype, const float* logits,
-                                             const float* lse, const int32_t* targets, float dloss, int N, int V,
-                                             int Vp) {
+// The gradient of one logit: (softmax - onehot(target)) * dloss, 0 in the padded columns.
+__device__ __forceinline__ float crossentropy_grad(float logit, int v, int V, int target, float l, float dloss) {
+  float g = v < V ? expf(logit - l) * dloss : 0.0f;
+  if (v == target) g -= dloss;
+  return g;
+}
+
+template <DType kIn>
+__global__ void crossentropy_backward_kernel(void* dlogits, DType dlogits_dtype, const void* logits, const float* lse,
+                                             const int32_t* targets, float dloss, int N, int V, int Vp) {
   const size_t total = static_cast<size_t>(N) * Vp;
   ZERONE_GRID_STRIDE(e, total) {
     const size_t n = e / Vp;
-    const int v = static_cast<int>(e % Vp);
-    float g = v < V ? expf(logits[e] - lse[n]) * dloss : 0.0f;
-    if (v == targets[n]) g -= dloss;
-    store_param(dlogits, dlogits_dtype, e, g);
+    const float g = crossentropy_grad(load_param(logits, kIn, e), static_cast<int>(e % Vp), V, targets[n], lse[n], dloss);
+    store_param(dlogits, dlogits_dtype, e, g);  // in place: the element was read just above
   }
 }
 
 // The same, four elements of a row a thread-step (Vp % 4 == 0: the four share a row).
-template <DType kOut>
-__global__ void crossentropy_backward4_kernel(void* dlogits, const float4* logits, const float* lse,
+template <DType kIn, DType kOut>
+__global__ void crossentropy_backward4_kernel(void* dlogits, const void* logits, const float* lse,
                                               const int32_t* targets, float dloss, int N, int V, int Vp) {
   const size_t total4 = static_cast<size_t>(N) * Vp / 4;
   ZERONE_GRID_STRIDE(e4, total4) {
     const size_t n = e4 * 4 / Vp;
     const int v0 = static_cast<int>(e4 * 4 % Vp), target = targets[n];
     const float l = lse[n];
-    const float4 x = logits[e4];
-    const auto grad = [&](float logit, int v) {
-      float g = v < V ? expf(logit - l) * dloss : 0.0f;
-      if (v == target) g -= dloss;
-      return g;
-    };
-    store4<kOut>(dlogits, e4, grad(x.x, v0), grad(x.y, v0 + 1), grad(x.z, v0 + 2), grad(x.w, v0 + 3));
+    const float4 x = load4<kIn>(logits, e4);
+    store4<kOut>(dlogits, e4, crossentropy_grad(x.x, v0, V, target, l, dloss),
+                 crossentropy_grad(x.y, v0 + 1, V, target, l, dloss), crossentropy_grad(x.z, v0 + 2, V, target, l, dloss),
+                 crossentropy_grad(x.w, v0 + 3, V, target, l, dloss));
   }
 }
 
@@ -678,42 +681,37 @@ void residual_forward(float* out, const float* a, const float* b, size_t n, cuda
   launch_binary<Add>(out, a, b, n, stream);
 }
 
-void crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets, int N, int V, int Vp,
-                          cudaStream_t stream) {
+void crossentropy_forward(float* losses, float* lse, const void* logits, DType logits_dtype, const int32_t* targets,
+                          int N, int V, int Vp, cudaStream_t stream) {
   if (N == 0) return;
-  if (Vp % 4 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0)
-    crossentropy_forward4_kernel<<<N, kThreads, 0, stream>>>(losses, lse, logits, targets, V, Vp);
-  else
-    crossentropy_forward_kernel<<<N, kThreads, 0, stream>>>(losses, lse, logits, targets, V, Vp);
+  const bool by4 = Vp % 4 == 0 && aligned4(logits, logits_dtype);
+  with_dtype(logits_dtype, [&](auto in) {
+    if (by4)
+      crossentropy_forward4_kernel<in.value><<<N, kThreads, 0, stream>>>(losses, lse, logits, targets, V, Vp);
+    else
+      crossentropy_forward_kernel<in.value><<<N, kThreads, 0, stream>>>(losses, lse, logits, targets, V, Vp);
+  });
   ZERONE_CUDA_LAUNCHED();
 }
 
-void crossentropy_backward(void* dlogits, DType dlogits_dtype, const float* logits, const float* lse,
+void crossentropy_backward(void* dlogits, DType dlogits_dtype, const void* logits, DType logits_dtype, const float* lse,
                            const int32_t* targets, float dloss, int N, int V, int Vp, cudaStream_t stream) {
-  ZERONE_ASSERT(dlogits != logits || dlogits_dtype == DType::f32, "16-bit dlogits written over the f32 logits");
+  ZERONE_ASSERT(dlogits != logits || dlogits_dtype == logits_dtype, "dlogits written over logits of another dtype");
   const size_t total = static_cast<size_t>(N) * Vp;
   if (total == 0) return;
-  if (Vp % 4 == 0 && vectorizable4(logits, dlogits, dlogits_dtype, total)) {  // in place too: each read before its write
-    const size_t total4 = total / 4;
-    const auto* logits4 = reinterpret_cast<const float4*>(logits);
-    switch (dlogits_dtype) {
-      case DType::f32:
-        crossentropy_backward4_kernel<DType::f32><<<grid_for(total4), kThreads, 0, stream>>>(dlogits, logits4, lse, targets,
-                                                                                            dloss, N, V, Vp);
-        break;
-      case DType::bf16:
-        crossentropy_backward4_kernel<DType::bf16><<<grid_for(total4), kThreads, 0, stream>>>(dlogits, logits4, lse,
-                                                                                             targets, dloss, N, V, Vp);
-        break;
-      case DType::f16:
-        crossentropy_backward4_kernel<DType::f16><<<grid_for(total4), kThreads, 0, stream>>>(dlogits, logits4, lse,
-                                                                                            targets, dloss, N, V, Vp);
-        break;
+  // In place too: each element (each four) is read before it is written, by the same thread.
+  const bool by4 = Vp % 4 == 0 && aligned4(logits, logits_dtype) && aligned4(dlogits, dlogits_dtype);
+  with_dtype(logits_dtype, [&](auto in) {
+    if (!by4) {
+      crossentropy_backward_kernel<in.value><<<grid_for(total), kThreads, 0, stream>>>(
+          dlogits, dlogits_dtype, logits, lse, targets, dloss, N, V, Vp);
+      return;
     }
-  } else {
-    crossentropy_backward_kernel<<<grid_for(total), kThreads, 0, stream>>>(dlogits, dlogits_dtype, logits, lse, targets,
-                                                                          dloss, N, V, Vp);
-  }
+    with_dtype(dlogits_dtype, [&](auto out) {
+      crossentropy_backward4_kernel<in.value, out.value><<<grid_for(total / 4), kThreads, 0, stream>>>(
+          dlogits, logits, lse, targets, dloss, N, V, Vp);
+    });
+  });
   ZERONE_CUDA_LAUNCHED();
 }
 

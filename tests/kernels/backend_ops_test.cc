@@ -1084,6 +1084,10 @@ void transformer_cases() {
   layernorm_case(4, 768, DType::bf16, 22);  // GPT-2's width: the vector loops
   layernorm_case(19, 768, DType::bf16, 23);  // Note [Norms a warp per row]: 3 blocks of 8 rows, the last partial
   layernorm_case(9, 100, DType::f32, 24);    // lanes making 3 or 4 passes of a row
+  // Note [Column sums in two passes] (cuda): 3 blocks of 64 rows (the last of 2), 2 of 128 columns
+  // (the last of 4).
+  layernorm_case(130, 132, DType::bf16, 25);
+  rmsnorm_case(70, 132, DType::f32, 64);
   rmsnorm_case(5, 12, DType::f32, 60);
   rmsnorm_case(5, 12, DType::bf16, 61);
   rmsnorm_case(1, 9, DType::f16, 62);
@@ -1095,6 +1099,11 @@ void transformer_cases() {
   linear_case(5, 7, 9, DType::bf16, true, false, true, 24);
   linear_case(6, 5, 7, DType::f16, true, true, true, 25);
   linear_case(3, 11, 4, DType::f16, false, false, true, 26);
+  // The bias's column sums in two passes (cuda: 3 row blocks, 3 column blocks) and, in bf16 and
+  // f16, the GEMMs' operand rounded on the way (Note [Rounded on the way]).
+  linear_case(130, 4, 260, DType::bf16, true, true, true, 27);
+  linear_case(130, 4, 260, DType::f16, true, false, true, 28);
+  linear_case(130, 4, 260, DType::f32, true, false, true, 29);
   linear_bf16_columns_case();
   linear_rounded_operands_case(8, 16, 12, DType::bf16, false, 90);
   linear_rounded_operands_case(5, 7, 9, DType::bf16, true, 91);

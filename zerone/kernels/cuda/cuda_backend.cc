@@ -497,7 +497,8 @@ class CudaBackend final : public kernels::Backend {
   void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                           const void* weight, DType param_dtype, const float* mean, const float* rstd, int N,
                           int C) override {
-    cuda::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, param_dtype, mean, rstd, N, C, compute());
+    cuda::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, param_dtype, mean, rstd, N, C,
+                             column_partials(N, C), compute());
   }
 
   // Note [CUDA linear]: the cpu kernel's arithmetic (kernels/cpu/ops.cc): with bf16 or f16 weights
@@ -548,13 +549,25 @@ class CudaBackend final : public kernels::Backend {
       }
       return;
     }
-    const void* dy = operand(dout, dout_dtype, sz(N) * OC, param_dtype, kActA);
+    // With a bias and 16-bit weights the bias's pass over dout also stores the GEMMs' rounded
+    // operand (Note [Rounded on the way], kernels.h); otherwise operand() rounds it, if need be.
+    const void* dy = nullptr;
+    if (dbias != nullptr && param_dtype != DType::f32) {
+      void* rounded = scratch(kActA, sz(N) * OC * 2);
+      bias_backward(dbias, static_cast<const float*>(dout), N, OC, accumulate_param_grads, rounded, param_dtype,
+                    column_partials(N, OC), compute());
+      dy = rounded;
+    } else {
+      dy = operand(dout, dout_dtype, sz(N) * OC, param_dtype, kActA);
+    }
     // dinp^T (C, N) = W (C, OC) dy^T (OC, N)
     if (dinp) gemm(false, false, C, N, OC, weight, param_dtype, C, dy, OC, dinp, C, 0.0f);
     const void* x = operand(inp, inp_dtype, sz(N) * C, param_dtype, kActB);
     // dW^T (C, OC) (+)= x^T (C, N) dy (N, OC)
     gemm(false, true, C, OC, N, x, param_dtype, C, dy, OC, dweight, C, accumulate_param_grads ? 1.0f : 0.0f);
-    if (dbias) bias_backward(dbias, static_cast<const float*>(dout), N, OC, accumulate_param_grads, compute());
+    if (dbias != nullptr && param_dtype == DType::f32)
+      bias_backward(dbias, static_cast<const float*>(dout), N, OC, accumulate_param_grads, nullptr, DType::f32,
+                    column_partials(N, OC), compute());
   }
 
   void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH,
@@ -593,7 +606,7 @@ class CudaBackend final : public kernels::Backend {
   }
   void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const void* weight,
                         DType param_dtype, const float* rstd, int N, int C) override {
-    cuda::rmsnorm_backward(dinp, dweight, dout, inp, weight, param_dtype, rstd, N, C, compute());
+    cuda::rmsnorm_backward(dinp, dweight, dout, inp, weight, param_dtype, rstd, N, C, column_partials(N, C), compute());
   }
   void rope_forward(float* x, const float* inv_freq, int B, int T, int stride, int heads, int hs) override {
     rope_rotate(x, inv_freq, B, T, stride, heads, hs, 1.0f, compute());
@@ -693,7 +706,7 @@ class CudaBackend final : public kernels::Backend {
   // Scratch slots: device buffers that only grow (the cpu kernels' Note [Scratch arena]); the
   // training thread alone uses them. A grown slot's old memory is freed in stream order.
   // kActA: a GEMM's activation operand rounded to 16 bits, or flash attention's rounded operands.
-  enum Slot { kActA, kActB, kScores, kPartials, kFlag, kHits, kGemmWorkspace, kWideA, kWideB, kWideD, kBias, kSlots };
+  enum Slot { kActA, kActB, kScores, kPartials, kFlag, kHits, kGemmWorkspace, kWideA, kWideB, kWideD, kBias, kColumnPartials, kSlots };
   void* scratch(Slot slot, size_t bytes) {
     Buffer& b = scratch_[slot];
     if (b.bytes() < bytes) b = Buffer(bytes, MemCategory::scratch, MemPlace::device, 256, *arena_);
@@ -701,6 +714,9 @@ class CudaBackend final : public kernels::Backend {
   }
 
   cudaStream_t compute() const { return streams_[0]; }
+  float* column_partials(int N, int C) {
+    return static_cast<float*>(scratch(kColumnPartials, cuda::column_sum_partials_numel(N, C) * sizeof(float)));
+  }
   // Enqueues dst = src and returns the stream it runs on, or null when it is done already (nothing
   // to copy, or host to host: memcpy). Device to device runs on compute; a copy with a host side
   // on its direction's copy stream after the compute work submitted so far (which may write its

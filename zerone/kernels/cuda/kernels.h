@@ -68,17 +68,27 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
 // dtype], kernels/backend.h): computed in f32, rounded as core/dtype.h rounds.
 void layernorm_forward(void* out, DType out_dtype, float* mean, float* rstd, const float* inp, const void* weight,
                        const void* bias, DType param_dtype, int N, int C, cudaStream_t stream);
+// The norms' parameter gradients and the bias's are column sums (Note [Column sums], Note [Column
+// sums in two passes], transformer.cu); `partials` is device scratch of column_sum_partials_numel(N,
+// C) floats for them.
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const void* weight, DType param_dtype, const float* mean, const float* rstd, int N, int C,
-                        cudaStream_t stream);
+                        float* partials, cudaStream_t stream);
 void rmsnorm_forward(void* out, DType out_dtype, float* rstd, const float* inp, const void* weight, DType param_dtype,
                      int N, int C, float eps, cudaStream_t stream);
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const void* weight,
-                      DType param_dtype, const float* rstd, int N, int C, cudaStream_t stream);
+                      DType param_dtype, const float* rstd, int N, int C, float* partials, cudaStream_t stream);
 // out (N, OC) += bias (OC, param_dtype) on every row.
 void add_bias(float* out, const void* bias, DType param_dtype, int N, int OC, cudaStream_t stream);
-// dbias (OC) (+)= sum over the N rows of dout (N, OC), rows in order.
-void bias_backward(float* dbias, const float* dout, int N, int OC, bool accumulate, cudaStream_t stream);
+// dbias (OC) (+)= sum over the N rows of dout (N, OC), in a fixed order. Note [Rounded on the way]:
+// with `rounded` (N x OC elements of the 16-bit rounded_dtype, or null) dout is also stored there
+// rounded to nearest even, as convert() would, in the same pass: the operand of the linear's
+// backward GEMMs (Note [GEMM operands in the compute dtype], kernels/backend.h) without a
+// conversion pass of its own reading dout again.
+void bias_backward(float* dbias, const float* dout, int N, int OC, bool accumulate, void* rounded, DType rounded_dtype,
+                   float* partials, cudaStream_t stream);
+// Floats of scratch the column sums of an (N, C) tensor need (the norms' and bias_backward's).
+size_t column_sum_partials_numel(int N, int C);
 // Grouped-query causal attention (NH query heads, NKV key/value heads, head size hs) with the
 // probabilities kept in att (B, NH, T, T), zero above the diagonal, as the cpu kernel.
 void gqa_attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int NKV, int hs,

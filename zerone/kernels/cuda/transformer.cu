@@ -243,6 +243,119 @@ __global__ void rmsnorm_backward_params(float* dweight, const float* dout, const
   if (i < C && threadIdx.y == 0) dweight[i] += dw;
 }
 
+// Note [Column sums in two passes]: where the rows are whole 16-byte vectors (C % 4 == 0, every
+// array 16-byte aligned), the column sums are two kernels instead of Note [Column sums]' one. The
+// first cuts the (N, C) tensor into blocks of kSumRowsPerBlock rows by kSumColumns columns: a
+// warp reads 512 contiguous bytes of a row (a lane's four columns by one 16-byte load), its eight
+// warps take rows r, r + 8, ... of the block's rows in order, and the warps' sums are added in
+// warp order into one partial per (row block, column). The second adds a column's partials in
+// row-block order. The same bits every run and no atomics, as before, but every load is part of
+// a whole row segment and the grid has (N / 64) x (C / 128) blocks (768 at W5's N = 8192, C =
+// 768) where the first form had C / 8 (96) blocks of 1024 threads each reading 32-byte pieces
+// of 8192 rows. The sums are in another order than the one-kernel form's: other bits, the same
+// tolerance. `Rows` supplies a row's K contributions to four columns (Bias, Norm and RmsNorm
+// below); the bias's also stores a rounded copy of the row as it passes (Note [Rounded on the
+// way], kernels.h).
+constexpr int kSumWarps = 8;
+constexpr int kSumColumns = 4 * 32;
+constexpr int kSumRowsPerBlock = 64;
+int row_blocks(int N) { return (N + kSumRowsPerBlock - 1) / kSumRowsPerBlock; }
+
+template <int K, typename Rows>
+__global__ void __launch_bounds__(32 * kSumWarps) column_partials_kernel(float* partials, Rows rows, int N, int C) {
+  __shared__ float shared[kSumWarps][K][kSumColumns];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int c0 = blockIdx.x * kSumColumns + 4 * lane;  // C % 4 == 0: c0 < C means c0 + 3 < C
+  const int r0 = blockIdx.y * kSumRowsPerBlock, r_end = min(N, r0 + kSumRowsPerBlock);
+  float acc[K][4] = {};
+  if (c0 < C)
+    for (int r = r0 + warp; r < r_end; r += kSumWarps) rows.add(r, c0, acc);
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) shared[warp][k][4 * lane + e] = acc[k][e];
+  __syncthreads();
+  for (int i = threadIdx.x; i < K * kSumColumns; i += blockDim.x) {
+    const int k = i / kSumColumns, column = i % kSumColumns, c = blockIdx.x * kSumColumns + column;
+    float sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kSumWarps; ++w) sum += shared[w][k][column];
+    if (c < C) partials[(static_cast<size_t>(blockIdx.y) * K + k) * C + c] = sum;
+  }
+}
+
+// out_k[c] (+)= the sum over the row blocks, in order, of partial k of column c (out_k may be null).
+template <int K>
+__global__ void column_finish_kernel(float* out0, float* out1, const float* partials, int blocks, int C,
+                                     bool accumulate) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    float* out = k == 0 ? out0 : out1;
+    if (out == nullptr) continue;
+    float sum = 0.0f;
+    for (int j = 0; j < blocks; ++j) sum += partials[(static_cast<size_t>(j) * K + k) * C + c];
+    out[c] = accumulate ? out[c] + sum : sum;
+  }
+}
+
+template <int K, typename Rows>
+void column_sums(float* out0, float* out1, float* partials, Rows rows, int N, int C, bool accumulate,
+                 cudaStream_t stream) {
+  ZERONE_ASSERT(N > 0 && C > 0, "column sums of an empty ", N, " x ", C, " tensor");
+  const dim3 grid(static_cast<unsigned>((C + kSumColumns - 1) / kSumColumns), static_cast<unsigned>(row_blocks(N)));
+  column_partials_kernel<K><<<grid, 32 * kSumWarps, 0, stream>>>(partials, rows, N, C);
+  ZERONE_CUDA_LAUNCHED();
+  column_finish_kernel<K><<<static_cast<unsigned>((C + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+      out0, out1, partials, row_blocks(N), C, accumulate);
+  ZERONE_CUDA_LAUNCHED();
+}
+
+bool aligned16(std::initializer_list<const void*> arrays) {
+  for (const void* p : arrays)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  return true;
+}
+
+// Linear's bias: sum dout; with `rounded`, store dout rounded to kRounded on the way.
+template <DType kRounded>
+struct BiasRows {
+  const float* dout;
+  void* rounded;  // may be null
+  int C;
+  __device__ void add(int r, int c0, float (&acc)[1][4]) const {
+    const size_t i = static_cast<size_t>(r) * C + c0;
+    const float4 d = *reinterpret_cast<const float4*>(dout + i);
+    acc[0][0] += d.x, acc[0][1] += d.y, acc[0][2] += d.z, acc[0][3] += d.w;
+    if (rounded) store4<kRounded>(rounded, i / 4, d.x, d.y, d.z, d.w);
+  }
+};
+// LayerNorm: dweight sums (inp - mean) rstd dout, dbias sums dout.
+struct NormRows {
+  const float *dout, *inp, *mean, *rstd;
+  int C;
+  __device__ void add(int r, int c0, float (&acc)[2][4]) const {
+    const size_t i = static_cast<size_t>(r) * C + c0;
+    const float4 d = *reinterpret_cast<const float4*>(dout + i), x = *reinterpret_cast<const float4*>(inp + i);
+    const float m = mean[r], s = rstd[r];
+    acc[0][0] += (x.x - m) * s * d.x, acc[0][1] += (x.y - m) * s * d.y;
+    acc[0][2] += (x.z - m) * s * d.z, acc[0][3] += (x.w - m) * s * d.w;
+    acc[1][0] += d.x, acc[1][1] += d.y, acc[1][2] += d.z, acc[1][3] += d.w;
+  }
+};
+// RMSNorm: dweight sums inp rstd dout.
+struct RmsNormRows {
+  const float *dout, *inp, *rstd;
+  int C;
+  __device__ void add(int r, int c0, float (&acc)[1][4]) const {
+    const size_t i = static_cast<size_t>(r) * C + c0;
+    const float4 d = *reinterpret_cast<const float4*>(dout + i), x = *reinterpret_cast<const float4*>(inp + i);
+    const float s = rstd[r];
+    acc[0][0] += x.x * s * d.x, acc[0][1] += x.y * s * d.y, acc[0][2] += x.z * s * d.z, acc[0][3] += x.w * s * d.w;
+  }
+};
+
 // ---------------------------------------------------------------- linear's bias
 
 __global__ void add_bias_kernel(float* out, const void* bias, DType dtype, int N, int OC) {
@@ -571,11 +684,15 @@ void layernorm_forward(void* out, DType out_dtype, float* mean, float* rstd, con
 
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const void* weight, DType param_dtype, const float* mean, const float* rstd, int N, int C,
-                        cudaStream_t stream) {
+                        float* partials, cudaStream_t stream) {
   if (N == 0) return;
   layernorm_backward_rows<<<row_warp_blocks(N), kThreads, 0, stream>>>(dinp, dout, inp, weight, param_dtype, mean, rstd,
                                                                         N, C);
   ZERONE_CUDA_LAUNCHED();
+  if (C > 0 && C % 4 == 0 && aligned16({dout, inp})) {  // Note [Column sums in two passes]
+    column_sums<2>(dweight, dbias, partials, NormRows{dout, inp, mean, rstd, C}, N, C, /*accumulate=*/true, stream);
+    return;
+  }
   layernorm_backward_params<<<column_sum_blocks(C), kColumnBlock, 0, stream>>>(dweight, dbias, dout, inp, mean, rstd, N, C);
   ZERONE_CUDA_LAUNCHED();
 }
@@ -589,10 +706,14 @@ void rmsnorm_forward(void* out, DType out_dtype, float* rstd, const float* inp, 
 }
 
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const void* weight,
-                      DType param_dtype, const float* rstd, int N, int C, cudaStream_t stream) {
+                      DType param_dtype, const float* rstd, int N, int C, float* partials, cudaStream_t stream) {
   if (N == 0) return;
   rmsnorm_backward_rows<<<row_warp_blocks(N), kThreads, 0, stream>>>(dinp, dout, inp, weight, param_dtype, rstd, N, C);
   ZERONE_CUDA_LAUNCHED();
+  if (C > 0 && C % 4 == 0 && aligned16({dout, inp})) {  // Note [Column sums in two passes]
+    column_sums<1>(dweight, nullptr, partials, RmsNormRows{dout, inp, rstd, C}, N, C, /*accumulate=*/true, stream);
+    return;
+  }
   rmsnorm_backward_params<<<column_sum_blocks(C), kColumnBlock, 0, stream>>>(dweight, dout, inp, rstd, N, C);
   ZERONE_CUDA_LAUNCHED();
 }
@@ -602,11 +723,24 @@ void add_bias(float* out, const void* bias, DType param_dtype, int N, int OC, cu
   ZERONE_CUDA_LAUNCHED();
 }
 
-void bias_backward(float* dbias, const float* dout, int N, int OC, bool accumulate, cudaStream_t stream) {
+void bias_backward(float* dbias, const float* dout, int N, int OC, bool accumulate, void* rounded, DType rounded_dtype,
+                   float* partials, cudaStream_t stream) {
   if (OC == 0) return;
+  ZERONE_ASSERT(rounded == nullptr || rounded_dtype != DType::f32, "the rounded copy of dout is 16-bit");
+  const bool rounded_aligned = rounded == nullptr || reinterpret_cast<uintptr_t>(rounded) % 8 == 0;
+  if (N > 0 && OC % 4 == 0 && aligned16({dout}) && rounded_aligned) {  // Note [Column sums in two passes]
+    if (rounded_dtype == DType::f16)
+      column_sums<1>(dbias, nullptr, partials, BiasRows<DType::f16>{dout, rounded, OC}, N, OC, accumulate, stream);
+    else
+      column_sums<1>(dbias, nullptr, partials, BiasRows<DType::bf16>{dout, rounded, OC}, N, OC, accumulate, stream);
+    return;
+  }
   bias_backward_kernel<<<column_sum_blocks(OC), kColumnBlock, 0, stream>>>(dbias, dout, N, OC, accumulate);
   ZERONE_CUDA_LAUNCHED();
+  if (rounded) convert(rounded, rounded_dtype, dout, DType::f32, static_cast<size_t>(N) * OC, stream);
 }
+
+size_t column_sum_partials_numel(int N, int C) { return static_cast<size_t>(row_blocks(N)) * 2 * C; }
 
 void gqa_attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int NKV, int hs,
                            cudaStream_t stream) {

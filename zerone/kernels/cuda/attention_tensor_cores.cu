@@ -203,6 +203,32 @@ __device__ __forceinline__ float group_max(float v) {
   return fmaxf(v, __shfl_xor_sync(kAllLanes, v, 2));
 }
 
+// Note [Softmax in base 2, masked only where it must be]: FlashAttention-2's arithmetic for the
+// elements between the two products, which on tensor cores costs as much as the products
+// themselves at head size 64 (the first form spent about 20 instructions a score: the mask's
+// compares and selects on every tile, a multiply by the scale, expf's range reduction, a test for
+// -inf). Now:
+//  - Scores are scaled by scale * log2(e), so the softmax is 2^(x - max): one FFMA and one ex2
+//    (the MUFU's ex2.approx.ftz: relative error about 2^-22, far below the 2^-9 of the bf16 P
+//    that the next product rounds to; ex2(-inf) = +0, so masked scores need no test). The
+//    statistics saved for backward stay in natural units: lse = max * ln 2 + ln(row sum), and
+//    backward forms P = 2^(s * scale * log2 e - lse * log2 e).
+//  - The causal mask is applied only on tiles that hold a masked element: in forward and dQ the
+//    diagonal key tile (every earlier key tile is seen whole by every row of the query tile, and
+//    keys past T occur only in the last key tile, which is the diagonal of the last query tile);
+//    in dK/dV the diagonal query tile and the last query tile when it runs past T (queries past T
+//    must add nothing to dK and dV). Rows past T elsewhere compute finite values from zero-filled
+//    operands and are never written. The branch is uniform over the block.
+// The values differ from the first form's by the exponential's rounding: other bits, well within
+// the tolerance of the bf16 products (the op harness's attention rows; bitwise repeatable still).
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Note [Tiles loaded ahead]: each kernel sweeps tiles of one side (forward and dQ the key tiles,
 // dK/dV the query tiles of each head of the group) and loads the next one while its warps compute
 // on this one: cp.async (sm_80) copies 16 bytes from global to shared memory without passing
@@ -297,6 +323,7 @@ __global__ void __launch_bounds__(kThreadsTc)
   const bool warp_live = q0 + 16 * warp < T;
   const KeyValueSweep<HS> sweep{smem, 1, qkv, s, b, kv};
   const auto issue = [&](int key_tile) { sweep.issue(key_tile); };
+  const float scale_log2 = scale * kLog2e;
 
   issue(0);  // first: its copies run while the queries load
   load_tile<HS>(q_s, qkv, [=](int r) { return s.q(b, r, h); }, q0, T);
@@ -308,19 +335,33 @@ __global__ void __launch_bounds__(kThreadsTc)
     const uint16_t *k_s = sweep.keys(key_tile), *v_s = sweep.values(key_tile);
     float p[8][4];
     rows_times_rows<E, HS>(p, q_s, 16 * warp, k_s);  // scores (16 x 64)
+    // Note [Softmax in base 2, masked only where it must be]: scores in units of log2.
     float tile_max[2] = {-INFINITY, -INFINITY};
+    if (key_tile == query_tile) {
 #pragma unroll
-    for (int n = 0; n < 8; ++n)
+      for (int n = 0; n < 8; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = k0 + 8 * n + 2 * t + (e & 1);
-        p[n][e] = flash::sees(rows[e / 2], key, T) ? scale * p[n][e] : -INFINITY;
-        tile_max[e / 2] = fmaxf(tile_max[e / 2], p[n][e]);
-      }
-    float rescale[2];
+        for (int e = 0; e < 4; ++e) {
+          const int key = k0 + 8 * n + 2 * t + (e & 1);
+          p[n][e] = flash::sees(rows[e / 2], key, T) ? scale_log2 * p[n][e] : -INFINITY;
+          tile_max[e / 2] = fmaxf(tile_max[e / 2], p[n][e]);
+        }
+    } else {
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          p[n][e] *= scale_log2;
+          tile_max[e / 2] = fmaxf(tile_max[e / 2], p[n][e]);
+        }
+    }
+    float rescale[2], m_sub[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      m[r] = flash::online_max(m[r], group_max(tile_max[r]), &rescale[r]);
+      const float m_new = fmaxf(m[r], group_max(tile_max[r]));
+      rescale[r] = m[r] == -INFINITY ? 0.0f : exp2_approx(m[r] - m_new);  // 0 on the row's first tile
+      m[r] = m_new;
+      m_sub[r] = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing seen yet (past T): 2^-inf = 0
       l[r] *= rescale[r];
     }
 #pragma unroll
@@ -331,7 +372,7 @@ __global__ void __launch_bounds__(kThreadsTc)
     for (int n = 0; n < 8; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        p[n][e] = p[n][e] == -INFINITY ? 0.0f : expf(p[n][e] - m[e / 2]);
+        p[n][e] = exp2_approx(p[n][e] - m_sub[e / 2]);
         l[e / 2] += p[n][e];  // this lane's share of the row sum (summed over the group at the end)
       }
     accumulate_times_tile<E, HS>(o, p, v_s);
@@ -346,7 +387,7 @@ __global__ void __launch_bounds__(kThreadsTc)
 #pragma unroll
     for (int n = 0; n < HS / 8; ++n)
       *reinterpret_cast<float2*>(dst + 8 * n + 2 * t) = make_float2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
-    if (t == 0) lse[s.stat(b, h, rows[r])] = m[r] + logf(row_sum);
+    if (t == 0) lse[s.stat(b, h, rows[r])] = m[r] * kLn2 + logf(row_sum);  // natural units
   }
 }
 
@@ -388,10 +429,11 @@ __global__ void __launch_bounds__(kThreadsTc)
   issue(0);  // first: its copies run while the queries and dO load
   load_tile<HS>(q_s, qkv, [=](int r) { return s.q(b, r, h); }, q0, T);
   load_tile<HS>(do_s, dout, [=](int r) { return s.o(b, r, h); }, q0, T);
-  float row_lse[2], D[2], dq[HS / 8][4] = {};
+  const float scale_log2 = scale * kLog2e;
+  float row_lse2[2], D[2], dq[HS / 8][4] = {};  // row_lse2: lse in units of log2
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    row_lse[r] = rows[r] < T ? lse[s.stat(b, h, rows[r])] : 0.0f;
+    row_lse2[r] = rows[r] < T ? lse[s.stat(b, h, rows[r])] * kLog2e : 0.0f;
     D[r] = rows[r] < T ? dsum[s.stat(b, h, rows[r])] : 0.0f;
   }
   for (int key_tile = 0; key_tile <= query_tile; ++key_tile) {
@@ -402,14 +444,24 @@ __global__ void __launch_bounds__(kThreadsTc)
     float p[8][4], dp[8][4];
     rows_times_rows<E, HS>(p, q_s, 16 * warp, k_s);    // scores
     rows_times_rows<E, HS>(dp, do_s, 16 * warp, v_s);  // dP = dO V^T
+    // Note [Softmax in base 2, masked only where it must be].
+    if (key_tile == query_tile) {
 #pragma unroll
-    for (int n = 0; n < 8; ++n)
+      for (int n = 0; n < 8; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = k0 + 8 * n + 2 * t + (e & 1);
-        const float prob = flash::sees(rows[e / 2], key, T) ? expf(scale * p[n][e] - row_lse[e / 2]) : 0.0f;
-        p[n][e] = prob * (dp[n][e] - D[e / 2]);  // dS
-      }
+        for (int e = 0; e < 4; ++e) {
+          const int key = k0 + 8 * n + 2 * t + (e & 1);
+          const float prob =
+              flash::sees(rows[e / 2], key, T) ? exp2_approx(fmaf(p[n][e], scale_log2, -row_lse2[e / 2])) : 0.0f;
+          p[n][e] = prob * (dp[n][e] - D[e / 2]);  // dS
+        }
+    } else {
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          p[n][e] = exp2_approx(fmaf(p[n][e], scale_log2, -row_lse2[e / 2])) * (dp[n][e] - D[e / 2]);
+    }
     accumulate_times_tile<E, HS>(dq, p, k_s);
   }
   if (!warp_live) return;
@@ -470,6 +522,7 @@ __global__ void __launch_bounds__(kThreadsTc)
   issue(0);  // first: its copies run while the keys and values load
   load_tile<HS>(k_s, qkv, [=](int r) { return s.k(b, r, kv); }, k0, T);
   load_tile<HS>(v_s, qkv, [=](int r) { return s.v(b, r, kv); }, k0, T);
+  const float scale_log2 = scale * kLog2e;
   float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
   for (int step = 0; step < steps; ++step) {
     const int q0 = first_query_of(step);
@@ -480,15 +533,31 @@ __global__ void __launch_bounds__(kThreadsTc)
     float p[8][4], ds[8][4];
     rows_times_rows<E, HS>(p, k_s, 16 * warp, q_s);    // S^T (keys x queries)
     rows_times_rows<E, HS>(ds, v_s, 16 * warp, do_s);  // dP^T = V dO^T
+    // Note [Softmax in base 2, masked only where it must be]: the diagonal query tile, and the
+    // last one where it runs past T.
+    if (q0 == k0 || q0 + kTileRows > T) {
 #pragma unroll
-    for (int n = 0; n < 8; ++n)
+      for (int n = 0; n < 8; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int column = 8 * n + 2 * t + (e & 1), query = q0 + column;
-        const float prob = flash::sees(query, keys[e / 2], T) ? expf(scale * p[n][e] - lse_s[column]) : 0.0f;
-        p[n][e] = prob;
-        ds[n][e] = prob * (ds[n][e] - d_s[column]);
-      }
+        for (int e = 0; e < 4; ++e) {
+          const int column = 8 * n + 2 * t + (e & 1), query = q0 + column;
+          const float prob = flash::sees(query, keys[e / 2], T)
+                                 ? exp2_approx(fmaf(p[n][e], scale_log2, -lse_s[column] * kLog2e))
+                                 : 0.0f;
+          p[n][e] = prob;
+          ds[n][e] = prob * (ds[n][e] - d_s[column]);
+        }
+    } else {
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int column = 8 * n + 2 * t + (e & 1);
+          const float prob = exp2_approx(fmaf(p[n][e], scale_log2, -lse_s[column] * kLog2e));
+          p[n][e] = prob;
+          ds[n][e] = prob * (ds[n][e] - d_s[column]);
+        }
+    }
     accumulate_times_tile<E, HS>(dv, p, do_s);
     accumulate_times_tile<E, HS>(dk, ds, q_s);
   }

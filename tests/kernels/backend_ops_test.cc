@@ -33,6 +33,7 @@
 #include "zerone/core/rng.h"
 #include "zerone/kernels/backend.h"
 #include "zerone/kernels/cpu/adamw.h"
+#include "zerone/kernels/cpu/matmul.h"
 #ifdef ZERONE_HAVE_CUDA
 #include "zerone/kernels/cuda/cuda_backend.h"
 #endif
@@ -1631,6 +1632,29 @@ TEST(RopeInvFreq, PlainAndLlama3Scaling) {
   EXPECT_GT(kept, 0);
   EXPECT_GT(divided, 0);
   EXPECT_GT(blended, 0);
+}
+
+// Note [oneDNN 2.6 AMX column tails] with a bf16 output (Note [Logits in the compute dtype]): the
+// f32 form an AMX CPU takes, forced here on any CPU and cut into bands of 8 rows (37 rows: 5
+// bands, the last of 5), gives the direct bf16 output within one unit in the last place (the two
+// forms may sum in other orders), for A plain and transposed.
+TEST(MatmulBf16Out, TheBandedFallbackMatchesTheDirectForm) {
+  const int64_t m = 37, n = 50, k = 24;
+  const std::vector<float> a = randn(m * k, 501), b = randn(k * n, 502), bias = randn(n, 503);
+  std::vector<uint16_t> a16(a.size()), b16(b.size());
+  convert_from_f32(a.data(), a16.data(), DType::bf16, a.size());
+  convert_from_f32(b.data(), b16.data(), DType::bf16, b.size());
+  for (bool trans_a : {false, true}) {
+    SCOPED_TRACE(trans_a ? "A transposed" : "A plain");
+    std::vector<uint16_t> direct(m * n), banded(m * n);
+    cpu::matmul_bf16_out(a16.data(), trans_a, b16.data(), false, direct.data(), m, n, k, bias.data());
+    cpu::force_amx_column_fallback_for_testing(true, sizeof(float) * n * 8);
+    cpu::matmul_bf16_out(a16.data(), trans_a, b16.data(), false, banded.data(), m, n, k, bias.data());
+    cpu::force_amx_column_fallback_for_testing(false);
+    for (size_t i = 0; i < direct.size(); ++i)
+      ASSERT_LE(std::abs(static_cast<int>(direct[i] & 0x7fff) - static_cast<int>(banded[i] & 0x7fff)), 1)
+          << "element " << i << ": " << bf16_to_f32(direct[i]) << " against " << bf16_to_f32(banded[i]);
+  }
 }
 
 // ---------------------------------------------------------------- the seam itself

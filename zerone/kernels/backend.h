@@ -357,7 +357,12 @@ class Backend {
   // its backward writes dlogits over them in the same dtype (the head's backward GEMMs read them
   // so, Note [GEMM operands in the compute dtype]). One (N, Vp) buffer of 2-byte elements instead
   // of an f32 one and a 16-bit dlogits beside it: at GPT-2's W5 shape 1.65 GB less memory and 2.5
-  // GB less traffic a step. f32 runs keep f32 logits, in place as before.
+  // GB less traffic a step. f32 runs keep f32 logits, in place as before. What it changes: the
+  // loss is computed from the rounded logits (relative 2^-9 in bf16), sampling reads them (ties and
+  // top-k cut-offs move with the rounding), and fp16 logits beyond 65504 would be inf (PyTorch's
+  // autocast shares all three). The fallback forms that make a 16-bit output from an f32 GEMM
+  // (no 16-bit algorithm, a bias, an AMX CPU's column tails) do it in bounded bands, never an
+  // (N, Vp) f32 scratch.
   // `logits` (N, Vp) in `logits_dtype` (f32, bf16 or f16).
   virtual void crossentropy_forward(float* losses, float* lse, const void* logits, DType logits_dtype,
                                     const int32_t* targets, int N, int V, int Vp) = 0;

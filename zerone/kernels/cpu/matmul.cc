@@ -1,5 +1,6 @@
 #include "zerone/kernels/cpu/matmul.h"
 
+#include <algorithm>
 #include <dnnl.hpp>
 #include <map>
 #include <mutex>
@@ -82,9 +83,11 @@ void execute(const Shape& s, const void* a, const void* b, void* c, const float*
 // shapes do. Such GEMMs run in f32 on the bf16 operands widened exactly: the same products, f32
 // accumulation as oneDNN's bf16 path, only slower (and only for these shapes, only on AMX).
 // tests/kernels/backend_ops_test.cc (linear_bf16_columns_1_to_80) holds it to the reference.
+bool g_forced_fallback = false;                   // force_amx_column_fallback_for_testing
+size_t g_band_bytes = size_t{16} << 20;           // the bf16 output's f32 band in the fallback
 bool bf16_needs_f32_fallback(DType dtype, int64_t n) {
   static const bool amx = dnnl::get_effective_cpu_isa() == dnnl::cpu_isa::avx512_core_amx;
-  return dtype == DType::bf16 && amx && n % 16 != 0;
+  return dtype == DType::bf16 && ((amx && n % 16 != 0) || g_forced_fallback);
 }
 
 // The elements a strided operand view spans (from its first element to its last, inclusive).
@@ -109,14 +112,22 @@ void execute_checked(const Shape& s, const void* a, const void* b, void* c, cons
   const float* wide_a = widen_bf16(a, span_elements(s.batch0, s.batch1, s.m, s.k, s.a), 0);
   const float* wide_b = widen_bf16(b, span_elements(s.batch0, s.batch1, s.k, s.n, s.b), 1);
   if (s.c_dtype == DType::f32) return execute(f32, wide_a, wide_b, c, bias);
-  // A bf16 C (plain 2-D, no accumulation): the f32 result, then rounded as oneDNN would store it.
+  // A bf16 C (plain 2-D, no accumulation): the f32 result, then rounded as oneDNN would store it,
+  // in bands of rows so that the f32 buffer stays at most 16 MiB (the output may be an (N, Vp)
+  // logits matrix, which bf16 storage exists to keep out of memory).
   ZERONE_ASSERT(s.batch0 == 1 && s.batch1 == 1 && !s.accumulate && s.c.row == s.n && s.c.col == 1,
                 "a bf16 matmul output is a plain matrix");
+  const int64_t band_rows = std::max<int64_t>(1, static_cast<int64_t>(g_band_bytes / (sizeof(float) * s.n)));
   thread_local std::vector<float> wide_c;
-  const size_t numel = static_cast<size_t>(s.m) * s.n;
-  if (wide_c.size() < numel) wide_c.resize(numel);
-  execute(f32, wide_a, wide_b, wide_c.data(), bias);
-  convert_from_f32(wide_c.data(), c, DType::bf16, numel);
+  wide_c.resize(static_cast<size_t>(std::min(band_rows, s.m) * s.n));
+  for (int64_t r0 = 0; r0 < s.m; r0 += band_rows) {
+    Shape band = f32;
+    band.m = std::min(band_rows, s.m - r0);
+    band.a.batch0 = band.a.batch1 = band.m * s.k;  // one matrix: the batch strides are unused
+    band.c.batch0 = band.c.batch1 = band.m * s.n;
+    execute(band, wide_a + r0 * s.a.row, wide_b, wide_c.data(), bias);
+    convert_from_f32(wide_c.data(), static_cast<uint16_t*>(c) + r0 * s.n, DType::bf16, static_cast<size_t>(band.m) * s.n);
+  }
 }
 
 }  // namespace
@@ -146,6 +157,11 @@ void batched_matmul(int64_t batch0, int64_t batch1, int64_t m, int64_t n, int64_
                     const void* b, Strides4 bs, float* c, Strides4 cs, DType dtype, float alpha, bool accumulate) {
   // No profile scope of its own: the time counts to the caller's (attention).
   execute_checked(Shape{batch0, batch1, m, n, k, as, bs, cs, dtype, alpha, accumulate, false}, a, b, c, nullptr);
+}
+
+void force_amx_column_fallback_for_testing(bool on, size_t band_bytes) {
+  g_forced_fallback = on;
+  g_band_bytes = band_bytes > 0 ? band_bytes : size_t{16} << 20;
 }
 
 OneDnn& onednn() {

@@ -11,6 +11,7 @@
 // cache is locked, each call runs on oneDNN's own OpenMP team.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <tuple>
 
@@ -40,6 +41,12 @@ struct Strides4 {
 void batched_matmul(int64_t batch0, int64_t batch1, int64_t m, int64_t n, int64_t k, const void* a, Strides4 a_strides,
                     const void* b, Strides4 b_strides, float* c, Strides4 c_strides, DType dtype, float alpha,
                     bool accumulate);
+
+// For tests: makes every bf16 GEMM take the form an AMX CPU takes for column counts that are not a
+// multiple of 16 (Note [oneDNN 2.6 AMX column tails], matmul.cc) on any CPU, with a bf16 output
+// made in bands of at most `band_bytes` of f32 (0: the default band). Not synchronized with
+// matmuls running on other threads; call it between them.
+void force_amx_column_fallback_for_testing(bool on, size_t band_bytes = 0);
 
 // Version string of the oneDNN library in use, e.g. "2.6.3 (cpu runtime: OpenMP, isa: ...)".
 const char* onednn_version_string();

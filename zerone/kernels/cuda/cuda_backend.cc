@@ -4,6 +4,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -522,9 +523,17 @@ class CudaBackend final : public kernels::Backend {
         gemm(true, false, OC, N, C, weight, param_dtype, C, x, C, out, OC, 0.0f, nullptr, out_dtype);
         return;
       }
-      float* wide = static_cast<float*>(scratch(kWideD, sz(N) * OC * sizeof(float)));
-      linear_forward(wide, DType::f32, x, param_dtype, weight, bias, param_dtype, N, C, OC);
-      cuda::convert(out, out_dtype, wide, DType::f32, sz(N) * OC, compute());
+      // Bands of rows, as gemm()'s fallback bands its columns (kWideBandBytes of scratch at most).
+      const int band_rows = static_cast<int>(std::max<size_t>(1, kWideBandBytes / (sz(OC) * sizeof(float))));
+      float* wide = static_cast<float*>(scratch(kWideD, sz(std::min(band_rows, N)) * OC * sizeof(float)));
+      const size_t elem = dtype_size(param_dtype);
+      for (int r0 = 0; r0 < N; r0 += band_rows) {
+        const int rows = std::min(band_rows, N - r0);
+        linear_forward(wide, DType::f32, static_cast<const uint8_t*>(x) + sz(r0) * C * elem, param_dtype, weight, bias,
+                       param_dtype, rows, C, OC);
+        cuda::convert(static_cast<uint8_t*>(out) + sz(r0) * OC * elem, out_dtype, wide, DType::f32, sz(rows) * OC,
+                      compute());
+      }
       return;
     }
     // Note [Bias in the GEMM's epilogue]: the bias widened to f32 (exactly) and added by cuBLASLt
@@ -706,6 +715,8 @@ class CudaBackend final : public kernels::Backend {
   // Scratch slots: device buffers that only grow (the cpu kernels' Note [Scratch arena]); the
   // training thread alone uses them. A grown slot's old memory is freed in stream order.
   // kActA: a GEMM's activation operand rounded to 16 bits, or flash attention's rounded operands.
+  // The f32 scratch of a 16-bit output's fallback forms, at most (gemm, linear_forward).
+  static constexpr size_t kWideBandBytes = size_t{64} << 20;
   enum Slot { kActA, kActB, kScores, kPartials, kFlag, kHits, kGemmWorkspace, kWideA, kWideB, kWideD, kBias, kColumnPartials, kSlots };
   void* scratch(Slot slot, size_t bytes) {
     Buffer& b = scratch_[slot];
@@ -836,6 +847,13 @@ class CudaBackend final : public kernels::Backend {
         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_d}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_d}};
     for (const auto& [attribute, bytes] : aligned)
       ZERONE_CUBLAS_CHECK(lib_.preference_set_attribute(pref, attribute, &bytes, sizeof bytes));
+    if (key.d_dtype != DType::f32) {
+      // A 16-bit D gets f32 sums rounded once: no split-K reduced in D's own dtype (in place, or
+      // through output-type workspace), only one sequence or partials in the compute type.
+      const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+      ZERONE_CUBLAS_CHECK(lib_.preference_set_attribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes,
+                                                        sizeof schemes));
+    }
     cublasLtMatmulHeuristicResult_t heuristic{};
     int found = 0;
     const cublasStatus_t status =
@@ -864,10 +882,21 @@ class CudaBackend final : public kernels::Backend {
                   "a 16-bit GEMM output is a fresh, plain matrix of the operands' dtype");
     const GemmPlan& plan = plan_gemm(GemmKey{trans_a, trans_b, m, n, k, lda, ldb, ldd, dtype, alignment_of(a),
                                              alignment_of(b), alignment_of(d), bias_f32 != nullptr, d_dtype});
-    if (!plan.found && d_dtype != DType::f32) {  // the f32 form (below, if need be) into scratch, then rounded
-      float* wide = static_cast<float*>(scratch(kWideD, static_cast<size_t>(m) * n * sizeof(float)));
-      gemm(trans_a, trans_b, m, n, k, a, dtype, lda, b, ldb, wide, m, 0.0f);
-      cuda::convert(d, d_dtype, wide, DType::f32, static_cast<size_t>(m) * n, compute());
+    if (!plan.found && d_dtype != DType::f32) {
+      // The f32 form (below, if need be) into scratch, then rounded: a band of D's columns at a
+      // time, so that the scratch stays at most kWideBandBytes (an (N, Vp) logits matrix in f32
+      // is what this dtype exists to avoid). D is column-major: a band is contiguous, and so is
+      // the band of op(B)'s columns it needs (B's columns, or its rows when transposed).
+      const size_t band_columns = std::max<size_t>(1, kWideBandBytes / (static_cast<size_t>(m) * sizeof(float)));
+      float* wide = static_cast<float*>(scratch(kWideD, static_cast<size_t>(m) * std::min<size_t>(band_columns, n) *
+                                                           sizeof(float)));
+      for (size_t j0 = 0; j0 < static_cast<size_t>(n); j0 += band_columns) {
+        const int cols = static_cast<int>(std::min<size_t>(band_columns, n - j0));
+        const size_t b_offset = j0 * (trans_b ? 1 : static_cast<size_t>(ldb)) * dtype_size(dtype);
+        gemm(trans_a, trans_b, m, cols, k, a, dtype, lda, static_cast<const uint8_t*>(b) + b_offset, ldb, wide, m, 0.0f);
+        cuda::convert(static_cast<uint8_t*>(d) + j0 * m * dtype_size(d_dtype), d_dtype, wide, DType::f32,
+                      static_cast<size_t>(m) * cols, compute());
+      }
       return false;
     }
     if (!plan.found && bias_f32) {

@@ -263,7 +263,7 @@ int row_blocks(int N) { return (N + kSumRowsPerBlock - 1) / kSumRowsPerBlock; }
 
 template <int K, typename Rows>
 __global__ void __launch_bounds__(32 * kSumWarps) column_partials_kernel(float* partials, Rows rows, int N, int C) {
-  __shared__ float shared[kSumWarps][K][kSumColumns];
+  __shared__ __align__(16) float shared[kSumWarps][K][kSumColumns];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int c0 = blockIdx.x * kSumColumns + 4 * lane;  // C % 4 == 0: c0 < C means c0 + 3 < C
   const int r0 = blockIdx.y * kSumRowsPerBlock, r_end = min(N, r0 + kSumRowsPerBlock);
@@ -271,9 +271,8 @@ __global__ void __launch_bounds__(32 * kSumWarps) column_partials_kernel(float* 
   if (c0 < C)
     for (int r = r0 + warp; r < r_end; r += kSumWarps) rows.add(r, c0, acc);
 #pragma unroll
-  for (int k = 0; k < K; ++k)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) shared[warp][k][4 * lane + e] = acc[k][e];
+  for (int k = 0; k < K; ++k)  // one 16-byte store a lane: no bank conflicts
+    *reinterpret_cast<float4*>(&shared[warp][k][4 * lane]) = make_float4(acc[k][0], acc[k][1], acc[k][2], acc[k][3]);
   __syncthreads();
   for (int i = threadIdx.x; i < K * kSumColumns; i += blockDim.x) {
     const int k = i / kSumColumns, column = i % kSumColumns, c = blockIdx.x * kSumColumns + column;
@@ -284,18 +283,33 @@ __global__ void __launch_bounds__(32 * kSumWarps) column_partials_kernel(float* 
   }
 }
 
-// out_k[c] (+)= the sum over the row blocks, in order, of partial k of column c (out_k may be null).
+// out_k[c] (+)= the sum of column c's partials k over the row blocks (out_k may be null), in a fixed
+// order: a block takes 32 columns, a lane one column (the warp's loads are one 128-byte row of
+// partials), warp w adds row blocks w, w + kSumWarps, ... in order, then warp 0 adds the warps'
+// sums in warp order. (One thread per column adding every row block in turn waits on 128 loads one
+// after another at W5's N.)
 template <int K>
-__global__ void column_finish_kernel(float* out0, float* out1, const float* partials, int blocks, int C,
-                                     bool accumulate) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
+__global__ void __launch_bounds__(32 * kSumWarps) column_finish_kernel(float* out0, float* out1, const float* partials,
+                                                                       int blocks, int C, bool accumulate) {
+  __shared__ float shared[kSumWarps][K][32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, c = blockIdx.x * 32 + lane;
+  float acc[K] = {};
+  if (c < C)
+#pragma unroll 4
+    for (int j = warp; j < blocks; j += kSumWarps)
+#pragma unroll
+      for (int k = 0; k < K; ++k) acc[k] += partials[(static_cast<size_t>(j) * K + k) * C + c];
+#pragma unroll
+  for (int k = 0; k < K; ++k) shared[warp][k][lane] = acc[k];
+  __syncthreads();
+  if (warp != 0 || c >= C) return;
 #pragma unroll
   for (int k = 0; k < K; ++k) {
     float* out = k == 0 ? out0 : out1;
     if (out == nullptr) continue;
     float sum = 0.0f;
-    for (int j = 0; j < blocks; ++j) sum += partials[(static_cast<size_t>(j) * K + k) * C + c];
+#pragma unroll
+    for (int w = 0; w < kSumWarps; ++w) sum += shared[w][k][lane];
     out[c] = accumulate ? out[c] + sum : sum;
   }
 }
@@ -307,12 +321,15 @@ void column_sums(float* out0, float* out1, float* partials, Rows rows, int N, in
   const dim3 grid(static_cast<unsigned>((C + kSumColumns - 1) / kSumColumns), static_cast<unsigned>(row_blocks(N)));
   column_partials_kernel<K><<<grid, 32 * kSumWarps, 0, stream>>>(partials, rows, N, C);
   ZERONE_CUDA_LAUNCHED();
-  column_finish_kernel<K><<<static_cast<unsigned>((C + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+  column_finish_kernel<K><<<static_cast<unsigned>((C + 31) / 32), 32 * kSumWarps, 0, stream>>>(
       out0, out1, partials, row_blocks(N), C, accumulate);
   ZERONE_CUDA_LAUNCHED();
 }
 
-bool aligned16(std::initializer_list<const void*> arrays) {
+// Whether an (N, C) column sum can take the two-pass form: whole 16-byte rows (C % 4 == 0, the
+// arrays 16-byte aligned) and a grid the launch allows (at most 65535 row blocks: N < 4.19M).
+bool two_pass_column_sums(int N, int C, std::initializer_list<const void*> arrays) {
+  if (N <= 0 || C <= 0 || C % 4 != 0 || row_blocks(N) > 65535) return false;
   for (const void* p : arrays)
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
   return true;
@@ -689,7 +706,7 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
   layernorm_backward_rows<<<row_warp_blocks(N), kThreads, 0, stream>>>(dinp, dout, inp, weight, param_dtype, mean, rstd,
                                                                         N, C);
   ZERONE_CUDA_LAUNCHED();
-  if (C > 0 && C % 4 == 0 && aligned16({dout, inp})) {  // Note [Column sums in two passes]
+  if (two_pass_column_sums(N, C, {dout, inp})) {  // Note [Column sums in two passes]
     column_sums<2>(dweight, dbias, partials, NormRows{dout, inp, mean, rstd, C}, N, C, /*accumulate=*/true, stream);
     return;
   }
@@ -710,7 +727,7 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
   if (N == 0) return;
   rmsnorm_backward_rows<<<row_warp_blocks(N), kThreads, 0, stream>>>(dinp, dout, inp, weight, param_dtype, rstd, N, C);
   ZERONE_CUDA_LAUNCHED();
-  if (C > 0 && C % 4 == 0 && aligned16({dout, inp})) {  // Note [Column sums in two passes]
+  if (two_pass_column_sums(N, C, {dout, inp})) {  // Note [Column sums in two passes]
     column_sums<1>(dweight, nullptr, partials, RmsNormRows{dout, inp, rstd, C}, N, C, /*accumulate=*/true, stream);
     return;
   }
@@ -728,7 +745,7 @@ void bias_backward(float* dbias, const float* dout, int N, int OC, bool accumula
   if (OC == 0) return;
   ZERONE_ASSERT(rounded == nullptr || rounded_dtype != DType::f32, "the rounded copy of dout is 16-bit");
   const bool rounded_aligned = rounded == nullptr || reinterpret_cast<uintptr_t>(rounded) % 8 == 0;
-  if (N > 0 && OC % 4 == 0 && aligned16({dout}) && rounded_aligned) {  // Note [Column sums in two passes]
+  if (two_pass_column_sums(N, OC, {dout}) && rounded_aligned) {  // Note [Column sums in two passes]
     if (rounded_dtype == DType::f16)
       column_sums<1>(dbias, nullptr, partials, BiasRows<DType::f16>{dout, rounded, OC}, N, OC, accumulate, stream);
     else

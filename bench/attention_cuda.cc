@@ -81,12 +81,26 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_attention_cuda: no CUDA GPU\n");
     return 1;
   }
+  if (operands != DType::f32 && !zerone::cuda::flash_attention_takes_16bit(operands, hs)) {
+    std::fprintf(stderr, "bench_attention_cuda: %s at head size %d does not run on tensor cores here\n", dtype.c_str(), hs);
+    return 2;
+  }
   const size_t R = static_cast<size_t>(NH + 2 * NKV) * hs, rows = static_cast<size_t>(B) * T;
-  float* qkv = device_randn(rows * R, 1);
+  // qkv and out are stored in the operand dtype (Note [Attention's inputs and output in the
+  // compute dtype]), as PyTorch hands SDPA bf16 tensors; dout and dqkv are f32.
+  const size_t elem = operands == DType::f32 ? sizeof(float) : sizeof(uint16_t);
+  float* qkv32 = device_randn(rows * R, 1);
+  void* qkv = qkv32;
+  if (operands != DType::f32) {
+    ZERONE_CUDA_CHECK(cudaMalloc(&qkv, rows * R * elem));
+    zerone::cuda::convert(qkv, operands, qkv32, DType::f32, rows * R, nullptr);
+    ZERONE_CUDA_CHECK(cudaDeviceSynchronize());
+  }
   float* dout = device_randn(rows * NH * hs, 2);
-  float *out = nullptr, *lse = nullptr, *dqkv = nullptr, *dsum = nullptr;
+  void* out = nullptr;
+  float *lse = nullptr, *dqkv = nullptr, *dsum = nullptr;
   void* scratch = nullptr;
-  ZERONE_CUDA_CHECK(cudaMalloc(&out, rows * NH * hs * sizeof(float)));
+  ZERONE_CUDA_CHECK(cudaMalloc(&out, rows * NH * hs * elem));
   ZERONE_CUDA_CHECK(cudaMalloc(&lse, static_cast<size_t>(B) * NH * T * sizeof(float)));
   ZERONE_CUDA_CHECK(cudaMalloc(&dsum, static_cast<size_t>(B) * NH * T * sizeof(float)));
   ZERONE_CUDA_CHECK(cudaMalloc(&dqkv, rows * R * sizeof(float)));

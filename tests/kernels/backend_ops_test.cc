@@ -843,9 +843,11 @@ void linear_bf16_columns_case() {
 // logsumexp) and, as the `cuda_plain` rows, with its plain ones; the shapes from T 17 up cut the
 // flash tiles (flash_tiles.h) short: T one past a lane tile of 32, a last partial warp tile,
 // head sizes of 1, 2, 4 and 8 chunks of 32 channels, odd ones, GQA groups of 2 and 3.
-// operands bf16 / f16 (the `_bf16ops` / `_f16ops` rows): the model computes in 16 bits, so cuda
-// runs Note [Flash attention on tensor cores] and is held to a 16-bit tolerance; cpu and sim
-// compute in f32 as ever (kernels/backend.h).
+// operands bf16 / f16 (the `_bf16ops` / `_f16ops` rows): the model computes in 16 bits, so qkv
+// and out are stored in 16 bits (Note [Attention's inputs and output in the compute dtype]): the
+// reference takes the rounded qkv, out is held to a 16-bit tolerance; cuda runs Note [Flash
+// attention on tensor cores] where it is built for the head size, cpu and sim compute in f32 on the
+// widened qkv (kernels/backend.h).
 void attention_case(int B, int T, int NH, int NKV, int hs, uint64_t seed, DType operands = DType::f32) {
   const bool gqa = NKV > 0;
   const int KV = gqa ? NKV : NH, R = (NH + 2 * KV) * hs, C = NH * hs;
@@ -858,22 +860,24 @@ void attention_case(int B, int T, int NH, int NKV, int hs, uint64_t seed, DType 
   const double tol = operands == DType::bf16 ? 3e-2 : operands == DType::f16 ? 5e-3 : 1e-4;
   const double lse_tol = operands == DType::bf16 ? 5e-2 : operands == DType::f16 ? 1e-2 : 1e-4;
   if (operands != DType::f32) name += std::string("_") + dtype_name(operands) + "ops";
+  const bool stored16 = operands != DType::f32;
   add({name,
-       {f32("qkv", qkv), fill("out", B * T * C, 9), fill("att", B * NH * T * T, 9), f32("dout", dout),
-        fill("dqkv", B * T * R, 7.0f)},  // dqkv is overwritten
+       {stored16 ? param("qkv", qkv, operands) : f32("qkv", qkv),
+        stored16 ? fill16("out", B * T * C, operands) : fill("out", B * T * C, 9), fill("att", B * NH * T * T, 9),
+        f32("dout", dout), fill("dqkv", B * T * R, 7.0f)},  // dqkv is overwritten
        [=](Backend& b, const Dev& d) {
          if (gqa) {
-           b.gqa_attention_forward(d.f("out"), d.f("att"), d.f("qkv"), B, T, NH, NKV, hs, operands);
-           b.gqa_attention_backward(d.f("dqkv"), d.f("dout"), d.f("qkv"), d.f("out"), d.f("att"), B, T, NH, NKV, hs,
+           b.gqa_attention_forward(d.v("out"), d.f("att"), d.v("qkv"), B, T, NH, NKV, hs, operands);
+           b.gqa_attention_backward(d.f("dqkv"), d.f("dout"), d.v("qkv"), d.v("out"), d.f("att"), B, T, NH, NKV, hs,
                                     operands);
          } else {
-           b.attention_forward(d.f("out"), d.f("att"), d.f("qkv"), B, T, C, NH, operands);
-           b.attention_backward(d.f("dqkv"), d.f("dout"), d.f("qkv"), d.f("out"), d.f("att"), B, T, C, NH, operands);
+           b.attention_forward(d.v("out"), d.f("att"), d.v("qkv"), B, T, C, NH, operands);
+           b.attention_backward(d.f("dqkv"), d.f("dout"), d.v("qkv"), d.v("out"), d.f("att"), B, T, C, NH, operands);
          }
          return std::vector<double>{};
        },
        [=] {
-         const Vec Q = to_double(qkv), D = to_double(dout);
+         const Vec Q = seen(qkv, operands), D = to_double(dout);
          auto f = [&](const Vec& q) {
            return gqa ? ref::gqa_attention(q, B, T, NH, NKV, hs) : ref::attention(q, B, T, C, NH);
          };
@@ -885,7 +889,7 @@ void attention_case(int B, int T, int NH, int NKV, int hs, uint64_t seed, DType 
        nullptr, 0,
        [=] {
          // The rows' logsumexp (B,NH,T) at the start of att, the rest of it untouched.
-         Vec want = ref::gqa_attention_lse(to_double(qkv), B, T, NH, KV, hs);
+         Vec want = ref::gqa_attention_lse(seen(qkv, operands), B, T, NH, KV, hs);
          want.resize(static_cast<size_t>(B) * NH * T * T, 9.0);
          return std::vector<Want>{near_each("att", want, lse_tol)};
        },
@@ -895,7 +899,9 @@ void attention_case(int B, int T, int NH, int NKV, int hs, uint64_t seed, DType 
 // Rotary embeddings on the first `heads` heads of rows of `stride` floats; forward in place on x,
 // backward in place on dx. scaled: llama3 frequencies (factor 8, original context 64, so that the
 // kept, blended and divided branches all occur at hs 8).
-void rope_case(int B, int T, int heads, int stride_heads, int hs, bool scaled, uint64_t seed) {
+// dt: x's dtype in forward (Note [Attention's inputs and output in the compute dtype]: a 16-bit
+// qkv is rotated in f32 and stored rounded); dx stays f32.
+void rope_case(int B, int T, int heads, int stride_heads, int hs, bool scaled, uint64_t seed, DType dt = DType::f32) {
   const int stride = stride_heads * hs;
   const float theta = 10000.0f;
   RopeScaling s;
@@ -904,27 +910,29 @@ void rope_case(int B, int T, int heads, int stride_heads, int hs, bool scaled, u
   rope_inv_freq(inv_freq.data(), hs, theta, s);
   auto x = randn(B * T * stride, seed), dout = randn(B * T * stride, seed + 1);
   add({named("rope_B", B) + named("_T", T) + named("_heads", heads) + "_of" +
-           std::to_string(stride_heads) + named("_hs", hs) + (scaled ? "_llama3" : "_plain"),
-       {f32("inv_freq", inv_freq), f32("x", x), f32("dx", dout)},
+           std::to_string(stride_heads) + named("_hs", hs) + (scaled ? "_llama3" : "_plain") +
+           (dt == DType::f32 ? "" : std::string("_") + dtype_tag(dt)),
+       {f32("inv_freq", inv_freq), dt == DType::f32 ? f32("x", x) : param("x", x, dt), f32("dx", dout)},
        [=](Backend& b, const Dev& d) {
-         b.rope_forward(d.f("x"), d.f("inv_freq"), B, T, stride, heads, hs);
+         b.rope_forward(d.v("x"), dt, d.f("inv_freq"), B, T, stride, heads, hs);
          b.rope_backward(d.f("dx"), d.f("inv_freq"), B, T, stride, heads, hs);
          return std::vector<double>{};
        },
        [=] {
          // The table is the model's (f32, rope_inv_freq); RopeInvFreq checks it against the rule.
-         const Vec f = to_double(inv_freq), X = to_double(x);
+         const Vec f = to_double(inv_freq), X = seen(x, dt);
          auto r = [&](const Vec& xx) { return ref::rope(xx, f, B, T, stride, heads, hs); };
-         return std::vector<Want>{close("x", r(X)), close("dx", numeric_grad(X, r, to_double(dout))),
-                                  exact("inv_freq", f)};
+         return std::vector<Want>{close("x", r(X), dt == DType::f32 ? 1e-4 : 1e-2),
+                                  close("dx", numeric_grad(to_double(x), r, to_double(dout))), exact("inv_freq", f)};
        },
        [=](const Result& r) {
          // Heads past `heads` (the values of a qkv row) are untouched, bit for bit.
          const Vec got = r.values("x"), dgot = r.values("dx");
          size_t changed = 0;
+         const Vec x0 = seen(x, dt);  // what x held (rounded when 16-bit)
          for (int row = 0; row < B * T; ++row)
            for (int i = heads * hs; i < stride; ++i)
-             changed += got[row * stride + i] != x[row * stride + i] || dgot[row * stride + i] != dout[row * stride + i];
+             changed += got[row * stride + i] != x0[row * stride + i] || dgot[row * stride + i] != dout[row * stride + i];
          EXPECT_EQ(changed, 0u) << "rope changed heads past the rotated ones";
        }});
 }
@@ -1139,6 +1147,8 @@ void transformer_cases() {
   rope_case(2, 6, 3, 4, 8, true, 71);
   rope_case(1, 1, 2, 2, 4, false, 72);  // T = 1: the identity
   rope_case(3, 5, 6, 8, 6, true, 73);
+  rope_case(2, 6, 3, 4, 8, true, 74, DType::bf16);
+  rope_case(1, 3, 4, 6, 4, false, 75, DType::f16);
   swiglu_case(4, 6, 80);
   swiglu_case(1, 1, 81);
   swiglu_case(3, 7, 82);
@@ -1722,7 +1732,7 @@ TEST_F(SimSeamDeathTest, OperandRangeRunningOffItsAllocationAborts) {
                "runs 32 bytes past its device allocation");
   // Attention's probabilities (B, NH, T, T) = (1, 2, 4, 4) need 32 floats; give it a 31-float view.
   Buffer qkv = dev(4 * 3 * 8), att_out = dev(4 * 8), att = dev(31);
-  EXPECT_DEATH(sim().attention_forward(att_out.as<float>(), att.as<float>(), qkv.as<float>(), 1, 4, 8, 2, DType::f32),
+  EXPECT_DEATH(sim().attention_forward(att_out.data(), att.as<float>(), qkv.data(), 1, 4, 8, 2, DType::f32),
                "runs 4 bytes past its device allocation");
   // A copy that starts inside one allocation and runs into memory past it.
   std::vector<float> host(41, 1.0f);

@@ -323,25 +323,35 @@ class Backend {
   // floats.
   AttentionSaved attention_saved() const { return kernels::attention_saved(kind(), device_options()); }
   // `operands`: the dtype the model computes its products in (its parameters' dtype). With bf16 or
-  // f16 a backend may round attention's operands (q, k, v, the probabilities, dO, dS) to it, as
+  // f16 a backend may round attention's inner operands (the probabilities, dO, dS) to it, as
   // PyTorch's autocast does: the cuda backend's flash attention then runs on tensor cores (Note
   // [Flash attention on tensor cores], kernels/cuda/attention_tensor_cores.cu). The cpu and sim
   // backends compute in f32 whatever it says. f32 asks for f32 products everywhere.
+  // Note [Attention's inputs and output in the compute dtype]: qkv and out are stored in
+  // `operands` (so in bf16 or f16 in a 16-bit run): the qkv GEMM writes them rounded (Note
+  // [Logits in the compute dtype]'s out_dtype), attention reads them as they are, and its output
+  // is the next GEMM's operand as it is, with no conversion pass in either direction (W5: three
+  // passes over qkv and two over out a layer, and 450 MB of f32 qkv, gone). A backend that
+  // computes in f32 (cpu, sim, cuda's f32 and plain forms) widens qkv exactly and rounds out as
+  // it stores it. dqkv and dout stay f32 (the qkv gradient feeds a bias gradient and rope).
   // Backward reads `out`, what forward wrote, unchanged (a backend may form rowsum(dout * out)
   // from it; the cpu's does not read it).
-  virtual void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH,
+  virtual void attention_forward(void* out, float* att, const void* qkv, int B, int T, int C, int NH,
                                  DType operands) = 0;
-  virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* att,
+  virtual void attention_backward(float* dqkv, const float* dout, const void* qkv, const void* out, const float* att,
                                   int B, int T, int C, int NH, DType operands) = 0;
-  virtual void gqa_attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int NKV, int hs,
+  virtual void gqa_attention_forward(void* out, float* att, const void* qkv, int B, int T, int NH, int NKV, int hs,
                                      DType operands) = 0;
-  virtual void gqa_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+  virtual void gqa_attention_backward(float* dqkv, const float* dout, const void* qkv, const void* out,
                                       const float* att, int B, int T, int NH, int NKV, int hs, DType operands) = 0;
   virtual void rmsnorm_forward(void* out, DType out_dtype, float* rstd, const float* inp, const void* weight,
                                DType param_dtype, int N, int C, float eps) = 0;
   virtual void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const void* weight,
                                 DType param_dtype, const float* rstd, int N, int C) = 0;
-  virtual void rope_forward(float* x, const float* inv_freq, int B, int T, int stride, int heads, int hs) = 0;
+  // x in x_dtype (the qkv of Note [Attention's inputs and output in the compute dtype]): rotated
+  // in f32 and stored rounded to it.
+  virtual void rope_forward(void* x, DType x_dtype, const float* inv_freq, int B, int T, int stride, int heads,
+                            int hs) = 0;
   virtual void rope_backward(float* dx, const float* inv_freq, int B, int T, int stride, int heads, int hs) = 0;
   virtual void swiglu_forward(void* out, DType out_dtype, const float* inp, int N, int F) = 0;
   virtual void swiglu_backward(void* dinp, DType dinp_dtype, const float* dout, const float* inp, int N, int F) = 0;

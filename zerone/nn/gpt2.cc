@@ -137,8 +137,8 @@ namespace {
 // Every activation buffer, in the order of GPT2::Activations' members: its element count and
 // element size. The token ids are int32; ln1, ln2, fch_gelu and lnf, which only GEMMs read, are in
 // the compute dtype (Note [GEMM operands in the compute dtype], kernels/backend.h), and so are the
-// logits, which backward overwrites with dlogits (Note [Logits in the compute dtype]); the rest
-// are f32.
+// logits, which backward overwrites with dlogits (Note [Logits in the compute dtype]), and qkv and
+// atty (Note [Attention's inputs and output in the compute dtype]); the rest are f32.
 // With activation checkpointing (Note [Activation checkpointing] in model.h) the block internals
 // are kept for one block (S = 1 slot, recomputed in backward) and only the block outputs
 // (residual3) for all L; with CPU checkpointing two device slots of them, and the last entry, the
@@ -150,7 +150,7 @@ std::array<ActivationBuffer, 28> activation_buffers(const GPT2Config& c, DType d
   const size_t BT = static_cast<size_t>(B) * T;
   const size_t f = 4, g = dtype_size(dtype);  // f32 (and int32); a GEMM operand
   return {{{BT * C, f},          {S * BT * C, g},      {S * BT, f},         {S * BT, f},
-           {S * BT * 3 * C, f},  {S * BT * C, f},      {S * kernels::attention_saved_numel(att_saved, B, NH, T), f},
+           {S * BT * 3 * C, g},  {S * BT * C, g},      {S * kernels::attention_saved_numel(att_saved, B, NH, T), f},
            {S * BT * C, f},      {S * BT * C, g},      {S * BT, f},         {S * BT, f},
            {S * BT * 4 * C, f},  {S * BT * 4 * C, g},  {UnitModel::output_slots_numel(on_host, L, BT * C), f},
            {BT * C, g},          {BT, f},              {BT, f},             {BT * Vp, g},
@@ -252,8 +252,8 @@ GPT2::BlockActs GPT2::block_acts(int l) {
   b.ln1 = a.ln1.as<char>() + s * BTC * g;                                                    // (B,T,C)
   b.ln1_mean = a.ln1_mean.as<float>() + s * N;                                               // (B,T)
   b.ln1_rstd = a.ln1_rstd.as<float>() + s * N;
-  b.qkv = a.qkv.as<float>() + s * BTC * 3;                                                   // (B,T,3C)
-  b.atty = a.atty.as<float>() + s * BTC;                                                     // (B,T,C)
+  b.qkv = a.qkv.as<char>() + s * BTC * 3 * g;                                                // (B,T,3C)
+  b.atty = a.atty.as<char>() + s * BTC * g;                                                  // (B,T,C)
   b.att = a.att.as<float>() + s * kernels::attention_saved_numel(attention_saved_, a.B, config_.num_heads, a.T);  // Note [Attention's saved state]
   b.residual2 = a.residual2.as<float>() + s * BTC;
   b.ln2 = a.ln2.as<char>() + s * BTC * g;
@@ -270,11 +270,12 @@ void GPT2::block_forward(int l) {
   const size_t BTC = static_cast<size_t>(N) * C;
   BlockActs b = block_acts(l);
   float* tmp = acts_.tmp_c.as<float>();
-  // ln1, ln2 and fch_gelu in the compute dtype (Note [GEMM operands in the compute dtype]).
+  // ln1, ln2 and fch_gelu in the compute dtype (Note [GEMM operands in the compute dtype]), and
+  // qkv and atty (Note [Attention's inputs and output in the compute dtype]).
   backend_.layernorm_forward(b.ln1, dtype_, b.ln1_mean, b.ln1_rstd, b.residual, p(u, kLn1w), p(u, kLn1b), dtype_, N, C);
-  backend_.linear_forward(b.qkv, DType::f32, b.ln1, dtype_, p(u, kQkvw), p(u, kQkvb), dtype_, N, C, 3 * C);
+  backend_.linear_forward(b.qkv, dtype_, b.ln1, dtype_, p(u, kQkvw), p(u, kQkvb), dtype_, N, C, 3 * C);
   backend_.attention_forward(b.atty, b.att, b.qkv, B, T, C, NH, dtype_);
-  backend_.linear_forward(tmp, DType::f32, b.atty, DType::f32, p(u, kAttprojw), p(u, kAttprojb), dtype_, N, C, C);
+  backend_.linear_forward(tmp, DType::f32, b.atty, dtype_, p(u, kAttprojw), p(u, kAttprojb), dtype_, N, C, C);
   backend_.residual_forward(b.residual2, b.residual, tmp, BTC);
   backend_.layernorm_forward(b.ln2, dtype_, b.ln2_mean, b.ln2_rstd, b.residual2, p(u, kLn2w), p(u, kLn2b), dtype_, N, C);
   backend_.linear_forward(b.fch, DType::f32, b.ln2, dtype_, p(u, kFcw), p(u, kFcb), dtype_, N, C, 4 * C);
@@ -322,8 +323,8 @@ void GPT2::backward(float grad_scale) {
     }
     const BlockActs b = block_acts(l);
     const float* residual = b.residual;
-    const void *ln1 = b.ln1, *ln2 = b.ln2, *fch_gelu = b.fch_gelu;  // in the compute dtype
-    const float *ln1_mean = b.ln1_mean, *ln1_rstd = b.ln1_rstd, *qkv = b.qkv, *atty = b.atty, *att = b.att;
+    const void *ln1 = b.ln1, *ln2 = b.ln2, *fch_gelu = b.fch_gelu, *qkv = b.qkv, *atty = b.atty;  // compute dtype
+    const float *ln1_mean = b.ln1_mean, *ln1_rstd = b.ln1_rstd, *att = b.att;
     const float *residual2 = b.residual2, *ln2_mean = b.ln2_mean, *ln2_rstd = b.ln2_rstd, *fch = b.fch;
     float* dfch = a.dfch.as<float>();  // (B,T,4C)
     float* dqkv = a.dqkv.as<float>();  // (B,T,3C)
@@ -338,7 +339,7 @@ void GPT2::backward(float grad_scale) {
     backend_.layernorm_backward(dresidual, g(u, kLn2w), g(u, kLn2b), dbuf, residual2, p(u, kLn2w), dtype_, ln2_mean,
                           ln2_rstd, N, C);
     // residual2 = residual + attproj
-    backend_.linear_backward(dbuf, g(u, kAttprojw), g(u, kAttprojb), dresidual, DType::f32, atty, DType::f32,
+    backend_.linear_backward(dbuf, g(u, kAttprojw), g(u, kAttprojb), dresidual, DType::f32, atty, dtype_,
                              p(u, kAttprojw), dtype_, N, C, C, acc);
     backend_.attention_backward(dqkv, dbuf, qkv, atty, att, B, T, C, NH, dtype_);
     backend_.linear_backward(dbuf, g(u, kQkvw), g(u, kQkvb), dqkv, DType::f32, ln1, dtype_, p(u, kQkvw), dtype_, N, C,

@@ -127,8 +127,8 @@ class GPT2 : public UnitModel {
   // ln1, ln2 and fch_gelu, which only GEMMs read, are in the compute dtype (dtype_).
   struct BlockActs {
     const float* residual;
-    void *ln1, *ln2, *fch_gelu;
-    float *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *residual2, *ln2_mean, *ln2_rstd, *fch, *residual3;
+    void *ln1, *ln2, *fch_gelu, *qkv, *atty;  // in the compute dtype
+    float *ln1_mean, *ln1_rstd, *att, *residual2, *ln2_mean, *ln2_rstd, *fch, *residual3;
   };
   BlockActs block_acts(int l);
   // Block l's forward (parameters of unit 1 + l in place) from its saved input.

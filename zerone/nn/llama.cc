@@ -159,7 +159,8 @@ namespace {
 // element size (inputs and targets are int32 token ids; h1, h2, act, hf and dgate_up, which only
 // GEMMs read, are in the compute dtype: Note [GEMM operands in the compute dtype], kernels/
 // backend.h; so are the logits, which backward overwrites with dlogits: Note [Logits in the
-// compute dtype]; the rest f32; inv_freq is the device copy of the rotary table).
+// compute dtype], and qkv and atty: Note [Attention's inputs and output in the compute dtype];
+// the rest f32; inv_freq is the device copy of the rotary table).
 // With activation checkpointing (Note [Activation checkpointing] in model.h) one slot (S = 1) of block
 // internals, recomputed in backward; the block outputs (residual3) for all L, or two device slots
 // of them and, as the last entry, their host copies (Note [CPU checkpointing] in model.h).
@@ -171,8 +172,8 @@ std::array<ActivationBuffer, 28> llama_activation_buffers(const LlamaConfig& c, 
   const size_t A = NH * c.head_dim, R = static_cast<size_t>(c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
   const size_t BT = static_cast<size_t>(B) * T;
   const size_t f = 4, g = dtype_size(dtype);  // f32 (and int32); a GEMM operand
-  return {{{BT * C, f},         {S * BT * C, g},  {S * BT, f},         {S * BT * R, f},
-           {S * BT * A, f},     {S * kernels::attention_saved_numel(att_saved, B, NH, T), f},
+  return {{{BT * C, f},         {S * BT * C, g},  {S * BT, f},         {S * BT * R, g},
+           {S * BT * A, g},     {S * kernels::attention_saved_numel(att_saved, B, NH, T), f},
            {S * BT * C, f},     {S * BT * C, g},  {S * BT, f},         {S * BT * 2 * F, f},
            {S * BT * F, g},     {UnitModel::output_slots_numel(on_host, L, BT * C), f},
            {BT * C, g},         {BT, f},          {BT * V, g},         {BT, f},
@@ -273,8 +274,8 @@ Llama::BlockActs Llama::block_acts(int l) {
   const size_t g = dtype_size(dtype_);  // the GEMM operands' element size
   b.h1 = a.h1.as<char>() + s * BTC * g;                                                     // (B,T,C)
   b.rstd1 = a.rstd1.as<float>() + s * N;                                                    // (B,T)
-  b.qkv = a.qkv.as<float>() + s * N * R;                                                    // (B,T,R), q and k rotated
-  b.atty = a.atty.as<float>() + s * N * A;                                                  // (B,T,NH*hs)
+  b.qkv = a.qkv.as<char>() + s * N * R * g;                                                 // (B,T,R), q and k rotated
+  b.atty = a.atty.as<char>() + s * N * A * g;                                               // (B,T,NH*hs)
   b.att = a.att.as<float>() + s * kernels::attention_saved_numel(attention_saved_, a.B, config_.num_heads, a.T);  // Note [Attention's saved state]
   b.residual2 = a.residual2.as<float>() + s * BTC;
   b.h2 = a.h2.as<char>() + s * BTC * g;
@@ -295,10 +296,11 @@ void Llama::block_forward(int l) {
   float* tmp = acts_.tmp_c.as<float>();
   // h1, h2 and act in the compute dtype (Note [GEMM operands in the compute dtype]).
   backend_.rmsnorm_forward(b.h1, dtype_, b.rstd1, b.residual, p(u, kAttnNorm), dtype_, N, C, eps);
-  backend_.linear_forward(b.qkv, DType::f32, b.h1, dtype_, p(u, kWqkv), nullptr, dtype_, N, C, R);
-  backend_.rope_forward(b.qkv, acts_.inv_freq.as<float>(), B, T, R, NH + NKV, hs);
+  // qkv and atty in the compute dtype (Note [Attention's inputs and output in the compute dtype]).
+  backend_.linear_forward(b.qkv, dtype_, b.h1, dtype_, p(u, kWqkv), nullptr, dtype_, N, C, R);
+  backend_.rope_forward(b.qkv, dtype_, acts_.inv_freq.as<float>(), B, T, R, NH + NKV, hs);
   backend_.gqa_attention_forward(b.atty, b.att, b.qkv, B, T, NH, NKV, hs, dtype_);
-  backend_.linear_forward(tmp, DType::f32, b.atty, DType::f32, p(u, kWo), nullptr, dtype_, N, A, C);
+  backend_.linear_forward(tmp, DType::f32, b.atty, dtype_, p(u, kWo), nullptr, dtype_, N, A, C);
   backend_.residual_forward(b.residual2, b.residual, tmp, BTC);
   backend_.rmsnorm_forward(b.h2, dtype_, b.rstd2, b.residual2, p(u, kMlpNorm), dtype_, N, C, eps);
   backend_.linear_forward(b.gate_up, DType::f32, b.h2, dtype_, p(u, kWGateUp), nullptr, dtype_, N, C, 2 * F);
@@ -350,8 +352,8 @@ void Llama::backward(float grad_scale) {
       block_forward(l);
     }
     const BlockActs b = block_acts(l);
-    const void *h1 = b.h1, *h2 = b.h2, *act = b.act;  // in the compute dtype
-    const float *residual = b.residual, *rstd1 = b.rstd1, *qkv = b.qkv, *atty = b.atty, *att = b.att;
+    const void *h1 = b.h1, *h2 = b.h2, *act = b.act, *qkv = b.qkv, *atty = b.atty;  // in the compute dtype
+    const float *residual = b.residual, *rstd1 = b.rstd1, *att = b.att;
     const float *residual2 = b.residual2, *rstd2 = b.rstd2, *gate_up = b.gate_up;
     float* dact = a.dact.as<float>();         // (B,T,F)
     void* dgate_up = a.dgate_up.data();       // (B,T,2F) in the compute dtype
@@ -367,7 +369,7 @@ void Llama::backward(float grad_scale) {
                              C, 2 * F, acc);
     backend_.rmsnorm_backward(dresidual, g(u, kMlpNorm), dbuf, residual2, p(u, kMlpNorm), dtype_, rstd2, N, C);
     // residual2 = residual + wo(attention(rope(wqkv(norm(residual)))))
-    backend_.linear_backward(datty, g(u, kWo), nullptr, dresidual, DType::f32, atty, DType::f32, p(u, kWo), dtype_, N,
+    backend_.linear_backward(datty, g(u, kWo), nullptr, dresidual, DType::f32, atty, dtype_, p(u, kWo), dtype_, N,
                              A, C, acc);
     backend_.gqa_attention_backward(dqkv, datty, qkv, atty, att, B, T, NH, NKV, hs, dtype_);
     backend_.rope_backward(dqkv, a.inv_freq.as<float>(), B, T, R, NH + NKV, hs);

@@ -110,8 +110,8 @@ class Llama : public UnitModel {
   // h1, h2 and act, which only GEMMs read, are in the compute dtype (dtype_).
   struct BlockActs {
     const float* residual;
-    void *h1, *h2, *act;
-    float *rstd1, *qkv, *atty, *att, *residual2, *rstd2, *gate_up, *residual3;
+    void *h1, *h2, *act, *qkv, *atty;  // in the compute dtype
+    float *rstd1, *att, *residual2, *rstd2, *gate_up, *residual3;
   };
   BlockActs block_acts(int l);
   void block_forward(int l);

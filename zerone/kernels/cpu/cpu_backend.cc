@@ -125,29 +125,29 @@ void CpuBackend::linear_backward(float* dinp, float* dweight, float* dbias, cons
                        accumulate_param_grads);
 }
 
-void CpuBackend::attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH, DType) {
-  const size_t BT = sz(B) * T, att_n = sz(B) * NH * T * T;
-  cpu::attention_forward(dev(out, BT * C), dev(att, att_n), dev(qkv, BT * 3 * C), B, T, C, NH);
+// Note [Attention's inputs and output in the compute dtype]: qkv and out in `operands`.
+void CpuBackend::attention_forward(void* out, float* att, const void* qkv, int B, int T, int C, int NH,
+                                   DType operands) {
+  gqa_attention_forward(out, att, qkv, B, T, NH, NH, C / NH, operands);
 }
 
-void CpuBackend::attention_backward(float* dqkv, const float* dout, const float* qkv, const float*, const float* att,
-                                    int B, int T, int C, int NH, DType) {
-  const size_t BT = sz(B) * T, att_n = sz(B) * NH * T * T;
-  cpu::attention_backward(dev(dqkv, BT * 3 * C), dev(dout, BT * C), dev(qkv, BT * 3 * C), dev(att, att_n), B, T, C,
-                          NH);
+void CpuBackend::attention_backward(float* dqkv, const float* dout, const void* qkv, const void* out,
+                                    const float* att, int B, int T, int C, int NH, DType operands) {
+  gqa_attention_backward(dqkv, dout, qkv, out, att, B, T, NH, NH, C / NH, operands);
 }
 
-void CpuBackend::gqa_attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int NKV, int hs,
-                                       DType) {
+void CpuBackend::gqa_attention_forward(void* out, float* att, const void* qkv, int B, int T, int NH, int NKV, int hs,
+                                       DType operands) {
   const size_t BT = sz(B) * T, att_n = sz(B) * NH * T * T, qkv_n = BT * (NH + 2 * NKV) * hs;
-  cpu::gqa_attention_forward(dev(out, BT * NH * hs), dev(att, att_n), dev(qkv, qkv_n), B, T, NH, NKV, hs);
+  cpu::gqa_attention_forward_stored(dev_param(out, BT * NH * hs, operands), dev(att, att_n),
+                                    dev_param(qkv, qkv_n, operands), operands, B, T, NH, NKV, hs);
 }
 
-void CpuBackend::gqa_attention_backward(float* dqkv, const float* dout, const float* qkv, const float*,
-                                        const float* att, int B, int T, int NH, int NKV, int hs, DType) {
+void CpuBackend::gqa_attention_backward(float* dqkv, const float* dout, const void* qkv, const void*,
+                                        const float* att, int B, int T, int NH, int NKV, int hs, DType operands) {
   const size_t BT = sz(B) * T, att_n = sz(B) * NH * T * T, qkv_n = BT * (NH + 2 * NKV) * hs;
-  cpu::gqa_attention_backward(dev(dqkv, qkv_n), dev(dout, BT * NH * hs), dev(qkv, qkv_n), dev(att, att_n), B, T, NH,
-                              NKV, hs);
+  cpu::gqa_attention_backward_stored(dev(dqkv, qkv_n), dev(dout, BT * NH * hs), dev_param(qkv, qkv_n, operands),
+                                     operands, dev(att, att_n), B, T, NH, NKV, hs);
 }
 
 void CpuBackend::rmsnorm_forward(void* out, DType out_dtype, float* rstd, const float* inp, const void* weight, DType param_dtype, int N, int C, float eps) {
@@ -162,8 +162,10 @@ void CpuBackend::rmsnorm_backward(float* dinp, float* dweight, const float* dout
                         param_dtype, dev(rstd, N), N, C);
 }
 
-void CpuBackend::rope_forward(float* x, const float* inv_freq, int B, int T, int stride, int heads, int hs) {
-  cpu::rope_forward(dev(x, sz(B) * T * stride), dev(inv_freq, sz(hs) / 2), B, T, stride, heads, hs);
+void CpuBackend::rope_forward(void* x, DType x_dtype, const float* inv_freq, int B, int T, int stride, int heads,
+                              int hs) {
+  cpu::rope_forward(dev_param(x, sz(B) * T * stride, x_dtype), x_dtype, dev(inv_freq, sz(hs) / 2), B, T, stride, heads,
+                    hs);
 }
 
 void CpuBackend::rope_backward(float* dx, const float* inv_freq, int B, int T, int stride, int heads, int hs) {

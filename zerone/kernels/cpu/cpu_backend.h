@@ -54,19 +54,20 @@ class CpuBackend : public Backend {
                        DType inp_dtype, const void* weight, DType param_dtype, int N, int C, int OC,
                        bool accumulate_param_grads) override;
   // In f32 whatever `operands` says (backend.h).
-  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH,
+  void attention_forward(void* out, float* att, const void* qkv, int B, int T, int C, int NH,
                          DType operands) override;
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* att, int B,
+  void attention_backward(float* dqkv, const float* dout, const void* qkv, const void* out, const float* att, int B,
                           int T, int C, int NH, DType operands) override;
-  void gqa_attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int NKV, int hs,
+  void gqa_attention_forward(void* out, float* att, const void* qkv, int B, int T, int NH, int NKV, int hs,
                              DType operands) override;
-  void gqa_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* att,
+  void gqa_attention_backward(float* dqkv, const float* dout, const void* qkv, const void* out, const float* att,
                               int B, int T, int NH, int NKV, int hs, DType operands) override;
   void rmsnorm_forward(void* out, DType out_dtype, float* rstd, const float* inp, const void* weight,
                        DType param_dtype, int N, int C, float eps) override;
   void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const void* weight,
                         DType param_dtype, const float* rstd, int N, int C) override;
-  void rope_forward(float* x, const float* inv_freq, int B, int T, int stride, int heads, int hs) override;
+  void rope_forward(void* x, DType x_dtype, const float* inv_freq, int B, int T, int stride, int heads,
+                    int hs) override;
   void rope_backward(float* dx, const float* inv_freq, int B, int T, int stride, int heads, int hs) override;
   void swiglu_forward(void* out, DType out_dtype, const float* inp, int N, int F) override;
   void swiglu_backward(void* dinp, DType dinp_dtype, const float* dout, const float* inp, int N, int F) override;

@@ -23,17 +23,21 @@ namespace {
 // Parameter storage by dtype: the C++ type and how to widen an element to f32. (bf16 and f16 share
 // uint16_t storage, so the dtype, not the C++ type, selects the conversion.)
 template <DType D> struct Param;
+// store() rounds to nearest even (core/dtype.h).
 template <> struct Param<DType::f32> {
   using type = float;
   static float load(const float* p, size_t i) { return p[i]; }
+  static void store(float* p, size_t i, float x) { p[i] = x; }
 };
 template <> struct Param<DType::bf16> {
   using type = uint16_t;
   static float load(const uint16_t* p, size_t i) { return bf16_to_f32(p[i]); }
+  static void store(uint16_t* p, size_t i, float x) { p[i] = f32_to_bf16(x); }
 };
 template <> struct Param<DType::f16> {
   using type = uint16_t;
   static float load(const uint16_t* p, size_t i) { return f16_to_f32(p[i]); }
+  static void store(uint16_t* p, size_t i, float x) { p[i] = f32_to_f16(x); }
 };
 
 // Runs `body` with a Param<dtype> tag.
@@ -50,7 +54,7 @@ void with_param_type(DType dtype, Body&& body) {
 // sums). Each slot keeps one buffer that only grows, so after the first step nothing is allocated.
 // The buffers are host memory (default_arena()) counted as device scratch: these kernels run on
 // host memory whichever device they serve (the sim backend runs them on its host view).
-enum ScratchSlot { kScratchA, kScratchB, kScratchBias, kScratchPartials, kScratchWeight, kScratchKT, kScratchKVGradT, kScratchRows, kScratchOut, kScratchSlots };
+enum ScratchSlot { kScratchA, kScratchB, kScratchBias, kScratchPartials, kScratchWeight, kScratchKT, kScratchKVGradT, kScratchRows, kScratchOut, kScratchQkv, kScratchSlots };
 
 void* scratch(ScratchSlot slot, size_t bytes) {
   static Buffer buffers[kScratchSlots];
@@ -512,6 +516,34 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
   gqa_attention_backward(dqkv, dout, qkv, att, B, T, NH, NH, C / NH);
 }
 
+// Note [Attention's inputs and output in the compute dtype] (kernels/backend.h) on the cpu: a
+// 16-bit qkv is widened exactly into scratch and the f32 kernels above run on it; out is computed
+// in f32 scratch and stored rounded.
+namespace {
+const float* widened_qkv(const void* qkv, DType dtype, size_t n) {
+  if (dtype == DType::f32) return static_cast<const float*>(qkv);
+  float* wide = static_cast<float*>(scratch(kScratchQkv, sizeof(float) * n));
+  convert_to_f32(qkv, dtype, wide, n);
+  return wide;
+}
+}  // namespace
+
+void gqa_attention_forward_stored(void* out, float* att, const void* qkv, DType dtype, int B, int T, int NH, int NKV,
+                                  int hs) {
+  const size_t BT = static_cast<size_t>(B) * T, qkv_n = BT * (NH + 2 * NKV) * hs, out_n = BT * NH * hs;
+  const float* q32 = widened_qkv(qkv, dtype, qkv_n);
+  if (dtype == DType::f32) return gqa_attention_forward(static_cast<float*>(out), att, q32, B, T, NH, NKV, hs);
+  float* o32 = static_cast<float*>(scratch(kScratchOut, sizeof(float) * out_n));
+  gqa_attention_forward(o32, att, q32, B, T, NH, NKV, hs);
+  convert_from_f32(o32, out, dtype, out_n);
+}
+
+void gqa_attention_backward_stored(float* dqkv, const float* dout, const void* qkv, DType dtype, const float* att,
+                                   int B, int T, int NH, int NKV, int hs) {
+  const size_t qkv_n = static_cast<size_t>(B) * T * (NH + 2 * NKV) * hs;
+  gqa_attention_backward(dqkv, dout, widened_qkv(qkv, dtype, qkv_n), att, B, T, NH, NKV, hs);
+}
+
 // ---------------------------------------------------------------- rmsnorm
 
 void rmsnorm_forward(void* out, DType out_dtype, float* rstd, const float* inp, const void* weight,
@@ -587,7 +619,9 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
 namespace {
 
 // Rotates each of the first `heads` head vectors of every row by angle sign * t * inv_freq[i].
-void rope_rotate(float* x, const float* inv_freq, int B, int T, int stride, int heads, int hs, float sign) {
+// x (B, T, stride) of PT's dtype: each element rotated in f32 and stored rounded to it.
+template <typename PT>
+void rope_rotate(typename PT::type* x, const float* inv_freq, int B, int T, int stride, int heads, int hs, float sign) {
   constexpr int kMaxHalf = 1024;
   const int half = hs / 2;
   ZERONE_ASSERT(half <= kMaxHalf, "rotary head size ", hs, " above ", 2 * kMaxHalf);
@@ -601,14 +635,14 @@ void rope_rotate(float* x, const float* inv_freq, int B, int T, int stride, int 
       sin_t[i] = sign * std::sin(angle);
     }
     for (int b = 0; b < B; ++b) {
-      float* row = x + (static_cast<size_t>(b) * T + t) * stride;
+      auto* row = x + (static_cast<size_t>(b) * T + t) * stride;
       for (int h = 0; h < heads; ++h) {
-        float* v = row + static_cast<size_t>(h) * hs;
+        auto* v = row + static_cast<size_t>(h) * hs;
 #pragma omp simd
         for (int i = 0; i < half; ++i) {
-          float a = v[i], c = v[i + half];
-          v[i] = a * cos_t[i] - c * sin_t[i];
-          v[i + half] = c * cos_t[i] + a * sin_t[i];
+          float a = PT::load(v, i), c = PT::load(v, i + half);
+          PT::store(v, i, a * cos_t[i] - c * sin_t[i]);
+          PT::store(v, i + half, c * cos_t[i] + a * sin_t[i]);
         }
       }
     }
@@ -617,15 +651,18 @@ void rope_rotate(float* x, const float* inv_freq, int B, int T, int stride, int 
 
 }  // namespace
 
-void rope_forward(float* x, const float* inv_freq, int B, int T, int stride, int heads, int hs) {
+void rope_forward(void* x, DType x_dtype, const float* inv_freq, int B, int T, int stride, int heads, int hs) {
   ProfileScope profile(ProfileCategory::elementwise);
-  rope_rotate(x, inv_freq, B, T, stride, heads, hs, 1.0f);
+  with_param_type(x_dtype, [&](auto tag) {
+    using PT = decltype(tag);
+    rope_rotate<PT>(static_cast<typename PT::type*>(x), inv_freq, B, T, stride, heads, hs, 1.0f);
+  });
 }
 
 void rope_backward(float* dx, const float* inv_freq, int B, int T, int stride, int heads, int hs) {
   ProfileScope profile(ProfileCategory::elementwise);
   // The rotation is orthogonal: its transpose (the gradient map) is the rotation by -angle.
-  rope_rotate(dx, inv_freq, B, T, stride, heads, hs, -1.0f);
+  rope_rotate<Param<DType::f32>>(dx, inv_freq, B, T, stride, heads, hs, -1.0f);
 }
 
 // ---------------------------------------------------------------- swiglu

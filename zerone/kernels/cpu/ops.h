@@ -68,6 +68,12 @@ void gqa_attention_forward(float* out, float* att, const float* qkv, int B, int 
 // dqkv (B,T,(NH+2*NKV)*hs) = gradient wrt qkv (overwrite).
 void gqa_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int NH,
                             int NKV, int hs);
+// The same with qkv and out stored in `dtype` (Note [Attention's inputs and output in the compute
+// dtype], kernels/backend.h): computed in f32 on qkv widened exactly, out rounded as stored.
+void gqa_attention_forward_stored(void* out, float* att, const void* qkv, DType dtype, int B, int T, int NH, int NKV,
+                                  int hs);
+void gqa_attention_backward_stored(float* dqkv, const float* dout, const void* qkv, DType dtype, const float* att,
+                                   int B, int T, int NH, int NKV, int hs);
 
 // RMSNorm (LLaMA): out (N,C) = inp * rstd * weight with rstd (N) = 1/sqrt(mean(inp^2) + eps),
 // saved for backward. No bias, no mean subtraction.
@@ -83,7 +89,8 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
 //   x'[i + hs/2] = x[i+hs/2] cos(t f_i) + x[i] sin(t f_i),      i < hs/2,
 // with f_i = inv_freq[i] (rope_inv_freq). In place on x (B,T,stride): applied to the q and k heads
 // of a qkv buffer with heads = NH + NKV. Backward is the rotation by -t f_i (rope_backward).
-void rope_forward(float* x, const float* inv_freq, int B, int T, int stride, int heads, int hs);
+// Forward's x is in x_dtype (rotated in f32, stored rounded); backward's dx is f32.
+void rope_forward(void* x, DType x_dtype, const float* inv_freq, int B, int T, int stride, int heads, int hs);
 void rope_backward(float* dx, const float* inv_freq, int B, int T, int stride, int heads, int hs);
 
 // SwiGLU (LLaMA MLP): inp (N,2F) holds per row the gate projection (F) then the up projection (F);

@@ -322,42 +322,56 @@ void backward_with(float* dqkv, float* dsum, const float* dout, const float* qkv
 
 }  // namespace
 
+bool flash_attention_takes_16bit(DType operands, int hs) { return tensor_core_flash_takes(operands, hs); }
+
 size_t flash_attention_scratch_bytes(int B, int T, int NH, int NKV, int hs, DType operands, bool backward) {
-  if (operands == DType::f32) return 0;
+  if (!tensor_core_flash_takes(operands, hs)) return 0;
   return sizeof(uint16_t) * tensor_core_flash_scratch_elems(FlashShape{B, T, NH, NKV, hs}, backward);
 }
 
-void flash_attention_forward(float* out, float* lse, const float* qkv, int B, int T, int NH, int NKV, int hs,
+void flash_attention_forward(void* out, float* lse, const void* qkv, int B, int T, int NH, int NKV, int hs,
                              DType operands, void* scratch, cudaStream_t stream) {
   check_shape(NH, NKV, hs);
+  (void)scratch;  // forward needs none (Note [Operands rounded once])
   if (B == 0 || T == 0) return;
   const FlashShape s{B, T, NH, NKV, hs};
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  if (tensor_core_flash_takes(operands, hs, out))
-    return tensor_core_flash_forward(out, lse, qkv, s, operands, scale, static_cast<uint16_t*>(scratch), stream);
+  if (operands != DType::f32) {
+    ZERONE_ASSERT(tensor_core_flash_takes(operands, hs), "flash attention: 16-bit qkv at head size ", hs,
+                  " is not taken on tensor cores (widen it: flash_attention_takes_16bit)");
+    return tensor_core_flash_forward(static_cast<uint16_t*>(out), lse, static_cast<const uint16_t*>(qkv), s, operands,
+                                     scale, stream);
+  }
+  float* out32 = static_cast<float*>(out);
+  const float* qkv32 = static_cast<const float*>(qkv);
   switch (chunks_for(hs)) {
-    case 1: return forward_with<1>(out, lse, qkv, s, scale, stream);
-    case 2: return forward_with<2>(out, lse, qkv, s, scale, stream);
-    case 4: return forward_with<4>(out, lse, qkv, s, scale, stream);
-    default: return forward_with<8>(out, lse, qkv, s, scale, stream);
+    case 1: return forward_with<1>(out32, lse, qkv32, s, scale, stream);
+    case 2: return forward_with<2>(out32, lse, qkv32, s, scale, stream);
+    case 4: return forward_with<4>(out32, lse, qkv32, s, scale, stream);
+    default: return forward_with<8>(out32, lse, qkv32, s, scale, stream);
   }
 }
 
-void flash_attention_backward(float* dqkv, float* dsum, const float* dout, const float* qkv, const float* out,
+void flash_attention_backward(float* dqkv, float* dsum, const float* dout, const void* qkv, const void* out,
                               const float* lse, int B, int T, int NH, int NKV, int hs, DType operands, void* scratch,
                               cudaStream_t stream) {
   check_shape(NH, NKV, hs);
   if (B == 0 || T == 0) return;
   const FlashShape s{B, T, NH, NKV, hs};
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  if (tensor_core_flash_takes(operands, hs, dqkv))
-    return tensor_core_flash_backward(dqkv, dsum, dout, qkv, out, lse, s, operands, scale,
+  if (operands != DType::f32) {
+    ZERONE_ASSERT(tensor_core_flash_takes(operands, hs), "flash attention: 16-bit qkv at head size ", hs,
+                  " is not taken on tensor cores (widen it: flash_attention_takes_16bit)");
+    return tensor_core_flash_backward(dqkv, dsum, dout, static_cast<const uint16_t*>(qkv),
+                                      static_cast<const uint16_t*>(out), lse, s, operands, scale,
                                       static_cast<uint16_t*>(scratch), stream);
+  }
+  const float* qkv32 = static_cast<const float*>(qkv);  // the f32 form forms D from P and dP: out unread
   switch (chunks_for(hs)) {
-    case 1: return backward_with<1>(dqkv, dsum, dout, qkv, lse, s, scale, stream);
-    case 2: return backward_with<2>(dqkv, dsum, dout, qkv, lse, s, scale, stream);
-    case 4: return backward_with<4>(dqkv, dsum, dout, qkv, lse, s, scale, stream);
-    default: return backward_with<8>(dqkv, dsum, dout, qkv, lse, s, scale, stream);
+    case 1: return backward_with<1>(dqkv, dsum, dout, qkv32, lse, s, scale, stream);
+    case 2: return backward_with<2>(dqkv, dsum, dout, qkv32, lse, s, scale, stream);
+    case 4: return backward_with<4>(dqkv, dsum, dout, qkv32, lse, s, scale, stream);
+    default: return backward_with<8>(dqkv, dsum, dout, qkv32, lse, s, scale, stream);
   }
 }
 

@@ -312,7 +312,7 @@ struct KeyValueSweep {
 // One block per (b, h, 64-query tile), the longest rows first.
 template <typename E, int HS>
 __global__ void __launch_bounds__(kThreadsTc)
-    tc_flash_forward_kernel(float* out, float* lse, const uint16_t* qkv, FlashShape s, float scale) {
+    tc_flash_forward_kernel(uint16_t* out, float* lse, const uint16_t* qkv, FlashShape s, float scale) {
   using L = TileLayout<HS>;
   extern __shared__ __align__(16) uint16_t smem[];
   uint16_t* q_s = L::tile(smem, 0);  // queries; keys and values two buffers each (Note [Tiles loaded ahead])
@@ -383,29 +383,30 @@ __global__ void __launch_bounds__(kThreadsTc)
     const float row_sum = group_sum(l[r]);
     if (rows[r] >= T) continue;
     const float inv = 1.0f / row_sum;
-    float* dst = out + s.o(b, rows[r], h);
+    uint16_t* dst = out + s.o(b, rows[r], h);  // in E (Note [Attention's inputs and output in the compute dtype])
 #pragma unroll
     for (int n = 0; n < HS / 8; ++n)
-      *reinterpret_cast<float2*>(dst + 8 * n + 2 * t) = make_float2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+      *reinterpret_cast<uint32_t*>(dst + 8 * n + 2 * t) = Operand<E>::pack(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
     if (t == 0) lse[s.stat(b, h, rows[r])] = m[r] * kLn2 + logf(row_sum);  // natural units
   }
 }
 
 // ---------------------------------------------------------------- D, then dQ
 
-// D = rowsum(dO * O) (B, NH, T) from the f32 output and its gradient: one warp per row, the lanes'
-// shares summed in a fixed butterfly. (The f32 form sums P * dP over the keys instead: it equals
-// this, and costs a second sweep.)
-__global__ void tc_flash_row_dot_kernel(float* dsum, const float* dout, const float* out, FlashShape s) {
+// D = rowsum(dO * O) (B, NH, T) from the output (16-bit, as forward stored it) and its f32
+// gradient: one warp per row, the lanes' shares summed in a fixed butterfly. (The f32 form sums
+// P * dP over the keys instead: it equals this, and costs a second sweep.)
+__global__ void tc_flash_row_dot_kernel(float* dsum, const float* dout, const uint16_t* out, DType out_dtype,
+                                        FlashShape s) {
   const size_t rows = static_cast<size_t>(s.B) * s.NH * s.T;
   const size_t row = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;  // the whole warp
   const int t = static_cast<int>(row % s.T), h = static_cast<int>(row / s.T % s.NH), b = static_cast<int>(row / s.T / s.NH);
   const float* dy = dout + s.o(b, t, h);
-  const float* y = out + s.o(b, t, h);
+  const uint16_t* y = out + s.o(b, t, h);
   float d = 0.0f;
-  for (int i = lane; i < s.hs; i += 32) d += dy[i] * y[i];
+  for (int i = lane; i < s.hs; i += 32) d += dy[i] * load_param(y, out_dtype, i);
   d = warp_sum(d);
   if (lane == 0) dsum[s.stat(b, h, t)] = d;
 }
@@ -578,7 +579,7 @@ __global__ void __launch_bounds__(kThreadsTc)
 // ---------------------------------------------------------------- launching
 
 template <typename E, int HS>
-void forward_with(float* out, float* lse, const uint16_t* qkv, const FlashShape& s, float scale, cudaStream_t stream) {
+void forward_with(uint16_t* out, float* lse, const uint16_t* qkv, const FlashShape& s, float scale, cudaStream_t stream) {
   const size_t bytes = request_smem(tc_flash_forward_kernel<E, HS>, forward_smem_bytes(HS));
   const dim3 grid(static_cast<unsigned>(s.B * s.NH), static_cast<unsigned>(flash::tiles_of(s.T, kTileRows)));
   tc_flash_forward_kernel<E, HS><<<grid, kThreadsTc, bytes, stream>>>(out, lse, qkv, s, scale);
@@ -620,16 +621,16 @@ void backward_with(float* dqkv, float* dsum, const uint16_t* dout, const uint16_
     default: { constexpr int HS = 128; CALL; break; }                \
   }
 
-bool aligned8(const void* p) { return reinterpret_cast<uintptr_t>(p) % 8 == 0; }
+bool aligned_to(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 size_t qkv_numel(const FlashShape& s) { return static_cast<size_t>(s.B) * s.T * (s.NH + 2 * s.NKV) * s.hs; }
 size_t out_numel(const FlashShape& s) { return static_cast<size_t>(s.B) * s.T * s.NH * s.hs; }
 
 }  // namespace
 
-bool tensor_core_flash_takes(DType operands, int hs, const void* output) {
+bool tensor_core_flash_takes(DType operands, int hs) {
   const bool built_for = hs == 16 || hs == 32 || hs == 64 || hs == 96 || hs == 128;
-  if (operands == DType::f32 || !built_for || !aligned8(output)) return false;  // aligned8: float2 stores
+  if (operands == DType::f32 || !built_for) return false;
   // Shared memory: the double-buffered sweeps (Note [Tiles loaded ahead]) need up to 105 KB a
   // block at hs 128, over the 99 KB an sm_86/sm_89 GPU lets a block opt into: there the f32 form
   // runs. The same answer for every call of a run (it depends on hs and the device only).
@@ -639,32 +640,30 @@ bool tensor_core_flash_takes(DType operands, int hs, const void* output) {
   return dkv_smem_bytes(hs) <= static_cast<size_t>(limit);
 }
 
-size_t tensor_core_flash_scratch_elems(const FlashShape& s, bool backward) {
-  return qkv_numel(s) + (backward ? out_numel(s) : 0);
+size_t tensor_core_flash_scratch_elems(const FlashShape& s, bool backward) { return backward ? out_numel(s) : 0; }
+
+// Note [Operands rounded once]: every block of every kernel reads its tiles from 16-bit copies
+// (half the bytes of f32, no conversion in the tile loads). qkv comes stored in the operand dtype
+// (Note [Attention's inputs and output in the compute dtype], kernels/backend.h), so only dO,
+// which backward receives in f32, is rounded, by one pass per call into the caller's scratch.
+void tensor_core_flash_forward(uint16_t* out, float* lse, const uint16_t* qkv, const FlashShape& s, DType operands,
+                               float scale, cudaStream_t stream) {
+  ZERONE_ASSERT(aligned_to(out, 4) && aligned_to(qkv, 16), "tensor-core attention: misaligned qkv or out");
+  ZERONE_TC_FLASH_DISPATCH(operands, s.hs, (forward_with<E, HS>(out, lse, qkv, s, scale, stream)));
 }
 
-// Note [Operands rounded once]: every block of every kernel reads its tiles from the rounded copy
-// (half the bytes of f32, no conversion in the tile loads), made by one pass over qkv (and dO)
-// per call into the caller's scratch.
-void tensor_core_flash_forward(float* out, float* lse, const float* qkv, const FlashShape& s, DType operands,
-                               float scale, uint16_t* scratch, cudaStream_t stream) {
-  convert(scratch, operands, qkv, DType::f32, qkv_numel(s), stream);
-  const uint16_t* qkv16 = scratch;
-  ZERONE_TC_FLASH_DISPATCH(operands, s.hs, (forward_with<E, HS>(out, lse, qkv16, s, scale, stream)));
-}
-
-void tensor_core_flash_backward(float* dqkv, float* dsum, const float* dout, const float* qkv, const float* out,
+void tensor_core_flash_backward(float* dqkv, float* dsum, const float* dout, const uint16_t* qkv, const uint16_t* out,
                                 const float* lse, const FlashShape& s, DType operands, float scale, uint16_t* scratch,
                                 cudaStream_t stream) {
+  ZERONE_ASSERT(aligned_to(dqkv, 8) && aligned_to(qkv, 16), "tensor-core attention: misaligned qkv or dqkv");
   const size_t rows = static_cast<size_t>(s.B) * s.NH * s.T;
   constexpr int kRowsPerBlock = 8;  // warps of 32 lanes, one row each
   tc_flash_row_dot_kernel<<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), 32 * kRowsPerBlock, 0,
-                            stream>>>(dsum, dout, out, s);
+                            stream>>>(dsum, dout, out, operands, s);
   ZERONE_CUDA_LAUNCHED();
-  convert(scratch, operands, qkv, DType::f32, qkv_numel(s), stream);
-  convert(scratch + qkv_numel(s), operands, dout, DType::f32, out_numel(s), stream);
-  const uint16_t *qkv16 = scratch, *dout16 = scratch + qkv_numel(s);
-  ZERONE_TC_FLASH_DISPATCH(operands, s.hs, (backward_with<E, HS>(dqkv, dsum, dout16, qkv16, lse, s, scale, stream)));
+  convert(scratch, operands, dout, DType::f32, out_numel(s), stream);
+  const uint16_t* dout16 = scratch;
+  ZERONE_TC_FLASH_DISPATCH(operands, s.hs, (backward_with<E, HS>(dqkv, dsum, dout16, qkv, lse, s, scale, stream)));
 }
 
 }  // namespace zerone::cuda

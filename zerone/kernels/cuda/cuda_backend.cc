@@ -517,13 +517,19 @@ class CudaBackend final : public kernels::Backend {
     const void* x = operand(inp, inp_dtype, sz(N) * C, param_dtype, kActA);
     if (out_dtype != DType::f32) {
       // Note [Logits in the compute dtype]: cuBLASLt rounds its f32 accumulators into the 16-bit
-      // out as it stores them. With a bias (no model asks for one here) the f32 form runs into
-      // scratch and is rounded after it.
-      if (!bias) {
-        gemm(true, false, OC, N, C, weight, param_dtype, C, x, C, out, OC, 0.0f, nullptr, out_dtype);
-        return;
+      // out as it stores them, after its epilogue added the bias (in D's dtype, copied into
+      // 256-byte aligned scratch; GPT-2's qkv: Note [Attention's inputs and output in the compute
+      // dtype]).
+      const void* bias16 = nullptr;
+      if (bias) {
+        void* aligned = scratch(kBias, sz(OC) * dtype_size(param_dtype));
+        ZERONE_CUDA_CHECK(cudaMemcpyAsync(aligned, bias, sz(OC) * dtype_size(param_dtype), cudaMemcpyDeviceToDevice,
+                                          compute()));
+        bias16 = aligned;
       }
-      // Bands of rows, as gemm()'s fallback bands its columns (kWideBandBytes of scratch at most).
+      if (gemm(true, false, OC, N, C, weight, param_dtype, C, x, C, out, OC, 0.0f, bias16, out_dtype) || !bias) return;
+      // No algorithm with the bias epilogue for this 16-bit GEMM: the f32 form (bias included) in
+      // bands of rows, as gemm()'s fallback bands its columns (kWideBandBytes of scratch at most).
       const int band_rows = static_cast<int>(std::max<size_t>(1, kWideBandBytes / (sz(OC) * sizeof(float))));
       float* wide = static_cast<float*>(scratch(kWideD, sz(std::min(band_rows, N)) * OC * sizeof(float)));
       const size_t elem = dtype_size(param_dtype);
@@ -579,35 +585,64 @@ class CudaBackend final : public kernels::Backend {
                     column_partials(N, OC), compute());
   }
 
-  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH,
+  void attention_forward(void* out, float* att, const void* qkv, int B, int T, int C, int NH,
                          DType operands) override {
     gqa_attention_forward(out, att, qkv, B, T, NH, NH, C / NH, operands);
   }
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* att, int B,
+  void attention_backward(float* dqkv, const float* dout, const void* qkv, const void* out, const float* att, int B,
                           int T, int C, int NH, DType operands) override {
     gqa_attention_backward(dqkv, dout, qkv, out, att, B, T, NH, NH, C / NH, operands);
   }
-  // operands: the flash form's (Note [Flash attention on tensor cores]); the plain form is f32.
-  void gqa_attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int NKV, int hs,
+  // Note [Attention's inputs and output in the compute dtype]: qkv and out in `operands`. The
+  // tensor-core flash form reads and writes them so; the f32 flash form (a head size it is not
+  // built for) and the plain form run on qkv widened into scratch, their out rounded after.
+  bool attention_in_16_bits(DType operands, int hs) const {
+    return operands != DType::f32 && attention_ == kernels::CudaAttention::flash &&
+           cuda::flash_attention_takes_16bit(operands, hs);
+  }
+  const float* widened_qkv(const void* qkv, DType operands, size_t n) {
+    if (operands == DType::f32) return static_cast<const float*>(qkv);
+    float* wide = static_cast<float*>(scratch(kAttentionQkv, n * sizeof(float)));
+    cuda::convert(wide, DType::f32, qkv, operands, n, compute());
+    return wide;
+  }
+  void gqa_attention_forward(void* out, float* att, const void* qkv, int B, int T, int NH, int NKV, int hs,
                              DType operands) override {
-    if (attention_ == kernels::CudaAttention::flash)  // att: lse (B, NH, T)
+    const size_t BT = sz(B) * T, qkv_n = BT * (NH + 2 * NKV) * hs, out_n = BT * NH * hs;
+    const bool flash = attention_ == kernels::CudaAttention::flash;
+    if (attention_in_16_bits(operands, hs)) {  // att: lse (B, NH, T)
       cuda::flash_attention_forward(
           out, att, qkv, B, T, NH, NKV, hs, operands,
           scratch(kActA, cuda::flash_attention_scratch_bytes(B, T, NH, NKV, hs, operands, false)), compute());
-    else
-      cuda::gqa_attention_forward(out, att, qkv, B, T, NH, NKV, hs, compute());
-  }
-  void gqa_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* att,
-                              int B, int T, int NH, int NKV, int hs, DType operands) override {
-    if (attention_ == kernels::CudaAttention::flash) {
-      float* dsum = static_cast<float*>(scratch(kScores, sizeof(float) * sz(B) * NH * T));  // (B, NH, T)
-      cuda::flash_attention_backward(
-          dqkv, dsum, dout, qkv, out, att, B, T, NH, NKV, hs, operands,
-          scratch(kActA, cuda::flash_attention_scratch_bytes(B, T, NH, NKV, hs, operands, true)), compute());
       return;
     }
+    const float* q32 = widened_qkv(qkv, operands, qkv_n);
+    float* o32 = operands == DType::f32 ? static_cast<float*>(out)
+                                        : static_cast<float*>(scratch(kAttentionOut, out_n * sizeof(float)));
+    if (flash)
+      cuda::flash_attention_forward(o32, att, q32, B, T, NH, NKV, hs, DType::f32, nullptr, compute());
+    else
+      cuda::gqa_attention_forward(o32, att, q32, B, T, NH, NKV, hs, compute());
+    if (operands != DType::f32) cuda::convert(out, operands, o32, DType::f32, out_n, compute());
+  }
+  void gqa_attention_backward(float* dqkv, const float* dout, const void* qkv, const void* out, const float* att,
+                              int B, int T, int NH, int NKV, int hs, DType operands) override {
+    const size_t qkv_n = sz(B) * T * (NH + 2 * NKV) * hs;
+    if (attention_ == kernels::CudaAttention::flash) {
+      float* dsum = static_cast<float*>(scratch(kScores, sizeof(float) * sz(B) * NH * T));  // (B, NH, T)
+      if (attention_in_16_bits(operands, hs)) {
+        cuda::flash_attention_backward(
+            dqkv, dsum, dout, qkv, out, att, B, T, NH, NKV, hs, operands,
+            scratch(kActA, cuda::flash_attention_scratch_bytes(B, T, NH, NKV, hs, operands, true)), compute());
+      } else {  // the f32 form forms D from P and dP: out unread
+        cuda::flash_attention_backward(dqkv, dsum, dout, widened_qkv(qkv, operands, qkv_n), nullptr, att, B, T, NH,
+                                       NKV, hs, DType::f32, nullptr, compute());
+      }
+      return;
+    }
+    const float* q32 = widened_qkv(qkv, operands, qkv_n);
     float* datt = static_cast<float*>(scratch(kScores, sizeof(float) * sz(B) * NH * T * T));  // (B, NH, T, T)
-    cuda::gqa_attention_backward(dqkv, dout, qkv, att, datt, B, T, NH, NKV, hs, compute());
+    cuda::gqa_attention_backward(dqkv, dout, q32, att, datt, B, T, NH, NKV, hs, compute());
   }
   void rmsnorm_forward(void* out, DType out_dtype, float* rstd, const float* inp, const void* weight,
                        DType param_dtype, int N, int C, float eps) override {
@@ -617,12 +652,13 @@ class CudaBackend final : public kernels::Backend {
                         DType param_dtype, const float* rstd, int N, int C) override {
     cuda::rmsnorm_backward(dinp, dweight, dout, inp, weight, param_dtype, rstd, N, C, column_partials(N, C), compute());
   }
-  void rope_forward(float* x, const float* inv_freq, int B, int T, int stride, int heads, int hs) override {
-    rope_rotate(x, inv_freq, B, T, stride, heads, hs, 1.0f, compute());
+  void rope_forward(void* x, DType x_dtype, const float* inv_freq, int B, int T, int stride, int heads,
+                    int hs) override {
+    rope_rotate(x, x_dtype, inv_freq, B, T, stride, heads, hs, 1.0f, compute());
   }
   void rope_backward(float* dx, const float* inv_freq, int B, int T, int stride, int heads, int hs) override {
     // The rotation is orthogonal: its transpose (the gradient map) is the rotation by -angle.
-    rope_rotate(dx, inv_freq, B, T, stride, heads, hs, -1.0f, compute());
+    rope_rotate(dx, DType::f32, inv_freq, B, T, stride, heads, hs, -1.0f, compute());
   }
   void swiglu_forward(void* out, DType out_dtype, const float* inp, int N, int F) override {
     cuda::swiglu_forward(out, out_dtype, inp, N, F, compute());
@@ -717,7 +753,8 @@ class CudaBackend final : public kernels::Backend {
   // kActA: a GEMM's activation operand rounded to 16 bits, or flash attention's rounded operands.
   // The f32 scratch of a 16-bit output's fallback forms, at most (gemm, linear_forward).
   static constexpr size_t kWideBandBytes = size_t{64} << 20;
-  enum Slot { kActA, kActB, kScores, kPartials, kFlag, kHits, kGemmWorkspace, kWideA, kWideB, kWideD, kBias, kColumnPartials, kSlots };
+  enum Slot { kActA, kActB, kScores, kPartials, kFlag, kHits, kGemmWorkspace, kWideA, kWideB, kWideD, kBias, kColumnPartials, kAttentionQkv,
+             kAttentionOut, kSlots };
   void* scratch(Slot slot, size_t bytes) {
     Buffer& b = scratch_[slot];
     if (b.bytes() < bytes) b = Buffer(bytes, MemCategory::scratch, MemPlace::device, 256, *arena_);
@@ -829,7 +866,7 @@ class CudaBackend final : public kernels::Backend {
     const cublasOperation_t op_a = key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     ZERONE_CUBLAS_CHECK(lib_.desc_set_attribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
     ZERONE_CUBLAS_CHECK(lib_.desc_set_attribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
-    if (key.bias) {  // the bias's dtype is D's (f32) by default
+    if (key.bias) {  // the bias's dtype is D's by default (f32, or the 16-bit d_dtype)
       const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
       ZERONE_CUBLAS_CHECK(lib_.desc_set_attribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
     }
@@ -871,17 +908,19 @@ class CudaBackend final : public kernels::Backend {
 
   // D (m, n; column-major, ld ldd, in d_dtype) = op(A) op(B) + beta D, where A and B are in `dtype`
   // with leading dimensions lda and ldb; op(X) = X^T when its flag is set. f32 compute and scale;
-  // a 16-bit D (d_dtype == dtype, beta 0, no bias) gets the f32 sums rounded to nearest even.
-  // bias_f32 (m floats, 256-byte aligned, or null): added to every column of D by the epilogue
-  // (Note [Bias in the GEMM's epilogue]); returns whether it was (false: no algorithm has that
-  // epilogue for this GEMM, and the caller adds it).
+  // a 16-bit D (d_dtype == dtype, beta 0) gets the f32 sums rounded to nearest even.
+  // bias (m elements of D's dtype, 256-byte aligned, or null): added to every column of D by the
+  // epilogue before any rounding (Note [Bias in the GEMM's epilogue]); returns whether it was
+  // (false: no algorithm has that epilogue for this GEMM; an f32 D is then made without it and the
+  // caller adds it, a 16-bit D is not made at all and the caller takes an f32 form).
   bool gemm(bool trans_a, bool trans_b, int m, int n, int k, const void* a, DType dtype, int lda, const void* b,
-            int ldb, void* d, int ldd, float beta, const float* bias_f32 = nullptr, DType d_dtype = DType::f32) {
+            int ldb, void* d, int ldd, float beta, const void* bias = nullptr, DType d_dtype = DType::f32) {
     constexpr size_t kWorkspaceBytes = kernels::kCudaGemmWorkspaceBytes;  // Note [Device memory the ledger cannot see]
-    ZERONE_ASSERT(d_dtype == DType::f32 || (d_dtype == dtype && beta == 0.0f && !bias_f32 && ldd == m),
+    ZERONE_ASSERT(d_dtype == DType::f32 || (d_dtype == dtype && beta == 0.0f && ldd == m),
                   "a 16-bit GEMM output is a fresh, plain matrix of the operands' dtype");
     const GemmPlan& plan = plan_gemm(GemmKey{trans_a, trans_b, m, n, k, lda, ldb, ldd, dtype, alignment_of(a),
-                                             alignment_of(b), alignment_of(d), bias_f32 != nullptr, d_dtype});
+                                             alignment_of(b), alignment_of(d), bias != nullptr, d_dtype});
+    if (!plan.found && bias && d_dtype != DType::f32) return false;
     if (!plan.found && d_dtype != DType::f32) {
       // The f32 form (below, if need be) into scratch, then rounded: a band of D's columns at a
       // time, so that the scratch stays at most kWideBandBytes (an (N, Vp) logits matrix in f32
@@ -899,7 +938,7 @@ class CudaBackend final : public kernels::Backend {
       }
       return false;
     }
-    if (!plan.found && bias_f32) {
+    if (!plan.found && bias) {
       gemm(trans_a, trans_b, m, n, k, a, dtype, lda, b, ldb, d, ldd, beta);
       return false;
     }
@@ -917,14 +956,13 @@ class CudaBackend final : public kernels::Backend {
       gemm(trans_a, trans_b, m, n, k, wide_a, DType::f32, lda, wide_b, ldb, d, ldd, beta);
       return false;
     }
-    if (bias_f32)  // read when the GEMM is enqueued: the kept descriptor may point at another bias next time
-      ZERONE_CUBLAS_CHECK(
-          lib_.desc_set_attribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_f32, sizeof bias_f32));
+    if (bias)  // read when the GEMM is enqueued: the kept descriptor may point at another bias next time
+      ZERONE_CUBLAS_CHECK(lib_.desc_set_attribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
     void* workspace = scratch(kGemmWorkspace, kWorkspaceBytes);
     const float alpha = 1.0f;
     ZERONE_CUBLAS_CHECK(lib_.matmul(lt_, plan.desc, &alpha, a, plan.la, b, plan.lb, &beta, d, plan.ld, d, plan.ld,
                                     &plan.algo, workspace, kWorkspaceBytes, compute()));
-    return bias_f32 != nullptr;
+    return bias != nullptr;
   }
 
   void destroy_gemm_plans() {

@@ -42,17 +42,16 @@ size_t request_smem(Kernel kernel, size_t bytes) {
   return bytes;
 }
 
-// Note [Flash attention on tensor cores] (attention_tensor_cores.cu). Whether that form takes this
-// call: 16-bit operands, a head size it is built for, an 8-byte aligned output (out or dqkv).
-bool tensor_core_flash_takes(DType operands, int hs, const void* output);
-// 16-bit elements of the scratch it rounds its operands into (Note [Operands rounded once]): qkv,
-// and dO in backward.
+// Note [Flash attention on tensor cores] (attention_tensor_cores.cu). Whether that form takes a
+// call: 16-bit operands and a head size it is built for (and the shared memory it needs).
+bool tensor_core_flash_takes(DType operands, int hs);
+// 16-bit elements of the scratch it rounds dO into in backward (Note [Operands rounded once]).
 size_t tensor_core_flash_scratch_elems(const FlashShape& s, bool backward);
-// The same contracts as flash_attention_forward / _backward (kernels.h), for calls it takes;
-// scratch: tensor_core_flash_scratch_elems of them, 16-byte aligned.
-void tensor_core_flash_forward(float* out, float* lse, const float* qkv, const FlashShape& s, DType operands,
-                               float scale, uint16_t* scratch, cudaStream_t stream);
-void tensor_core_flash_backward(float* dqkv, float* dsum, const float* dout, const float* qkv, const float* out,
+// The contracts of flash_attention_forward / _backward (kernels.h) for calls it takes: qkv and out
+// in `operands` (16-bit); scratch: tensor_core_flash_scratch_elems of them, 16-byte aligned.
+void tensor_core_flash_forward(uint16_t* out, float* lse, const uint16_t* qkv, const FlashShape& s, DType operands,
+                               float scale, cudaStream_t stream);
+void tensor_core_flash_backward(float* dqkv, float* dsum, const float* dout, const uint16_t* qkv, const uint16_t* out,
                                 const float* lse, const FlashShape& s, DType operands, float scale, uint16_t* scratch,
                                 cudaStream_t stream);
 

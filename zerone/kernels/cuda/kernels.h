@@ -100,18 +100,22 @@ void gqa_attention_backward(float* dqkv, const float* dout, const float* qkv, co
 // matrix. forward: out (B, T, NH*hs) and lse (B, NH, T), each row's logsumexp of its scaled scores,
 // all that backward reads besides qkv; backward: dqkv (B, T, (NH + 2 NKV) hs) overwritten, with
 // dsum scratch (B, NH, T) (D = rowsum(dO * O)). Head sizes 1..flash::kMaxHeadSize (flash_tiles.h).
-// operands: f32, or bf16 / f16 to let the products round q, k, v, P, dO and dS to that dtype on
-// tensor cores where Note [Flash attention on tensor cores] applies (attention_tensor_cores.cu);
-// scratch: flash_attention_scratch_bytes of device memory, 256-byte aligned (none for f32), which
-// the call may overwrite.
+// operands: f32, or bf16 / f16 where flash_attention_takes_16bit: then qkv and out are stored in
+// it (Note [Attention's inputs and output in the compute dtype], kernels/backend.h) and the
+// products run on tensor cores with P, dO and dS rounded to it (Note [Flash attention on tensor
+// cores]); elsewhere the caller widens a 16-bit qkv and passes f32. scratch:
+// flash_attention_scratch_bytes of device memory, 256-byte aligned (none for f32), which the call
+// may overwrite.
+bool flash_attention_takes_16bit(DType operands, int hs);
 size_t flash_attention_scratch_bytes(int B, int T, int NH, int NKV, int hs, DType operands, bool backward);
-void flash_attention_forward(float* out, float* lse, const float* qkv, int B, int T, int NH, int NKV, int hs,
+void flash_attention_forward(void* out, float* lse, const void* qkv, int B, int T, int NH, int NKV, int hs,
                              DType operands, void* scratch, cudaStream_t stream);
 // out: what forward wrote (the tensor-core form forms D = rowsum(dO * out) from it).
-void flash_attention_backward(float* dqkv, float* dsum, const float* dout, const float* qkv, const float* out,
+void flash_attention_backward(float* dqkv, float* dsum, const float* dout, const void* qkv, const void* out,
                               const float* lse, int B, int T, int NH, int NKV, int hs, DType operands, void* scratch,
                               cudaStream_t stream);
-void rope_rotate(float* x, const float* inv_freq, int B, int T, int stride, int heads, int hs, float sign,
+// x in `dtype` (rotated in f32, stored rounded to it).
+void rope_rotate(void* x, DType dtype, const float* inv_freq, int B, int T, int stride, int heads, int hs, float sign,
                  cudaStream_t stream);
 void swiglu_forward(void* out, DType out_dtype, const float* inp, int N, int F, cudaStream_t stream);
 void swiglu_backward(void* dinp, DType dinp_dtype, const float* dout, const float* inp, int N, int F,

@@ -509,7 +509,8 @@ __global__ void attention_dkv_kernel(float* dqkv, const float* datt, const float
 
 // ---------------------------------------------------------------- rope, swiglu, gelu, residual
 
-__global__ void rope_kernel(float* x, const float* inv_freq, int B, int T, int stride, int heads, int hs, float sign) {
+__global__ void rope_kernel(void* x, DType dtype, const float* inv_freq, int B, int T, int stride, int heads, int hs,
+                            float sign) {
   const int half = hs / 2;
   const size_t total = static_cast<size_t>(B) * T * heads * half;
   ZERONE_GRID_STRIDE(e, total) {
@@ -519,10 +520,10 @@ __global__ void rope_kernel(float* x, const float* inv_freq, int B, int T, int s
     // As Hugging Face: the angle t * inv_freq is formed in f32, then cos and sin of it.
     const float angle = static_cast<float>(t) * inv_freq[i];
     const float c = cosf(angle), sn = sign * sinf(angle);
-    float* v = x + bt * stride + static_cast<size_t>(h) * hs;
-    const float a = v[i], b = v[i + half];
-    v[i] = a * c - b * sn;
-    v[i + half] = b * c + a * sn;
+    const size_t v = bt * stride + static_cast<size_t>(h) * hs;  // the head's first element
+    const float a = load_param(x, dtype, v + i), b = load_param(x, dtype, v + i + half);
+    store_param(x, dtype, v + i, a * c - b * sn);
+    store_param(x, dtype, v + i + half, b * c + a * sn);
   }
 }
 
@@ -788,11 +789,11 @@ void gqa_attention_backward(float* dqkv, const float* dout, const float* qkv, co
   ZERONE_CUDA_LAUNCHED();
 }
 
-void rope_rotate(float* x, const float* inv_freq, int B, int T, int stride, int heads, int hs, float sign,
+void rope_rotate(void* x, DType dtype, const float* inv_freq, int B, int T, int stride, int heads, int hs, float sign,
                  cudaStream_t stream) {
   ZERONE_ASSERT(hs % 2 == 0, "rotary head size ", hs, " is odd");
-  rope_kernel<<<grid_for(static_cast<size_t>(B) * T * heads * (hs / 2)), kThreads, 0, stream>>>(x, inv_freq, B, T,
-                                                                                                stride, heads, hs, sign);
+  rope_kernel<<<grid_for(static_cast<size_t>(B) * T * heads * (hs / 2)), kThreads, 0, stream>>>(
+      x, dtype, inv_freq, B, T, stride, heads, hs, sign);
   ZERONE_CUDA_LAUNCHED();
 }
 

@@ -331,7 +331,7 @@ class Backend {
   // `operands` (so in bf16 or f16 in a 16-bit run): the qkv GEMM writes them rounded (Note
   // [Logits in the compute dtype]'s out_dtype), attention reads them as they are, and its output
   // is the next GEMM's operand as it is, with no conversion pass in either direction (W5: three
-  // passes over qkv and two over out a layer, and 450 MB of f32 qkv, gone). A backend that
+  // passes over qkv and two over out a layer, and 604 MB of f32 qkv and out, gone). A backend that
   // computes in f32 (cpu, sim, cuda's f32 and plain forms) widens qkv exactly and rounds out as
   // it stores it. dqkv and dout stay f32 (the qkv gradient feeds a bias gradient and rope).
   // Backward reads `out`, what forward wrote, unchanged (a backend may form rowsum(dout * out)

@@ -6,7 +6,10 @@
 // TFLOP/s of the causal products (forward 2 products of B*NH*T*T*hs/2 multiply-adds: 2*B*NH*T^2*hs
 // FLOP; backward 5 products: 2.5 times that, FlashAttention's convention). The operands are normal
 // random numbers (never zeros: METHOD.md), made on the host with a fixed seed.
-// Exit 2 on bad arguments, 1 without a GPU (it needs one; nothing here is a test).
+// Exit 2 on bad arguments (a 16-bit dtype at a head size the tensor cores do not take among
+// them), 1 without a GPU (it needs one; nothing here is a test). qkv and out are stored in the
+// operand dtype, as the models store them; the forward time has no rounding pass in it since
+// 2026-11-28 (earlier figures in docs/BENCHMARKS.md include one).
 #include <cuda_runtime.h>
 
 #include <algorithm>

@@ -1119,6 +1119,10 @@ void transformer_cases() {
   linear_rounded_operands_case(6, 5, 7, DType::f16, false, 92);
   linear_rounded_operands_case(3, 11, 4, DType::f16, true, 93);
   linear_rounded_operands_case(64, 768, 96, DType::bf16, false, 94);  // GPT-2's width, AMX tiles
+  // Aligned rows with a bias: a 16-bit output through cuBLASLt's bias epilogue (GPT-2's qkv, Note
+  // [Attention's inputs and output in the compute dtype]).
+  linear_rounded_operands_case(64, 768, 96, DType::bf16, true, 95);
+  linear_rounded_operands_case(32, 64, 48, DType::f16, true, 96);
   attention_case(2, 5, 2, 0, 4, 11);
   attention_case(1, 1, 2, 0, 3, 27);  // T = 1, odd head size
   attention_case(3, 7, 3, 0, 3, 28);

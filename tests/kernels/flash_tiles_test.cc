@@ -298,6 +298,39 @@ TEST(FlashTiles, TileArithmetic) {
       EXPECT_LE(floats * 4, 163 * 1024) << hs;
 }
 
+// Note [Softmax in base 2, masked only where it must be]: by brute force over every T up to five
+// tiles of 64, a tile the tensor-core kernels leave unmasked holds no pair a real row does not see
+// (forward and dQ), and in dK/dV no query past T either. And the masked tiles are few: one a
+// query tile in forward and dQ.
+TEST(FlashTiles, TensorCoreTilesLeftUnmaskedNeedNoMask) {
+  constexpr int kTile = 64;
+  for (int T = 1; T <= 5 * kTile; ++T) {
+    const int tiles = tiles_of(T, kTile);
+    for (int qt = 0; qt < tiles; ++qt) {
+      int masked = 0;
+      for (int kt = 0; kt <= qt; ++kt) {
+        if (tc_query_sweep_needs_mask(qt, kt)) {
+          ++masked;
+          continue;
+        }
+        for (int row = qt * kTile; row < std::min(T, (qt + 1) * kTile); ++row)
+          for (int key = kt * kTile; key < (kt + 1) * kTile; ++key)
+            ASSERT_TRUE(sees(row, key, T)) << "T " << T << " query tile " << qt << " key tile " << kt << ": row "
+                                           << row << ", key " << key;
+      }
+      EXPECT_EQ(masked, 1) << "T " << T << " query tile " << qt;
+    }
+    for (int kt = 0; kt < tiles; ++kt)
+      for (int q0 = kt * kTile; q0 < T; q0 += kTile) {
+        if (tc_key_sweep_needs_mask(q0, kt * kTile, kTile, T)) continue;
+        for (int query = q0; query < q0 + kTile; ++query)
+          for (int key = kt * kTile; key < std::min(T, (kt + 1) * kTile); ++key)
+            ASSERT_TRUE(sees(query, key, T)) << "T " << T << " key tile " << kt << " query tile at " << q0
+                                             << ": query " << query << ", key " << key;
+      }
+  }
+}
+
 // The reference gradient the emulation is held to, against finite differences of the reference.
 TEST(FlashTiles, ReferenceGradientMatchesFiniteDifferences) {
   const int B = 2, T = 4, NH = 4, NKV = 2, hs = 3, R = (NH + 2 * NKV) * hs;

@@ -3,10 +3,11 @@
 //
 // Note [Flash attention on tensor cores]: FlashAttention-2 (Dao 2023) with the warp-level matrix
 // instruction mma.sync m16n8k16 (sm_80 and later): 16-bit operands, f32 accumulators.
-//  - What is rounded: q, k, v and dO are rounded to the operand dtype (bf16 or f16) when a tile is
-//    loaded into shared memory, as PyTorch's autocast hands scaled_dot_product_attention 16-bit
-//    tensors; so are P before P V, and dS before dS K and dS^T Q. Scores, the softmax, its
-//    statistics (lse, D) and every accumulator stay f32; out, lse, dqkv are f32 as in the f32 form.
+//  - What is rounded: q, k, v and the output are stored in the operand dtype (bf16 or f16; Note
+//    [Attention's inputs and output in the compute dtype], kernels/backend.h), as PyTorch's
+//    autocast hands scaled_dot_product_attention 16-bit tensors; dO is rounded to it once per
+//    call; so are P before P V, and dS before dS K and dS^T Q. Scores, the softmax, its
+//    statistics (lse, D) and every accumulator stay f32; lse and dqkv are f32 as in the f32 form.
 //    An f32 run (operands f32) never comes here: it keeps attention.cu's exact f32 kernels.
 //  - Tiles: a block is 4 warps; a warp owns 16 rows of the block's 64 (queries in forward and dQ,
 //    keys in dK/dV) and sweeps 64-row tiles of the other side. The C fragment of one mma (16 x 8,
@@ -14,8 +15,7 @@
 //    and dS go from the score accumulators to the next product in registers.
 //  - Shared-memory rows are hs + 8 elements apart (16 bytes of padding): the fragment loads of a
 //    warp then hit 32 different banks.
-//  - The operands are rounded once per call into scratch (Note [Operands rounded once], below),
-//    so tiles load 16-bit rows with 16-byte loads.
+//  - The tiles load 16-bit rows with 16-byte loads (Note [Operands rounded once], below).
 //  - Backward forms D = rowsum(dO * O) from the forward's output (one warp per row), then runs dQ
 //    in one sweep over the keys and dK/dV over the queries, sweeping the G query heads of a group
 //    in order, as attention.cu's grids do: no atomics, the same bits every run.
@@ -28,6 +28,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 
@@ -142,7 +143,7 @@ __device__ __forceinline__ void load_b_rows_are_k(uint32_t b[2], const uint16_t*
 }
 
 // Rows first..first+kTileRows-1 of a (T, HS) head view of 16-bit operands (row t at src + at(t);
-// rounded from f32 once per call: Note [Operands rounded once]) into a tile; rows at or past T are
+// Note [Operands rounded once]) into a tile; rows at or past T are
 // zero. 16-byte loads (rows start at multiples of 16 elements). All threads of the block take part.
 template <int HS, typename At>
 __device__ void load_tile(uint16_t* tile, const uint16_t* src, At at, int first, int T) {
@@ -337,7 +338,7 @@ __global__ void __launch_bounds__(kThreadsTc)
     rows_times_rows<E, HS>(p, q_s, 16 * warp, k_s);  // scores (16 x 64)
     // Note [Softmax in base 2, masked only where it must be]: scores in units of log2.
     float tile_max[2] = {-INFINITY, -INFINITY};
-    if (key_tile == query_tile) {
+    if (flash::tc_query_sweep_needs_mask(query_tile, key_tile)) {
 #pragma unroll
       for (int n = 0; n < 8; ++n)
 #pragma unroll
@@ -446,7 +447,7 @@ __global__ void __launch_bounds__(kThreadsTc)
     rows_times_rows<E, HS>(p, q_s, 16 * warp, k_s);    // scores
     rows_times_rows<E, HS>(dp, do_s, 16 * warp, v_s);  // dP = dO V^T
     // Note [Softmax in base 2, masked only where it must be].
-    if (key_tile == query_tile) {
+    if (flash::tc_query_sweep_needs_mask(query_tile, key_tile)) {
 #pragma unroll
       for (int n = 0; n < 8; ++n)
 #pragma unroll
@@ -536,7 +537,7 @@ __global__ void __launch_bounds__(kThreadsTc)
     rows_times_rows<E, HS>(ds, v_s, 16 * warp, do_s);  // dP^T = V dO^T
     // Note [Softmax in base 2, masked only where it must be]: the diagonal query tile, and the
     // last one where it runs past T.
-    if (q0 == k0 || q0 + kTileRows > T) {
+    if (flash::tc_key_sweep_needs_mask(q0, k0, kTileRows, T)) {
 #pragma unroll
       for (int n = 0; n < 8; ++n)
 #pragma unroll
@@ -623,7 +624,6 @@ void backward_with(float* dqkv, float* dsum, const uint16_t* dout, const uint16_
 
 bool aligned_to(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
-size_t qkv_numel(const FlashShape& s) { return static_cast<size_t>(s.B) * s.T * (s.NH + 2 * s.NKV) * s.hs; }
 size_t out_numel(const FlashShape& s) { return static_cast<size_t>(s.B) * s.T * s.NH * s.hs; }
 
 }  // namespace
@@ -631,12 +631,19 @@ size_t out_numel(const FlashShape& s) { return static_cast<size_t>(s.B) * s.T * 
 bool tensor_core_flash_takes(DType operands, int hs) {
   const bool built_for = hs == 16 || hs == 32 || hs == 64 || hs == 96 || hs == 128;
   if (operands == DType::f32 || !built_for) return false;
+  // Asked a few times per attention call: the device's limit is read once per device.
+  constexpr int kDevicesKept = 64;
+  static std::atomic<int> limits[kDevicesKept];  // 0: not read yet
   // Shared memory: the double-buffered sweeps (Note [Tiles loaded ahead]) need up to 105 KB a
   // block at hs 128, over the 99 KB an sm_86/sm_89 GPU lets a block opt into: there the f32 form
   // runs. The same answer for every call of a run (it depends on hs and the device only).
-  int device = 0, limit = 0;
+  int device = 0;
   ZERONE_CUDA_CHECK(cudaGetDevice(&device));
-  ZERONE_CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  int limit = device < kDevicesKept ? limits[device].load(std::memory_order_relaxed) : 0;
+  if (limit == 0) {
+    ZERONE_CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    if (device < kDevicesKept) limits[device].store(limit, std::memory_order_relaxed);
+  }
   return dkv_smem_bytes(hs) <= static_cast<size_t>(limit);
 }
 

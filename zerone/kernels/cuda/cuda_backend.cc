@@ -522,10 +522,10 @@ class CudaBackend final : public kernels::Backend {
       // dtype]).
       const void* bias16 = nullptr;
       if (bias) {
-        void* aligned = scratch(kBias, sz(OC) * dtype_size(param_dtype));
-        ZERONE_CUDA_CHECK(cudaMemcpyAsync(aligned, bias, sz(OC) * dtype_size(param_dtype), cudaMemcpyDeviceToDevice,
+        void* aligned_bias = scratch(kBias, sz(OC) * dtype_size(param_dtype));
+        ZERONE_CUDA_CHECK(cudaMemcpyAsync(aligned_bias, bias, sz(OC) * dtype_size(param_dtype), cudaMemcpyDefault,
                                           compute()));
-        bias16 = aligned;
+        bias16 = aligned_bias;
       }
       if (gemm(true, false, OC, N, C, weight, param_dtype, C, x, C, out, OC, 0.0f, bias16, out_dtype) || !bias) return;
       // No algorithm with the bias epilogue for this 16-bit GEMM: the f32 form (bias included) in
@@ -596,9 +596,14 @@ class CudaBackend final : public kernels::Backend {
   // Note [Attention's inputs and output in the compute dtype]: qkv and out in `operands`. The
   // tensor-core flash form reads and writes them so; the f32 flash form (a head size it is not
   // built for) and the plain form run on qkv widened into scratch, their out rounded after.
-  bool attention_in_16_bits(DType operands, int hs) const {
+  // (The tensor-core kernels also need 16-byte aligned qkv, 4-byte aligned out and 8-byte aligned
+  // dqkv: the models' buffers are; anything else widens. Forward and backward may take different
+  // forms: both save the same lse.)
+  static bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+  bool attention_in_16_bits(DType operands, int hs, const void* qkv, const void* out_or_dqkv,
+                            uintptr_t out_alignment) const {
     return operands != DType::f32 && attention_ == kernels::CudaAttention::flash &&
-           cuda::flash_attention_takes_16bit(operands, hs);
+           cuda::flash_attention_takes_16bit(operands, hs) && aligned(qkv, 16) && aligned(out_or_dqkv, out_alignment);
   }
   const float* widened_qkv(const void* qkv, DType operands, size_t n) {
     if (operands == DType::f32) return static_cast<const float*>(qkv);
@@ -610,7 +615,7 @@ class CudaBackend final : public kernels::Backend {
                              DType operands) override {
     const size_t BT = sz(B) * T, qkv_n = BT * (NH + 2 * NKV) * hs, out_n = BT * NH * hs;
     const bool flash = attention_ == kernels::CudaAttention::flash;
-    if (attention_in_16_bits(operands, hs)) {  // att: lse (B, NH, T)
+    if (attention_in_16_bits(operands, hs, qkv, out, 4)) {  // att: lse (B, NH, T)
       cuda::flash_attention_forward(
           out, att, qkv, B, T, NH, NKV, hs, operands,
           scratch(kActA, cuda::flash_attention_scratch_bytes(B, T, NH, NKV, hs, operands, false)), compute());
@@ -630,7 +635,7 @@ class CudaBackend final : public kernels::Backend {
     const size_t qkv_n = sz(B) * T * (NH + 2 * NKV) * hs;
     if (attention_ == kernels::CudaAttention::flash) {
       float* dsum = static_cast<float*>(scratch(kScores, sizeof(float) * sz(B) * NH * T));  // (B, NH, T)
-      if (attention_in_16_bits(operands, hs)) {
+      if (attention_in_16_bits(operands, hs, qkv, dqkv, 8)) {
         cuda::flash_attention_backward(
             dqkv, dsum, dout, qkv, out, att, B, T, NH, NKV, hs, operands,
             scratch(kActA, cuda::flash_attention_scratch_bytes(B, T, NH, NKV, hs, operands, true)), compute());

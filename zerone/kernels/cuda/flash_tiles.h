@@ -71,6 +71,20 @@ ZERONE_FLASH_FN constexpr int first_query_tile_seeing(int k0) { return k0 / kLan
 // Whether query row `query` sees key `key` (causal, and the query a real row).
 ZERONE_FLASH_FN constexpr bool sees(int query, int key, int T) { return query < T && key <= query; }
 
+// Note [Softmax in base 2, masked only where it must be] (attention_tensor_cores.cu): the
+// tensor-core kernels apply the mask element by element only on the tiles these name. Outside
+// them, every real query row of the tile (row < T) sees every key of the tile (key < T and key
+// <= row); rows past T there compute values that are never written.
+// Forward and dQ: query tile `query_tile` meets key tile `key_tile` (key_tile <= query_tile).
+ZERONE_FLASH_FN constexpr bool tc_query_sweep_needs_mask(int query_tile, int key_tile) {
+  return key_tile == query_tile;
+}
+// dK/dV: the key tile starting at k0 meets the query tile starting at q0 (q0 >= k0), tiles of
+// `tile` rows. There queries past T must add nothing, so a query tile running past T is masked too.
+ZERONE_FLASH_FN constexpr bool tc_key_sweep_needs_mask(int q0, int k0, int tile, int T) {
+  return q0 == k0 || q0 + tile > T;
+}
+
 // The online softmax (Milakov and Gimelshein): a row's running maximum m and sum l of exp(s - m)
 // meet a tile whose largest visible score is tile_max (-inf when the row sees none of it).
 // Returns the new maximum; *rescale is the factor exp(m_old - m_new) for l and the output

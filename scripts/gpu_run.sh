@@ -752,6 +752,8 @@ PY
 # rows (kernels_test), then issue 19 §4's headline, the Llama-2-7B shape with the optimizer in host
 # memory (the delayed update, then accumulation, then one micro-step a step: ZERONE_7B_RUNS), then
 # W5 GPT-2 beside PyTorch eager with what is left (ZERONE_W5_KEEP_S, default 100 s, kept for it).
+# ZERONE_FOCUS_ATTENTION=1 adds the attention beside SDPA after the harness; ZERONE_FOCUS_OFFLOAD=0
+# leaves out the offload step.
 # ZERONE_FOCUS_SCRIPTS names tests/zero/ scripts to run after the op harness (zero_cuda.log);
 # ZERONE_OFFLOAD_PARTS (default 7b) may add 13b and the 1B parts (none cpu fsdp2 nvme); ZERONE_OFFLOAD_FLAGS go to every 7B and 13B run
 # (--lr, say), ZERONE_7B_STEPS and ZERONE_13B_STEPS set their steps, ZERONE_13B_MIN_S the time the
@@ -776,12 +778,17 @@ do_focus() {
   for script in ${ZERONE_FOCUS_SCRIPTS:-}; do
     step "zero/$script.sh" 150 zero_cuda.log bash "$root/tests/zero/$script.sh" "$pack/bin/zerone"
   done
-  export ZERONE_OFFLOAD_PARTS="${ZERONE_OFFLOAD_PARTS:-7b}" ZERONE_7B_RUNS="${ZERONE_7B_RUNS:-dpu accum plain}"
-  # The offload step's own guards read ZERONE_DEADLINE: it ends where W5's 100 s begin.
-  local call_deadline=$deadline keep_s="${ZERONE_W5_KEEP_S:-100}"
-  export ZERONE_DEADLINE=$((deadline - keep_s))
-  step offload $((deadline - $(now) - keep_s)) offload.log bench_offload
-  export ZERONE_DEADLINE=$call_deadline
+  # ZERONE_FOCUS_ATTENTION=1: the attention alone beside SDPA (issue 18 §4) before the rest.
+  [ "${ZERONE_FOCUS_ATTENTION:-0}" = 0 ] || step attention 90 bench_w5.log bench_attention
+  # ZERONE_FOCUS_OFFLOAD=0: no offload step (a call for issue 18's speed alone).
+  if [ "${ZERONE_FOCUS_OFFLOAD:-1}" != 0 ]; then
+    export ZERONE_OFFLOAD_PARTS="${ZERONE_OFFLOAD_PARTS:-7b}" ZERONE_7B_RUNS="${ZERONE_7B_RUNS:-dpu accum plain}"
+    # The offload step's own guards read ZERONE_DEADLINE: it ends where W5's 100 s begin.
+    local call_deadline=$deadline keep_s="${ZERONE_W5_KEEP_S:-100}"
+    export ZERONE_DEADLINE=$((deadline - keep_s))
+    step offload $((deadline - $(now) - keep_s)) offload.log bench_offload
+    export ZERONE_DEADLINE=$call_deadline
+  fi
   export ZERONE_W5_PEERS=eager ZERONE_W5_LARGEST=0
   step w5 $((deadline - $(now))) bench_w5.log bench_w5 gpt2
   pack_extras "$tmp"

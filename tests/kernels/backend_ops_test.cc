@@ -1010,15 +1010,25 @@ void residual_case(size_t n, uint64_t seed) {
 // not count, and their gradient is exactly 0.
 // `rounded_dt` as swiglu_case's (dlogits16: a separate buffer; f32 may be written in place).
 // `in_place`: the gradient written over the logits (an f32 GPT-2 run's form), then read from there.
+// A cross-entropy case's inputs: logits (N, Vp) with 100 in the padded columns, and targets of
+// which the first is the last real column.
+struct CrossentropyInputs {
+  std::vector<float> logits;
+  std::vector<int32_t> targets;
+};
+CrossentropyInputs crossentropy_inputs(int N, int V, int Vp, uint64_t seed) {
+  CrossentropyInputs in{randn(N * Vp, seed, 3.0), std::vector<int32_t>(N)};
+  for (int n = 0; n < N; ++n)
+    for (int v = V; v < Vp; ++v) in.logits[n * Vp + v] = 100.0f;
+  Rng rng(seed + 1);
+  for (auto& t : in.targets) t = static_cast<int32_t>(rng.below(V));
+  in.targets[0] = V - 1;
+  return in;
+}
+
 void crossentropy_case(int N, int V, int Vp, float dloss, uint64_t seed, DType rounded_dt = DType::f32,
                        bool in_place = false) {
-  auto logits = randn(N * Vp, seed, 3.0);
-  for (int n = 0; n < N; ++n)
-    for (int v = V; v < Vp; ++v) logits[n * Vp + v] = 100.0f;
-  std::vector<int32_t> targets(N);
-  Rng rng(seed + 1);
-  for (auto& t : targets) t = static_cast<int32_t>(rng.below(V));
-  targets[0] = V - 1;  // the last real column
+  const auto [logits, targets] = crossentropy_inputs(N, V, Vp, seed);
   const bool rounds = rounded_dt != DType::f32;
   ZERONE_ASSERT(!(rounds && in_place), "a 16-bit gradient is never written over the logits");
   std::vector<Operand> ops = {f32("logits", logits), i32("targets", targets), fill("losses", N, 9), fill("lse", N, 9),
@@ -1055,13 +1065,7 @@ void crossentropy_case(int N, int V, int Vp, float dloss, uint64_t seed, DType r
 // read widened by the forward, and the gradient written over them in the same dtype. The reference
 // takes the rounded logits; dlogits is held to the 16-bit rounding (relative 2^-9 for bf16).
 void crossentropy_16bit_logits_case(int N, int V, int Vp, float dloss, uint64_t seed, DType dt) {
-  auto logits = randn(N * Vp, seed, 3.0);
-  for (int n = 0; n < N; ++n)
-    for (int v = V; v < Vp; ++v) logits[n * Vp + v] = 100.0f;
-  std::vector<int32_t> targets(N);
-  Rng rng(seed + 1);
-  for (auto& t : targets) t = static_cast<int32_t>(rng.below(V));
-  targets[0] = V - 1;
+  const auto [logits, targets] = crossentropy_inputs(N, V, Vp, seed);
   add({named("crossentropy_logits16_N", N) + named("_V", V) + named("_Vp", Vp) + "_" + dtype_tag(dt),
        {param("logits", logits, dt), i32("targets", targets), fill("losses", N, 9), fill("lse", N, 9)},
        [=](Backend& b, const Dev& d) {

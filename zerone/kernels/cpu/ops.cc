@@ -507,15 +507,6 @@ void gqa_attention_backward(float* dqkv, const float* dout, const float* qkv, co
   copy_views(dk, kv_rows, dkv_t, kv_t_as_rows, B, NKV, T, hs);
 }
 
-void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
-  gqa_attention_forward(out, att, qkv, B, T, NH, NH, C / NH);
-}
-
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
-                        int NH) {
-  gqa_attention_backward(dqkv, dout, qkv, att, B, T, NH, NH, C / NH);
-}
-
 // Note [Attention's inputs and output in the compute dtype] (kernels/backend.h) on the cpu: a
 // 16-bit qkv is widened exactly into scratch and the f32 kernels above run on it; out is computed
 // in f32 scratch and stored rounded.

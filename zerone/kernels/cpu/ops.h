@@ -53,17 +53,11 @@ void linear_backward(float* dinp, float* dweight, float* dbias, const void* dout
                      DType inp_dtype, const void* weight, DType param_dtype, int N, int C, int OC,
                      bool accumulate_param_grads = true);
 
-// Causal multi-head self-attention. qkv (B,T,3C) holds q, k, v per token; out (B,T,C);
-// att (B,NH,T,T) saves the softmax probabilities (row t uses columns 0..t) for backward.
-void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
-// dqkv (B,T,3C) = gradient wrt qkv (overwrite).
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
-                        int NH);
-
-// Grouped-query attention (LLaMA): NH query heads share NKV key/value heads (NH % NKV == 0; query
+// Grouped-query causal attention: NH query heads share NKV key/value heads (NH % NKV == 0; query
 // head h reads kv head h / (NH/NKV)), head size hs. qkv (B,T,(NH+2*NKV)*hs) holds per token the
 // NH query heads, then the NKV key heads, then the NKV value heads; out (B,T,NH*hs); att
-// (B,NH,T,T) as above. With NKV == NH and hs = C/NH this is attention_forward.
+// (B,NH,T,T) saves the softmax probabilities (row t uses columns 0..t) for backward. GPT-2's
+// multi-head attention is the case NKV == NH, hs = C/NH (qkv (B,T,3C), out (B,T,C)).
 void gqa_attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int NKV, int hs);
 // dqkv (B,T,(NH+2*NKV)*hs) = gradient wrt qkv (overwrite).
 void gqa_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int NH,

@@ -132,25 +132,30 @@ void execute_checked(const Shape& s, const void* a, const void* b, void* c, cons
 
 }  // namespace
 
+namespace {
+// The shape of a plain 2-D product: strides express the transposes (A^T stored (K, M) is the
+// (M, K) matrix with strides {1, M}).
+Shape plain_shape(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, DType dtype, bool accumulate,
+                  bool has_bias, DType c_dtype) {
+  const Strides4 as = trans_a ? Strides4{m * k, m * k, 1, m} : Strides4{m * k, m * k, k, 1};
+  const Strides4 bs = trans_b ? Strides4{k * n, k * n, 1, k} : Strides4{k * n, k * n, n, 1};
+  const Strides4 cs{m * n, m * n, n, 1};
+  return Shape{1, 1, m, n, k, as, bs, cs, dtype, 1.0f, accumulate, has_bias, c_dtype};
+}
+}  // namespace
+
 void matmul(const void* a, bool trans_a, const void* b, bool trans_b, float* c, int64_t m, int64_t n,
             int64_t k, DType dtype, bool accumulate, const float* bias) {
   ProfileScope profile(ProfileCategory::gemm);
-  // Strides express the transposes: A^T stored (K, M) is the (M, K) matrix with strides {1, M}.
-  Strides4 as = trans_a ? Strides4{m * k, m * k, 1, m} : Strides4{m * k, m * k, k, 1};
-  Strides4 bs = trans_b ? Strides4{k * n, k * n, 1, k} : Strides4{k * n, k * n, n, 1};
-  Strides4 cs{m * n, m * n, n, 1};
-  execute_checked(Shape{1, 1, m, n, k, as, bs, cs, dtype, 1.0f, accumulate, bias != nullptr}, a, b, c, bias);
+  execute_checked(plain_shape(trans_a, trans_b, m, n, k, dtype, accumulate, bias != nullptr, DType::f32), a, b, c,
+                  bias);
 }
 
 void matmul_bf16_out(const void* a, bool trans_a, const void* b, bool trans_b, void* c, int64_t m, int64_t n,
                      int64_t k, const float* bias) {
   ProfileScope profile(ProfileCategory::gemm);
-  Strides4 as = trans_a ? Strides4{m * k, m * k, 1, m} : Strides4{m * k, m * k, k, 1};
-  Strides4 bs = trans_b ? Strides4{k * n, k * n, 1, k} : Strides4{k * n, k * n, n, 1};
-  Strides4 cs{m * n, m * n, n, 1};
-  Shape s{1, 1, m, n, k, as, bs, cs, DType::bf16, 1.0f, false, bias != nullptr};
-  s.c_dtype = DType::bf16;
-  execute_checked(s, a, b, c, bias);
+  execute_checked(plain_shape(trans_a, trans_b, m, n, k, DType::bf16, false, bias != nullptr, DType::bf16), a, b, c,
+                  bias);
 }
 
 void batched_matmul(int64_t batch0, int64_t batch1, int64_t m, int64_t n, int64_t k, const void* a, Strides4 as,

@@ -622,7 +622,6 @@ void backward_with(float* dqkv, float* dsum, const uint16_t* dout, const uint16_
     default: { constexpr int HS = 128; CALL; break; }                \
   }
 
-bool aligned_to(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 size_t out_numel(const FlashShape& s) { return static_cast<size_t>(s.B) * s.T * s.NH * s.hs; }
 

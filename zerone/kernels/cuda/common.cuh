@@ -92,10 +92,10 @@ __device__ __forceinline__ float4 load4(const void* p, size_t i4) {
     return make_float4(wide(v.x), wide(v.x >> 16), wide(v.y), wide(v.y >> 16));
   }
 }
+// Whether p is a multiple of `bytes`.
+inline bool aligned_to(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 // Whether an array of `dtype` at p can be read or written four elements at a time (load4, store4).
-inline bool aligned4(const void* p, DType dtype) {
-  return reinterpret_cast<uintptr_t>(p) % (dtype == DType::f32 ? 16 : 8) == 0;
-}
+inline bool aligned4(const void* p, DType dtype) { return aligned_to(p, dtype == DType::f32 ? 16 : 8); }
 // Runs body(std::integral_constant<DType, d>{}) for the runtime dtype d: a kernel templated on a
 // dtype launched for the one in hand.
 template <typename Body>
@@ -110,15 +110,14 @@ void with_dtype(DType dtype, Body&& body) {
 // Whether n elements at src (f32) and dst (of dst_dtype) can go four at a time: store4's alignment
 // and float4 loads.
 inline bool vectorizable4(const void* src, const void* dst, DType dst_dtype, size_t n) {
-  const uintptr_t dst_align = dst_dtype == DType::f32 ? 16 : 8;
-  return n % 4 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % dst_align == 0;
+  return n % 4 == 0 && aligned_to(src, 16) && aligned4(dst, dst_dtype);
 }
 
 // Whether n elements of f32 arrays can go four at a time: n % 4 == 0 and each array 16-byte aligned.
 inline bool f32_vectorizable4(size_t n, std::initializer_list<const float*> arrays) {
   if (n % 4 != 0) return false;
   for (const float* p : arrays)
-    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+    if (!aligned_to(p, 16)) return false;
   return true;
 }
 

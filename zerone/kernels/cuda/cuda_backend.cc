@@ -599,11 +599,11 @@ class CudaBackend final : public kernels::Backend {
   // (The tensor-core kernels also need 16-byte aligned qkv, 4-byte aligned out and 8-byte aligned
   // dqkv: the models' buffers are; anything else widens. Forward and backward may take different
   // forms: both save the same lse.)
-  static bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
   bool attention_in_16_bits(DType operands, int hs, const void* qkv, const void* out_or_dqkv,
-                            uintptr_t out_alignment) const {
+                            uint32_t out_alignment) const {
     return operands != DType::f32 && attention_ == kernels::CudaAttention::flash &&
-           cuda::flash_attention_takes_16bit(operands, hs) && aligned(qkv, 16) && aligned(out_or_dqkv, out_alignment);
+           cuda::flash_attention_takes_16bit(operands, hs) && alignment_of(qkv) >= 16 &&
+           alignment_of(out_or_dqkv) >= out_alignment;
   }
   const float* widened_qkv(const void* qkv, DType operands, size_t n) {
     if (operands == DType::f32) return static_cast<const float*>(qkv);

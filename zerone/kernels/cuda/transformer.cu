@@ -331,7 +331,7 @@ void column_sums(float* out0, float* out1, float* partials, Rows rows, int N, in
 bool two_pass_column_sums(int N, int C, std::initializer_list<const void*> arrays) {
   if (N <= 0 || C <= 0 || C % 4 != 0 || row_blocks(N) > 65535) return false;
   for (const void* p : arrays)
-    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+    if (!aligned_to(p, 16)) return false;
   return true;
 }
 
@@ -745,7 +745,7 @@ void bias_backward(float* dbias, const float* dout, int N, int OC, bool accumula
                    float* partials, cudaStream_t stream) {
   if (OC == 0) return;
   ZERONE_ASSERT(rounded == nullptr || rounded_dtype != DType::f32, "the rounded copy of dout is 16-bit");
-  const bool rounded_aligned = rounded == nullptr || reinterpret_cast<uintptr_t>(rounded) % 8 == 0;
+  const bool rounded_aligned = rounded == nullptr || aligned4(rounded, rounded_dtype);
   if (two_pass_column_sums(N, OC, {dout}) && rounded_aligned) {  // Note [Column sums in two passes]
     if (rounded_dtype == DType::f16)
       column_sums<1>(dbias, nullptr, partials, BiasRows<DType::f16>{dout, rounded, OC}, N, OC, accumulate, stream);

@@ -331,6 +331,70 @@ TEST(FlashTiles, TensorCoreTilesLeftUnmaskedNeedNoMask) {
   }
 }
 
+// Note [Fragments by ldmatrix]: ldmatrix.m8n8.x4 emulated as the PTX ISA describes it, with each
+// lane naming the cell flash_tiles.h's functions give it, yields exactly mma.m16n8k16's fragment
+// layouts (PTX ISA, "Matrix fragments for mma.m16n8k16"), lane = 4 g + t. A tile cell (row, col)
+// holds the value 100 row + col, so a wrong cell cannot go unnoticed.
+using ElementPair = std::array<int, 2>;
+using LaneRegisters = std::array<std::array<ElementPair, 4>, kLanes>;  // [lane][register]: low, high
+
+int cell_value(int row, int col) { return 100 * row + col; }
+
+// Register i of lane 4 g + t holds elements (g, 2t), (g, 2t + 1) of matrix i (with .trans (2t, g),
+// (2t + 1, g)), whose row r starts at the cell lane 8 i + r names.
+template <typename CellOf>
+LaneRegisters emulate_ldmatrix_x4(CellOf cell_of, bool trans) {
+  LaneRegisters regs{};
+  for (int lane = 0; lane < kLanes; ++lane) {
+    const int g = lane / 4, t = lane % 4;
+    for (int i = 0; i < 4; ++i) {
+      const auto element = [&](int r, int c) {
+        const LaneCell start = cell_of(8 * i + r);
+        return cell_value(start.row, start.col + c);
+      };
+      regs[lane][i] = trans ? ElementPair{element(2 * t, g), element(2 * t + 1, g)}
+                            : ElementPair{element(g, 2 * t), element(g, 2 * t + 1)};
+    }
+  }
+  return regs;
+}
+
+void expect_registers(const LaneRegisters& got, const LaneRegisters& want, const char* what) {
+  for (int lane = 0; lane < kLanes; ++lane)
+    for (int i = 0; i < 4; ++i)
+      for (int half = 0; half < 2; ++half)
+        EXPECT_EQ(got[lane][i][half], want[lane][i][half]) << what << ": lane " << lane << ", register " << i
+                                                           << (half ? ", high half" : ", low half");
+}
+
+TEST(FlashTiles, LdmatrixCellsGiveTheMmaFragments) {
+  for (int lane = 0; lane < kLanes; ++lane)
+    for (const LaneCell c : {a_fragment_cell(lane), b_pair_rows_are_n_cell(lane), b_pair_rows_are_k_cell(lane)}) {
+      EXPECT_EQ(c.col % 8, 0) << "each matrix row is 16 aligned bytes: lane " << lane;
+      EXPECT_TRUE(c.row >= 0 && c.row < 16 && c.col >= 0 && c.col < 16) << "within the 16 x 16 cells: lane " << lane;
+    }
+  LaneRegisters a{}, b_rows_are_n{}, b_rows_are_k{};
+  for (int lane = 0; lane < kLanes; ++lane) {
+    const int g = lane / 4, t = lane % 4;
+    // A[m][k] = tile[m][k]: a0..a3 hold rows g, g + 8, g, g + 8 at columns 2t, 2t, 2t + 8, 2t + 8 (and + 1).
+    for (int i = 0; i < 4; ++i) {
+      const int row = g + 8 * (i % 2), col = 2 * t + 8 * (i / 2);
+      a[lane][i] = {cell_value(row, col), cell_value(row, col + 1)};
+    }
+    // Fragment j of a pair covers B's columns 8 j .. 8 j + 7; its b0 holds B[2t][g], B[2t + 1][g],
+    // its b1 B[2t + 8][g], B[2t + 9][g].
+    for (int j = 0; j < 2; ++j)
+      for (int half_k = 0; half_k < 2; ++half_k) {
+        const int k = 2 * t + 8 * half_k, n = 8 * j + g;
+        b_rows_are_n[lane][2 * j + half_k] = {cell_value(n, k), cell_value(n, k + 1)};  // B[k][n] = tile[n][k]
+        b_rows_are_k[lane][2 * j + half_k] = {cell_value(k, n), cell_value(k + 1, n)};  // B[k][n] = tile[k][n]
+      }
+  }
+  expect_registers(emulate_ldmatrix_x4(a_fragment_cell, false), a, "A fragment");
+  expect_registers(emulate_ldmatrix_x4(b_pair_rows_are_n_cell, false), b_rows_are_n, "B pair, tile rows are n");
+  expect_registers(emulate_ldmatrix_x4(b_pair_rows_are_k_cell, true), b_rows_are_k, "B pair, tile rows are k");
+}
+
 // The reference gradient the emulation is held to, against finite differences of the reference.
 TEST(FlashTiles, ReferenceGradientMatchesFiniteDifferences) {
   const int B = 2, T = 4, NH = 4, NKV = 2, hs = 3, R = (NH + 2 * NKV) * hs;

@@ -95,9 +95,13 @@ __device__ __forceinline__ LaneRoles lane_roles() {
 }
 
 // Note [Fragments by ldmatrix]: the fragments come out of shared memory by ldmatrix (sm_75 and
-// later), one instruction per fragment, where the first form read them 32 or 16 bits at a time
-// (4 loads for an A fragment, 2 for a B fragment, and for a B fragment whose tile rows are its k
-// rows, 4 16-bit loads and the shifts that paired them). ldmatrix.m8n8 gives lane 4g + t the two
+// later), where the first form read them 32 or 16 bits at a time (4 loads for an A fragment, 2 for
+// a B fragment, and for a B fragment whose tile rows are its k rows, 4 16-bit loads and the shifts
+// that paired them). Every load is the x4 form: an A fragment, or the B fragments of two
+// neighbouring 8-column blocks, which every product here takes in pairs (64 score columns, HS / 8
+// output columns, both even): per 16 x 64 x HS product half the load instructions of one x2 load
+// per B fragment. flash_tiles.h names the cell each lane addresses; flash_tiles_test.cc emulates
+// the instruction against the fragment layouts. ldmatrix.m8n8 gives lane 4g + t the two
 // 16-bit elements (g, 2t) and (g, 2t + 1) of each 8 x 8 matrix it loads, lane l naming the
 // address of row l % 8 of matrix l / 8 (lanes 0-7 the first, 8-15 the second, ...); with .trans
 // the elements (2t, g) and (2t + 1, g). That is exactly the mma.m16n8k16 fragment layout above when
@@ -112,33 +116,34 @@ __device__ __forceinline__ uint32_t shared_address(const void* p) {
 }
 __device__ __forceinline__ int lane_id() { return static_cast<int>(threadIdx.x % 32); }
 
-// The lane's A fragment of rows row0..row0+15, columns col0..col0+15 of a row-major tile: the
-// quarters (rows 0-7, columns 0-7), (rows 8-15, columns 0-7), (rows 0-7, columns 8-15), (rows
-// 8-15, columns 8-15) are registers a0..a3; lane l names row l % 16 at column 8 (l / 16).
+// The lane's A fragment of rows row0..row0+15, columns col0..col0+15 of a row-major tile (the cells
+// of flash::a_fragment_cell).
 __device__ __forceinline__ void load_a(uint32_t a[4], const uint16_t* tile, int ld, int row0, int col0) {
-  const int lane = lane_id();
-  const uint16_t* p = tile + (row0 + lane % 16) * ld + col0 + 8 * (lane / 16);
+  const flash::LaneCell c = flash::a_fragment_cell(lane_id());
+  const uint16_t* p = tile + (row0 + c.row) * ld + col0 + c.col;
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
                : "r"(shared_address(p)));
 }
-// The lane's B fragment with B[k][n] = tile[n0 + n][k0 + k] (the tile's rows are B's columns: K for
-// Q K^T, V for dO V^T, Q for K Q^T, dO for V dO^T): b0 is tile rows n0..n0+7 at columns k0..k0+7,
-// b1 the same rows at columns k0+8..k0+15; lane l < 16 names row l % 8 at column 8 (l / 8).
-__device__ __forceinline__ void load_b_rows_are_n(uint32_t b[2], const uint16_t* tile, int ld, int n0, int k0) {
-  const int lane = lane_id();
-  const uint16_t* p = tile + (n0 + lane % 8) * ld + k0 + 8 * (lane / 8 % 2);
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
-               : "=r"(b[0]), "=r"(b[1])
+// Two B fragments side by side, B[k][n] = tile[n0 + n][k0 + k] for n < 16 (the tile's rows are B's
+// columns: K for Q K^T, V for dO V^T, Q for K Q^T, dO for V dO^T): b[0..1] the fragment of columns
+// n0..n0+7, b[2..3] that of n0+8..n0+15 (flash::b_pair_rows_are_n_cell). One x4 load where the
+// first form issued two x2 loads: the same registers.
+__device__ __forceinline__ void load_b_pair_rows_are_n(uint32_t b[4], const uint16_t* tile, int ld, int n0, int k0) {
+  const flash::LaneCell c = flash::b_pair_rows_are_n_cell(lane_id());
+  const uint16_t* p = tile + (n0 + c.row) * ld + k0 + c.col;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
                : "r"(shared_address(p)));
 }
-// The lane's B fragment with B[k][n] = tile[k0 + k][n0 + n] (the tile's rows are B's rows: V for
-// P V, K for dS K, dO for P^T dO, Q for dS^T Q), transposed on the way: b0 is tile rows k0..k0+7,
-// b1 rows k0+8..k0+15, at columns n0..n0+7; lane l < 16 names row l.
-__device__ __forceinline__ void load_b_rows_are_k(uint32_t b[2], const uint16_t* tile, int ld, int k0, int n0) {
-  const uint16_t* p = tile + (k0 + lane_id() % 16) * ld + n0;
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
-               : "=r"(b[0]), "=r"(b[1])
+// Two B fragments side by side, B[k][n] = tile[k0 + k][n0 + n] for n < 16 (the tile's rows are B's
+// rows: V for P V, K for dS K, dO for P^T dO, Q for dS^T Q), transposed on the way: b[0..1]
+// columns n0..n0+7, b[2..3] columns n0+8..n0+15 (flash::b_pair_rows_are_k_cell).
+__device__ __forceinline__ void load_b_pair_rows_are_k(uint32_t b[4], const uint16_t* tile, int ld, int k0, int n0) {
+  const flash::LaneCell c = flash::b_pair_rows_are_k_cell(lane_id());
+  const uint16_t* p = tile + (k0 + c.row) * ld + n0 + c.col;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
                : "r"(shared_address(p)));
 }
 
@@ -167,10 +172,11 @@ __device__ __forceinline__ void rows_times_rows(float acc[8][4], const uint16_t*
     uint32_t fa[4];
     load_a(fa, a, ld, a_row0, 16 * k);
 #pragma unroll
-    for (int n = 0; n < 8; ++n) {
-      uint32_t fb[2];
-      load_b_rows_are_n(fb, b, ld, 8 * n, 16 * k);
+    for (int n = 0; n < 8; n += 2) {
+      uint32_t fb[4];
+      load_b_pair_rows_are_n(fb, b, ld, 8 * n, 16 * k);
       Operand<E>::mma(acc[n], fa, fb);
+      Operand<E>::mma(acc[n + 1], fa, fb + 2);
     }
   }
 }
@@ -186,10 +192,11 @@ __device__ __forceinline__ void accumulate_times_tile(float out[HS / 8][4], cons
                             Operand<E>::pack(p[2 * k + 1][0], p[2 * k + 1][1]),
                             Operand<E>::pack(p[2 * k + 1][2], p[2 * k + 1][3])};
 #pragma unroll
-    for (int n = 0; n < HS / 8; ++n) {
-      uint32_t fb[2];
-      load_b_rows_are_k(fb, b, ld, 16 * k, 8 * n);
+    for (int n = 0; n < HS / 8; n += 2) {  // HS / 8 is even: HS is a multiple of 16
+      uint32_t fb[4];
+      load_b_pair_rows_are_k(fb, b, ld, 16 * k, 8 * n);
       Operand<E>::mma(out[n], fa, fb);
+      Operand<E>::mma(out[n + 1], fa, fb + 2);
     }
   }
 }
@@ -396,18 +403,23 @@ __global__ void __launch_bounds__(kThreadsTc)
 
 // D = rowsum(dO * O) (B, NH, T) from the output (16-bit, as forward stored it) and its f32
 // gradient: one warp per row, the lanes' shares summed in a fixed butterfly. (The f32 form sums
-// P * dP over the keys instead: it equals this, and costs a second sweep.)
-__global__ void tc_flash_row_dot_kernel(float* dsum, const float* dout, const uint16_t* out, DType out_dtype,
-                                        FlashShape s) {
+// P * dP over the keys instead: it equals this, and costs a second sweep.) In the same pass dO is
+// rounded to the operand dtype into dout16 (Note [Operands rounded once]), element for element
+// what convert() made of it.
+__global__ void tc_flash_row_dot_kernel(float* dsum, uint16_t* dout16, const float* dout, const uint16_t* out,
+                                        DType operands, FlashShape s) {
   const size_t rows = static_cast<size_t>(s.B) * s.NH * s.T;
   const size_t row = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;  // the whole warp
   const int t = static_cast<int>(row % s.T), h = static_cast<int>(row / s.T % s.NH), b = static_cast<int>(row / s.T / s.NH);
-  const float* dy = dout + s.o(b, t, h);
-  const uint16_t* y = out + s.o(b, t, h);
+  const size_t at = s.o(b, t, h);
   float d = 0.0f;
-  for (int i = lane; i < s.hs; i += 32) d += dy[i] * load_param(y, out_dtype, i);
+  for (int i = lane; i < s.hs; i += 32) {
+    const float dy = dout[at + i];
+    d += dy * load_param(out, operands, at + i);
+    store_param(dout16, operands, at + i, dy);
+  }
   d = warp_sum(d);
   if (lane == 0) dsum[s.stat(b, h, t)] = d;
 }
@@ -651,7 +663,8 @@ size_t tensor_core_flash_scratch_elems(const FlashShape& s, bool backward) { ret
 // Note [Operands rounded once]: every block of every kernel reads its tiles from 16-bit copies
 // (half the bytes of f32, no conversion in the tile loads). qkv comes stored in the operand dtype
 // (Note [Attention's inputs and output in the compute dtype], kernels/backend.h), so only dO,
-// which backward receives in f32, is rounded, by one pass per call into the caller's scratch.
+// which backward receives in f32, is rounded into the caller's scratch, by the pass that forms D
+// (it reads dO anyway).
 void tensor_core_flash_forward(uint16_t* out, float* lse, const uint16_t* qkv, const FlashShape& s, DType operands,
                                float scale, cudaStream_t stream) {
   ZERONE_ASSERT(aligned_to(out, 4) && aligned_to(qkv, 16), "tensor-core attention: misaligned qkv or out");
@@ -664,11 +677,10 @@ void tensor_core_flash_backward(float* dqkv, float* dsum, const float* dout, con
   ZERONE_ASSERT(aligned_to(dqkv, 8) && aligned_to(qkv, 16), "tensor-core attention: misaligned qkv or dqkv");
   const size_t rows = static_cast<size_t>(s.B) * s.NH * s.T;
   constexpr int kRowsPerBlock = 8;  // warps of 32 lanes, one row each
+  uint16_t* dout16 = scratch;  // dO rounded, beside D
   tc_flash_row_dot_kernel<<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), 32 * kRowsPerBlock, 0,
-                            stream>>>(dsum, dout, out, operands, s);
+                            stream>>>(dsum, dout16, dout, out, operands, s);
   ZERONE_CUDA_LAUNCHED();
-  convert(scratch, operands, dout, DType::f32, out_numel(s), stream);
-  const uint16_t* dout16 = scratch;
   ZERONE_TC_FLASH_DISPATCH(operands, s.hs, (backward_with<E, HS>(dqkv, dsum, dout16, qkv, lse, s, scale, stream)));
 }
 

@@ -85,6 +85,28 @@ ZERONE_FLASH_FN constexpr bool tc_key_sweep_needs_mask(int q0, int k0, int tile,
   return q0 == k0 || q0 + tile > T;
 }
 
+// Note [Fragments by ldmatrix] (attention_tensor_cores.cu): the cell of a 16-bit tile whose
+// address lane `lane` hands ldmatrix.m8n8.x4, relative to the fragment's first row and column.
+// ldmatrix.x4 loads four 8 x 8 matrices; lane l names row l % 8 of matrix l / 8, and matrix i
+// lands in register i. tests/kernels/flash_tiles_test.cc emulates the instruction and checks each
+// of these against mma.m16n8k16's fragment layouts.
+struct LaneCell {
+  int row, col;
+};
+// The A fragment (16 x 16, row-major: registers a0..a3 the quarters rows 0-7 / 8-15 at columns
+// 0-7, then the same rows at columns 8-15): lane l names row l % 16 at column 8 (l / 16).
+ZERONE_FLASH_FN constexpr LaneCell a_fragment_cell(int lane) { return {lane % 16, 8 * (lane / 16)}; }
+// Two B fragments (16 x 8 each) side by side, B[k][n] = tile[n0 + n][k0 + k] (the tile's rows are
+// B's columns): registers b0, b1 the fragment of columns n0..n0+7 (tile rows n0..n0+7 at columns
+// k0..k0+7, then k0+8..k0+15), b2, b3 that of columns n0+8..n0+15. Without .trans.
+ZERONE_FLASH_FN constexpr LaneCell b_pair_rows_are_n_cell(int lane) {
+  return {lane % 8 + 8 * (lane / 16), 8 * (lane / 8 % 2)};
+}
+// Two B fragments side by side, B[k][n] = tile[k0 + k][n0 + n] (the tile's rows are B's rows),
+// transposed on the way (.trans): b0, b1 tile rows k0..k0+7 and k0+8..k0+15 at columns n0..n0+7,
+// b2, b3 the same rows at columns n0+8..n0+15. The same cells as the A fragment's.
+ZERONE_FLASH_FN constexpr LaneCell b_pair_rows_are_k_cell(int lane) { return a_fragment_cell(lane); }
+
 // The online softmax (Milakov and Gimelshein): a row's running maximum m and sum l of exp(s - m)
 // meet a tile whose largest visible score is tile_max (-inf when the row sees none of it).
 // Returns the new maximum; *rescale is the factor exp(m_old - m_new) for l and the output

@@ -160,17 +160,41 @@ __device__ void load_tile(uint16_t* tile, const uint16_t* src, At at, int first,
   }
 }
 
-// acc (16 x 64: 8 C fragments) = A (16 rows at a_row0 of tile a) times the transpose of the 64
-// rows of tile b: sum over the HS columns of both.
-template <typename E, int HS>
-__device__ __forceinline__ void rows_times_rows(float acc[8][4], const uint16_t* a, int a_row0, const uint16_t* b) {
+// The A side of rows_times_rows: 16 rows of a tile, all HS columns, as HS / 16 A fragments, either
+// read from shared memory at each product (RowsInTile) or loaded once and held in registers
+// (RowsInRegisters: Note [Key and value fragments held]). fragment(k) is columns 16k..16k+15.
+template <int HS>
+struct RowsInTile {
+  const uint16_t* tile;
+  int row0;
+  __device__ __forceinline__ void fragment(uint32_t fa[4], int k) const {
+    load_a(fa, tile, TileLayout<HS>::ld, row0, 16 * k);
+  }
+};
+template <int HS>
+struct RowsInRegisters {
+  uint32_t held[HS / 16][4];
+  __device__ __forceinline__ void load(const uint16_t* tile, int row0) {
+#pragma unroll
+    for (int k = 0; k < HS / 16; ++k) load_a(held[k], tile, TileLayout<HS>::ld, row0, 16 * k);
+  }
+  __device__ __forceinline__ void fragment(uint32_t fa[4], int k) const {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) fa[i] = held[k][i];
+  }
+};
+
+// acc (16 x 64: 8 C fragments) = A (16 rows: RowsInTile or RowsInRegisters) times the transpose of
+// the 64 rows of tile b: sum over the HS columns of both.
+template <typename E, int HS, typename Rows>
+__device__ __forceinline__ void rows_times_rows(float acc[8][4], const Rows& a, const uint16_t* b) {
   constexpr int ld = TileLayout<HS>::ld;
 #pragma unroll
   for (int n = 0; n < 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
 #pragma unroll
   for (int k = 0; k < HS / 16; ++k) {
     uint32_t fa[4];
-    load_a(fa, a, ld, a_row0, 16 * k);
+    a.fragment(fa, k);
 #pragma unroll
     for (int n = 0; n < 8; n += 2) {
       uint32_t fb[4];
@@ -342,7 +366,7 @@ __global__ void __launch_bounds__(kThreadsTc)
     if (!warp_live) continue;
     const uint16_t *k_s = sweep.keys(key_tile), *v_s = sweep.values(key_tile);
     float p[8][4];
-    rows_times_rows<E, HS>(p, q_s, 16 * warp, k_s);  // scores (16 x 64)
+    rows_times_rows<E, HS>(p, RowsInTile<HS>{q_s, 16 * warp}, k_s);  // scores (16 x 64)
     // Note [Softmax in base 2, masked only where it must be]: scores in units of log2.
     float tile_max[2] = {-INFINITY, -INFINITY};
     if (flash::tc_query_sweep_needs_mask(query_tile, key_tile)) {
@@ -456,8 +480,8 @@ __global__ void __launch_bounds__(kThreadsTc)
     if (!warp_live) continue;
     const uint16_t *k_s = sweep.keys(key_tile), *v_s = sweep.values(key_tile);
     float p[8][4], dp[8][4];
-    rows_times_rows<E, HS>(p, q_s, 16 * warp, k_s);    // scores
-    rows_times_rows<E, HS>(dp, do_s, 16 * warp, v_s);  // dP = dO V^T
+    rows_times_rows<E, HS>(p, RowsInTile<HS>{q_s, 16 * warp}, k_s);    // scores
+    rows_times_rows<E, HS>(dp, RowsInTile<HS>{do_s, 16 * warp}, v_s);  // dP = dO V^T
     // Note [Softmax in base 2, masked only where it must be].
     if (flash::tc_query_sweep_needs_mask(query_tile, key_tile)) {
 #pragma unroll
@@ -537,6 +561,22 @@ __global__ void __launch_bounds__(kThreadsTc)
   load_tile<HS>(k_s, qkv, [=](int r) { return s.k(b, r, kv); }, k0, T);
   load_tile<HS>(v_s, qkv, [=](int r) { return s.v(b, r, kv); }, k0, T);
   const float scale_log2 = scale * kLog2e;
+  // Note [Key and value fragments held]: the warp's 16 keys and values are the A side of both
+  // score products at every step of the sweep. At head size 64 (GPT-2's, the Llamas' up to 3B)
+  // their fragments (16 registers each) are loaded once and held: the kernel's registers keep it
+  // to 2 blocks an SM either way (190 a thread without them, 243 with, by ptxas -v for sm_90), so
+  // they cost no occupancy, and a step issues 8 of its 72 loads fewer. Larger heads would spill
+  // (255 registers already at hs 128); at hs 32 ptxas spills a few bytes with them, for 4 loads a
+  // step. Other sizes read them at each step.
+  constexpr bool kHeld = HS == 64;
+  RowsInRegisters<kHeld ? HS : 16> k_held, v_held;
+  if constexpr (kHeld) {
+    __syncthreads();  // the key and value tiles, stored by every thread
+    if (warp_live) {
+      k_held.load(k_s, 16 * warp);
+      v_held.load(v_s, 16 * warp);
+    }
+  }
   float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
   for (int step = 0; step < steps; ++step) {
     const int q0 = first_query_of(step);
@@ -545,8 +585,13 @@ __global__ void __launch_bounds__(kThreadsTc)
     const uint16_t *q_s = queries_of(step), *do_s = dout_of(step);
     const float *lse_s = lse_of(step), *d_s = lse_s + kTileRows;
     float p[8][4], ds[8][4];
-    rows_times_rows<E, HS>(p, k_s, 16 * warp, q_s);    // S^T (keys x queries)
-    rows_times_rows<E, HS>(ds, v_s, 16 * warp, do_s);  // dP^T = V dO^T
+    if constexpr (kHeld) {
+      rows_times_rows<E, HS>(p, k_held, q_s);    // S^T (keys x queries)
+      rows_times_rows<E, HS>(ds, v_held, do_s);  // dP^T = V dO^T
+    } else {
+      rows_times_rows<E, HS>(p, RowsInTile<HS>{k_s, 16 * warp}, q_s);
+      rows_times_rows<E, HS>(ds, RowsInTile<HS>{v_s, 16 * warp}, do_s);
+    }
     // Note [Softmax in base 2, masked only where it must be]: the diagonal query tile, and the
     // last one where it runs past T.
     if (flash::tc_key_sweep_needs_mask(q0, k0, kTileRows, T)) {

@@ -9,6 +9,7 @@
 
 #include "zerone/comm/comm_choice.h"
 #include "zerone/core/error.h"
+#include "zerone/core/sysinfo.h"
 #include "zerone/nn/model.h"
 #include "zerone/train/config.h"
 #include "zerone/train/plan.h"
@@ -107,6 +108,17 @@ void check_plans(const std::string& spec) {
       }
     }
   }
+}
+
+// Note [Host memory speed with every core]: the probe's buffers outgrow the last-level cache
+// (twice it), within 256 MiB .. 1 GiB; the machine's own cache figure is found.
+TEST(Planner, HostMemoryProbeOutgrowsTheCache) {
+  constexpr long long kMiB = 1 << 20;
+  EXPECT_EQ(train::memory_probe_bytes(0), size_t{256} << 20);  // unknown
+  EXPECT_EQ(train::memory_probe_bytes(32 * kMiB), size_t{256} << 20);
+  EXPECT_EQ(train::memory_probe_bytes(384 * kMiB), size_t{768} << 20);  // the GPU machine's CPU
+  EXPECT_EQ(train::memory_probe_bytes(4096 * kMiB), size_t{1} << 30);
+  EXPECT_GT(last_level_cache_bytes(), 0) << "every x86 Linux this runs on reports one";
 }
 
 TEST(Planner, Gpt2Shapes) {

@@ -3,7 +3,9 @@
 #include <cpuid.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
+#include <set>
 #include <string>
 
 namespace zerone {
@@ -47,6 +49,32 @@ long long read_number(const char* path) {
 }
 
 }  // namespace
+
+long long last_level_cache_bytes() {
+  long long best = std::max(0L, sysconf(_SC_LEVEL3_CACHE_SIZE));
+  // sysfs: cpuN/cache/indexK with the highest level; one instance per distinct shared_cpu_list.
+  std::set<std::string> instances;
+  long long instance_bytes = 0;
+  int top_level = 0;
+  const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  for (long cpu = 0; cpu < cpus; ++cpu)
+    for (int index = 0; index < 8; ++index) {
+      const std::string dir = "/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/cache/index" + std::to_string(index);
+      const long long level = read_number((dir + "/level").c_str());
+      if (level < 0) break;
+      std::ifstream size_in(dir + "/size"), shared_in(dir + "/shared_cpu_list");
+      long long kib = 0;
+      std::string shared;
+      if (!(size_in >> kib) || !(shared_in >> shared) || level < top_level) continue;
+      if (level > top_level) {
+        top_level = static_cast<int>(level);
+        instances.clear();
+      }
+      instance_bytes = kib * 1024;  // "32768K"
+      instances.insert(shared);
+    }
+  return std::max(best, instance_bytes * static_cast<long long>(instances.size()));
+}
 
 // Note [Memory available to this process]: MemAvailable is the host's view; a container or a
 // systemd slice can cap the process far lower. The cap is read from this process's own cgroup

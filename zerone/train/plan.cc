@@ -36,22 +36,33 @@ std::string fixed_text(double value, int digits) {
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// Note [Host memory speed with every core]: a streaming copy of 128 MiB split over `threads`
-// threads (each its own slice, as the CPU optimizer's kernels split a shard), best of a few:
-// bytes read + written per second. The first form copied on one thread: 12.2 GB/s on the GPU
-// machine's 16 cores, where the offloaded AdamW of Llama-3.2-1B then took 0.95 s a step, not the
-// 3.2 s the planner predicted from that figure (docs/BENCHMARKS.md, "ZeRO-Offload on the GPU").
+// Note [Host memory speed with every core]: a streaming copy split over `threads` threads (each
+// its own slice, as the CPU optimizer's kernels split a shard), best of a few: bytes read +
+// written per second. The first form copied on one thread: 12.2 GB/s on the GPU machine's 16
+// cores, where the offloaded AdamW of Llama-3.2-1B then took 0.95 s a step, not the 3.2 s the
+// planner predicted from that figure (docs/BENCHMARKS.md, "ZeRO-Offload on the GPU"). The second
+// copied 128 MiB, and two runs on the same kind of GPU machine measured 121.5 and 67.9 GB/s: its
+// CPU reports a 384 MiB last-level cache, so the copy ran partly or wholly from the cache. Now the
+// buffers are twice the machine's last-level cache (memory_probe_bytes), and each thread first
+// touches the slice it copies, so that its pages sit on its own NUMA node, as the optimizer's
+// shard does after its first step.
 double measure_memory_bytes_per_s(int threads) {
-  const size_t n = size_t{128} << 20;
-  std::vector<char> a(n, 1), b(n, 0);
+  const size_t n = memory_probe_bytes(last_level_cache_bytes());
+  const std::unique_ptr<char[]> a(new char[n]), b(new char[n]);  // untouched: the threads touch their slices
   const size_t slice = (n + threads - 1) / threads;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int t = 0; t < threads; ++t) {
+    const size_t lo = std::min(n, t * slice), hi = std::min(n, lo + slice);
+    std::memset(a.get() + lo, 1, hi - lo);
+    std::memset(b.get() + lo, 0, hi - lo);
+  }
   double best = 1e30;
   for (int rep = 0; rep < 4; ++rep) {
     const auto t0 = Clock::now();
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int t = 0; t < threads; ++t) {
       const size_t lo = std::min(n, t * slice), hi = std::min(n, lo + slice);
-      std::memcpy(b.data() + lo, a.data() + lo, hi - lo);
+      std::memcpy(b.get() + lo, a.get() + lo, hi - lo);
     }
     best = std::min(best, seconds_since(t0));
     a[rep] = b[n - 1 - rep];  // keep the copies observable
@@ -101,6 +112,12 @@ const char* const kPlannedFlags[] = {"--zero-stage", "--offload-optimizer", "--o
                                      "--micro-batch", "--grad-accum"};
 
 }  // namespace
+
+size_t memory_probe_bytes(long long cache_bytes) {
+  constexpr size_t kLeast = size_t{256} << 20, kMost = size_t{1} << 30;
+  const size_t twice = cache_bytes > 0 ? 2 * static_cast<size_t>(cache_bytes) : 0;
+  return std::clamp(twice, kLeast, kMost);
+}
 
 bool unified_memory(kernels::DeviceKind device) { return device != kernels::DeviceKind::cuda; }
 

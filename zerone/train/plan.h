@@ -109,6 +109,11 @@ nlohmann::ordered_json places_json(const zero::PlacedBytes& bytes);
 // The settings flags of a choice: "--zero-stage 3 --offload-optimizer nvme ...".
 std::string choice_flags(const zero::PlanChoice& choice);
 
+// Bytes of each buffer of the host memory probe (Note [Host memory speed with every core], plan.cc)
+// on a machine whose last-level cache totals `cache_bytes` (0: unknown): twice the cache, within
+// 256 MiB .. 1 GiB.
+size_t memory_probe_bytes(long long cache_bytes);
+
 // `zerone plan` with the run's own flags (model, batch, precision, world, budgets, --config).
 std::string plan_command(const TrainConfig& cfg, int world, int ranks_per_host);
 

@@ -41,9 +41,10 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 // written per second. The first form copied on one thread: 12.2 GB/s on the GPU machine's 16
 // cores, where the offloaded AdamW of Llama-3.2-1B then took 0.95 s a step, not the 3.2 s the
 // planner predicted from that figure (docs/BENCHMARKS.md, "ZeRO-Offload on the GPU"). The second
-// copied 128 MiB, and two runs on the same kind of GPU machine measured 121.5 and 67.9 GB/s: its
-// CPU reports a 384 MiB last-level cache, so the copy ran partly or wholly from the cache. Now the
-// buffers are twice the machine's last-level cache (memory_probe_bytes), and each thread first
+// copied 128 MiB, which a large server CPU's last-level cache holds: two runs on the same kind of
+// GPU machine measured 121.5 and 67.9 GB/s, and on a 2-core development VM whose CPU reports 384
+// MiB of it the copy read 78 GB/s beside the STREAM triad's 45-46. Now the buffers are twice the
+// machine's last-level cache (memory_probe_bytes; 52-54 GB/s on that VM), and each thread first
 // touches the slice it copies, so that its pages sit on its own NUMA node, as the optimizer's
 // shard does after its first step.
 double measure_memory_bytes_per_s(int threads) {

@@ -719,7 +719,8 @@ void tensor_core_flash_forward(uint16_t* out, float* lse, const uint16_t* qkv, c
 void tensor_core_flash_backward(float* dqkv, float* dsum, const float* dout, const uint16_t* qkv, const uint16_t* out,
                                 const float* lse, const FlashShape& s, DType operands, float scale, uint16_t* scratch,
                                 cudaStream_t stream) {
-  ZERONE_ASSERT(aligned_to(dqkv, 8) && aligned_to(qkv, 16), "tensor-core attention: misaligned qkv or dqkv");
+  ZERONE_ASSERT(aligned_to(dqkv, 8) && aligned_to(qkv, 16) && aligned_to(scratch, 16),
+                "tensor-core attention: misaligned qkv, dqkv or scratch");
   const size_t rows = static_cast<size_t>(s.B) * s.NH * s.T;
   constexpr int kRowsPerBlock = 8;  // warps of 32 lanes, one row each
   uint16_t* dout16 = scratch;  // dO rounded, beside D

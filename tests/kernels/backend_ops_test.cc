@@ -939,23 +939,28 @@ void rope_case(int B, int T, int heads, int stride_heads, int hs, bool scaled, u
 
 // `rounded_dt` (bf16 or f16; f32: none): forward and backward also write their outputs rounded to
 // it (Note [GEMM operands in the compute dtype]), which must be the f32 outputs rounded.
-void swiglu_case(int N, int F, uint64_t seed, DType rounded_dt = DType::f32) {
+// `inp_dt`: the input's dtype (Note [The MLP's hidden activation in the compute dtype]: a 16-bit
+// run's GEMM hands the activation its output rounded); the reference sees the rounded values.
+void swiglu_case(int N, int F, uint64_t seed, DType rounded_dt = DType::f32, DType inp_dt = DType::f32) {
   auto inp = randn(N * 2 * F, seed, 2.0), dout = randn(N * F, seed + 1);
   const bool rounds = rounded_dt != DType::f32;
-  std::vector<Operand> ops = {f32("inp", inp), fill("out", N * F, 9), f32("dout", dout), fill("dinp", N * 2 * F, 3.0f)};
+  std::vector<Operand> ops = {inp_dt == DType::f32 ? f32("inp", inp) : param("inp", inp, inp_dt), fill("out", N * F, 9),
+                              f32("dout", dout), fill("dinp", N * 2 * F, 3.0f)};
   if (rounds) ops.push_back(fill16("out16", N * F, rounded_dt)), ops.push_back(fill16("dinp16", N * 2 * F, rounded_dt));
-  add({named("swiglu_N", N) + named("_F", F) + (rounds ? std::string("_") + dtype_tag(rounded_dt) : ""), ops,
+  add({named("swiglu_N", N) + named("_F", F) + (rounds ? std::string("_") + dtype_tag(rounded_dt) : "") +
+           (inp_dt == DType::f32 ? "" : std::string("_from_") + dtype_tag(inp_dt)),
+       ops,
        [=](Backend& b, const Dev& d) {
-         b.swiglu_forward(d.f("out"), DType::f32, d.f("inp"), N, F);
-         b.swiglu_backward(d.f("dinp"), DType::f32, d.f("dout"), d.f("inp"), N, F);
+         b.swiglu_forward(d.f("out"), DType::f32, d.v("inp"), inp_dt, N, F);
+         b.swiglu_backward(d.f("dinp"), DType::f32, d.f("dout"), d.v("inp"), inp_dt, N, F);
          if (rounds) {
-           b.swiglu_forward(d.v("out16"), rounded_dt, d.f("inp"), N, F);
-           b.swiglu_backward(d.v("dinp16"), rounded_dt, d.f("dout"), d.f("inp"), N, F);
+           b.swiglu_forward(d.v("out16"), rounded_dt, d.v("inp"), inp_dt, N, F);
+           b.swiglu_backward(d.v("dinp16"), rounded_dt, d.f("dout"), d.v("inp"), inp_dt, N, F);
          }
          return std::vector<double>{};
        },
        [=] {
-         const Vec X = to_double(inp);
+         const Vec X = seen(inp, inp_dt);
          auto f = [&](const Vec& x) { return ref::swiglu(x, N, F); };
          return std::vector<Want>{close("out", f(X)), close("dinp", numeric_grad(X, f, to_double(dout)))};
        },
@@ -966,23 +971,25 @@ void swiglu_case(int N, int F, uint64_t seed, DType rounded_dt = DType::f32) {
        }});
 }
 
-// `rounded_dt` as swiglu_case's.
-void gelu_case(size_t n, uint64_t seed, DType rounded_dt = DType::f32) {
+// `rounded_dt` and `inp_dt` as swiglu_case's.
+void gelu_case(size_t n, uint64_t seed, DType rounded_dt = DType::f32, DType inp_dt = DType::f32) {
   auto inp = randn(n, seed, 2.0), dout = randn(n, seed + 1);
   const bool rounds = rounded_dt != DType::f32;
-  std::vector<Operand> ops = {f32("inp", inp), fill("out", n, 9), f32("dout", dout), fill("dinp", n, 3.0f),
-                              f32("dinout", dout)};
+  std::vector<Operand> ops = {inp_dt == DType::f32 ? f32("inp", inp) : param("inp", inp, inp_dt), fill("out", n, 9),
+                              f32("dout", dout), fill("dinp", n, 3.0f), f32("dinout", dout)};
   if (rounds) ops.push_back(fill16("out16", n, rounded_dt));
-  add({named("gelu_n", n) + (rounds ? std::string("_") + dtype_tag(rounded_dt) : ""), ops,
+  add({named("gelu_n", n) + (rounds ? std::string("_") + dtype_tag(rounded_dt) : "") +
+           (inp_dt == DType::f32 ? "" : std::string("_from_") + dtype_tag(inp_dt)),
+       ops,
        [=](Backend& b, const Dev& d) {
-         b.gelu_forward(d.f("out"), DType::f32, d.f("inp"), n);
-         if (rounds) b.gelu_forward(d.v("out16"), rounded_dt, d.f("inp"), n);
-         b.gelu_backward(d.f("dinp"), d.f("inp"), d.f("dout"), n);
-         b.gelu_backward(d.f("dinout"), d.f("inp"), d.f("dinout"), n);  // dinp may alias dout
+         b.gelu_forward(d.f("out"), DType::f32, d.v("inp"), inp_dt, n);
+         if (rounds) b.gelu_forward(d.v("out16"), rounded_dt, d.v("inp"), inp_dt, n);
+         b.gelu_backward(d.f("dinp"), d.v("inp"), inp_dt, d.f("dout"), n);
+         b.gelu_backward(d.f("dinout"), d.v("inp"), inp_dt, d.f("dinout"), n);  // dinp may alias dout
          return std::vector<double>{};
        },
        [=] {
-         const Vec X = to_double(inp);
+         const Vec X = seen(inp, inp_dt);
          const Vec g = numeric_grad(X, ref::gelu, to_double(dout));
          return std::vector<Want>{close("out", ref::gelu(X)), close("dinp", g), close("dinout", g)};
        },
@@ -1169,6 +1176,14 @@ void transformer_cases() {
   gelu_case(333, 17, DType::f16);
   gelu_case(9000, 18, DType::bf16);  // a multiple of 4: the GPU's four-at-a-time forms
   gelu_case(1000, 19, DType::f16);
+  // A 16-bit run's input (Note [The MLP's hidden activation in the compute dtype]): odd sizes take
+  // the one-at-a-time forms, multiples of 4 the GPU's four-at-a-time ones.
+  swiglu_case(3, 7, 85, DType::bf16, DType::bf16);
+  swiglu_case(2, 37, 86, DType::f16, DType::f16);
+  gelu_case(9001, 20, DType::bf16, DType::bf16);
+  gelu_case(1000, 21, DType::bf16, DType::bf16);
+  gelu_case(1000, 22, DType::f16, DType::f16);
+  gelu_case(333, 23, DType::f32, DType::bf16);
   residual_case(37, 31);
   residual_case(20001, 32);
   residual_case(20000, 33);  // a multiple of 4: the GPU's four-at-a-time form

@@ -137,8 +137,9 @@ namespace {
 // Every activation buffer, in the order of GPT2::Activations' members: its element count and
 // element size. The token ids are int32; ln1, ln2, fch_gelu and lnf, which only GEMMs read, are in
 // the compute dtype (Note [GEMM operands in the compute dtype], kernels/backend.h), and so are the
-// logits, which backward overwrites with dlogits (Note [Logits in the compute dtype]), and qkv and
-// atty (Note [Attention's inputs and output in the compute dtype]); the rest are f32.
+// logits, which backward overwrites with dlogits (Note [Logits in the compute dtype]), qkv and
+// atty (Note [Attention's inputs and output in the compute dtype]) and fch (Note [The MLP's hidden
+// activation in the compute dtype]); the rest are f32.
 // With activation checkpointing (Note [Activation checkpointing] in model.h) the block internals
 // are kept for one block (S = 1 slot, recomputed in backward) and only the block outputs
 // (residual3) for all L; with CPU checkpointing two device slots of them, and the last entry, the
@@ -152,7 +153,7 @@ std::array<ActivationBuffer, 28> activation_buffers(const GPT2Config& c, DType d
   return {{{BT * C, f},          {S * BT * C, g},      {S * BT, f},         {S * BT, f},
            {S * BT * 3 * C, g},  {S * BT * C, g},      {S * kernels::attention_saved_numel(att_saved, B, NH, T), f},
            {S * BT * C, f},      {S * BT * C, g},      {S * BT, f},         {S * BT, f},
-           {S * BT * 4 * C, f},  {S * BT * 4 * C, g},  {UnitModel::output_slots_numel(on_host, L, BT * C), f},
+           {S * BT * 4 * C, g},  {S * BT * 4 * C, g},  {UnitModel::output_slots_numel(on_host, L, BT * C), f},
            {BT * C, g},          {BT, f},              {BT, f},             {BT * Vp, g},
            {BT, f},              {BT, f},              {BT * C, f},         {BT * C, f},
            {BT * C, f},          {BT * 3 * C, f},      {BT * 4 * C, f},     {BT, f},
@@ -259,7 +260,7 @@ GPT2::BlockActs GPT2::block_acts(int l) {
   b.ln2 = a.ln2.as<char>() + s * BTC * g;
   b.ln2_mean = a.ln2_mean.as<float>() + s * N;
   b.ln2_rstd = a.ln2_rstd.as<float>() + s * N;
-  b.fch = a.fch.as<float>() + s * BTC * 4;                                                   // (B,T,4C)
+  b.fch = a.fch.as<char>() + s * BTC * 4 * g;                                                // (B,T,4C)
   b.fch_gelu = a.fch_gelu.as<char>() + s * BTC * 4 * g;
   b.residual3 = block_output(a.residual3, l, BTC);  // always kept (Note [CPU checkpointing]: a slot)
   return b;
@@ -271,15 +272,16 @@ void GPT2::block_forward(int l) {
   BlockActs b = block_acts(l);
   float* tmp = acts_.tmp_c.as<float>();
   // ln1, ln2 and fch_gelu in the compute dtype (Note [GEMM operands in the compute dtype]), and
-  // qkv and atty (Note [Attention's inputs and output in the compute dtype]).
+  // qkv and atty (Note [Attention's inputs and output in the compute dtype]), and fch (Note [The
+  // MLP's hidden activation in the compute dtype]).
   backend_.layernorm_forward(b.ln1, dtype_, b.ln1_mean, b.ln1_rstd, b.residual, p(u, kLn1w), p(u, kLn1b), dtype_, N, C);
   backend_.linear_forward(b.qkv, dtype_, b.ln1, dtype_, p(u, kQkvw), p(u, kQkvb), dtype_, N, C, 3 * C);
   backend_.attention_forward(b.atty, b.att, b.qkv, B, T, C, NH, dtype_);
   backend_.linear_forward(tmp, DType::f32, b.atty, dtype_, p(u, kAttprojw), p(u, kAttprojb), dtype_, N, C, C);
   backend_.residual_forward(b.residual2, b.residual, tmp, BTC);
   backend_.layernorm_forward(b.ln2, dtype_, b.ln2_mean, b.ln2_rstd, b.residual2, p(u, kLn2w), p(u, kLn2b), dtype_, N, C);
-  backend_.linear_forward(b.fch, DType::f32, b.ln2, dtype_, p(u, kFcw), p(u, kFcb), dtype_, N, C, 4 * C);
-  backend_.gelu_forward(b.fch_gelu, dtype_, b.fch, BTC * 4);
+  backend_.linear_forward(b.fch, dtype_, b.ln2, dtype_, p(u, kFcw), p(u, kFcb), dtype_, N, C, 4 * C);
+  backend_.gelu_forward(b.fch_gelu, dtype_, b.fch, dtype_, BTC * 4);
   backend_.linear_forward(tmp, DType::f32, b.fch_gelu, dtype_, p(u, kFcprojw), p(u, kFcprojb), dtype_, N, 4 * C, C);
   backend_.residual_forward(b.residual3, b.residual2, tmp, BTC);
 }
@@ -324,8 +326,9 @@ void GPT2::backward(float grad_scale) {
     const BlockActs b = block_acts(l);
     const float* residual = b.residual;
     const void *ln1 = b.ln1, *ln2 = b.ln2, *fch_gelu = b.fch_gelu, *qkv = b.qkv, *atty = b.atty;  // compute dtype
+    const void* fch = b.fch;                                                                        // compute dtype
     const float *ln1_mean = b.ln1_mean, *ln1_rstd = b.ln1_rstd, *att = b.att;
-    const float *residual2 = b.residual2, *ln2_mean = b.ln2_mean, *ln2_rstd = b.ln2_rstd, *fch = b.fch;
+    const float *residual2 = b.residual2, *ln2_mean = b.ln2_mean, *ln2_rstd = b.ln2_rstd;
     float* dfch = a.dfch.as<float>();  // (B,T,4C)
     float* dqkv = a.dqkv.as<float>();  // (B,T,3C)
     const bool acc = accumulate_grads(u, {kQkvw, kQkvb, kAttprojw, kAttprojb, kFcw, kFcb, kFcprojw, kFcprojb});
@@ -333,7 +336,7 @@ void GPT2::backward(float grad_scale) {
     // residual3 = residual2 + fcproj: dresidual flows to both unchanged.
     backend_.linear_backward(dfch, g(u, kFcprojw), g(u, kFcprojb), dresidual, DType::f32, fch_gelu, dtype_,
                              p(u, kFcprojw), dtype_, N, 4 * C, C, acc);
-    backend_.gelu_backward(dfch, fch, dfch, BTC * 4);
+    backend_.gelu_backward(dfch, fch, dtype_, dfch, BTC * 4);
     backend_.linear_backward(dbuf, g(u, kFcw), g(u, kFcb), dfch, DType::f32, ln2, dtype_, p(u, kFcw), dtype_, N, C,
                              4 * C, acc);
     backend_.layernorm_backward(dresidual, g(u, kLn2w), g(u, kLn2b), dbuf, residual2, p(u, kLn2w), dtype_, ln2_mean,

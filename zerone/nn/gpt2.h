@@ -124,11 +124,12 @@ class GPT2 : public UnitModel {
   };
   void ensure_activations(int B, int T);
   // One block's activations: its input, internals (slot l, or slot 0 with checkpointing) and output.
-  // ln1, ln2 and fch_gelu, which only GEMMs read, are in the compute dtype (dtype_).
+  // ln1, ln2, fch_gelu, qkv, atty and fch are in the compute dtype (dtype_; activation_buffers in
+  // gpt2.cc says why each).
   struct BlockActs {
     const float* residual;
-    void *ln1, *ln2, *fch_gelu, *qkv, *atty;  // in the compute dtype
-    float *ln1_mean, *ln1_rstd, *att, *residual2, *ln2_mean, *ln2_rstd, *fch, *residual3;
+    void *ln1, *ln2, *fch_gelu, *qkv, *atty, *fch;  // in the compute dtype
+    float *ln1_mean, *ln1_rstd, *att, *residual2, *ln2_mean, *ln2_rstd, *residual3;
   };
   BlockActs block_acts(int l);
   // Block l's forward (parameters of unit 1 + l in place) from its saved input.

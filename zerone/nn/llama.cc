@@ -159,8 +159,9 @@ namespace {
 // element size (inputs and targets are int32 token ids; h1, h2, act, hf and dgate_up, which only
 // GEMMs read, are in the compute dtype: Note [GEMM operands in the compute dtype], kernels/
 // backend.h; so are the logits, which backward overwrites with dlogits: Note [Logits in the
-// compute dtype], and qkv and atty: Note [Attention's inputs and output in the compute dtype];
-// the rest f32; inv_freq is the device copy of the rotary table).
+// compute dtype], qkv and atty: Note [Attention's inputs and output in the compute dtype], and
+// gate_up: Note [The MLP's hidden activation in the compute dtype]; the rest f32; inv_freq is the
+// device copy of the rotary table).
 // With activation checkpointing (Note [Activation checkpointing] in model.h) one slot (S = 1) of block
 // internals, recomputed in backward; the block outputs (residual3) for all L, or two device slots
 // of them and, as the last entry, their host copies (Note [CPU checkpointing] in model.h).
@@ -174,7 +175,7 @@ std::array<ActivationBuffer, 28> llama_activation_buffers(const LlamaConfig& c, 
   const size_t f = 4, g = dtype_size(dtype);  // f32 (and int32); a GEMM operand
   return {{{BT * C, f},         {S * BT * C, g},  {S * BT, f},         {S * BT * R, g},
            {S * BT * A, g},     {S * kernels::attention_saved_numel(att_saved, B, NH, T), f},
-           {S * BT * C, f},     {S * BT * C, g},  {S * BT, f},         {S * BT * 2 * F, f},
+           {S * BT * C, f},     {S * BT * C, g},  {S * BT, f},         {S * BT * 2 * F, g},
            {S * BT * F, g},     {UnitModel::output_slots_numel(on_host, L, BT * C), f},
            {BT * C, g},         {BT, f},          {BT * V, g},         {BT, f},
            {BT, f},             {BT * C, f},      {BT * C, f},         {BT * C, f},
@@ -280,7 +281,7 @@ Llama::BlockActs Llama::block_acts(int l) {
   b.residual2 = a.residual2.as<float>() + s * BTC;
   b.h2 = a.h2.as<char>() + s * BTC * g;
   b.rstd2 = a.rstd2.as<float>() + s * N;
-  b.gate_up = a.gate_up.as<float>() + s * N * 2 * F;                                        // (B,T,2F)
+  b.gate_up = a.gate_up.as<char>() + s * N * 2 * F * g;                                     // (B,T,2F)
   b.act = a.act.as<char>() + s * N * F * g;                                                 // (B,T,F)
   b.residual3 = block_output(a.residual3, l, BTC);  // always kept (Note [CPU checkpointing]: a slot)
   return b;
@@ -303,8 +304,9 @@ void Llama::block_forward(int l) {
   backend_.linear_forward(tmp, DType::f32, b.atty, dtype_, p(u, kWo), nullptr, dtype_, N, A, C);
   backend_.residual_forward(b.residual2, b.residual, tmp, BTC);
   backend_.rmsnorm_forward(b.h2, dtype_, b.rstd2, b.residual2, p(u, kMlpNorm), dtype_, N, C, eps);
-  backend_.linear_forward(b.gate_up, DType::f32, b.h2, dtype_, p(u, kWGateUp), nullptr, dtype_, N, C, 2 * F);
-  backend_.swiglu_forward(b.act, dtype_, b.gate_up, N, F);
+  // gate_up in the compute dtype (Note [The MLP's hidden activation in the compute dtype]).
+  backend_.linear_forward(b.gate_up, dtype_, b.h2, dtype_, p(u, kWGateUp), nullptr, dtype_, N, C, 2 * F);
+  backend_.swiglu_forward(b.act, dtype_, b.gate_up, dtype_, N, F);
   backend_.linear_forward(tmp, DType::f32, b.act, dtype_, p(u, kWDown), nullptr, dtype_, N, F, C);
   backend_.residual_forward(b.residual3, b.residual2, tmp, BTC);
 }
@@ -353,8 +355,9 @@ void Llama::backward(float grad_scale) {
     }
     const BlockActs b = block_acts(l);
     const void *h1 = b.h1, *h2 = b.h2, *act = b.act, *qkv = b.qkv, *atty = b.atty;  // in the compute dtype
+    const void* gate_up = b.gate_up;                                                  // in the compute dtype
     const float *residual = b.residual, *rstd1 = b.rstd1, *att = b.att;
-    const float *residual2 = b.residual2, *rstd2 = b.rstd2, *gate_up = b.gate_up;
+    const float *residual2 = b.residual2, *rstd2 = b.rstd2;
     float* dact = a.dact.as<float>();         // (B,T,F)
     void* dgate_up = a.dgate_up.data();       // (B,T,2F) in the compute dtype
     float* datty = a.datty.as<float>();       // (B,T,NH*hs)
@@ -364,7 +367,7 @@ void Llama::backward(float grad_scale) {
     // residual3 = residual2 + down(swiglu(gate_up(norm(residual2))))
     backend_.linear_backward(dact, g(u, kWDown), nullptr, dresidual, DType::f32, act, dtype_, p(u, kWDown), dtype_, N,
                              F, C, acc);
-    backend_.swiglu_backward(dgate_up, dtype_, dact, gate_up, N, F);
+    backend_.swiglu_backward(dgate_up, dtype_, dact, gate_up, dtype_, N, F);
     backend_.linear_backward(dbuf, g(u, kWGateUp), nullptr, dgate_up, dtype_, h2, dtype_, p(u, kWGateUp), dtype_, N,
                              C, 2 * F, acc);
     backend_.rmsnorm_backward(dresidual, g(u, kMlpNorm), dbuf, residual2, p(u, kMlpNorm), dtype_, rstd2, N, C);

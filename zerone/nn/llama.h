@@ -107,11 +107,12 @@ class Llama : public UnitModel {
   };
   void ensure_activations(int B, int T);
   // One block's activations: its input, internals (slot l, or slot 0 with checkpointing) and output.
-  // h1, h2 and act, which only GEMMs read, are in the compute dtype (dtype_).
+  // h1, h2, act, qkv, atty and gate_up are in the compute dtype (dtype_; llama_activation_buffers
+  // in llama.cc says why each).
   struct BlockActs {
     const float* residual;
-    void *h1, *h2, *act, *qkv, *atty;  // in the compute dtype
-    float *rstd1, *att, *residual2, *rstd2, *gate_up, *residual3;
+    void *h1, *h2, *act, *qkv, *atty, *gate_up;  // in the compute dtype
+    float *rstd1, *att, *residual2, *rstd2, *residual3;
   };
   BlockActs block_acts(int l);
   void block_forward(int l);

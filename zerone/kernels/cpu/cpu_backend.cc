@@ -172,20 +172,23 @@ void CpuBackend::rope_backward(float* dx, const float* inv_freq, int B, int T, i
   cpu::rope_backward(dev(dx, sz(B) * T * stride), dev(inv_freq, sz(hs) / 2), B, T, stride, heads, hs);
 }
 
-void CpuBackend::swiglu_forward(void* out, DType out_dtype, const float* inp, int N, int F) {
-  cpu::swiglu_forward(dev_param(out, sz(N) * F, out_dtype), out_dtype, dev(inp, sz(N) * 2 * F), N, F);
+void CpuBackend::swiglu_forward(void* out, DType out_dtype, const void* inp, DType inp_dtype, int N, int F) {
+  cpu::swiglu_forward(dev_param(out, sz(N) * F, out_dtype), out_dtype, dev_param(inp, sz(N) * 2 * F, inp_dtype),
+                      inp_dtype, N, F);
 }
 
-void CpuBackend::swiglu_backward(void* dinp, DType dinp_dtype, const float* dout, const float* inp, int N, int F) {
-  cpu::swiglu_backward(dev_param(dinp, sz(N) * 2 * F, dinp_dtype), dinp_dtype, dev(dout, sz(N) * F), dev(inp, sz(N) * 2 * F), N, F);
+void CpuBackend::swiglu_backward(void* dinp, DType dinp_dtype, const float* dout, const void* inp, DType inp_dtype,
+                                 int N, int F) {
+  cpu::swiglu_backward(dev_param(dinp, sz(N) * 2 * F, dinp_dtype), dinp_dtype, dev(dout, sz(N) * F),
+                       dev_param(inp, sz(N) * 2 * F, inp_dtype), inp_dtype, N, F);
 }
 
-void CpuBackend::gelu_forward(void* out, DType out_dtype, const float* inp, size_t n) {
-  cpu::gelu_forward(dev_param(out, n, out_dtype), out_dtype, dev(inp, n), n);
+void CpuBackend::gelu_forward(void* out, DType out_dtype, const void* inp, DType inp_dtype, size_t n) {
+  cpu::gelu_forward(dev_param(out, n, out_dtype), out_dtype, dev_param(inp, n, inp_dtype), inp_dtype, n);
 }
 
-void CpuBackend::gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
-  cpu::gelu_backward(dev(dinp, n), dev(inp, n), dev(dout, n), n);
+void CpuBackend::gelu_backward(float* dinp, const void* inp, DType inp_dtype, const float* dout, size_t n) {
+  cpu::gelu_backward(dev(dinp, n), dev_param(inp, n, inp_dtype), inp_dtype, dev(dout, n), n);
 }
 
 void CpuBackend::residual_forward(float* out, const float* a, const float* b, size_t n) {

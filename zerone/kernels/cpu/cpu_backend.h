@@ -69,10 +69,11 @@ class CpuBackend : public Backend {
   void rope_forward(void* x, DType x_dtype, const float* inv_freq, int B, int T, int stride, int heads,
                     int hs) override;
   void rope_backward(float* dx, const float* inv_freq, int B, int T, int stride, int heads, int hs) override;
-  void swiglu_forward(void* out, DType out_dtype, const float* inp, int N, int F) override;
-  void swiglu_backward(void* dinp, DType dinp_dtype, const float* dout, const float* inp, int N, int F) override;
-  void gelu_forward(void* out, DType out_dtype, const float* inp, size_t n) override;
-  void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) override;
+  void swiglu_forward(void* out, DType out_dtype, const void* inp, DType inp_dtype, int N, int F) override;
+  void swiglu_backward(void* dinp, DType dinp_dtype, const float* dout, const void* inp, DType inp_dtype, int N,
+                       int F) override;
+  void gelu_forward(void* out, DType out_dtype, const void* inp, DType inp_dtype, size_t n) override;
+  void gelu_backward(float* dinp, const void* inp, DType inp_dtype, const float* dout, size_t n) override;
   void residual_forward(float* out, const float* a, const float* b, size_t n) override;
   void crossentropy_forward(float* losses, float* lse, const void* logits, DType logits_dtype, const int32_t* targets,
                             int N, int V, int Vp) override;

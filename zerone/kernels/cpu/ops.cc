@@ -54,7 +54,7 @@ void with_param_type(DType dtype, Body&& body) {
 // sums). Each slot keeps one buffer that only grows, so after the first step nothing is allocated.
 // The buffers are host memory (default_arena()) counted as device scratch: these kernels run on
 // host memory whichever device they serve (the sim backend runs them on its host view).
-enum ScratchSlot { kScratchA, kScratchB, kScratchBias, kScratchPartials, kScratchWeight, kScratchKT, kScratchKVGradT, kScratchRows, kScratchOut, kScratchQkv, kScratchSlots };
+enum ScratchSlot { kScratchA, kScratchB, kScratchBias, kScratchPartials, kScratchWeight, kScratchKT, kScratchKVGradT, kScratchRows, kScratchRowsIn, kScratchOut, kScratchQkv, kScratchSlots };
 
 void* scratch(ScratchSlot slot, size_t bytes) {
   static Buffer buffers[kScratchSlots];
@@ -99,6 +99,38 @@ class RowOut {
 
  private:
   void* out_;
+  DType dtype_;
+  size_t row_numel_;
+  float* rows_ = nullptr;
+};
+
+// RowOut's counterpart for an op's input rows (Note [The MLP's hidden activation in the compute
+// dtype], kernels/backend.h): with an f32 dtype row() points into `inp`; otherwise it widens the
+// row exactly (core/dtype.h's conversions) into the calling thread's slot of kScratchRowsIn and
+// points there, valid until that thread's next row(). Built outside the parallel region (it takes
+// the scratch); row() is called inside it.
+class RowIn {
+ public:
+  RowIn(const void* inp, DType dtype, size_t row_numel) : inp_(inp), dtype_(dtype), row_numel_(row_numel) {
+    if (dtype != DType::f32)
+      rows_ = static_cast<float*>(scratch(kScratchRowsIn, sizeof(float) * row_numel * omp_get_max_threads()));
+  }
+  // Elements at..at+n-1 of inp as f32 (n <= row_numel).
+  const float* row(size_t at, size_t n) const {
+    if (dtype_ == DType::f32) return static_cast<const float*>(inp_) + at;
+    float* r = rows_ + omp_get_thread_num() * row_numel_;
+    const uint16_t* x = static_cast<const uint16_t*>(inp_) + at;
+    if (dtype_ == DType::bf16) {
+#pragma omp simd
+      for (size_t i = 0; i < n; ++i) r[i] = bf16_to_f32(x[i]);
+    } else {
+      for (size_t i = 0; i < n; ++i) r[i] = f16_to_f32(x[i]);
+    }
+    return r;
+  }
+
+ private:
+  const void* inp_;
   DType dtype_;
   size_t row_numel_;
   float* rows_ = nullptr;
@@ -658,12 +690,13 @@ void rope_backward(float* dx, const float* inv_freq, int B, int T, int stride, i
 
 // ---------------------------------------------------------------- swiglu
 
-void swiglu_forward(void* out, DType out_dtype, const float* inp, int N, int F) {
+void swiglu_forward(void* out, DType out_dtype, const void* inp, DType inp_dtype, int N, int F) {
   ProfileScope profile(ProfileCategory::elementwise);
   const RowOut rows(out, out_dtype, F);
+  const RowIn inputs(inp, inp_dtype, 2 * static_cast<size_t>(F));
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
-    const float* gate = inp + static_cast<size_t>(n) * 2 * F;
+    const float* gate = inputs.row(static_cast<size_t>(n) * 2 * F, 2 * static_cast<size_t>(F));
     const float* up = gate + F;
     float* o = rows.row(static_cast<size_t>(n) * F);
 #pragma omp simd
@@ -675,12 +708,13 @@ void swiglu_forward(void* out, DType out_dtype, const float* inp, int N, int F) 
   }
 }
 
-void swiglu_backward(void* dinp, DType dinp_dtype, const float* dout, const float* inp, int N, int F) {
+void swiglu_backward(void* dinp, DType dinp_dtype, const float* dout, const void* inp, DType inp_dtype, int N, int F) {
   ProfileScope profile(ProfileCategory::elementwise);
   const RowOut rows(dinp, dinp_dtype, 2 * static_cast<size_t>(F));
+  const RowIn inputs(inp, inp_dtype, 2 * static_cast<size_t>(F));
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
-    const float* gate = inp + static_cast<size_t>(n) * 2 * F;
+    const float* gate = inputs.row(static_cast<size_t>(n) * 2 * F, 2 * static_cast<size_t>(F));
     const float* up = gate + F;
     const float* dy = dout + static_cast<size_t>(n) * F;
     float* dgate = rows.row(static_cast<size_t>(n) * 2 * F);
@@ -701,19 +735,20 @@ void swiglu_backward(void* dinp, DType dinp_dtype, const float* dout, const floa
 
 static constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
 
-// In blocks of kGeluBlock elements, whatever out_dtype: each element is computed in the same
+// In blocks of kGeluBlock elements, whatever the dtypes: each element is computed in the same
 // vector lane either way (Note [GEMM operands in the compute dtype]: the rounded output is the f32
-// one rounded).
+// one rounded; a 16-bit input is widened exactly first).
 constexpr size_t kGeluBlock = 4096;
 
-void gelu_forward(void* out, DType out_dtype, const float* inp, size_t n) {
+void gelu_forward(void* out, DType out_dtype, const void* inp, DType inp_dtype, size_t n) {
   ProfileScope profile(ProfileCategory::elementwise);
   const RowOut rows(out, out_dtype, kGeluBlock);
+  const RowIn inputs(inp, inp_dtype, kGeluBlock);
   const size_t blocks = (n + kGeluBlock - 1) / kGeluBlock;
 #pragma omp parallel for schedule(static)
   for (size_t blk = 0; blk < blocks; ++blk) {
     const size_t at = blk * kGeluBlock, len = std::min(kGeluBlock, n - at);
-    const float* x = inp + at;
+    const float* x = inputs.row(at, len);
     float* o = rows.row(at);
 #pragma omp simd
     for (size_t i = 0; i < len; ++i) {
@@ -724,16 +759,25 @@ void gelu_forward(void* out, DType out_dtype, const float* inp, size_t n) {
   }
 }
 
-void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
+void gelu_backward(float* dinp, const void* inp, DType inp_dtype, const float* dout, size_t n) {
   ProfileScope profile(ProfileCategory::elementwise);
-#pragma omp parallel for simd schedule(static)
-  for (size_t i = 0; i < n; ++i) {
-    float x = inp[i];
-    float cube = 0.044715f * x * x * x;
-    float tanh_out = std::tanh(kGeluScale * (x + cube));
-    float sech2 = 1.0f - tanh_out * tanh_out;
-    float local_grad = 0.5f * (1.0f + tanh_out) + x * 0.5f * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
-    dinp[i] = local_grad * dout[i];
+  const RowIn inputs(inp, inp_dtype, kGeluBlock);
+  const size_t blocks = (n + kGeluBlock - 1) / kGeluBlock;
+#pragma omp parallel for schedule(static)
+  for (size_t blk = 0; blk < blocks; ++blk) {
+    const size_t at = blk * kGeluBlock, len = std::min(kGeluBlock, n - at);
+    const float* xs = inputs.row(at, len);
+    const float* dy = dout + at;
+    float* dx = dinp + at;  // may be dy: each element is read before it is written
+#pragma omp simd
+    for (size_t i = 0; i < len; ++i) {
+      float x = xs[i];
+      float cube = 0.044715f * x * x * x;
+      float tanh_out = std::tanh(kGeluScale * (x + cube));
+      float sech2 = 1.0f - tanh_out * tanh_out;
+      float local_grad = 0.5f * (1.0f + tanh_out) + x * 0.5f * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
+      dx[i] = local_grad * dy[i];
+    }
   }
 }
 

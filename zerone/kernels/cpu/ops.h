@@ -88,15 +88,16 @@ void rope_forward(void* x, DType x_dtype, const float* inv_freq, int B, int T, i
 void rope_backward(float* dx, const float* inv_freq, int B, int T, int stride, int heads, int hs);
 
 // SwiGLU (LLaMA MLP): inp (N,2F) holds per row the gate projection (F) then the up projection (F);
-// out (N,F) = silu(gate) * up, silu(g) = g * sigmoid(g).
-void swiglu_forward(void* out, DType out_dtype, const float* inp, int N, int F);
+// out (N,F) = silu(gate) * up, silu(g) = g * sigmoid(g). inp in inp_dtype, widened exactly (Note
+// [The MLP's hidden activation in the compute dtype], kernels/backend.h).
+void swiglu_forward(void* out, DType out_dtype, const void* inp, DType inp_dtype, int N, int F);
 // dinp (N,2F) = gradient wrt inp (overwrite).
-void swiglu_backward(void* dinp, DType dinp_dtype, const float* dout, const float* inp, int N, int F);
+void swiglu_backward(void* dinp, DType dinp_dtype, const float* dout, const void* inp, DType inp_dtype, int N, int F);
 
-// GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
-void gelu_forward(void* out, DType out_dtype, const float* inp, size_t n);
+// GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), x in inp_dtype.
+void gelu_forward(void* out, DType out_dtype, const void* inp, DType inp_dtype, size_t n);
 // dinp = dout * gelu'(inp) (overwrite; dinp may alias dout).
-void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);
+void gelu_backward(float* dinp, const void* inp, DType inp_dtype, const float* dout, size_t n);
 
 // out = a + b (n elements). Backward is the identity into both inputs, done by the caller.
 void residual_forward(float* out, const float* a, const float* b, size_t n);

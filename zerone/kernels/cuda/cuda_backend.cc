@@ -665,17 +665,18 @@ class CudaBackend final : public kernels::Backend {
     // The rotation is orthogonal: its transpose (the gradient map) is the rotation by -angle.
     rope_rotate(dx, DType::f32, inv_freq, B, T, stride, heads, hs, -1.0f, compute());
   }
-  void swiglu_forward(void* out, DType out_dtype, const float* inp, int N, int F) override {
-    cuda::swiglu_forward(out, out_dtype, inp, N, F, compute());
+  void swiglu_forward(void* out, DType out_dtype, const void* inp, DType inp_dtype, int N, int F) override {
+    cuda::swiglu_forward(out, out_dtype, inp, inp_dtype, N, F, compute());
   }
-  void swiglu_backward(void* dinp, DType dinp_dtype, const float* dout, const float* inp, int N, int F) override {
-    cuda::swiglu_backward(dinp, dinp_dtype, dout, inp, N, F, compute());
+  void swiglu_backward(void* dinp, DType dinp_dtype, const float* dout, const void* inp, DType inp_dtype, int N,
+                       int F) override {
+    cuda::swiglu_backward(dinp, dinp_dtype, dout, inp, inp_dtype, N, F, compute());
   }
-  void gelu_forward(void* out, DType out_dtype, const float* inp, size_t n) override {
-    cuda::gelu_forward(out, out_dtype, inp, n, compute());
+  void gelu_forward(void* out, DType out_dtype, const void* inp, DType inp_dtype, size_t n) override {
+    cuda::gelu_forward(out, out_dtype, inp, inp_dtype, n, compute());
   }
-  void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) override {
-    cuda::gelu_backward(dinp, inp, dout, n, compute());
+  void gelu_backward(float* dinp, const void* inp, DType inp_dtype, const float* dout, size_t n) override {
+    cuda::gelu_backward(dinp, inp, inp_dtype, dout, n, compute());
   }
   void residual_forward(float* out, const float* a, const float* b, size_t n) override {
     cuda::residual_forward(out, a, b, n, compute());

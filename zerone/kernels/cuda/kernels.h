@@ -117,11 +117,12 @@ void flash_attention_backward(float* dqkv, float* dsum, const float* dout, const
 // x in `dtype` (rotated in f32, stored rounded to it).
 void rope_rotate(void* x, DType dtype, const float* inv_freq, int B, int T, int stride, int heads, int hs, float sign,
                  cudaStream_t stream);
-void swiglu_forward(void* out, DType out_dtype, const float* inp, int N, int F, cudaStream_t stream);
-void swiglu_backward(void* dinp, DType dinp_dtype, const float* dout, const float* inp, int N, int F,
+// inp in inp_dtype (Note [The MLP's hidden activation in the compute dtype], kernels/backend.h).
+void swiglu_forward(void* out, DType out_dtype, const void* inp, DType inp_dtype, int N, int F, cudaStream_t stream);
+void swiglu_backward(void* dinp, DType dinp_dtype, const float* dout, const void* inp, DType inp_dtype, int N, int F,
                      cudaStream_t stream);
-void gelu_forward(void* out, DType out_dtype, const float* inp, size_t n, cudaStream_t stream);
-void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, cudaStream_t stream);
+void gelu_forward(void* out, DType out_dtype, const void* inp, DType inp_dtype, size_t n, cudaStream_t stream);
+void gelu_backward(float* dinp, const void* inp, DType inp_dtype, const float* dout, size_t n, cudaStream_t stream);
 void residual_forward(float* out, const float* a, const float* b, size_t n, cudaStream_t stream);
 void crossentropy_forward(float* losses, float* lse, const void* logits, DType logits_dtype, const int32_t* targets,
                           int N, int V, int Vp, cudaStream_t stream);

@@ -527,21 +527,24 @@ __global__ void rope_kernel(void* x, DType dtype, const float* inv_freq, int B, 
   }
 }
 
-__global__ void swiglu_forward_kernel(void* out, DType out_dtype, const float* inp, int N, int F) {
+// inp (N, 2F) in inp_dtype (Note [The MLP's hidden activation in the compute dtype], kernels/
+// backend.h): load_param widens it exactly.
+__global__ void swiglu_forward_kernel(void* out, DType out_dtype, const void* inp, DType inp_dtype, int N, int F) {
   const size_t total = static_cast<size_t>(N) * F;
   ZERONE_GRID_STRIDE(e, total) {
     const size_t n = e / F, i = e % F;
-    const float g = inp[n * 2 * F + i], up = inp[n * 2 * F + F + i];
+    const float g = load_param(inp, inp_dtype, n * 2 * F + i), up = load_param(inp, inp_dtype, n * 2 * F + F + i);
     store_param(out, out_dtype, e, g / (1.0f + expf(-g)) * up);
   }
 }
 
-__global__ void swiglu_backward_kernel(void* dinp, DType dinp_dtype, const float* dout, const float* inp, int N,
-                                       int F) {
+__global__ void swiglu_backward_kernel(void* dinp, DType dinp_dtype, const float* dout, const void* inp,
+                                       DType inp_dtype, int N, int F) {
   const size_t total = static_cast<size_t>(N) * F;
   ZERONE_GRID_STRIDE(e, total) {
     const size_t n = e / F, i = e % F;
-    const float g = inp[n * 2 * F + i], up = inp[n * 2 * F + F + i], dy = dout[e];
+    const float g = load_param(inp, inp_dtype, n * 2 * F + i), up = load_param(inp, inp_dtype, n * 2 * F + F + i);
+    const float dy = dout[e];
     const float sig = 1.0f / (1.0f + expf(-g));
     store_param(dinp, dinp_dtype, n * 2 * F + i, dy * up * sig * (1.0f + g * (1.0f - sig)));
     store_param(dinp, dinp_dtype, n * 2 * F + F + i, dy * g * sig);
@@ -554,16 +557,17 @@ __device__ __forceinline__ float gelu(float x) {
   return 0.5f * x * (1.0f + tanhf(kGeluScale * (x + 0.044715f * x * x * x)));
 }
 
-__global__ void gelu_forward_kernel(void* out, DType out_dtype, const float* inp, size_t n) {
-  ZERONE_GRID_STRIDE(i, n) store_param(out, out_dtype, i, gelu(inp[i]));
+// x in inp_dtype (Note [The MLP's hidden activation in the compute dtype], kernels/backend.h).
+__global__ void gelu_forward_kernel(void* out, DType out_dtype, const void* inp, DType inp_dtype, size_t n) {
+  ZERONE_GRID_STRIDE(i, n) store_param(out, out_dtype, i, gelu(load_param(inp, inp_dtype, i)));
 }
 
-// Four elements a thread-step (16-byte loads; store4), each the same function as above: GELU's
-// forward moved 1.8 TB/s one element at a time (docs/BENCHMARKS.md, call 7's profile).
-template <DType kOut>
-__global__ void gelu_forward4_kernel(void* out, const float4* inp, size_t n4) {
+// Four elements a thread-step (load4, store4), each the same function as above: GELU's forward
+// moved 1.8 TB/s one element at a time (docs/BENCHMARKS.md, call 7's profile).
+template <DType kIn, DType kOut>
+__global__ void gelu_forward4_kernel(void* out, const void* inp, size_t n4) {
   ZERONE_GRID_STRIDE(i, n4) {
-    const float4 x = inp[i];
+    const float4 x = load4<kIn>(inp, i);
     store4<kOut>(out, i, gelu(x.x), gelu(x.y), gelu(x.z), gelu(x.w));
   }
 }
@@ -578,6 +582,21 @@ __device__ __forceinline__ float gelu_slope(float x) {
 struct GeluBackward {  // (x, dy) -> dx
   __device__ float operator()(float x, float dy) const { return gelu_slope(x) * dy; }
 };
+
+// dx = gelu'(x) dy with x in a 16-bit kIn (the f32 case is launch_binary's): one element a
+// thread-step, or four (load4; 16-byte dy and dx) where the caller found them aligned. dx may be dy.
+template <DType kIn>
+__global__ void gelu_backward_kernel(float* dinp, const void* inp, const float* dout, size_t n) {
+  ZERONE_GRID_STRIDE(i, n) dinp[i] = gelu_slope(load_param(inp, kIn, i)) * dout[i];
+}
+template <DType kIn>
+__global__ void gelu_backward4_kernel(float4* dinp, const void* inp, const float4* dout, size_t n4) {
+  ZERONE_GRID_STRIDE(i, n4) {
+    const float4 x = load4<kIn>(inp, i), dy = dout[i];
+    dinp[i] = make_float4(gelu_slope(x.x) * dy.x, gelu_slope(x.y) * dy.y, gelu_slope(x.z) * dy.z,
+                          gelu_slope(x.w) * dy.w);
+  }
+}
 
 
 // ---------------------------------------------------------------- cross-entropy (one block per row)
@@ -797,36 +816,47 @@ void rope_rotate(void* x, DType dtype, const float* inv_freq, int B, int T, int 
   ZERONE_CUDA_LAUNCHED();
 }
 
-void swiglu_forward(void* out, DType out_dtype, const float* inp, int N, int F, cudaStream_t stream) {
-  swiglu_forward_kernel<<<grid_for(static_cast<size_t>(N) * F), kThreads, 0, stream>>>(out, out_dtype, inp, N, F);
+void swiglu_forward(void* out, DType out_dtype, const void* inp, DType inp_dtype, int N, int F, cudaStream_t stream) {
+  swiglu_forward_kernel<<<grid_for(static_cast<size_t>(N) * F), kThreads, 0, stream>>>(out, out_dtype, inp, inp_dtype,
+                                                                                       N, F);
   ZERONE_CUDA_LAUNCHED();
 }
 
-void swiglu_backward(void* dinp, DType dinp_dtype, const float* dout, const float* inp, int N, int F,
+void swiglu_backward(void* dinp, DType dinp_dtype, const float* dout, const void* inp, DType inp_dtype, int N, int F,
                      cudaStream_t stream) {
   swiglu_backward_kernel<<<grid_for(static_cast<size_t>(N) * F), kThreads, 0, stream>>>(dinp, dinp_dtype, dout, inp,
-                                                                                        N, F);
+                                                                                        inp_dtype, N, F);
   ZERONE_CUDA_LAUNCHED();
 }
 
-void gelu_forward(void* out, DType out_dtype, const float* inp, size_t n, cudaStream_t stream) {
+void gelu_forward(void* out, DType out_dtype, const void* inp, DType inp_dtype, size_t n, cudaStream_t stream) {
   if (n == 0) return;
-  if (vectorizable4(inp, out, out_dtype, n)) {
+  if (n % 4 == 0 && aligned4(inp, inp_dtype) && aligned4(out, out_dtype)) {
     const size_t n4 = n / 4;
-    const auto* inp4 = reinterpret_cast<const float4*>(inp);
-    switch (out_dtype) {
-      case DType::f32: gelu_forward4_kernel<DType::f32><<<grid_for(n4), kThreads, 0, stream>>>(out, inp4, n4); break;
-      case DType::bf16: gelu_forward4_kernel<DType::bf16><<<grid_for(n4), kThreads, 0, stream>>>(out, inp4, n4); break;
-      case DType::f16: gelu_forward4_kernel<DType::f16><<<grid_for(n4), kThreads, 0, stream>>>(out, inp4, n4); break;
-    }
+    with_dtype(inp_dtype, [&](auto in) {
+      with_dtype(out_dtype, [&](auto o) {
+        gelu_forward4_kernel<decltype(in)::value, decltype(o)::value><<<grid_for(n4), kThreads, 0, stream>>>(out, inp, n4);
+      });
+    });
   } else {
-    gelu_forward_kernel<<<grid_for(n), kThreads, 0, stream>>>(out, out_dtype, inp, n);
+    gelu_forward_kernel<<<grid_for(n), kThreads, 0, stream>>>(out, out_dtype, inp, inp_dtype, n);
   }
   ZERONE_CUDA_LAUNCHED();
 }
 
-void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, cudaStream_t stream) {
-  launch_binary<GeluBackward>(dinp, inp, dout, n, stream);
+void gelu_backward(float* dinp, const void* inp, DType inp_dtype, const float* dout, size_t n, cudaStream_t stream) {
+  if (inp_dtype == DType::f32) return launch_binary<GeluBackward>(dinp, static_cast<const float*>(inp), dout, n, stream);
+  if (n == 0) return;
+  const bool by4 = f32_vectorizable4(n, {dinp, dout}) && aligned4(inp, inp_dtype);
+  with_dtype(inp_dtype, [&](auto in) {
+    constexpr DType kIn = decltype(in)::value;
+    if (by4)
+      gelu_backward4_kernel<kIn><<<grid_for(n / 4), kThreads, 0, stream>>>(
+          reinterpret_cast<float4*>(dinp), inp, reinterpret_cast<const float4*>(dout), n / 4);
+    else
+      gelu_backward_kernel<kIn><<<grid_for(n), kThreads, 0, stream>>>(dinp, inp, dout, n);
+  });
+  ZERONE_CUDA_LAUNCHED();
 }
 
 void residual_forward(float* out, const float* a, const float* b, size_t n, cudaStream_t stream) {

@@ -703,12 +703,15 @@ void rmsnorm_case(int N, int C, DType dt, uint64_t seed) {
   const bool rounds = dt != DType::f32;  // as layernorm_case
   std::vector<Operand> ops = {f32("inp", inp), param("weight", w, dt), fill("out", N * C, 9), fill("rstd", N, 9),
                               f32("dout", dout), fill("dinp", N * C, 1.0f), fill("dweight", C, 0.5f)};
-  if (rounds) ops.push_back(fill16("out16", N * C, dt));
+  if (rounds) ops.push_back(fill16("out16", N * C, dt)), ops.push_back(fill16("dinp16", N * C, dt));
   add({named("rmsnorm_N", N) + named("_C", C) + "_" + dtype_tag(dt), ops,
        [=](Backend& b, const Dev& d) {
          b.rmsnorm_forward(d.f("out"), DType::f32, d.f("rstd"), d.f("inp"), d.v("weight"), dt, N, C, eps);
          if (rounds) b.rmsnorm_forward(d.v("out16"), dt, d.f("rstd"), d.f("inp"), d.v("weight"), dt, N, C, eps);
-         b.rmsnorm_backward(d.f("dinp"), d.f("dweight"), d.f("dout"), d.f("inp"), d.v("weight"), dt, d.f("rstd"), N, C);
+         // A 16-bit run's backward also stores the new dinp rounded (Note [Gradients rounded where
+         // they are made]).
+         b.rmsnorm_backward(d.f("dinp"), d.f("dweight"), d.f("dout"), d.f("inp"), d.v("weight"), dt, d.f("rstd"), N, C,
+                            rounds ? d.v("dinp16") : nullptr, dt);
          return std::vector<double>{};
        },
        [=] {
@@ -719,7 +722,9 @@ void rmsnorm_case(int N, int C, DType dt, uint64_t seed) {
              close("dweight", plus(numeric_grad(W, [&](const Vec& ww) { return ref::rmsnorm(X, ww, N, C, eps); }, D), 0.5))};
        },
        [=](const Result& r) {
-         if (rounds) expect_rounded_copy(r, "out", "out16");
+         if (!rounds) return;
+         expect_rounded_copy(r, "out", "out16");
+         expect_rounded_copy(r, "dinp", "dinp16");
        }});
 }
 
@@ -912,10 +917,15 @@ void rope_case(int B, int T, int heads, int stride_heads, int hs, bool scaled, u
   add({named("rope_B", B) + named("_T", T) + named("_heads", heads) + "_of" +
            std::to_string(stride_heads) + named("_hs", hs) + (scaled ? "_llama3" : "_plain") +
            (dt == DType::f32 ? "" : std::string("_") + dtype_tag(dt)),
-       {f32("inv_freq", inv_freq), dt == DType::f32 ? f32("x", x) : param("x", x, dt), f32("dx", dout)},
+       {f32("inv_freq", inv_freq), dt == DType::f32 ? f32("x", x) : param("x", x, dt), f32("dx", dout),
+        f32("dx_read", dout), dt == DType::f32 ? fill("dx16", 1, 0.0f) : fill16("dx16", B * T * stride, dt)},
        [=](Backend& b, const Dev& d) {
          b.rope_forward(d.v("x"), dt, d.f("inv_freq"), B, T, stride, heads, hs);
-         b.rope_backward(d.f("dx"), d.f("inv_freq"), B, T, stride, heads, hs);
+         b.rope_backward(d.f("dx"), d.f("inv_freq"), B, T, stride, heads, hs, nullptr, DType::f32);
+         // A 16-bit run's backward out of place into a rounded copy of every row (Note [Gradients
+         // rounded where they are made]): dx_read only read.
+         if (dt != DType::f32)
+           b.rope_backward(d.f("dx_read"), d.f("inv_freq"), B, T, stride, heads, hs, d.v("dx16"), dt);
          return std::vector<double>{};
        },
        [=] {
@@ -923,7 +933,8 @@ void rope_case(int B, int T, int heads, int stride_heads, int hs, bool scaled, u
          const Vec f = to_double(inv_freq), X = seen(x, dt);
          auto r = [&](const Vec& xx) { return ref::rope(xx, f, B, T, stride, heads, hs); };
          return std::vector<Want>{close("x", r(X), dt == DType::f32 ? 1e-4 : 1e-2),
-                                  close("dx", numeric_grad(to_double(x), r, to_double(dout))), exact("inv_freq", f)};
+                                  close("dx", numeric_grad(to_double(x), r, to_double(dout))), exact("inv_freq", f),
+                                  exact("dx_read", to_double(dout))};
        },
        [=](const Result& r) {
          // Heads past `heads` (the values of a qkv row) are untouched, bit for bit.
@@ -934,6 +945,7 @@ void rope_case(int B, int T, int heads, int stride_heads, int hs, bool scaled, u
            for (int i = heads * hs; i < stride; ++i)
              changed += got[row * stride + i] != x0[row * stride + i] || dgot[row * stride + i] != dout[row * stride + i];
          EXPECT_EQ(changed, 0u) << "rope changed heads past the rotated ones";
+         if (dt != DType::f32) expect_rounded_copy(r, "dx", "dx16");
        }});
 }
 

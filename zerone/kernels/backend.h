@@ -346,13 +346,28 @@ class Backend {
                                       const float* att, int B, int T, int NH, int NKV, int hs, DType operands) = 0;
   virtual void rmsnorm_forward(void* out, DType out_dtype, float* rstd, const float* inp, const void* weight,
                                DType param_dtype, int N, int C, float eps) = 0;
+  // Note [Gradients rounded where they are made]: a linear without a bias (every LLaMA linear)
+  // takes its output gradient to the backward GEMMs in the compute dtype; where that gradient is
+  // f32, linear_backward would round it in a pass of its own (reading it again). In a 16-bit run
+  // the op that makes it stores the rounded copy as it goes, and the model hands that copy to
+  // linear_backward (dout_dtype 16-bit): rmsnorm_backward the residual stream's gradient (which
+  // w_down and wo take; dinp (+)= as ever, and with `dinp_rounded` (N x C of rounded_dtype, or
+  // null) the sum rounded to nearest even, as a conversion would), rope_backward the qkv gradient
+  // (which w_qkv takes). The same bits reach the GEMMs as before; two passes over (N, C) and one
+  // over (N, R) f32 a layer fewer (GPT-2's linears have biases, whose pass rounds on the way
+  // inside the backend: Note [Rounded on the way], kernels/cuda/kernels.h).
   virtual void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const void* weight,
-                                DType param_dtype, const float* rstd, int N, int C) = 0;
+                                DType param_dtype, const float* rstd, int N, int C, void* dinp_rounded,
+                                DType rounded_dtype) = 0;
   // x in x_dtype (the qkv of Note [Attention's inputs and output in the compute dtype]): rotated
   // in f32 and stored rounded to it.
   virtual void rope_forward(void* x, DType x_dtype, const float* inv_freq, int B, int T, int stride, int heads,
                             int hs) = 0;
-  virtual void rope_backward(float* dx, const float* inv_freq, int B, int T, int stride, int heads, int hs) = 0;
+  // dx (B, T, stride) f32, its first `heads` heads rotated back. With dx_rounded null, in place;
+  // otherwise (Note [Gradients rounded where they are made]) dx is only read and every element of
+  // every row, rotated or not, goes to dx_rounded rounded to rounded_dtype.
+  virtual void rope_backward(float* dx, const float* inv_freq, int B, int T, int stride, int heads, int hs,
+                             void* dx_rounded, DType rounded_dtype) = 0;
   // Note [The MLP's hidden activation in the compute dtype]: the pre-activation of a block's MLP
   // (GPT-2's fch, (N, 4C); LLaMA's gate_up, (N, 2F)) is a layer's largest activation, written by
   // a GEMM and read only by the activation function's forward and backward. In a 16-bit run the

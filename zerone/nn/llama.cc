@@ -160,12 +160,13 @@ namespace {
 // GEMMs read, are in the compute dtype: Note [GEMM operands in the compute dtype], kernels/
 // backend.h; so are the logits, which backward overwrites with dlogits: Note [Logits in the
 // compute dtype], qkv and atty: Note [Attention's inputs and output in the compute dtype], and
-// gate_up: Note [The MLP's hidden activation in the compute dtype]; the rest f32; inv_freq is the
+// gate_up: Note [The MLP's hidden activation in the compute dtype]; a 16-bit run's rounded copies of
+// dresidual and dqkv: Note [Gradients rounded where they are made]; the rest f32; inv_freq is the
 // device copy of the rotary table).
 // With activation checkpointing (Note [Activation checkpointing] in model.h) one slot (S = 1) of block
 // internals, recomputed in backward; the block outputs (residual3) for all L, or two device slots
 // of them and, as the last entry, their host copies (Note [CPU checkpointing] in model.h).
-std::array<ActivationBuffer, 28> llama_activation_buffers(const LlamaConfig& c, DType dtype, int B, int T,
+std::array<ActivationBuffer, 30> llama_activation_buffers(const LlamaConfig& c, DType dtype, int B, int T,
                                                           bool checkpointing, bool on_host,
                                                           kernels::AttentionSaved att_saved) {
   const size_t L = c.num_layers, C = c.channels, NH = c.num_heads, V = c.vocab_size, F = c.ffn;
@@ -173,6 +174,7 @@ std::array<ActivationBuffer, 28> llama_activation_buffers(const LlamaConfig& c, 
   const size_t A = NH * c.head_dim, R = static_cast<size_t>(c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
   const size_t BT = static_cast<size_t>(B) * T;
   const size_t f = 4, g = dtype_size(dtype);  // f32 (and int32); a GEMM operand
+  const size_t rounded = dtype != DType::f32;   // the rounded gradients: a 16-bit run's only
   return {{{BT * C, f},         {S * BT * C, g},  {S * BT, f},         {S * BT * R, g},
            {S * BT * A, g},     {S * kernels::attention_saved_numel(att_saved, B, NH, T), f},
            {S * BT * C, f},     {S * BT * C, g},  {S * BT, f},         {S * BT * 2 * F, g},
@@ -180,6 +182,7 @@ std::array<ActivationBuffer, 28> llama_activation_buffers(const LlamaConfig& c, 
            {BT * C, g},         {BT, f},          {BT * V, g},         {BT, f},
            {BT, f},             {BT * C, f},      {BT * C, f},         {BT * C, f},
            {BT * A, f},         {BT * R, f},      {BT * 2 * F, g},     {BT * F, f},
+           {rounded * BT * C, g}, {rounded * BT * R, g},
            {BT, f},             {BT, f},
            {static_cast<size_t>(c.head_dim) / 2, f}, {UnitModel::saved_inputs_numel(on_host, L, BT * C), f}}};
 }
@@ -220,7 +223,8 @@ void Llama::ensure_activations(int B, int T) {
   Buffer* buffers[] = {&a.encoded, &a.h1,       &a.rstd1,  &a.qkv,    &a.atty,      &a.att,   &a.residual2,
                        &a.h2,      &a.rstd2,    &a.gate_up, &a.act,   &a.residual3, &a.hf,    &a.rstdf,
                        &a.logits,  &a.losses,   &a.lse,    &a.tmp_c,  &a.dresidual, &a.dbuf_c, &a.datty,
-                       &a.dqkv,    &a.dgate_up, &a.dact,   &a.inputs, &a.targets, &a.inv_freq, &a.saved};
+                       &a.dqkv,    &a.dgate_up, &a.dact,   &a.dresidual_rounded, &a.dqkv_rounded,
+                       &a.inputs, &a.targets, &a.inv_freq, &a.saved};
   static_assert(sizeof(buffers) / sizeof(buffers[0]) == std::tuple_size_v<decltype(sizes)>);
   for (size_t i = 0; i < sizes.size(); ++i)  // the last: the host copies of the saved block inputs
     *buffers[i] = Buffer(sizes[i].numel * sizes[i].elem_bytes, MemCategory::activation,
@@ -321,6 +325,15 @@ void Llama::backward(float grad_scale) {
   const bool tied = config_.tie_word_embeddings;
   float* dresidual = a.dresidual.as<float>();  // (B,T,C) gradient wrt the residual stream
   float* dbuf = a.dbuf_c.as<float>();          // (B,T,C)
+  // Note [Gradients rounded where they are made]: in a 16-bit run the rmsnorm backwards store
+  // dresidual rounded and rope's backward stores dqkv rounded, and the bias-less linears' backward
+  // GEMMs take those copies; in f32 they take dresidual and dqkv.
+  const bool rounds = dtype_ != DType::f32;
+  const DType grad_operand_dtype = rounds ? dtype_ : DType::f32;
+  void* dresidual_rounded = rounds ? a.dresidual_rounded.data() : nullptr;  // (B,T,C)
+  void* dqkv_rounded = rounds ? a.dqkv_rounded.data() : nullptr;            // (B,T,R)
+  const void* dresidual_operand = rounds ? dresidual_rounded : dresidual;
+  const void* dqkv_operand = rounds ? dqkv_rounded : a.dqkv.data();
 
   const int uf = L + 1;
   hooks_->before_backward(uf);
@@ -342,7 +355,8 @@ void Llama::backward(float grad_scale) {
                            accumulate_head);
   const float* last = L == 0 ? a.encoded.as<float>() : block_output(a.residual3, L - 1, BTC);
   backend_.fill_zero(dresidual, BTC * sizeof(float));
-  backend_.rmsnorm_backward(dresidual, g(uf, kNorm), dbuf, last, p(uf, kNorm), dtype_, a.rstdf.as<float>(), N, C);
+  backend_.rmsnorm_backward(dresidual, g(uf, kNorm), dbuf, last, p(uf, kNorm), dtype_, a.rstdf.as<float>(), N, C,
+                            dresidual_rounded, grad_operand_dtype);
   hooks_->after_backward(uf);
 
   for (int l = L - 1; l >= 0; --l) {
@@ -365,20 +379,22 @@ void Llama::backward(float grad_scale) {
     const bool acc = accumulate_grads(u, {kWqkv, kWo, kWGateUp, kWDown});
 
     // residual3 = residual2 + down(swiglu(gate_up(norm(residual2))))
-    backend_.linear_backward(dact, g(u, kWDown), nullptr, dresidual, DType::f32, act, dtype_, p(u, kWDown), dtype_, N,
-                             F, C, acc);
+    backend_.linear_backward(dact, g(u, kWDown), nullptr, dresidual_operand, grad_operand_dtype, act, dtype_,
+                             p(u, kWDown), dtype_, N, F, C, acc);
     backend_.swiglu_backward(dgate_up, dtype_, dact, gate_up, dtype_, N, F);
     backend_.linear_backward(dbuf, g(u, kWGateUp), nullptr, dgate_up, dtype_, h2, dtype_, p(u, kWGateUp), dtype_, N,
                              C, 2 * F, acc);
-    backend_.rmsnorm_backward(dresidual, g(u, kMlpNorm), dbuf, residual2, p(u, kMlpNorm), dtype_, rstd2, N, C);
+    backend_.rmsnorm_backward(dresidual, g(u, kMlpNorm), dbuf, residual2, p(u, kMlpNorm), dtype_, rstd2, N, C,
+                              dresidual_rounded, grad_operand_dtype);
     // residual2 = residual + wo(attention(rope(wqkv(norm(residual)))))
-    backend_.linear_backward(datty, g(u, kWo), nullptr, dresidual, DType::f32, atty, dtype_, p(u, kWo), dtype_, N,
-                             A, C, acc);
+    backend_.linear_backward(datty, g(u, kWo), nullptr, dresidual_operand, grad_operand_dtype, atty, dtype_,
+                             p(u, kWo), dtype_, N, A, C, acc);
     backend_.gqa_attention_backward(dqkv, datty, qkv, atty, att, B, T, NH, NKV, hs, dtype_);
-    backend_.rope_backward(dqkv, a.inv_freq.as<float>(), B, T, R, NH + NKV, hs);
-    backend_.linear_backward(dbuf, g(u, kWqkv), nullptr, dqkv, DType::f32, h1, dtype_, p(u, kWqkv), dtype_, N, C, R,
-                             acc);
-    backend_.rmsnorm_backward(dresidual, g(u, kAttnNorm), dbuf, residual, p(u, kAttnNorm), dtype_, rstd1, N, C);
+    backend_.rope_backward(dqkv, a.inv_freq.as<float>(), B, T, R, NH + NKV, hs, dqkv_rounded, grad_operand_dtype);
+    backend_.linear_backward(dbuf, g(u, kWqkv), nullptr, dqkv_operand, grad_operand_dtype, h1, dtype_, p(u, kWqkv),
+                             dtype_, N, C, R, acc);
+    backend_.rmsnorm_backward(dresidual, g(u, kAttnNorm), dbuf, residual, p(u, kAttnNorm), dtype_, rstd1, N, C,
+                              dresidual_rounded, grad_operand_dtype);
     hooks_->after_backward(u);
   }
 

@@ -101,6 +101,9 @@ class Llama : public UnitModel {
     Buffer encoded, h1, rstd1, qkv, atty, att, residual2, h2, rstd2, gate_up, act, residual3, hf, rstdf, logits,
         losses, lse, tmp_c;
     Buffer dresidual, dbuf_c, datty, dqkv, dgate_up, dact;  // backward temporaries (dlogits are written over logits)
+    // In a 16-bit run, dresidual and dqkv rounded by the ops that make them (Note [Gradients rounded
+    // where they are made], kernels/backend.h); empty in f32.
+    Buffer dresidual_rounded, dqkv_rounded;
     Buffer inputs, targets;
     Buffer inv_freq;  // (hs/2) the rotary frequencies, on the device
     Buffer saved;  // host copies of the saved block inputs (Note [CPU checkpointing])

@@ -156,10 +156,13 @@ void CpuBackend::rmsnorm_forward(void* out, DType out_dtype, float* rstd, const 
                        eps);
 }
 
-void CpuBackend::rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const void* weight, DType param_dtype, const float* rstd, int N, int C) {
+void CpuBackend::rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const void* weight,
+                                  DType param_dtype, const float* rstd, int N, int C, void* dinp_rounded,
+                                  DType rounded_dtype) {
   const size_t NC = sz(N) * C;
   cpu::rmsnorm_backward(dev(dinp, NC), dev(dweight, C), dev(dout, NC), dev(inp, NC), dev_param(weight, C, param_dtype),
-                        param_dtype, dev(rstd, N), N, C);
+                        param_dtype, dev(rstd, N), N, C, dinp_rounded ? dev_param(dinp_rounded, NC, rounded_dtype) : nullptr,
+                        rounded_dtype);
 }
 
 void CpuBackend::rope_forward(void* x, DType x_dtype, const float* inv_freq, int B, int T, int stride, int heads,
@@ -168,8 +171,11 @@ void CpuBackend::rope_forward(void* x, DType x_dtype, const float* inv_freq, int
                     hs);
 }
 
-void CpuBackend::rope_backward(float* dx, const float* inv_freq, int B, int T, int stride, int heads, int hs) {
-  cpu::rope_backward(dev(dx, sz(B) * T * stride), dev(inv_freq, sz(hs) / 2), B, T, stride, heads, hs);
+void CpuBackend::rope_backward(float* dx, const float* inv_freq, int B, int T, int stride, int heads, int hs,
+                               void* dx_rounded, DType rounded_dtype) {
+  const size_t n = sz(B) * T * stride;
+  cpu::rope_backward(dev(dx, n), dev(inv_freq, sz(hs) / 2), B, T, stride, heads, hs,
+                     dx_rounded ? dev_param(dx_rounded, n, rounded_dtype) : nullptr, rounded_dtype);
 }
 
 void CpuBackend::swiglu_forward(void* out, DType out_dtype, const void* inp, DType inp_dtype, int N, int F) {

@@ -65,10 +65,12 @@ class CpuBackend : public Backend {
   void rmsnorm_forward(void* out, DType out_dtype, float* rstd, const float* inp, const void* weight,
                        DType param_dtype, int N, int C, float eps) override;
   void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const void* weight,
-                        DType param_dtype, const float* rstd, int N, int C) override;
+                        DType param_dtype, const float* rstd, int N, int C, void* dinp_rounded,
+                        DType rounded_dtype) override;
   void rope_forward(void* x, DType x_dtype, const float* inv_freq, int B, int T, int stride, int heads,
                     int hs) override;
-  void rope_backward(float* dx, const float* inv_freq, int B, int T, int stride, int heads, int hs) override;
+  void rope_backward(float* dx, const float* inv_freq, int B, int T, int stride, int heads, int hs, void* dx_rounded,
+                     DType rounded_dtype) override;
   void swiglu_forward(void* out, DType out_dtype, const void* inp, DType inp_dtype, int N, int F) override;
   void swiglu_backward(void* dinp, DType dinp_dtype, const float* dout, const void* inp, DType inp_dtype, int N,
                        int F) override;

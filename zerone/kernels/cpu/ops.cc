@@ -69,6 +69,29 @@ void* scratch(ScratchSlot slot, size_t bytes) {
 // conversions of core/dtype.h that activation_operand uses, so a GEMM reading the stored row sees
 // the bits it would have made from the f32 one. Built outside the parallel region (it takes the
 // scratch); row() and store() are called inside it, each thread for its own rows.
+// Elements at..at+n-1 of `out` (of `dtype`) = row[0..n) rounded to nearest even with core/dtype.h's
+// conversions (activation_operand's); an f32 out gets a copy, unless row is already there.
+void store_rounded(void* out, DType dtype, size_t at, const float* row, size_t n) {
+  switch (dtype) {
+    case DType::f32: {
+      float* o = static_cast<float*>(out) + at;
+      if (o != row) std::memcpy(o, row, sizeof(float) * n);
+      return;
+    }
+    case DType::bf16: {
+      bf16_t* o = static_cast<bf16_t*>(out) + at;
+#pragma omp simd
+      for (size_t i = 0; i < n; ++i) o[i] = f32_to_bf16(row[i]);
+      return;
+    }
+    case DType::f16: {
+      f16_t* o = static_cast<f16_t*>(out) + at;
+      for (size_t i = 0; i < n; ++i) o[i] = f32_to_f16(row[i]);
+      return;
+    }
+  }
+}
+
 class RowOut {
  public:
   RowOut(void* out, DType dtype, size_t row_numel) : out_(out), dtype_(dtype), row_numel_(row_numel) {
@@ -79,23 +102,9 @@ class RowOut {
   float* row(size_t at) const {
     return dtype_ == DType::f32 ? static_cast<float*>(out_) + at : rows_ + omp_get_thread_num() * row_numel_;
   }
-  // Stores the n values computed at `row` (from row(at)) as elements at.. of out.
-  void store(size_t at, const float* row, size_t n) const {
-    switch (dtype_) {
-      case DType::f32: return;  // computed in place
-      case DType::bf16: {
-        bf16_t* o = static_cast<bf16_t*>(out_) + at;
-#pragma omp simd
-        for (size_t i = 0; i < n; ++i) o[i] = f32_to_bf16(row[i]);
-        return;
-      }
-      case DType::f16: {
-        f16_t* o = static_cast<f16_t*>(out_) + at;
-        for (size_t i = 0; i < n; ++i) o[i] = f32_to_f16(row[i]);
-        return;
-      }
-    }
-  }
+  // Stores the n values computed at `row` (from row(at)) as elements at.. of out (f32: computed in
+  // place already).
+  void store(size_t at, const float* row, size_t n) const { store_rounded(out_, dtype_, at, row, n); }
 
  private:
   void* out_;
@@ -594,7 +603,7 @@ void rmsnorm_forward(void* out, DType out_dtype, float* rstd, const float* inp, 
 }
 
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const void* weight,
-                      DType param_dtype, const float* rstd, int N, int C) {
+                      DType param_dtype, const float* rstd, int N, int C, void* dinp_rounded, DType rounded_dtype) {
   ProfileScope profile(ProfileCategory::elementwise);
   int max_threads = omp_get_max_threads();
   // Per-thread partial sums of dweight, reduced at the end: (threads, C)
@@ -610,8 +619,7 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
 #pragma omp single
       used_threads = omp_get_num_threads();
       float* dw_part = partials + static_cast<size_t>(omp_get_thread_num()) * C;
-#pragma omp for schedule(static)
-      for (int n = 0; n < N; ++n) {
+      const auto backward_row = [&](int n) {
         const float* x = inp + static_cast<size_t>(n) * C;
         const float* dy = dout + static_cast<size_t>(n) * C;
         float* dx = dinp + static_cast<size_t>(n) * C;
@@ -627,6 +635,19 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
           dw_part[i] += xhat * dy[i];
           dx[i] += s * (PT::load(w, i) * dy[i] - xhat * dot);
         }
+      };
+      // Two loops, so that the common one is compiled as it was before the rounded copy existed
+      // (an f32 run's bits do not move with it).
+      if (!dinp_rounded) {
+#pragma omp for schedule(static)
+        for (int n = 0; n < N; ++n) backward_row(n);
+      } else {
+#pragma omp for schedule(static)
+        for (int n = 0; n < N; ++n) {
+          backward_row(n);
+          // Note [Gradients rounded where they are made]: the row's sum, rounded as convert would.
+          store_rounded(dinp_rounded, rounded_dtype, static_cast<size_t>(n) * C, dinp + static_cast<size_t>(n) * C, C);
+        }
       }
     }
   });
@@ -641,34 +662,46 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
 
 namespace {
 
+constexpr int kRopeMaxHalf = 1024;
+
+// Position t's table: cos and sign * sin of t * inv_freq[i] for i < half (as Hugging Face: the
+// angle is formed in f32, then cos and sin of it).
+void rope_table(int t, const float* inv_freq, int half, float sign, float* cos_t, float* sin_t) {
+  for (int i = 0; i < half; ++i) {
+    float angle = static_cast<float>(t) * inv_freq[i];
+    cos_t[i] = std::cos(angle);
+    sin_t[i] = sign * std::sin(angle);
+  }
+}
+
+// Rotates the first `heads` head vectors of one row in place by the table: each element rotated in
+// f32 and stored rounded to PT's dtype. One body for every caller, so that each rotates with the
+// same arithmetic.
+template <typename PT>
+void rope_rotate_row(typename PT::type* row, const float* cos_t, const float* sin_t, int heads, int hs) {
+  const int half = hs / 2;
+  for (int h = 0; h < heads; ++h) {
+    auto* v = row + static_cast<size_t>(h) * hs;
+#pragma omp simd
+    for (int i = 0; i < half; ++i) {
+      float a = PT::load(v, i), c = PT::load(v, i + half);
+      PT::store(v, i, a * cos_t[i] - c * sin_t[i]);
+      PT::store(v, i + half, c * cos_t[i] + a * sin_t[i]);
+    }
+  }
+}
+
 // Rotates each of the first `heads` head vectors of every row by angle sign * t * inv_freq[i].
 // x (B, T, stride) of PT's dtype: each element rotated in f32 and stored rounded to it.
 template <typename PT>
 void rope_rotate(typename PT::type* x, const float* inv_freq, int B, int T, int stride, int heads, int hs, float sign) {
-  constexpr int kMaxHalf = 1024;
   const int half = hs / 2;
-  ZERONE_ASSERT(half <= kMaxHalf, "rotary head size ", hs, " above ", 2 * kMaxHalf);
+  ZERONE_ASSERT(half <= kRopeMaxHalf, "rotary head size ", hs, " above ", 2 * kRopeMaxHalf);
 #pragma omp parallel for schedule(static)
   for (int t = 0; t < T; ++t) {
-    float cos_t[kMaxHalf], sin_t[kMaxHalf];
-    for (int i = 0; i < half; ++i) {
-      // As Hugging Face: the angle t * inv_freq is formed in f32, then cos and sin of it.
-      float angle = static_cast<float>(t) * inv_freq[i];
-      cos_t[i] = std::cos(angle);
-      sin_t[i] = sign * std::sin(angle);
-    }
-    for (int b = 0; b < B; ++b) {
-      auto* row = x + (static_cast<size_t>(b) * T + t) * stride;
-      for (int h = 0; h < heads; ++h) {
-        auto* v = row + static_cast<size_t>(h) * hs;
-#pragma omp simd
-        for (int i = 0; i < half; ++i) {
-          float a = PT::load(v, i), c = PT::load(v, i + half);
-          PT::store(v, i, a * cos_t[i] - c * sin_t[i]);
-          PT::store(v, i + half, c * cos_t[i] + a * sin_t[i]);
-        }
-      }
-    }
+    float cos_t[kRopeMaxHalf], sin_t[kRopeMaxHalf];
+    rope_table(t, inv_freq, half, sign, cos_t, sin_t);
+    for (int b = 0; b < B; ++b) rope_rotate_row<PT>(x + (static_cast<size_t>(b) * T + t) * stride, cos_t, sin_t, heads, hs);
   }
 }
 
@@ -682,10 +715,29 @@ void rope_forward(void* x, DType x_dtype, const float* inv_freq, int B, int T, i
   });
 }
 
-void rope_backward(float* dx, const float* inv_freq, int B, int T, int stride, int heads, int hs) {
+void rope_backward(float* dx, const float* inv_freq, int B, int T, int stride, int heads, int hs, void* dx_rounded,
+                   DType rounded_dtype) {
   ProfileScope profile(ProfileCategory::elementwise);
   // The rotation is orthogonal: its transpose (the gradient map) is the rotation by -angle.
-  rope_rotate<Param<DType::f32>>(dx, inv_freq, B, T, stride, heads, hs, -1.0f);
+  if (!dx_rounded) return rope_rotate<Param<DType::f32>>(dx, inv_freq, B, T, stride, heads, hs, -1.0f);
+  // Note [Gradients rounded where they are made]: each row copied into the calling thread's f32
+  // row (RowOut's), rotated there by rope_rotate's own row body, then stored rounded whole; dx is
+  // only read.
+  const RowOut rows(dx_rounded, rounded_dtype, stride);
+  const int half = hs / 2;
+  ZERONE_ASSERT(half <= kRopeMaxHalf, "rotary head size ", hs, " above ", 2 * kRopeMaxHalf);
+#pragma omp parallel for schedule(static)
+  for (int t = 0; t < T; ++t) {
+    float cos_t[kRopeMaxHalf], sin_t[kRopeMaxHalf];
+    rope_table(t, inv_freq, half, -1.0f, cos_t, sin_t);
+    for (int b = 0; b < B; ++b) {
+      const size_t at = (static_cast<size_t>(b) * T + t) * stride;
+      float* row = rows.row(at);
+      if (row != dx + at) std::memcpy(row, dx + at, sizeof(float) * stride);
+      rope_rotate_row<Param<DType::f32>>(row, cos_t, sin_t, heads, hs);
+      rows.store(at, row, stride);
+    }
+  }
 }
 
 // ---------------------------------------------------------------- swiglu

@@ -73,9 +73,11 @@ void gqa_attention_backward_stored(float* dqkv, const float* dout, const void* q
 // saved for backward. No bias, no mean subtraction.
 void rmsnorm_forward(void* out, DType out_dtype, float* rstd, const float* inp, const void* weight,
                      DType param_dtype, int N, int C, float eps);
-// dinp (N,C) += ... (accumulates, like layernorm_backward), dweight (C) += ...
+// dinp (N,C) += ... (accumulates, like layernorm_backward), dweight (C) += ...; with dinp_rounded
+// (N,C of rounded_dtype, or null) the new dinp also stored there rounded (Note [Gradients rounded
+// where they are made], kernels/backend.h).
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const void* weight,
-                      DType param_dtype, const float* rstd, int N, int C);
+                      DType param_dtype, const float* rstd, int N, int C, void* dinp_rounded, DType rounded_dtype);
 
 // Rotary position embedding in Hugging Face's rotate-half convention. For each position t and
 // each of the first `heads` head vectors x (hs values) of a row of `stride` floats:
@@ -83,9 +85,12 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
 //   x'[i + hs/2] = x[i+hs/2] cos(t f_i) + x[i] sin(t f_i),      i < hs/2,
 // with f_i = inv_freq[i] (rope_inv_freq). In place on x (B,T,stride): applied to the q and k heads
 // of a qkv buffer with heads = NH + NKV. Backward is the rotation by -t f_i (rope_backward).
-// Forward's x is in x_dtype (rotated in f32, stored rounded); backward's dx is f32.
+// Forward's x is in x_dtype (rotated in f32, stored rounded); backward's dx is f32, rotated in
+// place, or with dx_rounded only read and every row (all `stride` elements) stored there rounded
+// to rounded_dtype (Note [Gradients rounded where they are made], kernels/backend.h).
 void rope_forward(void* x, DType x_dtype, const float* inv_freq, int B, int T, int stride, int heads, int hs);
-void rope_backward(float* dx, const float* inv_freq, int B, int T, int stride, int heads, int hs);
+void rope_backward(float* dx, const float* inv_freq, int B, int T, int stride, int heads, int hs, void* dx_rounded,
+                   DType rounded_dtype);
 
 // SwiGLU (LLaMA MLP): inp (N,2F) holds per row the gate projection (F) then the up projection (F);
 // out (N,F) = silu(gate) * up, silu(g) = g * sigmoid(g). inp in inp_dtype, widened exactly (Note

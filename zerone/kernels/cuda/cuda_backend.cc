@@ -654,16 +654,22 @@ class CudaBackend final : public kernels::Backend {
     cuda::rmsnorm_forward(out, out_dtype, rstd, inp, weight, param_dtype, N, C, eps, compute());
   }
   void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const void* weight,
-                        DType param_dtype, const float* rstd, int N, int C) override {
-    cuda::rmsnorm_backward(dinp, dweight, dout, inp, weight, param_dtype, rstd, N, C, column_partials(N, C), compute());
+                        DType param_dtype, const float* rstd, int N, int C, void* dinp_rounded,
+                        DType rounded_dtype) override {
+    cuda::rmsnorm_backward(dinp, dweight, dout, inp, weight, param_dtype, rstd, N, C, dinp_rounded, rounded_dtype,
+                           column_partials(N, C), compute());
   }
   void rope_forward(void* x, DType x_dtype, const float* inv_freq, int B, int T, int stride, int heads,
                     int hs) override {
     rope_rotate(x, x_dtype, inv_freq, B, T, stride, heads, hs, 1.0f, compute());
   }
-  void rope_backward(float* dx, const float* inv_freq, int B, int T, int stride, int heads, int hs) override {
+  void rope_backward(float* dx, const float* inv_freq, int B, int T, int stride, int heads, int hs, void* dx_rounded,
+                     DType rounded_dtype) override {
     // The rotation is orthogonal: its transpose (the gradient map) is the rotation by -angle.
-    rope_rotate(dx, DType::f32, inv_freq, B, T, stride, heads, hs, -1.0f, compute());
+    if (dx_rounded)
+      cuda::rope_backward_rounded(dx_rounded, rounded_dtype, dx, inv_freq, B, T, stride, heads, hs, compute());
+    else
+      rope_rotate(dx, DType::f32, inv_freq, B, T, stride, heads, hs, -1.0f, compute());
   }
   void swiglu_forward(void* out, DType out_dtype, const void* inp, DType inp_dtype, int N, int F) override {
     cuda::swiglu_forward(out, out_dtype, inp, inp_dtype, N, F, compute());

@@ -76,8 +76,11 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
                         float* partials, cudaStream_t stream);
 void rmsnorm_forward(void* out, DType out_dtype, float* rstd, const float* inp, const void* weight, DType param_dtype,
                      int N, int C, float eps, cudaStream_t stream);
+// dinp_rounded (or null): the new dinp rounded to rounded_dtype (Note [Gradients rounded where
+// they are made], kernels/backend.h).
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const void* weight,
-                      DType param_dtype, const float* rstd, int N, int C, float* partials, cudaStream_t stream);
+                      DType param_dtype, const float* rstd, int N, int C, void* dinp_rounded, DType rounded_dtype,
+                      float* partials, cudaStream_t stream);
 // out (N, OC) += bias (OC, param_dtype) on every row.
 void add_bias(float* out, const void* bias, DType param_dtype, int N, int OC, cudaStream_t stream);
 // dbias (OC) (+)= sum over the N rows of dout (N, OC), in a fixed order. Note [Rounded on the way]:
@@ -117,6 +120,10 @@ void flash_attention_backward(float* dqkv, float* dsum, const float* dout, const
 // x in `dtype` (rotated in f32, stored rounded to it).
 void rope_rotate(void* x, DType dtype, const float* inv_freq, int B, int T, int stride, int heads, int hs, float sign,
                  cudaStream_t stream);
+// rope's backward rotation of f32 dx (read only) into `out`, every element of every row stored
+// rounded to out_dtype (Note [Gradients rounded where they are made], kernels/backend.h).
+void rope_backward_rounded(void* out, DType out_dtype, const float* dx, const float* inv_freq, int B, int T, int stride,
+                           int heads, int hs, cudaStream_t stream);
 // inp in inp_dtype (Note [The MLP's hidden activation in the compute dtype], kernels/backend.h).
 void swiglu_forward(void* out, DType out_dtype, const void* inp, DType inp_dtype, int N, int F, cudaStream_t stream);
 void swiglu_backward(void* dinp, DType dinp_dtype, const float* dout, const void* inp, DType inp_dtype, int N, int F,

@@ -212,8 +212,10 @@ __global__ void rmsnorm_forward_kernel(void* out, DType out_dtype, float* rstd, 
 }
 
 // Note [Norms a warp per row].
+// With `rounded` (Note [Gradients rounded where they are made], kernels/backend.h) the row's new
+// dinp also stored there rounded to rounded_dtype.
 __global__ void rmsnorm_backward_rows(float* dinp, const float* dout, const float* inp, const void* weight, DType dtype,
-                                      const float* rstd, int N, int C) {
+                                      const float* rstd, int N, int C, void* rounded, DType rounded_dtype) {
   const auto [n, lane] = warp_row();
   if (n >= static_cast<size_t>(N)) return;  // the whole warp: warp_sum needs every lane
   const float* x = inp + n * C;
@@ -225,8 +227,11 @@ __global__ void rmsnorm_backward_rows(float* dinp, const float* dout, const floa
   const float dot = warp_sum(d) / C;
   float* dx = dinp + n * C;
 #pragma unroll 4
-  for (int i = lane; i < C; i += 32)
-    dx[i] += r * (load_param(weight, dtype, i) * dy[i] - x[i] * r * dot);
+  for (int i = lane; i < C; i += 32) {
+    const float sum = dx[i] + r * (load_param(weight, dtype, i) * dy[i] - x[i] * r * dot);
+    dx[i] = sum;
+    if (rounded) store_param(rounded, rounded_dtype, n * C + i, sum);
+  }
 }
 
 __global__ void rmsnorm_backward_params(float* dweight, const float* dout, const float* inp, const float* rstd, int N,
@@ -527,6 +532,33 @@ __global__ void rope_kernel(void* x, DType dtype, const float* inv_freq, int B, 
   }
 }
 
+// rope_kernel's backward rotation out of place into a 16-bit copy of every row (Note [Gradients
+// rounded where they are made], kernels/backend.h): a thread per pair of elements of a row, the
+// pairs (i, i + hs/2) of the first `heads` heads rotated, the rest of the row (its value heads)
+// two neighbours at a time, each stored rounded to out_dtype; dx is only read.
+__global__ void rope_rounded_kernel(void* out, DType out_dtype, const float* dx, const float* inv_freq, int B, int T,
+                                    int stride, int heads, int hs, float sign) {
+  const int half = hs / 2, pairs = stride / 2, rotated = heads * half;
+  const size_t total = static_cast<size_t>(B) * T * pairs;
+  ZERONE_GRID_STRIDE(e, total) {
+    const int p = static_cast<int>(e % pairs);
+    const size_t bt = e / pairs, row = bt * stride;
+    if (p >= rotated) {  // past the rotated heads: elements 2q and 2q + 1 of the rest
+      const size_t v = row + static_cast<size_t>(heads) * hs + 2 * static_cast<size_t>(p - rotated);
+      store_param(out, out_dtype, v, dx[v]);
+      store_param(out, out_dtype, v + 1, dx[v + 1]);
+      continue;
+    }
+    const int i = p % half, h = p / half, t = static_cast<int>(bt % T);
+    const float angle = static_cast<float>(t) * inv_freq[i];  // as rope_kernel
+    const float c = cosf(angle), sn = sign * sinf(angle);
+    const size_t v = row + static_cast<size_t>(h) * hs;
+    const float a = dx[v + i], b = dx[v + i + half];
+    store_param(out, out_dtype, v + i, a * c - b * sn);
+    store_param(out, out_dtype, v + i + half, b * c + a * sn);
+  }
+}
+
 // inp (N, 2F) in inp_dtype (Note [The MLP's hidden activation in the compute dtype], kernels/
 // backend.h): load_param widens it exactly.
 __global__ void swiglu_forward_kernel(void* out, DType out_dtype, const void* inp, DType inp_dtype, int N, int F) {
@@ -743,9 +775,11 @@ void rmsnorm_forward(void* out, DType out_dtype, float* rstd, const float* inp, 
 }
 
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const void* weight,
-                      DType param_dtype, const float* rstd, int N, int C, float* partials, cudaStream_t stream) {
+                      DType param_dtype, const float* rstd, int N, int C, void* dinp_rounded, DType rounded_dtype,
+                      float* partials, cudaStream_t stream) {
   if (N == 0) return;
-  rmsnorm_backward_rows<<<row_warp_blocks(N), kThreads, 0, stream>>>(dinp, dout, inp, weight, param_dtype, rstd, N, C);
+  rmsnorm_backward_rows<<<row_warp_blocks(N), kThreads, 0, stream>>>(dinp, dout, inp, weight, param_dtype, rstd, N, C,
+                                                                      dinp_rounded, rounded_dtype);
   ZERONE_CUDA_LAUNCHED();
   if (two_pass_column_sums(N, C, {dout, inp})) {  // Note [Column sums in two passes]
     column_sums<1>(dweight, nullptr, partials, RmsNormRows{dout, inp, rstd, C}, N, C, /*accumulate=*/true, stream);
@@ -813,6 +847,14 @@ void rope_rotate(void* x, DType dtype, const float* inv_freq, int B, int T, int 
   ZERONE_ASSERT(hs % 2 == 0, "rotary head size ", hs, " is odd");
   rope_kernel<<<grid_for(static_cast<size_t>(B) * T * heads * (hs / 2)), kThreads, 0, stream>>>(
       x, dtype, inv_freq, B, T, stride, heads, hs, sign);
+  ZERONE_CUDA_LAUNCHED();
+}
+
+void rope_backward_rounded(void* out, DType out_dtype, const float* dx, const float* inv_freq, int B, int T, int stride,
+                           int heads, int hs, cudaStream_t stream) {
+  ZERONE_ASSERT(hs % 2 == 0 && stride % 2 == 0, "rotary head size ", hs, " or row of ", stride, " is odd");
+  rope_rounded_kernel<<<grid_for(static_cast<size_t>(B) * T * (stride / 2)), kThreads, 0, stream>>>(
+      out, out_dtype, dx, inv_freq, B, T, stride, heads, hs, -1.0f);
   ZERONE_CUDA_LAUNCHED();
 }
 

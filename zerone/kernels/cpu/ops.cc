@@ -792,14 +792,19 @@ static constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
 // one rounded; a 16-bit input is widened exactly first).
 constexpr size_t kGeluBlock = 4096;
 
+// body(at, len) for each block of kGeluBlock elements of n (the last one shorter), in parallel.
+template <typename Body>
+void for_each_gelu_block(size_t n, Body&& body) {
+  const size_t blocks = (n + kGeluBlock - 1) / kGeluBlock;
+#pragma omp parallel for schedule(static)
+  for (size_t blk = 0; blk < blocks; ++blk) body(blk * kGeluBlock, std::min(kGeluBlock, n - blk * kGeluBlock));
+}
+
 void gelu_forward(void* out, DType out_dtype, const void* inp, DType inp_dtype, size_t n) {
   ProfileScope profile(ProfileCategory::elementwise);
   const RowOut rows(out, out_dtype, kGeluBlock);
   const RowIn inputs(inp, inp_dtype, kGeluBlock);
-  const size_t blocks = (n + kGeluBlock - 1) / kGeluBlock;
-#pragma omp parallel for schedule(static)
-  for (size_t blk = 0; blk < blocks; ++blk) {
-    const size_t at = blk * kGeluBlock, len = std::min(kGeluBlock, n - at);
+  for_each_gelu_block(n, [&](size_t at, size_t len) {
     const float* x = inputs.row(at, len);
     float* o = rows.row(at);
 #pragma omp simd
@@ -808,16 +813,13 @@ void gelu_forward(void* out, DType out_dtype, const void* inp, DType inp_dtype, 
       o[i] = 0.5f * x[i] * (1.0f + std::tanh(kGeluScale * (x[i] + cube)));
     }
     rows.store(at, o, len);
-  }
+  });
 }
 
 void gelu_backward(float* dinp, const void* inp, DType inp_dtype, const float* dout, size_t n) {
   ProfileScope profile(ProfileCategory::elementwise);
   const RowIn inputs(inp, inp_dtype, kGeluBlock);
-  const size_t blocks = (n + kGeluBlock - 1) / kGeluBlock;
-#pragma omp parallel for schedule(static)
-  for (size_t blk = 0; blk < blocks; ++blk) {
-    const size_t at = blk * kGeluBlock, len = std::min(kGeluBlock, n - at);
+  for_each_gelu_block(n, [&](size_t at, size_t len) {
     const float* xs = inputs.row(at, len);
     const float* dy = dout + at;
     float* dx = dinp + at;  // may be dy: each element is read before it is written
@@ -830,7 +832,7 @@ void gelu_backward(float* dinp, const void* inp, DType inp_dtype, const float* d
       float local_grad = 0.5f * (1.0f + tanh_out) + x * 0.5f * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
       dx[i] = local_grad * dy[i];
     }
-  }
+  });
 }
 
 void residual_forward(float* out, const float* a, const float* b, size_t n) {

@@ -514,6 +514,15 @@ __global__ void attention_dkv_kernel(float* dqkv, const float* datt, const float
 
 // ---------------------------------------------------------------- rope, swiglu, gelu, residual
 
+// Pair i of a head vector at position t, (a, b) = elements (i, i + hs/2), rotated by the angle
+// sign * t * inv_freq[i]. As Hugging Face: the angle t * inv_freq is formed in f32, then cos and
+// sin of it.
+__device__ __forceinline__ float2 rope_pair(float a, float b, int t, const float* inv_freq, int i, float sign) {
+  const float angle = static_cast<float>(t) * inv_freq[i];
+  const float c = cosf(angle), sn = sign * sinf(angle);
+  return make_float2(a * c - b * sn, b * c + a * sn);
+}
+
 __global__ void rope_kernel(void* x, DType dtype, const float* inv_freq, int B, int T, int stride, int heads, int hs,
                             float sign) {
   const int half = hs / 2;
@@ -521,14 +530,11 @@ __global__ void rope_kernel(void* x, DType dtype, const float* inv_freq, int B, 
   ZERONE_GRID_STRIDE(e, total) {
     const int i = static_cast<int>(e % half), h = static_cast<int>(e / half % heads);
     const size_t bt = e / half / heads;
-    const int t = static_cast<int>(bt % T);
-    // As Hugging Face: the angle t * inv_freq is formed in f32, then cos and sin of it.
-    const float angle = static_cast<float>(t) * inv_freq[i];
-    const float c = cosf(angle), sn = sign * sinf(angle);
     const size_t v = bt * stride + static_cast<size_t>(h) * hs;  // the head's first element
-    const float a = load_param(x, dtype, v + i), b = load_param(x, dtype, v + i + half);
-    store_param(x, dtype, v + i, a * c - b * sn);
-    store_param(x, dtype, v + i + half, b * c + a * sn);
+    const float2 r = rope_pair(load_param(x, dtype, v + i), load_param(x, dtype, v + i + half),
+                               static_cast<int>(bt % T), inv_freq, i, sign);
+    store_param(x, dtype, v + i, r.x);
+    store_param(x, dtype, v + i + half, r.y);
   }
 }
 
@@ -549,13 +555,11 @@ __global__ void rope_rounded_kernel(void* out, DType out_dtype, const float* dx,
       store_param(out, out_dtype, v + 1, dx[v + 1]);
       continue;
     }
-    const int i = p % half, h = p / half, t = static_cast<int>(bt % T);
-    const float angle = static_cast<float>(t) * inv_freq[i];  // as rope_kernel
-    const float c = cosf(angle), sn = sign * sinf(angle);
+    const int i = p % half, h = p / half;
     const size_t v = row + static_cast<size_t>(h) * hs;
-    const float a = dx[v + i], b = dx[v + i + half];
-    store_param(out, out_dtype, v + i, a * c - b * sn);
-    store_param(out, out_dtype, v + i + half, b * c + a * sn);
+    const float2 r = rope_pair(dx[v + i], dx[v + i + half], static_cast<int>(bt % T), inv_freq, i, sign);
+    store_param(out, out_dtype, v + i, r.x);
+    store_param(out, out_dtype, v + i + half, r.y);
   }
 }
 

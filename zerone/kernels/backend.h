@@ -376,7 +376,9 @@ class Backend {
   // out_dtype), and gelu and swiglu widen `inp` (inp_dtype) exactly and compute in f32. Their
   // outputs are as before (out: the next GEMM's operand, Note [GEMM operands in the compute
   // dtype]; dinp). Saved: GPT-2 at W5 (B 8 x T 1024) 604 MB of activations and a 4-byte write and
-  // two 4-byte reads of 25 M elements a layer, Llama-3.2-1B at B 4 x T 2048 4.3 GB.
+  // two 4-byte reads of 25 M elements a layer, Llama-3.2-1B at B 4 x T 2048 4.3 GB. In fp16 the
+  // stored value has fp16's range: a pre-activation past -65504 becomes -inf and its GELU or SiLU
+  // NaN (in f32 it was 0), as with autocast; a run that far gone has diverged anyway.
   // swiglu: inp (N, 2F), gate then up in each row; out (N, F) = silu(gate) * up.
   virtual void swiglu_forward(void* out, DType out_dtype, const void* inp, DType inp_dtype, int N, int F) = 0;
   virtual void swiglu_backward(void* dinp, DType dinp_dtype, const float* dout, const void* inp, DType inp_dtype, int N,

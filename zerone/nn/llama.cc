@@ -356,7 +356,7 @@ void Llama::backward(float grad_scale) {
   const float* last = L == 0 ? a.encoded.as<float>() : block_output(a.residual3, L - 1, BTC);
   backend_.fill_zero(dresidual, BTC * sizeof(float));
   backend_.rmsnorm_backward(dresidual, g(uf, kNorm), dbuf, last, p(uf, kNorm), dtype_, a.rstdf.as<float>(), N, C,
-                            dresidual_rounded, grad_operand_dtype);
+                            L > 0 ? dresidual_rounded : nullptr, grad_operand_dtype);
   hooks_->after_backward(uf);
 
   for (int l = L - 1; l >= 0; --l) {
@@ -393,8 +393,9 @@ void Llama::backward(float grad_scale) {
     backend_.rope_backward(dqkv, a.inv_freq.as<float>(), B, T, R, NH + NKV, hs, dqkv_rounded, grad_operand_dtype);
     backend_.linear_backward(dbuf, g(u, kWqkv), nullptr, dqkv_operand, grad_operand_dtype, h1, dtype_, p(u, kWqkv),
                              dtype_, N, C, R, acc);
+    // The embedding's backward takes the f32 sum: below layer 0 no rounded copy is read.
     backend_.rmsnorm_backward(dresidual, g(u, kAttnNorm), dbuf, residual, p(u, kAttnNorm), dtype_, rstd1, N, C,
-                              dresidual_rounded, grad_operand_dtype);
+                              l > 0 ? dresidual_rounded : nullptr, grad_operand_dtype);
     hooks_->after_backward(u);
   }
 

@@ -63,12 +63,6 @@ void* scratch(ScratchSlot slot, size_t bytes) {
   return buf.data();
 }
 
-// Where an op writes its output rows (Note [GEMM operands in the compute dtype], kernels/
-// backend.h): with an f32 out_dtype straight into `out`; otherwise each row is computed in f32 in
-// the calling thread's slot of kScratchRows and then rounded into `out` by store(), with the
-// conversions of core/dtype.h that activation_operand uses, so a GEMM reading the stored row sees
-// the bits it would have made from the f32 one. Built outside the parallel region (it takes the
-// scratch); row() and store() are called inside it, each thread for its own rows.
 // Elements at..at+n-1 of `out` (of `dtype`) = row[0..n) rounded to nearest even with core/dtype.h's
 // conversions (activation_operand's); an f32 out gets a copy, unless row is already there.
 void store_rounded(void* out, DType dtype, size_t at, const float* row, size_t n) {
@@ -92,6 +86,12 @@ void store_rounded(void* out, DType dtype, size_t at, const float* row, size_t n
   }
 }
 
+// Where an op writes its output rows (Note [GEMM operands in the compute dtype], kernels/
+// backend.h): with an f32 out_dtype straight into `out`; otherwise each row is computed in f32 in
+// the calling thread's slot of kScratchRows and then rounded into `out` by store(), with the
+// conversions of core/dtype.h that activation_operand uses, so a GEMM reading the stored row sees
+// the bits it would have made from the f32 one. Built outside the parallel region (it takes the
+// scratch); row() and store() are called inside it, each thread for its own rows.
 class RowOut {
  public:
   RowOut(void* out, DType dtype, size_t row_numel) : out_(out), dtype_(dtype), row_numel_(row_numel) {

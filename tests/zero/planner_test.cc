@@ -111,13 +111,16 @@ void check_plans(const std::string& spec) {
 }
 
 // Note [Host memory speed with every core]: the probe's buffers outgrow the last-level cache
-// (twice it), within 256 MiB .. 1 GiB; the machine's own cache figure is found.
+// (twice it), within 256 MiB .. 1 GiB and an eighth of the free memory; the machine's own cache
+// figure is found.
 TEST(Planner, HostMemoryProbeOutgrowsTheCache) {
-  constexpr long long kMiB = 1 << 20;
-  EXPECT_EQ(train::memory_probe_bytes(0), size_t{256} << 20);  // unknown
-  EXPECT_EQ(train::memory_probe_bytes(32 * kMiB), size_t{256} << 20);
-  EXPECT_EQ(train::memory_probe_bytes(384 * kMiB), size_t{768} << 20);  // the GPU machine's CPU
-  EXPECT_EQ(train::memory_probe_bytes(4096 * kMiB), size_t{1} << 30);
+  constexpr long long kMiB = 1 << 20, kGiB = 1024 * kMiB;
+  EXPECT_EQ(train::memory_probe_bytes(0, 0), size_t{256} << 20);  // nothing known
+  EXPECT_EQ(train::memory_probe_bytes(32 * kMiB, 64 * kGiB), size_t{256} << 20);
+  EXPECT_EQ(train::memory_probe_bytes(384 * kMiB, 64 * kGiB), size_t{768} << 20);  // a 384 MiB cache
+  EXPECT_EQ(train::memory_probe_bytes(4096 * kMiB, 64 * kGiB), size_t{1} << 30);
+  EXPECT_EQ(train::memory_probe_bytes(384 * kMiB, 2 * kGiB), size_t{256} << 20);  // an eighth of 2 GiB free
+  EXPECT_EQ(train::memory_probe_bytes(384 * kMiB, 100 * kMiB), size_t{64} << 20);  // never under 64 MiB
   EXPECT_GT(last_level_cache_bytes(), 0) << "every x86 Linux this runs on reports one";
 }
 

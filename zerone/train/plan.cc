@@ -44,11 +44,12 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 // copied 128 MiB, which a large server CPU's last-level cache holds: two runs on the same kind of
 // GPU machine measured 121.5 and 67.9 GB/s, and on a 2-core development VM whose CPU reports 384
 // MiB of it the copy read 78 GB/s beside the STREAM triad's 45-46. Now the buffers are twice the
-// machine's last-level cache (memory_probe_bytes; 52-54 GB/s on that VM), and each thread first
+// machine's last-level cache (memory_probe_bytes: within what the machine has free; 52-54 GB/s
+// on that VM), and each thread first
 // touches the slice it copies, so that its pages sit on its own NUMA node, as the optimizer's
 // shard does after its first step.
 double measure_memory_bytes_per_s(int threads) {
-  const size_t n = memory_probe_bytes(last_level_cache_bytes());
+  const size_t n = memory_probe_bytes(last_level_cache_bytes(), available_memory_bytes());
   const std::unique_ptr<char[]> a(new char[n]), b(new char[n]);  // untouched: the threads touch their slices
   const size_t slice = (n + threads - 1) / threads;
 #pragma omp parallel for num_threads(threads) schedule(static)
@@ -114,10 +115,12 @@ const char* const kPlannedFlags[] = {"--zero-stage", "--offload-optimizer", "--o
 
 }  // namespace
 
-size_t memory_probe_bytes(long long cache_bytes) {
-  constexpr size_t kLeast = size_t{256} << 20, kMost = size_t{1} << 30;
+size_t memory_probe_bytes(long long cache_bytes, long long available_bytes) {
+  constexpr size_t kLeast = size_t{256} << 20, kMost = size_t{1} << 30, kFloor = size_t{64} << 20;
   const size_t twice = cache_bytes > 0 ? 2 * static_cast<size_t>(cache_bytes) : 0;
-  return std::clamp(twice, kLeast, kMost);
+  const size_t wanted = std::clamp(twice, kLeast, kMost);
+  if (available_bytes <= 0) return wanted;
+  return std::min(wanted, std::max(kFloor, static_cast<size_t>(available_bytes) / 8));
 }
 
 bool unified_memory(kernels::DeviceKind device) { return device != kernels::DeviceKind::cuda; }

@@ -110,9 +110,10 @@ nlohmann::ordered_json places_json(const zero::PlacedBytes& bytes);
 std::string choice_flags(const zero::PlanChoice& choice);
 
 // Bytes of each buffer of the host memory probe (Note [Host memory speed with every core], plan.cc)
-// on a machine whose last-level cache totals `cache_bytes` (0: unknown): twice the cache, within
-// 256 MiB .. 1 GiB.
-size_t memory_probe_bytes(long long cache_bytes);
+// on a machine whose last-level cache totals `cache_bytes` and with `available_bytes` of memory
+// left to this process (either 0: unknown): twice the cache, within 256 MiB .. 1 GiB, and at most
+// an eighth of what is available (the two buffers a quarter), though never under 64 MiB.
+size_t memory_probe_bytes(long long cache_bytes, long long available_bytes);
 
 // `zerone plan` with the run's own flags (model, batch, precision, world, budgets, --config).
 std::string plan_command(const TrainConfig& cfg, int world, int ranks_per_host);

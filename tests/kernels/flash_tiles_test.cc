@@ -298,28 +298,50 @@ TEST(FlashTiles, TileArithmetic) {
       EXPECT_LE(floats * 4, 163 * 1024) << hs;
 }
 
-// Note [Softmax in base 2, masked only where it must be]: by brute force over every T up to five
-// tiles of 64, a tile the tensor-core kernels leave unmasked holds no pair a real row does not see
-// (forward and dQ), and in dK/dV no query past T either. And the masked tiles are few: one a
-// query tile in forward and dQ.
+// Note [Softmax in base 2, masked only where it must be] and Note [Query rows a warp owns]
+// (attention_tensor_cores.cu): by brute force over every T up to five blocks, for query blocks of
+// 4 warps owning 16 or 32 rows each and key tiles of 64:
+//  - the key tiles a block sweeps hold every key its real rows see;
+//  - a span that skips a tile sees none of it, and a span that does not skip sees the tile's first
+//    key from every real row (so no row meets a tile it wholly misses, as in the first form);
+//  - a tile left unmasked holds no pair a real row does not see; one tile a live span is masked;
+// and in dK/dV a tile left unmasked holds no query past T.
 TEST(FlashTiles, TensorCoreTilesLeftUnmaskedNeedNoMask) {
-  constexpr int kTile = 64;
+  constexpr int kTile = 64, kBlockWarps = 4;
+  for (const int span_rows : {16, 32}) {
+    const int block_rows = kBlockWarps * span_rows;
+    for (int T = 1; T <= 5 * block_rows; ++T)
+      for (int q0 = 0; q0 < T; q0 += block_rows) {
+        const int key_tiles = key_tiles_seen(q0, block_rows, T, kTile);
+        for (int row = q0; row < std::min(T, q0 + block_rows); ++row)
+          ASSERT_LT(row / kTile, key_tiles) << "T " << T << " block at " << q0 << ": row " << row;
+        for (int row0 = q0; row0 < std::min(T, q0 + block_rows); row0 += span_rows) {
+          const int real_end = std::min(T, row0 + span_rows);
+          int masked = 0;
+          for (int kt = 0; kt < key_tiles; ++kt) {
+            const int k0 = kt * kTile;
+            const std::string where = "T " + std::to_string(T) + " span at " + std::to_string(row0) + " of " +
+                                      std::to_string(span_rows) + ", key tile " + std::to_string(kt);
+            if (tc_query_span_sees_none(row0, span_rows, k0)) {
+              for (int row = row0; row < real_end; ++row)
+                for (int key = k0; key < k0 + kTile; ++key) ASSERT_FALSE(sees(row, key, T)) << where;
+              continue;
+            }
+            for (int row = row0; row < real_end; ++row) ASSERT_TRUE(sees(row, k0, T)) << where << ": row " << row;
+            if (tc_query_span_needs_mask(row0, k0, kTile)) {
+              ++masked;
+              continue;
+            }
+            for (int row = row0; row < real_end; ++row)
+              for (int key = k0; key < k0 + kTile; ++key)
+                ASSERT_TRUE(sees(row, key, T)) << where << ": row " << row << ", key " << key;
+          }
+          EXPECT_EQ(masked, 1) << "T " << T << " span at " << row0 << " of " << span_rows;
+        }
+      }
+  }
   for (int T = 1; T <= 5 * kTile; ++T) {
     const int tiles = tiles_of(T, kTile);
-    for (int qt = 0; qt < tiles; ++qt) {
-      int masked = 0;
-      for (int kt = 0; kt <= qt; ++kt) {
-        if (tc_query_sweep_needs_mask(qt, kt)) {
-          ++masked;
-          continue;
-        }
-        for (int row = qt * kTile; row < std::min(T, (qt + 1) * kTile); ++row)
-          for (int key = kt * kTile; key < (kt + 1) * kTile; ++key)
-            ASSERT_TRUE(sees(row, key, T)) << "T " << T << " query tile " << qt << " key tile " << kt << ": row "
-                                           << row << ", key " << key;
-      }
-      EXPECT_EQ(masked, 1) << "T " << T << " query tile " << qt;
-    }
     for (int kt = 0; kt < tiles; ++kt)
       for (int q0 = kt * kTile; q0 < T; q0 += kTile) {
         if (tc_key_sweep_needs_mask(q0, kt * kTile, kTile, T)) continue;

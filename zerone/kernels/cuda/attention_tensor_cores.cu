@@ -9,8 +9,9 @@
 //    call; so are P before P V, and dS before dS K and dS^T Q. Scores, the softmax, its
 //    statistics (lse, D) and every accumulator stay f32; lse and dqkv are f32 as in the f32 form.
 //    An f32 run (operands f32) never comes here: it keeps attention.cu's exact f32 kernels.
-//  - Tiles: a block is 4 warps; a warp owns 16 rows of the block's 64 (queries in forward and dQ,
-//    keys in dK/dV) and sweeps 64-row tiles of the other side. The C fragment of one mma (16 x 8,
+//  - Tiles: a block is 4 warps; in dK/dV a warp owns 16 keys of the block's 64, in forward and dQ
+//    a span of 32 queries of the block's 128 (16 of 64 above head size 64: Note [Query rows a warp
+//    owns]), and each sweeps 64-row tiles of the other side. The C fragment of one mma (16 x 8,
 //    f32) is laid out as the A fragment of the next (16 x 16, two C fragments side by side), so P
 //    and dS go from the score accumulators to the next product in registers.
 //  - Shared-memory rows are hs + 8 elements apart (16 bytes of padding): the fragment loads of a
@@ -28,6 +29,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -71,19 +73,39 @@ ZERONE_TC_OPERAND(__half, __half2, __floats2half2_rn, "f16")
 // A tile of kTileRows rows of hs 16-bit elements in shared memory, rows `ld` elements apart; the
 // kernels' dynamic shared memory is tiles side by side, the swept operands twice (Note [Tiles
 // loaded ahead]; forward: Q, K, K, V, V; dQ: Q, dO, K, K, V, V; dK/dV: K, V, Q, Q, dO, dO, then
-// two pairs of float rows), and tile(smem, i) is the i-th.
+// two pairs of float rows; a query block of 128 rows takes two tiles for Q and for dO: Note [Query
+// rows a warp owns]), and tile(smem, i) is the i-th. Consecutive tiles are consecutive rows.
 template <int HS>
 struct TileLayout {
   static constexpr int ld = HS + 8;
   static constexpr int elems = kTileRows * ld;
   static __device__ __forceinline__ uint16_t* tile(uint16_t* smem, int i) { return smem + i * elems; }
 };
-constexpr int kForwardTiles = 5, kBackwardTiles = 6;
-// Each kernel's dynamic shared memory at head size hs (the dK/dV kernel's is the largest).
+// Note [Query rows a warp owns]: in forward and dQ a warp owns a span of query_row_tiles(hs)
+// consecutive 16-row mma tiles (its block 4 such spans) and sweeps 64-key tiles; each fragment of
+// K or V it loads from shared memory serves every 16-row tile of its span. With one tile a span
+// (the first form) a 16 x 64 x 64 product pair issued about as many ldmatrix bytes as the SM's
+// shared memory moves in the time its tensor cores take for the products, so the loads, not the
+// products, set the pace; two tiles halve the loads per product, as FlashAttention-2's 128-query
+// blocks of 4 warps do. At head sizes above 64 the span's accumulators and fragments would not fit
+// in registers: one tile there.
+// A span's rows see exactly the keys the first form's 64-row query tiles saw, tile by tile in the
+// same order with the same arithmetic: the same bits. A span skips a key tile all of whose keys
+// are past its rows (the diagonal's second half, for the first span of a 128-row block), which
+// the first form never met (flash::tc_query_span_sees_none; flash_tiles_test checks the spans).
+__host__ __device__ constexpr int query_row_tiles(int hs) { return hs <= 64 ? 2 : 1; }
+__host__ __device__ constexpr int query_block_rows(int hs) { return kWarpsTc * 16 * query_row_tiles(hs); }
+constexpr int kKeyValueTiles = 4;  // the sweep's key and value tiles, two buffers each
+// Each kernel's dynamic shared memory at head size hs: the query block's tiles (queries, and dO for
+// dQ), then the swept tiles (and dK/dV's rows of lse and D).
 constexpr size_t tile_bytes(int hs) { return sizeof(uint16_t) * kTileRows * (hs + 8); }  // TileLayout's
-constexpr size_t forward_smem_bytes(int hs) { return kForwardTiles * tile_bytes(hs); }
-constexpr size_t dq_smem_bytes(int hs) { return kBackwardTiles * tile_bytes(hs); }
+constexpr size_t forward_smem_bytes(int hs) { return (query_row_tiles(hs) + kKeyValueTiles) * tile_bytes(hs); }
+constexpr size_t dq_smem_bytes(int hs) { return (2 * query_row_tiles(hs) + kKeyValueTiles) * tile_bytes(hs); }
+constexpr int kBackwardTiles = 6;  // dK/dV: K, V, then Q and dO two buffers each
 constexpr size_t dkv_smem_bytes(int hs) { return kBackwardTiles * tile_bytes(hs) + 2 * 2 * sizeof(float) * kTileRows; }
+constexpr size_t largest_smem_bytes(int hs) {
+  return std::max({forward_smem_bytes(hs), dq_smem_bytes(hs), dkv_smem_bytes(hs)});
+}
 
 // This thread's warp and its roles in mma's fragments (lane = 4 g + t).
 struct LaneRoles {
@@ -147,13 +169,13 @@ __device__ __forceinline__ void load_b_pair_rows_are_k(uint32_t b[4], const uint
                : "r"(shared_address(p)));
 }
 
-// Rows first..first+kTileRows-1 of a (T, HS) head view of 16-bit operands (row t at src + at(t);
-// Note [Operands rounded once]) into a tile; rows at or past T are
+// Rows first..first+kRows-1 of a (T, HS) head view of 16-bit operands (row t at src + at(t);
+// Note [Operands rounded once]) into kRows / kTileRows consecutive tiles; rows at or past T are
 // zero. 16-byte loads (rows start at multiples of 16 elements). All threads of the block take part.
-template <int HS, typename At>
+template <int HS, int kRows = kTileRows, typename At>
 __device__ void load_tile(uint16_t* tile, const uint16_t* src, At at, int first, int T) {
   constexpr int kOctets = HS / 8, ld = TileLayout<HS>::ld;
-  for (int i = threadIdx.x; i < kTileRows * kOctets; i += kThreadsTc) {
+  for (int i = threadIdx.x; i < kRows * kOctets; i += kThreadsTc) {
     const int r = i / kOctets, c = i % kOctets * 8, row = first + r;
     *reinterpret_cast<uint4*>(tile + r * ld + c) =
         row < T ? *reinterpret_cast<const uint4*>(src + at(row) + c) : make_uint4(0u, 0u, 0u, 0u);
@@ -184,43 +206,60 @@ struct RowsInRegisters {
   }
 };
 
-// acc (16 x 64: 8 C fragments) = A (16 rows: RowsInTile or RowsInRegisters) times the transpose of
-// the 64 rows of tile b: sum over the HS columns of both.
-template <typename E, int HS, typename Rows>
-__device__ __forceinline__ void rows_times_rows(float acc[8][4], const Rows& a, const uint16_t* b) {
+// acc[i] (16 x 64: 8 C fragments) = A[i] (16 rows: RowsInTile or RowsInRegisters) times the
+// transpose of the 64 rows of tile b, for i < M: sum over the HS columns of both. Each B fragment
+// pair is loaded once for the M products (Note [Query rows a warp owns]); each product sums over
+// the columns in the same order whatever M is.
+template <typename E, int HS, int M, typename Rows>
+__device__ __forceinline__ void rows_times_rows(float (*acc)[8][4], const Rows* a, const uint16_t* b) {
   constexpr int ld = TileLayout<HS>::ld;
 #pragma unroll
-  for (int n = 0; n < 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+  for (int i = 0; i < M; ++i)
+#pragma unroll
+    for (int n = 0; n < 8; ++n) acc[i][n][0] = acc[i][n][1] = acc[i][n][2] = acc[i][n][3] = 0.0f;
 #pragma unroll
   for (int k = 0; k < HS / 16; ++k) {
-    uint32_t fa[4];
-    a.fragment(fa, k);
+    uint32_t fa[M][4];
+#pragma unroll
+    for (int i = 0; i < M; ++i) a[i].fragment(fa[i], k);
 #pragma unroll
     for (int n = 0; n < 8; n += 2) {
       uint32_t fb[4];
       load_b_pair_rows_are_n(fb, b, ld, 8 * n, 16 * k);
-      Operand<E>::mma(acc[n], fa, fb);
-      Operand<E>::mma(acc[n + 1], fa, fb + 2);
+#pragma unroll
+      for (int i = 0; i < M; ++i) {
+        Operand<E>::mma(acc[i][n], fa[i], fb);
+        Operand<E>::mma(acc[i][n + 1], fa[i], fb + 2);
+      }
     }
   }
 }
 
-// out (16 x HS: HS/8 C fragments) += P (16 x 64, the C fragments p, rounded to E) times the 64 x HS
-// tile b.
-template <typename E, int HS>
-__device__ __forceinline__ void accumulate_times_tile(float out[HS / 8][4], const float p[8][4], const uint16_t* b) {
+// out[i] (16 x HS: HS/8 C fragments) += P[i] (16 x 64, the C fragments p[i], rounded to E) times
+// the 64 x HS tile b, for i < M (each B fragment pair loaded once for the M products).
+template <typename E, int HS, int M>
+__device__ __forceinline__ void accumulate_times_tile(float (*out)[HS / 8][4], const float (*p)[8][4],
+                                                      const uint16_t* b) {
   constexpr int ld = TileLayout<HS>::ld;
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    const uint32_t fa[4] = {Operand<E>::pack(p[2 * k][0], p[2 * k][1]), Operand<E>::pack(p[2 * k][2], p[2 * k][3]),
-                            Operand<E>::pack(p[2 * k + 1][0], p[2 * k + 1][1]),
-                            Operand<E>::pack(p[2 * k + 1][2], p[2 * k + 1][3])};
+    uint32_t fa[M][4];
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+      fa[i][0] = Operand<E>::pack(p[i][2 * k][0], p[i][2 * k][1]);
+      fa[i][1] = Operand<E>::pack(p[i][2 * k][2], p[i][2 * k][3]);
+      fa[i][2] = Operand<E>::pack(p[i][2 * k + 1][0], p[i][2 * k + 1][1]);
+      fa[i][3] = Operand<E>::pack(p[i][2 * k + 1][2], p[i][2 * k + 1][3]);
+    }
 #pragma unroll
     for (int n = 0; n < HS / 8; n += 2) {  // HS / 8 is even: HS is a multiple of 16
       uint32_t fb[4];
       load_b_pair_rows_are_k(fb, b, ld, 16 * k, 8 * n);
-      Operand<E>::mma(out[n], fa, fb);
-      Operand<E>::mma(out[n + 1], fa, fb + 2);
+#pragma unroll
+      for (int i = 0; i < M; ++i) {
+        Operand<E>::mma(out[i][n], fa[i], fb);
+        Operand<E>::mma(out[i][n + 1], fa[i], fb + 2);
+      }
     }
   }
 }
@@ -341,86 +380,108 @@ struct KeyValueSweep {
 
 // ---------------------------------------------------------------- forward
 
-// One block per (b, h, 64-query tile), the longest rows first.
+// One block per (b, h, query block of query_block_rows(HS)), the longest rows first; warp w owns
+// the span of M = query_row_tiles(HS) 16-row tiles from row q0 + 16 M w (Note [Query rows a warp
+// owns]) and holds its queries' A fragments in registers for the whole sweep.
 template <typename E, int HS>
 __global__ void __launch_bounds__(kThreadsTc)
     tc_flash_forward_kernel(uint16_t* out, float* lse, const uint16_t* qkv, FlashShape s, float scale) {
   using L = TileLayout<HS>;
+  constexpr int M = query_row_tiles(HS), kSpanRows = 16 * M, kBlockRows = query_block_rows(HS);
   extern __shared__ __align__(16) uint16_t smem[];
-  uint16_t* q_s = L::tile(smem, 0);  // queries; keys and values two buffers each (Note [Tiles loaded ahead])
+  // Queries (M tiles); keys and values after them, two buffers each (Note [Tiles loaded ahead]).
+  uint16_t* q_s = L::tile(smem, 0);
   const int T = s.T, b = blockIdx.x / s.NH, h = blockIdx.x % s.NH, kv = h / s.G();
-  const int query_tile = gridDim.y - 1 - blockIdx.y, q0 = query_tile * kTileRows;
+  const int q0 = (gridDim.y - 1 - blockIdx.y) * kBlockRows;
   const auto [warp, g, t] = lane_roles();
-  const int rows[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8};
-  const bool warp_live = q0 + 16 * warp < T;
-  const KeyValueSweep<HS> sweep{smem, 1, qkv, s, b, kv};
+  const int row0 = q0 + kSpanRows * warp;  // the warp's span: rows row0 .. row0 + kSpanRows - 1
+  int rows[M][2];
+#pragma unroll
+  for (int i = 0; i < M; ++i) rows[i][0] = row0 + 16 * i + g, rows[i][1] = row0 + 16 * i + g + 8;
+  const bool warp_live = row0 < T;
+  const KeyValueSweep<HS> sweep{smem, M, qkv, s, b, kv};
   const auto issue = [&](int key_tile) { sweep.issue(key_tile); };
+  const int key_tiles = flash::key_tiles_seen(q0, kBlockRows, T, kTileRows);
   const float scale_log2 = scale * kLog2e;
 
   issue(0);  // first: its copies run while the queries load
-  load_tile<HS>(q_s, qkv, [=](int r) { return s.q(b, r, h); }, q0, T);
-  float o[HS / 8][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  for (int key_tile = 0; key_tile <= query_tile; ++key_tile) {
+  load_tile<HS, kBlockRows>(q_s, qkv, [=](int r) { return s.q(b, r, h); }, q0, T);
+  __syncthreads();  // the query tiles, stored by every thread
+  RowsInRegisters<HS> q_held[M];
+  if (warp_live)
+#pragma unroll
+    for (int i = 0; i < M; ++i) q_held[i].load(q_s, kSpanRows * warp + 16 * i);
+  float o[M][HS / 8][4] = {}, m[M][2], l[M][2];
+#pragma unroll
+  for (int i = 0; i < M; ++i) m[i][0] = m[i][1] = -INFINITY, l[i][0] = l[i][1] = 0.0f;
+  for (int key_tile = 0; key_tile < key_tiles; ++key_tile) {
     const int k0 = key_tile * kTileRows;
-    sweep_step_begin(key_tile, query_tile + 1, issue);
-    if (!warp_live) continue;
+    sweep_step_begin(key_tile, key_tiles, issue);
+    if (!warp_live || flash::tc_query_span_sees_none(row0, kSpanRows, k0)) continue;
     const uint16_t *k_s = sweep.keys(key_tile), *v_s = sweep.values(key_tile);
-    float p[8][4];
-    rows_times_rows<E, HS>(p, RowsInTile<HS>{q_s, 16 * warp}, k_s);  // scores (16 x 64)
+    float p[M][8][4];
+    rows_times_rows<E, HS, M>(p, q_held, k_s);  // scores (16 x 64 a tile)
     // Note [Softmax in base 2, masked only where it must be]: scores in units of log2.
-    float tile_max[2] = {-INFINITY, -INFINITY};
-    if (flash::tc_query_sweep_needs_mask(query_tile, key_tile)) {
+    const bool masked = flash::tc_query_span_needs_mask(row0, k0, kTileRows);
 #pragma unroll
-      for (int n = 0; n < 8; ++n)
+    for (int i = 0; i < M; ++i) {
+      float tile_max[2] = {-INFINITY, -INFINITY};
+      if (masked) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = k0 + 8 * n + 2 * t + (e & 1);
-          p[n][e] = flash::sees(rows[e / 2], key, T) ? scale_log2 * p[n][e] : -INFINITY;
-          tile_max[e / 2] = fmaxf(tile_max[e / 2], p[n][e]);
-        }
-    } else {
+        for (int n = 0; n < 8; ++n)
 #pragma unroll
-      for (int n = 0; n < 8; ++n)
+          for (int e = 0; e < 4; ++e) {
+            const int key = k0 + 8 * n + 2 * t + (e & 1);
+            p[i][n][e] = flash::sees(rows[i][e / 2], key, T) ? scale_log2 * p[i][n][e] : -INFINITY;
+            tile_max[e / 2] = fmaxf(tile_max[e / 2], p[i][n][e]);
+          }
+      } else {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          p[n][e] *= scale_log2;
-          tile_max[e / 2] = fmaxf(tile_max[e / 2], p[n][e]);
-        }
-    }
-    float rescale[2], m_sub[2];
+        for (int n = 0; n < 8; ++n)
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float m_new = fmaxf(m[r], group_max(tile_max[r]));
-      rescale[r] = m[r] == -INFINITY ? 0.0f : exp2_approx(m[r] - m_new);  // 0 on the row's first tile
-      m[r] = m_new;
-      m_sub[r] = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing seen yet (past T): 2^-inf = 0
-      l[r] *= rescale[r];
-    }
-#pragma unroll
-    for (int n = 0; n < HS / 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[n][e] *= rescale[e / 2];
-#pragma unroll
-    for (int n = 0; n < 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        p[n][e] = exp2_approx(p[n][e] - m_sub[e / 2]);
-        l[e / 2] += p[n][e];  // this lane's share of the row sum (summed over the group at the end)
+          for (int e = 0; e < 4; ++e) {
+            p[i][n][e] *= scale_log2;
+            tile_max[e / 2] = fmaxf(tile_max[e / 2], p[i][n][e]);
+          }
       }
-    accumulate_times_tile<E, HS>(o, p, v_s);
+      float rescale[2], m_sub[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float m_new = fmaxf(m[i][r], group_max(tile_max[r]));
+        rescale[r] = m[i][r] == -INFINITY ? 0.0f : exp2_approx(m[i][r] - m_new);  // 0 on the row's first tile
+        m[i][r] = m_new;
+        m_sub[r] = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing seen yet (past T): 2^-inf = 0
+        l[i][r] *= rescale[r];
+      }
+#pragma unroll
+      for (int n = 0; n < HS / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[i][n][e] *= rescale[e / 2];
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          p[i][n][e] = exp2_approx(p[i][n][e] - m_sub[e / 2]);
+          l[i][e / 2] += p[i][n][e];  // this lane's share of the row sum (summed over the group at the end)
+        }
+    }
+    accumulate_times_tile<E, HS, M>(o, p, v_s);
   }
   if (!warp_live) return;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float row_sum = group_sum(l[r]);
-    if (rows[r] >= T) continue;
-    const float inv = 1.0f / row_sum;
-    uint16_t* dst = out + s.o(b, rows[r], h);  // in E (Note [Attention's inputs and output in the compute dtype])
+  for (int i = 0; i < M; ++i)
 #pragma unroll
-    for (int n = 0; n < HS / 8; ++n)
-      *reinterpret_cast<uint32_t*>(dst + 8 * n + 2 * t) = Operand<E>::pack(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
-    if (t == 0) lse[s.stat(b, h, rows[r])] = m[r] * kLn2 + logf(row_sum);  // natural units
-  }
+    for (int r = 0; r < 2; ++r) {
+      const float row_sum = group_sum(l[i][r]);
+      if (rows[i][r] >= T) continue;
+      const float inv = 1.0f / row_sum;
+      uint16_t* dst = out + s.o(b, rows[i][r], h);  // in E (Note [Attention's inputs and output in the compute dtype])
+#pragma unroll
+      for (int n = 0; n < HS / 8; ++n)
+        *reinterpret_cast<uint32_t*>(dst + 8 * n + 2 * t) =
+            Operand<E>::pack(o[i][n][2 * r] * inv, o[i][n][2 * r + 1] * inv);
+      if (t == 0) lse[s.stat(b, h, rows[i][r])] = m[i][r] * kLn2 + logf(row_sum);  // natural units
+    }
 }
 
 // ---------------------------------------------------------------- D, then dQ
@@ -448,69 +509,97 @@ __global__ void tc_flash_row_dot_kernel(float* dsum, uint16_t* dout16, const flo
   if (lane == 0) dsum[s.stat(b, h, t)] = d;
 }
 
-// One block per (b, h, 64-query tile): dQ = dS K with dS = P (dP - D), P recomputed.
+// One block per (b, h, query block of query_block_rows(HS)): dQ = dS K with dS = P (dP - D), P
+// recomputed; warp w owns the span of M = query_row_tiles(HS) 16-row tiles from row q0 + 16 M w
+// (Note [Query rows a warp owns]). Its query and dO fragments come from shared memory at each
+// product: held in registers beside dQ, the scores and dP (64 f32 registers each at hs 64) they
+// would spill.
 template <typename E, int HS>
 __global__ void __launch_bounds__(kThreadsTc)
     tc_flash_dq_kernel(float* dqkv, const float* dsum, const uint16_t* dout, const uint16_t* qkv, const float* lse,
                        FlashShape s, float scale) {
   using L = TileLayout<HS>;
+  constexpr int M = query_row_tiles(HS), kSpanRows = 16 * M, kBlockRows = query_block_rows(HS);
   extern __shared__ __align__(16) uint16_t smem[];
-  uint16_t *q_s = L::tile(smem, 0), *do_s = L::tile(smem, 1);  // keys and values: two buffers each
+  // Queries and dO (M tiles each); keys and values after them, two buffers each.
+  uint16_t *q_s = L::tile(smem, 0), *do_s = L::tile(smem, M);
   const int T = s.T, b = blockIdx.x / s.NH, h = blockIdx.x % s.NH, kv = h / s.G();
-  const int query_tile = gridDim.y - 1 - blockIdx.y, q0 = query_tile * kTileRows;
+  const int q0 = (gridDim.y - 1 - blockIdx.y) * kBlockRows;
   const auto [warp, g, t] = lane_roles();
-  const int rows[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8};
-  const bool warp_live = q0 + 16 * warp < T;
-  const KeyValueSweep<HS> sweep{smem, 2, qkv, s, b, kv};
+  const int row0 = q0 + kSpanRows * warp;  // the warp's span: rows row0 .. row0 + kSpanRows - 1
+  int rows[M][2];
+#pragma unroll
+  for (int i = 0; i < M; ++i) rows[i][0] = row0 + 16 * i + g, rows[i][1] = row0 + 16 * i + g + 8;
+  const bool warp_live = row0 < T;
+  const KeyValueSweep<HS> sweep{smem, 2 * M, qkv, s, b, kv};
   const auto issue = [&](int key_tile) { sweep.issue(key_tile); };
+  const int key_tiles = flash::key_tiles_seen(q0, kBlockRows, T, kTileRows);
+  RowsInTile<HS> q_rows[M], do_rows[M];
+#pragma unroll
+  for (int i = 0; i < M; ++i) {
+    q_rows[i] = {q_s, kSpanRows * warp + 16 * i};
+    do_rows[i] = {do_s, kSpanRows * warp + 16 * i};
+  }
 
   issue(0);  // first: its copies run while the queries and dO load
-  load_tile<HS>(q_s, qkv, [=](int r) { return s.q(b, r, h); }, q0, T);
-  load_tile<HS>(do_s, dout, [=](int r) { return s.o(b, r, h); }, q0, T);
+  load_tile<HS, kBlockRows>(q_s, qkv, [=](int r) { return s.q(b, r, h); }, q0, T);
+  load_tile<HS, kBlockRows>(do_s, dout, [=](int r) { return s.o(b, r, h); }, q0, T);
   const float scale_log2 = scale * kLog2e;
-  float row_lse2[2], D[2], dq[HS / 8][4] = {};  // row_lse2: lse in units of log2
+  float row_lse2[M][2], D[M][2], dq[M][HS / 8][4] = {};  // row_lse2: lse in units of log2
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    row_lse2[r] = rows[r] < T ? lse[s.stat(b, h, rows[r])] * kLog2e : 0.0f;
-    D[r] = rows[r] < T ? dsum[s.stat(b, h, rows[r])] : 0.0f;
-  }
-  for (int key_tile = 0; key_tile <= query_tile; ++key_tile) {
-    const int k0 = key_tile * kTileRows;
-    sweep_step_begin(key_tile, query_tile + 1, issue);
-    if (!warp_live) continue;
-    const uint16_t *k_s = sweep.keys(key_tile), *v_s = sweep.values(key_tile);
-    float p[8][4], dp[8][4];
-    rows_times_rows<E, HS>(p, RowsInTile<HS>{q_s, 16 * warp}, k_s);    // scores
-    rows_times_rows<E, HS>(dp, RowsInTile<HS>{do_s, 16 * warp}, v_s);  // dP = dO V^T
-    // Note [Softmax in base 2, masked only where it must be].
-    if (flash::tc_query_sweep_needs_mask(query_tile, key_tile)) {
+  for (int i = 0; i < M; ++i)
 #pragma unroll
-      for (int n = 0; n < 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = k0 + 8 * n + 2 * t + (e & 1);
-          const float prob =
-              flash::sees(rows[e / 2], key, T) ? exp2_approx(fmaf(p[n][e], scale_log2, -row_lse2[e / 2])) : 0.0f;
-          p[n][e] = prob * (dp[n][e] - D[e / 2]);  // dS
-        }
-    } else {
-#pragma unroll
-      for (int n = 0; n < 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          p[n][e] = exp2_approx(fmaf(p[n][e], scale_log2, -row_lse2[e / 2])) * (dp[n][e] - D[e / 2]);
+    for (int r = 0; r < 2; ++r) {
+      const int row = rows[i][r];
+      row_lse2[i][r] = row < T ? lse[s.stat(b, h, row)] * kLog2e : 0.0f;
+      D[i][r] = row < T ? dsum[s.stat(b, h, row)] : 0.0f;
     }
-    accumulate_times_tile<E, HS>(dq, p, k_s);
+  for (int key_tile = 0; key_tile < key_tiles; ++key_tile) {
+    const int k0 = key_tile * kTileRows;
+    sweep_step_begin(key_tile, key_tiles, issue);
+    if (!warp_live || flash::tc_query_span_sees_none(row0, kSpanRows, k0)) continue;
+    const uint16_t *k_s = sweep.keys(key_tile), *v_s = sweep.values(key_tile);
+    float p[M][8][4], dp[M][8][4];
+    rows_times_rows<E, HS, M>(p, q_rows, k_s);    // scores
+    rows_times_rows<E, HS, M>(dp, do_rows, v_s);  // dP = dO V^T
+    // Note [Softmax in base 2, masked only where it must be].
+    const bool masked = flash::tc_query_span_needs_mask(row0, k0, kTileRows);
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+      if (masked) {
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = k0 + 8 * n + 2 * t + (e & 1);
+            const float prob = flash::sees(rows[i][e / 2], key, T)
+                                   ? exp2_approx(fmaf(p[i][n][e], scale_log2, -row_lse2[i][e / 2]))
+                                   : 0.0f;
+            p[i][n][e] = prob * (dp[i][n][e] - D[i][e / 2]);  // dS
+          }
+      } else {
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            p[i][n][e] =
+                exp2_approx(fmaf(p[i][n][e], scale_log2, -row_lse2[i][e / 2])) * (dp[i][n][e] - D[i][e / 2]);
+      }
+    }
+    accumulate_times_tile<E, HS, M>(dq, p, k_s);
   }
   if (!warp_live) return;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    if (rows[r] >= T) continue;
-    float* dst = dqkv + s.q(b, rows[r], h);
+  for (int i = 0; i < M; ++i)
 #pragma unroll
-    for (int n = 0; n < HS / 8; ++n)
-      *reinterpret_cast<float2*>(dst + 8 * n + 2 * t) = make_float2(scale * dq[n][2 * r], scale * dq[n][2 * r + 1]);
-  }
+    for (int r = 0; r < 2; ++r) {
+      if (rows[i][r] >= T) continue;
+      float* dst = dqkv + s.q(b, rows[i][r], h);
+#pragma unroll
+      for (int n = 0; n < HS / 8; ++n)
+        *reinterpret_cast<float2*>(dst + 8 * n + 2 * t) =
+            make_float2(scale * dq[i][n][2 * r], scale * dq[i][n][2 * r + 1]);
+    }
 }
 
 // ---------------------------------------------------------------- dK and dV
@@ -586,11 +675,12 @@ __global__ void __launch_bounds__(kThreadsTc)
     const float *lse_s = lse_of(step), *d_s = lse_s + kTileRows;
     float p[8][4], ds[8][4];
     if constexpr (kHeld) {
-      rows_times_rows<E, HS>(p, k_held, q_s);    // S^T (keys x queries)
-      rows_times_rows<E, HS>(ds, v_held, do_s);  // dP^T = V dO^T
+      rows_times_rows<E, HS, 1>(&p, &k_held, q_s);    // S^T (keys x queries)
+      rows_times_rows<E, HS, 1>(&ds, &v_held, do_s);  // dP^T = V dO^T
     } else {
-      rows_times_rows<E, HS>(p, RowsInTile<HS>{k_s, 16 * warp}, q_s);
-      rows_times_rows<E, HS>(ds, RowsInTile<HS>{v_s, 16 * warp}, do_s);
+      const RowsInTile<HS> k_rows{k_s, 16 * warp}, v_rows{v_s, 16 * warp};
+      rows_times_rows<E, HS, 1>(&p, &k_rows, q_s);
+      rows_times_rows<E, HS, 1>(&ds, &v_rows, do_s);
     }
     // Note [Softmax in base 2, masked only where it must be]: the diagonal query tile, and the
     // last one where it runs past T.
@@ -617,8 +707,8 @@ __global__ void __launch_bounds__(kThreadsTc)
           ds[n][e] = prob * (ds[n][e] - d_s[column]);
         }
     }
-    accumulate_times_tile<E, HS>(dv, p, do_s);
-    accumulate_times_tile<E, HS>(dk, ds, q_s);
+    accumulate_times_tile<E, HS, 1>(&dv, &p, do_s);
+    accumulate_times_tile<E, HS, 1>(&dk, &ds, q_s);
   }
   if (!warp_live) return;
 #pragma unroll
@@ -639,7 +729,7 @@ __global__ void __launch_bounds__(kThreadsTc)
 template <typename E, int HS>
 void forward_with(uint16_t* out, float* lse, const uint16_t* qkv, const FlashShape& s, float scale, cudaStream_t stream) {
   const size_t bytes = request_smem(tc_flash_forward_kernel<E, HS>, forward_smem_bytes(HS));
-  const dim3 grid(static_cast<unsigned>(s.B * s.NH), static_cast<unsigned>(flash::tiles_of(s.T, kTileRows)));
+  const dim3 grid(static_cast<unsigned>(s.B * s.NH), static_cast<unsigned>(flash::tiles_of(s.T, query_block_rows(HS))));
   tc_flash_forward_kernel<E, HS><<<grid, kThreadsTc, bytes, stream>>>(out, lse, qkv, s, scale);
   ZERONE_CUDA_LAUNCHED();
 }
@@ -647,14 +737,15 @@ void forward_with(uint16_t* out, float* lse, const uint16_t* qkv, const FlashSha
 template <typename E, int HS>
 void backward_with(float* dqkv, float* dsum, const uint16_t* dout, const uint16_t* qkv, const float* lse,
                    const FlashShape& s, float scale, cudaStream_t stream) {
-  const unsigned tiles = static_cast<unsigned>(flash::tiles_of(s.T, kTileRows));
+  const unsigned query_blocks = static_cast<unsigned>(flash::tiles_of(s.T, query_block_rows(HS)));
+  const unsigned key_tiles = static_cast<unsigned>(flash::tiles_of(s.T, kTileRows));
   // dsum (D) is already formed (tensor_core_flash_backward).
   const size_t dq_bytes = request_smem(tc_flash_dq_kernel<E, HS>, dq_smem_bytes(HS));
-  tc_flash_dq_kernel<E, HS><<<dim3(static_cast<unsigned>(s.B * s.NH), tiles), kThreadsTc, dq_bytes, stream>>>(
+  tc_flash_dq_kernel<E, HS><<<dim3(static_cast<unsigned>(s.B * s.NH), query_blocks), kThreadsTc, dq_bytes, stream>>>(
       dqkv, dsum, dout, qkv, lse, s, scale);
   ZERONE_CUDA_LAUNCHED();
   const size_t dkv_bytes = request_smem(tc_flash_dkv_kernel<E, HS>, dkv_smem_bytes(HS));
-  tc_flash_dkv_kernel<E, HS><<<dim3(static_cast<unsigned>(s.B * s.NKV), tiles), kThreadsTc, dkv_bytes, stream>>>(
+  tc_flash_dkv_kernel<E, HS><<<dim3(static_cast<unsigned>(s.B * s.NKV), key_tiles), kThreadsTc, dkv_bytes, stream>>>(
       dqkv, dout, qkv, lse, dsum, s, scale);
   ZERONE_CUDA_LAUNCHED();
 }
@@ -700,7 +791,7 @@ bool tensor_core_flash_takes(DType operands, int hs) {
     ZERONE_CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     if (device < kDevicesKept) limits[device].store(limit, std::memory_order_relaxed);
   }
-  return dkv_smem_bytes(hs) <= static_cast<size_t>(limit);
+  return largest_smem_bytes(hs) <= static_cast<size_t>(limit);
 }
 
 size_t tensor_core_flash_scratch_elems(const FlashShape& s, bool backward) { return backward ? out_numel(s) : 0; }

@@ -59,10 +59,11 @@ ZERONE_FLASH_FN constexpr int dkv_smem_floats(int hs) {
 
 ZERONE_FLASH_FN constexpr int tiles_of(int n, int tile) { return (n + tile - 1) / tile; }
 
-// Forward and dQ: the query tile starting at q0 (warp_rows rows) meets the lane tiles of keys
-// 0 .. min(q0 + warp_rows, T) - 1: this many of them, from key tile 0.
-ZERONE_FLASH_FN constexpr int key_tiles_seen(int q0, int warp_rows, int T) {
-  return tiles_of(q0 + warp_rows < T ? q0 + warp_rows : T, kLanes);
+// Forward and dQ: the query tile starting at q0 (rows rows) meets the key tiles (of `tile` keys;
+// the lane tiles of the CUDA-core form by default) of keys 0 .. min(q0 + rows, T) - 1: this many
+// of them, from key tile 0.
+ZERONE_FLASH_FN constexpr int key_tiles_seen(int q0, int rows, int T, int tile = kLanes) {
+  return tiles_of(q0 + rows < T ? q0 + rows : T, tile);
 }
 // dK/dV: the key tile starting at k0 is seen by the query lane tiles from this one to the last
 // (tiles_of(T, kLanes) - 1): queries before k0 see none of its keys.
@@ -75,10 +76,16 @@ ZERONE_FLASH_FN constexpr bool sees(int query, int key, int T) { return query < 
 // tensor-core kernels apply the mask element by element only on the tiles these name. Outside
 // them, every real query row of the tile (row < T) sees every key of the tile (key < T and key
 // <= row); rows past T there compute values that are never written.
-// Forward and dQ: query tile `query_tile` meets key tile `key_tile` (key_tile <= query_tile).
-ZERONE_FLASH_FN constexpr bool tc_query_sweep_needs_mask(int query_tile, int key_tile) {
-  return key_tile == query_tile;
-}
+// Forward and dQ: a warp owns the span of query rows row0 .. row0 + rows - 1 (row0 < T) and meets
+// the key tile k0 .. k0 + tile - 1 (k0 a multiple of tile, k0 < T). With spans of 16 or 32 rows
+// at multiples of their size and tiles of 64 keys:
+//  - tc_query_span_sees_none: every key of the tile is past every row of the span, which then
+//    skips the tile (it would add exactly nothing). Otherwise every real row of the span sees the
+//    tile's first key, as every row of the first form's query tiles did.
+//  - tc_query_span_needs_mask: some key of the tile is past the span's first row. Otherwise every
+//    key is at most row0 <= every row, and below T: every real row sees the whole tile.
+ZERONE_FLASH_FN constexpr bool tc_query_span_sees_none(int row0, int rows, int k0) { return k0 >= row0 + rows; }
+ZERONE_FLASH_FN constexpr bool tc_query_span_needs_mask(int row0, int k0, int tile) { return k0 + tile - 1 > row0; }
 // dK/dV: the key tile starting at k0 meets the query tile starting at q0 (q0 >= k0), tiles of
 // `tile` rows. There queries past T must add nothing, so a query tile running past T is masked too.
 ZERONE_FLASH_FN constexpr bool tc_key_sweep_needs_mask(int q0, int k0, int tile, int T) {

@@ -44,7 +44,7 @@ namespace {
 
 constexpr int kWarpsTc = 4;
 constexpr int kThreadsTc = 32 * kWarpsTc;
-constexpr int kTileRows = 64;  // a block's rows, and the rows of each tile it sweeps
+constexpr int kTileRows = 64;  // the rows of a shared-memory tile: dK/dV's block, every swept tile
 constexpr unsigned kAllLanes = 0xffffffffu;
 
 // The operand dtypes: packing two f32 into one register of two 16-bit values (the lower column in
@@ -91,13 +91,17 @@ struct TileLayout {
 // in registers: one tile there.
 // A span's rows see exactly the keys the first form's 64-row query tiles saw, tile by tile in the
 // same order with the same arithmetic: the same bits. A span skips a key tile all of whose keys
-// are past its rows (the diagonal's second half, for the first span of a 128-row block), which
-// the first form never met (flash::tc_query_span_sees_none; flash_tiles_test checks the spans).
+// are past its rows (the block's second diagonal key tile, for the first two spans of a 128-row
+// block), which the first form never met (flash::tc_query_span_sees_none; flash_tiles_test checks
+// the spans). Registers at hs 64 (ptxas -v, sm_90): forward 255, dQ 255, no spills: 2 blocks an SM
+// (were 127 and 168: 4 and 3 blocks of half the rows); per 64-key tile a warp issues 32 ldmatrix
+// for 128 mma in forward (36 for 64 before) and 64 for 192 in dQ (56 for 96).
 __host__ __device__ constexpr int query_row_tiles(int hs) { return hs <= 64 ? 2 : 1; }
 __host__ __device__ constexpr int query_block_rows(int hs) { return kWarpsTc * 16 * query_row_tiles(hs); }
 constexpr int kKeyValueTiles = 4;  // the sweep's key and value tiles, two buffers each
-// Each kernel's dynamic shared memory at head size hs: the query block's tiles (queries, and dO for
-// dQ), then the swept tiles (and dK/dV's rows of lse and D).
+// Each kernel's dynamic shared memory at head size hs: the tiles it keeps (forward: the query
+// block's queries; dQ: its queries and dO; dK/dV: K and V), then the swept tiles (and dK/dV's
+// rows of lse and D).
 constexpr size_t tile_bytes(int hs) { return sizeof(uint16_t) * kTileRows * (hs + 8); }  // TileLayout's
 constexpr size_t forward_smem_bytes(int hs) { return (query_row_tiles(hs) + kKeyValueTiles) * tile_bytes(hs); }
 constexpr size_t dq_smem_bytes(int hs) { return (2 * query_row_tiles(hs) + kKeyValueTiles) * tile_bytes(hs); }
@@ -285,11 +289,12 @@ __device__ __forceinline__ float group_max(float v) {
 //    statistics saved for backward stay in natural units: lse = max * ln 2 + ln(row sum), and
 //    backward forms P = 2^(s * scale * log2 e - lse * log2 e).
 //  - The causal mask is applied only on tiles that hold a masked element: in forward and dQ the
-//    diagonal key tile (every earlier key tile is seen whole by every row of the query tile, and
-//    keys past T occur only in the last key tile, which is the diagonal of the last query tile);
+//    diagonal key tile of each warp's span of queries (every earlier key tile is seen whole by
+//    every row of the span, and keys past T occur only in the last key tile, which is the diagonal
+//    of the last span);
 //    in dK/dV the diagonal query tile and the last query tile when it runs past T (queries past T
 //    must add nothing to dK and dV). Rows past T elsewhere compute finite values from zero-filled
-//    operands and are never written. The branch is uniform over the block.
+//    operands and are never written. The branch is uniform over the warp (over the block in dK/dV).
 // The values differ from the first form's by the exponential's rounding: other bits, well within
 // the tolerance of the bf16 products (the op harness's attention rows; bitwise repeatable still).
 constexpr float kLog2e = 1.4426950408889634f;

@@ -35,7 +35,9 @@
 #                               never stops the next. Files in $OUT (the device tool brings back 8):
 #                               summary.txt (one line per step), info.txt, gtest_cuda.log,
 #                               zero_cuda.log, bench_w5.log, extra.tar.gz (XML, metrics).
-#                               ZERONE_W5_PEERS (default "eager compile") names the PyTorch modes timed.
+#                               ZERONE_W5_PEERS (default "eager compile") names the PyTorch modes timed;
+#                               ZERONE_W5_PROFILE=0 leaves out the 5-step --profile run after each
+#                               zerone W5 run (its per-category GPU time: bench_w5.log).
 #   scripts/gpu_run.sh profile  THERE: Nsight Compute's per-kernel GPU time of a 2-step W5 run.
 #   scripts/gpu_run.sh more     THERE, a second call: profile, sanitize and the torch.compile peer of W5.
 #   scripts/gpu_run.sh again    THERE, a second call after `run` found a failing step: device_cuda.sh,
@@ -566,6 +568,15 @@ print(6 * (Vp * C + L * 12 * C * C) + 6 * L * T * C)")"
   w5_line "$d/z.jsonl" "$mb" "$flops" "$T" "$model" ""
   cp "$d/z.jsonl" "$out/w5_${model}_zerone.jsonl" 2>/dev/null || true
   rm -rf "$d"
+  # Where the step's time goes, operation by operation on the GPU (Note [Device compute itemized]:
+  # --profile's two timed events an operation; its s/step is not the W5 figure, the run above is).
+  if [ "${ZERONE_W5_PROFILE:-1}" = 1 ] && [ $((deadline - $(now))) -gt 90 ]; then
+    d="$(mktemp -d)"
+    "$pack/bin/zerone" train --model "$zmodel" --seq "$T" --micro-batch "$mb" --steps 5 --precision bf16 \
+      --device cuda --profile > "$d/z.log" 2>&1 || { tail -5 "$d/z.log"; echo "zerone $model --profile: FAILED"; }
+    grep -E '^time per step |^  time of steps ' "$d/z.log" | sed "s/^ */W5 $model --profile: /" || true
+    rm -rf "$d"
+  fi
   # Issue 18 §4 asks for the largest micro-batch that fits: the largest `zerone estimate` says fits
   # (stage 0, this GPU's free memory), then trained for a few steps (a failure there is a finding:
   # the estimate said it fits).

@@ -131,6 +131,39 @@ TEST_F(ProfilerTest, ScopesOnADeviceTimeline) {
   EXPECT_EQ(device.points(), 0u);
 }
 
+// Note [Device compute itemized]: a DeviceWorkScope times nothing (marks no point) unless the
+// profiler itemizes device work; then it is a scope of its category on the timeline, split
+// exclusively by the scopes nested in it, and its host time is not the category's work.
+TEST_F(ProfilerTest, DeviceWorkScopesOnlyWhenItemized) {
+  FakeTimeline device;
+  Profiler::set_device_timeline(&device);
+  {
+    const DeviceWorkScope linear(ProfileCategory::elementwise);
+    device.now = 1.0;
+  }
+  EXPECT_EQ(device.points(), 0u);
+  Profiler::set_itemize_device_work(true);
+  {
+    const DeviceWorkScope linear(ProfileCategory::elementwise);  // a linear: bias pass, then its GEMM
+    device.now = 1.25;
+    {
+      const DeviceWorkScope gemm(ProfileCategory::gemm);
+      busy_for(std::chrono::milliseconds(5));  // the host's launch time: not work
+      device.now = 3.25;
+    }
+  }
+  Profiler::set_itemize_device_work(false);
+  EXPECT_EQ(device.points(), 4u);
+  Profiler::set_device_timeline(nullptr);
+  EXPECT_DOUBLE_EQ(Profiler::seconds(ProfileCategory::elementwise), 0.25);
+  EXPECT_DOUBLE_EQ(Profiler::seconds(ProfileCategory::gemm), 2.0);
+  EXPECT_EQ(Profiler::work_seconds(ProfileCategory::gemm), 0.0);
+  EXPECT_EQ(Profiler::work_seconds(ProfileCategory::elementwise), 0.0);
+  const std::string gpu = Profiler::report(4.0, 1, "launches and gaps");
+  EXPECT_NE(gpu.find("gemm 50.0% (2000.0 ms/step)"), std::string::npos) << gpu;
+  EXPECT_NE(gpu.find(", launches and gaps 43.8% (1750.0 ms/step)"), std::string::npos) << gpu;
+}
+
 // The work beside the exposed time: a wait for a helper's work is exposed but not work; the
 // helper's work, reported by the driver, is; what the exposed time does not account for was hidden.
 TEST_F(ProfilerTest, HiddenShareOfWorkDoneBeside) {

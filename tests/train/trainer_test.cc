@@ -8,12 +8,50 @@
 #include "zerone/io/llmc_checkpoint.h"
 #include "zerone/io/token_shards.h"
 #include "zerone/train/markov_source.h"
+#include "zerone/train/metrics.h"
 #include "zerone/train/plan.h"
 #include "zerone/zero/estimate.h"
 #include "zerone/train/trainer.h"
 
 namespace zerone::train {
 namespace {
+
+// The summary's split of the steps' time (Note [Exposed time], Note [Device compute itemized]):
+// measured compute and "other" on a device that runs kernels on the host; "device compute and
+// launches" as the rest on a GPU; the GPU's measured compute and "launches and gaps" under
+// --profile there.
+TEST(RunSummary, TimeOfStepsNamesWhatTheRestIs) {
+  const auto time_line = [](bool compute_is_remainder, const std::string& remainder_name) {
+    RunSummary summary;
+    for (int step = 1; step <= 3; ++step) {
+      StepRecord record;
+      record.step = step;
+      record.ms = 100.0;
+      record.tokens_per_s = 1000.0;
+      record.seen = 100 * step;
+      summary.add(record);
+    }
+    summary.profiled_steps = 2;
+    summary.profiled_wall_s = 0.2;
+    summary.compute_s = 0.15;
+    summary.optimizer_s = 0.02;
+    summary.compute_is_remainder = compute_is_remainder;
+    summary.remainder_name = remainder_name;
+    for (const std::string& line : summary.lines())
+      if (line.rfind("  time of steps", 0) == 0) return line;
+    return std::string();
+  };
+  const std::string host = time_line(false, "other");
+  EXPECT_NE(host.find("time of steps 2..3: compute 75.0%"), std::string::npos) << host;
+  EXPECT_NE(host.find(", other 15.0% "), std::string::npos) << host;
+  const std::string gpu = time_line(true, "other");
+  EXPECT_NE(gpu.find("time of steps 2..3: device compute and launches 90.0% (the rest"), std::string::npos) << gpu;
+  EXPECT_EQ(gpu.find("other"), std::string::npos) << gpu;
+  const std::string itemized = time_line(false, "launches and gaps");
+  EXPECT_NE(itemized.find("time of steps 2..3: compute 75.0%"), std::string::npos) << itemized;
+  EXPECT_NE(itemized.find(", launches and gaps 15.0% "), std::string::npos) << itemized;
+  EXPECT_EQ(itemized.find("other"), std::string::npos) << itemized;
+}
 
 using zerone::testing::expect_error;
 using zerone::testing::TempDir;

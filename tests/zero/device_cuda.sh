@@ -94,18 +94,25 @@ close gpt2_fp32_stage2_nvme_split 1e-5 "${gpt1[@]}" --precision fp32 --zero-stag
 
 # Note [Exposed time]: a GPU's kernels run asynchronously, so the summary counts the rest of the
 # step as the device's compute (no "other"), and the offloaded optimizer's copies are transfers.
-if "$Z" "${gpt[@]}" --precision bf16 --zero-stage 2 --offload-optimizer cpu --device cuda --profile > "$d/exposed.log" 2>&1; then
+# With --profile the device's operations are timed one by one (Note [Device compute itemized]):
+# the summary's compute is measured, the profile names gemm, attention and elementwise, and the
+# rest is the GPU's idle between operations.
+exposed=("${gpt[@]}" --precision bf16 --zero-stage 2 --offload-optimizer cpu --device cuda)
+if "$Z" "${exposed[@]}" > "$d/exposed.log" 2>&1 && "$Z" "${exposed[@]}" --profile > "$d/itemized.log" 2>&1; then
   line="$(grep -E '^  time of steps 2\.\.10: ' "$d/exposed.log" || true)"
-  profile="$(grep -E '^time per step ' "$d/exposed.log" || true)"
+  itemized="$(grep -E '^  time of steps 2\.\.10: ' "$d/itemized.log" || true)"
+  profile="$(grep -E '^time per step ' "$d/itemized.log" || true)"
   if grep -Eq '^  time of steps 2\.\.10: device compute and launches [0-9.]+% \(the rest' <<<"$line" &&
-     ! grep -q 'other' <<<"$line$profile" && grep -Eq '(: |, )transfer [0-9.]+%' <<<"$profile" &&
-     grep -Eq ', device compute and launches [0-9.]+%' <<<"$profile"; then
-    echo "ok exposed time on cuda: $line"
+     grep -Eq '^  time of steps 2\.\.10: compute [0-9.]+%.*, launches and gaps [0-9.]+% ' <<<"$itemized" &&
+     ! grep -q 'other' <<<"$line$itemized$profile" && grep -Eq '(: |, )transfer [0-9.]+%' <<<"$profile" &&
+     grep -Eq '(: |, )gemm [0-9.]+%' <<<"$profile" && grep -Eq ', attention [0-9.]+%' <<<"$profile" &&
+     grep -Eq ', elementwise [0-9.]+%' <<<"$profile" && grep -Eq ', launches and gaps [0-9.]+%' <<<"$profile"; then
+    echo "ok exposed time on cuda: $line; itemized: $profile"
   else
-    echo "FAIL exposed time on cuda: '$line' / '$profile'"; failed+=("exposed_time")
+    echo "FAIL exposed time on cuda: '$line' / '$itemized' / '$profile'"; failed+=("exposed_time")
   fi
 else
-  echo "FAIL exposed time run on cuda"; tail -20 "$d/exposed.log"; failed+=("exposed_time")
+  echo "FAIL exposed time run on cuda"; tail -20 "$d/exposed.log" "$d/itemized.log"; failed+=("exposed_time")
 fi
 
 # A checkpoint written on one device resumes on the other: the step-5 checkpoint of a 10-step f32

@@ -17,6 +17,16 @@
 // compute and the launches ("device compute and launches" in the summary and --profile). A copy
 // between host and device memory waits for the kernels queued before it; the cuda backend waits
 // for those first, unscoped, then for the copy as a `transfer`.
+// Note [Device compute itemized]: with --profile (Profiler::set_itemize_device_work) a backend
+// whose kernels run asynchronously also opens a DeviceWorkScope around each of its operations, of
+// the operation's category (the cuda backend: its GEMMs gemm, the attention kernels attention,
+// AdamW and SGD optimizer, the rest elementwise). On the device timeline such a scope's span runs
+// from the point where the GPU finished what was queued before the operation to the point where
+// it finished the operation's kernels: the GPU's time on them, GPU idle inside the operation
+// included. Nested scopes split it exclusively (a linear's GEMMs are gemm, its bias pass
+// elementwise). The rest of the step is then the GPU idle between operations and what no scope
+// covers ("launches and gaps"). It costs two timed events an operation, which is why only
+// --profile asks for it; the summary's split (always on) keeps the device compute as the rest.
 // Beside what was exposed, the profiler keeps the work: each scope's time by the host's clock,
 // and what a helper thread reports through its driver (the --delayed-update optimizer's step). The
 // share of a category's work that the exposed time does not account for is what the overlap hid
@@ -32,6 +42,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -66,6 +77,10 @@ class Profiler {
     driver_ = on;
   }
   static bool enabled() { return enabled_; }
+  // Note [Device compute itemized]: whether DeviceWorkScopes time the device's operations. Set by
+  // the driver thread, with no scope open.
+  static void set_itemize_device_work(bool on) { itemize_device_work_ = on; }
+  static bool itemizes_device_work() { return itemize_device_work_; }
   // Times scopes on `timeline` from now on (null: the host's clock again); not owned, kept until
   // replaced. Call with no scope open, from the driver thread.
   static void set_device_timeline(DeviceTimeline* timeline);
@@ -101,6 +116,7 @@ class Profiler {
  private:
   friend class ProfileScope;
   static inline bool enabled_ = false;
+  static inline bool itemize_device_work_ = false;
   static inline thread_local bool driver_ = false;
   static inline std::array<double, kCount> totals_{};
   static inline std::array<double, kCount> work_totals_{};
@@ -135,6 +151,19 @@ class ProfileScope {
   Clock::time_point start_;  // where the open span began: on the host's clock, or
   uint32_t start_point_ = 0;  // on the device timeline
   static inline thread_local ProfileScope* current_ = nullptr;
+};
+
+// Note [Device compute itemized]: a ProfileScope of `category` around a device operation, opened only
+// while the profiler itemizes device work (one branch otherwise). Its host time is not counted as
+// the category's work: the work is the device's, and the span is its time.
+class DeviceWorkScope {
+ public:
+  explicit DeviceWorkScope(ProfileCategory category) {
+    if (Profiler::itemizes_device_work()) scope_.emplace(category, /*waits_for_work=*/true);
+  }
+
+ private:
+  std::optional<ProfileScope> scope_;
 };
 
 }  // namespace zerone

@@ -310,7 +310,7 @@ std::vector<std::string> RunSummary::lines() const {
                               ? str_cat(" (", fixed_digits(100.0 * optimizer_hidden_share, 1), "% of its work hidden)")
                               : "",
                           ", transfers (exposed) ", pct(transfer_s),
-                          ", I/O (data, swap) ", pct(io_s), compute_is_remainder ? "" : str_cat(", other ", pct(rest_s)),
+                          ", I/O (data, swap) ", pct(io_s), compute_is_remainder ? "" : str_cat(", ", remainder_name, " ", pct(rest_s)),
                           " (", fixed_digits(1000.0 * profiled_wall_s / profiled_steps, 1), " ms/step; --profile itemizes)"));
   }
   for (const PlacePeak& p : memory) {

@@ -106,10 +106,13 @@ class RunSummary {
   int world = 1;
   // Where the time of steps 2.. went (Profiler categories), over profiled_wall_s of steps. Where
   // the device's kernels run asynchronously (a GPU's), compute_s is not measured and the summary
-  // counts the remainder as the device's compute (Note [Exposed time], core/profiler.h).
+  // counts the remainder as the device's compute (Note [Exposed time], core/profiler.h), unless
+  // --profile itemized it (Note [Device compute itemized]): then compute_s is the device's, and
+  // the remainder, named remainder_name, the GPU's idle between operations.
   double profiled_wall_s = 0.0, compute_s = 0.0, comm_s = 0.0, optimizer_s = 0.0, transfer_s = 0.0, io_s = 0.0;
   int profiled_steps = 0;
   bool compute_is_remainder = false;
+  std::string remainder_name = "other";  // what the rest is, when compute_s is measured
   double optimizer_hidden_share = 0.0;  // of the optimizer's work, what overlap hid (Profiler::hidden_share)
   // Peak bytes per (place, category) on rank 0, and zerone estimate's figures per place.
   struct PlacePeak {

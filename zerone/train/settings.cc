@@ -318,7 +318,7 @@ std::vector<Setting> build_table() {
        .lo = 0, .hi = 1e9, .help = "TFLOP/s per rank that MFU is measured against",
        .default_text = "0: the host's GEMM peak measured at start-up; on cuda a known GPU's dense 16-bit peak, else none", .changes_results = false},
       {.flag = "--profile", .key = "profile", .group = G::output, .type = T::toggle, .field = &C::profile,
-       .help = "print where step time goes (GEMM, attention, elementwise, optimizer, comm, data, swap, host-device transfers; on a GPU the rest is its compute)",
+       .help = "print where step time goes (GEMM, attention, elementwise, optimizer, comm, data, swap, host-device transfers; on a GPU each operation is timed on the device, the rest is its idle)",
        .ranks_must_agree = false, .changes_results = false},
       // run
       {.flag = "--device", .key = "device", .group = G::run, .type = T::choice, .field = &C::device,

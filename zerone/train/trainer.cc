@@ -665,6 +665,8 @@ struct StepLoop : StepLoopInputs {
     // Always on: the summary says where the time went (a scope costs two clock reads).
     Profiler::set_enabled(true);
     Profiler::set_device_timeline(model.backend().device_timeline());  // Note [Exposed time]
+    // Note [Device compute itemized]: --profile times each device operation on a GPU.
+    Profiler::set_itemize_device_work(cfg.profile && model.backend().device_timeline() != nullptr);
     if (cfg.profile && cfg.steps - start_step < 1 && lead)
       progress.warning("--profile reports steps 2 and later (the first creates the GEMM primitives): nothing to report in 1 step");
     throw_if_interrupted();
@@ -853,14 +855,18 @@ struct StepLoop : StepLoopInputs {
   void finish() {
     publish_saved();
     progress.finish();
-    // Note [Exposed time]: on a device timeline, what no scope took is the device's compute.
-    const bool compute_is_remainder = model.backend().device_timeline() != nullptr;
+    // Note [Exposed time]: on a device timeline, what no scope took is the device's compute,
+    // unless --profile itemized it (Note [Device compute itemized]): then it is the GPU's idle
+    // between operations.
+    const bool itemized = Profiler::itemizes_device_work();
+    const bool compute_is_remainder = model.backend().device_timeline() != nullptr && !itemized;
+    const char* remainder = compute_is_remainder ? "device compute and launches" : itemized ? "launches and gaps" : "other";
     if (cfg.profile && cfg.steps > start_step && lead) {
       progress.message(str_cat("time per step ", 1000.0 * profiled_wall_s / (cfg.steps - start_step), " ms: ",
-                               Profiler::report(profiled_wall_s, cfg.steps - start_step,
-                                                compute_is_remainder ? "device compute and launches" : "other")));
+                               Profiler::report(profiled_wall_s, cfg.steps - start_step, remainder)));
     }
     Profiler::set_enabled(false);
+    Profiler::set_itemize_device_work(false);
     Profiler::set_device_timeline(nullptr);
     if (lead && cfg.steps > start_step) {
       summary.profiled_steps = cfg.steps - start_step;
@@ -872,6 +878,7 @@ struct StepLoop : StepLoopInputs {
       summary.transfer_s = Profiler::seconds(ProfileCategory::transfer);
       summary.optimizer_hidden_share = Profiler::hidden_share(ProfileCategory::optimizer);
       summary.compute_is_remainder = compute_is_remainder;
+      if (!compute_is_remainder) summary.remainder_name = remainder;
       summary.io_s = Profiler::seconds(ProfileCategory::data) + Profiler::seconds(ProfileCategory::swap);
     }
   }

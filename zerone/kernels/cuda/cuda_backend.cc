@@ -413,20 +413,31 @@ class CudaBackend final : public kernels::Backend {
     const cudaStream_t s = enqueue_copy(dst, dst_place, src, src_place, bytes, &inputs);
     return s == nullptr ? Event() : Event(std::make_shared<const CudaEvent>(s, inputs));
   }
+  // Each operation below opens a DeviceWorkScope of its category, which times it on the device
+  // timeline under --profile (Note [Device compute itemized], core/profiler.h): gemm() its GEMMs,
+  // the attention forms attention, AdamW and SGD optimizer, the rest elementwise.
   void fill_zero(void* dst, size_t bytes) override {
+    const DeviceWorkScope work(ProfileCategory::elementwise);
     if (bytes > 0) ZERONE_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, compute()));
   }
-  void accumulate(float* dst, const float* src, size_t n) override { cuda::accumulate(dst, src, n, compute()); }
+  void accumulate(float* dst, const float* src, size_t n) override {
+    const DeviceWorkScope work(ProfileCategory::elementwise);
+    cuda::accumulate(dst, src, n, compute());
+  }
   double sum_squares(const float* x, size_t n, float* copy_to) override {
+    const DeviceWorkScope work(ProfileCategory::elementwise);
     return in_order(n, [&](double* dev, double* host) { sum_squares_partials(x, n, copy_to, dev, host, compute()); });
   }
   double sum(const float* x, size_t n) override {
+    const DeviceWorkScope work(ProfileCategory::elementwise);
     return in_order(n, [&](double* dev, double* host) { sum_partials(x, n, dev, host, compute()); });
   }
   void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n) override {
+    const DeviceWorkScope work(ProfileCategory::elementwise);
     cuda::convert(dst, dst_dtype, src, src_dtype, n, compute());
   }
   bool all_finite(const float* x, size_t n) override {
+    const DeviceWorkScope work(ProfileCategory::elementwise);
     if (n == 0) return true;
     int* flag = static_cast<int*>(scratch(kFlag, sizeof(int)));
     ZERONE_CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(int), compute()));
@@ -437,11 +448,13 @@ class CudaBackend final : public kernels::Backend {
     return bad == 0;
   }
   void quantize_blockwise(const void* src, DType src_dtype, size_t n, int bits, size_t block, void* out) override {
+    const DeviceWorkScope work(ProfileCategory::elementwise);
     (void)kernels::cpu::quantized_bytes(n, bits, block);  // checks bits and block
     cuda::quantize_blockwise(src, src_dtype, n, bits, block, out, compute());
   }
   void dequantize_blockwise(const void* in, size_t n, int bits, size_t block, void* dst, DType dst_dtype,
                             bool accumulate) override {
+    const DeviceWorkScope work(ProfileCategory::elementwise);
     (void)kernels::cpu::quantized_bytes(n, bits, block);
     cuda::dequantize_blockwise(in, n, bits, block, dst, dst_dtype, accumulate, compute());
   }
@@ -452,6 +465,7 @@ class CudaBackend final : public kernels::Backend {
     return adamw_update_ranges({{master, m, v, grad, param, n, hyper}}, param_dtype);
   }
   double adamw_update_ranges(const std::vector<AdamWRange>& ranges, DType param_dtype) override {
+    const DeviceWorkScope work(ProfileCategory::optimizer);
     // Every range's partials side by side, one copy and one wait for all; each range's partials
     // then added as in_order adds them, the ranges in order.
     size_t blocks = 0;
@@ -477,6 +491,7 @@ class CudaBackend final : public kernels::Backend {
   }
   double sgd_update(float* master, float* momentum, const float* grad, void* param, DType param_dtype, size_t n,
                     const SGDHyper& hyper) override {
+    const DeviceWorkScope work(ProfileCategory::optimizer);
     return in_order(n, [&](double* dev, double* host) {
       cuda::sgd_update(master, momentum, grad, param, param_dtype, n, hyper, dev, compute());
       cuda::partials_to_host(dev, host, cuda::norm_blocks(n), compute());
@@ -485,19 +500,23 @@ class CudaBackend final : public kernels::Backend {
 
   void embedding_forward(float* out, const int32_t* tokens, const void* wte, const void* wpe, DType param_dtype, int B,
                          int T, int C, int V) override {
+    const DeviceWorkScope work(ProfileCategory::elementwise);
     cuda::embedding_forward(out, tokens, wte, wpe, param_dtype, B, T, C, compute());
   }
   void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C,
                           int V) override {
+    const DeviceWorkScope work(ProfileCategory::elementwise);
     cuda::embedding_backward(dwte, dwpe, dout, tokens, B, T, C, compute());
   }
   void layernorm_forward(void* out, DType out_dtype, float* mean, float* rstd, const float* inp, const void* weight,
                          const void* bias, DType param_dtype, int N, int C) override {
+    const DeviceWorkScope work(ProfileCategory::elementwise);
     cuda::layernorm_forward(out, out_dtype, mean, rstd, inp, weight, bias, param_dtype, N, C, compute());
   }
   void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                           const void* weight, DType param_dtype, const float* mean, const float* rstd, int N,
                           int C) override {
+    const DeviceWorkScope work(ProfileCategory::elementwise);
     cuda::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, param_dtype, mean, rstd, N, C,
                              column_partials(N, C), compute());
   }
@@ -511,6 +530,7 @@ class CudaBackend final : public kernels::Backend {
   // compute dtype], kernels/backend.h).
   void linear_forward(void* out, DType out_dtype, const void* inp, DType inp_dtype, const void* weight,
                       const void* bias, DType param_dtype, int N, int C, int OC) override {
+    const DeviceWorkScope work(ProfileCategory::elementwise);
     ZERONE_ASSERT(out_dtype == DType::f32 || out_dtype == param_dtype, "a ", dtype_name(out_dtype), " output for ",
                   dtype_name(param_dtype), " weights");
     if (N == 0 || OC == 0) return;
@@ -556,6 +576,7 @@ class CudaBackend final : public kernels::Backend {
   void linear_backward(float* dinp, float* dweight, float* dbias, const void* dout, DType dout_dtype, const void* inp,
                        DType inp_dtype, const void* weight, DType param_dtype, int N, int C, int OC,
                        bool accumulate_param_grads) override {
+    const DeviceWorkScope work(ProfileCategory::elementwise);
     ZERONE_ASSERT(dbias == nullptr || dout_dtype == DType::f32, "the bias gradient sums dout in f32");
     if (N == 0) {
       if (!accumulate_param_grads) {
@@ -613,6 +634,7 @@ class CudaBackend final : public kernels::Backend {
   }
   void gqa_attention_forward(void* out, float* att, const void* qkv, int B, int T, int NH, int NKV, int hs,
                              DType operands) override {
+    const DeviceWorkScope work(ProfileCategory::attention);
     const size_t BT = sz(B) * T, qkv_n = BT * (NH + 2 * NKV) * hs, out_n = BT * NH * hs;
     const bool flash = attention_ == kernels::CudaAttention::flash;
     if (attention_in_16_bits(operands, hs, qkv, out, 4)) {  // att: lse (B, NH, T)
@@ -632,6 +654,7 @@ class CudaBackend final : public kernels::Backend {
   }
   void gqa_attention_backward(float* dqkv, const float* dout, const void* qkv, const void* out, const float* att,
                               int B, int T, int NH, int NKV, int hs, DType operands) override {
+    const DeviceWorkScope work(ProfileCategory::attention);
     const size_t qkv_n = sz(B) * T * (NH + 2 * NKV) * hs;
     if (attention_ == kernels::CudaAttention::flash) {
       float* dsum = static_cast<float*>(scratch(kScores, sizeof(float) * sz(B) * NH * T));  // (B, NH, T)
@@ -651,20 +674,24 @@ class CudaBackend final : public kernels::Backend {
   }
   void rmsnorm_forward(void* out, DType out_dtype, float* rstd, const float* inp, const void* weight,
                        DType param_dtype, int N, int C, float eps) override {
+    const DeviceWorkScope work(ProfileCategory::elementwise);
     cuda::rmsnorm_forward(out, out_dtype, rstd, inp, weight, param_dtype, N, C, eps, compute());
   }
   void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const void* weight,
                         DType param_dtype, const float* rstd, int N, int C, void* dinp_rounded,
                         DType rounded_dtype) override {
+    const DeviceWorkScope work(ProfileCategory::elementwise);
     cuda::rmsnorm_backward(dinp, dweight, dout, inp, weight, param_dtype, rstd, N, C, dinp_rounded, rounded_dtype,
                            column_partials(N, C), compute());
   }
   void rope_forward(void* x, DType x_dtype, const float* inv_freq, int B, int T, int stride, int heads,
                     int hs) override {
+    const DeviceWorkScope work(ProfileCategory::elementwise);
     rope_rotate(x, x_dtype, inv_freq, B, T, stride, heads, hs, 1.0f, compute());
   }
   void rope_backward(float* dx, const float* inv_freq, int B, int T, int stride, int heads, int hs, void* dx_rounded,
                      DType rounded_dtype) override {
+    const DeviceWorkScope work(ProfileCategory::elementwise);
     // The rotation is orthogonal: its transpose (the gradient map) is the rotation by -angle.
     if (dx_rounded)
       cuda::rope_backward_rounded(dx_rounded, rounded_dtype, dx, inv_freq, B, T, stride, heads, hs, compute());
@@ -672,44 +699,58 @@ class CudaBackend final : public kernels::Backend {
       rope_rotate(dx, DType::f32, inv_freq, B, T, stride, heads, hs, -1.0f, compute());
   }
   void swiglu_forward(void* out, DType out_dtype, const void* inp, DType inp_dtype, int N, int F) override {
+    const DeviceWorkScope work(ProfileCategory::elementwise);
     cuda::swiglu_forward(out, out_dtype, inp, inp_dtype, N, F, compute());
   }
   void swiglu_backward(void* dinp, DType dinp_dtype, const float* dout, const void* inp, DType inp_dtype, int N,
                        int F) override {
+    const DeviceWorkScope work(ProfileCategory::elementwise);
     cuda::swiglu_backward(dinp, dinp_dtype, dout, inp, inp_dtype, N, F, compute());
   }
   void gelu_forward(void* out, DType out_dtype, const void* inp, DType inp_dtype, size_t n) override {
+    const DeviceWorkScope work(ProfileCategory::elementwise);
     cuda::gelu_forward(out, out_dtype, inp, inp_dtype, n, compute());
   }
   void gelu_backward(float* dinp, const void* inp, DType inp_dtype, const float* dout, size_t n) override {
+    const DeviceWorkScope work(ProfileCategory::elementwise);
     cuda::gelu_backward(dinp, inp, inp_dtype, dout, n, compute());
   }
   void residual_forward(float* out, const float* a, const float* b, size_t n) override {
+    const DeviceWorkScope work(ProfileCategory::elementwise);
     cuda::residual_forward(out, a, b, n, compute());
   }
   void crossentropy_forward(float* losses, float* lse, const void* logits, DType logits_dtype, const int32_t* targets,
                             int N, int V, int Vp) override {
+    const DeviceWorkScope work(ProfileCategory::elementwise);
     cuda::crossentropy_forward(losses, lse, logits, logits_dtype, targets, N, V, Vp, compute());
   }
   void crossentropy_backward(void* dlogits, DType dlogits_dtype, const void* logits, DType logits_dtype,
                              const float* lse, const int32_t* targets, float dloss, int N, int V, int Vp) override {
+    const DeviceWorkScope work(ProfileCategory::elementwise);
     cuda::crossentropy_backward(dlogits, dlogits_dtype, logits, logits_dtype, lse, targets, dloss, N, V, Vp, compute());
   }
 
-  void relu_forward(float* out, const float* inp, size_t n) override { cuda::relu_forward(out, inp, n, compute()); }
+  void relu_forward(float* out, const float* inp, size_t n) override {
+    const DeviceWorkScope work(ProfileCategory::elementwise);
+    cuda::relu_forward(out, inp, n, compute());
+  }
   void relu_backward(float* dinp, const float* dout, const float* out, size_t n) override {
+    const DeviceWorkScope work(ProfileCategory::elementwise);
     cuda::relu_backward(dinp, dout, out, n, compute());
   }
   void dropout_forward(float* out, const float* inp, int N, size_t per_sample, float p,
                        const DropoutKey& key) override {
+    const DeviceWorkScope work(ProfileCategory::elementwise);
     dropout(out, inp, N, per_sample, p, key, compute());
   }
   void dropout_backward(float* dinp, const float* dout, int N, size_t per_sample, float p,
                         const DropoutKey& key) override {
+    const DeviceWorkScope work(ProfileCategory::elementwise);
     dropout(dinp, dout, N, per_sample, p, key, compute());  // the same mask and scale
   }
   float softmax_cross_entropy_forward(float* probs, float* losses, const float* logits, const int32_t* labels, int N,
                                       int K, int64_t* correct) override {
+    const DeviceWorkScope work(ProfileCategory::elementwise);
     if (N == 0) {
       if (correct) *correct = 0;
       return 0.0f;
@@ -729,6 +770,7 @@ class CudaBackend final : public kernels::Backend {
   }
   void softmax_cross_entropy_backward(float* dlogits, const float* probs, const int32_t* labels, int N, int K,
                                       float scale) override {
+    const DeviceWorkScope work(ProfileCategory::elementwise);
     cuda::softmax_cross_entropy_backward(dlogits, probs, labels, N, K, scale, compute());
   }
   // Plain layouts only: nothing is ever held blocked on the GPU.
@@ -745,17 +787,21 @@ class CudaBackend final : public kernels::Backend {
   }
   void conv2d_forward(float* out, const float* inp, const float* weight, const float* bias,
                       const Conv2dShape& s) override {
+    const DeviceWorkScope work(ProfileCategory::gemm);
     cuda::conv2d_forward(out, inp, weight, bias, s, compute());
   }
   void conv2d_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                        const float* weight, const Conv2dShape& s, bool accumulate_param_grads) override {
+    const DeviceWorkScope work(ProfileCategory::gemm);
     cuda::conv2d_backward(dinp, dweight, dbias, dout, inp, weight, s, accumulate_param_grads, compute());
   }
   size_t maxpool2d_workspace_bytes(const Pool2dShape& s) override { return cuda::maxpool2d_workspace_bytes(s); }
   void maxpool2d_forward(float* out, void* workspace, const float* inp, const Pool2dShape& s) override {
+    const DeviceWorkScope work(ProfileCategory::elementwise);
     cuda::maxpool2d_forward(out, static_cast<int32_t*>(workspace), inp, s, compute());
   }
   void maxpool2d_backward(float* dinp, const float* dout, const void* workspace, const Pool2dShape& s) override {
+    const DeviceWorkScope work(ProfileCategory::elementwise);
     cuda::maxpool2d_backward(dinp, dout, static_cast<const int32_t*>(workspace), s, compute());
   }
 
@@ -972,6 +1018,7 @@ class CudaBackend final : public kernels::Backend {
       ZERONE_CUBLAS_CHECK(lib_.desc_set_attribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
     void* workspace = scratch(kGemmWorkspace, kWorkspaceBytes);
     const float alpha = 1.0f;
+    const DeviceWorkScope work(ProfileCategory::gemm);
     ZERONE_CUBLAS_CHECK(lib_.matmul(lt_, plan.desc, &alpha, a, plan.la, b, plan.lb, &beta, d, plan.ld, d, plan.ld,
                                     &plan.algo, workspace, kWorkspaceBytes, compute()));
     return bias != nullptr;

@@ -305,7 +305,10 @@ TEST(FlashTiles, TileArithmetic) {
 //  - a span that skips a tile sees none of it, and a span that does not skip sees the tile's first
 //    key from every real row (so no row meets a tile it wholly misses, as in the first form);
 //  - a tile left unmasked holds no pair a real row does not see; one tile a live span is masked;
-// and in dK/dV a tile left unmasked holds no query past T.
+// and in dK/dV, for blocks of 64 keys swept by chunks of 64 queries (16 keys a warp) or of 128 keys
+// swept by chunks of 16 (32 keys a warp), from the block's first key on: a chunk a span skips adds
+// nothing (no real query in it sees a key of the span) and every key pair a real query sees is met;
+// a chunk left unmasked is all real queries that see every key of the span.
 TEST(FlashTiles, TensorCoreTilesLeftUnmaskedNeedNoMask) {
   constexpr int kTile = 64, kBlockWarps = 4;
   for (const int span_rows : {16, 32}) {
@@ -340,16 +343,34 @@ TEST(FlashTiles, TensorCoreTilesLeftUnmaskedNeedNoMask) {
         }
       }
   }
-  for (int T = 1; T <= 5 * kTile; ++T) {
-    const int tiles = tiles_of(T, kTile);
-    for (int kt = 0; kt < tiles; ++kt)
-      for (int q0 = kt * kTile; q0 < T; q0 += kTile) {
-        if (tc_key_sweep_needs_mask(q0, kt * kTile, kTile, T)) continue;
-        for (int query = q0; query < q0 + kTile; ++query)
-          for (int key = kt * kTile; key < std::min(T, (kt + 1) * kTile); ++key)
-            ASSERT_TRUE(sees(query, key, T)) << "T " << T << " key tile " << kt << " query tile at " << q0
-                                             << ": query " << query << ", key " << key;
-      }
+  for (const auto [span_keys, chunk] : {std::array<int, 2>{16, 64}, std::array<int, 2>{32, 16}}) {
+    const int block_keys = kBlockWarps * span_keys;
+    for (int T = 1; T <= 5 * block_keys; ++T)
+      for (int k0 = 0; k0 < T; k0 += block_keys)
+        for (int key0 = k0; key0 < std::min(T, k0 + block_keys); key0 += span_keys) {
+          const int real_keys_end = std::min(T, key0 + span_keys);
+          std::vector<int> met(static_cast<size_t>(real_keys_end - key0), 0);  // queries met, per key
+          // The sweep: query tiles of 64 from the block's first key, chunk by chunk.
+          for (int q0 = k0; q0 < T; q0 += chunk) {
+            const std::string where = "T " + std::to_string(T) + " keys at " + std::to_string(key0) + " of " +
+                                      std::to_string(span_keys) + ", chunk at " + std::to_string(q0);
+            if (tc_key_span_sees_none(key0, q0, chunk, T)) {
+              for (int key = key0; key < real_keys_end; ++key)
+                for (int query = q0; query < q0 + chunk; ++query) ASSERT_FALSE(sees(query, key, T)) << where;
+              continue;
+            }
+            const bool masked = tc_key_span_needs_mask(key0, span_keys, q0, chunk, T);
+            for (int key = key0; key < real_keys_end; ++key)
+              for (int query = q0; query < q0 + chunk; ++query) {
+                if (!masked) {
+                  ASSERT_TRUE(sees(query, key, T)) << where << ": query " << query << ", key " << key;
+                }
+                met[static_cast<size_t>(key - key0)] += sees(query, key, T);
+              }
+          }
+          for (int key = key0; key < real_keys_end; ++key)  // every query that sees the key was met once
+            ASSERT_EQ(met[static_cast<size_t>(key - key0)], T - key) << "T " << T << " key " << key;
+        }
   }
 }
 

@@ -9,11 +9,11 @@
 //    call; so are P before P V, and dS before dS K and dS^T Q. Scores, the softmax, its
 //    statistics (lse, D) and every accumulator stay f32; lse and dqkv are f32 as in the f32 form.
 //    An f32 run (operands f32) never comes here: it keeps attention.cu's exact f32 kernels.
-//  - Tiles: a block is 4 warps; in dK/dV a warp owns 16 keys of the block's 64, in forward and dQ
-//    a span of 32 queries of the block's 128 (16 of 64 above head size 64: Note [Query rows a warp
-//    owns]), and each sweeps 64-row tiles of the other side. The C fragment of one mma (16 x 8,
-//    f32) is laid out as the A fragment of the next (16 x 16, two C fragments side by side), so P
-//    and dS go from the score accumulators to the next product in registers.
+//  - Tiles: a block is 4 warps; a warp owns a span of 32 rows of the block's 128 (queries in
+//    forward and dQ, keys in dK/dV; 16 of 64 above head size 64: Note [Query rows a warp owns],
+//    Note [Key rows a warp owns]), and each sweeps 64-row tiles of the other side. The C fragment
+//    of one mma (16 x 8, f32) is laid out as the A fragment of the next (16 x 16, two C fragments
+//    side by side), so P and dS go from the score accumulators to the next product in registers.
 //  - Shared-memory rows are hs + 8 elements apart (16 bytes of padding): the fragment loads of a
 //    warp then hit 32 different banks.
 //  - The tiles load 16-bit rows with 16-byte loads (Note [Operands rounded once], below).
@@ -105,8 +105,14 @@ constexpr int kKeyValueTiles = 4;  // the sweep's key and value tiles, two buffe
 constexpr size_t tile_bytes(int hs) { return sizeof(uint16_t) * kTileRows * (hs + 8); }  // TileLayout's
 constexpr size_t forward_smem_bytes(int hs) { return (query_row_tiles(hs) + kKeyValueTiles) * tile_bytes(hs); }
 constexpr size_t dq_smem_bytes(int hs) { return (2 * query_row_tiles(hs) + kKeyValueTiles) * tile_bytes(hs); }
-constexpr int kBackwardTiles = 6;  // dK/dV: K, V, then Q and dO two buffers each
-constexpr size_t dkv_smem_bytes(int hs) { return kBackwardTiles * tile_bytes(hs) + 2 * 2 * sizeof(float) * kTileRows; }
+// dK/dV: K and V (key_row_tiles(hs) tiles each: Note [Key rows a warp owns]), then Q and dO two
+// buffers each, then two pairs of float rows (lse and D).
+__host__ __device__ constexpr int key_row_tiles(int hs) { return hs <= 64 ? 2 : 1; }
+__host__ __device__ constexpr int key_block_rows(int hs) { return kWarpsTc * 16 * key_row_tiles(hs); }
+__host__ __device__ constexpr int dkv_stat_rows_tile(int hs) { return 2 * key_row_tiles(hs) + 4; }
+constexpr size_t dkv_smem_bytes(int hs) {
+  return dkv_stat_rows_tile(hs) * tile_bytes(hs) + 2 * 2 * sizeof(float) * kTileRows;
+}
 constexpr size_t largest_smem_bytes(int hs) {
   return std::max({forward_smem_bytes(hs), dq_smem_bytes(hs), dkv_smem_bytes(hs)});
 }
@@ -210,26 +216,27 @@ struct RowsInRegisters {
   }
 };
 
-// acc[i] (16 x 64: 8 C fragments) = A[i] (16 rows: RowsInTile or RowsInRegisters) times the
-// transpose of the 64 rows of tile b, for i < M: sum over the HS columns of both. Each B fragment
-// pair is loaded once for the M products (Note [Query rows a warp owns]); each product sums over
-// the columns in the same order whatever M is.
-template <typename E, int HS, int M, typename Rows>
-__device__ __forceinline__ void rows_times_rows(float (*acc)[8][4], const Rows* a, const uint16_t* b) {
+// acc[i] (16 x 8 N8: N8 C fragments) = A[i] (16 rows: RowsInTile or RowsInRegisters) times the
+// transpose of rows n0 .. n0 + 8 N8 - 1 of tile b, for i < M: sum over the HS columns of both.
+// Each B fragment pair is loaded once for the M products (Note [Query rows a warp owns]); each
+// product sums over the columns in the same order whatever M and N8 are.
+template <typename E, int HS, int M, int N8 = 8, typename Rows>
+__device__ __forceinline__ void rows_times_rows(float (*acc)[N8][4], const Rows* a, const uint16_t* b, int n0 = 0) {
   constexpr int ld = TileLayout<HS>::ld;
+  static_assert(N8 % 2 == 0, "B fragments come in pairs");
 #pragma unroll
   for (int i = 0; i < M; ++i)
 #pragma unroll
-    for (int n = 0; n < 8; ++n) acc[i][n][0] = acc[i][n][1] = acc[i][n][2] = acc[i][n][3] = 0.0f;
+    for (int n = 0; n < N8; ++n) acc[i][n][0] = acc[i][n][1] = acc[i][n][2] = acc[i][n][3] = 0.0f;
 #pragma unroll
   for (int k = 0; k < HS / 16; ++k) {
     uint32_t fa[M][4];
 #pragma unroll
     for (int i = 0; i < M; ++i) a[i].fragment(fa[i], k);
 #pragma unroll
-    for (int n = 0; n < 8; n += 2) {
+    for (int n = 0; n < N8; n += 2) {
       uint32_t fb[4];
-      load_b_pair_rows_are_n(fb, b, ld, 8 * n, 16 * k);
+      load_b_pair_rows_are_n(fb, b, ld, n0 + 8 * n, 16 * k);
 #pragma unroll
       for (int i = 0; i < M; ++i) {
         Operand<E>::mma(acc[i][n], fa[i], fb);
@@ -239,14 +246,15 @@ __device__ __forceinline__ void rows_times_rows(float (*acc)[8][4], const Rows* 
   }
 }
 
-// out[i] (16 x HS: HS/8 C fragments) += P[i] (16 x 64, the C fragments p[i], rounded to E) times
-// the 64 x HS tile b, for i < M (each B fragment pair loaded once for the M products).
-template <typename E, int HS, int M>
-__device__ __forceinline__ void accumulate_times_tile(float (*out)[HS / 8][4], const float (*p)[8][4],
-                                                      const uint16_t* b) {
+// out[i] (16 x HS: HS/8 C fragments) += P[i] (16 x 16 K16, the C fragments p[i], rounded to E)
+// times rows k0 .. k0 + 16 K16 - 1 of tile b (all HS columns), for i < M (each B fragment pair
+// loaded once for the M products). The sum runs over those rows 16 at a time, in order.
+template <typename E, int HS, int M, int K16 = 4>
+__device__ __forceinline__ void accumulate_times_tile(float (*out)[HS / 8][4], const float (*p)[2 * K16][4],
+                                                      const uint16_t* b, int k0 = 0) {
   constexpr int ld = TileLayout<HS>::ld;
 #pragma unroll
-  for (int k = 0; k < 4; ++k) {
+  for (int k = 0; k < K16; ++k) {
     uint32_t fa[M][4];
 #pragma unroll
     for (int i = 0; i < M; ++i) {
@@ -258,7 +266,7 @@ __device__ __forceinline__ void accumulate_times_tile(float (*out)[HS / 8][4], c
 #pragma unroll
     for (int n = 0; n < HS / 8; n += 2) {  // HS / 8 is even: HS is a multiple of 16
       uint32_t fb[4];
-      load_b_pair_rows_are_k(fb, b, ld, 16 * k, 8 * n);
+      load_b_pair_rows_are_k(fb, b, ld, k0 + 16 * k, 8 * n);
 #pragma unroll
       for (int i = 0; i < M; ++i) {
         Operand<E>::mma(out[i][n], fa[i], fb);
@@ -609,32 +617,54 @@ __global__ void __launch_bounds__(kThreadsTc)
 
 // ---------------------------------------------------------------- dK and dV
 
-// One block per (b, kv head, 64-key tile), the keys seen by the most queries first. A warp owns 16
-// keys and, for each query head of the group in order, sweeps the query tiles that see them:
+// Note [Key rows a warp owns]: at head sizes up to 64 a dK/dV warp owns 32 keys (two 16-row mma
+// tiles, its block 128) and takes each 64-query tile of its sweep 16 queries at a time: per chunk
+// the two score products (32 keys x 16 queries), then dV and dK over those 16 queries. Every
+// fragment of Q or dO it loads then serves both key tiles, and the chunk's scores and dP (16
+// registers each) leave room beside dK and dV (128 f32 registers) for the keys' A fragments,
+// held for the whole sweep (Note [Key and value fragments held]; the values' too spilled 228
+// bytes at hs 64). A chunk issues 24 ldmatrix for its 64 mma (254 registers, no spill: ptxas -v,
+// sm_90), where the first form (16 keys, the 64 queries at once, K and V held) issued 64 for 128.
+// Above head size 64: 16 keys a warp, the 64 queries at once, K and V read from shared memory.
+// A key's dK and dV sum the same products in the same order either way (query tiles in order, 16
+// queries at a time, as mma's k steps ran), and a chunk a warp skips (all its queries before the
+// warp's keys, or past T) is one whose products the first form added as exact zeros: the same
+// bits.
+//
+// One block per (b, kv head, key block of key_block_rows(HS)), the keys seen by the most queries
+// first. Warp w owns the span of M = key_row_tiles(HS) 16-row tiles from key k0 + 16 M w and, for
+// each query head of the group in order, sweeps the 64-query tiles that see them (from k0 on):
 // S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q, all in registers.
 template <typename E, int HS>
 __global__ void __launch_bounds__(kThreadsTc)
     tc_flash_dkv_kernel(float* dqkv, const uint16_t* dout, const uint16_t* qkv, const float* lse, const float* dsum,
                         FlashShape s, float scale) {
   using L = TileLayout<HS>;
+  constexpr int M = key_row_tiles(HS), kSpanKeys = 16 * M, kBlockKeys = key_block_rows(HS);
+  constexpr int kChunk = M == 2 ? 16 : kTileRows, kChunks = kTileRows / kChunk, N8 = kChunk / 8, K16 = kChunk / 16;
+  constexpr bool kHeld = M == 2;  // Note [Key and value fragments held]
   extern __shared__ __align__(16) uint16_t smem[];
-  uint16_t *k_s = L::tile(smem, 0), *v_s = L::tile(smem, 1);  // queries and dO: two buffers each
+  // Keys and values (M tiles each); queries and dO after them, two buffers each.
+  uint16_t *k_s = L::tile(smem, 0), *v_s = L::tile(smem, M);
   const int T = s.T, b = blockIdx.x / s.NKV, kv = blockIdx.x % s.NKV, G = s.G();
-  const int key_tile = blockIdx.y, k0 = key_tile * kTileRows;
+  const int k0 = blockIdx.y * kBlockKeys;
   const auto [warp, g, t] = lane_roles();
-  const int keys[2] = {k0 + 16 * warp + g, k0 + 16 * warp + g + 8};
-  const bool warp_live = k0 + 16 * warp < T;
-  const int query_tiles = flash::tiles_of(T, kTileRows);
+  const int key0 = k0 + kSpanKeys * warp;  // the warp's span: keys key0 .. key0 + kSpanKeys - 1
+  int keys[M][2];
+#pragma unroll
+  for (int i = 0; i < M; ++i) keys[i][0] = key0 + 16 * i + g, keys[i][1] = key0 + 16 * i + g + 8;
+  const bool warp_live = key0 < T;
+  const int query_tiles = flash::tiles_of(T, kTileRows), first_tile = k0 / kTileRows;
   // The sweep's steps: for each query head of the group in order, the query tiles that see these
-  // keys, step = group * tiles_per_head + (query_tile - key_tile).
-  const int tiles_per_head = query_tiles - key_tile, steps = G * tiles_per_head;
+  // keys, step = group * tiles_per_head + (query_tile - first_tile).
+  const int tiles_per_head = query_tiles - first_tile, steps = G * tiles_per_head;
   const auto head_of = [&](int step) { return kv * G + step / tiles_per_head; };
-  const auto first_query_of = [&](int step) { return (key_tile + step % tiles_per_head) * kTileRows; };
-  const auto queries_of = [&](int step) { return L::tile(smem, 2 + (step & 1)); };
-  const auto dout_of = [&](int step) { return L::tile(smem, 4 + (step & 1)); };
+  const auto first_query_of = [&](int step) { return (first_tile + step % tiles_per_head) * kTileRows; };
+  const auto queries_of = [&](int step) { return L::tile(smem, 2 * M + (step & 1)); };
+  const auto dout_of = [&](int step) { return L::tile(smem, 2 * M + 2 + (step & 1)); };
   // (64) the query tile's lse, then (64) its D, per buffer.
   const auto lse_of = [&](int step) {
-    return reinterpret_cast<float*>(L::tile(smem, kBackwardTiles)) + (step & 1) * 2 * kTileRows;
+    return reinterpret_cast<float*>(L::tile(smem, dkv_stat_rows_tile(HS))) + (step & 1) * 2 * kTileRows;
   };
   const auto issue = [&](int step) {
     const int h = head_of(step), q0 = first_query_of(step);
@@ -652,81 +682,96 @@ __global__ void __launch_bounds__(kThreadsTc)
   };
 
   issue(0);  // first: its copies run while the keys and values load
-  load_tile<HS>(k_s, qkv, [=](int r) { return s.k(b, r, kv); }, k0, T);
-  load_tile<HS>(v_s, qkv, [=](int r) { return s.v(b, r, kv); }, k0, T);
+  load_tile<HS, kBlockKeys>(k_s, qkv, [=](int r) { return s.k(b, r, kv); }, k0, T);
+  load_tile<HS, kBlockKeys>(v_s, qkv, [=](int r) { return s.v(b, r, kv); }, k0, T);
   const float scale_log2 = scale * kLog2e;
-  // Note [Key and value fragments held]: the warp's 16 keys and values are the A side of both
-  // score products at every step of the sweep. At head size 64 (GPT-2's, the Llamas' up to 3B)
-  // their fragments (16 registers each) are loaded once and held: the kernel's registers keep it
-  // to 2 blocks an SM either way (190 a thread without them, 243 with, by ptxas -v for sm_90), so
-  // they cost no occupancy, and a step issues 8 of its 72 loads fewer. Larger heads would spill
-  // (255 registers already at hs 128); at hs 32 ptxas spills a few bytes with them, for 4 loads a
-  // step. Other sizes read them at each step.
-  constexpr bool kHeld = HS == 64;
-  RowsInRegisters<kHeld ? HS : 16> k_held, v_held;
+  // Note [Key and value fragments held]: the warp's keys and values are the A side of both score
+  // products at every chunk of the sweep. With 32 keys a warp (head sizes up to 64) the keys'
+  // fragments (HS registers) are loaded once and held, the values' read at each chunk (holding
+  // both spilled at hs 64); at larger heads (16 keys a warp) both are read from shared memory,
+  // where holding them spilled (hs 128).
+  RowsInRegisters<kHeld ? HS : 16> k_held[kHeld ? M : 1];
+  RowsInTile<HS> k_rows[M], v_rows[M];
+#pragma unroll
+  for (int i = 0; i < M; ++i) {
+    k_rows[i] = {k_s, kSpanKeys * warp + 16 * i};
+    v_rows[i] = {v_s, kSpanKeys * warp + 16 * i};
+  }
   if constexpr (kHeld) {
     __syncthreads();  // the key and value tiles, stored by every thread
-    if (warp_live) {
-      k_held.load(k_s, 16 * warp);
-      v_held.load(v_s, 16 * warp);
-    }
+    if (warp_live)
+#pragma unroll
+      for (int i = 0; i < M; ++i) {
+        k_held[i].load(k_s, kSpanKeys * warp + 16 * i);
+      }
   }
-  float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
+  float dk[M][HS / 8][4] = {}, dv[M][HS / 8][4] = {};
   for (int step = 0; step < steps; ++step) {
     const int q0 = first_query_of(step);
     sweep_step_begin(step, steps, issue);
     if (!warp_live) continue;
     const uint16_t *q_s = queries_of(step), *do_s = dout_of(step);
     const float *lse_s = lse_of(step), *d_s = lse_s + kTileRows;
-    float p[8][4], ds[8][4];
-    if constexpr (kHeld) {
-      rows_times_rows<E, HS, 1>(&p, &k_held, q_s);    // S^T (keys x queries)
-      rows_times_rows<E, HS, 1>(&ds, &v_held, do_s);  // dP^T = V dO^T
-    } else {
-      const RowsInTile<HS> k_rows{k_s, 16 * warp}, v_rows{v_s, 16 * warp};
-      rows_times_rows<E, HS, 1>(&p, &k_rows, q_s);
-      rows_times_rows<E, HS, 1>(&ds, &v_rows, do_s);
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      const int c0 = q0 + c * kChunk;  // the chunk's first query
+      if (flash::tc_key_span_sees_none(key0, c0, kChunk, T)) continue;
+      float p[M][N8][4], ds[M][N8][4];
+      if constexpr (kHeld) {
+        rows_times_rows<E, HS, M, N8>(p, k_held, q_s, c * kChunk);    // S^T (keys x queries)
+        rows_times_rows<E, HS, M, N8>(ds, v_rows, do_s, c * kChunk);  // dP^T = V dO^T
+      } else {
+        rows_times_rows<E, HS, M, N8>(p, k_rows, q_s, c * kChunk);
+        rows_times_rows<E, HS, M, N8>(ds, v_rows, do_s, c * kChunk);
+      }
+      // Note [Softmax in base 2, masked only where it must be]: the chunks holding a query before
+      // one of the span's keys, and those running past T.
+      if (flash::tc_key_span_needs_mask(key0, kSpanKeys, c0, kChunk, T)) {
+#pragma unroll
+        for (int i = 0; i < M; ++i)
+#pragma unroll
+          for (int n = 0; n < N8; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int column = c * kChunk + 8 * n + 2 * t + (e & 1);
+              const float prob = flash::sees(q0 + column, keys[i][e / 2], T)
+                                     ? exp2_approx(fmaf(p[i][n][e], scale_log2, -lse_s[column] * kLog2e))
+                                     : 0.0f;
+              p[i][n][e] = prob;
+              ds[i][n][e] = prob * (ds[i][n][e] - d_s[column]);
+            }
+      } else {
+#pragma unroll
+        for (int i = 0; i < M; ++i)
+#pragma unroll
+          for (int n = 0; n < N8; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int column = c * kChunk + 8 * n + 2 * t + (e & 1);
+              const float prob = exp2_approx(fmaf(p[i][n][e], scale_log2, -lse_s[column] * kLog2e));
+              p[i][n][e] = prob;
+              ds[i][n][e] = prob * (ds[i][n][e] - d_s[column]);
+            }
+      }
+      accumulate_times_tile<E, HS, M, K16>(dv, p, do_s, c * kChunk);
+      accumulate_times_tile<E, HS, M, K16>(dk, ds, q_s, c * kChunk);
     }
-    // Note [Softmax in base 2, masked only where it must be]: the diagonal query tile, and the
-    // last one where it runs past T.
-    if (flash::tc_key_sweep_needs_mask(q0, k0, kTileRows, T)) {
-#pragma unroll
-      for (int n = 0; n < 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int column = 8 * n + 2 * t + (e & 1), query = q0 + column;
-          const float prob = flash::sees(query, keys[e / 2], T)
-                                 ? exp2_approx(fmaf(p[n][e], scale_log2, -lse_s[column] * kLog2e))
-                                 : 0.0f;
-          p[n][e] = prob;
-          ds[n][e] = prob * (ds[n][e] - d_s[column]);
-        }
-    } else {
-#pragma unroll
-      for (int n = 0; n < 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int column = 8 * n + 2 * t + (e & 1);
-          const float prob = exp2_approx(fmaf(p[n][e], scale_log2, -lse_s[column] * kLog2e));
-          p[n][e] = prob;
-          ds[n][e] = prob * (ds[n][e] - d_s[column]);
-        }
-    }
-    accumulate_times_tile<E, HS, 1>(&dv, &p, do_s);
-    accumulate_times_tile<E, HS, 1>(&dk, &ds, q_s);
   }
   if (!warp_live) return;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    if (keys[r] >= T) continue;
-    float* dk_dst = dqkv + s.k(b, keys[r], kv);
-    float* dv_dst = dqkv + s.v(b, keys[r], kv);
+  for (int i = 0; i < M; ++i)
 #pragma unroll
-    for (int n = 0; n < HS / 8; ++n) {
-      *reinterpret_cast<float2*>(dk_dst + 8 * n + 2 * t) = make_float2(scale * dk[n][2 * r], scale * dk[n][2 * r + 1]);
-      *reinterpret_cast<float2*>(dv_dst + 8 * n + 2 * t) = make_float2(dv[n][2 * r], dv[n][2 * r + 1]);
+    for (int r = 0; r < 2; ++r) {
+      if (keys[i][r] >= T) continue;
+      float* dk_dst = dqkv + s.k(b, keys[i][r], kv);
+      float* dv_dst = dqkv + s.v(b, keys[i][r], kv);
+#pragma unroll
+      for (int n = 0; n < HS / 8; ++n) {
+        *reinterpret_cast<float2*>(dk_dst + 8 * n + 2 * t) =
+            make_float2(scale * dk[i][n][2 * r], scale * dk[i][n][2 * r + 1]);
+        *reinterpret_cast<float2*>(dv_dst + 8 * n + 2 * t) = make_float2(dv[i][n][2 * r], dv[i][n][2 * r + 1]);
+      }
     }
-  }
 }
 
 // ---------------------------------------------------------------- launching
@@ -743,14 +788,14 @@ template <typename E, int HS>
 void backward_with(float* dqkv, float* dsum, const uint16_t* dout, const uint16_t* qkv, const float* lse,
                    const FlashShape& s, float scale, cudaStream_t stream) {
   const unsigned query_blocks = static_cast<unsigned>(flash::tiles_of(s.T, query_block_rows(HS)));
-  const unsigned key_tiles = static_cast<unsigned>(flash::tiles_of(s.T, kTileRows));
+  const unsigned key_blocks = static_cast<unsigned>(flash::tiles_of(s.T, key_block_rows(HS)));
   // dsum (D) is already formed (tensor_core_flash_backward).
   const size_t dq_bytes = request_smem(tc_flash_dq_kernel<E, HS>, dq_smem_bytes(HS));
   tc_flash_dq_kernel<E, HS><<<dim3(static_cast<unsigned>(s.B * s.NH), query_blocks), kThreadsTc, dq_bytes, stream>>>(
       dqkv, dsum, dout, qkv, lse, s, scale);
   ZERONE_CUDA_LAUNCHED();
   const size_t dkv_bytes = request_smem(tc_flash_dkv_kernel<E, HS>, dkv_smem_bytes(HS));
-  tc_flash_dkv_kernel<E, HS><<<dim3(static_cast<unsigned>(s.B * s.NKV), key_tiles), kThreadsTc, dkv_bytes, stream>>>(
+  tc_flash_dkv_kernel<E, HS><<<dim3(static_cast<unsigned>(s.B * s.NKV), key_blocks), kThreadsTc, dkv_bytes, stream>>>(
       dqkv, dout, qkv, lse, dsum, s, scale);
   ZERONE_CUDA_LAUNCHED();
 }

@@ -86,10 +86,19 @@ ZERONE_FLASH_FN constexpr bool sees(int query, int key, int T) { return query < 
 //    key is at most row0 <= every row, and below T: every real row sees the whole tile.
 ZERONE_FLASH_FN constexpr bool tc_query_span_sees_none(int row0, int rows, int k0) { return k0 >= row0 + rows; }
 ZERONE_FLASH_FN constexpr bool tc_query_span_needs_mask(int row0, int k0, int tile) { return k0 + tile - 1 > row0; }
-// dK/dV: the key tile starting at k0 meets the query tile starting at q0 (q0 >= k0), tiles of
-// `tile` rows. There queries past T must add nothing, so a query tile running past T is masked too.
-ZERONE_FLASH_FN constexpr bool tc_key_sweep_needs_mask(int q0, int k0, int tile, int T) {
-  return q0 == k0 || q0 + tile > T;
+// dK/dV: a warp owns the span of keys key0 .. key0 + keys - 1 (key0 < T) and meets the chunk of
+// queries q0 .. q0 + queries - 1. There queries past T must add nothing. With spans of 16 or 32
+// keys at multiples of their size, chunks of 16 or 64 queries at multiples of theirs, and chunks
+// no longer than the keys' blocks (64 or 128 keys):
+//  - tc_key_span_sees_none: no key of the span is seen by a real query of the chunk (every query
+//    is before every key, or past T): the warp skips the chunk, which would add exactly nothing.
+//  - tc_key_span_needs_mask: some query of the chunk is before the span's last key or past T.
+//    Otherwise every query of the chunk is real and sees every key of the span.
+ZERONE_FLASH_FN constexpr bool tc_key_span_sees_none(int key0, int q0, int queries, int T) {
+  return q0 + queries - 1 < key0 || q0 >= T;
+}
+ZERONE_FLASH_FN constexpr bool tc_key_span_needs_mask(int key0, int keys, int q0, int queries, int T) {
+  return q0 < key0 + keys - 1 || q0 + queries > T;
 }
 
 // Note [Fragments by ldmatrix] (attention_tensor_cores.cu): the cell of a 16-bit tile whose

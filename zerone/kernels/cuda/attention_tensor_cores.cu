@@ -44,7 +44,7 @@ namespace {
 
 constexpr int kWarpsTc = 4;
 constexpr int kThreadsTc = 32 * kWarpsTc;
-constexpr int kTileRows = 64;  // the rows of a shared-memory tile: dK/dV's block, every swept tile
+constexpr int kTileRows = 64;  // the rows of a shared-memory tile, and of every tile a sweep takes
 constexpr unsigned kAllLanes = 0xffffffffu;
 
 // The operand dtypes: packing two f32 into one register of two 16-bit values (the lower column in
@@ -73,8 +73,9 @@ ZERONE_TC_OPERAND(__half, __half2, __floats2half2_rn, "f16")
 // A tile of kTileRows rows of hs 16-bit elements in shared memory, rows `ld` elements apart; the
 // kernels' dynamic shared memory is tiles side by side, the swept operands twice (Note [Tiles
 // loaded ahead]; forward: Q, K, K, V, V; dQ: Q, dO, K, K, V, V; dK/dV: K, V, Q, Q, dO, dO, then
-// two pairs of float rows; a query block of 128 rows takes two tiles for Q and for dO: Note [Query
-// rows a warp owns]), and tile(smem, i) is the i-th. Consecutive tiles are consecutive rows.
+// two pairs of float rows; a block of 128 rows takes two tiles for each operand it keeps: Q and
+// dO in forward and dQ, K and V in dK/dV: Note [Query rows a warp owns], Note [Key rows a warp
+// owns]), and tile(smem, i) is the i-th. Consecutive tiles are consecutive rows.
 template <int HS>
 struct TileLayout {
   static constexpr int ld = HS + 8;
@@ -299,10 +300,10 @@ __device__ __forceinline__ float group_max(float v) {
 //  - The causal mask is applied only on tiles that hold a masked element: in forward and dQ the
 //    diagonal key tile of each warp's span of queries (every earlier key tile is seen whole by
 //    every row of the span, and keys past T occur only in the last key tile, which is the diagonal
-//    of the last span);
-//    in dK/dV the diagonal query tile and the last query tile when it runs past T (queries past T
-//    must add nothing to dK and dV). Rows past T elsewhere compute finite values from zero-filled
-//    operands and are never written. The branch is uniform over the warp (over the block in dK/dV).
+//    of the last span); in dK/dV the chunks of queries holding one before a key of the warp's span,
+//    and those running past T (queries past T must add nothing to dK and dV). Rows past T
+//    elsewhere compute finite values from zero-filled operands and are never written. The branch
+//    is uniform over the warp.
 // The values differ from the first form's by the exponential's rounding: other bits, well within
 // the tolerance of the bf16 products (the op harness's attention rows; bitwise repeatable still).
 constexpr float kLog2e = 1.4426950408889634f;
@@ -628,8 +629,8 @@ __global__ void __launch_bounds__(kThreadsTc)
 // Above head size 64: 16 keys a warp, the 64 queries at once, K and V read from shared memory.
 // A key's dK and dV sum the same products in the same order either way (query tiles in order, 16
 // queries at a time, as mma's k steps ran), and a chunk a warp skips (all its queries before the
-// warp's keys, or past T) is one whose products the first form added as exact zeros: the same
-// bits.
+// warp's keys, or past T) is one whose products the first form added as exact zeros, or never
+// met (the block's first query tile, for its second 64 keys): the same bits.
 //
 // One block per (b, kv head, key block of key_block_rows(HS)), the keys seen by the most queries
 // first. Warp w owns the span of M = key_row_tiles(HS) 16-row tiles from key k0 + 16 M w and, for
@@ -687,8 +688,9 @@ __global__ void __launch_bounds__(kThreadsTc)
   const float scale_log2 = scale * kLog2e;
   // Note [Key and value fragments held]: the warp's keys and values are the A side of both score
   // products at every chunk of the sweep. With 32 keys a warp (head sizes up to 64) the keys'
-  // fragments (HS registers) are loaded once and held, the values' read at each chunk (holding
-  // both spilled at hs 64); at larger heads (16 keys a warp) both are read from shared memory,
+  // fragments (HS / 2 registers: 32 at hs 64) are loaded once and held, the values' read at each
+  // chunk (holding both spilled at hs 64; with the keys' alone: 254 registers at hs 64, 168 at 32,
+  // 126 at 16, no spills); at larger heads (16 keys a warp) both are read from shared memory,
   // where holding them spilled (hs 128).
   RowsInRegisters<kHeld ? HS : 16> k_held[kHeld ? M : 1];
   RowsInTile<HS> k_rows[M], v_rows[M];

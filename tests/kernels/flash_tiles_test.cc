@@ -298,21 +298,29 @@ TEST(FlashTiles, TileArithmetic) {
       EXPECT_LE(floats * 4, 163 * 1024) << hs;
 }
 
-// Note [Softmax in base 2, masked only where it must be] and Note [Query rows a warp owns]
-// (attention_tensor_cores.cu): by brute force over every T up to five blocks, for query blocks of
-// 4 warps owning 16 or 32 rows each and key tiles of 64:
-//  - the key tiles a block sweeps hold every key its real rows see;
-//  - a span that skips a tile sees none of it, and a span that does not skip sees the tile's first
-//    key from every real row (so no row meets a tile it wholly misses, as in the first form);
-//  - a tile left unmasked holds no pair a real row does not see; one tile a live span is masked;
+// Note [Softmax in base 2, masked only where it must be], Note [Query rows a warp owns] and Note
+// [Keys in chunks for dQ] (attention_tensor_cores.cu): by brute force over every T up to five
+// blocks, for query blocks of 4 warps owning 16 or 32 rows each, sweeping key tiles of 64 whole
+// (forward, and dQ above head size 64) or 16 keys at a time (dQ at 32 rows a warp):
+//  - the key tiles a block sweeps hold every key its real rows see, and each (row, key) pair a real
+//    row sees is met once;
+//  - a span that skips a chunk sees none of it; in the forward, a span that does not skip sees the
+//    chunk's first key from every real row (so no row meets a tile it wholly misses, which the
+//    online softmax would take as a tile of maximum -inf);
+//  - a chunk left unmasked holds no pair a real row does not see; with whole tiles one tile a
+//    live span is masked;
 // and in dK/dV, for blocks of 64 keys swept by chunks of 64 queries (16 keys a warp) or of 128 keys
 // swept by chunks of 16 (32 keys a warp), from the block's first key on: a chunk a span skips adds
 // nothing (no real query in it sees a key of the span) and every key pair a real query sees is met;
 // a chunk left unmasked is all real queries that see every key of the span.
 TEST(FlashTiles, TensorCoreTilesLeftUnmaskedNeedNoMask) {
   constexpr int kTile = 64, kBlockWarps = 4;
-  for (const int span_rows : {16, 32}) {
-    const int block_rows = kBlockWarps * span_rows;
+  struct QuerySweep {
+    int span_rows, chunk;
+    bool forward;
+  };
+  for (const QuerySweep sweep : {QuerySweep{16, 64, true}, QuerySweep{32, 64, true}, QuerySweep{32, 16, false}}) {
+    const int span_rows = sweep.span_rows, chunk = sweep.chunk, block_rows = kBlockWarps * span_rows;
     for (int T = 1; T <= 5 * block_rows; ++T)
       for (int q0 = 0; q0 < T; q0 += block_rows) {
         const int key_tiles = key_tiles_seen(q0, block_rows, T, kTile);
@@ -320,26 +328,34 @@ TEST(FlashTiles, TensorCoreTilesLeftUnmaskedNeedNoMask) {
           ASSERT_LT(row / kTile, key_tiles) << "T " << T << " block at " << q0 << ": row " << row;
         for (int row0 = q0; row0 < std::min(T, q0 + block_rows); row0 += span_rows) {
           const int real_end = std::min(T, row0 + span_rows);
+          std::vector<int> met(static_cast<size_t>(real_end - row0), 0);  // keys met, per row
           int masked = 0;
-          for (int kt = 0; kt < key_tiles; ++kt) {
-            const int k0 = kt * kTile;
+          for (int c0 = 0; c0 < key_tiles * kTile; c0 += chunk) {
             const std::string where = "T " + std::to_string(T) + " span at " + std::to_string(row0) + " of " +
-                                      std::to_string(span_rows) + ", key tile " + std::to_string(kt);
-            if (tc_query_span_sees_none(row0, span_rows, k0)) {
+                                      std::to_string(span_rows) + ", keys at " + std::to_string(c0);
+            if (tc_query_span_sees_none(row0, span_rows, c0)) {
               for (int row = row0; row < real_end; ++row)
-                for (int key = k0; key < k0 + kTile; ++key) ASSERT_FALSE(sees(row, key, T)) << where;
+                for (int key = c0; key < c0 + chunk; ++key) ASSERT_FALSE(sees(row, key, T)) << where;
               continue;
             }
-            for (int row = row0; row < real_end; ++row) ASSERT_TRUE(sees(row, k0, T)) << where << ": row " << row;
-            if (tc_query_span_needs_mask(row0, k0, kTile)) {
-              ++masked;
-              continue;
+            if (sweep.forward) {
+              for (int row = row0; row < real_end; ++row) ASSERT_TRUE(sees(row, c0, T)) << where << ": row " << row;
             }
+            const bool needs_mask = tc_query_span_needs_mask(row0, c0, chunk);
+            masked += needs_mask;
             for (int row = row0; row < real_end; ++row)
-              for (int key = k0; key < k0 + kTile; ++key)
-                ASSERT_TRUE(sees(row, key, T)) << where << ": row " << row << ", key " << key;
+              for (int key = c0; key < c0 + chunk; ++key) {
+                if (!needs_mask) {
+                  ASSERT_TRUE(sees(row, key, T)) << where << ": row " << row << ", key " << key;
+                }
+                met[static_cast<size_t>(row - row0)] += sees(row, key, T);
+              }
           }
-          EXPECT_EQ(masked, 1) << "T " << T << " span at " << row0 << " of " << span_rows;
+          for (int row = row0; row < real_end; ++row)
+            ASSERT_EQ(met[static_cast<size_t>(row - row0)], row + 1) << "T " << T << " row " << row;
+          if (chunk == kTile) {
+            EXPECT_EQ(masked, 1) << "T " << T << " span at " << row0 << " of " << span_rows;
+          }
         }
       }
   }

@@ -94,9 +94,10 @@ struct TileLayout {
 // same order with the same arithmetic: the same bits. A span skips a key tile all of whose keys
 // are past its rows (the block's second diagonal key tile, for the first two spans of a 128-row
 // block), which the first form never met (flash::tc_query_span_sees_none; flash_tiles_test checks
-// the spans). Registers at hs 64 (ptxas -v, sm_90): forward 255, dQ 255, no spills: 2 blocks an SM
+// the spans). Registers at hs 64 (ptxas -v, sm_90): forward 255, dQ 225, no spills: 2 blocks an SM
 // (were 127 and 168: 4 and 3 blocks of half the rows); per 64-key tile a warp issues 32 ldmatrix
-// for 128 mma in forward (36 for 64 before) and 64 for 192 in dQ (56 for 96).
+// for 128 mma in forward (36 for 64 before) and 48 for 192 in dQ (56 for 96; Note [Keys in chunks
+// for dQ]).
 __host__ __device__ constexpr int query_row_tiles(int hs) { return hs <= 64 ? 2 : 1; }
 __host__ __device__ constexpr int query_block_rows(int hs) { return kWarpsTc * 16 * query_row_tiles(hs); }
 constexpr int kKeyValueTiles = 4;  // the sweep's key and value tiles, two buffers each
@@ -525,15 +526,24 @@ __global__ void tc_flash_row_dot_kernel(float* dsum, uint16_t* dout16, const flo
 
 // One block per (b, h, query block of query_block_rows(HS)): dQ = dS K with dS = P (dP - D), P
 // recomputed; warp w owns the span of M = query_row_tiles(HS) 16-row tiles from row q0 + 16 M w
-// (Note [Query rows a warp owns]). Its query and dO fragments come from shared memory at each
-// product: held in registers beside dQ, the scores and dP (64 f32 registers each at hs 64) they
-// would spill.
+// (Note [Query rows a warp owns]).
+// Note [Keys in chunks for dQ]: with two row tiles a warp (head sizes up to 64) each 64-key tile
+// is taken 16 keys at a time, as dK/dV takes its queries (Note [Key rows a warp owns]): the
+// scores and dP of a chunk (16 registers each, where the whole tile's took 64 each) leave room for
+// the warp's query and dO A fragments, held for the whole sweep, so that a chunk issues 12
+// ldmatrix for its 48 mma (the whole tile at once, Q and dO read at each product: 64 for 192).
+// dQ sums the same products in the same order (key tiles in order, 16 keys at a time, as mma's k
+// steps ran), and a chunk all of whose keys are past the span's rows adds nothing, as the tile
+// form's zeros did: the same bits. Above head size 64 the tile is taken whole, Q and dO from
+// shared memory.
 template <typename E, int HS>
 __global__ void __launch_bounds__(kThreadsTc)
     tc_flash_dq_kernel(float* dqkv, const float* dsum, const uint16_t* dout, const uint16_t* qkv, const float* lse,
                        FlashShape s, float scale) {
   using L = TileLayout<HS>;
   constexpr int M = query_row_tiles(HS), kSpanRows = 16 * M, kBlockRows = query_block_rows(HS);
+  constexpr int kChunk = M == 2 ? 16 : kTileRows, kChunks = kTileRows / kChunk, N8 = kChunk / 8, K16 = kChunk / 16;
+  constexpr bool kHeld = M == 2;  // Note [Keys in chunks for dQ]
   extern __shared__ __align__(16) uint16_t smem[];
   // Queries and dO (M tiles each); keys and values after them, two buffers each.
   uint16_t *q_s = L::tile(smem, 0), *do_s = L::tile(smem, M);
@@ -558,6 +568,16 @@ __global__ void __launch_bounds__(kThreadsTc)
   issue(0);  // first: its copies run while the queries and dO load
   load_tile<HS, kBlockRows>(q_s, qkv, [=](int r) { return s.q(b, r, h); }, q0, T);
   load_tile<HS, kBlockRows>(do_s, dout, [=](int r) { return s.o(b, r, h); }, q0, T);
+  RowsInRegisters<kHeld ? HS : 16> q_held[kHeld ? M : 1], do_held[kHeld ? M : 1];
+  if constexpr (kHeld) {
+    __syncthreads();  // the query and dO tiles, stored by every thread
+    if (warp_live)
+#pragma unroll
+      for (int i = 0; i < M; ++i) {
+        q_held[i].load(q_s, kSpanRows * warp + 16 * i);
+        do_held[i].load(do_s, kSpanRows * warp + 16 * i);
+      }
+  }
   const float scale_log2 = scale * kLog2e;
   float row_lse2[M][2], D[M][2], dq[M][HS / 8][4] = {};  // row_lse2: lse in units of log2
 #pragma unroll
@@ -571,36 +591,46 @@ __global__ void __launch_bounds__(kThreadsTc)
   for (int key_tile = 0; key_tile < key_tiles; ++key_tile) {
     const int k0 = key_tile * kTileRows;
     sweep_step_begin(key_tile, key_tiles, issue);
-    if (!warp_live || flash::tc_query_span_sees_none(row0, kSpanRows, k0)) continue;
+    if (!warp_live) continue;
     const uint16_t *k_s = sweep.keys(key_tile), *v_s = sweep.values(key_tile);
-    float p[M][8][4], dp[M][8][4];
-    rows_times_rows<E, HS, M>(p, q_rows, k_s);    // scores
-    rows_times_rows<E, HS, M>(dp, do_rows, v_s);  // dP = dO V^T
-    // Note [Softmax in base 2, masked only where it must be].
-    const bool masked = flash::tc_query_span_needs_mask(row0, k0, kTileRows);
 #pragma unroll
-    for (int i = 0; i < M; ++i) {
-      if (masked) {
+    for (int c = 0; c < kChunks; ++c) {
+      const int c0 = k0 + c * kChunk;  // the chunk's first key
+      if (flash::tc_query_span_sees_none(row0, kSpanRows, c0)) continue;
+      float p[M][N8][4], dp[M][N8][4];
+      if constexpr (kHeld) {
+        rows_times_rows<E, HS, M, N8>(p, q_held, k_s, c * kChunk);    // scores
+        rows_times_rows<E, HS, M, N8>(dp, do_held, v_s, c * kChunk);  // dP = dO V^T
+      } else {
+        rows_times_rows<E, HS, M, N8>(p, q_rows, k_s, c * kChunk);
+        rows_times_rows<E, HS, M, N8>(dp, do_rows, v_s, c * kChunk);
+      }
+      // Note [Softmax in base 2, masked only where it must be].
+      if (flash::tc_query_span_needs_mask(row0, c0, kChunk)) {
 #pragma unroll
-        for (int n = 0; n < 8; ++n)
+        for (int i = 0; i < M; ++i)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int key = k0 + 8 * n + 2 * t + (e & 1);
-            const float prob = flash::sees(rows[i][e / 2], key, T)
-                                   ? exp2_approx(fmaf(p[i][n][e], scale_log2, -row_lse2[i][e / 2]))
-                                   : 0.0f;
-            p[i][n][e] = prob * (dp[i][n][e] - D[i][e / 2]);  // dS
-          }
+          for (int n = 0; n < N8; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int key = c0 + 8 * n + 2 * t + (e & 1);
+              const float prob = flash::sees(rows[i][e / 2], key, T)
+                                     ? exp2_approx(fmaf(p[i][n][e], scale_log2, -row_lse2[i][e / 2]))
+                                     : 0.0f;
+              p[i][n][e] = prob * (dp[i][n][e] - D[i][e / 2]);  // dS
+            }
       } else {
 #pragma unroll
-        for (int n = 0; n < 8; ++n)
+        for (int i = 0; i < M; ++i)
 #pragma unroll
-          for (int e = 0; e < 4; ++e)
-            p[i][n][e] =
-                exp2_approx(fmaf(p[i][n][e], scale_log2, -row_lse2[i][e / 2])) * (dp[i][n][e] - D[i][e / 2]);
+          for (int n = 0; n < N8; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              p[i][n][e] =
+                  exp2_approx(fmaf(p[i][n][e], scale_log2, -row_lse2[i][e / 2])) * (dp[i][n][e] - D[i][e / 2]);
       }
+      accumulate_times_tile<E, HS, M, K16>(dq, p, k_s, c * kChunk);
     }
-    accumulate_times_tile<E, HS, M>(dq, p, k_s);
   }
   if (!warp_live) return;
 #pragma unroll

@@ -764,7 +764,7 @@ PY
 # memory (the delayed update, then accumulation, then one micro-step a step: ZERONE_7B_RUNS), then
 # W5 GPT-2 beside PyTorch eager with what is left (ZERONE_W5_KEEP_S, default 100 s, kept for it).
 # ZERONE_FOCUS_ATTENTION=1 adds the attention beside SDPA after the harness; ZERONE_FOCUS_OFFLOAD=0
-# leaves out the offload step.
+# leaves out the offload step; ZERONE_FOCUS_LLAMA=1 adds Llama-3.2-1B's W5 after GPT-2's.
 # ZERONE_FOCUS_SCRIPTS names tests/zero/ scripts to run after the op harness (zero_cuda.log);
 # ZERONE_OFFLOAD_PARTS (default 7b) may add 13b and the 1B parts (none cpu fsdp2 nvme); ZERONE_OFFLOAD_FLAGS go to every 7B and 13B run
 # (--lr, say), ZERONE_7B_STEPS and ZERONE_13B_STEPS set their steps, ZERONE_13B_MIN_S the time the
@@ -801,7 +801,17 @@ do_focus() {
     export ZERONE_DEADLINE=$call_deadline
   fi
   export ZERONE_W5_PEERS=eager ZERONE_W5_LARGEST=0
-  step w5 $((deadline - $(now))) bench_w5.log bench_w5 gpt2
+  # ZERONE_FOCUS_LLAMA=1: Llama-3.2-1B's W5 after GPT-2's, 150 s kept for it (issue 18 §4's second
+  # target; eager PyTorch beside it when time is left).
+  if [ "${ZERONE_FOCUS_LLAMA:-0}" = 1 ]; then
+    local call_end=$deadline
+    export ZERONE_DEADLINE=$((deadline - 150))  # GPT-2's peers see the time left before Llama's
+    step w5 $((deadline - $(now) - 150)) bench_w5.log bench_w5 gpt2
+    export ZERONE_DEADLINE=$call_end
+    step w5_llama $((deadline - $(now))) bench_w5.log bench_w5 llama
+  else
+    step w5 $((deadline - $(now))) bench_w5.log bench_w5 gpt2
+  fi
   pack_extras "$tmp"
   cat "$out/summary.txt"
 }

@@ -93,8 +93,8 @@ struct TileLayout {
 // A span's rows see exactly the keys the first form's 64-row query tiles saw, tile by tile in the
 // same order with the same arithmetic: the same bits. A span skips a key tile all of whose keys
 // are past its rows (the block's second diagonal key tile, for the first two spans of a 128-row
-// block), which the first form never met (flash::tc_query_span_sees_none; flash_tiles_test checks
-// the spans). Registers at hs 64 (ptxas -v, sm_90): forward 255, dQ 225, no spills: 2 blocks an SM
+// block; dQ also skips such 16-key chunks: Note [Keys in chunks for dQ]), which the first form
+// never met or masked whole (flash::tc_query_span_sees_none; flash_tiles_test checks the spans). Registers at hs 64 (ptxas -v, sm_90): forward 255, dQ 225, no spills: 2 blocks an SM
 // (were 127 and 168: 4 and 3 blocks of half the rows); per 64-key tile a warp issues 32 ldmatrix
 // for 128 mma in forward (36 for 64 before) and 48 for 192 in dQ (56 for 96; Note [Keys in chunks
 // for dQ]).
@@ -299,9 +299,9 @@ __device__ __forceinline__ float group_max(float v) {
 //    statistics saved for backward stay in natural units: lse = max * ln 2 + ln(row sum), and
 //    backward forms P = 2^(s * scale * log2 e - lse * log2 e).
 //  - The causal mask is applied only on tiles that hold a masked element: in forward and dQ the
-//    diagonal key tile of each warp's span of queries (every earlier key tile is seen whole by
-//    every row of the span, and keys past T occur only in the last key tile, which is the diagonal
-//    of the last span); in dK/dV the chunks of queries holding one before a key of the warp's span,
+//    diagonal key tile of each warp's span of queries (dQ at head sizes up to 64: the two 16-key
+//    chunks at the span's rows; every earlier key is seen by every row of the span, and keys past
+//    T occur only in the last key tile, which is the diagonal of the last span); in dK/dV the chunks of queries holding one before a key of the warp's span,
 //    and those running past T (queries past T must add nothing to dK and dV). Rows past T
 //    elsewhere compute finite values from zero-filled operands and are never written. The branch
 //    is uniform over the warp.
@@ -533,8 +533,8 @@ __global__ void tc_flash_row_dot_kernel(float* dsum, uint16_t* dout16, const flo
 // the warp's query and dO A fragments, held for the whole sweep, so that a chunk issues 12
 // ldmatrix for its 48 mma (the whole tile at once, Q and dO read at each product: 64 for 192).
 // dQ sums the same products in the same order (key tiles in order, 16 keys at a time, as mma's k
-// steps ran), and a chunk all of whose keys are past the span's rows adds nothing, as the tile
-// form's zeros did: the same bits. Above head size 64 the tile is taken whole, Q and dO from
+// steps ran), and a chunk all of whose keys are past the span's rows adds nothing, where the tile
+// form added products of zero (±0, which leave a sum unchanged): the same bits. Above head size 64 the tile is taken whole, Q and dO from
 // shared memory.
 template <typename E, int HS>
 __global__ void __launch_bounds__(kThreadsTc)
@@ -659,8 +659,9 @@ __global__ void __launch_bounds__(kThreadsTc)
 // Above head size 64: 16 keys a warp, the 64 queries at once, K and V read from shared memory.
 // A key's dK and dV sum the same products in the same order either way (query tiles in order, 16
 // queries at a time, as mma's k steps ran), and a chunk a warp skips (all its queries before the
-// warp's keys, or past T) is one whose products the first form added as exact zeros, or never
-// met (the block's first query tile, for its second 64 keys): the same bits.
+// warp's keys, or past T) is one whose products the first form added as zeros (±0, which leave a
+// sum unchanged), or never met (the block's first query tile, for its second 64 keys): the same
+// bits.
 //
 // One block per (b, kv head, key block of key_block_rows(HS)), the keys seen by the most queries
 // first. Warp w owns the span of M = key_row_tiles(HS) 16-row tiles from key k0 + 16 M w and, for

@@ -77,11 +77,12 @@ ZERONE_FLASH_FN constexpr bool sees(int query, int key, int T) { return query < 
 // them, every real query row of the tile (row < T) sees every key of the tile (key < T and key
 // <= row); rows past T there compute values that are never written.
 // Forward and dQ: a warp owns the span of query rows row0 .. row0 + rows - 1 (row0 < T) and meets
-// the key tile k0 .. k0 + tile - 1 (k0 a multiple of tile, k0 < T). With spans of 16 or 32 rows
-// at multiples of their size and tiles of 64 keys:
+// the key tile (or chunk) k0 .. k0 + tile - 1 (k0 a multiple of tile, k0 < T). With spans of 16
+// or 32 rows at multiples of their size and tiles of 64 keys (dQ: also chunks of 16):
 //  - tc_query_span_sees_none: every key of the tile is past every row of the span, which then
-//    skips the tile (it would add exactly nothing). Otherwise every real row of the span sees the
-//    tile's first key, as every row of the first form's query tiles did.
+//    skips the tile (it would add exactly nothing). Otherwise, with tiles of 64, every real row of
+//    the span sees the tile's first key, as every row of the first form's query tiles did (the
+//    forward's online softmax needs it; with dQ's chunks of 16 a row may see none of a chunk).
 //  - tc_query_span_needs_mask: some key of the tile is past the span's first row. Otherwise every
 //    key is at most row0 <= every row, and below T: every real row sees the whole tile.
 ZERONE_FLASH_FN constexpr bool tc_query_span_sees_none(int row0, int rows, int k0) { return k0 >= row0 + rows; }

@@ -1170,6 +1170,10 @@ void transformer_cases() {
   attention_case(1, 20, 2, 0, 48, 43, DType::bf16);     // not built for: the f32 form
   // Five tiles, the last partial: each of Note [Tiles loaded ahead]'s two buffers refilled twice.
   attention_case(1, 300, 4, 2, 64, 45, DType::bf16);
+  // Note [Query rows a warp owns], Note [Key rows a warp owns]: two whole 128-row blocks and one row
+  // past them (its block's first warp alive alone), LLaMA-1B's groups of 4; f16 at hs 32 over 2.5 blocks.
+  attention_case(1, 257, 8, 2, 64, 46, DType::bf16);
+  attention_case(2, 160, 4, 4, 32, 47, DType::f16);
   rope_case(2, 6, 3, 4, 8, false, 70);  // NH 2 query, NKV 1 key, 1 value head: the values stay
   rope_case(2, 6, 3, 4, 8, true, 71);
   rope_case(1, 1, 2, 2, 4, false, 72);  // T = 1: the identity

@@ -33,6 +33,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "zerone/kernels/cuda/common.cuh"
 #include "zerone/kernels/cuda/flash_common.cuh"
@@ -438,27 +439,22 @@ __global__ void __launch_bounds__(kThreadsTc)
     rows_times_rows<E, HS, M>(p, q_held, k_s);  // scores (16 x 64 a tile)
     // Note [Softmax in base 2, masked only where it must be]: scores in units of log2.
     const bool masked = flash::tc_query_span_needs_mask(row0, k0, kTileRows);
+    // The tile's scores in units of log2 and each row's largest; is_masked a compile-time constant.
+    const auto scale_scores = [&](int i, float tile_max[2], auto is_masked) {
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = k0 + 8 * n + 2 * t + (e & 1);
+          p[i][n][e] = !is_masked || flash::sees(rows[i][e / 2], key, T) ? scale_log2 * p[i][n][e] : -INFINITY;
+          tile_max[e / 2] = fmaxf(tile_max[e / 2], p[i][n][e]);
+        }
+    };
 #pragma unroll
     for (int i = 0; i < M; ++i) {
       float tile_max[2] = {-INFINITY, -INFINITY};
-      if (masked) {
-#pragma unroll
-        for (int n = 0; n < 8; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int key = k0 + 8 * n + 2 * t + (e & 1);
-            p[i][n][e] = flash::sees(rows[i][e / 2], key, T) ? scale_log2 * p[i][n][e] : -INFINITY;
-            tile_max[e / 2] = fmaxf(tile_max[e / 2], p[i][n][e]);
-          }
-      } else {
-#pragma unroll
-        for (int n = 0; n < 8; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            p[i][n][e] *= scale_log2;
-            tile_max[e / 2] = fmaxf(tile_max[e / 2], p[i][n][e]);
-          }
-      }
+      if (masked) scale_scores(i, tile_max, std::true_type{});
+      else scale_scores(i, tile_max, std::false_type{});
       float rescale[2], m_sub[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -605,8 +601,8 @@ __global__ void __launch_bounds__(kThreadsTc)
         rows_times_rows<E, HS, M, N8>(p, q_rows, k_s, c * kChunk);
         rows_times_rows<E, HS, M, N8>(dp, do_rows, v_s, c * kChunk);
       }
-      // Note [Softmax in base 2, masked only where it must be].
-      if (flash::tc_query_span_needs_mask(row0, c0, kChunk)) {
+      // Note [Softmax in base 2, masked only where it must be]; masked is a compile-time constant.
+      const auto ds_over_p = [&](auto masked) {
 #pragma unroll
         for (int i = 0; i < M; ++i)
 #pragma unroll
@@ -614,21 +610,14 @@ __global__ void __launch_bounds__(kThreadsTc)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
               const int key = c0 + 8 * n + 2 * t + (e & 1);
-              const float prob = flash::sees(rows[i][e / 2], key, T)
+              const float prob = !masked || flash::sees(rows[i][e / 2], key, T)
                                      ? exp2_approx(fmaf(p[i][n][e], scale_log2, -row_lse2[i][e / 2]))
                                      : 0.0f;
               p[i][n][e] = prob * (dp[i][n][e] - D[i][e / 2]);  // dS
             }
-      } else {
-#pragma unroll
-        for (int i = 0; i < M; ++i)
-#pragma unroll
-          for (int n = 0; n < N8; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-              p[i][n][e] =
-                  exp2_approx(fmaf(p[i][n][e], scale_log2, -row_lse2[i][e / 2])) * (dp[i][n][e] - D[i][e / 2]);
-      }
+      };
+      if (flash::tc_query_span_needs_mask(row0, c0, kChunk)) ds_over_p(std::true_type{});
+      else ds_over_p(std::false_type{});
       accumulate_times_tile<E, HS, M, K16>(dq, p, k_s, c * kChunk);
     }
   }
@@ -758,8 +747,8 @@ __global__ void __launch_bounds__(kThreadsTc)
         rows_times_rows<E, HS, M, N8>(ds, v_rows, do_s, c * kChunk);
       }
       // Note [Softmax in base 2, masked only where it must be]: the chunks holding a query before
-      // one of the span's keys, and those running past T.
-      if (flash::tc_key_span_needs_mask(key0, kSpanKeys, c0, kChunk, T)) {
+      // one of the span's keys, and those running past T; masked is a compile-time constant.
+      const auto probabilities_and_ds = [&](auto masked) {
 #pragma unroll
         for (int i = 0; i < M; ++i)
 #pragma unroll
@@ -767,25 +756,15 @@ __global__ void __launch_bounds__(kThreadsTc)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
               const int column = c * kChunk + 8 * n + 2 * t + (e & 1);
-              const float prob = flash::sees(q0 + column, keys[i][e / 2], T)
+              const float prob = !masked || flash::sees(q0 + column, keys[i][e / 2], T)
                                      ? exp2_approx(fmaf(p[i][n][e], scale_log2, -lse_s[column] * kLog2e))
                                      : 0.0f;
               p[i][n][e] = prob;
               ds[i][n][e] = prob * (ds[i][n][e] - d_s[column]);
             }
-      } else {
-#pragma unroll
-        for (int i = 0; i < M; ++i)
-#pragma unroll
-          for (int n = 0; n < N8; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int column = c * kChunk + 8 * n + 2 * t + (e & 1);
-              const float prob = exp2_approx(fmaf(p[i][n][e], scale_log2, -lse_s[column] * kLog2e));
-              p[i][n][e] = prob;
-              ds[i][n][e] = prob * (ds[i][n][e] - d_s[column]);
-            }
-      }
+      };
+      if (flash::tc_key_span_needs_mask(key0, kSpanKeys, c0, kChunk, T)) probabilities_and_ds(std::true_type{});
+      else probabilities_and_ds(std::false_type{});
       accumulate_times_tile<E, HS, M, K16>(dv, p, do_s, c * kChunk);
       accumulate_times_tile<E, HS, M, K16>(dk, ds, q_s, c * kChunk);
     }

@@ -446,7 +446,7 @@ __global__ void __launch_bounds__(kThreadsTc)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int key = k0 + 8 * n + 2 * t + (e & 1);
-          p[i][n][e] = !is_masked || flash::sees(rows[i][e / 2], key, T) ? scale_log2 * p[i][n][e] : -INFINITY;
+          p[i][n][e] = !decltype(is_masked)::value || flash::sees(rows[i][e / 2], key, T) ? scale_log2 * p[i][n][e] : -INFINITY;
           tile_max[e / 2] = fmaxf(tile_max[e / 2], p[i][n][e]);
         }
     };
@@ -610,7 +610,7 @@ __global__ void __launch_bounds__(kThreadsTc)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
               const int key = c0 + 8 * n + 2 * t + (e & 1);
-              const float prob = !masked || flash::sees(rows[i][e / 2], key, T)
+              const float prob = !decltype(masked)::value || flash::sees(rows[i][e / 2], key, T)
                                      ? exp2_approx(fmaf(p[i][n][e], scale_log2, -row_lse2[i][e / 2]))
                                      : 0.0f;
               p[i][n][e] = prob * (dp[i][n][e] - D[i][e / 2]);  // dS
@@ -756,7 +756,7 @@ __global__ void __launch_bounds__(kThreadsTc)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
               const int column = c * kChunk + 8 * n + 2 * t + (e & 1);
-              const float prob = !masked || flash::sees(q0 + column, keys[i][e / 2], T)
+              const float prob = !decltype(masked)::value || flash::sees(q0 + column, keys[i][e / 2], T)
                                      ? exp2_approx(fmaf(p[i][n][e], scale_log2, -lse_s[column] * kLog2e))
                                      : 0.0f;
               p[i][n][e] = prob;

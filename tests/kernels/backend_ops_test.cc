@@ -1983,18 +1983,17 @@ TEST_P(AdamWSplits, UpdateEveryElementAsTheWholeRangeWould) {
 }
 
 // Backend::adamw_update_ranges: the updates and the sum of adamw_update range by range, to the
-// bit (on a GPU one wait for all the ranges: Note [Updates that measure the norm]). Ranges of
-// 0, 1, 300 and 40000 elements (three norm chunks) with hyperparameters of their own.
-TEST_P(AdamWSplits, RangesUpdateAndSumAsOneCallEach) {
-  const size_t sizes[] = {300, 0, 40000, 1};
+// bit (on a GPU one wait for all the ranges: Note [Updates that measure the norm]), each range
+// with hyperparameters of its own.
+void expect_ranges_as_one_call_each(DeviceKind device, const std::vector<size_t>& sizes) {
   size_t n = 0;
   for (size_t k : sizes) n += k;
   const std::vector<float> master = randn(n, 911), grad = randn(n, 912), moments = randn(n, 913, 0.01);
-  AdamWOperands together(backend(GetParam()), master, moments, grad), apart(backend(GetParam()), master, moments, grad);
+  AdamWOperands together(backend(device), master, moments, grad), apart(backend(device), master, moments, grad);
   std::vector<Backend::AdamWRange> ranges;
   double each = 0.0;
   size_t at = 0;
-  for (size_t k = 0; k < std::size(sizes); ++k) {
+  for (size_t k = 0; k < sizes.size(); ++k) {
     AdamWHyper h = adamw_case_hyper(3);
     h.lr *= static_cast<float>(k + 1);
     h.weight_decay = k % 2 ? 0.0f : 0.1f;
@@ -2002,10 +2001,21 @@ TEST_P(AdamWSplits, RangesUpdateAndSumAsOneCallEach) {
     each += apart.update(at, at + sizes[k], h);
     at += sizes[k];
   }
-  const double one_call = backend(GetParam()).adamw_update_ranges(ranges, DType::bf16);
+  const double one_call = backend(device).adamw_update_ranges(ranges, DType::bf16);
   EXPECT_EQ(std::bit_cast<uint64_t>(one_call), std::bit_cast<uint64_t>(each));
   EXPECT_GT(one_call, 0.0);
   expect_same_bits(together.bits(), apart.bits());
+}
+
+// Ranges of 0, 1, 300 and 40000 elements (three norm chunks).
+TEST_P(AdamWSplits, RangesUpdateAndSumAsOneCallEach) { expect_ranges_as_one_call_each(GetParam(), {300, 0, 40000, 1}); }
+
+// Note [AdamW ranges in one launch]: more ranges than one launch takes (a GPU splits them over
+// several), of one element, of one chunk, one past it, empty.
+TEST_P(AdamWSplits, ManyRangesAsOneCallEach) {
+  std::vector<size_t> sizes;
+  for (int k = 0; k < 37; ++k) sizes.push_back(std::vector<size_t>{1, 17, 300, 16384, 16385, 0, 2}[k % 7]);
+  expect_ranges_as_one_call_each(GetParam(), sizes);
 }
 
 // Note [AdamW lanes]: every device computes the host kernel's function of each element, so an

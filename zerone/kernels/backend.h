@@ -268,15 +268,7 @@ class Backend {
   // own hyperparameters: the updates adamw_update makes range by range, and their sums added in
   // range order, so the same bits. A device that must wait for itself to return a sum waits once
   // for all the ranges instead of once per range (Note [Updates that measure the norm]).
-  struct AdamWRange {
-    float* master;
-    float* m;
-    float* v;
-    const float* grad;
-    void* param;  // may be null
-    size_t n;
-    AdamWHyper hyper;
-  };
+  using AdamWRange = kernels::AdamWRange;
   virtual double adamw_update_ranges(const std::vector<AdamWRange>& ranges, DType param_dtype) {
     double sumsq = 0.0;
     for (const AdamWRange& r : ranges) sumsq += adamw_update(r.master, r.m, r.v, r.grad, r.param, param_dtype, r.n, r.hyper);

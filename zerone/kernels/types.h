@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <tuple>
 
@@ -20,6 +21,18 @@ struct AdamWHyper {
   float weight_decay = 0.0f;
   int step = 1;             // 1-based step number, for bias correction
   float grad_scale = 1.0f;  // multiplies every gradient before use
+};
+
+// One range of an AdamW update over several (a unit's weight-decay and no-decay runs: Backend::
+// adamw_update_ranges), each with its own hyperparameters. `param` may be null.
+struct AdamWRange {
+  float* master;
+  float* m;
+  float* v;
+  const float* grad;
+  void* param;
+  size_t n;
+  AdamWHyper hyper;
 };
 
 // The constants of one AdamW update, formed on the host the same way for every backend (Note

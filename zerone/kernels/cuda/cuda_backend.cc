@@ -472,15 +472,11 @@ class CudaBackend final : public kernels::Backend {
     for (const AdamWRange& r : ranges) blocks += cuda::norm_blocks(r.n);
     if (blocks == 0) return 0.0;
     double* dev = static_cast<double*>(scratch(kPartials, blocks * sizeof(double)));
-    size_t at = 0;
-    for (const AdamWRange& r : ranges) {
-      cuda::adamw_update(r.master, r.m, r.v, r.grad, r.param, param_dtype, r.n, r.hyper, dev + at, compute());
-      at += cuda::norm_blocks(r.n);
-    }
+    cuda::adamw_update_ranges(ranges.data(), ranges.size(), param_dtype, dev, compute());  // partials side by side
     std::vector<double> host(blocks);
     cuda::partials_to_host(dev, host.data(), blocks, compute());
     double sumsq = 0.0;
-    at = 0;
+    size_t at = 0;
     for (const AdamWRange& r : ranges) {
       double range_sum = 0.0;
       for (size_t b = 0; b < cuda::norm_blocks(r.n); ++b) range_sum += host[at + b];

@@ -27,10 +27,12 @@ namespace {
 // same order as one at a time: the same bits.
 constexpr int kChunkUnroll = 4;
 
+// Chunk `chunk` (kNormBlock elements) of x (n elements), by the whole block: apply(k, x[k],
+// load(k)) for each element, and *partial = the chunk's sum (of squares with kSquares).
 template <bool kSquares, typename Load, typename Apply>
-__device__ void chunk_sum(const float* x, size_t n, double* partials, Load load, Apply apply) {
+__device__ void chunk_sum(const float* x, size_t n, size_t chunk, double* partial, Load load, Apply apply) {
   __shared__ double shared[kThreads];
-  const size_t lo = blockIdx.x * kernels::cpu::kNormBlock;
+  const size_t lo = chunk * kernels::cpu::kNormBlock;
   const size_t hi = lo + kernels::cpu::kNormBlock < n ? lo + kernels::cpu::kNormBlock : n;
   const size_t stride = blockDim.x;
   const auto term = [](float v) { return kSquares ? static_cast<double>(v) * v : static_cast<double>(v); };
@@ -56,7 +58,7 @@ __device__ void chunk_sum(const float* x, size_t n, double* partials, Load load,
     s += term(v);
   }
   s = block_sum(s, shared);
-  if (threadIdx.x == 0) partials[blockIdx.x] = s;
+  if (threadIdx.x == 0) *partial = s;
 }
 
 struct NothingLoaded {};
@@ -64,7 +66,7 @@ struct NothingLoaded {};
 template <bool kSquares>
 __global__ void chunk_sum_kernel(const float* x, size_t n, float* copy_to, double* partials) {
   chunk_sum<kSquares>(
-      x, n, partials, [](size_t) { return NothingLoaded{}; },
+      x, n, blockIdx.x, partials + blockIdx.x, [](size_t) { return NothingLoaded{}; },
       [copy_to](size_t k, float v, NothingLoaded) {
         if (copy_to) copy_to[k] = v;
       });
@@ -156,13 +158,43 @@ __global__ void dequantize_kernel(const float* scales, const uint8_t* codes, siz
 // Note [AdamW lanes] (kernels/cpu/adamw.cc) on the GPU: each element's arithmetic is the cpu
 // kernel's, every operation rounded on its own as written (no contraction but the fmaf spelled
 // out), so that the update is the same function of its inputs on both devices.
-__global__ void adamw_kernel(float* master, float* m, float* v, const float* grad, void* param, DType param_dtype,
-                             size_t n, kernels::AdamWScalars c, double* partials) {
+//
+// Note [AdamW ranges in one launch]: a unit's update is several ranges (its weight-decay and
+// no-decay runs: 9 for a GPT-2 block, most of them a bias or a norm's weight of one chunk), which
+// took a launch each (111 a W5 step, of which some 90 one block long). One launch now takes up to
+// kAdamWRangesPerLaunch of them: block b works on chunk b - first_block of the range whose blocks
+// hold b, and leaves its partial where the range's own launch left it. The same arithmetic on the
+// same chunks: the same bits. The ranges travel in the launch's parameters (__grid_constant__:
+// read in place, never copied to local memory).
+constexpr int kAdamWRangesPerLaunch = 16;
+struct AdamWLaunchRange {
+  float* master;
+  float* m;
+  float* v;
+  const float* grad;
+  void* param;  // may be null
+  size_t n;
+  kernels::AdamWScalars c;
+  unsigned first_block;  // the launch's block that takes the range's first chunk
+};
+struct AdamWLaunch {
+  AdamWLaunchRange range[kAdamWRangesPerLaunch];
+  int count;
+};
+
+__global__ void adamw_kernel(const __grid_constant__ AdamWLaunch launch, DType param_dtype, double* partials) {
+  int r = 0;
+  while (r + 1 < launch.count && blockIdx.x >= launch.range[r + 1].first_block) ++r;
+  const AdamWLaunchRange& a = launch.range[r];
+  const kernels::AdamWScalars& c = a.c;
+  float *master = a.master, *m = a.m, *v = a.v;
+  void* param = a.param;
   struct State {
     float m, v, master;
   };
   chunk_sum<true>(
-      grad, n, partials, [&](size_t i) { return State{m[i], v[i], master[i]}; },
+      a.grad, a.n, blockIdx.x - a.first_block, partials + blockIdx.x,
+      [&](size_t i) { return State{m[i], v[i], master[i]}; },
       [&](size_t i, float raw, const State& st) {
         const float g = __fmul_rn(raw, c.grad_scale);
         const float mi = fmaf(c.one_minus_beta1, g, __fmul_rn(c.beta1, st.m));
@@ -186,7 +218,7 @@ __global__ void sgd_kernel(float* master, float* momentum, const float* grad, vo
     float master, momentum;
   };
   chunk_sum<true>(
-      grad, n, partials,
+      grad, n, blockIdx.x, partials + blockIdx.x,
       [&](size_t i) { return State{master[i], momentum && !first ? momentum[i] : 0.0f}; },
       [&](size_t i, float raw, const State& st) {
         float d = __fmul_rn(raw, gs);
@@ -268,13 +300,32 @@ void dequantize_blockwise(const void* in, size_t n, int bits, size_t block, void
   ZERONE_CUDA_LAUNCHED();
 }
 
-void adamw_update(float* master, float* m, float* v, const float* grad, void* param, DType param_dtype, size_t n,
-                  const kernels::AdamWHyper& h, double* device_partials, cudaStream_t stream) {
-  ZERONE_ASSERT(h.step >= 1, "AdamW step must be 1-based, got ", h.step);
-  if (n == 0) return;
-  adamw_kernel<<<static_cast<unsigned>(norm_blocks(n)), kThreads, 0, stream>>>(
-      master, m, v, grad, param, param_dtype, n, kernels::adamw_scalars(h), device_partials);  // as the cpu forms them
-  ZERONE_CUDA_LAUNCHED();
+void adamw_update_ranges(const kernels::AdamWRange* ranges, size_t count, DType param_dtype, double* device_partials,
+                         cudaStream_t stream) {
+  AdamWLaunch launch{};
+  unsigned blocks = 0;  // of the launch being filled
+  const auto flush = [&] {
+    if (blocks == 0) return;
+    adamw_kernel<<<blocks, kThreads, 0, stream>>>(launch, param_dtype, device_partials);
+    ZERONE_CUDA_LAUNCHED();
+    device_partials += blocks;
+    launch.count = 0;
+    blocks = 0;
+  };
+  for (size_t i = 0; i < count; ++i) {
+    const kernels::AdamWRange& r = ranges[i];
+    ZERONE_ASSERT(r.hyper.step >= 1, "AdamW step must be 1-based, got ", r.hyper.step);
+    if (r.n == 0) continue;
+    const size_t range_blocks = norm_blocks(r.n);
+    ZERONE_ASSERT(range_blocks < (1u << 31), "adamw: a range of ", r.n, " elements");
+    if (launch.count == kAdamWRangesPerLaunch || blocks + range_blocks >= (1u << 31)) flush();
+    launch.range[launch.count++] = {r.master, r.m,       r.v,
+                                    r.grad,   r.param,   r.n,
+                                    kernels::adamw_scalars(r.hyper),  // as the cpu forms them
+                                    blocks};
+    blocks += static_cast<unsigned>(range_blocks);
+  }
+  flush();
 }
 
 void sgd_update(float* master, float* momentum, const float* grad, void* param, DType param_dtype, size_t n,

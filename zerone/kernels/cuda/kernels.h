@@ -51,8 +51,11 @@ void dequantize_blockwise(const void* in, size_t n, int bits, size_t block, void
 // The updates of kernels/cpu/adamw.h and sgd.h. Each also leaves the gradients' norm partials in
 // device_partials (norm_blocks(n) doubles): the values sum_squares_partials(grad, n, ...) gives
 // (Note [Updates that measure the norm]). `param` (param_dtype) and `momentum` may be null.
-void adamw_update(float* master, float* m, float* v, const float* grad, void* param, DType param_dtype, size_t n,
-                  const kernels::AdamWHyper& hyper, double* device_partials, cudaStream_t stream);
+// adamw_update_ranges: `count` ranges in order, their partials side by side (range r's after the
+// norm_blocks of those before it), in launches of several ranges each (Note [AdamW ranges in one
+// launch]): the values of one adamw_update per range.
+void adamw_update_ranges(const kernels::AdamWRange* ranges, size_t count, DType param_dtype, double* device_partials,
+                         cudaStream_t stream);
 void sgd_update(float* master, float* momentum, const float* grad, void* param, DType param_dtype, size_t n,
                 const kernels::SGDHyper& hyper, double* device_partials, cudaStream_t stream);
 // host_partials (count) = device_partials (count), once the stream's work before is done: the

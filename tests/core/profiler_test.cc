@@ -86,6 +86,11 @@ class FakeTimeline final : public DeviceTimeline {
     ++resolved;
     return points_.at(later) - points_.at(earlier);
   }
+  void wait_for(uint32_t point) override {
+    (void)points_.at(point);
+    waited_for.push_back(point);
+  }
+  std::vector<uint32_t> waited_for;
   void clear() override { points_.clear(); }
   size_t points() const { return points_.size(); }
 
@@ -109,7 +114,12 @@ TEST_F(ProfilerTest, ScopesOnADeviceTimeline) {
     device.now = 3.0;
   }
   EXPECT_EQ(device.points(), 4u);
-  Profiler::settle(3);  // three spans pending: not more than 3, kept
+  Profiler::wait_to_settle(3);  // three spans pending: not more than 3, no wait
+  Profiler::settle(3);          // and kept
+  EXPECT_EQ(device.resolved, 0);
+  EXPECT_TRUE(device.waited_for.empty());
+  Profiler::wait_to_settle(2);  // the wait alone, for the last point: nothing read yet
+  EXPECT_EQ(device.waited_for, std::vector<uint32_t>{3});
   EXPECT_EQ(device.resolved, 0);
   Profiler::settle(2);
   EXPECT_EQ(device.resolved, 3);
@@ -154,6 +164,11 @@ TEST_F(ProfilerTest, DeviceWorkScopesOnlyWhenItemized) {
   }
   Profiler::set_itemize_device_work(false);
   EXPECT_EQ(device.points(), 4u);
+  // Another thread never itemizes (it reads nothing the driver writes).
+  Profiler::set_itemize_device_work(true);
+  std::thread([&] { EXPECT_FALSE(Profiler::itemizes_here()); }).join();
+  EXPECT_TRUE(Profiler::itemizes_here());
+  Profiler::set_itemize_device_work(false);
   Profiler::set_device_timeline(nullptr);
   EXPECT_DOUBLE_EQ(Profiler::seconds(ProfileCategory::elementwise), 0.25);
   EXPECT_DOUBLE_EQ(Profiler::seconds(ProfileCategory::gemm), 2.0);

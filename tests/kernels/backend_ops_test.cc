@@ -2011,10 +2011,10 @@ void expect_ranges_as_one_call_each(DeviceKind device, const std::vector<size_t>
 TEST_P(AdamWSplits, RangesUpdateAndSumAsOneCallEach) { expect_ranges_as_one_call_each(GetParam(), {300, 0, 40000, 1}); }
 
 // Note [AdamW ranges in one launch]: more ranges than one launch takes (a GPU splits them over
-// several), of one element, of one chunk, one past it, empty.
+// several: 16, 16 and 3 non-empty ones), of one element, of one chunk, one past it, empty.
 TEST_P(AdamWSplits, ManyRangesAsOneCallEach) {
   std::vector<size_t> sizes;
-  for (int k = 0; k < 37; ++k) sizes.push_back(std::vector<size_t>{1, 17, 300, 16384, 16385, 0, 2}[k % 7]);
+  for (int k = 0; k < 41; ++k) sizes.push_back(std::vector<size_t>{1, 17, 300, 16384, 16385, 0, 2}[k % 7]);
   expect_ranges_as_one_call_each(GetParam(), sizes);
 }
 

@@ -17,6 +17,10 @@ void Profiler::settle(size_t max_pending) {
   timeline_->clear();
 }
 
+void Profiler::wait_to_settle(size_t max_pending) {
+  if (pending_.size() > max_pending) timeline_->wait_for(pending_.back().later);
+}
+
 void Profiler::reset() {
   pending_.clear();
   if (timeline_ != nullptr) timeline_->clear();

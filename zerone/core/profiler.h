@@ -27,6 +27,8 @@
 // elementwise). The rest of the step is then the GPU idle between operations and what no scope
 // covers ("launches and gaps"). It costs two timed events an operation, which is why only
 // --profile asks for it; the summary's split (always on) keeps the device compute as the rest.
+// Kernels another thread puts on the compute stream (--delayed-update's optimizer, for shards
+// kept on the GPU) fall in the span of whichever operation the driver timed around them.
 // Beside what was exposed, the profiler keeps the work: each scope's time by the host's clock,
 // and what a helper thread reports through its driver (the --delayed-update optimizer's step). The
 // share of a category's work that the exposed time does not account for is what the overlap hid
@@ -63,6 +65,8 @@ class DeviceTimeline {
   virtual uint32_t mark() = 0;
   // Waits until the device reached point `later`, and returns the seconds from `earlier` to it.
   virtual double seconds_between(uint32_t earlier, uint32_t later) = 0;
+  // Waits until the device reached point `point`.
+  virtual void wait_for(uint32_t point) = 0;
   // Forgets every point: the numbers start again at 0.
   virtual void clear() = 0;
 };
@@ -78,15 +82,22 @@ class Profiler {
   }
   static bool enabled() { return enabled_; }
   // Note [Device compute itemized]: whether DeviceWorkScopes time the device's operations. Set by
-  // the driver thread, with no scope open.
+  // the driver thread, with no scope open; itemizes_here() is false on any other thread (which
+  // reads nothing the driver writes).
   static void set_itemize_device_work(bool on) { itemize_device_work_ = on; }
   static bool itemizes_device_work() { return itemize_device_work_; }
+  static bool itemizes_here() { return driver_ && enabled_ && itemize_device_work_; }
   // Times scopes on `timeline` from now on (null: the host's clock again); not owned, kept until
   // replaced. Call with no scope open, from the driver thread.
   static void set_device_timeline(DeviceTimeline* timeline);
   // Resolves the spans timed on the device into the totals (waits for the device to reach them)
   // when more than `max_pending` are waiting; call at a step's end, with no scope open.
   static void settle(size_t max_pending = 0);
+  // The wait of settle(max_pending) alone: the device reaches the last pending point (when more
+  // than `max_pending` spans are waiting), and settle() then only reads the spans. A caller timing
+  // its steps stops its clock between the two, so that reading thousands of spans (--profile's
+  // itemized device work) is not counted as the step's time.
+  static void wait_to_settle(size_t max_pending = 0);
   static void reset();
   // The exposed seconds of `category` (Note [Exposed time]).
   static double seconds(ProfileCategory category) {
@@ -159,7 +170,7 @@ class ProfileScope {
 class DeviceWorkScope {
  public:
   explicit DeviceWorkScope(ProfileCategory category) {
-    if (Profiler::itemizes_device_work()) scope_.emplace(category, /*waits_for_work=*/true);
+    if (Profiler::itemizes_here()) scope_.emplace(category, /*waits_for_work=*/true);
   }
 
  private:

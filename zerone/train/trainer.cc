@@ -65,7 +65,8 @@ constexpr size_t kDefaultValTokens = 100'000;
 constexpr uint64_t kDefaultSourceSeed = 42;
 // Note [Exposed time]: scopes timed on a GPU's timeline are resolved (a wait for the GPU to reach
 // them) at the end of the step in which this many became pending, so that their events are
-// reused; a wait once in some steps, not one a step.
+// reused; a wait once in some steps, not one a step (under --profile, which times every device
+// operation, every few steps). The wait is the step's time; reading the spans after it is not.
 constexpr size_t kSpansBeforeSettling = 4096;
 
 struct Evaluation {
@@ -589,6 +590,7 @@ struct StepLoop : StepLoopInputs {
     Profiler::reset();
     Profiler::set_device_timeline(nullptr);
     Profiler::set_enabled(false);
+    Profiler::set_itemize_device_work(false);
   }
   StepLoop(const StepLoop&) = delete;
   StepLoop& operator=(const StepLoop&) = delete;
@@ -730,8 +732,11 @@ struct StepLoop : StepLoopInputs {
       if (scaled) scaler.update(stepped.overflow);
       if (stepped.overflow) ++skipped_steps;
       schedule.advance(!stepped.overflow);
-      Profiler::settle(step == cfg.steps ? 0 : kSpansBeforeSettling);  // its wait for the GPU is the step's
+      // The wait for the GPU is the step's; reading the spans is not (Profiler::wait_to_settle).
+      const size_t max_pending = step == cfg.steps ? 0 : kSpansBeforeSettling;
+      Profiler::wait_to_settle(max_pending);
       double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      Profiler::settle(max_pending);
       if (step > start_step) profiled_wall_s += ms / 1000.0;
 
       StepRecord record;

@@ -308,6 +308,10 @@ class CudaTimeline final : public DeviceTimeline {
     ZERONE_CUDA_CHECK(cudaEventElapsedTime(&ms, events_[earlier], events_[later]));
     return static_cast<double>(ms) / 1000.0;
   }
+  void wait_for(uint32_t point) override {
+    ZERONE_ASSERT(point < used_, "cuda timeline: no such point");
+    ZERONE_CUDA_CHECK(cudaEventSynchronize(events_[point]));
+  }
   void clear() override { used_ = 0; }
 
  private:
@@ -837,7 +841,8 @@ class CudaBackend final : public kernels::Backend {
     const cudaMemcpyKind kind = dst_place == MemPlace::device
                                     ? (src_place == MemPlace::device ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
                                     : cudaMemcpyDeviceToHost;
-    if (kind == cudaMemcpyDeviceToDevice) {
+    if (kind == cudaMemcpyDeviceToDevice) {  // on the compute stream: the GPU's work, as a kernel's
+      const DeviceWorkScope work(ProfileCategory::elementwise);
       ZERONE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, compute()));
       return compute();
     }

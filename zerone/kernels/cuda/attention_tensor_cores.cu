@@ -219,6 +219,17 @@ struct RowsInRegisters {
   }
 };
 
+// c[i][n] += A[i] times the first B fragment of the pair fb, c[i][n + 1] += A[i] times the second,
+// for i < M: one B fragment pair loaded for M products (Note [Query rows a warp owns]).
+template <typename E, int M, int W>
+__device__ __forceinline__ void mma_with_pair(float (*c)[W][4], int n, const uint32_t (*fa)[4], const uint32_t fb[4]) {
+#pragma unroll
+  for (int i = 0; i < M; ++i) {
+    Operand<E>::mma(c[i][n], fa[i], fb);
+    Operand<E>::mma(c[i][n + 1], fa[i], fb + 2);
+  }
+}
+
 // acc[i] (16 x 8 N8: N8 C fragments) = A[i] (16 rows: RowsInTile or RowsInRegisters) times the
 // transpose of rows n0 .. n0 + 8 N8 - 1 of tile b, for i < M: sum over the HS columns of both.
 // Each B fragment pair is loaded once for the M products (Note [Query rows a warp owns]); each
@@ -240,11 +251,7 @@ __device__ __forceinline__ void rows_times_rows(float (*acc)[N8][4], const Rows*
     for (int n = 0; n < N8; n += 2) {
       uint32_t fb[4];
       load_b_pair_rows_are_n(fb, b, ld, n0 + 8 * n, 16 * k);
-#pragma unroll
-      for (int i = 0; i < M; ++i) {
-        Operand<E>::mma(acc[i][n], fa[i], fb);
-        Operand<E>::mma(acc[i][n + 1], fa[i], fb + 2);
-      }
+      mma_with_pair<E, M>(acc, n, fa, fb);
     }
   }
 }
@@ -270,11 +277,7 @@ __device__ __forceinline__ void accumulate_times_tile(float (*out)[HS / 8][4], c
     for (int n = 0; n < HS / 8; n += 2) {  // HS / 8 is even: HS is a multiple of 16
       uint32_t fb[4];
       load_b_pair_rows_are_k(fb, b, ld, k0 + 16 * k, 8 * n);
-#pragma unroll
-      for (int i = 0; i < M; ++i) {
-        Operand<E>::mma(out[i][n], fa[i], fb);
-        Operand<E>::mma(out[i][n + 1], fa[i], fb + 2);
-      }
+      mma_with_pair<E, M>(out, n, fa, fb);
     }
   }
 }

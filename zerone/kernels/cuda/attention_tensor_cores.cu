@@ -219,6 +219,14 @@ struct RowsInRegisters {
   }
 };
 
+// The A fragments of a warp's span of M 16-row tiles, rows first .. first + 16 M - 1 of `tile`,
+// loaded into held[0..M-1] (after the barrier that makes the tile's stores visible).
+template <int HS, int M>
+__device__ __forceinline__ void hold_span(RowsInRegisters<HS> (&held)[M], const uint16_t* tile, int first) {
+#pragma unroll
+  for (int i = 0; i < M; ++i) held[i].load(tile, first + 16 * i);
+}
+
 // c[i][n] += A[i] times the first B fragment of the pair fb, c[i][n + 1] += A[i] times the second,
 // for i < M: one B fragment pair loaded for M products (Note [Query rows a warp owns]).
 template <typename E, int M, int W>
@@ -427,9 +435,7 @@ __global__ void __launch_bounds__(kThreadsTc)
   load_tile<HS, kBlockRows>(q_s, qkv, [=](int r) { return s.q(b, r, h); }, q0, T);
   __syncthreads();  // the query tiles, stored by every thread
   RowsInRegisters<HS> q_held[M];
-  if (warp_live)
-#pragma unroll
-    for (int i = 0; i < M; ++i) q_held[i].load(q_s, kSpanRows * warp + 16 * i);
+  if (warp_live) hold_span(q_held, q_s, kSpanRows * warp);
   float o[M][HS / 8][4] = {}, m[M][2], l[M][2];
 #pragma unroll
   for (int i = 0; i < M; ++i) m[i][0] = m[i][1] = -INFINITY, l[i][0] = l[i][1] = 0.0f;
@@ -570,12 +576,10 @@ __global__ void __launch_bounds__(kThreadsTc)
   RowsInRegisters<kHeld ? HS : 16> q_held[kHeld ? M : 1], do_held[kHeld ? M : 1];
   if constexpr (kHeld) {
     __syncthreads();  // the query and dO tiles, stored by every thread
-    if (warp_live)
-#pragma unroll
-      for (int i = 0; i < M; ++i) {
-        q_held[i].load(q_s, kSpanRows * warp + 16 * i);
-        do_held[i].load(do_s, kSpanRows * warp + 16 * i);
-      }
+    if (warp_live) {
+      hold_span(q_held, q_s, kSpanRows * warp);
+      hold_span(do_held, do_s, kSpanRows * warp);
+    }
   }
   const float scale_log2 = scale * kLog2e;
   float row_lse2[M][2], D[M][2], dq[M][HS / 8][4] = {};  // row_lse2: lse in units of log2
@@ -724,11 +728,7 @@ __global__ void __launch_bounds__(kThreadsTc)
   }
   if constexpr (kHeld) {
     __syncthreads();  // the key and value tiles, stored by every thread
-    if (warp_live)
-#pragma unroll
-      for (int i = 0; i < M; ++i) {
-        k_held[i].load(k_s, kSpanKeys * warp + 16 * i);
-      }
+    if (warp_live) hold_span(k_held, k_s, kSpanKeys * warp);
   }
   float dk[M][HS / 8][4] = {}, dv[M][HS / 8][4] = {};
   for (int step = 0; step < steps; ++step) {

@@ -4,7 +4,8 @@
 //   bench_attention_cuda B T NH NKV hs operands(bf16|f16|f32) [reps=20]
 // Prints one line per pass: median milliseconds over `reps` timed runs after 3 warm-ups, and the
 // TFLOP/s of the causal products (forward 2 products of B*NH*T*T*hs/2 multiply-adds: 2*B*NH*T^2*hs
-// FLOP; backward 5 products: 2.5 times that, FlashAttention's convention). The operands are normal
+// FLOP; backward 5 products: 2.5 times that, FlashAttention's convention); with 16-bit operands a
+// third line splits the backward into its passes (D, dQ at the 3 products it runs, dK/dV at 4). The operands are normal
 // random numbers (never zeros: METHOD.md), made on the host with a fixed seed.
 // Exit 2 on bad arguments (a 16-bit dtype at a head size the tensor cores do not take among
 // them), 1 without a GPU (it needs one; nothing here is a test). qkv and out are stored in the
@@ -124,5 +125,32 @@ int main(int argc, char** argv) {
   const double fwd_flop = 2.0 * B * NH * static_cast<double>(T) * T * hs;  // causal: half of 4*B*NH*T^2*hs
   std::printf("zerone attention B=%d T=%d NH=%d NKV=%d hs=%d %s: forward %.4f ms (%.1f TFLOP/s), backward %.4f ms (%.1f TFLOP/s)\n",
               B, T, NH, NKV, hs, dtype.c_str(), fwd_ms, fwd_flop / fwd_ms / 1e9, bwd_ms, 2.5 * fwd_flop / bwd_ms / 1e9);
+  if (operands != DType::f32) {
+    // The backward's passes apart (FlashBackwardMarks): D (and dO rounded), dQ (3 of the 7
+    // products: scores, dP, dQ), dK/dV (4: scores, dP, dV, dK); medians over the same runs.
+    zerone::cuda::FlashBackwardMarks marks;
+    cudaEvent_t start, stop;
+    for (cudaEvent_t* e : {&marks.after_row_dot, &marks.after_dq, &start, &stop}) ZERONE_CUDA_CHECK(cudaEventCreate(e));
+    std::vector<double> row_dot, dq, dkv;
+    for (int i = 0; i < reps; ++i) {
+      ZERONE_CUDA_CHECK(cudaEventRecord(start, stream));
+      zerone::cuda::flash_attention_backward(dqkv, dsum, dout, qkv, out, lse, B, T, NH, NKV, hs, operands, scratch,
+                                             stream, &marks);
+      ZERONE_CUDA_CHECK(cudaEventRecord(stop, stream));
+      ZERONE_CUDA_CHECK(cudaEventSynchronize(stop));
+      float a = 0.0f, b = 0.0f, c = 0.0f;
+      ZERONE_CUDA_CHECK(cudaEventElapsedTime(&a, start, marks.after_row_dot));
+      ZERONE_CUDA_CHECK(cudaEventElapsedTime(&b, marks.after_row_dot, marks.after_dq));
+      ZERONE_CUDA_CHECK(cudaEventElapsedTime(&c, marks.after_dq, stop));
+      row_dot.push_back(a), dq.push_back(b), dkv.push_back(c);
+    }
+    const auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    const double dq_ms = median(dq), dkv_ms = median(dkv);
+    std::printf("zerone attention backward passes: D %.4f ms, dQ %.4f ms (%.1f TFLOP/s), dK/dV %.4f ms (%.1f TFLOP/s)\n",
+                median(row_dot), dq_ms, 1.5 * fwd_flop / dq_ms / 1e9, dkv_ms, 2.0 * fwd_flop / dkv_ms / 1e9);
+  }
   return 0;
 }

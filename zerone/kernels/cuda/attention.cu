@@ -354,7 +354,7 @@ void flash_attention_forward(void* out, float* lse, const void* qkv, int B, int 
 
 void flash_attention_backward(float* dqkv, float* dsum, const float* dout, const void* qkv, const void* out,
                               const float* lse, int B, int T, int NH, int NKV, int hs, DType operands, void* scratch,
-                              cudaStream_t stream) {
+                              cudaStream_t stream, const FlashBackwardMarks* marks) {
   check_shape(NH, NKV, hs);
   if (B == 0 || T == 0) return;
   const FlashShape s{B, T, NH, NKV, hs};
@@ -364,7 +364,7 @@ void flash_attention_backward(float* dqkv, float* dsum, const float* dout, const
                   " is not taken on tensor cores (widen it: flash_attention_takes_16bit)");
     return tensor_core_flash_backward(dqkv, dsum, dout, static_cast<const uint16_t*>(qkv),
                                       static_cast<const uint16_t*>(out), lse, s, operands, scale,
-                                      static_cast<uint16_t*>(scratch), stream);
+                                      static_cast<uint16_t*>(scratch), stream, marks);
   }
   const float* qkv32 = static_cast<const float*>(qkv);  // the f32 form forms D from P and dP: out unread
   switch (chunks_for(hs)) {

@@ -801,7 +801,7 @@ void forward_with(uint16_t* out, float* lse, const uint16_t* qkv, const FlashSha
 
 template <typename E, int HS>
 void backward_with(float* dqkv, float* dsum, const uint16_t* dout, const uint16_t* qkv, const float* lse,
-                   const FlashShape& s, float scale, cudaStream_t stream) {
+                   const FlashShape& s, float scale, cudaStream_t stream, const FlashBackwardMarks* marks) {
   const unsigned query_blocks = static_cast<unsigned>(flash::tiles_of(s.T, query_block_rows(HS)));
   const unsigned key_blocks = static_cast<unsigned>(flash::tiles_of(s.T, key_block_rows(HS)));
   // dsum (D) is already formed (tensor_core_flash_backward).
@@ -809,6 +809,7 @@ void backward_with(float* dqkv, float* dsum, const uint16_t* dout, const uint16_
   tc_flash_dq_kernel<E, HS><<<dim3(static_cast<unsigned>(s.B * s.NH), query_blocks), kThreadsTc, dq_bytes, stream>>>(
       dqkv, dsum, dout, qkv, lse, s, scale);
   ZERONE_CUDA_LAUNCHED();
+  if (marks && marks->after_dq) ZERONE_CUDA_CHECK(cudaEventRecord(marks->after_dq, stream));
   const size_t dkv_bytes = request_smem(tc_flash_dkv_kernel<E, HS>, dkv_smem_bytes(HS));
   tc_flash_dkv_kernel<E, HS><<<dim3(static_cast<unsigned>(s.B * s.NKV), key_blocks), kThreadsTc, dkv_bytes, stream>>>(
       dqkv, dout, qkv, lse, dsum, s, scale);
@@ -874,7 +875,7 @@ void tensor_core_flash_forward(uint16_t* out, float* lse, const uint16_t* qkv, c
 
 void tensor_core_flash_backward(float* dqkv, float* dsum, const float* dout, const uint16_t* qkv, const uint16_t* out,
                                 const float* lse, const FlashShape& s, DType operands, float scale, uint16_t* scratch,
-                                cudaStream_t stream) {
+                                cudaStream_t stream, const FlashBackwardMarks* marks) {
   ZERONE_ASSERT(aligned_to(dqkv, 8) && aligned_to(qkv, 16) && aligned_to(scratch, 16),
                 "tensor-core attention: misaligned qkv, dqkv or scratch");
   const size_t rows = static_cast<size_t>(s.B) * s.NH * s.T;
@@ -883,7 +884,9 @@ void tensor_core_flash_backward(float* dqkv, float* dsum, const float* dout, con
   tc_flash_row_dot_kernel<<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), 32 * kRowsPerBlock, 0,
                             stream>>>(dsum, dout16, dout, out, operands, s);
   ZERONE_CUDA_LAUNCHED();
-  ZERONE_TC_FLASH_DISPATCH(operands, s.hs, (backward_with<E, HS>(dqkv, dsum, dout16, qkv, lse, s, scale, stream)));
+  if (marks && marks->after_row_dot) ZERONE_CUDA_CHECK(cudaEventRecord(marks->after_row_dot, stream));
+  ZERONE_TC_FLASH_DISPATCH(operands, s.hs,
+                           (backward_with<E, HS>(dqkv, dsum, dout16, qkv, lse, s, scale, stream, marks)));
 }
 
 }  // namespace zerone::cuda

@@ -11,6 +11,7 @@
 
 #include "zerone/core/dtype.h"
 #include "zerone/kernels/cuda/check.h"
+#include "zerone/kernels/cuda/kernels.h"
 
 namespace zerone::cuda {
 
@@ -53,6 +54,6 @@ void tensor_core_flash_forward(uint16_t* out, float* lse, const uint16_t* qkv, c
                                float scale, cudaStream_t stream);
 void tensor_core_flash_backward(float* dqkv, float* dsum, const float* dout, const uint16_t* qkv, const uint16_t* out,
                                 const float* lse, const FlashShape& s, DType operands, float scale, uint16_t* scratch,
-                                cudaStream_t stream);
+                                cudaStream_t stream, const FlashBackwardMarks* marks);
 
 }  // namespace zerone::cuda

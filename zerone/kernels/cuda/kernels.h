@@ -116,10 +116,15 @@ bool flash_attention_takes_16bit(DType operands, int hs);
 size_t flash_attention_scratch_bytes(int B, int T, int NH, int NKV, int hs, DType operands, bool backward);
 void flash_attention_forward(void* out, float* lse, const void* qkv, int B, int T, int NH, int NKV, int hs,
                              DType operands, void* scratch, cudaStream_t stream);
-// out: what forward wrote (the tensor-core form forms D = rowsum(dO * out) from it).
+// out: what forward wrote (the tensor-core form forms D = rowsum(dO * out) from it). marks (null
+// in training; bench_attention_cuda's split of the time): events the tensor-core form records on
+// the stream after its D pass and after its dQ pass (dK/dV runs last); other forms record none.
+struct FlashBackwardMarks {
+  cudaEvent_t after_row_dot = nullptr, after_dq = nullptr;
+};
 void flash_attention_backward(float* dqkv, float* dsum, const float* dout, const void* qkv, const void* out,
                               const float* lse, int B, int T, int NH, int NKV, int hs, DType operands, void* scratch,
-                              cudaStream_t stream);
+                              cudaStream_t stream, const FlashBackwardMarks* marks = nullptr);
 // x in `dtype` (rotated in f32, stored rounded to it).
 void rope_rotate(void* x, DType dtype, const float* inv_freq, int B, int T, int stride, int heads, int hs, float sign,
                  cudaStream_t stream);

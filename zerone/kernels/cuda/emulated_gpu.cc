@@ -1,0 +1,248 @@
+// Note [Emulated warps] (emulated_gpu.h): fibers, barriers and deferred copies.
+#include "zerone/kernels/cuda/emulated_gpu.h"
+
+#include <ucontext.h>
+
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "zerone/core/error.h"
+
+namespace zerone::cuda::emulated {
+namespace {
+
+constexpr size_t kStackBytes = size_t{256} << 10;  // a thread's locals: register arrays of a few KiB
+constexpr size_t kSlotBytes = 64;                   // the largest warp exchange (mma: 24 bytes)
+constexpr unsigned char kUnwritten = 0xff;          // NaN in f32, bf16 and f16
+
+struct Copy {
+  void* dst;
+  const void* src;
+  size_t bytes, src_bytes;
+};
+
+struct Barrier {
+  int arrived = 0;
+  uint64_t generation = 0;
+};
+
+struct Fiber {
+  ucontext_t context;
+  uint3 index;
+  int warp = 0, lane = 0;
+  bool done = false;
+  const Barrier* waiting = nullptr;  // until waiting->generation != waiting_generation
+  uint64_t waiting_generation = 0;
+  std::vector<Copy> open;                     // issued, not yet committed
+  std::deque<std::vector<Copy>> committed;    // oldest first
+};
+
+struct Warp {
+  Barrier barrier;
+  int lanes = 0;
+  unsigned char slots[32 * kSlotBytes];
+};
+
+// The running launch: its block's fibers and what they share.
+struct Block {
+  dim3 grid, shape;
+  uint3 index;
+  std::vector<unsigned char> shared;
+  std::vector<Fiber> fibers;
+  std::vector<std::unique_ptr<unsigned char[]>> stacks;
+  std::vector<Warp> warps;
+  Barrier block_barrier;
+  int live = 0;
+  const std::function<void()>* body = nullptr;
+  ucontext_t scheduler;
+  Fiber* current = nullptr;
+};
+
+thread_local Block* g_block = nullptr;
+
+Block& block() {
+  ZERONE_ASSERT(g_block != nullptr && g_block->current != nullptr, "an emulated GPU instruction outside a launch");
+  return *g_block;
+}
+
+void land(const Copy& c) {
+  std::memcpy(c.dst, c.src, c.src_bytes);
+  std::memset(static_cast<unsigned char*>(c.dst) + c.src_bytes, 0, c.bytes - c.src_bytes);
+}
+void land_group(std::vector<Copy>& group) {
+  for (const Copy& c : group) land(c);
+  group.clear();
+}
+
+void yield() {
+  Block& b = block();
+  ZERONE_ASSERT(swapcontext(&b.current->context, &b.scheduler) == 0, "swapcontext");
+}
+
+// Waits until `expected` threads have arrived at `barrier` (this one included).
+void wait_at(Barrier& barrier, int expected) {
+  Block& b = block();
+  if (++barrier.arrived >= expected) {
+    barrier.arrived = 0;
+    ++barrier.generation;
+    return;
+  }
+  b.current->waiting = &barrier;
+  b.current->waiting_generation = barrier.generation;
+  yield();  // the scheduler resumes this thread once the barrier has filled
+  b.current->waiting = nullptr;
+}
+
+void fiber_entry() {
+  Block& b = *g_block;
+  (*b.body)();
+  Fiber& f = *b.current;
+  // A thread that exits with copies in flight: they land anyway.
+  land_group(f.open);
+  for (auto& group : f.committed) land_group(group);
+  f.committed.clear();
+  f.done = true;
+  // Returns to the scheduler through uc_link.
+}
+
+// Makes f start at fiber_entry on `stack` (its own function: getcontext returns twice).
+[[gnu::noinline]] void start(Block& b, Fiber& f, unsigned char* stack) {
+  ZERONE_ASSERT(getcontext(&f.context) == 0, "getcontext");
+  f.context.uc_stack.ss_sp = stack;
+  f.context.uc_stack.ss_size = kStackBytes;
+  f.context.uc_link = &b.scheduler;
+  makecontext(&f.context, fiber_entry, 0);
+}
+
+// Runs f until it waits or exits (its own function: swapcontext returns twice, as setjmp does).
+[[gnu::noinline]] void resume(Block& b, Fiber& f) {
+  b.current = &f;
+  ZERONE_ASSERT(swapcontext(&b.scheduler, &f.context) == 0, "swapcontext");
+}
+
+void run_block(Block& b) {
+  std::fill(b.shared.begin(), b.shared.end(), kUnwritten);
+  const unsigned threads = b.shape.x * b.shape.y * b.shape.z;
+  b.block_barrier = Barrier{};
+  for (Warp& w : b.warps) w.barrier = Barrier{};
+  b.live = static_cast<int>(threads);
+  for (unsigned i = 0; i < threads; ++i) {
+    Fiber& f = b.fibers[i];
+    f = Fiber{};
+    f.index = uint3{i % b.shape.x, i / b.shape.x % b.shape.y, i / (b.shape.x * b.shape.y)};
+    f.warp = static_cast<int>(i / 32);
+    f.lane = static_cast<int>(i % 32);
+    start(b, f, b.stacks[i].get());
+  }
+  // Note [Emulated warps]: the lowest-numbered thread that can run runs, until it waits or exits,
+  // so warp 0 runs ahead of the others as far as the barriers let it: a tile read before the
+  // barrier that publishes the other warps' copies, or a copy issued into a tile another warp has
+  // yet to read, then meets 0xff bytes.
+  const auto runnable = [](const Fiber& f) {
+    return !f.done && (f.waiting == nullptr || f.waiting->generation != f.waiting_generation);
+  };
+  while (b.live > 0) {
+    unsigned i = 0;
+    while (i < threads && !runnable(b.fibers[i])) ++i;
+    ZERONE_ASSERT(i < threads, "emulated GPU: deadlock in block (", b.index.x, ", ", b.index.y, ", ", b.index.z, "): ",
+                  b.live, " threads wait at a barrier or warp instruction that can never complete (",
+                  b.block_barrier.arrived, " of them at __syncthreads)");
+    Fiber& f = b.fibers[i];
+    resume(b, f);
+    if (!f.done) continue;
+    --b.live;
+    // An exited thread counts as arrived at the block's barrier.
+    if (b.block_barrier.arrived > 0 && b.block_barrier.arrived >= b.live) {
+      b.block_barrier.arrived = 0;
+      ++b.block_barrier.generation;
+    }
+  }
+  b.current = nullptr;
+}
+
+}  // namespace
+
+void launch(dim3 grid, dim3 shape, size_t shared_bytes, const std::function<void()>& thread_body) {
+  ZERONE_ASSERT(g_block == nullptr, "emulated GPU: a launch inside a launch");
+  const unsigned threads = shape.x * shape.y * shape.z;
+  ZERONE_ASSERT(threads >= 1 && threads <= 1024, "emulated GPU: ", threads, " threads a block");
+  Block b;
+  b.grid = grid;
+  b.shape = shape;
+  b.shared.resize(shared_bytes + 16);
+  b.fibers.resize(threads);
+  b.body = &thread_body;
+  for (unsigned i = 0; i < threads; ++i) b.stacks.push_back(std::make_unique<unsigned char[]>(kStackBytes));
+  b.warps.resize((threads + 31) / 32);
+  for (size_t w = 0; w < b.warps.size(); ++w) b.warps[w].lanes = static_cast<int>(std::min<size_t>(32, threads - 32 * w));
+  g_block = &b;
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x) {
+        b.index = uint3{x, y, z};
+        run_block(b);
+      }
+  g_block = nullptr;
+}
+
+const uint3& thread_index() { return block().current->index; }
+const uint3& block_index() { return block().index; }
+const dim3& grid_shape() { return block().grid; }
+const dim3& block_shape() { return block().shape; }
+int lane_index() { return block().current->lane; }
+
+void* dynamic_shared_memory() {
+  // 16-byte aligned (vector's storage is at least 16-byte aligned for new[] of this size, but not promised).
+  auto p = reinterpret_cast<uintptr_t>(block().shared.data());
+  return reinterpret_cast<void*>((p + 15) & ~uintptr_t{15});
+}
+
+void check_shared(const void* p, size_t bytes, const char* instruction) {
+  Block& b = block();
+  const auto at = reinterpret_cast<uintptr_t>(p), begin = reinterpret_cast<uintptr_t>(dynamic_shared_memory());
+  const uintptr_t end = reinterpret_cast<uintptr_t>(b.shared.data()) + b.shared.size();
+  ZERONE_ASSERT(at >= begin && at + bytes <= end && at % bytes == 0, "emulated GPU: ", instruction, " at ", p,
+                " outside the block's shared memory or not ", bytes, "-byte aligned");
+}
+
+void sync_block() {
+  Block& b = block();
+  wait_at(b.block_barrier, b.live);
+}
+
+void warp_exchange(const void* mine, void* all, size_t bytes) {
+  Block& b = block();
+  ZERONE_ASSERT(bytes <= kSlotBytes, "emulated GPU: a warp exchange of ", bytes, " bytes");
+  Warp& w = b.warps[b.current->warp];
+  std::memcpy(w.slots + b.current->lane * kSlotBytes, mine, bytes);
+  wait_at(w.barrier, w.lanes);  // every lane's offer is in
+  for (int lane = 0; lane < w.lanes; ++lane)
+    std::memcpy(static_cast<unsigned char*>(all) + lane * bytes, w.slots + lane * kSlotBytes, bytes);
+  wait_at(w.barrier, w.lanes);  // every lane has read them: the slots may be reused
+}
+
+void copy_async(void* dst, const void* src, size_t bytes, size_t src_bytes) {
+  Block& b = block();
+  check_shared(dst, bytes, "cp.async");
+  std::memset(dst, kUnwritten, bytes);
+  b.current->open.push_back(Copy{dst, src, bytes, src_bytes});
+}
+
+void commit_copies() {
+  Fiber& f = *block().current;
+  f.committed.push_back(std::move(f.open));
+  f.open.clear();
+}
+
+void wait_copies(int pending) {
+  Fiber& f = *block().current;
+  while (f.committed.size() > static_cast<size_t>(pending)) {
+    land_group(f.committed.front());
+    f.committed.pop_front();
+  }
+}
+
+}  // namespace zerone::cuda::emulated

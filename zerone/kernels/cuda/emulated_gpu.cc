@@ -1,7 +1,9 @@
 // Note [Emulated warps] (emulated_gpu.h): fibers, barriers and deferred copies.
 #include "zerone/kernels/cuda/emulated_gpu.h"
 
+#include <sys/mman.h>
 #include <ucontext.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstring>
@@ -17,6 +19,26 @@ namespace {
 constexpr size_t kStackBytes = size_t{256} << 10;  // a thread's locals: register arrays of a few KiB
 constexpr size_t kSlotBytes = 64;                   // the largest warp exchange (mma: 24 bytes)
 constexpr unsigned char kUnwritten = 0xff;          // NaN in f32, bf16 and f16
+
+// A fiber's stack, with an inaccessible page below it: an overflow faults instead of writing over
+// the next stack.
+class Stack {
+ public:
+  Stack() : guard_(static_cast<size_t>(sysconf(_SC_PAGESIZE))) {
+    void* p = mmap(nullptr, guard_ + kStackBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ZERONE_ASSERT(p != MAP_FAILED, "emulated GPU: mmap of a fiber stack");
+    ZERONE_ASSERT(mprotect(p, guard_, PROT_NONE) == 0, "emulated GPU: mprotect of a stack guard");
+    base_ = static_cast<unsigned char*>(p);
+  }
+  ~Stack() { munmap(base_, guard_ + kStackBytes); }
+  Stack(const Stack&) = delete;
+  Stack& operator=(const Stack&) = delete;
+  unsigned char* bottom() const { return base_ + guard_; }
+
+ private:
+  size_t guard_;
+  unsigned char* base_ = nullptr;
+};
 
 struct Copy {
   void* dst;
@@ -50,9 +72,10 @@ struct Warp {
 struct Block {
   dim3 grid, shape;
   uint3 index;
-  std::vector<unsigned char> shared;
+  std::vector<unsigned char> shared;  // shared_bytes and up to 16 bytes of alignment
+  size_t shared_bytes = 0;
   std::vector<Fiber> fibers;
-  std::vector<std::unique_ptr<unsigned char[]>> stacks;
+  std::vector<std::unique_ptr<Stack>> stacks;
   std::vector<Warp> warps;
   Barrier block_barrier;
   int live = 0;
@@ -135,7 +158,7 @@ void run_block(Block& b) {
     f.index = uint3{i % b.shape.x, i / b.shape.x % b.shape.y, i / (b.shape.x * b.shape.y)};
     f.warp = static_cast<int>(i / 32);
     f.lane = static_cast<int>(i % 32);
-    start(b, f, b.stacks[i].get());
+    start(b, f, b.stacks[i]->bottom());
   }
   // Note [Emulated warps]: the lowest-numbered thread that can run runs, until it waits or exits,
   // so warp 0 runs ahead of the others as far as the barriers let it: a tile read before the
@@ -173,9 +196,10 @@ void launch(dim3 grid, dim3 shape, size_t shared_bytes, const std::function<void
   b.grid = grid;
   b.shape = shape;
   b.shared.resize(shared_bytes + 16);
+  b.shared_bytes = shared_bytes;
   b.fibers.resize(threads);
   b.body = &thread_body;
-  for (unsigned i = 0; i < threads; ++i) b.stacks.push_back(std::make_unique<unsigned char[]>(kStackBytes));
+  for (unsigned i = 0; i < threads; ++i) b.stacks.push_back(std::make_unique<Stack>());
   b.warps.resize((threads + 31) / 32);
   for (size_t w = 0; w < b.warps.size(); ++w) b.warps[w].lanes = static_cast<int>(std::min<size_t>(32, threads - 32 * w));
   g_block = &b;
@@ -203,7 +227,7 @@ void* dynamic_shared_memory() {
 void check_shared(const void* p, size_t bytes, const char* instruction) {
   Block& b = block();
   const auto at = reinterpret_cast<uintptr_t>(p), begin = reinterpret_cast<uintptr_t>(dynamic_shared_memory());
-  const uintptr_t end = reinterpret_cast<uintptr_t>(b.shared.data()) + b.shared.size();
+  const uintptr_t end = begin + b.shared_bytes;
   ZERONE_ASSERT(at >= begin && at + bytes <= end && at % bytes == 0, "emulated GPU: ", instruction, " at ", p,
                 " outside the block's shared memory or not ", bytes, "-byte aligned");
 }
@@ -217,6 +241,7 @@ void warp_exchange(const void* mine, void* all, size_t bytes) {
   Block& b = block();
   ZERONE_ASSERT(bytes <= kSlotBytes, "emulated GPU: a warp exchange of ", bytes, " bytes");
   Warp& w = b.warps[b.current->warp];
+  ZERONE_ASSERT(w.lanes == 32, "emulated GPU: a warp instruction in a warp of ", w.lanes, " threads");
   std::memcpy(w.slots + b.current->lane * kSlotBytes, mine, bytes);
   wait_at(w.barrier, w.lanes);  // every lane's offer is in
   for (int lane = 0; lane < w.lanes; ++lane)

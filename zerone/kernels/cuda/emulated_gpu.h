@@ -58,7 +58,8 @@ void check_shared(const void* p, size_t bytes, const char* instruction);
 // __syncthreads.
 void sync_block();
 // Every lane of the running thread's warp offers `bytes` (at most 64) at `mine`; returns once all
-// lanes have, with the offers in lane order in `all` (32 x bytes).
+// lanes have, with the offers in lane order in `all` (32 x bytes). The warp must be whole (32
+// threads; aborts otherwise).
 void warp_exchange(const void* mine, void* all, size_t bytes);
 
 // cp.async: copies src_bytes (0 or bytes) of src to dst and zero-fills the rest of `bytes`, when

@@ -149,16 +149,16 @@ inline void mma_m16n8k16(float c[4], const uint32_t a[4], const uint32_t b[2]) {
 }
 
 inline void ldmatrix_x4(uint32_t r[4], const uint16_t* row) {
+  emulated::check_shared(row, 16, "ldmatrix");
   const uint16_t* rows[32];
   emulated::warp_exchange(&row, rows, sizeof row);
-  emulated::check_shared(row, 16, "ldmatrix");
   const int lane = emulated::lane_index(), g = lane / 4, t = lane % 4;
   for (int j = 0; j < 4; ++j) r[j] = rows[8 * j + g][2 * t] | static_cast<uint32_t>(rows[8 * j + g][2 * t + 1]) << 16;
 }
 inline void ldmatrix_x4_trans(uint32_t r[4], const uint16_t* row) {
+  emulated::check_shared(row, 16, "ldmatrix");
   const uint16_t* rows[32];
   emulated::warp_exchange(&row, rows, sizeof row);
-  emulated::check_shared(row, 16, "ldmatrix");
   const int lane = emulated::lane_index(), g = lane / 4, t = lane % 4;
   for (int j = 0; j < 4; ++j) r[j] = rows[8 * j + 2 * t][g] | static_cast<uint32_t>(rows[8 * j + 2 * t + 1][g]) << 16;
 }

@@ -70,7 +70,7 @@ template <int kChunks>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     flash_forward_kernel(float* out, float* lse, const float* qkv, FlashShape s, float scale) {
   constexpr int kRows = rows_per_warp(kChunks), kBr = warp_tile_rows(kChunks);
-  extern __shared__ float smem[];
+  ZERONE_DYNAMIC_SHARED(float, smem);
   const int hs = s.hs, T = s.T, ld = smem_stride(hs);
   float* q_s = smem;             // (kBr, ld)
   float* k_s = q_s + kBr * ld;   // (kLanes, ld)
@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     flash_dq_kernel(float* dqkv, float* dsum, const float* dout, const float* qkv, const float* lse, FlashShape s,
                     float scale) {
   constexpr int kRows = rows_per_warp(kChunks), kBr = warp_tile_rows(kChunks);
-  extern __shared__ float smem[];
+  ZERONE_DYNAMIC_SHARED(float, smem);
   const int hs = s.hs, T = s.T, ld = smem_stride(hs);
   float* q_s = smem;              // (kBr, ld)
   float* do_s = q_s + kBr * ld;   // (kBr, ld)
@@ -219,7 +219,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     flash_dkv_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* dsum,
                      FlashShape s, float scale) {
   constexpr int kRows = rows_per_warp(kChunks), kBc = warp_tile_rows(kChunks);
-  extern __shared__ float smem[];
+  ZERONE_DYNAMIC_SHARED(float, smem);
   const int hs = s.hs, T = s.T, ld = smem_stride(hs);
   float* k_s = smem;               // (kBc, ld)
   float* v_s = k_s + kBc * ld;     // (kBc, ld)
@@ -302,7 +302,7 @@ template <int kChunks>
 void forward_with(float* out, float* lse, const float* qkv, const FlashShape& s, float scale, cudaStream_t stream) {
   const size_t bytes = request_smem(flash_forward_kernel<kChunks>, sizeof(float) * forward_smem_floats(s.hs));
   const dim3 grid(static_cast<unsigned>(s.B * s.NH), static_cast<unsigned>(tiles_of(s.T, warp_tile_rows(kChunks))));
-  flash_forward_kernel<kChunks><<<grid, kThreadsPerBlock, bytes, stream>>>(out, lse, qkv, s, scale);
+  ZERONE_LAUNCH(grid, kThreadsPerBlock, bytes, stream, flash_forward_kernel<kChunks>)(out, lse, qkv, s, scale);
   ZERONE_CUDA_LAUNCHED();
 }
 
@@ -311,12 +311,11 @@ void backward_with(float* dqkv, float* dsum, const float* dout, const float* qkv
                    const FlashShape& s, float scale, cudaStream_t stream) {
   const unsigned warp_tiles = static_cast<unsigned>(tiles_of(s.T, warp_tile_rows(kChunks)));
   const size_t dq_bytes = request_smem(flash_dq_kernel<kChunks>, sizeof(float) * dq_smem_floats(s.hs));
-  flash_dq_kernel<kChunks><<<dim3(static_cast<unsigned>(s.B * s.NH), warp_tiles), kThreadsPerBlock, dq_bytes, stream>>>(
+  ZERONE_LAUNCH(dim3(static_cast<unsigned>(s.B * s.NH), warp_tiles), kThreadsPerBlock, dq_bytes, stream, flash_dq_kernel<kChunks>)(
       dqkv, dsum, dout, qkv, lse, s, scale);
   ZERONE_CUDA_LAUNCHED();
   const size_t dkv_bytes = request_smem(flash_dkv_kernel<kChunks>, sizeof(float) * dkv_smem_floats(s.hs));
-  flash_dkv_kernel<kChunks><<<dim3(static_cast<unsigned>(s.B * s.NKV), warp_tiles), kThreadsPerBlock, dkv_bytes,
-                              stream>>>(dqkv, dout, qkv, lse, dsum, s, scale);
+  ZERONE_LAUNCH(dim3(static_cast<unsigned>(s.B * s.NKV), warp_tiles), kThreadsPerBlock, dkv_bytes, stream, flash_dkv_kernel<kChunks>)(dqkv, dout, qkv, lse, dsum, s, scale);
   ZERONE_CUDA_LAUNCHED();
 }
 

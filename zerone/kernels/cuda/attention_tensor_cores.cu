@@ -43,7 +43,7 @@ __global__ void tc_flash_row_dot_kernel(float* dsum, uint16_t* dout16, const flo
 template <typename E, int HS>
 void forward_with(uint16_t* out, float* lse, const uint16_t* qkv, const FlashShape& s, float scale, cudaStream_t stream) {
   const size_t bytes = request_smem(tc_flash_forward_kernel<E, HS>, forward_smem_bytes(HS));
-  tc_flash_forward_kernel<E, HS><<<forward_grid(s, HS), kThreadsTc, bytes, stream>>>(out, lse, qkv, s, scale);
+  ZERONE_LAUNCH(forward_grid(s, HS), kThreadsTc, bytes, stream, tc_flash_forward_kernel<E, HS>)(out, lse, qkv, s, scale);
   ZERONE_CUDA_LAUNCHED();
 }
 
@@ -52,11 +52,11 @@ void backward_with(float* dqkv, float* dsum, const uint16_t* dout, const uint16_
                    const FlashShape& s, float scale, cudaStream_t stream, const FlashBackwardMarks* marks) {
   // dsum (D) is already formed (tensor_core_flash_backward).
   const size_t dq_bytes = request_smem(tc_flash_dq_kernel<E, HS>, dq_smem_bytes(HS));
-  tc_flash_dq_kernel<E, HS><<<dq_grid(s, HS), kThreadsTc, dq_bytes, stream>>>(dqkv, dsum, dout, qkv, lse, s, scale);
+  ZERONE_LAUNCH(dq_grid(s, HS), kThreadsTc, dq_bytes, stream, tc_flash_dq_kernel<E, HS>)(dqkv, dsum, dout, qkv, lse, s, scale);
   ZERONE_CUDA_LAUNCHED();
   if (marks && marks->after_dq) ZERONE_CUDA_CHECK(cudaEventRecord(marks->after_dq, stream));
   const size_t dkv_bytes = request_smem(tc_flash_dkv_kernel<E, HS>, dkv_smem_bytes(HS));
-  tc_flash_dkv_kernel<E, HS><<<dkv_grid(s, HS), kThreadsTc, dkv_bytes, stream>>>(dqkv, dout, qkv, lse, dsum, s, scale);
+  ZERONE_LAUNCH(dkv_grid(s, HS), kThreadsTc, dkv_bytes, stream, tc_flash_dkv_kernel<E, HS>)(dqkv, dout, qkv, lse, dsum, s, scale);
   ZERONE_CUDA_LAUNCHED();
 }
 
@@ -125,8 +125,7 @@ void tensor_core_flash_backward(float* dqkv, float* dsum, const float* dout, con
   const size_t rows = static_cast<size_t>(s.B) * s.NH * s.T;
   constexpr int kRowsPerBlock = 8;  // warps of 32 lanes, one row each
   uint16_t* dout16 = scratch;  // dO rounded, beside D
-  tc_flash_row_dot_kernel<<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), 32 * kRowsPerBlock, 0,
-                            stream>>>(dsum, dout16, dout, out, operands, s);
+  ZERONE_LAUNCH(static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), 32 * kRowsPerBlock, 0, stream, tc_flash_row_dot_kernel)(dsum, dout16, dout, out, operands, s);
   ZERONE_CUDA_LAUNCHED();
   if (marks && marks->after_row_dot) ZERONE_CUDA_CHECK(cudaEventRecord(marks->after_row_dot, stream));
   ZERONE_TC_FLASH_DISPATCH(operands, s.hs,

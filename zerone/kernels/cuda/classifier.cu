@@ -197,13 +197,13 @@ void check_plain(kernels::ActLayout a, kernels::ActLayout b) {
 
 void relu_forward(float* out, const float* inp, size_t n, cudaStream_t stream) {
   if (n == 0) return;
-  relu_forward_kernel<<<grid_for(n), kThreads, 0, stream>>>(out, inp, n);
+  ZERONE_LAUNCH(grid_for(n), kThreads, 0, stream, relu_forward_kernel)(out, inp, n);
   ZERONE_CUDA_LAUNCHED();
 }
 
 void relu_backward(float* dinp, const float* dout, const float* out, size_t n, cudaStream_t stream) {
   if (n == 0) return;
-  relu_backward_kernel<<<grid_for(n), kThreads, 0, stream>>>(dinp, dout, out, n);
+  ZERONE_LAUNCH(grid_for(n), kThreads, 0, stream, relu_backward_kernel)(dinp, dout, out, n);
   ZERONE_CUDA_LAUNCHED();
 }
 
@@ -211,7 +211,7 @@ void dropout(float* out, const float* inp, int N, size_t per_sample, float p, co
              cudaStream_t stream) {
   const size_t total = static_cast<size_t>(N) * per_sample;
   if (total == 0) return;
-  dropout_kernel<<<grid_for(total), kThreads, 0, stream>>>(out, inp, N, per_sample, p, key.seed, key.key,
+  ZERONE_LAUNCH(grid_for(total), kThreads, 0, stream, dropout_kernel)(out, inp, N, per_sample, p, key.seed, key.key,
                                                           key.first_sample);
   ZERONE_CUDA_LAUNCHED();
 }
@@ -219,7 +219,7 @@ void dropout(float* out, const float* inp, int N, size_t per_sample, float p, co
 void softmax_cross_entropy_forward(float* probs, float* losses, int32_t* hits, const float* logits,
                                    const int32_t* labels, int N, int K, cudaStream_t stream) {
   if (N == 0) return;
-  softmax_ce_forward_kernel<<<(N + kThreads - 1) / kThreads, kThreads, 0, stream>>>(probs, losses, hits, logits, labels,
+  ZERONE_LAUNCH((N + kThreads - 1) / kThreads, kThreads, 0, stream, softmax_ce_forward_kernel)(probs, losses, hits, logits, labels,
                                                                                     N, K);
   ZERONE_CUDA_LAUNCHED();
 }
@@ -227,7 +227,7 @@ void softmax_cross_entropy_forward(float* probs, float* losses, int32_t* hits, c
 void softmax_cross_entropy_backward(float* dlogits, const float* probs, const int32_t* labels, int N, int K,
                                     float scale, cudaStream_t stream) {
   if (N == 0) return;
-  softmax_ce_backward_kernel<<<grid_for(static_cast<size_t>(N) * K), kThreads, 0, stream>>>(
+  ZERONE_LAUNCH(grid_for(static_cast<size_t>(N) * K), kThreads, 0, stream, softmax_ce_backward_kernel)(
       dlogits, probs, labels, N, K, scale / static_cast<float>(N));
   ZERONE_CUDA_LAUNCHED();
 }
@@ -235,7 +235,7 @@ void softmax_cross_entropy_backward(float* dlogits, const float* probs, const in
 void conv2d_forward(float* out, const float* inp, const float* weight, const float* bias, const Conv2dShape& s,
                     cudaStream_t stream) {
   check_plain(s.src_layout, s.dst_layout);
-  conv_forward_kernel<<<grid_for(static_cast<size_t>(s.N) * s.OC * s.OH() * s.OW()), kThreads, 0, stream>>>(
+  ZERONE_LAUNCH(grid_for(static_cast<size_t>(s.N) * s.OC * s.OH() * s.OW()), kThreads, 0, stream, conv_forward_kernel)(
       out, inp, weight, bias, s);
   ZERONE_CUDA_LAUNCHED();
 }
@@ -244,15 +244,15 @@ void conv2d_backward(float* dinp, float* dweight, float* dbias, const float* dou
                      const float* weight, const Conv2dShape& s, bool accumulate_param_grads, cudaStream_t stream) {
   check_plain(s.src_layout, s.dst_layout);
   if (dinp) {
-    conv_backward_input_kernel<<<grid_for(static_cast<size_t>(s.N) * s.C * s.H * s.W), kThreads, 0, stream>>>(
+    ZERONE_LAUNCH(grid_for(static_cast<size_t>(s.N) * s.C * s.H * s.W), kThreads, 0, stream, conv_backward_input_kernel)(
         dinp, dout, weight, s);
     ZERONE_CUDA_LAUNCHED();
   }
-  conv_backward_weight_kernel<<<grid_for(static_cast<size_t>(s.OC) * s.C * s.KH * s.KW), kThreads, 0, stream>>>(
+  ZERONE_LAUNCH(grid_for(static_cast<size_t>(s.OC) * s.C * s.KH * s.KW), kThreads, 0, stream, conv_backward_weight_kernel)(
       dweight, dout, inp, s, accumulate_param_grads);
   ZERONE_CUDA_LAUNCHED();
   if (dbias) {
-    conv_backward_bias_kernel<<<(s.OC + kThreads - 1) / kThreads, kThreads, 0, stream>>>(dbias, dout, s,
+    ZERONE_LAUNCH((s.OC + kThreads - 1) / kThreads, kThreads, 0, stream, conv_backward_bias_kernel)(dbias, dout, s,
                                                                                        accumulate_param_grads);
     ZERONE_CUDA_LAUNCHED();
   }
@@ -265,7 +265,7 @@ size_t maxpool2d_workspace_bytes(const Pool2dShape& s) {
 void maxpool2d_forward(float* out, int32_t* workspace, const float* inp, const Pool2dShape& s, cudaStream_t stream) {
   check_plain(s.layout, s.layout);
   ZERONE_ASSERT(s.OH() > 0 && s.OW() > 0, "maxpool2d: empty output for input ", s.H, "x", s.W);
-  maxpool_forward_kernel<<<grid_for(static_cast<size_t>(s.N) * s.C * s.OH() * s.OW()), kThreads, 0, stream>>>(
+  ZERONE_LAUNCH(grid_for(static_cast<size_t>(s.N) * s.C * s.OH() * s.OW()), kThreads, 0, stream, maxpool_forward_kernel)(
       out, workspace, inp, s);
   ZERONE_CUDA_LAUNCHED();
 }
@@ -273,7 +273,7 @@ void maxpool2d_forward(float* out, int32_t* workspace, const float* inp, const P
 void maxpool2d_backward(float* dinp, const float* dout, const int32_t* workspace, const Pool2dShape& s,
                         cudaStream_t stream) {
   check_plain(s.layout, s.layout);
-  maxpool_backward_kernel<<<grid_for(static_cast<size_t>(s.N) * s.C * s.H * s.W), kThreads, 0, stream>>>(
+  ZERONE_LAUNCH(grid_for(static_cast<size_t>(s.N) * s.C * s.H * s.W), kThreads, 0, stream, maxpool_backward_kernel)(
       dinp, dout, workspace, s);
   ZERONE_CUDA_LAUNCHED();
 }

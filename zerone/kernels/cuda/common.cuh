@@ -15,6 +15,7 @@
 
 #include "zerone/core/dtype.h"
 #include "zerone/kernels/cuda/check.h"
+#include "zerone/kernels/cuda/launch.cuh"
 
 namespace zerone::cuda {
 
@@ -139,10 +140,10 @@ template <typename Op>
 void launch_binary(float* out, const float* a, const float* b, size_t n, cudaStream_t stream) {
   if (n == 0) return;
   if (f32_vectorizable4(n, {out, a, b}))
-    binary4_kernel<Op><<<grid_for(n / 4), kThreads, 0, stream>>>(
+    ZERONE_LAUNCH(grid_for(n / 4), kThreads, 0, stream, binary4_kernel<Op>)(
         reinterpret_cast<float4*>(out), reinterpret_cast<const float4*>(a), reinterpret_cast<const float4*>(b), n / 4);
   else
-    binary_kernel<Op><<<grid_for(n), kThreads, 0, stream>>>(out, a, b, n);
+    ZERONE_LAUNCH(grid_for(n), kThreads, 0, stream, binary_kernel<Op>)(out, a, b, n);
   ZERONE_CUDA_LAUNCHED();
 }
 

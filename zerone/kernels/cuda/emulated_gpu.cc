@@ -75,9 +75,11 @@ struct Block {
   std::vector<unsigned char> shared;  // shared_bytes and up to 16 bytes of alignment
   size_t shared_bytes = 0;
   std::vector<Fiber> fibers;
-  std::vector<std::unique_ptr<Stack>> stacks;
+  std::vector<Stack*> stacks;  // kept by launch()
   std::vector<Warp> warps;
   Barrier block_barrier;
+  int vote = 0;                    // __syncthreads_or's, for the vote at block_barrier's generation
+  uint64_t vote_generation = ~uint64_t{0};
   int live = 0;
   const std::function<void()>* body = nullptr;
   ucontext_t scheduler;
@@ -150,6 +152,7 @@ void run_block(Block& b) {
   std::fill(b.shared.begin(), b.shared.end(), kUnwritten);
   const unsigned threads = b.shape.x * b.shape.y * b.shape.z;
   b.block_barrier = Barrier{};
+  b.vote_generation = ~uint64_t{0};
   for (Warp& w : b.warps) w.barrier = Barrier{};
   b.live = static_cast<int>(threads);
   for (unsigned i = 0; i < threads; ++i) {
@@ -199,7 +202,10 @@ void launch(dim3 grid, dim3 shape, size_t shared_bytes, const std::function<void
   b.shared_bytes = shared_bytes;
   b.fibers.resize(threads);
   b.body = &thread_body;
-  for (unsigned i = 0; i < threads; ++i) b.stacks.push_back(std::make_unique<Stack>());
+  // Stacks are kept between launches (mapping 256 of them per launch cost as much as the kernels).
+  static thread_local std::vector<std::unique_ptr<Stack>> kept;
+  while (kept.size() < threads) kept.push_back(std::make_unique<Stack>());
+  for (unsigned i = 0; i < threads; ++i) b.stacks.push_back(kept[i].get());
   b.warps.resize((threads + 31) / 32);
   for (size_t w = 0; w < b.warps.size(); ++w) b.warps[w].lanes = static_cast<int>(std::min<size_t>(32, threads - 32 * w));
   g_block = &b;
@@ -235,6 +241,19 @@ void check_shared(const void* p, size_t bytes, const char* instruction) {
 void sync_block() {
   Block& b = block();
   wait_at(b.block_barrier, b.live);
+}
+
+int sync_block_or(int predicate) {
+  Block& b = block();
+  if (b.vote_generation != b.block_barrier.generation) {  // the first thread of this vote
+    b.vote_generation = b.block_barrier.generation;
+    b.vote = 0;
+  }
+  b.vote |= predicate != 0;
+  wait_at(b.block_barrier, b.live);  // every live thread has voted
+  const int result = b.vote;
+  wait_at(b.block_barrier, b.live);  // every thread has read it: the next vote may start
+  return result;
 }
 
 void warp_exchange(const void* mine, void* all, size_t bytes) {

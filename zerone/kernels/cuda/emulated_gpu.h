@@ -32,7 +32,11 @@
 
 #include <cuda_runtime.h>  // dim3, uint3
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <functional>
 
 namespace zerone::cuda::emulated {
@@ -62,6 +66,18 @@ void sync_block();
 // threads; aborts otherwise).
 void warp_exchange(const void* mine, void* all, size_t bytes);
 
+// __syncthreads_or: waits for the block's live threads; whether any passed a nonzero predicate.
+int sync_block_or(int predicate);
+
+// A launch written kernel<<<grid, block, shared_bytes, stream>>>(args...) under nvcc
+// (ZERONE_LAUNCH, launch.cuh): the callable that runs it here, now, with those arguments.
+template <typename... Params>
+auto launcher(dim3 grid, dim3 block, size_t shared_bytes, void (*kernel)(Params...)) {
+  return [=](auto&&... args) {
+    launch(grid, block, shared_bytes, [&] { kernel(args...); });
+  };
+}
+
 // cp.async: copies src_bytes (0 or bytes) of src to dst and zero-fills the rest of `bytes`, when
 // this thread's wait_copies lets it land; dst reads as 0xff bytes until then.
 void copy_async(void* dst, const void* src, size_t bytes, size_t src_bytes);
@@ -71,12 +87,65 @@ void wait_copies(int pending);
 
 }  // namespace zerone::cuda::emulated
 
-// CUDA's built-in variables and block barrier, for the host compiler.
+// CUDA's built-in variables, block barrier, warp votes and shuffles, and the device intrinsics
+// the kernels use, for the host compiler. __shared__ variables are static: a block's threads share
+// them, and blocks run one after another on the launching thread (thread_local: a launch per host
+// thread).
 #define threadIdx (::zerone::cuda::emulated::thread_index())
 #define blockIdx (::zerone::cuda::emulated::block_index())
 #define gridDim (::zerone::cuda::emulated::grid_shape())
 #define blockDim (::zerone::cuda::emulated::block_shape())
 inline void __syncthreads() { ::zerone::cuda::emulated::sync_block(); }
+inline int __syncthreads_or(int predicate) { return ::zerone::cuda::emulated::sync_block_or(predicate); }
 #if !defined(__launch_bounds__)
 #define __launch_bounds__(...)
 #endif
+#undef __shared__
+#define __shared__ static thread_local
+
+template <typename T>
+inline T __shfl_xor_sync(unsigned /*mask: the whole warp*/, T v, int lane_mask) {
+  static_assert(sizeof(T) <= 8, "a shuffle moves at most 8 bytes");
+  T all[32];
+  ::zerone::cuda::emulated::warp_exchange(&v, all, sizeof v);
+  return all[::zerone::cuda::emulated::lane_index() ^ lane_mask];
+}
+template <typename T>
+inline T __shfl_sync(unsigned /*mask: the whole warp*/, T v, int source_lane) {
+  static_assert(sizeof(T) <= 8, "a shuffle moves at most 8 bytes");
+  T all[32];
+  ::zerone::cuda::emulated::warp_exchange(&v, all, sizeof v);
+  return all[source_lane & 31];
+}
+inline unsigned __ballot_sync(unsigned /*mask: the whole warp*/, int predicate) {
+  int all[32];
+  ::zerone::cuda::emulated::warp_exchange(&predicate, all, sizeof predicate);
+  unsigned bits = 0;
+  for (int lane = 0; lane < 32; ++lane) bits |= (all[lane] != 0 ? 1u : 0u) << lane;
+  return bits;
+}
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline float __uint_as_float(unsigned x) {
+  float f;
+  std::memcpy(&f, &x, sizeof f);
+  return f;
+}
+inline float __int_as_float(int x) {
+  float f;
+  std::memcpy(&f, &x, sizeof f);
+  return f;
+}
+inline unsigned __float_as_uint(float f) {
+  unsigned x;
+  std::memcpy(&x, &f, sizeof x);
+  return x;
+}
+// The _rn intrinsics: one IEEE operation each, never fused (the emulated sources build with
+// -ffp-contract=off).
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fsqrt_rn(float a) { return std::sqrt(a); }
+using std::isfinite;
+using std::max;
+using std::min;

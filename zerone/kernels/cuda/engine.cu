@@ -77,7 +77,7 @@ void chunk_sums(const float* x, size_t n, float* copy_to, double* device_partial
                 cudaStream_t stream) {
   const size_t blocks = norm_blocks(n);
   if (blocks == 0) return;
-  chunk_sum_kernel<kSquares><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(x, n, copy_to, device_partials);
+  ZERONE_LAUNCH(static_cast<unsigned>(blocks), kThreads, 0, stream, chunk_sum_kernel<kSquares>)(x, n, copy_to, device_partials);
   ZERONE_CUDA_LAUNCHED();
   partials_to_host(device_partials, host_partials, blocks, stream);
 }
@@ -264,18 +264,18 @@ void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_
   if (narrowing && vectorizable4(src, dst, dst_dtype, n)) {  // activations rounded for a GEMM or attention: the common case
     const size_t n4 = n / 4;
     if (dst_dtype == DType::bf16)
-      narrow4_kernel<DType::bf16><<<grid_for(n4), kThreads, 0, stream>>>(dst, static_cast<const float4*>(src), n4);
+      ZERONE_LAUNCH(grid_for(n4), kThreads, 0, stream, narrow4_kernel<DType::bf16>)(dst, static_cast<const float4*>(src), n4);
     else
-      narrow4_kernel<DType::f16><<<grid_for(n4), kThreads, 0, stream>>>(dst, static_cast<const float4*>(src), n4);
+      ZERONE_LAUNCH(grid_for(n4), kThreads, 0, stream, narrow4_kernel<DType::f16>)(dst, static_cast<const float4*>(src), n4);
   } else {
-    convert_kernel<<<grid_for(n), kThreads, 0, stream>>>(dst, dst_dtype, src, src_dtype, n);
+    ZERONE_LAUNCH(grid_for(n), kThreads, 0, stream, convert_kernel)(dst, dst_dtype, src, src_dtype, n);
   }
   ZERONE_CUDA_LAUNCHED();
 }
 
 void mark_not_finite(const float* x, size_t n, int* flag, cudaStream_t stream) {
   if (n == 0) return;
-  finite_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, n, flag);
+  ZERONE_LAUNCH(grid_for(n), kThreads, 0, stream, finite_kernel)(x, n, flag);
   ZERONE_CUDA_LAUNCHED();
 }
 
@@ -284,7 +284,7 @@ void quantize_blockwise(const void* src, DType src_dtype, size_t n, int bits, si
   if (n == 0) return;
   const size_t nb = (n + block - 1) / block;
   float* scales = static_cast<float*>(out);
-  quantize_kernel<<<static_cast<unsigned>(nb), kThreads, 0, stream>>>(src, src_dtype, n, bits, block, scales,
+  ZERONE_LAUNCH(static_cast<unsigned>(nb), kThreads, 0, stream, quantize_kernel)(src, src_dtype, n, bits, block, scales,
                                                                         reinterpret_cast<uint8_t*>(scales + nb));
   ZERONE_CUDA_LAUNCHED();
 }
@@ -295,7 +295,7 @@ void dequantize_blockwise(const void* in, size_t n, int bits, size_t block, void
   ZERONE_ASSERT(!accumulate || dst_dtype == DType::f32, "dequantize: accumulation needs an f32 destination");
   const size_t nb = (n + block - 1) / block;
   const float* scales = static_cast<const float*>(in);
-  dequantize_kernel<<<grid_for(n), kThreads, 0, stream>>>(scales, reinterpret_cast<const uint8_t*>(scales + nb), n, bits,
+  ZERONE_LAUNCH(grid_for(n), kThreads, 0, stream, dequantize_kernel)(scales, reinterpret_cast<const uint8_t*>(scales + nb), n, bits,
                                                            block, dst, dst_dtype, accumulate);
   ZERONE_CUDA_LAUNCHED();
 }
@@ -306,7 +306,7 @@ void adamw_update_ranges(const kernels::AdamWRange* ranges, size_t count, DType 
   unsigned blocks = 0;  // of the launch being filled
   const auto flush = [&] {
     if (blocks == 0) return;
-    adamw_kernel<<<blocks, kThreads, 0, stream>>>(launch, param_dtype, device_partials);
+    ZERONE_LAUNCH(blocks, kThreads, 0, stream, adamw_kernel)(launch, param_dtype, device_partials);
     ZERONE_CUDA_LAUNCHED();
     device_partials += blocks;
     launch.count = 0;
@@ -331,7 +331,7 @@ void adamw_update_ranges(const kernels::AdamWRange* ranges, size_t count, DType 
 void sgd_update(float* master, float* momentum, const float* grad, void* param, DType param_dtype, size_t n,
                 const kernels::SGDHyper& h, double* device_partials, cudaStream_t stream) {
   if (n == 0) return;
-  sgd_kernel<<<static_cast<unsigned>(norm_blocks(n)), kThreads, 0, stream>>>(
+  ZERONE_LAUNCH(static_cast<unsigned>(norm_blocks(n)), kThreads, 0, stream, sgd_kernel)(
       master, momentum, grad, param, param_dtype, n, h.lr, h.momentum, 1.0f - h.dampening, h.weight_decay,
       h.grad_scale, h.nesterov, h.first, device_partials);
   ZERONE_CUDA_LAUNCHED();

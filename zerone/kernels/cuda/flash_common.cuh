@@ -39,7 +39,7 @@ size_t request_smem(Kernel kernel, size_t bytes) {
   ZERONE_CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   ZERONE_ASSERT(bytes <= static_cast<size_t>(limit), "flash attention needs ", bytes,
                 " bytes of shared memory per block; this GPU offers ", limit);
-  ZERONE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  ZERONE_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
   return bytes;
 }
 

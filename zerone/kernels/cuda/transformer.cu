@@ -324,9 +324,9 @@ void column_sums(float* out0, float* out1, float* partials, Rows rows, int N, in
                  cudaStream_t stream) {
   ZERONE_ASSERT(N > 0 && C > 0, "column sums of an empty ", N, " x ", C, " tensor");
   const dim3 grid(static_cast<unsigned>((C + kSumColumns - 1) / kSumColumns), static_cast<unsigned>(row_blocks(N)));
-  column_partials_kernel<K><<<grid, 32 * kSumWarps, 0, stream>>>(partials, rows, N, C);
+  ZERONE_LAUNCH(grid, 32 * kSumWarps, 0, stream, column_partials_kernel<K, Rows>)(partials, rows, N, C);
   ZERONE_CUDA_LAUNCHED();
-  column_finish_kernel<K><<<static_cast<unsigned>((C + 31) / 32), 32 * kSumWarps, 0, stream>>>(
+  ZERONE_LAUNCH(static_cast<unsigned>((C + 31) / 32), 32 * kSumWarps, 0, stream, column_finish_kernel<K>)(
       out0, out1, partials, row_blocks(N), C, accumulate);
   ZERONE_CUDA_LAUNCHED();
 }
@@ -730,7 +730,7 @@ __global__ void crossentropy_backward4_kernel(void* dlogits, const void* logits,
 
 void embedding_forward(float* out, const int32_t* tokens, const void* wte, const void* wpe, DType param_dtype, int B,
                        int T, int C, cudaStream_t stream) {
-  embedding_forward_kernel<<<grid_for(static_cast<size_t>(B) * T * C), kThreads, 0, stream>>>(out, tokens, wte, wpe,
+  ZERONE_LAUNCH(grid_for(static_cast<size_t>(B) * T * C), kThreads, 0, stream, embedding_forward_kernel)(out, tokens, wte, wpe,
                                                                                              param_dtype, B, T, C);
   ZERONE_CUDA_LAUNCHED();
 }
@@ -739,10 +739,10 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
                         cudaStream_t stream) {
   const int BT = B * T;
   if (BT == 0 || C == 0) return;
-  embedding_backward_wte_kernel<<<BT, kThreads, 0, stream>>>(dwte, dout, tokens, BT, C);
+  ZERONE_LAUNCH(BT, kThreads, 0, stream, embedding_backward_wte_kernel)(dwte, dout, tokens, BT, C);
   ZERONE_CUDA_LAUNCHED();
   if (dwpe) {
-    embedding_backward_wpe_kernel<<<grid_for(static_cast<size_t>(T) * C), kThreads, 0, stream>>>(dwpe, dout, B, T, C);
+    ZERONE_LAUNCH(grid_for(static_cast<size_t>(T) * C), kThreads, 0, stream, embedding_backward_wpe_kernel)(dwpe, dout, B, T, C);
     ZERONE_CUDA_LAUNCHED();
   }
 }
@@ -750,7 +750,7 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
 void layernorm_forward(void* out, DType out_dtype, float* mean, float* rstd, const float* inp, const void* weight,
                        const void* bias, DType param_dtype, int N, int C, cudaStream_t stream) {
   if (N == 0) return;
-  layernorm_forward_kernel<<<row_warp_blocks(N), kThreads, 0, stream>>>(out, out_dtype, mean, rstd, inp, weight, bias,
+  ZERONE_LAUNCH(row_warp_blocks(N), kThreads, 0, stream, layernorm_forward_kernel)(out, out_dtype, mean, rstd, inp, weight, bias,
                                                                          param_dtype, N, C);
   ZERONE_CUDA_LAUNCHED();
 }
@@ -759,21 +759,21 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
                         const void* weight, DType param_dtype, const float* mean, const float* rstd, int N, int C,
                         float* partials, cudaStream_t stream) {
   if (N == 0) return;
-  layernorm_backward_rows<<<row_warp_blocks(N), kThreads, 0, stream>>>(dinp, dout, inp, weight, param_dtype, mean, rstd,
+  ZERONE_LAUNCH(row_warp_blocks(N), kThreads, 0, stream, layernorm_backward_rows)(dinp, dout, inp, weight, param_dtype, mean, rstd,
                                                                         N, C);
   ZERONE_CUDA_LAUNCHED();
   if (two_pass_column_sums(N, C, {dout, inp})) {  // Note [Column sums in two passes]
     column_sums<2>(dweight, dbias, partials, NormRows{dout, inp, mean, rstd, C}, N, C, /*accumulate=*/true, stream);
     return;
   }
-  layernorm_backward_params<<<column_sum_blocks(C), kColumnBlock, 0, stream>>>(dweight, dbias, dout, inp, mean, rstd, N, C);
+  ZERONE_LAUNCH(column_sum_blocks(C), kColumnBlock, 0, stream, layernorm_backward_params)(dweight, dbias, dout, inp, mean, rstd, N, C);
   ZERONE_CUDA_LAUNCHED();
 }
 
 void rmsnorm_forward(void* out, DType out_dtype, float* rstd, const float* inp, const void* weight, DType param_dtype,
                      int N, int C, float eps, cudaStream_t stream) {
   if (N == 0) return;
-  rmsnorm_forward_kernel<<<row_warp_blocks(N), kThreads, 0, stream>>>(out, out_dtype, rstd, inp, weight, param_dtype, N,
+  ZERONE_LAUNCH(row_warp_blocks(N), kThreads, 0, stream, rmsnorm_forward_kernel)(out, out_dtype, rstd, inp, weight, param_dtype, N,
                                                                        C, eps);
   ZERONE_CUDA_LAUNCHED();
 }
@@ -782,19 +782,19 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
                       DType param_dtype, const float* rstd, int N, int C, void* dinp_rounded, DType rounded_dtype,
                       float* partials, cudaStream_t stream) {
   if (N == 0) return;
-  rmsnorm_backward_rows<<<row_warp_blocks(N), kThreads, 0, stream>>>(dinp, dout, inp, weight, param_dtype, rstd, N, C,
+  ZERONE_LAUNCH(row_warp_blocks(N), kThreads, 0, stream, rmsnorm_backward_rows)(dinp, dout, inp, weight, param_dtype, rstd, N, C,
                                                                       dinp_rounded, rounded_dtype);
   ZERONE_CUDA_LAUNCHED();
   if (two_pass_column_sums(N, C, {dout, inp})) {  // Note [Column sums in two passes]
     column_sums<1>(dweight, nullptr, partials, RmsNormRows{dout, inp, rstd, C}, N, C, /*accumulate=*/true, stream);
     return;
   }
-  rmsnorm_backward_params<<<column_sum_blocks(C), kColumnBlock, 0, stream>>>(dweight, dout, inp, rstd, N, C);
+  ZERONE_LAUNCH(column_sum_blocks(C), kColumnBlock, 0, stream, rmsnorm_backward_params)(dweight, dout, inp, rstd, N, C);
   ZERONE_CUDA_LAUNCHED();
 }
 
 void add_bias(float* out, const void* bias, DType param_dtype, int N, int OC, cudaStream_t stream) {
-  add_bias_kernel<<<grid_for(static_cast<size_t>(N) * OC), kThreads, 0, stream>>>(out, bias, param_dtype, N, OC);
+  ZERONE_LAUNCH(grid_for(static_cast<size_t>(N) * OC), kThreads, 0, stream, add_bias_kernel)(out, bias, param_dtype, N, OC);
   ZERONE_CUDA_LAUNCHED();
 }
 
@@ -810,7 +810,7 @@ void bias_backward(float* dbias, const float* dout, int N, int OC, bool accumula
       column_sums<1>(dbias, nullptr, partials, BiasRows<DType::bf16>{dout, rounded, OC}, N, OC, accumulate, stream);
     return;
   }
-  bias_backward_kernel<<<column_sum_blocks(OC), kColumnBlock, 0, stream>>>(dbias, dout, N, OC, accumulate);
+  ZERONE_LAUNCH(column_sum_blocks(OC), kColumnBlock, 0, stream, bias_backward_kernel)(dbias, dout, N, OC, accumulate);
   ZERONE_CUDA_LAUNCHED();
   if (rounded) convert(rounded, rounded_dtype, dout, DType::f32, static_cast<size_t>(N) * OC, stream);
 }
@@ -824,9 +824,9 @@ void gqa_attention_forward(float* out, float* att, const float* qkv, int B, int 
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const size_t rows = static_cast<size_t>(B) * NH * T;
   if (rows == 0) return;
-  attention_probs_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(att, qkv, s, scale);
+  ZERONE_LAUNCH(static_cast<unsigned>(rows), kThreads, 0, stream, attention_probs_kernel)(att, qkv, s, scale);
   ZERONE_CUDA_LAUNCHED();
-  attention_out_kernel<<<grid_for(rows * hs), kThreads, 0, stream>>>(out, att, qkv, s);
+  ZERONE_LAUNCH(grid_for(rows * hs), kThreads, 0, stream, attention_out_kernel)(out, att, qkv, s);
   ZERONE_CUDA_LAUNCHED();
 }
 
@@ -837,11 +837,11 @@ void gqa_attention_backward(float* dqkv, const float* dout, const float* qkv, co
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const size_t rows = static_cast<size_t>(B) * NH * T;
   if (rows == 0) return;
-  attention_dscores_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(datt, att, dout, qkv, s);
+  ZERONE_LAUNCH(static_cast<unsigned>(rows), kThreads, 0, stream, attention_dscores_kernel)(datt, att, dout, qkv, s);
   ZERONE_CUDA_LAUNCHED();
-  attention_dq_kernel<<<grid_for(rows * hs), kThreads, 0, stream>>>(dqkv, datt, qkv, s, scale);
+  ZERONE_LAUNCH(grid_for(rows * hs), kThreads, 0, stream, attention_dq_kernel)(dqkv, datt, qkv, s, scale);
   ZERONE_CUDA_LAUNCHED();
-  attention_dkv_kernel<<<grid_for(static_cast<size_t>(B) * T * NKV * hs), kThreads, 0, stream>>>(dqkv, datt, att, dout,
+  ZERONE_LAUNCH(grid_for(static_cast<size_t>(B) * T * NKV * hs), kThreads, 0, stream, attention_dkv_kernel)(dqkv, datt, att, dout,
                                                                                                  qkv, s, scale);
   ZERONE_CUDA_LAUNCHED();
 }
@@ -849,7 +849,7 @@ void gqa_attention_backward(float* dqkv, const float* dout, const float* qkv, co
 void rope_rotate(void* x, DType dtype, const float* inv_freq, int B, int T, int stride, int heads, int hs, float sign,
                  cudaStream_t stream) {
   ZERONE_ASSERT(hs % 2 == 0, "rotary head size ", hs, " is odd");
-  rope_kernel<<<grid_for(static_cast<size_t>(B) * T * heads * (hs / 2)), kThreads, 0, stream>>>(
+  ZERONE_LAUNCH(grid_for(static_cast<size_t>(B) * T * heads * (hs / 2)), kThreads, 0, stream, rope_kernel)(
       x, dtype, inv_freq, B, T, stride, heads, hs, sign);
   ZERONE_CUDA_LAUNCHED();
 }
@@ -857,20 +857,20 @@ void rope_rotate(void* x, DType dtype, const float* inv_freq, int B, int T, int 
 void rope_backward_rounded(void* out, DType out_dtype, const float* dx, const float* inv_freq, int B, int T, int stride,
                            int heads, int hs, cudaStream_t stream) {
   ZERONE_ASSERT(hs % 2 == 0 && stride % 2 == 0, "rotary head size ", hs, " or row of ", stride, " is odd");
-  rope_rounded_kernel<<<grid_for(static_cast<size_t>(B) * T * (stride / 2)), kThreads, 0, stream>>>(
+  ZERONE_LAUNCH(grid_for(static_cast<size_t>(B) * T * (stride / 2)), kThreads, 0, stream, rope_rounded_kernel)(
       out, out_dtype, dx, inv_freq, B, T, stride, heads, hs, -1.0f);
   ZERONE_CUDA_LAUNCHED();
 }
 
 void swiglu_forward(void* out, DType out_dtype, const void* inp, DType inp_dtype, int N, int F, cudaStream_t stream) {
-  swiglu_forward_kernel<<<grid_for(static_cast<size_t>(N) * F), kThreads, 0, stream>>>(out, out_dtype, inp, inp_dtype,
+  ZERONE_LAUNCH(grid_for(static_cast<size_t>(N) * F), kThreads, 0, stream, swiglu_forward_kernel)(out, out_dtype, inp, inp_dtype,
                                                                                        N, F);
   ZERONE_CUDA_LAUNCHED();
 }
 
 void swiglu_backward(void* dinp, DType dinp_dtype, const float* dout, const void* inp, DType inp_dtype, int N, int F,
                      cudaStream_t stream) {
-  swiglu_backward_kernel<<<grid_for(static_cast<size_t>(N) * F), kThreads, 0, stream>>>(dinp, dinp_dtype, dout, inp,
+  ZERONE_LAUNCH(grid_for(static_cast<size_t>(N) * F), kThreads, 0, stream, swiglu_backward_kernel)(dinp, dinp_dtype, dout, inp,
                                                                                         inp_dtype, N, F);
   ZERONE_CUDA_LAUNCHED();
 }
@@ -881,11 +881,11 @@ void gelu_forward(void* out, DType out_dtype, const void* inp, DType inp_dtype, 
     const size_t n4 = n / 4;
     with_dtype(inp_dtype, [&](auto in) {
       with_dtype(out_dtype, [&](auto o) {
-        gelu_forward4_kernel<decltype(in)::value, decltype(o)::value><<<grid_for(n4), kThreads, 0, stream>>>(out, inp, n4);
+        ZERONE_LAUNCH(grid_for(n4), kThreads, 0, stream, gelu_forward4_kernel<decltype(in)::value, decltype(o)::value>)(out, inp, n4);
       });
     });
   } else {
-    gelu_forward_kernel<<<grid_for(n), kThreads, 0, stream>>>(out, out_dtype, inp, inp_dtype, n);
+    ZERONE_LAUNCH(grid_for(n), kThreads, 0, stream, gelu_forward_kernel)(out, out_dtype, inp, inp_dtype, n);
   }
   ZERONE_CUDA_LAUNCHED();
 }
@@ -897,10 +897,10 @@ void gelu_backward(float* dinp, const void* inp, DType inp_dtype, const float* d
   with_dtype(inp_dtype, [&](auto in) {
     constexpr DType kIn = decltype(in)::value;
     if (by4)
-      gelu_backward4_kernel<kIn><<<grid_for(n / 4), kThreads, 0, stream>>>(
+      ZERONE_LAUNCH(grid_for(n / 4), kThreads, 0, stream, gelu_backward4_kernel<kIn>)(
           reinterpret_cast<float4*>(dinp), inp, reinterpret_cast<const float4*>(dout), n / 4);
     else
-      gelu_backward_kernel<kIn><<<grid_for(n), kThreads, 0, stream>>>(dinp, inp, dout, n);
+      ZERONE_LAUNCH(grid_for(n), kThreads, 0, stream, gelu_backward_kernel<kIn>)(dinp, inp, dout, n);
   });
   ZERONE_CUDA_LAUNCHED();
 }
@@ -915,9 +915,9 @@ void crossentropy_forward(float* losses, float* lse, const void* logits, DType l
   const bool by4 = Vp % 4 == 0 && aligned4(logits, logits_dtype);
   with_dtype(logits_dtype, [&](auto in) {
     if (by4)
-      crossentropy_forward4_kernel<in.value><<<N, kThreads, 0, stream>>>(losses, lse, logits, targets, V, Vp);
+      ZERONE_LAUNCH(N, kThreads, 0, stream, crossentropy_forward4_kernel<in.value>)(losses, lse, logits, targets, V, Vp);
     else
-      crossentropy_forward_kernel<in.value><<<N, kThreads, 0, stream>>>(losses, lse, logits, targets, V, Vp);
+      ZERONE_LAUNCH(N, kThreads, 0, stream, crossentropy_forward_kernel<in.value>)(losses, lse, logits, targets, V, Vp);
   });
   ZERONE_CUDA_LAUNCHED();
 }
@@ -931,12 +931,12 @@ void crossentropy_backward(void* dlogits, DType dlogits_dtype, const void* logit
   const bool by4 = Vp % 4 == 0 && aligned4(logits, logits_dtype) && aligned4(dlogits, dlogits_dtype);
   with_dtype(logits_dtype, [&](auto in) {
     if (!by4) {
-      crossentropy_backward_kernel<in.value><<<grid_for(total), kThreads, 0, stream>>>(
+      ZERONE_LAUNCH(grid_for(total), kThreads, 0, stream, crossentropy_backward_kernel<in.value>)(
           dlogits, dlogits_dtype, logits, lse, targets, dloss, N, V, Vp);
       return;
     }
     with_dtype(dlogits_dtype, [&](auto out) {
-      crossentropy_backward4_kernel<in.value, out.value><<<grid_for(total / 4), kThreads, 0, stream>>>(
+      ZERONE_LAUNCH(grid_for(total / 4), kThreads, 0, stream, crossentropy_backward4_kernel<in.value, out.value>)(
           dlogits, logits, lse, targets, dloss, N, V, Vp);
     });
   });

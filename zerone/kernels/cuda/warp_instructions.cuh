@@ -1,6 +1,6 @@
 // The warp-level instructions of the tensor-core flash attention (attention_tensor_cores.cuh),
 // each one function: mma.sync m16n8k16, ldmatrix x4, shfl.xor, ex2.approx and the cp.async
-// copies, and the kernels' dynamic shared memory. Compiled by nvcc each is its PTX instruction;
+// copies. Compiled by nvcc each is its PTX instruction;
 // compiled by a host compiler each is its emulation on emulated_gpu.h's fibers (Note [Emulated
 // warps]), so that a test runs the kernels' own source on the host (tests/kernels/
 // tensor_core_emulated_test.cc).
@@ -14,6 +14,8 @@
 
 #include <cstdint>
 
+#include "zerone/kernels/cuda/launch.cuh"  // ZERONE_DYNAMIC_SHARED
+
 #if !defined(__CUDACC__)
 #include <cmath>
 #include <cstring>
@@ -22,14 +24,6 @@
 #endif
 
 namespace zerone::cuda {
-
-#if defined(__CUDACC__)
-// The kernel's dynamic shared memory as `type name[]`, 16-byte aligned.
-#define ZERONE_DYNAMIC_SHARED(type, name) extern __shared__ __align__(16) type name[]
-#else
-#define ZERONE_DYNAMIC_SHARED(type, name) \
-  type* const name = static_cast<type*>(::zerone::cuda::emulated::dynamic_shared_memory())
-#endif
 
 // mma.sync.aligned.m16n8k16.row.col.f32.E.E.f32: c (16 x 8, f32) += a (16 x 16) b (16 x 8) in the
 // fragment layouts of Note [Flash attention on tensor cores]; E is __nv_bfloat16 or __half.

@@ -1,0 +1,214 @@
+// The CUDA runtime calls of the CUDA backend, for its host build on emulated warps
+// (zerone_kernels_cuda_emulated; Note [Emulated warps] in emulated_gpu.h): one emulated GPU,
+// device 0, whose memory is host memory that this file tells apart from other host memory
+// (cudaPointerGetAttributes), streams on which everything is already done when enqueued (the
+// kernels run at their launch), and events that record the host's clock. Only the calls the
+// backend makes are defined; a program that links this has no libcudart.
+// Thread-safety: the allocation tables take a mutex; the rest keeps no state.
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+namespace {
+
+constexpr size_t kEmulatedGpuBytes = size_t{16} << 30;  // what cudaMemGetInfo reports as total
+constexpr int kSharedBytesPerBlockOptin = 227 * 1024;   // an sm_90's
+constexpr size_t kAlignment = 256;                       // cudaMalloc's
+
+std::mutex g_mutex;
+std::map<const char*, size_t> g_device;  // start -> bytes of each live device allocation
+std::map<const char*, size_t> g_pinned;  // the same for page-locked host memory
+size_t g_device_bytes = 0;
+
+struct EmulatedEvent {
+  double ms = 0.0;
+};
+
+double now_ms() {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void* allocate(std::map<const char*, size_t>& table, size_t bytes) {
+  const size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  void* p = std::aligned_alloc(kAlignment, rounded == 0 ? kAlignment : rounded);
+  if (p == nullptr) return nullptr;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  table[static_cast<const char*>(p)] = bytes;
+  return p;
+}
+
+// Whether p lies in one of table's allocations.
+bool contains(const std::map<const char*, size_t>& table, const void* p) {
+  const char* c = static_cast<const char*>(p);
+  auto it = table.upper_bound(c);
+  if (it == table.begin()) return false;
+  --it;
+  return c < it->first + std::max<size_t>(it->second, 1);
+}
+
+}  // namespace
+
+extern "C" {
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int* device) {
+  *device = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (device != 0) return cudaErrorInvalidDevice;
+  std::memset(prop, 0, sizeof *prop);
+  std::strncpy(prop->name, "zerone emulated GPU", sizeof prop->name - 1);
+  prop->totalGlobalMem = kEmulatedGpuBytes;
+  prop->major = 9;
+  prop->minor = 0;
+  prop->multiProcessorCount = 1;
+  prop->sharedMemPerBlockOptin = kSharedBytesPerBlockOptin;
+  for (size_t i = 0; i < sizeof prop->uuid.bytes; ++i) prop->uuid.bytes[i] = static_cast<char>(0xe0 + i);
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  if (device != 0) return cudaErrorInvalidDevice;
+  switch (attr) {
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = kSharedBytesPerBlockOptin; break;
+    case cudaDevAttrMultiProcessorCount: *value = 1; break;
+    case cudaDevAttrComputeCapabilityMajor: *value = 9; break;
+    case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
+    default: *value = 0; break;
+  }
+  return cudaSuccess;
+}
+cudaError_t cudaRuntimeGetVersion(int* version) {
+  *version = CUDART_VERSION;
+  return cudaSuccess;
+}
+cudaError_t cudaDriverGetVersion(int* version) {
+  *version = CUDART_VERSION;
+  return cudaSuccess;
+}
+cudaError_t cudaGetLastError(void) { return cudaSuccess; }
+cudaError_t cudaPeekAtLastError(void) { return cudaSuccess; }
+const char* cudaGetErrorString(cudaError_t error) { return error == cudaSuccess ? "no error" : "emulated GPU error"; }
+cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaFuncSetAttribute(const void*, cudaFuncAttribute, int) { return cudaSuccess; }
+
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  *total_bytes = kEmulatedGpuBytes;
+  *free_bytes = kEmulatedGpuBytes - std::min(g_device_bytes, kEmulatedGpuBytes);
+  return cudaSuccess;
+}
+cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t) {
+  *p = allocate(g_device, bytes);
+  if (*p == nullptr) return cudaErrorMemoryAllocation;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_device_bytes += bytes;
+  return cudaSuccess;
+}
+cudaError_t cudaFreeAsync(void* p, cudaStream_t) {
+  if (p == nullptr) return cudaSuccess;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    auto it = g_device.find(static_cast<const char*>(p));
+    if (it == g_device.end()) return cudaErrorInvalidValue;
+    g_device_bytes -= it->second;
+    g_device.erase(it);
+  }
+  std::free(p);
+  return cudaSuccess;
+}
+cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int) {
+  *p = allocate(g_pinned, bytes);
+  return *p == nullptr ? cudaErrorMemoryAllocation : cudaSuccess;
+}
+cudaError_t cudaFreeHost(void* p) {
+  if (p == nullptr) return cudaSuccess;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    if (g_pinned.erase(static_cast<const char*>(p)) == 0) return cudaErrorInvalidValue;
+  }
+  std::free(p);
+  return cudaSuccess;
+}
+cudaError_t cudaHostGetFlags(unsigned int* flags, void* p) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (!contains(g_pinned, p)) return cudaErrorInvalidValue;
+  *flags = cudaHostAllocPortable;
+  return cudaSuccess;
+}
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* p) {
+  std::memset(attributes, 0, sizeof *attributes);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (contains(g_device, p)) {
+    attributes->type = cudaMemoryTypeDevice;
+    attributes->device = 0;
+    attributes->devicePointer = const_cast<void*>(p);
+  } else if (contains(g_pinned, p)) {
+    attributes->type = cudaMemoryTypeHost;
+    attributes->device = 0;
+    attributes->hostPointer = const_cast<void*>(p);
+  } else {
+    attributes->type = cudaMemoryTypeUnregistered;
+    attributes->device = -2;
+  }
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* pool, int device) {
+  static int the_pool;
+  *pool = reinterpret_cast<cudaMemPool_t>(&the_pool);
+  return device == 0 ? cudaSuccess : cudaErrorInvalidDevice;
+}
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t, cudaMemPoolAttr, void*) { return cudaSuccess; }
+cudaError_t cudaMemPoolTrimTo(cudaMemPool_t, size_t) { return cudaSuccess; }
+
+// Every stream's work is done when it is enqueued: copies and fills happen now.
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t) {
+  if (bytes > 0) std::memmove(dst, src, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
+  if (bytes > 0) std::memmove(dst, src, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t) {
+  std::memset(dst, value, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int) {
+  *stream = reinterpret_cast<cudaStream_t>(new int(0));
+  return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  delete reinterpret_cast<int*>(stream);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) { return cudaSuccess; }
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
+  *event = reinterpret_cast<cudaEvent_t>(new EmulatedEvent);
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  delete reinterpret_cast<EmulatedEvent*>(event);
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
+  reinterpret_cast<EmulatedEvent*>(event)->ms = now_ms();
+  return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  *ms = static_cast<float>(reinterpret_cast<EmulatedEvent*>(end)->ms - reinterpret_cast<EmulatedEvent*>(start)->ms);
+  return cudaSuccess;
+}
+
+}  // extern "C"

@@ -1,6 +1,7 @@
 // Note [Emulated warps] (emulated_gpu.h): fibers, barriers and deferred copies.
 #include "zerone/kernels/cuda/emulated_gpu.h"
 
+#include <setjmp.h>
 #include <sys/mman.h>
 #include <ucontext.h>
 #include <unistd.h>
@@ -20,20 +21,28 @@ constexpr size_t kStackBytes = size_t{256} << 10;  // a thread's locals: registe
 constexpr size_t kSlotBytes = 64;                   // the largest warp exchange (mma: 24 bytes)
 constexpr unsigned char kUnwritten = 0xff;          // NaN in f32, bf16 and f16
 
-// A fiber's stack, with an inaccessible page below it: an overflow faults instead of writing over
-// the next stack.
-class Stack {
+// Note [Fiber switches]: a host thread keeps a worker per emulated thread of its largest block so
+// far: a stack (with an inaccessible page below it, so that an overflow faults instead of writing
+// over the next stack) whose fiber, started once by makecontext/swapcontext, runs thread after
+// thread (one per block and launch) and waits between them. Every switch after the first is
+// _setjmp/_longjmp, registers only: swapcontext and getcontext also save and restore the signal
+// mask, a system call each, which made a fiber per thread and launch cost more than the kernels.
+class Worker {
  public:
-  Stack() : guard_(static_cast<size_t>(sysconf(_SC_PAGESIZE))) {
+  Worker() : guard_(static_cast<size_t>(sysconf(_SC_PAGESIZE))) {
     void* p = mmap(nullptr, guard_ + kStackBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     ZERONE_ASSERT(p != MAP_FAILED, "emulated GPU: mmap of a fiber stack");
     ZERONE_ASSERT(mprotect(p, guard_, PROT_NONE) == 0, "emulated GPU: mprotect of a stack guard");
     base_ = static_cast<unsigned char*>(p);
   }
-  ~Stack() { munmap(base_, guard_ + kStackBytes); }
-  Stack(const Stack&) = delete;
-  Stack& operator=(const Stack&) = delete;
-  unsigned char* bottom() const { return base_ + guard_; }
+  ~Worker() { munmap(base_, guard_ + kStackBytes); }
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+  unsigned char* stack_bottom() const { return base_ + guard_; }
+
+  ucontext_t start;  // its first switch in
+  jmp_buf idle_at;   // where it waits for its next thread, once started
+  bool started = false;
 
  private:
   size_t guard_;
@@ -49,15 +58,34 @@ struct Copy {
 struct Barrier {
   int arrived = 0;
   uint64_t generation = 0;
+  std::vector<int> waiting;  // the threads (numbers in the block) that arrived and wait
 };
 
+// The threads of a block that can run, lowest number first (Note [Emulated warps]): a bit each.
+class ReadySet {
+ public:
+  void reset(unsigned threads) { words_.assign((threads + 63) / 64, 0); }
+  void set(int i) { words_[i / 64] |= uint64_t{1} << (i % 64); }
+  void clear(int i) { words_[i / 64] &= ~(uint64_t{1} << (i % 64)); }
+  // The lowest set, or -1.
+  int lowest() const {
+    for (size_t w = 0; w < words_.size(); ++w)
+      if (words_[w] != 0) return static_cast<int>(64 * w) + __builtin_ctzll(words_[w]);
+    return -1;
+  }
+
+ private:
+  std::vector<uint64_t> words_;
+};
+
+// One emulated thread of the running block, on its worker.
 struct Fiber {
-  ucontext_t context;
+  Worker* worker = nullptr;
+  jmp_buf resume_at;  // where it waits, once started
+  bool started = false;
   uint3 index;
-  int warp = 0, lane = 0;
+  int number = 0, warp = 0, lane = 0;  // number: x fastest, then y, then z
   bool done = false;
-  const Barrier* waiting = nullptr;  // until waiting->generation != waiting_generation
-  uint64_t waiting_generation = 0;
   std::vector<Copy> open;                     // issued, not yet committed
   std::deque<std::vector<Copy>> committed;    // oldest first
 };
@@ -75,14 +103,16 @@ struct Block {
   std::vector<unsigned char> shared;  // shared_bytes and up to 16 bytes of alignment
   size_t shared_bytes = 0;
   std::vector<Fiber> fibers;
-  std::vector<Stack*> stacks;  // kept by launch()
+  std::vector<Worker*> workers;  // kept by launch(), one per thread of the block
   std::vector<Warp> warps;
   Barrier block_barrier;
+  ReadySet ready;
   int vote = 0;                    // __syncthreads_or's, for the vote at block_barrier's generation
   uint64_t vote_generation = ~uint64_t{0};
   int live = 0;
   const std::function<void()>* body = nullptr;
-  ucontext_t scheduler;
+  ucontext_t scheduler;  // a worker's first switch in (swapcontext)
+  jmp_buf scheduler_at;  // where the running fiber goes back to (Note [Fiber switches])
   Fiber* current = nullptr;
 };
 
@@ -104,54 +134,70 @@ void land_group(std::vector<Copy>& group) {
 
 void yield() {
   Block& b = block();
-  ZERONE_ASSERT(swapcontext(&b.current->context, &b.scheduler) == 0, "swapcontext");
+  if (_setjmp(b.current->resume_at) == 0) _longjmp(b.scheduler_at, 1);
+}
+
+// The barrier has filled: its waiting threads can run again.
+void release(Block& b, Barrier& barrier) {
+  for (int i : barrier.waiting) b.ready.set(i);
+  barrier.waiting.clear();
+  barrier.arrived = 0;
+  ++barrier.generation;
 }
 
 // Waits until `expected` threads have arrived at `barrier` (this one included).
 void wait_at(Barrier& barrier, int expected) {
   Block& b = block();
   if (++barrier.arrived >= expected) {
-    barrier.arrived = 0;
-    ++barrier.generation;
+    release(b, barrier);
     return;
   }
-  b.current->waiting = &barrier;
-  b.current->waiting_generation = barrier.generation;
+  barrier.waiting.push_back(b.current->number);
+  b.ready.clear(b.current->number);
   yield();  // the scheduler resumes this thread once the barrier has filled
-  b.current->waiting = nullptr;
 }
 
-void fiber_entry() {
-  Block& b = *g_block;
-  (*b.body)();
-  Fiber& f = *b.current;
-  // A thread that exits with copies in flight: they land anyway.
-  land_group(f.open);
-  for (auto& group : f.committed) land_group(group);
-  f.committed.clear();
-  f.done = true;
-  // Returns to the scheduler through uc_link.
+thread_local Worker* g_starting = nullptr;  // the worker a first switch starts
+
+// A worker's fiber: runs the thread resume() gave it, then waits for the next one.
+void worker_entry() {
+  Worker& self = *g_starting;
+  for (;;) {
+    Block& b = *g_block;
+    (*b.body)();
+    Fiber& f = *b.current;
+    // A thread that exits with copies in flight: they land anyway.
+    land_group(f.open);
+    for (auto& group : f.committed) land_group(group);
+    f.committed.clear();
+    f.done = true;
+    if (_setjmp(self.idle_at) == 0) _longjmp(b.scheduler_at, 1);
+  }
 }
 
-// Makes f start at fiber_entry on `stack` (its own function: getcontext returns twice).
-[[gnu::noinline]] void start(Block& b, Fiber& f, unsigned char* stack) {
-  ZERONE_ASSERT(getcontext(&f.context) == 0, "getcontext");
-  f.context.uc_stack.ss_sp = stack;
-  f.context.uc_stack.ss_size = kStackBytes;
-  f.context.uc_link = &b.scheduler;
-  makecontext(&f.context, fiber_entry, 0);
-}
-
-// Runs f until it waits or exits (its own function: swapcontext returns twice, as setjmp does).
+// Runs f until it waits or exits (its own function: _setjmp returns twice).
 [[gnu::noinline]] void resume(Block& b, Fiber& f) {
   b.current = &f;
-  ZERONE_ASSERT(swapcontext(&b.scheduler, &f.context) == 0, "swapcontext");
+  if (_setjmp(b.scheduler_at) != 0) return;  // f waits or has exited
+  if (f.started) _longjmp(f.resume_at, 1);
+  f.started = true;
+  Worker& w = *f.worker;
+  if (w.started) _longjmp(w.idle_at, 1);
+  w.started = true;
+  g_starting = &w;
+  ZERONE_ASSERT(getcontext(&w.start) == 0, "getcontext");
+  w.start.uc_stack.ss_sp = w.stack_bottom();
+  w.start.uc_stack.ss_size = kStackBytes;
+  w.start.uc_link = nullptr;  // a worker never returns
+  makecontext(&w.start, worker_entry, 0);
+  ZERONE_ASSERT(swapcontext(&b.scheduler, &w.start) == 0, "swapcontext");
 }
 
 void run_block(Block& b) {
   std::fill(b.shared.begin(), b.shared.end(), kUnwritten);
   const unsigned threads = b.shape.x * b.shape.y * b.shape.z;
   b.block_barrier = Barrier{};
+  b.ready.reset(threads);
   b.vote_generation = ~uint64_t{0};
   for (Warp& w : b.warps) w.barrier = Barrier{};
   b.live = static_cast<int>(threads);
@@ -161,30 +207,26 @@ void run_block(Block& b) {
     f.index = uint3{i % b.shape.x, i / b.shape.x % b.shape.y, i / (b.shape.x * b.shape.y)};
     f.warp = static_cast<int>(i / 32);
     f.lane = static_cast<int>(i % 32);
-    start(b, f, b.stacks[i]->bottom());
+    f.worker = b.workers[i];
+    f.number = static_cast<int>(i);
+    b.ready.set(static_cast<int>(i));
   }
   // Note [Emulated warps]: the lowest-numbered thread that can run runs, until it waits or exits,
   // so warp 0 runs ahead of the others as far as the barriers let it: a tile read before the
   // barrier that publishes the other warps' copies, or a copy issued into a tile another warp has
   // yet to read, then meets 0xff bytes.
-  const auto runnable = [](const Fiber& f) {
-    return !f.done && (f.waiting == nullptr || f.waiting->generation != f.waiting_generation);
-  };
   while (b.live > 0) {
-    unsigned i = 0;
-    while (i < threads && !runnable(b.fibers[i])) ++i;
-    ZERONE_ASSERT(i < threads, "emulated GPU: deadlock in block (", b.index.x, ", ", b.index.y, ", ", b.index.z, "): ",
+    const int i = b.ready.lowest();
+    ZERONE_ASSERT(i >= 0, "emulated GPU: deadlock in block (", b.index.x, ", ", b.index.y, ", ", b.index.z, "): ",
                   b.live, " threads wait at a barrier or warp instruction that can never complete (",
                   b.block_barrier.arrived, " of them at __syncthreads)");
     Fiber& f = b.fibers[i];
     resume(b, f);
     if (!f.done) continue;
+    b.ready.clear(i);
     --b.live;
     // An exited thread counts as arrived at the block's barrier.
-    if (b.block_barrier.arrived > 0 && b.block_barrier.arrived >= b.live) {
-      b.block_barrier.arrived = 0;
-      ++b.block_barrier.generation;
-    }
+    if (b.block_barrier.arrived > 0 && b.block_barrier.arrived >= b.live) release(b, b.block_barrier);
   }
   b.current = nullptr;
 }
@@ -202,10 +244,9 @@ void launch(dim3 grid, dim3 shape, size_t shared_bytes, const std::function<void
   b.shared_bytes = shared_bytes;
   b.fibers.resize(threads);
   b.body = &thread_body;
-  // Stacks are kept between launches (mapping 256 of them per launch cost as much as the kernels).
-  static thread_local std::vector<std::unique_ptr<Stack>> kept;
-  while (kept.size() < threads) kept.push_back(std::make_unique<Stack>());
-  for (unsigned i = 0; i < threads; ++i) b.stacks.push_back(kept[i].get());
+  static thread_local std::vector<std::unique_ptr<Worker>> kept;  // Note [Fiber switches]
+  while (kept.size() < threads) kept.push_back(std::make_unique<Worker>());
+  for (unsigned i = 0; i < threads; ++i) b.workers.push_back(kept[i].get());
   b.warps.resize((threads + 31) / 32);
   for (size_t w = 0; w < b.warps.size(); ++w) b.warps[w].lanes = static_cast<int>(std::min<size_t>(32, threads - 32 * w));
   g_block = &b;

@@ -9,6 +9,9 @@
 # --device cuda` decodes the cpu's text.
 # Exit 77 (ctest: SKIPPED, never passed) when the build has no CUDA backend or the machine no GPU.
 # World 1 without mpiexec; several ranks sharing the GPU: tests/zero/device_cuda_ranks.sh.
+# ZERONE_CUDA_SKIP (an extended regex): the cases whose names match are skipped, each with a line;
+# zero.device_cuda.emulated runs this script with the zerone tool on the emulated GPU (Note
+# [Emulated warps], zerone/kernels/cuda/emulated_gpu.h) and skips the NCCL cases, which need a GPU.
 # First run on an H200 on 2026-11-27 (docs/BENCHMARKS.md "GPU runs"); the MFU check at the end since.
 set -euo pipefail
 Z="$(readlink -f "$1")"
@@ -30,11 +33,17 @@ cnn=(train --model "seq:in=1x28x28,conv=8:k3:p1,relu,maxpool=2,conv=16:k3:p1,rel
 # Every case runs even after one failed (a GPU run is rare: it should say all it can); the script
 # fails at the end if any did.
 failed=()
+# skipped NAME: whether ZERONE_CUDA_SKIP names the case (and says so).
+skipped() {
+  if [ -n "${ZERONE_CUDA_SKIP:-}" ] && [[ "$1" =~ $ZERONE_CUDA_SKIP ]]; then echo "skipped $1 (ZERONE_CUDA_SKIP)"; return 0; fi
+  return 1
+}
 # close NAME TOLERANCE ARGS...: the run on cpu and on cuda, every step's numbers compared; the
 # cuda run also gets the flags in cuda_only (e.g. --comm nccl).
 cuda_only=()
 close() {
   local name="$1" tol="$2"; shift 2
+  skipped "$name" && return 0
   for dev in cpu cuda; do
     local extra=()
     [ "$dev" = cuda ] && extra=("${cuda_only[@]}")

@@ -119,6 +119,7 @@ cuda_programs() {
     grep -q -- ' -o ' "$lt" || continue                       # executables only (not ar, not -shared)
     grep -q -- '-shared' "$lt" && continue
     grep -qE 'zerone_kernels_cuda|libcudart|cublas|nccl' "$lt" || continue
+    grep -q 'zerone_kernels_cuda_emulated' "$lt" && continue  # the emulated GPU's: run here, not there
     dir="$(dirname "$(dirname "$(dirname "$lt")")")"
     out="$(tr ' ' '\n' < "$lt" | grep -A1 -x -- '-o' | tail -1)"
     echo "$(basename "$(dirname "$lt")" .dir) $dir/$out"

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "tests/reference_ops.h"
+#include "zerone/core/dtype.h"
 #include "zerone/kernels/cuda/attention_tensor_cores.cuh"
 #include "zerone/kernels/cuda/emulated_gpu.h"
 
@@ -26,18 +27,8 @@ namespace {
 
 using ref::Vec;
 
-uint16_t round_to(__nv_bfloat16*, float x) {
-  const __nv_bfloat16 v = __float2bfloat16_rn(x);
-  uint16_t bits;
-  std::memcpy(&bits, &v, sizeof bits);
-  return bits;
-}
-uint16_t round_to(__half*, float x) {
-  const __half v = __float2half_rn(x);
-  uint16_t bits;
-  std::memcpy(&bits, &v, sizeof bits);
-  return bits;
-}
+uint16_t round_to(__nv_bfloat16*, float x) { return f32_to_bf16(x); }
+uint16_t round_to(__half*, float x) { return f32_to_f16(x); }
 template <typename E>
 float widen(uint16_t bits) {
   return emulated_detail::widen(static_cast<E*>(nullptr), bits);

@@ -7,13 +7,13 @@
 // so the backend's f32 fallbacks (Note [GEMM plans]) run here where they run on a GPU.
 // Thread-safety: handles, descriptors and layouts are the caller's; no shared state.
 #include <cublasLt.h>
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
+#include "zerone/core/dtype.h"
 #include "zerone/kernels/cuda/cublaslt.h"
 
 namespace zerone::cuda {
@@ -38,33 +38,28 @@ size_t size_of(cudaDataType t) { return t == CUDA_R_32F ? 4 : 2; }
 float load(const void* p, cudaDataType t, size_t i) {
   switch (t) {
     case CUDA_R_32F: return static_cast<const float*>(p)[i];
-    case CUDA_R_16BF: {
-      const uint32_t bits = static_cast<uint32_t>(static_cast<const uint16_t*>(p)[i]) << 16;
-      float f;
-      std::memcpy(&f, &bits, sizeof f);
-      return f;
-    }
-    default: {
-      __half_raw raw;
-      raw.x = static_cast<const uint16_t*>(p)[i];
-      return __half2float(__half(raw));
-    }
+    case CUDA_R_16BF: return bf16_to_f32(static_cast<const bf16_t*>(p)[i]);
+    default: return f16_to_f32(static_cast<const f16_t*>(p)[i]);
   }
 }
 void store(void* p, cudaDataType t, size_t i, float x) {
   switch (t) {
     case CUDA_R_32F: static_cast<float*>(p)[i] = x; return;
-    case CUDA_R_16BF: {
-      const __nv_bfloat16 v = __float2bfloat16_rn(x);
-      std::memcpy(static_cast<uint16_t*>(p) + i, &v, 2);
-      return;
-    }
-    default: {
-      const __half v = __float2half_rn(x);
-      std::memcpy(static_cast<uint16_t*>(p) + i, &v, 2);
-      return;
-    }
+    case CUDA_R_16BF: static_cast<bf16_t*>(p)[i] = f32_to_bf16(x); return;
+    default: static_cast<f16_t*>(p)[i] = f32_to_f16(x); return;
   }
+}
+
+// cuBLASLt's opaque handles are pointers to these structs.
+template <typename T, typename Handle>
+cublasStatus_t make(Handle* handle, T value) {
+  *handle = reinterpret_cast<Handle>(new T(value));
+  return CUBLAS_STATUS_SUCCESS;
+}
+template <typename T, typename Handle>
+cublasStatus_t free_handle(Handle handle) {
+  delete reinterpret_cast<T*>(handle);
+  return CUBLAS_STATUS_SUCCESS;
 }
 
 cublasStatus_t create(cublasLtHandle_t* handle) {
@@ -77,13 +72,9 @@ size_t get_version() { return CUBLAS_VERSION; }
 
 cublasStatus_t desc_create(cublasLtMatmulDesc_t* desc, cublasComputeType_t compute, cudaDataType_t scale) {
   if (compute != CUBLAS_COMPUTE_32F || scale != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
-  *desc = reinterpret_cast<cublasLtMatmulDesc_t>(new Desc);
-  return CUBLAS_STATUS_SUCCESS;
+  return make(desc, Desc{});
 }
-cublasStatus_t desc_destroy(cublasLtMatmulDesc_t desc) {
-  delete reinterpret_cast<Desc*>(desc);
-  return CUBLAS_STATUS_SUCCESS;
-}
+cublasStatus_t desc_destroy(cublasLtMatmulDesc_t desc) { return free_handle<Desc>(desc); }
 cublasStatus_t desc_set_attribute(cublasLtMatmulDesc_t handle, cublasLtMatmulDescAttributes_t attribute,
                                   const void* buf, size_t size) {
   Desc& d = *reinterpret_cast<Desc*>(handle);
@@ -99,21 +90,11 @@ cublasStatus_t desc_set_attribute(cublasLtMatmulDesc_t handle, cublasLtMatmulDes
 }
 cublasStatus_t layout_create(cublasLtMatrixLayout_t* layout, cudaDataType type, uint64_t rows, uint64_t cols,
                              int64_t ld) {
-  *layout = reinterpret_cast<cublasLtMatrixLayout_t>(new Layout{type, rows, cols, ld});
-  return CUBLAS_STATUS_SUCCESS;
+  return make(layout, Layout{type, rows, cols, ld});
 }
-cublasStatus_t layout_destroy(cublasLtMatrixLayout_t layout) {
-  delete reinterpret_cast<Layout*>(layout);
-  return CUBLAS_STATUS_SUCCESS;
-}
-cublasStatus_t preference_create(cublasLtMatmulPreference_t* pref) {
-  *pref = reinterpret_cast<cublasLtMatmulPreference_t>(new Preference);
-  return CUBLAS_STATUS_SUCCESS;
-}
-cublasStatus_t preference_destroy(cublasLtMatmulPreference_t pref) {
-  delete reinterpret_cast<Preference*>(pref);
-  return CUBLAS_STATUS_SUCCESS;
-}
+cublasStatus_t layout_destroy(cublasLtMatrixLayout_t layout) { return free_handle<Layout>(layout); }
+cublasStatus_t preference_create(cublasLtMatmulPreference_t* pref) { return make(pref, Preference{}); }
+cublasStatus_t preference_destroy(cublasLtMatmulPreference_t pref) { return free_handle<Preference>(pref); }
 cublasStatus_t preference_set_attribute(cublasLtMatmulPreference_t handle, cublasLtMatmulPreferenceAttributes_t attribute,
                                         const void* buf, size_t size) {
   Preference& p = *reinterpret_cast<Preference*>(handle);
@@ -167,13 +148,18 @@ cublasStatus_t matmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const void* a
   const float scale_ab = *static_cast<const float*>(alpha), scale_c = *static_cast<const float*>(beta);
   const bool bias = op.epilogue == CUBLASLT_EPILOGUE_BIAS;
   if (bias && op.bias == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
-  // op(A)(i, p) and op(B)(p, j), column-major.
-  const auto a_at = [&](uint64_t i, uint64_t p) { return ta ? p + i * la.ld : i + p * la.ld; };
-  const auto b_at = [&](uint64_t p, uint64_t j) { return tb ? j + p * lb.ld : p + j * lb.ld; };
+  // op(A) row by row and op(B) column by column, widened to f32 once (row i of op(A) is column i of
+  // A, or row i when A is transposed: column-major).
+  std::vector<float> a(m * k), b(n * k);
+  for (uint64_t i = 0; i < m; ++i)
+    for (uint64_t p = 0; p < k; ++p) a[i * k + p] = load(A, la.type, ta ? p + i * la.ld : i + p * la.ld);
+  for (uint64_t j = 0; j < n; ++j)
+    for (uint64_t p = 0; p < k; ++p) b[j * k + p] = load(B, lb.type, tb ? j + p * lb.ld : p + j * lb.ld);
   for (uint64_t j = 0; j < n; ++j)
     for (uint64_t i = 0; i < m; ++i) {
+      const float *row = &a[i * k], *column = &b[j * k];
       float sum = 0.0f;
-      for (uint64_t p = 0; p < k; ++p) sum = std::fma(load(A, la.type, a_at(i, p)), load(B, lb.type, b_at(p, j)), sum);
+      for (uint64_t p = 0; p < k; ++p) sum = std::fma(row[p], column[p], sum);
       float out = scale_ab * sum;
       if (scale_c != 0.0f) out += scale_c * load(C, lc.type, i + j * lc.ld);
       if (bias) out += load(op.bias, ld.type, i);  // the bias is in D's dtype

@@ -302,10 +302,11 @@ void warp_exchange(const void* mine, void* all, size_t bytes) {
   ZERONE_ASSERT(bytes <= kSlotBytes, "emulated GPU: a warp exchange of ", bytes, " bytes");
   Warp& w = b.warps[b.current->warp];
   ZERONE_ASSERT(w.lanes == 32, "emulated GPU: a warp instruction in a warp of ", w.lanes, " threads");
-  std::memcpy(w.slots + b.current->lane * kSlotBytes, mine, bytes);
+  // The offers side by side in lane order (every lane of an exchange offers the same size), so
+  // that each lane takes them all in one copy.
+  std::memcpy(w.slots + b.current->lane * bytes, mine, bytes);
   wait_at(w.barrier, w.lanes);  // every lane's offer is in
-  for (int lane = 0; lane < w.lanes; ++lane)
-    std::memcpy(static_cast<unsigned char*>(all) + lane * bytes, w.slots + lane * kSlotBytes, bytes);
+  std::memcpy(all, w.slots, 32 * bytes);
   wait_at(w.barrier, w.lanes);  // every lane has read them: the slots may be reused
 }
 

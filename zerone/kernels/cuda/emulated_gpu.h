@@ -2,13 +2,14 @@
 // dev machine and CI): the kernel's own source, compiled by the host compiler with the warp
 // instructions of warp_instructions.cuh emulated here, run for every thread of every block.
 //
-// Note [Emulated warps]: a kernel's threads are fibers (ucontext), a block's run by one host
-// thread, the lowest-numbered one that can run first, each until it reaches a point where it must
-// wait for others: __syncthreads (the
-// block's live threads; an exited thread counts as arrived, as on the GPU) or a warp instruction
-// (its warp's 32 lanes exchange what each offers, then each computes its own result from all of
-// them, as mma.sync, ldmatrix and shfl.sync do). Blocks run one after another, in order. What the
-// emulation checks beyond the results:
+// Note [Emulated warps]: a kernel's threads are fibers (Note [Fiber switches], emulated_gpu.cc), a
+// block's run by one host thread, the lowest-numbered one that can run first, each until it
+// reaches a point where it must wait for others: __syncthreads (the block's live threads; an
+// exited thread counts as arrived, as on the GPU) or a warp instruction (its warp's 32 lanes
+// exchange what each offers, then each computes its own result from all of them, as mma.sync,
+// ldmatrix and shfl.sync do). Blocks run one after another, in order. The whole CUDA backend runs
+// so (zerone_kernels_cuda_emulated: its launches through launch.cuh, the runtime calls and
+// cuBLASLt emulated beside this file). What the emulation checks beyond the results:
 //  - Shared memory starts each block filled with 0xff bytes (a NaN in f32, bf16 and f16), so a
 //    read of what no thread stored shows up as NaN in the results.
 //  - cp.async copies land only when their thread's cp.async.wait_group lets them (or the thread
@@ -33,6 +34,7 @@
 #include <cuda_runtime.h>  // dim3, uint3
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -125,21 +127,9 @@ inline unsigned __ballot_sync(unsigned /*mask: the whole warp*/, int predicate) 
   return bits;
 }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
-inline float __uint_as_float(unsigned x) {
-  float f;
-  std::memcpy(&f, &x, sizeof f);
-  return f;
-}
-inline float __int_as_float(int x) {
-  float f;
-  std::memcpy(&f, &x, sizeof f);
-  return f;
-}
-inline unsigned __float_as_uint(float f) {
-  unsigned x;
-  std::memcpy(&x, &f, sizeof x);
-  return x;
-}
+inline float __uint_as_float(unsigned x) { return std::bit_cast<float>(x); }
+inline float __int_as_float(int x) { return std::bit_cast<float>(x); }
+inline unsigned __float_as_uint(float f) { return std::bit_cast<unsigned>(f); }
 // The _rn intrinsics: one IEEE operation each, never fused (the emulated sources build with
 // -ffp-contract=off).
 inline float __fmul_rn(float a, float b) { return a * b; }

@@ -18,8 +18,8 @@
 
 #if !defined(__CUDACC__)
 #include <cmath>
-#include <cstring>
 
+#include "zerone/core/dtype.h"
 #include "zerone/kernels/cuda/emulated_gpu.h"
 #endif
 
@@ -101,17 +101,8 @@ __device__ __forceinline__ void copies_wait() {
 #else  // a host compiler: Note [Emulated warps] (emulated_gpu.h)
 
 namespace emulated_detail {
-inline float widen(__nv_bfloat16*, uint16_t bits) {
-  const uint32_t u = static_cast<uint32_t>(bits) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-inline float widen(__half*, uint16_t bits) {
-  __half_raw raw;
-  raw.x = bits;
-  return __half2float(__half(raw));
-}
+inline float widen(__nv_bfloat16*, uint16_t bits) { return bf16_to_f32(bits); }
+inline float widen(__half*, uint16_t bits) { return f16_to_f32(bits); }
 inline uint16_t half_of(uint32_t word, int high) { return static_cast<uint16_t>(high ? word >> 16 : word); }
 }  // namespace emulated_detail
 

@@ -1,12 +1,12 @@
-// The tensor-core flash attention's kernels (zerone/kernels/cuda/attention_tensor_cores.cuh), their
-// own source compiled by the host compiler, run on emulated warps (Note [Emulated warps],
-// emulated_gpu.h) against the double reference (tests/reference_ops.h): forward (out, lse), dQ and
-// dK/dV, at the op harness's tensor-core shapes (tests/kernels/backend_ops_test.cc, Note [Flash
-// attention rows]) and others that cut the 128-row blocks, the 64-row tiles and the 16-row chunks
-// short. No GPU is needed: this is how the kernels' indexing, masking, fragment layouts and cp.async
-// pipelining are checked on every machine, before a GPU session runs them (the GPU runs the op
-// harness's `*_cuda` rows). The emulation is not the hardware: tolerances are the harness's for
-// 16-bit operands, not bits.
+// The tensor-core flash attention (zerone/kernels/cuda/attention_tensor_cores.cuh/.cu) on the emulated
+// GPU (Note [Emulated warps], emulated_gpu.h: this program links the CUDA backend built for the host)
+// against the double reference (tests/reference_ops.h): forward (out, lse) and backward (D, dQ, dK/dV)
+// through the entry points attention.cu dispatches to, at the op harness's tensor-core shapes
+// (tests/kernels/backend_ops_test.cc, Note [Flash attention rows]) and others that cut the 128-row
+// blocks, the 64-row tiles and the 16-row chunks short, with outputs that start as NaN. No GPU is
+// needed: this is how the kernels' indexing, masking, fragment layouts and cp.async pipelining are
+// checked on every machine, before a GPU session runs them (the GPU runs the op harness's `*_cuda`
+// rows). The emulation is not the hardware: tolerances are the harness's for 16-bit operands, not bits.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -19,20 +19,15 @@
 
 #include "tests/reference_ops.h"
 #include "zerone/core/dtype.h"
-#include "zerone/kernels/cuda/attention_tensor_cores.cuh"
-#include "zerone/kernels/cuda/emulated_gpu.h"
+#include "zerone/kernels/cuda/flash_common.cuh"
 
-namespace zerone::cuda::tensor_cores {
+namespace zerone::cuda {
 namespace {
 
 using ref::Vec;
 
-uint16_t round_to(__nv_bfloat16*, float x) { return f32_to_bf16(x); }
-uint16_t round_to(__half*, float x) { return f32_to_f16(x); }
-template <typename E>
-float widen(uint16_t bits) {
-  return emulated_detail::widen(static_cast<E*>(nullptr), bits);
-}
+uint16_t round_to(DType dtype, float x) { return dtype == DType::bf16 ? f32_to_bf16(x) : f32_to_f16(x); }
+float widen(DType dtype, uint16_t bits) { return dtype == DType::bf16 ? bf16_to_f32(bits) : f16_to_f32(bits); }
 
 // |have - want| <= tol * max(1, the largest |want|) for every element; NaN never passes.
 void expect_close(const std::vector<double>& have, const Vec& want, double tol, const std::string& what) {
@@ -62,83 +57,50 @@ std::string name_of(const Case& c, const char* dtype) {
   return name.str();
 }
 
-// Forward, then dQ and dK/dV (D and the rounded dO formed here, as tc_flash_row_dot_kernel does on
-// the GPU), each kernel launched on the emulated GPU with the GPU launch's geometry.
-template <typename E, int HS>
-void run_case(const Case& c, uint64_t seed, double tol, double lse_tol) {
-  const FlashShape s{c.B, c.T, c.NH, c.NKV, HS};
-  const int R = (c.NH + 2 * c.NKV) * HS, C = c.NH * HS;
+// Forward, then backward (the pass that forms D and rounds dO, dQ, dK/dV), through the entry points
+// attention.cu dispatches to, their kernels on the emulated GPU.
+void run_case(const Case& c, DType dtype, uint64_t seed, double tol, double lse_tol) {
+  SCOPED_TRACE(name_of(c, dtype_name(dtype)));
+  const FlashShape s{c.B, c.T, c.NH, c.NKV, c.hs};
+  const int R = (c.NH + 2 * c.NKV) * c.hs, C = c.NH * c.hs;
   const size_t BT = static_cast<size_t>(c.B) * c.T, stats = static_cast<size_t>(c.B) * c.NH * c.T;
+  ASSERT_TRUE(tensor_core_flash_takes(dtype, c.hs));
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<uint16_t> qkv(BT * R), dout16(BT * C);
+  std::vector<uint16_t> qkv(BT * R);
   std::vector<float> dout(BT * C);
-  Vec qkv_seen(qkv.size()), dout_seen(dout.size());
+  Vec qkv_seen(qkv.size()), dout_seen(dout.size());  // what the kernels multiply: the 16-bit values
   for (size_t i = 0; i < qkv.size(); ++i) {
-    qkv[i] = round_to(static_cast<E*>(nullptr), normal(rng));
-    qkv_seen[i] = widen<E>(qkv[i]);
+    qkv[i] = round_to(dtype, normal(rng));
+    qkv_seen[i] = widen(dtype, qkv[i]);
   }
   for (size_t i = 0; i < dout.size(); ++i) {
     dout[i] = normal(rng);
-    dout16[i] = round_to(static_cast<E*>(nullptr), dout[i]);
-    dout_seen[i] = widen<E>(dout16[i]);
+    dout_seen[i] = widen(dtype, round_to(dtype, dout[i]));
   }
-  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
-  const dim3 block(kThreadsTc);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.hs));
 
   // Outputs start as NaN (0xff bytes): an element a kernel should write and does not stays NaN.
   std::vector<uint16_t> out(BT * C, 0xffff);
   std::vector<float> lse(stats, std::nanf(""));
-  emulated::launch(forward_grid(s, HS), block, forward_smem_bytes(HS),
-                   [&] { tc_flash_forward_kernel<E, HS>(out.data(), lse.data(), qkv.data(), s, scale); });
-  std::vector<double> out_seen(out.size()), lse_seen(lse.begin(), lse.end());
-  for (size_t i = 0; i < out.size(); ++i) out_seen[i] = widen<E>(out[i]);
-  expect_close(out_seen, ref::gqa_attention(qkv_seen, c.B, c.T, c.NH, c.NKV, HS), tol, "out");
-  const Vec lse_want = ref::gqa_attention_lse(qkv_seen, c.B, c.T, c.NH, c.NKV, HS);
-  for (size_t i = 0; i < stats; ++i) ASSERT_NEAR(lse_seen[i], lse_want[i], lse_tol) << "lse " << i;
+  tensor_core_flash_forward(out.data(), lse.data(), qkv.data(), s, dtype, scale, nullptr);
+  std::vector<double> out_seen(out.size());
+  for (size_t i = 0; i < out.size(); ++i) out_seen[i] = widen(dtype, out[i]);
+  expect_close(out_seen, ref::gqa_attention(qkv_seen, c.B, c.T, c.NH, c.NKV, c.hs), tol, "out");
+  const Vec lse_want = ref::gqa_attention_lse(qkv_seen, c.B, c.T, c.NH, c.NKV, c.hs);
+  for (size_t i = 0; i < stats; ++i) ASSERT_NEAR(lse[i], lse_want[i], lse_tol) << "lse " << i;
 
-  // D = rowsum(dO * O) over the stored out, as the row-dot pass forms it (f32 dO).
-  std::vector<float> dsum(stats);
-  for (int b = 0; b < c.B; ++b)
-    for (int h = 0; h < c.NH; ++h)
-      for (int t = 0; t < c.T; ++t) {
-        const size_t at = (static_cast<size_t>(b) * c.T + t) * C + static_cast<size_t>(h) * HS;
-        double d = 0.0;
-        for (int i = 0; i < HS; ++i) d += static_cast<double>(dout[at + i]) * out_seen[at + i];
-        dsum[(static_cast<size_t>(b) * c.NH + h) * c.T + t] = static_cast<float>(d);
-      }
-  std::vector<float> dqkv(qkv.size(), std::nanf(""));
-  emulated::launch(dq_grid(s, HS), block, dq_smem_bytes(HS), [&] {
-    tc_flash_dq_kernel<E, HS>(dqkv.data(), dsum.data(), dout16.data(), qkv.data(), lse.data(), s, scale);
-  });
-  emulated::launch(dkv_grid(s, HS), block, dkv_smem_bytes(HS), [&] {
-    tc_flash_dkv_kernel<E, HS>(dqkv.data(), dout16.data(), qkv.data(), lse.data(), dsum.data(), s, scale);
-  });
+  std::vector<float> dqkv(qkv.size(), std::nanf("")), dsum(stats);
+  std::vector<uint16_t> scratch(tensor_core_flash_scratch_elems(s, true));
+  tensor_core_flash_backward(dqkv.data(), dsum.data(), dout.data(), qkv.data(), out.data(), lse.data(), s, dtype, scale,
+                             scratch.data(), nullptr, nullptr);
   expect_close(std::vector<double>(dqkv.begin(), dqkv.end()),
-               ref::gqa_attention_grad(qkv_seen, dout_seen, c.B, c.T, c.NH, c.NKV, HS), tol, "dqkv");
-}
-
-template <typename E>
-void run_with(const Case& c, uint64_t seed, double tol, double lse_tol) {
-  switch (c.hs) {
-    case 16: return run_case<E, 16>(c, seed, tol, lse_tol);
-    case 32: return run_case<E, 32>(c, seed, tol, lse_tol);
-    case 64: return run_case<E, 64>(c, seed, tol, lse_tol);
-    case 96: return run_case<E, 96>(c, seed, tol, lse_tol);
-    case 128: return run_case<E, 128>(c, seed, tol, lse_tol);
-  }
-  FAIL() << "head size " << c.hs << " is not built";
+               ref::gqa_attention_grad(qkv_seen, dout_seen, c.B, c.T, c.NH, c.NKV, c.hs), tol, "dqkv");
 }
 
 // The op harness's tolerances for 16-bit operands (attention_case in backend_ops_test.cc).
-void run_bf16(const Case& c, uint64_t seed) {
-  SCOPED_TRACE(name_of(c, "bf16"));
-  run_with<__nv_bfloat16>(c, seed, 3e-2, 5e-2);
-}
-void run_f16(const Case& c, uint64_t seed) {
-  SCOPED_TRACE(name_of(c, "f16"));
-  run_with<__half>(c, seed, 5e-3, 1e-2);
-}
+void run_bf16(const Case& c, uint64_t seed) { run_case(c, DType::bf16, seed, 3e-2, 5e-2); }
+void run_f16(const Case& c, uint64_t seed) { run_case(c, DType::f16, seed, 5e-3, 1e-2); }
 
 // Head size 64 (GPT-2's, Llama-3's): warps of 32 rows (Note [Query rows a warp owns], Note [Key
 // rows a warp owns]), dQ's 16-key chunks with Q and dO held (Note [Keys in chunks for dQ]).
@@ -166,4 +128,4 @@ TEST(TensorCoreFlashEmulated, HeadSizes96And128) {
 }
 
 }  // namespace
-}  // namespace zerone::cuda::tensor_cores
+}  // namespace zerone::cuda

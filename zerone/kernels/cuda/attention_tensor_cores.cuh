@@ -742,8 +742,7 @@ __global__ void __launch_bounds__(kThreadsTc)
 // ---------------------------------------------------------------- launch geometry
 
 // Each kernel's grid for shape s (blocks of kThreadsTc threads, dynamic shared memory
-// forward_smem_bytes, dq_smem_bytes, dkv_smem_bytes): one geometry for the GPU's launches and the
-// emulated ones.
+// forward_smem_bytes, dq_smem_bytes, dkv_smem_bytes).
 inline dim3 forward_grid(const FlashShape& s, int hs) {
   return dim3(static_cast<unsigned>(s.B * s.NH), static_cast<unsigned>(flash::tiles_of(s.T, query_block_rows(hs))));
 }

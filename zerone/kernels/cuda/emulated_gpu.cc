@@ -84,7 +84,7 @@ struct Fiber {
   jmp_buf resume_at;  // where it waits, once started
   bool started = false;
   uint3 index;
-  int number = 0, warp = 0, lane = 0;  // number: x fastest, then y, then z
+  int number = 0;  // in the block, x fastest, then y, then z: warp number / 32, lane number % 32
   bool done = false;
   std::vector<Copy> open;                     // issued, not yet committed
   std::deque<std::vector<Copy>> committed;    // oldest first
@@ -205,8 +205,6 @@ void run_block(Block& b) {
     Fiber& f = b.fibers[i];
     f = Fiber{};
     f.index = uint3{i % b.shape.x, i / b.shape.x % b.shape.y, i / (b.shape.x * b.shape.y)};
-    f.warp = static_cast<int>(i / 32);
-    f.lane = static_cast<int>(i % 32);
     f.worker = b.workers[i];
     f.number = static_cast<int>(i);
     b.ready.set(static_cast<int>(i));
@@ -263,7 +261,7 @@ const uint3& thread_index() { return block().current->index; }
 const uint3& block_index() { return block().index; }
 const dim3& grid_shape() { return block().grid; }
 const dim3& block_shape() { return block().shape; }
-int lane_index() { return block().current->lane; }
+int lane_index() { return block().current->number % 32; }
 
 void* dynamic_shared_memory() {
   // 16-byte aligned (vector's storage is at least 16-byte aligned for new[] of this size, but not promised).
@@ -300,11 +298,11 @@ int sync_block_or(int predicate) {
 void warp_exchange(const void* mine, void* all, size_t bytes) {
   Block& b = block();
   ZERONE_ASSERT(bytes <= kSlotBytes, "emulated GPU: a warp exchange of ", bytes, " bytes");
-  Warp& w = b.warps[b.current->warp];
+  Warp& w = b.warps[b.current->number / 32];
   ZERONE_ASSERT(w.lanes == 32, "emulated GPU: a warp instruction in a warp of ", w.lanes, " threads");
   // The offers side by side in lane order (every lane of an exchange offers the same size), so
   // that each lane takes them all in one copy.
-  std::memcpy(w.slots + b.current->lane * bytes, mine, bytes);
+  std::memcpy(w.slots + (b.current->number % 32) * bytes, mine, bytes);
   wait_at(w.barrier, w.lanes);  // every lane's offer is in
   std::memcpy(all, w.slots, 32 * bytes);
   wait_at(w.barrier, w.lanes);  // every lane has read them: the slots may be reused

@@ -201,6 +201,7 @@ int cmd_estimate(train::TrainConfig a, int world, bool json, bool stage_given, c
       s["activation"] = r.activations + r.host_activations;
       s["activation_places"] = {{"device", r.activations}, {"host", r.host_activations}};
       s["staged_collectives"] = r.staged_collectives;  // host (Note [Staged collective bytes])
+      s["backend_scratch"] = r.backend_scratch;        // device (Note [Backend scratch])
       // Note [Gradient sums on the device]: where the micro-steps' sums are, where that is a choice.
       if (const char* place = sums_place[static_cast<size_t>(&r - rows.data())]) s["grad_sums"] = place;
       s["total"] = r.total();
@@ -245,6 +246,9 @@ int cmd_estimate(train::TrainConfig a, int world, bool json, bool stage_given, c
                 h(r.device()).c_str(), h(r.host()).c_str(), h(r.nvme()).c_str(), h(r.total()).c_str(),
                 fits(r) ? "  yes" : "  no");
   }
+  if (!rows.empty() && rows[0].backend_scratch > 0)  // the same for every stage
+    std::printf("device includes %s of the %s backend's own scratch (kernel operands, cuBLASLt's workspace)\n",
+                h(rows[0].backend_scratch).c_str(), kernels::device_kind_name(device));
   std::string sums;
   for (size_t i = 0; i < rows.size(); ++i)
     if (sums_place[i]) sums += str_cat(sums.empty() ? "" : ", ", "stage ", rows[i].stage, " on the ", sums_place[i]);

@@ -270,10 +270,10 @@ TEST(DeviceMemory, DeviceBudget) {
   EXPECT_EQ(device_budget(DeviceKind::cpu, 0, std::nullopt).bytes, 0);
   EXPECT_EQ(device_budget(DeviceKind::sim, 2, gpu).bytes, 2 * GiB) << "sim's device is host memory";
   const DeviceBudget measured = device_budget(DeviceKind::cuda, 0, gpu);
-  EXPECT_EQ(measured.bytes, 79 * GiB - kernels::kCudaGemmWorkspaceBytes);
+  EXPECT_EQ(measured.bytes, 79 * GiB) << "cuBLASLt's workspace is in the estimate's backend scratch";
   EXPECT_NE(measured.source.find("the GPU's"), std::string::npos) << measured.source;
   const DeviceBudget before = device_budget(DeviceKind::cuda, 0, kernels::DeviceMemory::before_context(80 * GiB));
-  EXPECT_EQ(before.bytes, 80 * GiB - kernels::kCudaContextReserveBytes - kernels::kCudaGemmWorkspaceBytes);
+  EXPECT_EQ(before.bytes, 80 * GiB - kernels::kCudaContextReserveBytes);
   EXPECT_NE(before.source.find("CUDA context"), std::string::npos) << before.source;
   EXPECT_EQ(device_budget(DeviceKind::cuda, 2, gpu).bytes, 2 * GiB) << "the smaller: the limit";
   EXPECT_EQ(device_budget(DeviceKind::cuda, 100, gpu).bytes, measured.bytes) << "the smaller: the GPU";
@@ -297,7 +297,7 @@ TEST(DeviceMemory, StartupCheckReadsTheGpu) {
   const zero::ZeroConfig z = zero_config(cfg, DType::f32, shape->unit_numels(), 1);
   const int64_t need =
       zero::estimate(*shape, 1, DType::f32, cfg.micro_batch, cfg.seq, z, optimizer_options(cfg), 0)[0].device();
-  const int64_t usable_free = need + kernels::kCudaGemmWorkspaceBytes;  // exactly enough
+  const int64_t usable_free = need;  // exactly enough (the backend's scratch is in `need`)
   const kernels::DeviceKind cuda = kernels::DeviceKind::cuda;
   EXPECT_NO_THROW(check_memory_fits(*shape, DType::f32, cfg, z, 1, cuda, kernels::DeviceMemory{int64_t{1} << 34, usable_free}, zero::CollectiveRoute::direct));
   expect_error([&] { check_memory_fits(*shape, DType::f32, cfg, z, 1, cuda, kernels::DeviceMemory{int64_t{1} << 34, usable_free - 1}, zero::CollectiveRoute::direct); },

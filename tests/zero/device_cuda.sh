@@ -148,16 +148,20 @@ print(f"ok resume saved on {sys.argv[3]}: {len(b)} steps agree with the straight
 PY
 done
 # estimate == ledger on the GPU (Note [Attention's saved state], Note [Device memory the ledger
-# cannot see]): for flash and plain attention, the ledger's device bytes per category after one
-# step equal `zerone estimate --device cuda --cuda-attention X`'s, to the byte.
-for att in flash plain; do
+# cannot see], Note [Backend scratch]): for flash and plain attention, f32 and bf16, the ledger's
+# device bytes per category after one step equal `zerone estimate --device cuda --cuda-attention
+# X`'s, to the byte; its device scratch (the backend's slots and cuBLASLt's workspace) equals the
+# estimate's but for the bound on the norm partials (at most 1 KiB over here).
+for run in flash:fp32 plain:fp32 flash:bf16; do
+  att=${run%%:*} precision=${run##*:}
   "$Z" train --model gpt2:layers=2,dim=64,heads=4,vocab=257,ctx=32 --micro-batch 4 --seq 32 --steps 1 --threads 2 \
-    --precision fp32 --device cuda --cuda-attention $att --metrics "$d/ledger_$att.jsonl" > "$d/ledger_$att.log" 2>&1 ||
-    { echo "FAIL ledger run ($att)"; tail -20 "$d/ledger_$att.log"; failed+=("ledger_$att"); continue; }
+    --precision $precision --device cuda --cuda-attention $att --metrics "$d/ledger_$att$precision.jsonl" \
+    > "$d/ledger_$att$precision.log" 2>&1 ||
+    { echo "FAIL ledger run ($run)"; tail -20 "$d/ledger_$att$precision.log"; failed+=("ledger_$run"); continue; }
   "$Z" estimate --model gpt2:layers=2,dim=64,heads=4,vocab=257,ctx=32 --world 1 --zero-stage 0 --micro-batch 4 --seq 32 \
-    --precision fp32 --device cuda --cuda-attention $att --json > "$d/estimate_$att.json" ||
-    { echo "FAIL estimate --device cuda ($att)"; failed+=("ledger_$att"); continue; }
-  python3 - "$d/ledger_$att.jsonl" "$d/estimate_$att.json" "$att" <<'PY' || failed+=("ledger_$att")
+    --precision $precision --device cuda --cuda-attention $att --json > "$d/estimate_$att$precision.json" ||
+    { echo "FAIL estimate --device cuda ($run)"; failed+=("ledger_$run"); continue; }
+  python3 - "$d/ledger_$att$precision.jsonl" "$d/estimate_$att$precision.json" "$run" <<'PY' || failed+=("ledger_$run")
 import json, sys
 mem = [json.loads(l) for l in open(sys.argv[1])][-1]["mem"]
 est = json.load(open(sys.argv[2]))["stages"][0]
@@ -165,7 +169,11 @@ got = {k: mem.get(f"device.{k}", 0) for k in ("param", "grad", "master", "optim"
 want = {k: est[k] for k in ("param", "grad", "master", "optim")}
 want["activation"] = est["activation_places"]["device"]
 assert got == want, f"{sys.argv[3]}: ledger {got} != estimate {want}"
-print(f"ok estimate == ledger on cuda ({sys.argv[3]} attention): {got}")
+scratch = mem.get("device.scratch", 0)
+counted = est["backend_scratch"] + est["model_state_places"].get("device.scratch", 0)
+assert est["backend_scratch"] >= 32 << 20, f"{sys.argv[3]}: no cuBLASLt workspace in the estimate's {est['backend_scratch']}"
+assert 0 <= counted - scratch <= 1024, f"{sys.argv[3]}: ledger device scratch {scratch}, estimate {counted}"
+print(f"ok estimate == ledger on cuda ({sys.argv[3]}): {got}, scratch {scratch} (estimate {counted})")
 PY
 done
 

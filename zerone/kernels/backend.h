@@ -113,7 +113,7 @@ struct DeviceOptions {
 // What the backend of `kind` made with `options` keeps in `att` (Note [Attention's saved state]):
 // logsumexp for cuda with flash attention, probabilities otherwise. The one rule: every backend's
 // attention_saved() is this function of its kind and options, and `zerone estimate` / `plan`
-// count a run's activations by it without making the backend (nn::Model::set_attention_saved),
+// count a run's activations by it without making the backend (nn::Model::count_for_device),
 // so the estimate equals the ledger on a device this machine lacks too.
 AttentionSaved attention_saved(DeviceKind kind, const DeviceOptions& options);
 
@@ -128,18 +128,14 @@ AttentionSaved attention_saved(DeviceKind kind, const DeviceOptions& options);
 //    lazily (zerone's kernels, cuBLASLt's), not measured; kCudaContextReserveBytes is the round
 //    bound 1 GiB above both. (The first form, 512 MiB, was a guess below the measurement.)
 //    A live backend needs no such figure: cudaMemGetInfo's free bytes already exclude its context.
-//  - cuBLASLt's workspace, kCudaGemmWorkspaceBytes = 32 MiB: the backend hands every GEMM this
-//    workspace (cublasLtMatmulPreferenceSetAttribute's MAX_WORKSPACE_BYTES, so cuBLASLt allocates
-//    none of its own). It is a scratch Buffer (the ledger's "scratch", which the estimate does not
-//    count), allocated on the first GEMM, i.e. after the fit check.
-// So a run on cuda may fill with the estimate's device bytes: free - kCudaGemmWorkspaceBytes of a
-// GPU whose context exists (the start-up check, from the backend's cudaMemGetInfo), or total -
-// kCudaContextReserveBytes - kCudaGemmWorkspaceBytes of one that has none yet (`zerone estimate`
-// and `zerone plan`, which never make the backend). The cpu and sim devices are host memory: their
-// fit is the host's (Note [Fit] in zero/planner.h) and they report no DeviceMemory.
-// Not reserved: the other scratch slots of the cuda backend (16-bit operand copies of the GEMMs'
-// activations, plain attention's (B, NH, T, T) backward scratch), which the ledger counts as
-// "scratch" at their first use.
+// The backend's own scratch (cuBLASLt's workspace, kCudaGemmWorkspaceBytes = 32 MiB, which every
+// GEMM is handed so that cuBLASLt allocates none of its own, and the kernels' scratch slots) are
+// Buffers, in the ledger's device "scratch", and counted by the estimate (Note [Backend scratch],
+// kernels/scratch.h). So a run on cuda may fill with the estimate's device bytes: the free bytes
+// of a GPU whose context exists (the start-up check, from the backend's cudaMemGetInfo), or total
+// - kCudaContextReserveBytes of one that has none yet (`zerone estimate` and `zerone plan`, which
+// never make the backend). The cpu and sim devices are host memory: their fit is the host's (Note
+// [Fit] in zero/planner.h) and they report no DeviceMemory.
 inline constexpr int64_t kCudaContextReserveBytes = int64_t{1024} << 20;
 inline constexpr int64_t kCudaGemmWorkspaceBytes = int64_t{32} << 20;
 
@@ -148,8 +144,8 @@ struct DeviceMemory {
   int64_t total_bytes = 0;
   int64_t free_bytes = 0;  // now, with this process's context resident
   bool measured = true;    // false: before_context's figure, not cudaMemGetInfo's
-  // What a run may fill with the estimate's device bytes: free less the GEMM workspace.
-  int64_t usable_bytes() const { return std::max<int64_t>(free_bytes - kCudaGemmWorkspaceBytes, 0); }
+  // What a run may fill with the estimate's device bytes (its backend scratch included).
+  int64_t usable_bytes() const { return std::max<int64_t>(free_bytes, 0); }
   // A GPU of `total_bytes` before this process made its context: free is total less the context
   // reserve.
   static DeviceMemory before_context(int64_t total_bytes) {

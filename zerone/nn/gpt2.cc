@@ -357,4 +357,28 @@ void GPT2::backward(float grad_scale) {
   hooks_->after_backward(0);
 }
 
+// forward() and backward()'s calls, each block's once (every block makes the same calls).
+void GPT2::count_scratch(kernels::ScratchCount& count, int B, int T) const {
+  const int L = config_.num_layers, C = config_.channels, NH = config_.num_heads, N = B * T;
+  const int Vp = config_.padded_vocab_size;
+  const DType f32 = DType::f32;
+  if (L > 0) {  // block_forward, then backward's block
+    count.linear_forward(dtype_, dtype_, true, dtype_, N, C, 3 * C);  // qkv
+    count.attention_forward(B, T, NH, NH, C / NH, dtype_);
+    count.linear_forward(f32, dtype_, true, dtype_, N, C, C);  // attproj
+    count.linear_forward(dtype_, dtype_, true, dtype_, N, C, 4 * C);  // fc
+    count.linear_forward(f32, dtype_, true, dtype_, N, 4 * C, C);  // fcproj
+    count.linear_backward(true, true, f32, dtype_, dtype_, N, 4 * C, C);  // fcproj
+    count.linear_backward(true, true, f32, dtype_, dtype_, N, C, 4 * C);  // fc
+    count.norm_backward(N, C);
+    count.linear_backward(true, true, f32, dtype_, dtype_, N, C, C);  // attproj
+    count.attention_backward(B, T, NH, NH, C / NH, dtype_);
+    count.linear_backward(true, true, f32, dtype_, dtype_, N, C, 3 * C);  // qkv
+  }
+  count.linear_forward(dtype_, dtype_, false, dtype_, N, C, Vp);  // the head
+  count.sums(static_cast<size_t>(N));                             // the loss
+  count.linear_backward(true, false, dtype_, dtype_, dtype_, N, C, Vp);
+  count.norm_backward(N, C);  // lnf
+}
+
 }  // namespace zerone::nn

@@ -112,6 +112,9 @@ class GPT2 : public UnitModel {
   // Real elements of each unit, in unit order (no allocation).
   static std::vector<size_t> unit_numels(const GPT2Config& config);
 
+ protected:
+  void count_scratch(kernels::ScratchCount& count, int B, int T) const override;
+
  private:
   struct Activations {
     int B = 0, T = 0;

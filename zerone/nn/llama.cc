@@ -405,4 +405,31 @@ void Llama::backward(float grad_scale) {
   hooks_->after_backward(0);
 }
 
+// forward() and backward()'s calls, each block's once (every block makes the same calls). The
+// backward GEMMs' gradient operands are in the compute dtype (Note [Gradients rounded where they
+// are made]; f32 in an f32 run).
+void Llama::count_scratch(kernels::ScratchCount& count, int B, int T) const {
+  const int L = config_.num_layers, C = config_.channels, NH = config_.num_heads, NKV = config_.num_kv_heads;
+  const int hs = config_.head_dim, F = config_.ffn, V = config_.vocab_size, N = B * T;
+  const int A = NH * hs, R = (NH + 2 * NKV) * hs;
+  const DType f32 = DType::f32;
+  if (L > 0) {  // block_forward, then backward's block
+    count.linear_forward(dtype_, dtype_, false, dtype_, N, C, R);  // wqkv
+    count.attention_forward(B, T, NH, NKV, hs, dtype_);
+    count.linear_forward(f32, dtype_, false, dtype_, N, A, C);      // wo
+    count.linear_forward(dtype_, dtype_, false, dtype_, N, C, 2 * F);  // gate_up
+    count.linear_forward(f32, dtype_, false, dtype_, N, F, C);      // down
+    count.linear_backward(true, false, dtype_, dtype_, dtype_, N, F, C);  // down
+    count.linear_backward(true, false, dtype_, dtype_, dtype_, N, C, 2 * F);
+    count.norm_backward(N, C);
+    count.linear_backward(true, false, dtype_, dtype_, dtype_, N, A, C);  // wo
+    count.attention_backward(B, T, NH, NKV, hs, dtype_);
+    count.linear_backward(true, false, dtype_, dtype_, dtype_, N, C, R);  // wqkv
+  }
+  count.linear_forward(dtype_, dtype_, false, dtype_, N, C, V);  // the head
+  count.sums(static_cast<size_t>(N));                            // the loss
+  count.linear_backward(true, false, dtype_, dtype_, dtype_, N, C, V);
+  count.norm_backward(N, C);  // the final norm
+}
+
 }  // namespace zerone::nn

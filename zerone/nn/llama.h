@@ -94,6 +94,9 @@ class Llama : public UnitModel {
   }
   static std::vector<size_t> unit_numels(const LlamaConfig& config);
 
+ protected:
+  void count_scratch(kernels::ScratchCount& count, int B, int T) const override;
+
  private:
   struct Activations {
     int B = 0, T = 0;

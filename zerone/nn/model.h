@@ -33,6 +33,7 @@
 #include "zerone/core/error.h"
 #include "zerone/core/memory.h"
 #include "zerone/kernels/backend.h"
+#include "zerone/kernels/scratch.h"
 #include "zerone/nn/flat_param.h"
 
 namespace zerone::nn {
@@ -157,22 +158,41 @@ class Model {
   // the rest is on the device.
   virtual size_t host_activation_bytes(int /*B*/, int /*T*/) const { return 0; }
 
-  // What attention keeps for backward (Note [Attention's saved state], kernels/backend.h) in the
-  // activation table and the buffers: the backend's by default. A model without storage
-  // (make_model(..., allocate=false)) that estimates a run on another device than the one
-  // installed here (`zerone estimate --device cuda` on a machine without a GPU) is told that
-  // device's: set_attention_saved(kernels::attention_saved(kind, options)). Allocating
-  // activations under another form than the backend's is an internal error.
+  // The device a model's memory is counted for: the backend installed when it was built, or, for
+  // a model without storage (make_model(..., allocate=false)) that estimates a run on another
+  // device (`zerone estimate --device cuda` on a machine without a GPU), the one it is told by
+  // count_for_device. It decides what attention keeps for backward (Note [Attention's saved
+  // state], kernels/backend.h) in the activation table and the buffers, and the backend's own
+  // scratch (scratch_bytes). Allocating activations counted for another device than the
+  // backend's is an internal error.
+  void count_for_device(kernels::DeviceKind kind, const kernels::DeviceOptions& options) {
+    counted_kind_ = kind;
+    counted_options_ = options;
+    attention_saved_ = kernels::attention_saved(kind, options);
+  }
   kernels::AttentionSaved attention_saved() const { return attention_saved_; }
-  void set_attention_saved(kernels::AttentionSaved saved) { attention_saved_ = saved; }
+
+  // Note [Backend scratch] (kernels/scratch.h): the scratch the counted device's backend keeps for
+  // this model's operations at (B, T): forward (with the loss), backward and the recomputation.
+  kernels::ScratchCount scratch_count(int B, int T) const {
+    kernels::ScratchCount count(counted_kind_, counted_options_);
+    count_scratch(count, B, T);
+    return count;
+  }
 
  protected:
+  // Every backend operation forward(B, T) and backward() call that keeps scratch, counted into
+  // `count` with the arguments they pass (the ScratchCount call of the same name).
+  virtual void count_scratch(kernels::ScratchCount& count, int B, int T) const = 0;
+
   kernels::Backend& backend_ = kernels::device_backend();
+  kernels::DeviceKind counted_kind_ = backend_.kind();
+  kernels::DeviceOptions counted_options_ = backend_.device_options();
   kernels::AttentionSaved attention_saved_ = backend_.attention_saved();
   // attention_saved_ for sizing buffers on the backend: its own form, or an internal error.
   kernels::AttentionSaved allocated_attention_saved() const {
-    ZERONE_ASSERT(attention_saved_ == backend_.attention_saved(), "a model told another device's attention state "
-                  "(set_attention_saved) allocates its activations on ", backend_.description());
+    ZERONE_ASSERT(attention_saved_ == backend_.attention_saved(), "a model counted for another device "
+                  "(count_for_device) allocates its activations on ", backend_.description());
     return attention_saved_;
   }
 };

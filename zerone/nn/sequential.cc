@@ -496,6 +496,20 @@ void Sequential::backward(float grad_scale) {
   }
 }
 
+// forward() and backward()'s calls: the linear layers' (activations and their gradients in f32)
+// and the classifier's. The convolutions and poolings keep no scratch of the backend's.
+void Sequential::count_scratch(kernels::ScratchCount& count, int B, int /*T: one sample per row*/) const {
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const Layer& l = layers_[i];
+    if (l.spec.kind != LayerSpec::Kind::linear) continue;
+    const int in = static_cast<int>(l.in_numel);
+    count.linear_forward(DType::f32, DType::f32, true, dtype_, B, in, l.spec.out);
+    count.linear_backward(/*dinp: the first layer's input needs none*/ i > 0, true, DType::f32, DType::f32, dtype_, B, in,
+                          l.spec.out);
+  }
+  count.classifier_forward(B);
+}
+
 void Sequential::set_activation_checkpointing(bool on) {
   ZERONE_CHECK(!on, "--activation-checkpointing applies to the transformer models; ", spec(),
                " has no blocks to recompute");

@@ -93,6 +93,9 @@ class Sequential final : public UnitModel {
   void set_cpu_checkpointing(bool on) override { Model::set_cpu_checkpointing(on); }  // refuses: no blocks
   size_t activation_bytes(int B, int T) const override;
 
+ protected:
+  void count_scratch(kernels::ScratchCount& count, int B, int T) const override;
+
  private:
   struct Layer {
     LayerSpec spec;

@@ -140,7 +140,7 @@ DeviceBudget device_budget(kernels::DeviceKind device, double device_mem_limit_g
   b.bytes = std::max<int64_t>(usable, 1);  // a full GPU still caps: nothing fits
   b.source = str_cat("the GPU's ", hb(usable), " usable (", hb(memory->free_bytes), " free of ", hb(memory->total_bytes),
                      memory->measured ? "" : str_cat(" once the CUDA context's ", hb(kernels::kCudaContextReserveBytes), " reserve is taken"),
-                     ", less ", hb(kernels::kCudaGemmWorkspaceBytes), " for cuBLASLt's workspace)");
+                     ")");
   return b;
 }
 
@@ -160,7 +160,7 @@ zero::ZeroConfig fit_grad_sums(const TrainConfig& cfg, const nn::Model& model, D
 }
 
 void count_for_run_device(nn::Model& shape, const TrainConfig& cfg) {
-  shape.set_attention_saved(kernels::attention_saved(kernels::device_or_default(cfg.device), device_options(cfg)));
+  shape.count_for_device(kernels::device_or_default(cfg.device), device_options(cfg));
 }
 
 zero::CollectiveRoute planned_collective_route(const TrainConfig& cfg, int world) {

@@ -51,8 +51,8 @@ bool unified_memory(kernels::DeviceKind device);
 // Note [Device budget]: the device bytes per rank a run may fill with what the estimate counts
 // (its device() bytes, the ledger's). On cpu and sim the device is host memory (Note [Fit] in
 // zero/planner.h): only --device-mem-limit caps it. On cuda the GPU's usable bytes cap it too
-// (kernels::DeviceMemory::usable_bytes: free less cuBLASLt's workspace, and before the process has
-// a CUDA context less the context's reserve; Note [Device memory the ledger cannot see] in
+// (kernels::DeviceMemory::usable_bytes: free, and before the process has a CUDA context total less
+// the context's reserve; Note [Device memory the ledger cannot see] in
 // kernels/backend.h), the smaller of the two when both are known; a GPU not present here (nullopt
 // memory) leaves the limit alone. The start-up check passes the backend's measurement, estimate
 // and plan kernels::device_memory(kind) (no backend made).
@@ -74,9 +74,10 @@ zero::ZeroConfig fit_grad_sums(const TrainConfig& cfg, const nn::Model& model, D
                                int stage, zero::ZeroConfig zcfg, const zero::MemoryBudget& budget,
                                zero::CollectiveRoute route);
 
-// A model without storage made to estimate or plan the run of `cfg` counts the activations of the
-// run's device (--device, --cuda-attention; Note [Attention's saved state] in kernels/backend.h),
-// which need not be the device installed here.
+// A model without storage made to estimate or plan the run of `cfg` counts the activations and the
+// backend's scratch of the run's device (--device, --cuda-attention; Note [Attention's saved state]
+// in kernels/backend.h, Note [Backend scratch] in kernels/scratch.h), which need not be the device
+// installed here.
 void count_for_run_device(nn::Model& shape, const TrainConfig& cfg);
 
 // How a run of `cfg` at `world` ranks will move its collectives (Note [Staged collective bytes] in

@@ -14,6 +14,12 @@ std::vector<StageEstimate> estimate(const nn::Model& model, int world, DType dty
   ZERONE_CHECK(!only_stage || (*only_stage >= 0 && *only_stage <= 3), "--zero-stage ", only_stage.value_or(0),
                " is out of range: expected 0..3");
   std::vector<size_t> numels = model.unit_numels();
+  // Note [Backend scratch]: the model's operations, then the engine's deterministic sums over a
+  // unit's gradient or an update's slice of it, bounded by the unit padded for `world` (no shard
+  // is larger) and its tensors' weight-decay runs (an update's ranges).
+  kernels::ScratchCount scratch = model.scratch_count(micro_batch, seq);
+  for (size_t u = 0; u < numels.size(); ++u)
+    scratch.sums(padded_numel(numels[u], world), model.units()[u].tensors().size() + 1);
   std::vector<StageEstimate> out;
   for (int stage = 0; stage <= 3; ++stage) {
     if (only_stage && stage != *only_stage) continue;
@@ -30,6 +36,7 @@ std::vector<StageEstimate> estimate(const nn::Model& model, int world, DType dty
     e.host_activations = static_cast<int64_t>(model.host_activation_bytes(micro_batch, seq));
     e.activations = static_cast<int64_t>(model.activation_bytes(micro_batch, seq)) - e.host_activations;
     e.staged_collectives = staged_collective_bytes(numels, world, dtype, config, route);
+    e.backend_scratch = scratch.bytes();
     out.push_back(e);
   }
   return out;
@@ -45,6 +52,7 @@ PlacedBytes placed_bytes(const StageEstimate& e) {
   all.at(MemPlace::host, MemCategory::comm) += e.working_set.host;
   all.at(MemPlace::host, MemCategory::scratch) += e.working_set.host_scratch;
   all.at(MemPlace::host, MemCategory::comm) += e.staged_collectives;
+  all.at(MemPlace::device, MemCategory::scratch) += e.backend_scratch;
   return all;
 }
 

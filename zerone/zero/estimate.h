@@ -26,7 +26,13 @@ struct StageEstimate {
   int64_t host_activations = 0;  // per rank on the host (Note [CPU checkpointing] in nn/model.h)
   // Per rank on the host, for collectives staged through it (Note [Staged collective bytes]).
   int64_t staged_collectives = 0;
-  int64_t device() const { return model_state.placed.place_total(MemPlace::device) + working_set.device() + activations; }
+  // Per rank on the device: the scratch the device backend keeps for the model's and the engine's
+  // operations (Note [Backend scratch] in kernels/scratch.h; cuda only), in the ledger's device
+  // scratch.
+  int64_t backend_scratch = 0;
+  int64_t device() const {
+    return model_state.placed.place_total(MemPlace::device) + working_set.device() + activations + backend_scratch;
+  }
   int64_t host() const {
     return model_state.placed.place_total(MemPlace::host) + working_set.on_host() + host_activations + staged_collectives;
   }
@@ -51,7 +57,8 @@ inline CollectiveRoute collective_route(kernels::DeviceKind device, int world, c
 }
 
 // One row per stage (or only `only_stage`), for rank 0 (all ranks hold equal shards). `model` needs
-// no storage (make_model(..., allocate=false)): only its unit shapes and activation table are read.
+// no storage (make_model(..., allocate=false)): only its unit shapes, activation table and scratch
+// count (for the device it is counted for: nn::Model::count_for_device) are read.
 // The offload settings of `base` apply to the stages that can use them (optimizer: 1-3; param: 3).
 // The optimizer state is `optimizer`'s (optim::optimizer_state_tensors). `route`: how the run's
 // collectives move (collective_route above), which decides its staged_collectives.

@@ -86,8 +86,7 @@ size_t out_numel(const FlashShape& s) { return static_cast<size_t>(s.B) * s.T * 
 }  // namespace
 
 bool tensor_core_flash_takes(DType operands, int hs) {
-  const bool built_for = hs == 16 || hs == 32 || hs == 64 || hs == 96 || hs == 128;
-  if (operands == DType::f32 || !built_for) return false;
+  if (operands == DType::f32 || !tensor_core_flash_built_for(hs)) return false;
   // Asked a few times per attention call: the device's limit is read once per device.
   constexpr int kDevicesKept = 64;
   static std::atomic<int> limits[kDevicesKept];  // 0: not read yet
@@ -104,7 +103,9 @@ bool tensor_core_flash_takes(DType operands, int hs) {
   return largest_smem_bytes(hs) <= static_cast<size_t>(limit);
 }
 
-size_t tensor_core_flash_scratch_elems(const FlashShape& s, bool backward) { return backward ? out_numel(s) : 0; }
+size_t tensor_core_flash_scratch_elems(const FlashShape& s, bool backward) {
+  return cuda::tensor_core_flash_scratch_elems(s.B, s.T, s.NH, s.hs, backward);  // sizes.h
+}
 
 // Note [Operands rounded once]: every block of every kernel reads its tiles from 16-bit copies
 // (half the bytes of f32, no conversion in the tile loads). qkv comes stored in the operand dtype

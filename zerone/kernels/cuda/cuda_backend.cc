@@ -23,6 +23,7 @@
 #include "zerone/kernels/cuda/cublaslt.h"
 #include "zerone/kernels/cuda/device.h"
 #include "zerone/kernels/cuda/kernels.h"
+#include "zerone/kernels/scratch.h"
 
 #define ZERONE_CUBLAS_CHECK(expr)                                                                     \
   do {                                                                                               \
@@ -443,7 +444,7 @@ class CudaBackend final : public kernels::Backend {
   bool all_finite(const float* x, size_t n) override {
     const DeviceWorkScope work(ProfileCategory::elementwise);
     if (n == 0) return true;
-    int* flag = static_cast<int*>(scratch(kFlag, sizeof(int)));
+    int* flag = static_cast<int*>(scratch(Slot::flag, sizeof(int)));
     ZERONE_CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(int), compute()));
     mark_not_finite(x, n, flag, compute());
     int bad = 0;
@@ -475,7 +476,7 @@ class CudaBackend final : public kernels::Backend {
     size_t blocks = 0;
     for (const AdamWRange& r : ranges) blocks += cuda::norm_blocks(r.n);
     if (blocks == 0) return 0.0;
-    double* dev = static_cast<double*>(scratch(kPartials, blocks * sizeof(double)));
+    double* dev = static_cast<double*>(scratch(Slot::norm_partials, blocks * sizeof(double)));
     cuda::adamw_update_ranges(ranges.data(), ranges.size(), param_dtype, dev, compute());  // partials side by side
     std::vector<double> host(blocks);
     cuda::partials_to_host(dev, host.data(), blocks, compute());
@@ -534,7 +535,7 @@ class CudaBackend final : public kernels::Backend {
     ZERONE_ASSERT(out_dtype == DType::f32 || out_dtype == param_dtype, "a ", dtype_name(out_dtype), " output for ",
                   dtype_name(param_dtype), " weights");
     if (N == 0 || OC == 0) return;
-    const void* x = operand(inp, inp_dtype, sz(N) * C, param_dtype, kActA);
+    const void* x = operand(inp, inp_dtype, sz(N) * C, param_dtype, Slot::operand_a);
     if (out_dtype != DType::f32) {
       // Note [Logits in the compute dtype]: cuBLASLt rounds its f32 accumulators into the 16-bit
       // out as it stores them, after its epilogue added the bias (in D's dtype, copied into
@@ -542,7 +543,7 @@ class CudaBackend final : public kernels::Backend {
       // dtype]).
       const void* bias16 = nullptr;
       if (bias) {
-        void* aligned_bias = scratch(kBias, sz(OC) * dtype_size(param_dtype));
+        void* aligned_bias = scratch(Slot::bias, sz(OC) * dtype_size(param_dtype));
         ZERONE_CUDA_CHECK(cudaMemcpyAsync(aligned_bias, bias, sz(OC) * dtype_size(param_dtype), cudaMemcpyDefault,
                                           compute()));
         bias16 = aligned_bias;
@@ -551,7 +552,7 @@ class CudaBackend final : public kernels::Backend {
       // No algorithm with the bias epilogue for this 16-bit GEMM: the f32 form (bias included) in
       // bands of rows, as gemm()'s fallback bands its columns (kWideBandBytes of scratch at most).
       const int band_rows = static_cast<int>(std::max<size_t>(1, kWideBandBytes / (sz(OC) * sizeof(float))));
-      float* wide = static_cast<float*>(scratch(kWideD, sz(std::min(band_rows, N)) * OC * sizeof(float)));
+      float* wide = static_cast<float*>(scratch(Slot::wide_d, sz(std::min(band_rows, N)) * OC * sizeof(float)));
       const size_t elem = dtype_size(param_dtype);
       for (int r0 = 0; r0 < N; r0 += band_rows) {
         const int rows = std::min(band_rows, N - r0);
@@ -566,7 +567,7 @@ class CudaBackend final : public kernels::Backend {
     // as it writes out, in f32 as add_bias would: one pass over out fewer.
     float* bias_f32 = nullptr;
     if (bias) {
-      bias_f32 = static_cast<float*>(scratch(kBias, sz(OC) * sizeof(float)));
+      bias_f32 = static_cast<float*>(scratch(Slot::bias, sz(OC) * sizeof(float)));
       cuda::convert(bias_f32, DType::f32, bias, param_dtype, sz(OC), compute());
     }
     // out^T (OC, N) = W (C, OC)^T x^T (C, N) (+ bias on every column)
@@ -589,16 +590,16 @@ class CudaBackend final : public kernels::Backend {
     // operand (Note [Rounded on the way], kernels.h); otherwise operand() rounds it, if need be.
     const void* dy = nullptr;
     if (dbias != nullptr && param_dtype != DType::f32) {
-      void* rounded = scratch(kActA, sz(N) * OC * 2);
+      void* rounded = scratch(Slot::operand_a, sz(N) * OC * 2);
       bias_backward(dbias, static_cast<const float*>(dout), N, OC, accumulate_param_grads, rounded, param_dtype,
                     column_partials(N, OC), compute());
       dy = rounded;
     } else {
-      dy = operand(dout, dout_dtype, sz(N) * OC, param_dtype, kActA);
+      dy = operand(dout, dout_dtype, sz(N) * OC, param_dtype, Slot::operand_a);
     }
     // dinp^T (C, N) = W (C, OC) dy^T (OC, N)
     if (dinp) gemm(false, false, C, N, OC, weight, param_dtype, C, dy, OC, dinp, C, 0.0f);
-    const void* x = operand(inp, inp_dtype, sz(N) * C, param_dtype, kActB);
+    const void* x = operand(inp, inp_dtype, sz(N) * C, param_dtype, Slot::operand_b);
     // dW^T (C, OC) (+)= x^T (C, N) dy (N, OC)
     gemm(false, true, C, OC, N, x, param_dtype, C, dy, OC, dweight, C, accumulate_param_grads ? 1.0f : 0.0f);
     if (dbias != nullptr && param_dtype == DType::f32)
@@ -628,7 +629,7 @@ class CudaBackend final : public kernels::Backend {
   }
   const float* widened_qkv(const void* qkv, DType operands, size_t n) {
     if (operands == DType::f32) return static_cast<const float*>(qkv);
-    float* wide = static_cast<float*>(scratch(kAttentionQkv, n * sizeof(float)));
+    float* wide = static_cast<float*>(scratch(Slot::attention_qkv, n * sizeof(float)));
     cuda::convert(wide, DType::f32, qkv, operands, n, compute());
     return wide;
   }
@@ -640,12 +641,12 @@ class CudaBackend final : public kernels::Backend {
     if (attention_in_16_bits(operands, hs, qkv, out, 4)) {  // att: lse (B, NH, T)
       cuda::flash_attention_forward(
           out, att, qkv, B, T, NH, NKV, hs, operands,
-          scratch(kActA, cuda::flash_attention_scratch_bytes(B, T, NH, NKV, hs, operands, false)), compute());
+          scratch(Slot::operand_a, cuda::flash_attention_scratch_bytes(B, T, NH, NKV, hs, operands, false)), compute());
       return;
     }
     const float* q32 = widened_qkv(qkv, operands, qkv_n);
     float* o32 = operands == DType::f32 ? static_cast<float*>(out)
-                                        : static_cast<float*>(scratch(kAttentionOut, out_n * sizeof(float)));
+                                        : static_cast<float*>(scratch(Slot::attention_out, out_n * sizeof(float)));
     if (flash)
       cuda::flash_attention_forward(o32, att, q32, B, T, NH, NKV, hs, DType::f32, nullptr, compute());
     else
@@ -657,11 +658,11 @@ class CudaBackend final : public kernels::Backend {
     const DeviceWorkScope work(ProfileCategory::attention);
     const size_t qkv_n = sz(B) * T * (NH + 2 * NKV) * hs;
     if (attention_ == kernels::CudaAttention::flash) {
-      float* dsum = static_cast<float*>(scratch(kScores, sizeof(float) * sz(B) * NH * T));  // (B, NH, T)
+      float* dsum = static_cast<float*>(scratch(Slot::scores, sizeof(float) * sz(B) * NH * T));  // (B, NH, T)
       if (attention_in_16_bits(operands, hs, qkv, dqkv, 8)) {
         cuda::flash_attention_backward(
             dqkv, dsum, dout, qkv, out, att, B, T, NH, NKV, hs, operands,
-            scratch(kActA, cuda::flash_attention_scratch_bytes(B, T, NH, NKV, hs, operands, true)), compute());
+            scratch(Slot::operand_a, cuda::flash_attention_scratch_bytes(B, T, NH, NKV, hs, operands, true)), compute());
       } else {  // the f32 form forms D from P and dP: out unread
         cuda::flash_attention_backward(dqkv, dsum, dout, widened_qkv(qkv, operands, qkv_n), nullptr, att, B, T, NH,
                                        NKV, hs, DType::f32, nullptr, compute());
@@ -669,7 +670,7 @@ class CudaBackend final : public kernels::Backend {
       return;
     }
     const float* q32 = widened_qkv(qkv, operands, qkv_n);
-    float* datt = static_cast<float*>(scratch(kScores, sizeof(float) * sz(B) * NH * T * T));  // (B, NH, T, T)
+    float* datt = static_cast<float*>(scratch(Slot::scores, sizeof(float) * sz(B) * NH * T * T));  // (B, NH, T, T)
     cuda::gqa_attention_backward(dqkv, dout, q32, att, datt, B, T, NH, NKV, hs, compute());
   }
   void rmsnorm_forward(void* out, DType out_dtype, float* rstd, const float* inp, const void* weight,
@@ -755,7 +756,7 @@ class CudaBackend final : public kernels::Backend {
       if (correct) *correct = 0;
       return 0.0f;
     }
-    int32_t* hits = static_cast<int32_t*>(scratch(kHits, sizeof(int32_t) * sz(N)));
+    int32_t* hits = static_cast<int32_t*>(scratch(Slot::hits, sizeof(int32_t) * sz(N)));
     cuda::softmax_cross_entropy_forward(probs, losses, hits, logits, labels, N, K, compute());
     std::vector<float> host_losses(sz(N));
     std::vector<int32_t> host_hits(sz(N));
@@ -806,22 +807,26 @@ class CudaBackend final : public kernels::Backend {
   }
 
  private:
-  // Scratch slots: device buffers that only grow (the cpu kernels' Note [Scratch arena]); the
-  // training thread alone uses them. A grown slot's old memory is freed in stream order.
-  // kActA: a GEMM's activation operand rounded to 16 bits, or flash attention's rounded operands.
+  // Note [Backend scratch] (kernels/scratch.h): device buffers that only grow (the cpu kernels'
+  // Note [Scratch arena]), one per kernels::ScratchSlot; the training thread alone uses them.
+  // A slot grows by freeing its old memory first, in stream order (the kernels that read it were
+  // enqueued before on the same stream), so that the ledger's peak is the slots' sizes and not
+  // the old and the new side by side.
+  using Slot = kernels::ScratchSlot;
   // The f32 scratch of a 16-bit output's fallback forms, at most (gemm, linear_forward).
-  static constexpr size_t kWideBandBytes = size_t{64} << 20;
-  enum Slot { kActA, kActB, kScores, kPartials, kFlag, kHits, kGemmWorkspace, kWideA, kWideB, kWideD, kBias, kColumnPartials, kAttentionQkv,
-             kAttentionOut, kSlots };
+  static constexpr size_t kWideBandBytes = cuda::kGemmWideBandBytes;
   void* scratch(Slot slot, size_t bytes) {
-    Buffer& b = scratch_[slot];
-    if (b.bytes() < bytes) b = Buffer(bytes, MemCategory::scratch, MemPlace::device, 256, *arena_);
+    Buffer& b = scratch_[static_cast<size_t>(slot)];
+    if (b.bytes() < bytes) {
+      b.reset();
+      b = Buffer(bytes, MemCategory::scratch, MemPlace::device, 256, *arena_);
+    }
     return b.data();
   }
 
   cudaStream_t compute() const { return streams_[0]; }
   float* column_partials(int N, int C) {
-    return static_cast<float*>(scratch(kColumnPartials, cuda::column_sum_partials_numel(N, C) * sizeof(float)));
+    return static_cast<float*>(scratch(Slot::column_partials, cuda::column_sum_partials_numel(N, C) * sizeof(float)));
   }
   // Enqueues dst = src and returns the stream it runs on, or null when it is done already (nothing
   // to copy, or host to host: memcpy). Device to device runs on compute; a copy with a host side
@@ -870,7 +875,7 @@ class CudaBackend final : public kernels::Backend {
     const size_t blocks = norm_blocks(n);
     if (blocks == 0) return 0.0;
     std::vector<double> host(blocks);
-    fill(static_cast<double*>(scratch(kPartials, blocks * sizeof(double))), host.data());
+    fill(static_cast<double*>(scratch(Slot::norm_partials, blocks * sizeof(double))), host.data());
     double total = 0.0;
     for (double p : host) total += p;
     return total;
@@ -893,7 +898,7 @@ class CudaBackend final : public kernels::Backend {
   // GEMMs, so each is planned once (descriptors and algorithm kept in `gemm_plans_`, destroyed
   // with the backend) instead of on every call. Where the heuristic has no algorithm for 16-bit
   // operands (leading dimensions whose rows are not 16-byte aligned, as in the op harness's C = 7
-  // and 11 rows), the GEMM runs in f32 on the operands widened exactly (kWideA/kWideB): the same
+  // and 11 rows), the GEMM runs in f32 on the operands widened exactly (wide_a / wide_b slots): the same
   // products, f32 accumulation as cuBLASLt's 16-bit path (CUBLAS_COMPUTE_32F), like the cpu
   // kernels' Note [oneDNN 2.6 AMX column tails]. Only an f32 GEMM without an algorithm aborts.
   struct GemmKey {
@@ -986,7 +991,7 @@ class CudaBackend final : public kernels::Backend {
       // is what this dtype exists to avoid). D is column-major: a band is contiguous, and so is
       // the band of op(B)'s columns it needs (B's columns, or its rows when transposed).
       const size_t band_columns = std::max<size_t>(1, kWideBandBytes / (static_cast<size_t>(m) * sizeof(float)));
-      float* wide = static_cast<float*>(scratch(kWideD, static_cast<size_t>(m) * std::min<size_t>(band_columns, n) *
+      float* wide = static_cast<float*>(scratch(Slot::wide_d, static_cast<size_t>(m) * std::min<size_t>(band_columns, n) *
                                                            sizeof(float)));
       for (size_t j0 = 0; j0 < static_cast<size_t>(n); j0 += band_columns) {
         const int cols = static_cast<int>(std::min<size_t>(band_columns, n - j0));
@@ -1010,14 +1015,14 @@ class CudaBackend final : public kernels::Backend {
         cuda::convert(wide, DType::f32, src, dtype, span, compute());
         return static_cast<const void*>(wide);
       };
-      const void* wide_a = widen(a, trans_a ? k : m, trans_a ? m : k, lda, kWideA);
-      const void* wide_b = widen(b, trans_b ? n : k, trans_b ? k : n, ldb, kWideB);
+      const void* wide_a = widen(a, trans_a ? k : m, trans_a ? m : k, lda, Slot::wide_a);
+      const void* wide_b = widen(b, trans_b ? n : k, trans_b ? k : n, ldb, Slot::wide_b);
       gemm(trans_a, trans_b, m, n, k, wide_a, DType::f32, lda, wide_b, ldb, d, ldd, beta);
       return false;
     }
     if (bias)  // read when the GEMM is enqueued: the kept descriptor may point at another bias next time
       ZERONE_CUBLAS_CHECK(lib_.desc_set_attribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
-    void* workspace = scratch(kGemmWorkspace, kWorkspaceBytes);
+    void* workspace = scratch(Slot::gemm_workspace, kWorkspaceBytes);
     const float alpha = 1.0f;
     const DeviceWorkScope work(ProfileCategory::gemm);
     ZERONE_CUBLAS_CHECK(lib_.matmul(lt_, plan.desc, &alpha, a, plan.la, b, plan.lb, &beta, d, plan.ld, d, plan.ld,
@@ -1047,7 +1052,7 @@ class CudaBackend final : public kernels::Backend {
   std::map<GemmKey, GemmPlan> gemm_plans_;  // Note [GEMM plans]; the training thread's, like scratch_
   std::string description_;
   std::string name_;  // the driver's name of the GPU (Note [Known GPU peaks])
-  Buffer scratch_[kSlots];
+  Buffer scratch_[kernels::kScratchSlots];
 };
 
 }  // namespace

@@ -240,8 +240,6 @@ void accumulate(float* dst, const float* src, size_t n, cudaStream_t stream) {
   launch_binary<Add>(dst, dst, src, n, stream);  // dst[i] + src[i], as dst[i] += src[i]
 }
 
-size_t norm_blocks(size_t n) { return (n + kernels::cpu::kNormBlock - 1) / kernels::cpu::kNormBlock; }
-
 void partials_to_host(const double* device_partials, double* host_partials, size_t count, cudaStream_t stream) {
   if (count == 0) return;
   ZERONE_CUDA_CHECK(cudaMemcpyAsync(host_partials, device_partials, count * sizeof(double), cudaMemcpyDeviceToHost, stream));

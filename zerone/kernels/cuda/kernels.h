@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "zerone/core/dtype.h"
+#include "zerone/kernels/cuda/sizes.h"
 #include "zerone/kernels/types.h"
 
 namespace zerone::cuda {
@@ -28,11 +29,10 @@ namespace zerone::cuda {
 // ---------------------------------------------------------------- the engine's own needs
 // dst (n) += src (n).
 void accumulate(float* dst, const float* src, size_t n, cudaStream_t stream);
-// Note [Deterministic gradient norm] (kernels/backend.h) on the GPU: partials (host, blocks_of(n))
+// Note [Deterministic gradient norm] (kernels/backend.h) on the GPU: partials (host, norm_blocks(n))
 // receive the double sum of squares of each kNormBlock chunk of x in chunk order (a fixed tree
 // inside each chunk); `copy_to` (may be null) receives x. `device_partials` is scratch of
-// blocks_of(n) doubles. Synchronizes the stream (the host reads the partials).
-size_t norm_blocks(size_t n);
+// norm_blocks(n) doubles (sizes.h). Synchronizes the stream (the host reads the partials).
 void sum_squares_partials(const float* x, size_t n, float* copy_to, double* device_partials, double* host_partials,
                           cudaStream_t stream);
 // The same with plain sums (Backend::sum).
@@ -93,8 +93,6 @@ void add_bias(float* out, const void* bias, DType param_dtype, int N, int OC, cu
 // conversion pass of its own reading dout again.
 void bias_backward(float* dbias, const float* dout, int N, int OC, bool accumulate, void* rounded, DType rounded_dtype,
                    float* partials, cudaStream_t stream);
-// Floats of scratch the column sums of an (N, C) tensor need (the norms' and bias_backward's).
-size_t column_sum_partials_numel(int N, int C);
 // Grouped-query causal attention (NH query heads, NKV key/value heads, head size hs) with the
 // probabilities kept in att (B, NH, T, T), zero above the diagonal, as the cpu kernel.
 void gqa_attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int NKV, int hs,

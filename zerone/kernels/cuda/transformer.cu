@@ -263,8 +263,8 @@ __global__ void rmsnorm_backward_params(float* dweight, const float* dout, const
 // way], kernels.h).
 constexpr int kSumWarps = 8;
 constexpr int kSumColumns = 4 * 32;
-constexpr int kSumRowsPerBlock = 64;
-int row_blocks(int N) { return (N + kSumRowsPerBlock - 1) / kSumRowsPerBlock; }
+constexpr int kSumRowsPerBlock = kColumnSumRowsPerBlock;  // sizes.h
+int row_blocks(int N) { return column_sum_row_blocks(N); }
 
 template <int K, typename Rows>
 __global__ void __launch_bounds__(32 * kSumWarps) column_partials_kernel(float* partials, Rows rows, int N, int C) {
@@ -814,8 +814,6 @@ void bias_backward(float* dbias, const float* dout, int N, int OC, bool accumula
   ZERONE_CUDA_LAUNCHED();
   if (rounded) convert(rounded, rounded_dtype, dout, DType::f32, static_cast<size_t>(N) * OC, stream);
 }
-
-size_t column_sum_partials_numel(int N, int C) { return static_cast<size_t>(row_blocks(N)) * 2 * C; }
 
 void gqa_attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int NKV, int hs,
                            cudaStream_t stream) {

@@ -764,6 +764,67 @@ void linear_case(int N, int C, int OC, DType dt, bool with_bias, bool accumulate
        }});
 }
 
+// Note [GELU's backward in the linear's] (kernels/backend.h): linear_backward_through_gelu gives
+// the bits of gelu_backward then linear_backward (the "_r" operands), on every backend; against
+// the reference, its gradients are those of the linear with dout = gelu'(pre) dgelu. dgelu, which
+// the call may overwrite, is opaque (neither checked nor compared across backends).
+void linear_through_gelu_case(int N, int C, int OC, DType dt, bool accumulate, bool with_dinp, uint64_t seed) {
+  auto inp = randn(N * C, seed), w = randn(OC * C, seed + 1), pre = randn(N * OC, seed + 2, 2.0),
+       dgelu = randn(N * OC, seed + 3);
+  const float dw0 = accumulate ? 0.5f : 1e30f, db0 = accumulate ? 0.25f : 1e30f;
+  std::vector<Operand> ops = {f32("inp", inp), param("weight", w, dt), param("pre", pre, dt)};
+  for (const char* tag : {"", "_r"}) {
+    Operand g = f32(std::string("dgelu") + tag, dgelu);
+    g.elem = Elem::opaque;
+    ops.push_back(g);
+    ops.push_back(fill(std::string("dinp") + tag, N * C, 3.0f));
+    ops.push_back(fill(std::string("dweight") + tag, OC * C, dw0));
+    ops.push_back(fill(std::string("dbias") + tag, OC, db0));
+  }
+  add({named("linear_through_gelu_N", N) + named("_C", C) + named("_OC", OC) + "_" + dtype_tag(dt) +
+           (accumulate ? "_accumulate" : "_fresh") + (with_dinp ? "" : "_no_dinp"),
+       ops,
+       [=](Backend& b, const Dev& d) {
+         b.linear_backward_through_gelu(with_dinp ? d.f("dinp") : nullptr, d.f("dweight"), d.f("dbias"), d.f("dgelu"),
+                                        d.v("pre"), dt, d.f("inp"), DType::f32, d.v("weight"), dt, N, C, OC, accumulate);
+         b.gelu_backward(d.f("dgelu_r"), d.v("pre"), dt, d.f("dgelu_r"), static_cast<size_t>(N) * OC);
+         b.linear_backward(with_dinp ? d.f("dinp_r") : nullptr, d.f("dweight_r"), d.f("dbias_r"), d.f("dgelu_r"),
+                           DType::f32, d.f("inp"), DType::f32, d.v("weight"), dt, N, C, OC, accumulate);
+         return std::vector<double>{};
+       },
+       [=] {
+         // dout in double: the backends round their f32 dout to dt for the GEMMs, the reference its
+         // double one, which may land an ulp of dt apart: the GEMMs' gradients get dt's tolerance.
+         // The linear's gradients written out (linear_case holds them to central differences):
+         // dinp = Dr W, dweight = Dr^T X, dbias = the column sums of dout.
+         const Vec X = seen(inp, dt), W = seen(w, dt), P = seen(pre, dt);
+         Vec dout(P.size());  // GELU is elementwise: its central difference element by element
+         for (size_t i = 0; i < P.size(); ++i) dout[i] = numeric_grad(Vec{P[i]}, ref::gelu, Vec{dgelu[i]})[0];
+         const Vec Dr = seen(dout, dt);
+         const double tol = dt == DType::f32 ? 1e-4 : 1e-2;
+         Vec dx(static_cast<size_t>(N) * C, 0.0), dw(static_cast<size_t>(OC) * C, accumulate ? 0.5 : 0.0),
+             db(OC, accumulate ? 0.25 : 0.0);
+         for (int n = 0; n < N; ++n)
+           for (int o = 0; o < OC; ++o) {
+             const double g = Dr[static_cast<size_t>(n) * OC + o];
+             db[o] += dout[static_cast<size_t>(n) * OC + o];
+             for (int c = 0; c < C; ++c) {
+               dx[static_cast<size_t>(n) * C + c] += g * W[static_cast<size_t>(o) * C + c];
+               dw[static_cast<size_t>(o) * C + c] += g * X[static_cast<size_t>(n) * C + c];
+             }
+           }
+         return std::vector<Want>{with_dinp ? close("dinp", dx, tol) : exact("dinp", constant(N * C, 3.0)),
+                                  close("dweight", dw, tol), close("dbias", db)};
+       },
+       [](const Result& r) {
+         for (const char* name : {"dinp", "dweight", "dbias"}) {
+           SCOPED_TRACE(name);
+           EXPECT_EQ(r.operands.at(name).bytes, r.operands.at(std::string(name) + "_r").bytes)
+               << "linear_backward_through_gelu differs from gelu_backward then linear_backward";
+         }
+       }});
+}
+
 // Note [GEMM operands in the compute dtype]: linear on operands already rounded to the weights'
 // 16-bit dtype gives the bits it gives on the f32 operands (which it rounds itself). The bias
 // gradient needs dout in f32, so with a bias only inp comes rounded.
@@ -1137,6 +1198,13 @@ void transformer_cases() {
   linear_case(130, 4, 260, DType::f16, true, false, true, 28);
   linear_case(130, 4, 260, DType::f32, true, false, true, 29);
   linear_bf16_columns_case();
+  // GPT-2's fc backward (Note [GELU's backward in the linear's]): the fused column sums on cuda
+  // (whole 16-byte rows, 3 row blocks), their fallback (OC = 9), f32 (no fusion).
+  linear_through_gelu_case(130, 8, 260, DType::bf16, true, true, 30);
+  linear_through_gelu_case(130, 8, 260, DType::f16, false, true, 31);
+  linear_through_gelu_case(70, 16, 64, DType::bf16, false, false, 32);
+  linear_through_gelu_case(5, 7, 9, DType::bf16, true, true, 33);
+  linear_through_gelu_case(6, 5, 12, DType::f32, true, true, 34);
   linear_rounded_operands_case(8, 16, 12, DType::bf16, false, 90);
   linear_rounded_operands_case(5, 7, 9, DType::bf16, true, 91);
   linear_rounded_operands_case(6, 5, 7, DType::f16, false, 92);
@@ -1648,7 +1716,7 @@ TEST(BackendOps, TableCoversEveryOperation) {
   for (const OpCase& c : cases()) names += c.name + " ";
   for (const char* op : {"copy_places", "fill_zero", "accumulate", "sum_squares", "convert_f32_bf16", "convert_f32_f16",
                          "all_finite", "adamw", "sgd", "embedding", "layernorm", "linear", "attention", "gqa_attention",
-                         "rmsnorm", "rope", "swiglu", "gelu", "residual", "crossentropy", "relu", "dropout",
+                         "rmsnorm", "rope", "swiglu", "gelu", "linear_through_gelu", "residual", "crossentropy", "relu", "dropout",
                          "softmax_cross_entropy", "conv2d", "maxpool2d"})
     EXPECT_NE(names.find(op), std::string::npos) << "no case for " << op;
   if (backend(DeviceKind::cpu).activation_channel_block() > 0) {

@@ -307,6 +307,19 @@ class Backend {
   virtual void linear_backward(float* dinp, float* dweight, float* dbias, const void* dout, DType dout_dtype,
                                const void* inp, DType inp_dtype, const void* weight, DType param_dtype, int N, int C,
                                int OC, bool accumulate_param_grads = true) = 0;
+  // Note [GELU's backward in the linear's]: the backward of the linear whose output `pre` (N, OC,
+  // in pre_dtype) goes through GELU (GPT-2's fc): linear_backward with dout = gelu'(pre) * dgelu,
+  // dgelu (N, OC, f32) the gradient of GELU's output, which the call may overwrite (the caller
+  // reads it no more). Formed this way (gelu_backward into dgelu, then linear_backward) on every
+  // backend; the cuda backend fuses GELU's backward into the bias's column sums, which also store
+  // the rounded operand of the GEMMs, with the same bits: one pass over (N, OC) instead of three.
+  virtual void linear_backward_through_gelu(float* dinp, float* dweight, float* dbias, float* dgelu, const void* pre,
+                                            DType pre_dtype, const void* inp, DType inp_dtype, const void* weight,
+                                            DType param_dtype, int N, int C, int OC, bool accumulate_param_grads) {
+    gelu_backward(dgelu, pre, pre_dtype, dgelu, static_cast<size_t>(N) * OC);
+    linear_backward(dinp, dweight, dbias, dgelu, DType::f32, inp, inp_dtype, weight, param_dtype, N, C, OC,
+                    accumulate_param_grads);
+  }
   // Note [Attention's saved state]: `att` holds attention_saved_numel(attention_saved(), B, NH, T)
   // floats.
   AttentionSaved attention_saved() const { return kernels::attention_saved(kind(), device_options()); }

@@ -60,6 +60,10 @@ class ScratchCount {
   void linear_forward(DType out_dtype, DType inp_dtype, bool bias, DType param_dtype, int N, int C, int OC);
   void linear_backward(bool dinp, bool dbias, DType dout_dtype, DType inp_dtype, DType param_dtype, int N, int C,
                        int OC);
+  // Note [GELU's backward in the linear's]: linear_backward's scratch with an f32 dout.
+  void linear_backward_through_gelu(bool dinp, bool dbias, DType inp_dtype, DType param_dtype, int N, int C, int OC) {
+    linear_backward(dinp, dbias, DType::f32, inp_dtype, param_dtype, N, C, OC);
+  }
   void attention_forward(int B, int T, int NH, int NKV, int hs, DType operands);
   void attention_backward(int B, int T, int NH, int NKV, int hs, DType operands);
   void norm_backward(int N, int C);  // layernorm_backward, rmsnorm_backward

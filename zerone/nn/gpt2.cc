@@ -336,9 +336,9 @@ void GPT2::backward(float grad_scale) {
     // residual3 = residual2 + fcproj: dresidual flows to both unchanged.
     backend_.linear_backward(dfch, g(u, kFcprojw), g(u, kFcprojb), dresidual, DType::f32, fch_gelu, dtype_,
                              p(u, kFcprojw), dtype_, N, 4 * C, C, acc);
-    backend_.gelu_backward(dfch, fch, dtype_, dfch, BTC * 4);
-    backend_.linear_backward(dbuf, g(u, kFcw), g(u, kFcb), dfch, DType::f32, ln2, dtype_, p(u, kFcw), dtype_, N, C,
-                             4 * C, acc);
+    // Note [GELU's backward in the linear's]: dfch (the GELU output's gradient) is spent here.
+    backend_.linear_backward_through_gelu(dbuf, g(u, kFcw), g(u, kFcb), dfch, fch, dtype_, ln2, dtype_, p(u, kFcw),
+                                          dtype_, N, C, 4 * C, acc);
     backend_.layernorm_backward(dresidual, g(u, kLn2w), g(u, kLn2b), dbuf, residual2, p(u, kLn2w), dtype_, ln2_mean,
                           ln2_rstd, N, C);
     // residual2 = residual + attproj
@@ -369,7 +369,7 @@ void GPT2::count_scratch(kernels::ScratchCount& count, int B, int T) const {
     count.linear_forward(dtype_, dtype_, true, dtype_, N, C, 4 * C);  // fc
     count.linear_forward(f32, dtype_, true, dtype_, N, 4 * C, C);  // fcproj
     count.linear_backward(true, true, f32, dtype_, dtype_, N, 4 * C, C);  // fcproj
-    count.linear_backward(true, true, f32, dtype_, dtype_, N, C, 4 * C);  // fc
+    count.linear_backward_through_gelu(true, true, dtype_, dtype_, N, C, 4 * C);  // fc
     count.norm_backward(N, C);
     count.linear_backward(true, true, f32, dtype_, dtype_, N, C, C);  // attproj
     count.attention_backward(B, T, NH, NH, C / NH, dtype_);

@@ -80,9 +80,6 @@ void backward_with(float* dqkv, float* dsum, const uint16_t* dout, const uint16_
     default: { constexpr int HS = 128; CALL; break; }                \
   }
 
-
-size_t out_numel(const FlashShape& s) { return static_cast<size_t>(s.B) * s.T * s.NH * s.hs; }
-
 }  // namespace
 
 bool tensor_core_flash_takes(DType operands, int hs) {

@@ -597,14 +597,38 @@ class CudaBackend final : public kernels::Backend {
     } else {
       dy = operand(dout, dout_dtype, sz(N) * OC, param_dtype, Slot::operand_a);
     }
+    linear_backward_gemms(dinp, dweight, dy, inp, inp_dtype, weight, param_dtype, N, C, OC, accumulate_param_grads);
+    if (dbias != nullptr && param_dtype == DType::f32)
+      bias_backward(dbias, static_cast<const float*>(dout), N, OC, accumulate_param_grads, nullptr, DType::f32,
+                    column_partials(N, OC), compute());
+  }
+  // Note [GELU's backward in the linear's] (kernels/backend.h): with 16-bit weights and a bias, one
+  // pass forms dout from dgelu, sums the bias and stores the GEMMs' rounded operand; elsewhere (and
+  // where that pass cannot run) the two calls.
+  void linear_backward_through_gelu(float* dinp, float* dweight, float* dbias, float* dgelu, const void* pre,
+                                    DType pre_dtype, const void* inp, DType inp_dtype, const void* weight,
+                                    DType param_dtype, int N, int C, int OC, bool accumulate_param_grads) override {
+    if (N > 0 && dbias != nullptr && param_dtype != DType::f32 && pre_dtype == param_dtype) {
+      const DeviceWorkScope work(ProfileCategory::elementwise);
+      void* rounded = scratch(Slot::operand_a, sz(N) * OC * 2);  // linear_backward's sizes
+      if (cuda::gelu_bias_backward(dbias, dgelu, pre, pre_dtype, N, OC, accumulate_param_grads, rounded,
+                                   column_partials(N, OC), compute())) {
+        linear_backward_gemms(dinp, dweight, rounded, inp, inp_dtype, weight, param_dtype, N, C, OC,
+                              accumulate_param_grads);
+        return;
+      }
+    }
+    Backend::linear_backward_through_gelu(dinp, dweight, dbias, dgelu, pre, pre_dtype, inp, inp_dtype, weight,
+                                          param_dtype, N, C, OC, accumulate_param_grads);
+  }
+  // A linear's backward GEMMs on dy (N, OC), already in param_dtype: dinp (if wanted) and dweight.
+  void linear_backward_gemms(float* dinp, float* dweight, const void* dy, const void* inp, DType inp_dtype,
+                             const void* weight, DType param_dtype, int N, int C, int OC, bool accumulate_param_grads) {
     // dinp^T (C, N) = W (C, OC) dy^T (OC, N)
     if (dinp) gemm(false, false, C, N, OC, weight, param_dtype, C, dy, OC, dinp, C, 0.0f);
     const void* x = operand(inp, inp_dtype, sz(N) * C, param_dtype, Slot::operand_b);
     // dW^T (C, OC) (+)= x^T (C, N) dy (N, OC)
     gemm(false, true, C, OC, N, x, param_dtype, C, dy, OC, dweight, C, accumulate_param_grads ? 1.0f : 0.0f);
-    if (dbias != nullptr && param_dtype == DType::f32)
-      bias_backward(dbias, static_cast<const float*>(dout), N, OC, accumulate_param_grads, nullptr, DType::f32,
-                    column_partials(N, OC), compute());
   }
 
   void attention_forward(void* out, float* att, const void* qkv, int B, int T, int C, int NH,

@@ -93,6 +93,13 @@ void add_bias(float* out, const void* bias, DType param_dtype, int N, int OC, cu
 // conversion pass of its own reading dout again.
 void bias_backward(float* dbias, const float* dout, int N, int OC, bool accumulate, void* rounded, DType rounded_dtype,
                    float* partials, cudaStream_t stream);
+// Note [GELU's backward in the linear's] (kernels/backend.h): dbias (OC) (+)= the column sums of
+// dout = gelu'(pre) dgelu, and `rounded` (N x OC of pre_dtype) = dout rounded, in one pass over
+// dgelu (N, OC, f32) and pre (N, OC, bf16 or f16), the bits gelu_backward then bias_backward give.
+// Returns false, doing nothing, where that pass cannot run (f32 pre, a shape or alignment the
+// two-pass column sums do not take): the caller takes the two calls.
+bool gelu_bias_backward(float* dbias, const float* dgelu, const void* pre, DType pre_dtype, int N, int OC,
+                        bool accumulate, void* rounded, float* partials, cudaStream_t stream);
 // Grouped-query causal attention (NH query heads, NKV key/value heads, head size hs) with the
 // probabilities kept in att (B, NH, T, T), zero above the diagonal, as the cpu kernel.
 void gqa_attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int NKV, int hs,

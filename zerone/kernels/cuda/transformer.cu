@@ -634,6 +634,26 @@ __global__ void gelu_backward4_kernel(float4* dinp, const void* inp, const float
   }
 }
 
+// Note [GELU's backward in the linear's] (kernels/backend.h): the bias's column sums (BiasRows) over
+// dout = gelu'(pre) dgelu, formed as gelu_backward4_kernel forms it, each value summed and stored
+// rounded as BiasRows sums and rounds the stored dout: the same bits as gelu_backward, then
+// bias_backward, without dout in f32 written and read again.
+template <DType kPre, DType kRounded>
+struct GeluBiasRows {
+  const float* dgelu;
+  const void* pre;
+  void* rounded;
+  int C;
+  __device__ void add(int r, int c0, float (&acc)[1][4]) const {
+    const size_t i = static_cast<size_t>(r) * C + c0;
+    const float4 dy = *reinterpret_cast<const float4*>(dgelu + i), x = load4<kPre>(pre, i / 4);
+    const float d0 = gelu_slope(x.x) * dy.x, d1 = gelu_slope(x.y) * dy.y, d2 = gelu_slope(x.z) * dy.z,
+                d3 = gelu_slope(x.w) * dy.w;
+    acc[0][0] += d0, acc[0][1] += d1, acc[0][2] += d2, acc[0][3] += d3;
+    store4<kRounded>(rounded, i / 4, d0, d1, d2, d3);
+  }
+};
+
 
 // ---------------------------------------------------------------- cross-entropy (one block per row)
 
@@ -901,6 +921,20 @@ void gelu_backward(float* dinp, const void* inp, DType inp_dtype, const float* d
       ZERONE_LAUNCH(grid_for(n), kThreads, 0, stream, gelu_backward_kernel<kIn>)(dinp, inp, dout, n);
   });
   ZERONE_CUDA_LAUNCHED();
+}
+
+bool gelu_bias_backward(float* dbias, const float* dgelu, const void* pre, DType pre_dtype, int N, int OC,
+                        bool accumulate, void* rounded, float* partials, cudaStream_t stream) {
+  if (pre_dtype == DType::f32 || !two_pass_column_sums(N, OC, {dgelu}) || !aligned4(pre, pre_dtype) ||
+      !aligned4(rounded, pre_dtype))
+    return false;
+  with_dtype(pre_dtype, [&](auto dt) {
+    constexpr DType kDt = decltype(dt)::value;
+    if constexpr (kDt != DType::f32)
+      column_sums<1>(dbias, nullptr, partials, GeluBiasRows<kDt, kDt>{dgelu, pre, rounded, OC}, N, OC, accumulate,
+                     stream);
+  });
+  return true;
 }
 
 void residual_forward(float* out, const float* a, const float* b, size_t n, cudaStream_t stream) {

@@ -148,20 +148,25 @@ print(f"ok resume saved on {sys.argv[3]}: {len(b)} steps agree with the straight
 PY
 done
 # estimate == ledger on the GPU (Note [Attention's saved state], Note [Device memory the ledger
-# cannot see], Note [Backend scratch]): for flash and plain attention, f32 and bf16, the ledger's
-# device bytes per category after one step equal `zerone estimate --device cuda --cuda-attention
-# X`'s, to the byte; its device scratch (the backend's slots and cuBLASLt's workspace) equals the
+# cannot see], Note [Backend scratch]): for GPT-2 with flash and plain attention, f32 and bf16, and
+# an MLP in bf16 (its 10-class head's GEMMs have no 16-bit cuBLASLt algorithm: the f32 fallback's
+# scratch), the ledger's device bytes per category after one step equal `zerone estimate --device
+# cuda`'s, to the byte; its device scratch (the backend's slots and cuBLASLt's workspace) equals the
 # estimate's but for the bound on the norm partials (at most 1 KiB over here).
-for run in flash:fp32 plain:fp32 flash:bf16; do
-  att=${run%%:*} precision=${run##*:}
-  "$Z" train --model gpt2:layers=2,dim=64,heads=4,vocab=257,ctx=32 --micro-batch 4 --seq 32 --steps 1 --threads 2 \
-    --precision $precision --device cuda --cuda-attention $att --metrics "$d/ledger_$att$precision.jsonl" \
-    > "$d/ledger_$att$precision.log" 2>&1 ||
-    { echo "FAIL ledger run ($run)"; tail -20 "$d/ledger_$att$precision.log"; failed+=("ledger_$run"); continue; }
-  "$Z" estimate --model gpt2:layers=2,dim=64,heads=4,vocab=257,ctx=32 --world 1 --zero-stage 0 --micro-batch 4 --seq 32 \
-    --precision $precision --device cuda --cuda-attention $att --json > "$d/estimate_$att$precision.json" ||
-    { echo "FAIL estimate --device cuda ($run)"; failed+=("ledger_$run"); continue; }
-  python3 - "$d/ledger_$att$precision.jsonl" "$d/estimate_$att$precision.json" "$run" <<'PY' || failed+=("ledger_$run")
+gpt_small=(--model gpt2:layers=2,dim=64,heads=4,vocab=257,ctx=32 --micro-batch 4 --seq 32)
+mlp=(--model mnist-mlp --micro-batch 16)
+for run in gpt_flash_fp32 gpt_plain_fp32 gpt_flash_bf16 mlp_bf16; do
+  case $run in
+    gpt_*) shape=("${gpt_small[@]}" --cuda-attention "$(cut -d_ -f2 <<< "$run")") data=() ;;
+    mlp_*) shape=("${mlp[@]}") data=(--data "$d/img") ;;
+  esac
+  precision=${run##*_}
+  "$Z" train "${shape[@]}" "${data[@]}" --steps 1 --threads 2 --precision $precision --device cuda \
+    --metrics "$d/ledger_$run.jsonl" > "$d/ledger_$run.log" 2>&1 ||
+    { echo "FAIL ledger run ($run)"; tail -20 "$d/ledger_$run.log"; failed+=("ledger_$run"); continue; }
+  "$Z" estimate "${shape[@]}" --world 1 --zero-stage 0 --precision $precision --device cuda --json \
+    > "$d/estimate_$run.json" || { echo "FAIL estimate --device cuda ($run)"; failed+=("ledger_$run"); continue; }
+  python3 - "$d/ledger_$run.jsonl" "$d/estimate_$run.json" "$run" <<'PY' || failed+=("ledger_$run")
 import json, sys
 mem = [json.loads(l) for l in open(sys.argv[1])][-1]["mem"]
 est = json.load(open(sys.argv[2]))["stages"][0]

@@ -125,8 +125,6 @@ void ScratchCount::classifier_forward(int N) {
   if (N > 0) need(ScratchSlot::hits, static_cast<size_t>(N) * sizeof(int32_t));
 }
 
-void ScratchCount::finite_check() { need(ScratchSlot::flag, sizeof(int)); }
-
 int64_t ScratchCount::bytes() const {
   size_t total = 0;
   for (size_t b : bytes_) total += b;

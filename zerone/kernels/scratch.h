@@ -9,13 +9,15 @@
 // of the step. ScratchCount is that sum as a function of the calls: a model lists its calls
 // (nn::Model::count_scratch), the estimate adds the engine's (zero/estimate.cc), and each
 // operation's need follows the backend's own branches with the sizes it allocates by
-// (kernels/cuda/sizes.h). zero.device_cuda(.emulated) holds the two to the byte (the norm
-// partials, which depend on how the engine slices an update, are a bound: ScratchCount::sums).
-// Counted for an sm_80 or newer GPU and operands aligned as the models allocate them (16-byte
-// aligned pointers). A 16-bit GEMM gets a cuBLASLt algorithm when its leading dimensions are whole
+// (kernels/cuda/sizes.h). emulated.Cuda/BackendScratch.* holds a model's calls to the count to
+// the byte on the emulated GPU; zero.device_cuda(.emulated) a whole step's, whose norm partials
+// (they depend on how the engine slices an update) the count bounds (ScratchCount::sums).
+// Assumed, not asked: a 16-bit GEMM gets a cuBLASLt algorithm when its leading dimensions are whole
 // multiples of 16 bytes, and its f32 fallback otherwise (Note [GEMM plans]: a classifier's 10-class
-// head in bf16); the f32 attention form a GPU runs when its blocks cannot opt into the tensor-core
-// form's shared memory (head size 128 on sm_86 / sm_89) is not counted.
+// head in bf16), which holds where the operands' pointers are 16-byte aligned too: the models'
+// tensors are when their widths are multiples of 8 (a unit packs its tensors unpadded); and every
+// head size the tensor-core attention is built for runs on it, as on sm_80 and sm_90 (an sm_86 or
+// sm_89 GPU runs head size 128 in the f32 form, whose widened qkv and output are not counted).
 // The cpu and sim backends keep scratch in host memory (the cpu kernels' Note [Scratch arena]):
 // counted as nothing here, as their fit is the host's.
 //
@@ -33,11 +35,12 @@ namespace zerone::kernels {
 
 // The cuda backend's scratch slots (kernels/cuda/cuda_backend.cc).
 enum class ScratchSlot : uint8_t {
-  operand_a,        // a GEMM's activation operand rounded to 16 bits; tensor-core attention's rounded dO
+  operand_a,        // a GEMM's operand rounded to 16 bits (an activation, or dout rounded by the bias's
+                    // pass or the fused GELU backward's); tensor-core attention's rounded dO
   operand_b,        // a linear backward's input rounded to 16 bits
   scores,           // flash attention's D = rowsum(dO * O) (B, NH, T); plain attention's dP (B, NH, T, T)
   norm_partials,    // the deterministic sums' double partials (Note [Deterministic gradient norm])
-  flag,             // all_finite's answer
+  flag,             // all_finite's answer (no training call: not counted)
   hits,             // softmax_cross_entropy_forward's (N) correct predictions
   gemm_workspace,   // cuBLASLt's (kCudaGemmWorkspaceBytes)
   wide_a,           // a GEMM without a 16-bit algorithm: its operands widened to f32 (Note [GEMM plans])
@@ -49,6 +52,7 @@ enum class ScratchSlot : uint8_t {
   attention_out,    // their f32 output
 };
 inline constexpr size_t kScratchSlots = 14;
+static_assert(static_cast<size_t>(ScratchSlot::attention_out) + 1 == kScratchSlots, "a slot for each ScratchSlot");
 
 class ScratchCount {
  public:
@@ -71,7 +75,6 @@ class ScratchCount {
   // elements in all is at most norm_blocks(n) + ranges - 1 partials, which this counts.
   void sums(size_t n, size_t ranges = 1);
   void classifier_forward(int N);  // softmax_cross_entropy_forward
-  void finite_check();             // all_finite
 
   int64_t slot_bytes(ScratchSlot slot) const { return static_cast<int64_t>(bytes_[static_cast<size_t>(slot)]); }
   int64_t bytes() const;  // all slots

@@ -1003,7 +1003,7 @@ class CudaBackend final : public kernels::Backend {
   // caller adds it, a 16-bit D is not made at all and the caller takes an f32 form).
   bool gemm(bool trans_a, bool trans_b, int m, int n, int k, const void* a, DType dtype, int lda, const void* b,
             int ldb, void* d, int ldd, float beta, const void* bias = nullptr, DType d_dtype = DType::f32) {
-    constexpr size_t kWorkspaceBytes = kernels::kCudaGemmWorkspaceBytes;  // Note [Device memory the ledger cannot see]
+    constexpr size_t kWorkspaceBytes = kernels::kCudaGemmWorkspaceBytes;  // Note [Backend scratch]
     ZERONE_ASSERT(d_dtype == DType::f32 || (d_dtype == dtype && beta == 0.0f && ldd == m),
                   "a 16-bit GEMM output is a fresh, plain matrix of the operands' dtype");
     const GemmPlan& plan = plan_gemm(GemmKey{trans_a, trans_b, m, n, k, lda, ldb, ldd, dtype, alignment_of(a),

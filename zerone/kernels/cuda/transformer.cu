@@ -647,8 +647,9 @@ struct GeluBiasRows {
   __device__ void add(int r, int c0, float (&acc)[1][4]) const {
     const size_t i = static_cast<size_t>(r) * C + c0;
     const float4 dy = *reinterpret_cast<const float4*>(dgelu + i), x = load4<kPre>(pre, i / 4);
-    const float d0 = gelu_slope(x.x) * dy.x, d1 = gelu_slope(x.y) * dy.y, d2 = gelu_slope(x.z) * dy.z,
-                d3 = gelu_slope(x.w) * dy.w;
+    // Rounded products, as gelu_backward stores them: not contracted into the sums below.
+    const float d0 = __fmul_rn(gelu_slope(x.x), dy.x), d1 = __fmul_rn(gelu_slope(x.y), dy.y),
+                d2 = __fmul_rn(gelu_slope(x.z), dy.z), d3 = __fmul_rn(gelu_slope(x.w), dy.w);
     acc[0][0] += d0, acc[0][1] += d1, acc[0][2] += d2, acc[0][3] += d3;
     store4<kRounded>(rounded, i / 4, d0, d1, d2, d3);
   }

@@ -73,6 +73,10 @@ TEST_P(BackendScratch, LedgerEqualsTheModelsCount) {
   EXPECT_EQ(MemoryLedger::global().peak(MemPlace::device, MemCategory::scratch) - before, held)
       << "a slot grew while its old memory was still held";
 
+  // The count asked the backend where the tensor-core attention runs (the emulated GPU: as sm_90).
+  EXPECT_TRUE(backend.tensor_core_attention(DType::bf16, 64));
+  EXPECT_FALSE(backend.tensor_core_attention(DType::f32, 64));
+  EXPECT_FALSE(backend.tensor_core_attention(DType::bf16, 24)) << "not a head size it is built for";
   // The same model counted for the other devices: their scratch is host memory, counted as none.
   model->count_for_device(kernels::DeviceKind::cpu, {});
   EXPECT_EQ(model->scratch_count(c.B, c.T).bytes(), 0);

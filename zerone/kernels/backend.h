@@ -108,6 +108,7 @@ std::optional<GpuPeak> known_gpu_peak(const std::string& gpu_name, DType dtype);
 // ignore them.
 struct DeviceOptions {
   CudaAttention cuda_attention = CudaAttention::flash;
+  bool operator==(const DeviceOptions&) const = default;
 };
 
 // What the backend of `kind` made with `options` keeps in `att` (Note [Attention's saved state]):
@@ -179,6 +180,10 @@ class Backend {
   // The device's own memory now (cuda: cudaMemGetInfo on its GPU); nullopt when device memory is
   // host memory (cpu, sim). Note [Device memory the ledger cannot see].
   virtual std::optional<DeviceMemory> device_memory() const { return std::nullopt; }
+  // Whether attention with `operands` at head size hs runs in the tensor-core form on this device
+  // (cuda with flash attention: where the GPU's blocks can opt into its shared memory), which
+  // decides its scratch (Note [Backend scratch], kernels/scratch.h). False elsewhere.
+  virtual bool tensor_core_attention(DType operands, int hs) const { return false; }
   // Note [Pinned host memory]: the arena MemPlace::host Buffers come from while this backend is
   // the device (use_device), or null for the process default (aligned_alloc). The CUDA backend
   // serves page-locked memory, so that every copy between the host and the GPU (offloaded state,

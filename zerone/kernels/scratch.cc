@@ -9,8 +9,8 @@ namespace zerone::kernels {
 // Each operation below mirrors the cuda backend's branches of the same name (cuda_backend.cc)
 // on the path Note [Backend scratch] counts.
 
-ScratchCount::ScratchCount(DeviceKind kind, const DeviceOptions& options)
-    : counts_(kind == DeviceKind::cuda), options_(options) {}
+ScratchCount::ScratchCount(DeviceKind kind, const DeviceOptions& options, const Backend* live)
+    : counts_(kind == DeviceKind::cuda), options_(options), live_(live) {}
 
 void ScratchCount::need(ScratchSlot slot, size_t bytes) {
   if (!counts_) return;
@@ -23,6 +23,7 @@ void ScratchCount::operand(ScratchSlot slot, DType dtype, DType param_dtype, siz
 }
 
 bool ScratchCount::tensor_core_attention(int hs, DType operands) const {
+  if (live_ != nullptr) return live_->tensor_core_attention(operands, hs);
   return operands != DType::f32 && options_.cuda_attention == CudaAttention::flash &&
          cuda::tensor_core_flash_built_for(hs);
 }

@@ -15,9 +15,11 @@
 // Assumed, not asked: a 16-bit GEMM gets a cuBLASLt algorithm when its leading dimensions are whole
 // multiples of 16 bytes, and its f32 fallback otherwise (Note [GEMM plans]: a classifier's 10-class
 // head in bf16), which holds where the operands' pointers are 16-byte aligned too: the models'
-// tensors are when their widths are multiples of 8 (a unit packs its tensors unpadded); and every
-// head size the tensor-core attention is built for runs on it, as on sm_80 and sm_90 (an sm_86 or
-// sm_89 GPU runs head size 128 in the f32 form, whose widened qkv and output are not counted).
+// tensors are when their widths are multiples of 8 (a unit packs its tensors unpadded). Where the
+// tensor-core attention runs is asked of the backend when it exists (the start-up fit check:
+// Backend::tensor_core_attention; an sm_86 or sm_89 GPU runs head size 128 in the f32 form, on a
+// widened qkv); `zerone estimate` and `plan`, which make none, count it at every head size it is
+// built for, as sm_80 and sm_90 run it.
 // The cpu and sim backends keep scratch in host memory (the cpu kernels' Note [Scratch arena]):
 // counted as nothing here, as their fit is the host's.
 //
@@ -56,8 +58,10 @@ static_assert(static_cast<size_t>(ScratchSlot::attention_out) + 1 == kScratchSlo
 
 class ScratchCount {
  public:
-  // Counts for a backend of `kind` made with `options`: nothing for cpu and sim.
-  ScratchCount(DeviceKind kind, const DeviceOptions& options);
+  // Counts for a backend of `kind` made with `options`: nothing for cpu and sim. With `live`, that
+  // backend itself (not owned), which says where the tensor-core attention runs; without, it is
+  // assumed to run at every head size it is built for.
+  ScratchCount(DeviceKind kind, const DeviceOptions& options, const Backend* live = nullptr);
 
   // One call of each operation, its arguments as the Backend's (shapes, dtypes; a bias or dbias
   // present or not). Calls may repeat: the count keeps each slot's largest need.
@@ -91,6 +95,7 @@ class ScratchCount {
 
   bool counts_;  // cuda
   DeviceOptions options_;
+  const Backend* live_;
   std::array<size_t, kScratchSlots> bytes_{};
 };
 

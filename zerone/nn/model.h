@@ -174,8 +174,10 @@ class Model {
 
   // Note [Backend scratch] (kernels/scratch.h): the scratch the counted device's backend keeps for
   // this model's operations at (B, T): forward (with the loss), backward and the recomputation.
+  // Counted for the backend itself where it is the counted device (Note [Backend scratch]).
   kernels::ScratchCount scratch_count(int B, int T) const {
-    kernels::ScratchCount count(counted_kind_, counted_options_);
+    const bool live = counted_kind_ == backend_.kind() && counted_options_ == backend_.device_options();
+    kernels::ScratchCount count(counted_kind_, counted_options_, live ? &backend_ : nullptr);
     count_scratch(count, B, T);
     return count;
   }

@@ -363,6 +363,10 @@ class CudaBackend final : public kernels::Backend {
     const MemoryInfo m = memory_info(device_);
     return kernels::DeviceMemory{m.total_bytes, m.free_bytes};
   }
+  bool tensor_core_attention(DType operands, int hs) const override {
+    return operands != DType::f32 && attention_ == kernels::CudaAttention::flash &&
+           cuda::flash_attention_takes_16bit(operands, hs);
+  }
   MemoryArena* host_arena() override { return &pinned_; }
   void release_cached_memory() override {
     for (Buffer& b : scratch_) b.reset();
@@ -647,9 +651,7 @@ class CudaBackend final : public kernels::Backend {
   // forms: both save the same lse.)
   bool attention_in_16_bits(DType operands, int hs, const void* qkv, const void* out_or_dqkv,
                             uint32_t out_alignment) const {
-    return operands != DType::f32 && attention_ == kernels::CudaAttention::flash &&
-           cuda::flash_attention_takes_16bit(operands, hs) && alignment_of(qkv) >= 16 &&
-           alignment_of(out_or_dqkv) >= out_alignment;
+    return tensor_core_attention(operands, hs) && alignment_of(qkv) >= 16 && alignment_of(out_or_dqkv) >= out_alignment;
   }
   const float* widened_qkv(const void* qkv, DType operands, size_t n) {
     if (operands == DType::f32) return static_cast<const float*>(qkv);

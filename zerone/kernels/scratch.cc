@@ -5,6 +5,16 @@
 #include "zerone/kernels/cuda/sizes.h"
 
 namespace zerone::kernels {
+namespace {
+
+// Note [Backend scratch]'s assumption about cuBLASLt's heuristic, for a matrix of
+// `bytes_per_element` elements stored with leading dimension `ld`: 16-bit matrices need 16-byte
+// aligned columns, f32 ones none.
+bool gemm_columns_aligned(int ld, size_t bytes_per_element) {
+  return bytes_per_element == 4 || static_cast<size_t>(ld) * bytes_per_element % 16 == 0;
+}
+
+}  // namespace
 
 // Each operation below mirrors the cuda backend's branches of the same name (cuda_backend.cc)
 // on the path Note [Backend scratch] counts.
@@ -31,8 +41,8 @@ bool ScratchCount::tensor_core_attention(int hs, DType operands) const {
 bool ScratchCount::gemm(bool trans_a, bool trans_b, int m, int n, int k, DType dtype, int lda, int ldb, int ldd,
                         bool bias, DType d_dtype) {
   const size_t elem = dtype_size(dtype);
-  const bool found = cuda::gemm_columns_aligned(lda, elem) && cuda::gemm_columns_aligned(ldb, elem) &&
-                     cuda::gemm_columns_aligned(ldd, dtype_size(d_dtype));
+  const bool found = gemm_columns_aligned(lda, elem) && gemm_columns_aligned(ldb, elem) &&
+                     gemm_columns_aligned(ldd, dtype_size(d_dtype));
   if (!found && bias && d_dtype != DType::f32) return false;  // the caller takes an f32 form
   if (!found && d_dtype != DType::f32) {
     // A band of D's columns at a time in f32, then rounded; the first band is the widest.

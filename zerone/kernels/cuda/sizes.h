@@ -26,11 +26,6 @@ inline size_t column_sum_partials_numel(int N, int C) {
 // Note [GEMM plans] (cuda_backend.cc): a 16-bit GEMM cuBLASLt has no algorithm for runs in f32 on
 // its operands widened, and a 16-bit output's f32 form is made a band of at most this many bytes at a time.
 inline constexpr size_t kGemmWideBandBytes = size_t{64} << 20;
-// Whether cuBLASLt's heuristic is counted on for a matrix of `bytes_per_element` elements stored
-// with leading dimension `ld`: 16-bit matrices need 16-byte aligned columns (f32 ones any).
-inline bool gemm_columns_aligned(int ld, size_t bytes_per_element) {
-  return bytes_per_element == 4 || static_cast<size_t>(ld) * bytes_per_element % 16 == 0;
-}
 
 // The head sizes the tensor-core flash attention is built for (attention_tensor_cores.cu; a GPU
 // whose blocks cannot opt into its shared memory runs the f32 form instead: tensor_core_flash_takes).

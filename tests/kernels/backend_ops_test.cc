@@ -449,8 +449,8 @@ void engine_cases() {
       add({std::string("sum_squares_n") + std::to_string(n) + (copy ? "_copy_to" : ""),
            {f32("x", x), fill("copy", n, -2.0f)},
            [n, copy](Backend& b, const Dev& d) {
-             return std::vector<double>{b.sum_squares(d.f("x"), n, copy ? d.f("copy") : nullptr),
-                                        b.sum_squares(d.f("x"), 0), b.sum(d.f("x"), n)};
+             return std::vector<double>{b.sum_squares(d.f("x"), n, copy ? d.f("copy") : nullptr).value(),
+                                        b.sum_squares(d.f("x"), 0).value(), b.sum(d.f("x"), n)};
            },
            [=] {
              double ss = 0, sum = 0;
@@ -533,7 +533,8 @@ void adamw_case(size_t n, DType dt, bool with_param, int steps, float weight_dec
            AdamWHyper hs = h;
            hs.step = s + 1;
            sums.push_back(b.adamw_update(d.f("master"), d.f("m"), d.f("v"), d.f(named("g", s)),
-                                         with_param ? d.v("param") : nullptr, dt, n, hs));
+                                         with_param ? d.v("param") : nullptr, dt, n, hs)
+                             .value());
          }
          return sums;
        },
@@ -588,7 +589,8 @@ void sgd_case(size_t n, DType dt, bool with_param, float momentum, float dampeni
            SGDHyper hs = h;
            hs.first = s == 0;
            sums.push_back(b.sgd_update(d.f("master"), momentum > 0 ? d.f("momentum") : nullptr,
-                                       d.f(named("g", s)), with_param ? d.v("param") : nullptr, dt, n, hs));
+                                       d.f(named("g", s)), with_param ? d.v("param") : nullptr, dt, n, hs)
+                             .value());
          }
          return sums;
        },
@@ -1993,7 +1995,7 @@ struct AdamWOperands {
   }
   // adamw_update over [lo, hi).
   double update(size_t lo, size_t hi, const AdamWHyper& h) {
-    return backend.adamw_update(f(0) + lo, f(1) + lo, f(2) + lo, f(3) + lo, bf16() + lo, DType::bf16, hi - lo, h);
+    return backend.adamw_update(f(0) + lo, f(1) + lo, f(2) + lo, f(3) + lo, bf16() + lo, DType::bf16, hi - lo, h).value();
   }
   Backend::AdamWRange range(size_t lo, size_t hi, const AdamWHyper& h) {
     return {f(0) + lo, f(1) + lo, f(2) + lo, f(3) + lo, bf16() + lo, hi - lo, h};
@@ -2069,7 +2071,7 @@ void expect_ranges_as_one_call_each(DeviceKind device, const std::vector<size_t>
     each += apart.update(at, at + sizes[k], h);
     at += sizes[k];
   }
-  const double one_call = backend(device).adamw_update_ranges(ranges, DType::bf16);
+  const double one_call = backend(device).adamw_update_ranges(ranges, DType::bf16).value();
   EXPECT_EQ(std::bit_cast<uint64_t>(one_call), std::bit_cast<uint64_t>(each));
   EXPECT_GT(one_call, 0.0);
   expect_same_bits(together.bits(), apart.bits());

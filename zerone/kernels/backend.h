@@ -47,6 +47,7 @@
 #include "zerone/core/dtype.h"
 #include "zerone/core/event.h"
 #include "zerone/core/memory.h"
+#include "zerone/core/pending_sum.h"
 #include "zerone/kernels/types.h"
 
 namespace zerone {
@@ -245,8 +246,9 @@ class Backend {
   virtual void accumulate(float* dst, const float* src, size_t n) = 0;
   // Note [Deterministic gradient norm]: sum of x[i]^2 in double, in an order that depends only on
   // n (fixed chunks, summed in chunk order), never on the thread count. With `copy_to` (device, n),
-  // x is also copied there in the same sweep.
-  virtual double sum_squares(const float* x, size_t n, float* copy_to = nullptr) = 0;
+  // x is also copied there in the same sweep. A device returns it pending (Note [Norms read once a
+  // step], core/pending_sum.h): value() waits for it.
+  virtual PendingSum sum_squares(const float* x, size_t n, float* copy_to = nullptr) = 0;
   // Sum of x (n) in double, in index order.
   virtual double sum(const float* x, size_t n) = 0;
   // dst (n, dst_dtype) = src (n, src_dtype), rounding to nearest even when narrowing.
@@ -262,21 +264,23 @@ class Backend {
                                     bool accumulate) = 0;
 
   // --- optimizer updates (kernels/cpu/adamw.h and sgd.h) ---
-  // Returns the sum of squares of the unscaled gradients. `param` may be null.
-  virtual double adamw_update(float* master, float* m, float* v, const float* grad, void* param, DType param_dtype,
+  // Returns the sum of squares of the unscaled gradients, pending on a device (Note [Norms read
+  // once a step], core/pending_sum.h). `param` may be null.
+  virtual PendingSum adamw_update(float* master, float* m, float* v, const float* grad, void* param, DType param_dtype,
                               size_t n, const AdamWHyper& hyper) = 0;
   // AdamW over several ranges in order (a unit's weight-decay and no-decay runs), each with its
   // own hyperparameters: the updates adamw_update makes range by range, and their sums added in
-  // range order, so the same bits. A device that must wait for itself to return a sum waits once
-  // for all the ranges instead of once per range (Note [Updates that measure the norm]).
+  // range order, so the same bits. A device copies the partials of all the ranges to the host
+  // at once (Note [Updates that measure the norm]), and the host waits for them only when it
+  // reads the value.
   using AdamWRange = kernels::AdamWRange;
-  virtual double adamw_update_ranges(const std::vector<AdamWRange>& ranges, DType param_dtype) {
-    double sumsq = 0.0;
+  virtual PendingSum adamw_update_ranges(const std::vector<AdamWRange>& ranges, DType param_dtype) {
+    PendingSum sumsq;
     for (const AdamWRange& r : ranges) sumsq += adamw_update(r.master, r.m, r.v, r.grad, r.param, param_dtype, r.n, r.hyper);
     return sumsq;
   }
   // `momentum` may be null (no momentum), `param` too.
-  virtual double sgd_update(float* master, float* momentum, const float* grad, void* param, DType param_dtype, size_t n,
+  virtual PendingSum sgd_update(float* master, float* momentum, const float* grad, void* param, DType param_dtype, size_t n,
                             const SGDHyper& hyper) = 0;
 
   // --- the transformers (kernels/cpu/ops.h) ---

@@ -43,15 +43,16 @@ kernels::AdamWHyper AdamW::hyper(const AdamWOptions& options, float lr, float gr
   return h;
 }
 
-double AdamW::update_slice(MemPlace run_place, const ShardRef& s, DType param_dtype, const AdamWOptions& options,
-                           kernels::AdamWHyper h, size_t begin, size_t end, float* master, float* m, float* v) {
+PendingSum AdamW::update_slice(MemPlace run_place, const ShardRef& s, DType param_dtype, const AdamWOptions& options,
+                               kernels::AdamWHyper h, size_t begin, size_t end, float* master, float* m, float* v) {
   ZERONE_ASSERT(begin <= end && end <= s.numel);
   kernels::Backend& backend = kernels::backend_for(run_place);
   const size_t ds = dtype_size(param_dtype);
   void* param_out = param_dtype == DType::f32 ? nullptr : static_cast<char*>(s.param) + begin * ds;
   // The slice's operands where the update runs, staged once for all its decay runs (Note
-  // [Operands in another place]), and one call for the runs, so that a GPU waits for its norm once
-  // per slice (Note [Updates that measure the norm]).
+  // [Operands in another place]), and one call for the runs, so that a GPU copies its norm's
+  // partials once per slice (Note [Updates that measure the norm]); the host reads them once a
+  // step (Note [Norms read once a step], core/pending_sum.h).
   return run_with_operands_in(run_place, param_dtype, end - begin, {master, s.grad + begin, param_out},
                               [&](const RunOperands& o) {
                                 std::vector<kernels::Backend::AdamWRange> ranges;  // the decay runs, in order
@@ -198,8 +199,8 @@ bool operands_in(MemPlace run_place, const RunOperands& operands) {
           !elsewhere(run_place, operands.param));
 }
 
-double run_with_operands_in(MemPlace run_place, DType param_dtype, size_t n, const RunOperands& operands,
-                            const std::function<double(const RunOperands& local)>& run) {
+PendingSum run_with_operands_in(MemPlace run_place, DType param_dtype, size_t n, const RunOperands& operands,
+                                const std::function<PendingSum(const RunOperands& local)>& run) {
   if (operands_in(run_place, operands)) return run(operands);
   kernels::Backend& device = kernels::device_backend();
   RunOperands local = operands;
@@ -221,7 +222,7 @@ double run_with_operands_in(MemPlace run_place, DType param_dtype, size_t n, con
     param = take_staging(param_bytes, run_place);
     local.param = param.data();
   }
-  const double sumsq = run(local);
+  const PendingSum sumsq = run(local);
   keep_staging(std::move(grad));
   // Back where they live: to the device without the host waiting (Note [Installing staged operands]).
   auto write_back = [&](void* dst, Buffer& staged, size_t bytes) {
@@ -274,7 +275,7 @@ void AdamW::begin_step(float lr, float grad_scale) {
   h_ = hyper(options_, lr, grad_scale, step_);
 }
 
-double AdamW::update_shard(size_t i, size_t /*next_shard*/) {
+PendingSum AdamW::update_shard(size_t i, size_t /*next_shard*/) {
   ProfileScope profile(ProfileCategory::optimizer);
   return update_slice(state_place_, shards_[i], param_dtype_, options_, h_, 0, shards_[i].numel, master(i), m(i), v(i));
 }
@@ -304,11 +305,11 @@ void StepUndo::restore_undo(size_t i, const void* src) {
   }
 }
 
-double ShardStepping::step(float lr, float grad_scale, const std::function<void(size_t shard)>& shard_done,
-                       const std::function<void(size_t shard)>& shard_begin) {
+PendingSum ShardStepping::step(float lr, float grad_scale, const std::function<void(size_t shard)>& shard_done,
+                               const std::function<void(size_t shard)>& shard_begin) {
   ZERONE_ASSERT(supports_shard_steps(), "an optimizer without per-shard steps must override step()");
   begin_step(lr, grad_scale);
-  double sumsq = 0.0;
+  PendingSum sumsq;
   const size_t n = num_shards();
   for (size_t i = 0; i < n; ++i) {
     if (shard_begin) shard_begin(i);

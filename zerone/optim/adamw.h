@@ -50,9 +50,9 @@ class AdamW final : public Optimizer {
   // (master may be the parameters themselves for f32). Applies weight decay where the shard's
   // decay ranges say. Returns the gradients' sum of squares. The only update code of every placement.
   // The run happens in run_place (master, m and v live there; Note [Operands in another place]).
-  static double update_slice(MemPlace run_place, const ShardRef& shard, DType param_dtype,
-                             const AdamWOptions& options, kernels::AdamWHyper h, size_t begin, size_t end, float* master,
-                             float* m, float* v);
+  static PendingSum update_slice(MemPlace run_place, const ShardRef& shard, DType param_dtype,
+                                 const AdamWOptions& options, kernels::AdamWHyper h, size_t begin, size_t end,
+                                 float* master, float* m, float* v);
 
   // One update with learning rate `lr`; every gradient is multiplied by grad_scale first
   // (clipping factor / inverse loss scale). Reads the gradients and leaves them as they were: the
@@ -66,7 +66,7 @@ class AdamW final : public Optimizer {
   void set_grad(size_t i, const float* grad) override { shards_[i].grad = grad; }
   bool supports_shard_steps() const override { return true; }
   void begin_step(float lr, float grad_scale) override;
-  double update_shard(size_t i, size_t next_shard = kNoShard) override;
+  PendingSum update_shard(size_t i, size_t next_shard = kNoShard) override;
   std::vector<float*> undo_tensors(size_t i) override;
   MemPlace state_place() const override { return state_place_; }
   void abort_step() override {

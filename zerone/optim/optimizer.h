@@ -20,6 +20,7 @@
 
 #include "zerone/core/dtype.h"
 #include "zerone/core/memory.h"
+#include "zerone/core/pending_sum.h"
 
 namespace zerone::optim {
 
@@ -54,10 +55,11 @@ class ShardStepping {
   // One whole step over every shard (AdamW's semantics: see AdamW). `shard_begin(i)`, when given,
   // runs before shard i is read or written: the ZeRO engine loads an NVMe-offloaded parameter
   // shard there and points set_param at it; `shard_done(i)` after shard i is updated. Returns the
-  // gradients' sum of squares. The default, for optimizers with per-shard steps, is begin_step,
+  // gradients' sum of squares, pending where the updates ran on a device (Note [Norms read once a
+  // step], core/pending_sum.h: reading it waits for the device). The default, for optimizers with per-shard steps, is begin_step,
   // update_shard(0..n-1) in order (each told the next), end_step.
-  virtual double step(float lr, float grad_scale, const std::function<void(size_t shard)>& shard_done = nullptr,
-                      const std::function<void(size_t shard)>& shard_begin = nullptr);
+  virtual PendingSum step(float lr, float grad_scale, const std::function<void(size_t shard)>& shard_done = nullptr,
+                          const std::function<void(size_t shard)>& shard_begin = nullptr);
   // Where shard i's parameters are from now on (numel elements of the parameter dtype).
   virtual void set_param(size_t i, void* param) = 0;
   // Where shard i's gradients are from now on (numel f32): the ZeRO engine stages swapped
@@ -77,7 +79,7 @@ class ShardStepping {
   static constexpr size_t kNoShard = static_cast<size_t>(-1);
   virtual bool supports_shard_steps() const { return false; }
   virtual void begin_step(float lr, float grad_scale) {}
-  virtual double update_shard(size_t i, size_t next_shard = kNoShard) { return 0.0; }
+  virtual PendingSum update_shard(size_t i, size_t next_shard = kNoShard) { return 0.0; }
   // The default waits for the step's parameter installs (Note [Installing staged operands]).
   virtual void end_step() { wait_installs(); }
 };
@@ -174,8 +176,8 @@ struct RunOperands {
   const float* grad = nullptr;   // n f32, read
   void* param = nullptr;         // n of the parameter dtype, written; null: none
 };
-double run_with_operands_in(MemPlace run_place, DType param_dtype, size_t n, const RunOperands& operands,
-                            const std::function<double(const RunOperands& local)>& run);
+PendingSum run_with_operands_in(MemPlace run_place, DType param_dtype, size_t n, const RunOperands& operands,
+                                const std::function<PendingSum(const RunOperands& local)>& run);
 // Whether every operand is where an update running in run_place reads it (or the device is host
 // memory): run_with_operands_in then runs `run` on them as they are.
 bool operands_in(MemPlace run_place, const RunOperands& operands);

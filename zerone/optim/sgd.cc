@@ -32,9 +32,9 @@ float* SGD::master(size_t i) {
   return param_dtype_ == DType::f32 ? static_cast<float*>(shards_[i].param) : state_[i].master.as<float>();
 }
 
-double SGD::update_slice(MemPlace run_place, const ShardRef& s, DType param_dtype, const SGDOptions& options,
-                         float lr, float grad_scale, bool first, size_t begin, size_t end, float* master,
-                         float* momentum) {
+PendingSum SGD::update_slice(MemPlace run_place, const ShardRef& s, DType param_dtype, const SGDOptions& options,
+                             float lr, float grad_scale, bool first, size_t begin, size_t end, float* master,
+                             float* momentum) {
   ZERONE_ASSERT(begin <= end && end <= s.numel);
   kernels::Backend& backend = kernels::backend_for(run_place);
   const size_t ds = dtype_size(param_dtype);
@@ -42,7 +42,7 @@ double SGD::update_slice(MemPlace run_place, const ShardRef& s, DType param_dtyp
   // The slice's operands staged once for all its decay runs (Note [Operands in another place]).
   return run_with_operands_in(run_place, param_dtype, end - begin, {master, s.grad + begin, param_out},
                               [&](const RunOperands& o) {
-                                double sumsq = 0.0;
+                                PendingSum sumsq;
                                 for_each_decay_run(s, begin, end, options.weight_decay, [&](size_t b, size_t e, float wd) {
                                   const size_t at = b - begin;
                                   const kernels::SGDHyper h{lr, options.momentum, options.dampening, options.nesterov,
@@ -62,7 +62,7 @@ void SGD::begin_step(float lr, float grad_scale) {
   grad_scale_ = grad_scale;
 }
 
-double SGD::update_shard(size_t i, size_t /*next_shard*/) {
+PendingSum SGD::update_shard(size_t i, size_t /*next_shard*/) {
   ProfileScope profile(ProfileCategory::optimizer);
   return update_slice(state_place_, shards_[i], param_dtype_, options_, lr_, grad_scale_, first_, 0, shards_[i].numel, master(i),
                       momentum_buffer(i));

@@ -39,7 +39,7 @@ class SGD final : public Optimizer {
   // Per-shard stepping (Optimizer): step() is begin_step, update_shard(0..n-1), end_step.
   bool supports_shard_steps() const override { return true; }
   void begin_step(float lr, float grad_scale) override;
-  double update_shard(size_t i, size_t next_shard = kNoShard) override;
+  PendingSum update_shard(size_t i, size_t next_shard = kNoShard) override;
   // Taking a step back (Optimizer; Note [Speculative early step] in zero/step_scheduler.cc): the state
   // update_shard(i) writes besides the parameters is the master (unless the parameters are the
   // master) and the momentum buffer (unless momentum is 0).
@@ -68,9 +68,9 @@ class SGD final : public Optimizer {
   // state; momentum null when options.momentum is 0). `first` marks the first step (the buffer
   // is initialized to the gradient). Returns the gradients' sum of squares. The run happens in
   // run_place (Note [Operands in another place] in optimizer.h).
-  static double update_slice(MemPlace run_place, const ShardRef& shard, DType param_dtype,
-                             const SGDOptions& options, float lr, float grad_scale, bool first, size_t begin,
-                             size_t end, float* master, float* momentum);
+  static PendingSum update_slice(MemPlace run_place, const ShardRef& shard, DType param_dtype,
+                                 const SGDOptions& options, float lr, float grad_scale, bool first, size_t begin,
+                                 size_t end, float* master, float* momentum);
 
  private:
   struct State {

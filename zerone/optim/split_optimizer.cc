@@ -71,9 +71,9 @@ void SplitOptimizer::begin_step(float lr, float grad_scale) {
   trailing_->begin_step(lr, grad_scale);
 }
 
-double SplitOptimizer::update_shard(size_t i, size_t next_shard) {
+PendingSum SplitOptimizer::update_shard(size_t i, size_t next_shard) {
   const Split& s = split_[i];
-  double sumsq = 0.0;
+  PendingSum sumsq;
   if (s.leading != kNoShard) {
     // A swapped part reads the next shard's part ahead, when it has one.
     const size_t next = next_shard == kNoShard ? kNoShard : split_[next_shard].leading;

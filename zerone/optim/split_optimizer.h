@@ -47,7 +47,7 @@ class SplitOptimizer final : public Optimizer {
 
   bool supports_shard_steps() const override { return true; }
   void begin_step(float lr, float grad_scale) override;
-  double update_shard(size_t i, size_t next_shard = kNoShard) override;
+  PendingSum update_shard(size_t i, size_t next_shard = kNoShard) override;
   void end_step() override;
 
   std::string type_name() const override { return optimizer_name(options_); }

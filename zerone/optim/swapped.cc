@@ -135,13 +135,13 @@ void SwappedOptimizer::begin_step(float lr, float grad_scale) {
   wrote_in_place_ = false;
 }
 
-double SwappedOptimizer::update_shard(size_t shard, size_t next_shard) {
+PendingSum SwappedOptimizer::update_shard(size_t shard, size_t next_shard) {
   const auto* adam = std::get_if<AdamWOptions>(&options_);
   const auto* sgd = std::get_if<SGDOptions>(&options_);
   const size_t B = buffers_.size();
   const bool pipelined_read = config_.pipeline_read && B >= 2;
   const size_t end = first_group_[shard + 1];
-  double sumsq = 0.0;
+  PendingSum sumsq;
   for (size_t gi = first_group_[shard]; gi < end; ++gi) {
     const SubGroup& g = groups_[gi];
     size_t b;
@@ -170,10 +170,10 @@ double SwappedOptimizer::update_shard(size_t shard, size_t next_shard) {
       float* master = tensors_ > optim_tensors_ ? tensor(b, g, optim_tensors_) : static_cast<float*>(s.param) + g.begin;
       if (adam)
         sumsq += AdamW::update_slice(MemPlace::host, s, param_dtype_, *adam, h_, g.begin, g.end, master, tensor(b, g, 0),
-                                            tensor(b, g, 1));
+                                     tensor(b, g, 1));
       else
         sumsq += SGD::update_slice(MemPlace::host, s, param_dtype_, *sgd, lr_, grad_scale_, first_, g.begin, g.end, master,
-                                          optim_tensors_ > 0 ? tensor(b, g, 0) : nullptr);
+                                   optim_tensors_ > 0 ? tensor(b, g, 0) : nullptr);
     }
     if (!record_.empty()) {
       const size_t valid = std::min(g.end, std::max(g.begin, record_[g.shard])) - g.begin;

@@ -91,7 +91,7 @@ class SwappedOptimizer final : public Optimizer {
   // background until a staging buffer is needed again or end_step().
   bool supports_shard_steps() const override { return true; }
   void begin_step(float lr, float grad_scale) override;
-  double update_shard(size_t i, size_t next_shard = kNoShard) override;
+  PendingSum update_shard(size_t i, size_t next_shard = kNoShard) override;
   void end_step() override;
   // Waits for the step's I/O and forgets what it wrote (only shards with spare slots may have
   // been updated since begin_step(); the engine restores the parameters itself).

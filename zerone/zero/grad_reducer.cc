@@ -418,7 +418,7 @@ void GradReducer::unstage(int u) {
   optimizer_->set_grad(static_cast<size_t>(u), nullptr);
 }
 
-double GradReducer::sumsq(int u) const {
+PendingSum GradReducer::sumsq(int u) const {
   // Note [Gradient swap]: the slot's sum was measured as the last micro-step finished.
   if (swapped()) return units_[u].swapped_sumsq;
   const float* grad = optimizer_->grad(static_cast<size_t>(u));

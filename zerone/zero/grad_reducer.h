@@ -105,7 +105,7 @@ class GradReducer {
   void unstage(int u);
   // This rank's sum of squares of unit u's reduced gradients (Note [Deterministic gradient norm];
   // swapped: as measured when the last micro-step finished; transient: before u's update only).
-  double sumsq(int u) const;
+  PendingSum sumsq(int u) const;
   // After an update or a skipped step: the next micro-step starts a new sum. Stages 0-1's full
   // buffers are overwritten by the next backward, stages 2-3's accumulators by the next step's
   // first reduce-scatter (Note [Fresh gradients]).
@@ -132,7 +132,7 @@ class GradReducer {
     io::SwapIo::Ticket write = 0;
     // Note [Gradient sums on the device]: the copy of the sum into staging_[staging].
     kernels::Event staged;
-    double swapped_sumsq = 0.0;
+    PendingSum swapped_sumsq;
   };
   void launch(int u);
   void retire();

@@ -17,9 +17,9 @@ void accumulate_into(kernels::Backend& device, float* acc, const float* in, size
   backend.accumulate(acc, local.as<float>(), n);
 }
 
-double sum_squares_and_copy(kernels::Backend& device, const float* grad, size_t n, float* copy_to) {
+PendingSum sum_squares_and_copy(kernels::Backend& device, const float* grad, size_t n, float* copy_to) {
   if (device.place_of(grad) == device.place_of(copy_to)) return backend_of(device, grad).sum_squares(grad, n, copy_to);
-  const double sumsq = backend_of(device, grad).sum_squares(grad, n);
+  PendingSum sumsq = backend_of(device, grad).sum_squares(grad, n);
   device.copy_any(copy_to, grad, n * sizeof(float));
   return sumsq;
 }

@@ -21,7 +21,7 @@ kernels::Backend& backend_of(kernels::Backend& device, const void* p);
 void accumulate_into(kernels::Backend& device, float* acc, const float* in, size_t n);
 // The sum of squares of grad (n) (Note [Deterministic gradient norm] in kernels/cpu/reduce.h),
 // copying it to copy_to (n) on the way.
-double sum_squares_and_copy(kernels::Backend& device, const float* grad, size_t n, float* copy_to);
+PendingSum sum_squares_and_copy(kernels::Backend& device, const float* grad, size_t n, float* copy_to);
 // Hands fn `bytes` at `data` (memory of `place`) as host memory: itself where the host can read
 // it, else a host copy valid during the call (checkpoints read device memory this way).
 void with_host_view(kernels::Backend& device, const void* data, MemPlace place, size_t bytes,

@@ -60,9 +60,10 @@ double StepScheduler::global_norm_sq(double local_sumsq) const {
   return total / (static_cast<double>(world_) * world_);  // gradients are sums over ranks
 }
 
-double StepScheduler::local_sumsq() const {
-  // In shard order (Note [Deterministic gradient norm]).
-  double local = 0.0;
+PendingSum StepScheduler::local_sumsq() const {
+  // In shard order (Note [Deterministic gradient norm]); every unit's sum launched before the
+  // host reads any (Note [Norms read once a step]).
+  PendingSum local;
   for (size_t i = 0; i < optimizer_.num_shards(); ++i) local += grads_.sumsq(static_cast<int>(i));
   return local;
 }
@@ -85,7 +86,7 @@ StepResult StepScheduler::step(float lr, float grad_clip, double loss_scale, boo
   float clip = 1.0f;
   if (grad_clip > 0.0f || skip_on_overflow) {
     // The norm must be known before the update: one extra read of the gradient shards.
-    result.norm = std::sqrt(global_norm_sq(local_sumsq())) / loss_scale;
+    result.norm = std::sqrt(global_norm_sq(local_sumsq().value())) / loss_scale;
     if (!std::isfinite(result.norm)) {
       ZERONE_CHECK(skip_on_overflow, "gradient norm is ", result.norm, ": training diverged (try a lower --lr)");
       result.overflow = true;  // skipped: the gradients are dropped as after an update
@@ -95,19 +96,20 @@ StepResult StepScheduler::step(float lr, float grad_clip, double loss_scale, boo
     if (grad_clip > 0.0f && result.norm > grad_clip) clip = static_cast<float>(grad_clip / result.norm);
     speculate_next_ = clip == 1.0f;  // Note [Speculative early step]: the prediction for the next step
   }
-  const double sumsq = update_at_end(lr, static_cast<float>(unscale) * clip);
+  // With the norm measured first, the update's own sum is never read (nor waited for).
+  const PendingSum sumsq = update_at_end(lr, static_cast<float>(unscale) * clip);
   if (grad_clip <= 0.0f && !skip_on_overflow) {
-    result.norm = std::sqrt(global_norm_sq(sumsq)) / loss_scale;
+    result.norm = std::sqrt(global_norm_sq(sumsq.value())) / loss_scale;
     ZERONE_CHECK(std::isfinite(result.norm), "gradient norm is ", result.norm,
                  ": training diverged (try a lower --lr or --grad-clip)");
   }
   return result;
 }
 
-double StepScheduler::update_at_end(float lr, float grad_scale) {
+PendingSum StepScheduler::update_at_end(float lr, float grad_scale) {
   // Stage 3: gathered copies of sharded units go stale with the update.
   for (int u = 0; u < num_units(); ++u) params_.release(u);
-  const double sumsq = optimizer_.step(
+  const PendingSum sumsq = optimizer_.step(
       lr, grad_scale, [this](size_t shard) { on_shard_updated(static_cast<int>(shard)); },
       [this](size_t shard) {
         params_.load_for_update(static_cast<int>(shard));
@@ -229,7 +231,7 @@ void StepScheduler::plan_step(float lr, float grad_clip, double loss_scale, bool
   early_.grad_clip = grad_clip;
   early_.loss_scale = loss_scale;
   early_.skip_on_overflow = skip_on_overflow;
-  early_.sumsq = 0.0;
+  early_.sumsq = PendingSum();
   early_.waiting.clear();
   early_.updated.assign(num_units(), 0);
 }
@@ -295,7 +297,7 @@ StepResult StepScheduler::step_early() {
   StepResult result;
   if (early_.speculative) {
     // Note [Speculative early step]: validate with the plain step's norm.
-    double local = 0.0;
+    PendingSum local;
     for (int u = 0; u < num_units(); ++u) {
       if (!early_.updated[u]) {
         grads_.finish(u);
@@ -303,7 +305,7 @@ StepResult StepScheduler::step_early() {
       }
       local += undo_[u].sumsq;
     }
-    result.norm = std::sqrt(global_norm_sq(local)) / early_.loss_scale;
+    result.norm = std::sqrt(global_norm_sq(local.value())) / early_.loss_scale;
     const bool finite = std::isfinite(result.norm);
     const bool clips = finite && early_.grad_clip > 0.0f && result.norm > early_.grad_clip;
     if (!finite || clips) {
@@ -340,7 +342,7 @@ StepResult StepScheduler::step_early() {
   early_.begun = false;
   finish_update();
   if (!early_.speculative) {
-    result.norm = std::sqrt(global_norm_sq(early_.sumsq)) / early_.loss_scale;
+    result.norm = std::sqrt(global_norm_sq(early_.sumsq.value())) / early_.loss_scale;
     ZERONE_CHECK(std::isfinite(result.norm), "gradient norm is ", result.norm,
                  ": training diverged (try a lower --lr or --grad-clip)");
   }
@@ -467,13 +469,14 @@ StepResult StepScheduler::step_delayed(float lr, float grad_clip, double loss_sc
   } wait_on_exit{installs};
   // Copy this step's gradients to the optimizer (which may then run beside the next backward) and
   // measure them on the way; the model's gradient buffers are free for the next step after this.
-  double local = 0.0;
+  PendingSum local;
   for (size_t i = 0; i < optimizer_.num_shards(); ++i)  // as step() measures it (Note [Deterministic gradient norm])
     local += sum_squares_and_copy(device_, delayed_->reduced_grads(i), optimizer_.numel(i), delayed_->optimizer_grads(i));
+  const double measured = local.value();  // once for every shard (Note [Norms read once a step])
   for (const Event& copy : installs) device_.wait(kernels::Stream::compute, copy);
   drop_gradients();  // consumed: the next micro-step starts a new sum
   StepResult result;
-  result.norm = std::sqrt(global_norm_sq(local)) / loss_scale;
+  result.norm = std::sqrt(global_norm_sq(measured)) / loss_scale;
   if (!std::isfinite(result.norm)) {
     ZERONE_CHECK(skip_on_overflow, "gradient norm is ", result.norm,
                  ": training diverged (try a lower --lr or --grad-clip)");

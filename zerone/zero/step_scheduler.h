@@ -132,11 +132,11 @@ class StepScheduler {
     void* optimizer_param = nullptr;
     size_t optimizer_numel = 0;
     Buffer param, optim;
-    double sumsq = 0.0;
+    PendingSum sumsq;
   };
   int num_units() const { return static_cast<int>(undo_.size()); }
   double global_norm_sq(double local_sumsq) const;
-  double local_sumsq() const;
+  PendingSum local_sumsq() const;
   void on_shard_updated(int u);
   StepResult step_delayed(float lr, float grad_clip, double loss_scale, bool skip_on_overflow);
   // --delayed-update: starts installing the finished update (if one is pending) into the model;
@@ -145,7 +145,7 @@ class StepScheduler {
   void early_update(int u, int next);
   StepResult step_early();
   std::vector<int> take_back_early();  // the units it restored
-  double update_at_end(float lr, float grad_scale);
+  PendingSum update_at_end(float lr, float grad_scale);
   // After an update: parameter writes done, spare slots current, accumulators fresh.
   void finish_update();
   void drop_gradients();
@@ -169,7 +169,7 @@ class StepScheduler {
     double loss_scale = 1.0;
     bool skip_on_overflow = false;
     bool speculative = false;  // clipping or loss scaling: the updates are validated in step()
-    double sumsq = 0.0;    // of the units updated so far
+    PendingSum sumsq;      // of the units updated so far (Note [Norms read once a step])
     std::vector<int> waiting;    // backward done, not yet updated (newest last)
     std::vector<char> updated;   // per unit
   } early_;

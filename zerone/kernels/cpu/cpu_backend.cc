@@ -68,7 +68,7 @@ void CpuBackend::accumulate(float* dst, const float* src, size_t n) {
   cpu::accumulate(dev(dst, n), dev(src, n), n);
 }
 
-double CpuBackend::sum_squares(const float* x, size_t n, float* copy_to) {
+PendingSum CpuBackend::sum_squares(const float* x, size_t n, float* copy_to) {
   return cpu::sum_squares(dev(x, n), n, dev(copy_to, n));
 }
 
@@ -80,12 +80,12 @@ bool CpuBackend::all_finite(const float* x, size_t n) {
   return cpu::all_finite(dev(x, n), n);
 }
 
-double CpuBackend::adamw_update(float* master, float* m, float* v, const float* grad, void* param, DType param_dtype, size_t n, const AdamWHyper& hyper) {
+PendingSum CpuBackend::adamw_update(float* master, float* m, float* v, const float* grad, void* param, DType param_dtype, size_t n, const AdamWHyper& hyper) {
   return cpu::adamw_update(dev(master, n), dev(m, n), dev(v, n), dev(grad, n), dev_param(param, n, param_dtype), param_dtype, n,
                            hyper);
 }
 
-double CpuBackend::sgd_update(float* master, float* momentum, const float* grad, void* param, DType param_dtype, size_t n, const SGDHyper& hyper) {
+PendingSum CpuBackend::sgd_update(float* master, float* momentum, const float* grad, void* param, DType param_dtype, size_t n, const SGDHyper& hyper) {
   return cpu::sgd_update(dev(master, n), dev(momentum, n), dev(grad, n), dev_param(param, n, param_dtype), param_dtype, n,
                          hyper);
 }

@@ -26,7 +26,7 @@ class CpuBackend : public Backend {
   void copy(void* dst, MemPlace dst_place, const void* src, MemPlace src_place, size_t bytes) override;
   void fill_zero(void* dst, size_t bytes) override;
   void accumulate(float* dst, const float* src, size_t n) override;
-  double sum_squares(const float* x, size_t n, float* copy_to) override;
+  PendingSum sum_squares(const float* x, size_t n, float* copy_to) override;
   double sum(const float* x, size_t n) override;
   void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n) override;
   bool all_finite(const float* x, size_t n) override;
@@ -34,10 +34,10 @@ class CpuBackend : public Backend {
   void dequantize_blockwise(const void* in, size_t n, int bits, size_t block, void* dst, DType dst_dtype,
                             bool accumulate) override;
 
-  double adamw_update(float* master, float* m, float* v, const float* grad, void* param, DType param_dtype, size_t n,
-                      const AdamWHyper& hyper) override;
-  double sgd_update(float* master, float* momentum, const float* grad, void* param, DType param_dtype, size_t n,
-                    const SGDHyper& hyper) override;
+  PendingSum adamw_update(float* master, float* m, float* v, const float* grad, void* param, DType param_dtype, size_t n,
+                          const AdamWHyper& hyper) override;
+  PendingSum sgd_update(float* master, float* momentum, const float* grad, void* param, DType param_dtype, size_t n,
+                        const SGDHyper& hyper) override;
 
   void embedding_forward(float* out, const int32_t* tokens, const void* wte, const void* wpe, DType param_dtype, int B,
                          int T, int C, int V) override;

@@ -83,11 +83,29 @@ void execute(const Shape& s, const void* a, const void* b, void* c, const float*
 // shapes do. Such GEMMs run in f32 on the bf16 operands widened exactly: the same products, f32
 // accumulation as oneDNN's bf16 path, only slower (and only for these shapes, only on AMX).
 // tests/kernels/backend_ops_test.cc (linear_bf16_columns_1_to_80) holds it to the reference.
+//
+// Note [bf16 GEMMs without AVX-512]: oneDNN 2.6 has bf16 matmul kernels only from AVX-512 on; on
+// an AVX2 CPU (AMD Zen 2-3, Intel before Skylake-SP) it cannot create the primitive at all. There
+// every bf16 GEMM takes the same f32 path: exact products, f32 accumulation, so the same
+// arithmetic up to the order of the sums, which the bf16 tolerance covers.
 bool g_forced_fallback = false;                   // force_amx_column_fallback_for_testing
 size_t g_band_bytes = size_t{16} << 20;           // the bf16 output's f32 band in the fallback
+// Whether oneDNN can make a bf16 matmul on this CPU (asked once, with a 16 x 16 x 16 product).
+bool onednn_has_bf16_matmul() {
+  try {
+    const memory::desc md({16, 16}, memory::data_type::bf16, memory::format_tag::ab);
+    const memory::desc out({16, 16}, memory::data_type::f32, memory::format_tag::ab);
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(md, md, out), context().engine);
+    return true;
+  } catch (const dnnl::error&) {
+    return false;
+  }
+}
 bool bf16_needs_f32_fallback(DType dtype, int64_t n) {
+  if (dtype != DType::bf16) return false;
   static const bool amx = dnnl::get_effective_cpu_isa() == dnnl::cpu_isa::avx512_core_amx;
-  return dtype == DType::bf16 && ((amx && n % 16 != 0) || g_forced_fallback);
+  static const bool no_bf16_kernels = !onednn_has_bf16_matmul();
+  return no_bf16_kernels || (amx && n % 16 != 0) || g_forced_fallback;
 }
 
 // The elements a strided operand view spans (from its first element to its last, inclusive).

@@ -6,10 +6,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
+#include <new>
 #include <set>
 #include <tuple>
 #include <utility>
@@ -433,13 +436,13 @@ class CudaBackend final : public kernels::Backend {
     const DeviceWorkScope work(ProfileCategory::elementwise);
     cuda::accumulate(dst, src, n, compute());
   }
-  double sum_squares(const float* x, size_t n, float* copy_to) override {
+  PendingSum sum_squares(const float* x, size_t n, float* copy_to) override {
     const DeviceWorkScope work(ProfileCategory::elementwise);
-    return in_order(n, [&](double* dev, double* host) { sum_squares_partials(x, n, copy_to, dev, host, compute()); });
+    return pending_partials({norm_blocks(n)}, [&](double* dev) { sum_squares_partials(x, n, copy_to, dev, compute()); });
   }
   double sum(const float* x, size_t n) override {
     const DeviceWorkScope work(ProfileCategory::elementwise);
-    return in_order(n, [&](double* dev, double* host) { sum_partials(x, n, dev, host, compute()); });
+    return in_order(n, [&](double* dev) { sum_partials(x, n, dev, compute()); });
   }
   void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n) override {
     const DeviceWorkScope work(ProfileCategory::elementwise);
@@ -468,38 +471,26 @@ class CudaBackend final : public kernels::Backend {
     cuda::dequantize_blockwise(in, n, bits, block, dst, dst_dtype, accumulate, compute());
   }
 
-  double adamw_update(float* master, float* m, float* v, const float* grad, void* param, DType param_dtype, size_t n,
-                      const AdamWHyper& hyper) override {
+  PendingSum adamw_update(float* master, float* m, float* v, const float* grad, void* param, DType param_dtype,
+                          size_t n, const AdamWHyper& hyper) override {
     // Note [Updates that measure the norm]: the same sum as sum_squares(grad, n).
     return adamw_update_ranges({{master, m, v, grad, param, n, hyper}}, param_dtype);
   }
-  double adamw_update_ranges(const std::vector<AdamWRange>& ranges, DType param_dtype) override {
+  PendingSum adamw_update_ranges(const std::vector<AdamWRange>& ranges, DType param_dtype) override {
     const DeviceWorkScope work(ProfileCategory::optimizer);
-    // Every range's partials side by side, one copy and one wait for all; each range's partials
-    // then added as in_order adds them, the ranges in order.
-    size_t blocks = 0;
-    for (const AdamWRange& r : ranges) blocks += cuda::norm_blocks(r.n);
-    if (blocks == 0) return 0.0;
-    double* dev = static_cast<double*>(scratch(Slot::norm_partials, blocks * sizeof(double)));
-    cuda::adamw_update_ranges(ranges.data(), ranges.size(), param_dtype, dev, compute());  // partials side by side
-    std::vector<double> host(blocks);
-    cuda::partials_to_host(dev, host.data(), blocks, compute());
-    double sumsq = 0.0;
-    size_t at = 0;
-    for (const AdamWRange& r : ranges) {
-      double range_sum = 0.0;
-      for (size_t b = 0; b < cuda::norm_blocks(r.n); ++b) range_sum += host[at + b];
-      at += cuda::norm_blocks(r.n);
-      sumsq += range_sum;
-    }
-    return sumsq;
+    // Every range's partials side by side, one copy for all; each range's partials then added as
+    // sum_squares adds them, the ranges in order (the groups).
+    std::vector<size_t> groups;
+    for (const AdamWRange& r : ranges) groups.push_back(norm_blocks(r.n));
+    return pending_partials(std::move(groups), [&](double* dev) {
+      cuda::adamw_update_ranges(ranges.data(), ranges.size(), param_dtype, dev, compute());  // partials side by side
+    });
   }
-  double sgd_update(float* master, float* momentum, const float* grad, void* param, DType param_dtype, size_t n,
-                    const SGDHyper& hyper) override {
+  PendingSum sgd_update(float* master, float* momentum, const float* grad, void* param, DType param_dtype, size_t n,
+                        const SGDHyper& hyper) override {
     const DeviceWorkScope work(ProfileCategory::optimizer);
-    return in_order(n, [&](double* dev, double* host) {
+    return pending_partials({norm_blocks(n)}, [&](double* dev) {
       cuda::sgd_update(master, momentum, grad, param, param_dtype, n, hyper, dev, compute());
-      cuda::partials_to_host(dev, host, cuda::norm_blocks(n), compute());
     });
   }
 
@@ -895,16 +886,42 @@ class CudaBackend final : public kernels::Backend {
     return nullptr;
   }
 
-  // Note [Deterministic gradient norm]: per-chunk double partials summed on the host in chunk order.
+  // Note [Deterministic gradient norm]: per-chunk double partials summed on the host in chunk order;
+  // `fill` leaves them in device scratch. The host waits for them here.
   template <typename Fill>
   double in_order(size_t n, Fill&& fill) {
     const size_t blocks = norm_blocks(n);
     if (blocks == 0) return 0.0;
     std::vector<double> host(blocks);
-    fill(static_cast<double*>(scratch(Slot::norm_partials, blocks * sizeof(double))), host.data());
+    double* dev = static_cast<double*>(scratch(Slot::norm_partials, blocks * sizeof(double)));
+    fill(dev);
+    partials_to_host(dev, host.data(), blocks, compute());
     double total = 0.0;
     for (double p : host) total += p;
     return total;
+  }
+
+  // Note [Norms read once a step] (core/pending_sum.h): the partials `fill` leaves in device scratch
+  // (the groups' total, in order) are copied to pinned host memory on the compute stream, after
+  // which the next use of the scratch is queued, and are added when the value is read: the host
+  // does not wait here. The pinned block is the arena's (kept for reuse by size: rounded up to a
+  // power of two, so that a step's updates reuse a few sizes), freed with the last PendingSum
+  // holding it; a few kilobytes a unit, outside the ledger, as the events are.
+  template <typename Fill>
+  PendingSum pending_partials(std::vector<size_t> groups, Fill&& fill) {
+    size_t blocks = 0;
+    for (size_t g : groups) blocks += g;
+    if (blocks == 0) return PendingSum(0.0);
+    double* dev = static_cast<double*>(scratch(Slot::norm_partials, blocks * sizeof(double)));
+    fill(dev);
+    const size_t bytes = std::bit_ceil(std::max<size_t>(blocks * sizeof(double), 4096));
+    void* host = pinned_.allocate(bytes, alignof(double));
+    if (host == nullptr) throw std::bad_alloc();
+    std::shared_ptr<const double> partials(static_cast<double*>(host), [this, bytes](const double* p) {
+      pinned_.deallocate(const_cast<double*>(p), bytes, alignof(double));
+    });
+    ZERONE_CUDA_CHECK(cudaMemcpyAsync(host, dev, blocks * sizeof(double), cudaMemcpyDeviceToHost, compute()));
+    return PendingSum::of_partials(std::move(partials), std::move(groups), record(Stream::compute));
   }
 
   // `src` (n values of src_dtype: f32, or already `dtype`) as a GEMM operand for weights of `dtype`

@@ -4,10 +4,16 @@
 // (cudaPointerGetAttributes), streams on which everything is already done when enqueued (the
 // kernels run at their launch), and events that record the host's clock. Only the calls the
 // backend makes are defined; a program that links this has no libcudart.
-// Thread-safety: the allocation tables take a mutex; the rest keeps no state.
+// zerone_emulated_host_waits() counts the calls after which a real GPU's host would have waited
+// for the device (Note [Norms read once a step], core/pending_sum.h: a test's evidence of how
+// often a training step stalls the queue).
+// Thread-safety: the allocation tables take a mutex; the wait count is atomic; the rest keeps no
+// state.
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -23,6 +29,7 @@ std::mutex g_mutex;
 std::map<const char*, size_t> g_device;  // start -> bytes of each live device allocation
 std::map<const char*, size_t> g_pinned;  // the same for page-locked host memory
 size_t g_device_bytes = 0;
+std::atomic<uint64_t> g_host_waits{0};
 
 struct EmulatedEvent {
   double ms = 0.0;
@@ -53,6 +60,11 @@ bool contains(const std::map<const char*, size_t>& table, const void* p) {
 }  // namespace
 
 extern "C" {
+
+// The host waits so far: stream, event and device synchronizations, synchronous copies between
+// host and device, and asynchronous copies from the device into pageable host memory (which
+// return only once the copy is done, on a GPU).
+uint64_t zerone_emulated_host_waits(void) { return g_host_waits.load(); }
 
 cudaError_t cudaGetDeviceCount(int* count) {
   *count = 1;
@@ -97,7 +109,10 @@ cudaError_t cudaDriverGetVersion(int* version) {
 cudaError_t cudaGetLastError(void) { return cudaSuccess; }
 cudaError_t cudaPeekAtLastError(void) { return cudaSuccess; }
 const char* cudaGetErrorString(cudaError_t error) { return error == cudaSuccess ? "no error" : "emulated GPU error"; }
-cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) {
+  ++g_host_waits;
+  return cudaSuccess;
+}
 cudaError_t cudaFuncSetAttribute(const void*, cudaFuncAttribute, int) { return cudaSuccess; }
 
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
@@ -172,10 +187,16 @@ cudaError_t cudaMemPoolTrimTo(cudaMemPool_t, size_t) { return cudaSuccess; }
 // Every stream's work is done when it is enqueued: copies and fills happen now.
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t) {
   if (bytes > 0) std::memmove(dst, src, bytes);
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    if (contains(g_device, src) && !contains(g_device, dst) && !contains(g_pinned, dst)) ++g_host_waits;
+  }
   return cudaSuccess;
 }
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
   if (bytes > 0) std::memmove(dst, src, bytes);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (contains(g_device, src) || contains(g_device, dst)) ++g_host_waits;
   return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t) {
@@ -190,7 +211,10 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   delete reinterpret_cast<int*>(stream);
   return cudaSuccess;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t) {
+  ++g_host_waits;
+  return cudaSuccess;
+}
 cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) { return cudaSuccess; }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
   *event = reinterpret_cast<cudaEvent_t>(new EmulatedEvent);
@@ -204,7 +228,10 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
   reinterpret_cast<EmulatedEvent*>(event)->ms = now_ms();
   return cudaSuccess;
 }
-cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventSynchronize(cudaEvent_t) {
+  ++g_host_waits;
+  return cudaSuccess;
+}
 cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
   *ms = static_cast<float>(reinterpret_cast<EmulatedEvent*>(end)->ms - reinterpret_cast<EmulatedEvent*>(start)->ms);

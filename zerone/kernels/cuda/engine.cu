@@ -73,13 +73,11 @@ __global__ void chunk_sum_kernel(const float* x, size_t n, float* copy_to, doubl
 }
 
 template <bool kSquares>
-void chunk_sums(const float* x, size_t n, float* copy_to, double* device_partials, double* host_partials,
-                cudaStream_t stream) {
+void chunk_sums(const float* x, size_t n, float* copy_to, double* device_partials, cudaStream_t stream) {
   const size_t blocks = norm_blocks(n);
   if (blocks == 0) return;
   ZERONE_LAUNCH(static_cast<unsigned>(blocks), kThreads, 0, stream, chunk_sum_kernel<kSquares>)(x, n, copy_to, device_partials);
   ZERONE_CUDA_LAUNCHED();
-  partials_to_host(device_partials, host_partials, blocks, stream);
 }
 
 __global__ void convert_kernel(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n) {
@@ -153,7 +151,9 @@ __global__ void dequantize_kernel(const float* scales, const uint8_t* codes, siz
 // layout of the norm's kernel (one block per kNormBlock chunk, chunk_sum), so that one pass over
 // the gradients updates the parameters and leaves the chunk partials that sum_squares_partials
 // would have: the same bits, without a second kernel reading every gradient again (W5 spent 4.6%
-// of its GPU time in that second kernel, 112 launches a step).
+// of its GPU time in that second kernel, 112 launches a step). The backend copies the partials to
+// the host behind an event and returns them pending (Note [Norms read once a step],
+// core/pending_sum.h).
 //
 // Note [AdamW lanes] (kernels/cpu/adamw.cc) on the GPU: each element's arithmetic is the cpu
 // kernel's, every operation rounded on its own as written (no contraction but the fmaf spelled
@@ -246,13 +246,12 @@ void partials_to_host(const double* device_partials, double* host_partials, size
   ZERONE_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
-void sum_squares_partials(const float* x, size_t n, float* copy_to, double* device_partials, double* host_partials,
-                          cudaStream_t stream) {
-  chunk_sums<true>(x, n, copy_to, device_partials, host_partials, stream);
+void sum_squares_partials(const float* x, size_t n, float* copy_to, double* device_partials, cudaStream_t stream) {
+  chunk_sums<true>(x, n, copy_to, device_partials, stream);
 }
 
-void sum_partials(const float* x, size_t n, double* device_partials, double* host_partials, cudaStream_t stream) {
-  chunk_sums<false>(x, n, nullptr, device_partials, host_partials, stream);
+void sum_partials(const float* x, size_t n, double* device_partials, cudaStream_t stream) {
+  chunk_sums<false>(x, n, nullptr, device_partials, stream);
 }
 
 void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n, cudaStream_t stream) {

@@ -29,14 +29,13 @@ namespace zerone::cuda {
 // ---------------------------------------------------------------- the engine's own needs
 // dst (n) += src (n).
 void accumulate(float* dst, const float* src, size_t n, cudaStream_t stream);
-// Note [Deterministic gradient norm] (kernels/backend.h) on the GPU: partials (host, norm_blocks(n))
-// receive the double sum of squares of each kNormBlock chunk of x in chunk order (a fixed tree
-// inside each chunk); `copy_to` (may be null) receives x. `device_partials` is scratch of
-// norm_blocks(n) doubles (sizes.h). Synchronizes the stream (the host reads the partials).
-void sum_squares_partials(const float* x, size_t n, float* copy_to, double* device_partials, double* host_partials,
-                          cudaStream_t stream);
+// Note [Deterministic gradient norm] (kernels/backend.h) on the GPU: device_partials (device
+// scratch of norm_blocks(n) doubles, sizes.h) receive the double sum of squares of each kNormBlock
+// chunk of x in chunk order (a fixed tree inside each chunk), for the host to add in that order;
+// `copy_to` (may be null) receives x. Asynchronous (the backend copies the partials to the host).
+void sum_squares_partials(const float* x, size_t n, float* copy_to, double* device_partials, cudaStream_t stream);
 // The same with plain sums (Backend::sum).
-void sum_partials(const float* x, size_t n, double* device_partials, double* host_partials, cudaStream_t stream);
+void sum_partials(const float* x, size_t n, double* device_partials, cudaStream_t stream);
 // dst (n, dst_dtype) = src (n, src_dtype); one side f32; rounding to nearest even.
 void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n, cudaStream_t stream);
 // *flag (device int) = 1 when some x is not finite (left alone otherwise).

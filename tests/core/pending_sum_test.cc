@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <bit>
 #include <cstdint>
@@ -88,6 +89,37 @@ TEST(PendingSum, WaitsForEachLeafNotCompleteYet) {
   EXPECT_EQ(newer->waits.load(), 1);
   EXPECT_EQ(older->waits.load(), 1);
   EXPECT_EQ(done->waits.load(), 0);
+}
+
+// One stream's events: waiting for one completes it and every event recorded before it.
+struct Stream {
+  int waits = 0;
+  uint64_t completed = 0;
+};
+struct StreamEvent final : Event::Impl {
+  StreamEvent(Stream& s, uint64_t k) : stream(s), point(k) {}
+  Stream& stream;
+  uint64_t point;
+  bool ready() const override { return stream.completed >= point; }
+  void wait() const override {
+    ++stream.waits;
+    stream.completed = std::max(stream.completed, point);
+  }
+};
+
+// The newest leaf is the one made last, wherever the expression holds it (the speculative step
+// adds in shard order sums measured top down): waiting for it first completes the stream, so
+// reading waits once.
+TEST(PendingSum, WaitsForTheLeafMadeLastFirst) {
+  Stream stream;
+  std::vector<PendingSum> made;
+  for (uint64_t k = 1; k <= 5; ++k)
+    made.push_back(PendingSum::of_partials(partials_of({static_cast<double>(k)}), {1},
+                                           Event(std::make_shared<StreamEvent>(stream, k))));
+  PendingSum total;
+  for (auto it = made.rbegin(); it != made.rend(); ++it) total += *it;  // the newest leftmost
+  EXPECT_EQ(total.value(), 15.0);
+  EXPECT_EQ(stream.waits, 1);
 }
 
 // A step of a large model adds thousands of terms; reading them does not recurse that deep.

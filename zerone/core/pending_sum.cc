@@ -1,12 +1,19 @@
 #include "zerone/core/pending_sum.h"
 
+#include <atomic>
+#include <cstdint>
+
 #include "zerone/core/error.h"
 
 namespace zerone {
+namespace {
+std::atomic<uint64_t> g_leaves_made{0};  // the leaves' creation order (PendingSum::value)
+}  // namespace
 
 // A pending expression: a leaf (partials behind an event) or a sum of two PendingSums.
 struct PendingSum::Node {
   // Leaf.
+  uint64_t sequence = 0;  // made after every leaf of a lower one
   std::shared_ptr<const double> partials;
   std::vector<size_t> groups;
   Event ready;
@@ -44,6 +51,7 @@ PendingSum PendingSum::of_partials(std::shared_ptr<const double> partials, std::
   for (size_t g : groups) total += g;
   ZERONE_ASSERT(total == 0 || partials != nullptr, "partial sums without their memory");
   auto node = std::make_shared<Node>();
+  node->sequence = ++g_leaves_made;
   node->partials = std::move(partials);
   node->groups = std::move(groups);
   node->ready = std::move(ready);
@@ -60,13 +68,24 @@ PendingSum operator+(const PendingSum& a, const PendingSum& b) {
 }
 
 double PendingSum::value() const {
-  // The host waits once, for the newest leaf (the last term added): the leaves are mostly the
-  // copies of one stream, whose earlier events are complete once a later one is, so the rest are
-  // then read without another wait (leaf_value waits for any that is not).
-  const PendingSum* newest = this;
-  while (!newest->known() && newest->node_->is_sum)
-    newest = newest->node_->right.known() ? &newest->node_->left : &newest->node_->right;
-  if (!newest->known()) newest->node_->ready.wait();
+  // The host waits once, for the newest leaf (the last made, wherever the expression holds it:
+  // the speculative step adds units in shard order that were measured top down): the leaves are
+  // mostly the copies of one stream, whose earlier events are complete once a later one is, so
+  // the rest are then read without another wait (leaf_value waits for any that is not).
+  const Node* newest = nullptr;
+  std::vector<const PendingSum*> to_visit{this};
+  while (!to_visit.empty()) {
+    const PendingSum* at = to_visit.back();
+    to_visit.pop_back();
+    if (at->known()) continue;
+    if (at->node_->is_sum) {
+      to_visit.push_back(&at->node_->left);
+      to_visit.push_back(&at->node_->right);
+    } else if (newest == nullptr || at->node_->sequence > newest->sequence) {
+      newest = at->node_.get();
+    }
+  }
+  if (newest != nullptr) newest->ready.wait();
   return added();
 }
 

@@ -34,8 +34,12 @@ namespace zerone {
 // report, to detect an overflow). Where the norm must be known before any update (clipping, fp16
 // loss scaling) the units' sums of squares are likewise launched one after another and read
 // once; the updates' own sums, not needed there, are then never waited for. Reading waits for the
-// newest leaf first: once it is complete the older ones of the same stream are too, so a step
-// makes the host wait once (tests/zero/host_waits_emulated_test.cc counts it on the emulated GPU).
+// newest leaf (the last made) first: once it is complete the older ones of the same stream are
+// too, so the norm costs a step one wait of the host (tests/zero/host_waits_emulated_test.cc
+// counts the waits of a step on the emulated GPU; the offloaded paths have waits of their own,
+// for their copies: Note [Operands in another place], optim/optimizer.h). A leaf's host memory
+// may be dropped unread while its copy is queued: Note [Partial sums' host blocks]
+// (kernels/cuda/cuda_backend.cc) says where it goes.
 class PendingSum {
  public:
   // 0.0, known.

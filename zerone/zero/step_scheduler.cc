@@ -413,7 +413,9 @@ void DelayedUpdate::start(optim::ShardStepping& optimizer, float lr, float grad_
     try {
       for (const Event& copy : installs) copy.wait();  // they still read what the step overwrites
       worker_began_ = std::chrono::steady_clock::now();
-      optimizer.step(lr, grad_scale);
+      // The norm is not needed (step_delayed measured it); waiting for it here keeps the worker's
+      // time the update's on the device too (Note [Norms read once a step]).
+      (void)optimizer.step(lr, grad_scale).value();
       worker_ended_ = std::chrono::steady_clock::now();
     } catch (...) {
       error_ = std::current_exception();

@@ -904,9 +904,13 @@ class CudaBackend final : public kernels::Backend {
   // Note [Norms read once a step] (core/pending_sum.h): the partials `fill` leaves in device scratch
   // (the groups' total, in order) are copied to pinned host memory on the compute stream, after
   // which the next use of the scratch is queued, and are added when the value is read: the host
-  // does not wait here. The pinned block is the arena's (kept for reuse by size: rounded up to a
-  // power of two, so that a step's updates reuse a few sizes), freed with the last PendingSum
-  // holding it; a few kilobytes a unit, outside the ledger, as the events are.
+  // does not wait here. Note [Partial sums' host blocks]: a PendingSum may be dropped unread (the
+  // updates' sums where the norm was measured first) while its copy is still queued, so its block
+  // must not go back to the pinned arena, whose next user could be any host buffer that the late
+  // copy would then overwrite. The blocks are the backend's own instead (from the arena, never
+  // returned): a dropped one is kept for the next partials, whose copy is queued on the same
+  // stream after the late one. Sizes are powers of two from 4 KiB, so a step's updates reuse a
+  // few; a few kilobytes a unit in all, outside the ledger, as the events are.
   template <typename Fill>
   PendingSum pending_partials(std::vector<size_t> groups, Fill&& fill) {
     size_t blocks = 0;
@@ -915,13 +919,27 @@ class CudaBackend final : public kernels::Backend {
     double* dev = static_cast<double*>(scratch(Slot::norm_partials, blocks * sizeof(double)));
     fill(dev);
     const size_t bytes = std::bit_ceil(std::max<size_t>(blocks * sizeof(double), 4096));
-    void* host = pinned_.allocate(bytes, alignof(double));
-    if (host == nullptr) throw std::bad_alloc();
-    std::shared_ptr<const double> partials(static_cast<double*>(host), [this, bytes](const double* p) {
-      pinned_.deallocate(const_cast<double*>(p), bytes, alignof(double));
+    double* host = take_partials_block(bytes);
+    std::shared_ptr<const double> partials(host, [this, bytes](const double* p) {
+      std::lock_guard<std::mutex> lock(partials_mutex_);
+      partials_blocks_.emplace(bytes, const_cast<double*>(p));
     });
     ZERONE_CUDA_CHECK(cudaMemcpyAsync(host, dev, blocks * sizeof(double), cudaMemcpyDeviceToHost, compute()));
     return PendingSum::of_partials(std::move(partials), std::move(groups), record(Stream::compute));
+  }
+  // A kept partials block of `bytes`, or a new one (Note [Partial sums' host blocks]).
+  double* take_partials_block(size_t bytes) {
+    {
+      std::lock_guard<std::mutex> lock(partials_mutex_);
+      if (auto it = partials_blocks_.find(bytes); it != partials_blocks_.end()) {
+        double* block = it->second;
+        partials_blocks_.erase(it);
+        return block;
+      }
+    }
+    void* block = pinned_.allocate(bytes, alignof(double));
+    if (block == nullptr) throw std::bad_alloc();
+    return static_cast<double*>(block);
   }
 
   // `src` (n values of src_dtype: f32, or already `dtype`) as a GEMM operand for weights of `dtype`
@@ -1089,6 +1107,8 @@ class CudaBackend final : public kernels::Backend {
   CudaTimeline timeline_;          // on streams_[0]
   std::string uuid_;               // device_identity()
   PinnedHostArena pinned_;
+  std::mutex partials_mutex_;
+  std::multimap<size_t, double*> partials_blocks_;  // bytes -> kept block (Note [Partial sums' host blocks])
   std::unique_ptr<CudaArena> arena_;
   const CublasLtLibrary& lib_ = cublaslt();  // loaded here (Note [cuBLASLt loaded on first use])
   cublasLtHandle_t lt_ = nullptr;

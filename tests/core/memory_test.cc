@@ -178,6 +178,39 @@ TEST(BufferPool, ReusesABufferOnlyAfterItsLastUseOnEveryStreamFinished) {
   EXPECT_TRUE(compute.record().ready());
 }
 
+// Note [Pooled reuse in stream order]: with an ordering callback a device pool hands out a buffer
+// still in use without the host waiting, after ordering the streams behind each of its last uses;
+// a host pool (the host may write what it acquires) still waits.
+TEST(BufferPool, OrdersReuseOnTheStreamsInsteadOfWaitingForDeviceBuffers) {
+  FakeStream comm;
+  std::vector<const Event::Impl*> ordered_after;
+  BufferPool device(1 << 20, MemCategory::comm, MemPlace::device), host(1 << 20, MemCategory::comm, MemPlace::host);
+  for (BufferPool* pool : {&device, &host})
+    pool->order_reuse_by([&](const Event& e) { ordered_after.push_back(e.impl()); });
+  Buffer a = device.acquire(4096, MemCategory::grad, false);
+  void* a_memory = a.data();
+  comm.submit([] {});
+  const Event last_use = comm.record();
+  device.release(std::move(a), {last_use});
+  Buffer again = device.acquire(4096, MemCategory::grad, false);
+  EXPECT_EQ(again.data(), a_memory);
+  EXPECT_EQ(comm.host_waits, 0);
+  EXPECT_EQ(comm.done(), 0u);  // still queued: the streams wait for it, not the host
+  ASSERT_EQ(ordered_after.size(), 1u);
+  EXPECT_EQ(ordered_after[0], last_use.impl());
+  // A settled one needs no ordering.
+  device.release(std::move(again), {Event()});
+  Buffer settled = device.acquire(4096, MemCategory::grad, false);
+  EXPECT_EQ(ordered_after.size(), 1u);
+
+  Buffer h = host.acquire(4096, MemCategory::grad, false);
+  comm.submit([] {});
+  host.release(std::move(h), {comm.record()});
+  Buffer h_again = host.acquire(4096, MemCategory::grad, false);
+  EXPECT_EQ(comm.host_waits, 1);
+  EXPECT_EQ(ordered_after.size(), 1u);
+}
+
 TEST(Buffer, AbsurdSizeThrowsInsteadOfCrashing) {
   EXPECT_THROW(Buffer(size_t{1} << 62, MemCategory::activation), Error);
 }

@@ -213,6 +213,14 @@ void BufferPool::Idle::wait_settled() {
   pending.clear();
 }
 
+// Note [Pooled reuse in stream order]: on a GPU the host runs ahead of the device, so the last uses
+// of a buffer released a unit ago are usually still queued when the next unit acquires one: the
+// host waiting for them there stalled the queue once or twice a unit in the backward of stages
+// 2-3 (the emulated GPU, whose copies to pinned memory land late, counts these waits:
+// tests/zero/host_waits_emulated_test.cc). Every use of a device buffer is queued on a stream,
+// so the reuse only has to come after the last uses in each stream's order: the streams that will
+// use it wait for those events (cudaStreamWaitEvent), the host does not. Zero-filling runs on the
+// device arena's stream, which is the compute stream, after that wait.
 Buffer BufferPool::acquire(size_t bytes, MemCategory category, bool zeroed) {
   auto [first, last] = idle_.equal_range(bytes);
   if (first == last) return Buffer(bytes, category, place_, alignment_);
@@ -221,7 +229,12 @@ Buffer BufferPool::acquire(size_t bytes, MemCategory category, bool zeroed) {
   while (it != last && !it->second.settled()) ++it;
   if (it == last) {
     it = first;
-    it->second.wait_settled();
+    if (order_after_ && place_ == MemPlace::device) {  // Note [Pooled reuse in stream order]
+      for (const Event& e : it->second.pending) order_after_(e);
+      it->second.pending.clear();
+    } else {
+      it->second.wait_settled();
+    }
   }
   Buffer buffer = std::move(it->second.buffer);
   idle_.erase(it);

@@ -21,6 +21,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <map>
 #include <string>
@@ -193,6 +194,11 @@ class BufferPool {
   void release(Buffer&& buffer, std::initializer_list<Event> last_uses = {});
   // Frees every idle buffer (after its last uses completed).
   void clear();
+  // Note [Pooled reuse in stream order]: with `order_after` set, acquire() hands out a device
+  // buffer whose last uses have not completed yet after calling order_after(e) for each of them,
+  // instead of making the host wait; order_after must make every stream that will use the buffer
+  // wait for e (the ZeRO engine: the device's compute and comm streams). Host buffers still wait.
+  void order_reuse_by(std::function<void(const Event&)> order_after) { order_after_ = std::move(order_after); }
   size_t idle_bytes() const { return idle_bytes_; }
   size_t capacity_bytes() const { return capacity_bytes_; }
 
@@ -210,6 +216,7 @@ class BufferPool {
   };
   std::multimap<size_t, Idle> idle_;  // by bytes; equal sizes in release order
   size_t idle_bytes_ = 0;
+  std::function<void(const Event&)> order_after_;  // Note [Pooled reuse in stream order]
 };
 
 }  // namespace zerone

@@ -54,6 +54,12 @@ ZeroEngine::ZeroEngine(nn::Model& model, comm::Communicator& comm, const ZeroCon
       pool_(static_cast<size_t>(
                 working_set_bytes(model.unit_numels(), world_, model.compute_dtype(), config_).device()),
             MemCategory::comm) {
+  // Note [Pooled reuse in stream order] (core/memory.cc): a working-set buffer is used on the compute
+  // and comm streams only.
+  pool_.order_reuse_by([this](const Event& last_use) {
+    device_.wait(kernels::Stream::compute, last_use);
+    device_.wait(kernels::Stream::comm, last_use);
+  });
   // 2. Lay out: the shards, where the optimizer state goes, the swap files.
   // Note [Partial optimizer offload]: how much of each optimizer shard is offloaded; a unit's
   // gradient shard (and the delayed update's copies) live where its offloaded part steps.

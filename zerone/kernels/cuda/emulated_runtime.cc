@@ -7,6 +7,13 @@
 // zerone_emulated_host_waits() counts the calls after which a real GPU's host would have waited
 // for the device (Note [Norms read once a step], core/pending_sum.h: a test's evidence of how
 // often a training step stalls the queue).
+// Note [Late copies to pinned memory]: one thing is not done at once. An asynchronous copy from
+// the device into page-locked host memory lands only when the host next waits for the device (a
+// stream, event or device synchronization); until then its destination holds NaN bytes (0xff),
+// and events recorded after it are not complete (cudaEventQuery). On a GPU such a copy lands
+// whenever the copy engine gets to it, so host code that reads it without waiting for its event
+// reads garbage there and NaN here, where the tests see it. The source is read at the call, as
+// the GPU's stream order reads it before any later kernel writes it.
 // Thread-safety: the allocation tables take a mutex; the wait count is atomic; the rest keeps no
 // state.
 #include <cuda_runtime_api.h>
@@ -18,6 +25,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <vector>
 
 namespace {
 
@@ -33,7 +41,26 @@ std::atomic<uint64_t> g_host_waits{0};
 
 struct EmulatedEvent {
   double ms = 0.0;
+  uint64_t late_copies = 0;  // the late copies issued before it (Note [Late copies to pinned memory])
 };
+
+// Note [Late copies to pinned memory]: the copies not landed yet, with their sources' bytes.
+struct LateCopy {
+  void* dst;
+  std::vector<unsigned char> bytes;
+};
+std::vector<LateCopy> g_late;      // under g_mutex
+uint64_t g_late_issued = 0;        // under g_mutex
+uint64_t g_late_landed = 0;        // under g_mutex
+
+// The host waits for the device: every late copy lands. Takes g_mutex.
+void host_waits() {
+  ++g_host_waits;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  for (LateCopy& c : g_late) std::memcpy(c.dst, c.bytes.data(), c.bytes.size());
+  g_late.clear();
+  g_late_landed = g_late_issued;
+}
 
 double now_ms() {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -110,7 +137,7 @@ cudaError_t cudaGetLastError(void) { return cudaSuccess; }
 cudaError_t cudaPeekAtLastError(void) { return cudaSuccess; }
 const char* cudaGetErrorString(cudaError_t error) { return error == cudaSuccess ? "no error" : "emulated GPU error"; }
 cudaError_t cudaDeviceSynchronize(void) {
-  ++g_host_waits;
+  host_waits();
   return cudaSuccess;
 }
 cudaError_t cudaFuncSetAttribute(const void*, cudaFuncAttribute, int) { return cudaSuccess; }
@@ -146,6 +173,7 @@ cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int) {
 }
 cudaError_t cudaFreeHost(void* p) {
   if (p == nullptr) return cudaSuccess;
+  host_waits();  // it synchronizes the device, on a GPU
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     if (g_pinned.erase(static_cast<const char*>(p)) == 0) return cudaErrorInvalidValue;
@@ -186,17 +214,34 @@ cudaError_t cudaMemPoolTrimTo(cudaMemPool_t, size_t) { return cudaSuccess; }
 
 // Every stream's work is done when it is enqueued: copies and fills happen now.
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t) {
-  if (bytes > 0) std::memmove(dst, src, bytes);
+  if (bytes == 0) return cudaSuccess;
+  bool pageable_destination = false;
   {
     std::lock_guard<std::mutex> lock(g_mutex);
-    if (contains(g_device, src) && !contains(g_device, dst) && !contains(g_pinned, dst)) ++g_host_waits;
+    const bool from_device = contains(g_device, src) && !contains(g_device, dst);
+    if (from_device && contains(g_pinned, dst)) {  // Note [Late copies to pinned memory]
+      const auto* from = static_cast<const unsigned char*>(src);
+      g_late.push_back({dst, std::vector<unsigned char>(from, from + bytes)});
+      ++g_late_issued;
+      std::memset(dst, 0xff, bytes);
+      return cudaSuccess;
+    }
+    pageable_destination = from_device;
   }
+  if (pageable_destination) {
+    host_waits();  // returns once the copy is done, on a GPU
+  }
+  std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
+  bool with_device;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    with_device = contains(g_device, src) || contains(g_device, dst);
+  }
+  if (with_device) host_waits();
   if (bytes > 0) std::memmove(dst, src, bytes);
-  std::lock_guard<std::mutex> lock(g_mutex);
-  if (contains(g_device, src) || contains(g_device, dst)) ++g_host_waits;
   return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t) {
@@ -212,7 +257,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t) {
-  ++g_host_waits;
+  host_waits();
   return cudaSuccess;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) { return cudaSuccess; }
@@ -225,14 +270,20 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
   return cudaSuccess;
 }
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
-  reinterpret_cast<EmulatedEvent*>(event)->ms = now_ms();
+  auto* e = reinterpret_cast<EmulatedEvent*>(event);
+  e->ms = now_ms();
+  std::lock_guard<std::mutex> lock(g_mutex);
+  e->late_copies = g_late_issued;
   return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t) {
-  ++g_host_waits;
+  host_waits();
   return cudaSuccess;
 }
-cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return reinterpret_cast<EmulatedEvent*>(event)->late_copies <= g_late_landed ? cudaSuccess : cudaErrorNotReady;
+}
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
   *ms = static_cast<float>(reinterpret_cast<EmulatedEvent*>(end)->ms - reinterpret_cast<EmulatedEvent*>(start)->ms);
   return cudaSuccess;

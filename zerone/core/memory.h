@@ -169,7 +169,8 @@ class Buffer {
 // stream that used it (kernels::Backend::record after that use); the pool hands it out again, or
 // frees it, only once every one of them completed. acquire() prefers an idle buffer whose uses
 // are all complete; when every candidate is still in use it waits (the host, Event::wait) for the
-// oldest. Events without a backend handle (complete by construction) are not kept, so on the
+// oldest, or, where an ordering callback is set, hands the oldest out behind its last uses on the
+// streams (Note [Pooled reuse in stream order], memory.cc). Events without a backend handle (complete by construction) are not kept, so on the
 // inline backends (cpu, sim), whose recorded events are such, the pool behaves as without events;
 // the others are first asked at acquire(), not at release (asking a simulated copy's event runs
 // the copy, which would hide a missing wait of the buffer's owner: Note [Deferred copies]), except

@@ -225,9 +225,9 @@ void GradReducer::finish(int u) {
 // reuse after last use]), so the working set is what it was; whoever reads the accumulator reads
 // it through finish(), which waits for `accumulated`. The next micro-step's addition into it
 // (started by before_backward or retire, which do not wait) has its host-to-device copy wait on
-// the device for `accumulated`, so the host does not wait for an addition, except where the pool
-// has no settled buffer of the size asked for and waits for the oldest (Note [Pooled reuse after
-// last use]). Where the host can read the device's memory (the cpu device) the sum is added in
+// the device for `accumulated`, so the host does not wait for an addition; where the pool has no
+// settled buffer of the size asked for, the streams wait for the oldest's last uses (Note [Pooled
+// reuse in stream order], core/memory.cc). Where the host can read the device's memory (the cpu device) the sum is added in
 // place as before. The simulated device defers the copies until their events are observed (Note
 // [Deferred copies]): a missed wait reads NaN there (tests/zero/delayed_update_test.cc: HostSums).
 bool GradReducer::adds_on_device(const UnitGrads& st) const {

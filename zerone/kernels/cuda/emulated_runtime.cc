@@ -8,9 +8,10 @@
 // for the device (Note [Norms read once a step], core/pending_sum.h: a test's evidence of how
 // often a training step stalls the queue).
 // Note [Late copies to pinned memory]: one thing is not done at once. An asynchronous copy from
-// the device into page-locked host memory lands only when the host next waits for the device (a
-// stream, event or device synchronization); until then its destination holds NaN bytes (0xff),
-// and events recorded after it are not complete (cudaEventQuery). On a GPU such a copy lands
+// the device into page-locked host memory lands only when the host waits for it (a stream or
+// device synchronization, or an event recorded after it) or a stream is made to wait for such an
+// event; until then its destination holds NaN bytes (0xff), and events recorded after it are not
+// complete (cudaEventQuery). On a GPU such a copy lands
 // whenever the copy engine gets to it, so host code that reads it without waiting for its event
 // reads garbage there and NaN here, where the tests see it. The source is read at the call, as
 // the GPU's stream order reads it before any later kernel writes it.
@@ -18,8 +19,10 @@
 // state.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -46,20 +49,28 @@ struct EmulatedEvent {
 
 // Note [Late copies to pinned memory]: the copies not landed yet, with their sources' bytes.
 struct LateCopy {
+  uint64_t number;  // 1, 2, ... in issue order
   void* dst;
   std::vector<unsigned char> bytes;
 };
-std::vector<LateCopy> g_late;      // under g_mutex
+std::vector<LateCopy> g_late;      // under g_mutex, in issue order
 uint64_t g_late_issued = 0;        // under g_mutex
-uint64_t g_late_landed = 0;        // under g_mutex
+uint64_t g_late_landed = 0;        // under g_mutex: every copy numbered up to it has landed
 
-// The host waits for the device: every late copy lands. Takes g_mutex.
+// The late copies numbered up to `last` land (in issue order). Under g_mutex.
+void land_until(uint64_t last) {
+  size_t landed = 0;
+  for (; landed < g_late.size() && g_late[landed].number <= last; ++landed)
+    std::memcpy(g_late[landed].dst, g_late[landed].bytes.data(), g_late[landed].bytes.size());
+  g_late.erase(g_late.begin(), g_late.begin() + static_cast<std::ptrdiff_t>(landed));
+  g_late_landed = std::max(g_late_landed, last);
+}
+
+// The host waits for the device: everything issued so far lands. Takes g_mutex.
 void host_waits() {
   ++g_host_waits;
   std::lock_guard<std::mutex> lock(g_mutex);
-  for (LateCopy& c : g_late) std::memcpy(c.dst, c.bytes.data(), c.bytes.size());
-  g_late.clear();
-  g_late_landed = g_late_issued;
+  land_until(g_late_issued);
 }
 
 double now_ms() {
@@ -221,8 +232,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
     const bool from_device = contains(g_device, src) && !contains(g_device, dst);
     if (from_device && contains(g_pinned, dst)) {  // Note [Late copies to pinned memory]
       const auto* from = static_cast<const unsigned char*>(src);
-      g_late.push_back({dst, std::vector<unsigned char>(from, from + bytes)});
-      ++g_late_issued;
+      g_late.push_back({++g_late_issued, dst, std::vector<unsigned char>(from, from + bytes)});
       std::memset(dst, 0xff, bytes);
       return cudaSuccess;
     }
@@ -260,7 +270,12 @@ cudaError_t cudaStreamSynchronize(cudaStream_t) {
   host_waits();
   return cudaSuccess;
 }
-cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) { return cudaSuccess; }
+// Work queued after this runs now, so what the event covers lands first (the host does not wait).
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t event, unsigned int) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  land_until(reinterpret_cast<EmulatedEvent*>(event)->late_copies);
+  return cudaSuccess;
+}
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
   *event = reinterpret_cast<cudaEvent_t>(new EmulatedEvent);
   return cudaSuccess;
@@ -276,8 +291,11 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
   e->late_copies = g_late_issued;
   return cudaSuccess;
 }
-cudaError_t cudaEventSynchronize(cudaEvent_t) {
-  host_waits();
+// Only what the event covers lands: a later copy read after this wait alone reads NaN.
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  ++g_host_waits;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  land_until(reinterpret_cast<EmulatedEvent*>(event)->late_copies);
   return cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t event) {
